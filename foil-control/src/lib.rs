@@ -1,0 +1,1 @@
+//! The collector server for forward residues.

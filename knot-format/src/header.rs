@@ -1,0 +1,193 @@
+//! The KNOT header: architecture, tokenizer location, tensor table and shard record.
+//!
+//! The header is JSON (see `specs/knot-format.md`); these are its types. The tokenizer is
+//! kept in its own section so that opening a model does not parse 150k vocabulary strings.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+
+/// Hyper-parameters the forward pass needs, taken from GGUF metadata at import.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArchConfig {
+    /// GGUF `general.architecture`: `qwen2`, `llama`, `qwen3`, `gemma3`, ...
+    pub arch: String,
+    /// Number of transformer blocks.
+    pub n_layers: u32,
+    /// Residual width (`embedding_length`).
+    pub hidden: u32,
+    /// Query heads.
+    pub n_heads: u32,
+    /// Key/value heads (GQA when < `n_heads`).
+    pub n_kv_heads: u32,
+    /// Width of one head; `n_heads * head_dim` may differ from `hidden` (qwen3).
+    pub head_dim: u32,
+    /// FFN inner width (`feed_forward_length`).
+    pub ffn: u32,
+    /// Vocabulary size (rows of the token embedding).
+    pub vocab: u32,
+    /// Trained context length.
+    pub context_len: u32,
+    /// RMSNorm epsilon.
+    pub norm_eps: f32,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+    /// RoPE pairing: NeoX (rotate halves: qwen2, qwen3, gemma) or normal (adjacent pairs: llama).
+    pub rope_style: RopeStyle,
+    /// Optional RoPE scaling (`rope.scaling.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// The output head is the token embedding (no `output.weight`).
+    pub tied_embeddings: bool,
+    /// Per-head RMSNorm on q and k before RoPE (qwen3, gemma3).
+    pub qk_norm: bool,
+    /// q, k, v projections carry biases (qwen2).
+    pub qkv_bias: bool,
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopeStyle {
+    /// Pairs (i, i + head_dim/2). Using `Normal` for a NeoX model scrambles every head.
+    Neox,
+    /// Pairs (2i, 2i + 1), as GGUF's llama tensors are permuted for.
+    Normal,
+}
+
+/// RoPE scaling as GGUF describes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    /// `linear`, `yarn`, ...
+    pub kind: String,
+    pub factor: f32,
+    #[serde(default)]
+    pub original_context: u32,
+}
+
+/// Everything a byte-level BPE tokenizer needs, as GGUF's `tokenizer.ggml.*` carries it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerData {
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece).
+    pub model: String,
+    /// `tokenizer.ggml.pre`: pre-tokenizer name (`qwen2`, `smollm`, `llama-bpe`, ...).
+    pub pre: String,
+    /// Token strings, index = id.
+    pub tokens: Vec<String>,
+    /// GGUF token types (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+    pub token_types: Vec<i32>,
+    /// BPE merges `"a b"`, in rank order.
+    pub merges: Vec<String>,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub pad_id: Option<u32>,
+    pub unk_id: Option<u32>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    /// The Jinja chat template, when the model has one.
+    pub chat_template: Option<String>,
+}
+
+/// One tensor in the table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// GGUF name, e.g. `blk.12.attn_q.weight`.
+    pub name: String,
+    pub dtype: DType,
+    /// Dimensions in GGML order: `shape[0]` is the contiguous (row) length.
+    pub shape: Vec<u64>,
+    /// Absolute file offset of the first byte; a multiple of 4096.
+    pub offset: u64,
+    /// Byte length.
+    pub len: u64,
+    /// BLAKE3 of the bytes, lowercase hex.
+    pub blake3: String,
+}
+
+impl TensorEntry {
+    /// Number of elements.
+    pub fn elems(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A half-open range of original layer indices, `start..end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LayerRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl LayerRange {
+    pub fn new(start: u32, end: u32) -> Self {
+        LayerRange { start, end }
+    }
+    pub fn len(&self) -> u32 {
+        self.end.saturating_sub(self.start)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.end <= self.start
+    }
+    pub fn contains_range(&self, other: &LayerRange) -> bool {
+        other.start >= self.start && other.end <= self.end
+    }
+    /// Parses `a-b` or `a..b`.
+    pub fn parse(s: &str) -> Option<LayerRange> {
+        let (a, b) = s.split_once("..").or_else(|| s.split_once('-'))?;
+        let r = LayerRange::new(a.trim().parse().ok()?, b.trim().parse().ok()?);
+        (r.start <= r.end).then_some(r)
+    }
+}
+
+impl std::fmt::Display for LayerRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+/// What part of the pipeline a shard serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Token embedding + layers `[0, a)`.
+    Entry,
+    /// Layers only.
+    Mid,
+    /// Layers + final norm + output head.
+    Exit,
+    /// Everything (a whole model).
+    Full,
+}
+
+/// Present when the file is a per-node shard of a larger model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub role: Role,
+    pub layers: LayerRange,
+    /// Header hash (`Knot::model_hash`) of the model this shard was cut from.
+    pub parent_hash: String,
+    /// Layer count of the parent model.
+    pub parent_layers: u32,
+}
+
+/// A byte section of the file (e.g. the tokenizer JSON).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SectionRef {
+    pub offset: u64,
+    pub len: u64,
+    pub blake3: String,
+}
+
+/// The whole header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Human-readable model id (`general.name` or the source file stem).
+    pub model_id: String,
+    pub arch: ArchConfig,
+    /// Tokenizer section (JSON-encoded [`TokenizerData`]), absent in tokenizer-less files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<SectionRef>,
+    pub tensors: Vec<TensorEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardRecord>,
+}

@@ -1,0 +1,1 @@
+//! Quality-gated admission, signed capability grants, leases and revocation.

@@ -1,0 +1,1 @@
+//! The client: chains stations and generates text.

@@ -1,0 +1,1 @@
+//! The quality probe: argmax of the next token for given token ids or text.

@@ -1,0 +1,1 @@
+//! Proves split inference equals monolithic inference, bit for bit.

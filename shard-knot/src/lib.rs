@@ -1,0 +1,1 @@
+//! Splits a KNOT into per-node shards and plans node layer ranges by node RAM.
