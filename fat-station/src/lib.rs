@@ -1,1 +1,3 @@
-//! The inference engine (kernels, forward pass, KV cache, tokenizer) and the HTTP station that serves it.
+//! fat-station: the inference engine and the HTTP station that serves it.
+
+pub mod engine;

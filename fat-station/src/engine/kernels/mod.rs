@@ -1,0 +1,1 @@
+//! Quantized compute kernels: dequantization and matrix-vector products on GGML blocks.

@@ -1,0 +1,1 @@
+//! Byte-level BPE tokenizer built from the model's own metadata.
