@@ -1,0 +1,246 @@
+//! Blocking station client and the chain that drives tokens through a list of stations.
+//!
+//! Used by moonshine, paris-probe and the parity tools. Keep-alive connections are pooled
+//! per client; every call has a timeout so a dead hop never hangs the caller.
+
+use std::io::Read;
+use std::time::Duration;
+
+use knot_format::LayerRange;
+use serde::{Deserialize, Serialize};
+
+use crate::wire::{self, ErrorBody, Health};
+
+/// Why a station call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{url}: {status} {code}: {message}")]
+    Refused { url: String, status: u16, code: String, message: String },
+    #[error("{url}: {source}")]
+    Transport { url: String, source: Box<ureq::Error> },
+    #[error("{url}: bad response: {why}")]
+    BadResponse { url: String, why: String },
+    #[error("mesh: {0}")]
+    Mesh(String),
+}
+
+/// One station's client.
+#[derive(Clone)]
+pub struct StationClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+/// A residual returned by a hop, with the station's timing.
+#[derive(Clone, Debug)]
+pub struct Hop {
+    pub residual: Vec<f32>,
+    /// `X-Compute-Ms` as the station reported it.
+    pub compute_ms: f64,
+    /// Bytes received.
+    pub bytes: usize,
+}
+
+impl StationClient {
+    /// A client for `base` (`http://host:port`), with `timeout` per call.
+    pub fn new(base: &str, timeout: Duration) -> Self {
+        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5).min(timeout)).timeout(timeout).build();
+        StationClient { base: base.trim_end_matches('/').to_string(), agent }
+    }
+
+    /// The station's base URL.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    fn call(&self, req: ureq::Request, body: Option<&[u8]>) -> Result<ureq::Response, ClientError> {
+        let url = req.url().to_string();
+        let res = match body {
+            Some(b) => req.send_bytes(b),
+            None => req.call(),
+        };
+        match res {
+            Ok(r) => Ok(r),
+            Err(ureq::Error::Status(status, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
+                    Ok(e) => (e.error, e.message),
+                    Err(_) => ("http".into(), text),
+                };
+                Err(ClientError::Refused { url, status, code, message })
+            }
+            Err(e) => Err(ClientError::Transport { url, source: Box::new(e) }),
+        }
+    }
+
+    fn json<T: for<'de> Deserialize<'de>>(&self, r: ureq::Response) -> Result<T, ClientError> {
+        let url = r.get_url().to_string();
+        let text = r.into_string().map_err(|e| ClientError::BadResponse { url: url.clone(), why: e.to_string() })?;
+        serde_json::from_str(&text).map_err(|e| ClientError::BadResponse { url, why: format!("invalid JSON: {e}") })
+    }
+
+    fn post_json<B: Serialize, T: for<'de> Deserialize<'de>>(&self, route: &str, body: &B) -> Result<T, ClientError> {
+        let b = serde_json::to_vec(body).map_err(|e| ClientError::BadResponse { url: self.base.clone(), why: e.to_string() })?;
+        let r = self.call(self.agent.post(&format!("{}{route}", self.base)).set("content-type", "application/json"), Some(&b))?;
+        self.json(r)
+    }
+
+    /// `GET /health`.
+    pub fn health(&self) -> Result<Health, ClientError> {
+        let r = self.call(self.agent.get(&format!("{}{}", self.base, wire::ROUTE_HEALTH)), None)?;
+        self.json(r)
+    }
+
+    /// `POST /tokenize`.
+    pub fn tokenize(&self, text: &str, add_bos: Option<bool>) -> Result<Vec<u32>, ClientError> {
+        let t: wire::Tokens = self.post_json(wire::ROUTE_TOKENIZE, &wire::TokenizeRequest { text: text.into(), add_bos })?;
+        Ok(t.tokens)
+    }
+
+    /// `POST /detokenize`.
+    pub fn detokenize(&self, tokens: &[u32]) -> Result<String, ClientError> {
+        let t: wire::Text = self.post_json(wire::ROUTE_DETOKENIZE, &wire::Tokens { tokens: tokens.to_vec() })?;
+        Ok(t.text)
+    }
+
+    fn binary(&self, r: ureq::Response) -> Result<Hop, ClientError> {
+        let url = r.get_url().to_string();
+        let compute_ms = r.header(wire::H_COMPUTE_MS).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        let f16 = r.header(wire::H_DTYPE) == Some("f16");
+        let mut b = Vec::new();
+        r.into_reader().read_to_end(&mut b).map_err(|e| ClientError::BadResponse { url: url.clone(), why: e.to_string() })?;
+        let residual = if f16 { wire::decode_f16(&b) } else { wire::decode_f32(&b) }
+            .ok_or_else(|| ClientError::BadResponse { url, why: format!("{} bytes is not a float array", b.len()) })?;
+        Ok(Hop { residual, compute_ms, bytes: b.len() })
+    }
+
+    /// `POST /embed`: tokens -> residual rows.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Hop, ClientError> {
+        let b = serde_json::to_vec(&wire::EmbedRequest { tokens: tokens.to_vec() }).unwrap_or_default();
+        let r = self.call(self.agent.post(&format!("{}{}", self.base, wire::ROUTE_EMBED)).set("content-type", "application/json"), Some(&b))?;
+        self.binary(r)
+    }
+
+    /// `POST /forward` over `range`, optionally within a session at position `pos`.
+    pub fn forward(&self, x: &[f32], range: LayerRange, session: Option<(&str, usize)>, f16: bool) -> Result<Hop, ClientError> {
+        let mut req = self
+            .agent
+            .post(&format!("{}{}", self.base, wire::ROUTE_FORWARD))
+            .set("content-type", "application/octet-stream")
+            .set(wire::H_LAYER_RANGE, &format!("{}-{}", range.start, range.end));
+        if let Some((id, pos)) = session {
+            req = req.set(wire::H_SESSION, id).set(wire::H_POS, &pos.to_string());
+        }
+        if f16 {
+            req = req.set(wire::H_DTYPE, "f16");
+        }
+        let body = if f16 { wire::encode_f16(x) } else { wire::encode_f32(x) };
+        let r = self.call(req, Some(&body))?;
+        self.binary(r)
+    }
+
+    /// `POST /lm-head`: residual rows -> logits of the last row.
+    pub fn lm_head(&self, x: &[f32]) -> Result<Hop, ClientError> {
+        let req = self.agent.post(&format!("{}{}", self.base, wire::ROUTE_LM_HEAD)).set("content-type", "application/octet-stream");
+        let r = self.call(req, Some(&wire::encode_f32(x)))?;
+        self.binary(r)
+    }
+}
+
+/// One hop of a chain: a station and the blocks it runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MeshHop {
+    pub url: String,
+    /// `a-b`, half-open original layer indices.
+    pub layers: String,
+}
+
+/// A mesh file: stations in order; the first serves `/embed`, the last `/lm-head`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MeshFile {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub stations: Vec<MeshHop>,
+}
+
+/// Stations chained in layer order.
+pub struct Chain {
+    hops: Vec<(StationClient, LayerRange)>,
+}
+
+/// What one token step through the chain cost, hop by hop.
+#[derive(Clone, Debug, Default)]
+pub struct StepTrace {
+    /// (url, range, bytes received, compute ms) per forward hop.
+    pub hops: Vec<(String, LayerRange, usize, f64)>,
+    pub embed_ms: f64,
+    pub head_ms: f64,
+}
+
+impl Chain {
+    /// Builds a chain and checks that the ranges tile `0..n` with no gap or overlap.
+    pub fn new(hops: Vec<(StationClient, LayerRange)>) -> Result<Chain, ClientError> {
+        if hops.is_empty() {
+            return Err(ClientError::Mesh("no stations".into()));
+        }
+        let mut next = 0;
+        for (c, r) in &hops {
+            if r.start != next || r.is_empty() {
+                return Err(ClientError::Mesh(format!("{} runs {}-{}, expected a range starting at {next}", c.url(), r.start, r.end)));
+            }
+            next = r.end;
+        }
+        Ok(Chain { hops })
+    }
+
+    /// Parses a mesh file's hops.
+    pub fn from_mesh(mesh: &MeshFile, timeout: Duration) -> Result<Chain, ClientError> {
+        let hops = mesh
+            .stations
+            .iter()
+            .map(|h| {
+                let r = LayerRange::parse(&h.layers).ok_or_else(|| ClientError::Mesh(format!("bad layers {:?} for {}", h.layers, h.url)))?;
+                Ok((StationClient::new(&h.url, timeout), r))
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        Chain::new(hops)
+    }
+
+    /// A single full station: asks it which layers it serves.
+    pub fn single(url: &str, timeout: Duration) -> Result<Chain, ClientError> {
+        let c = StationClient::new(url, timeout);
+        let h = c.health()?;
+        let r = LayerRange::parse(&h.layers).ok_or_else(|| ClientError::Mesh(format!("{url} reports bad layers {:?}", h.layers)))?;
+        Chain::new(vec![(c, r)])
+    }
+
+    /// The entry station (serves `/embed`, `/tokenize`).
+    pub fn entry(&self) -> &StationClient {
+        &self.hops[0].0
+    }
+
+    /// The exit station (serves `/lm-head`).
+    pub fn exit(&self) -> &StationClient {
+        &self.hops[self.hops.len() - 1].0
+    }
+
+    /// The hops in order.
+    pub fn hops(&self) -> &[(StationClient, LayerRange)] {
+        &self.hops
+    }
+
+    /// Tokens at position `pos` of `session` (or stateless) -> last-row logits.
+    pub fn step(&self, tokens: &[u32], session: Option<(&str, usize)>, trace: &mut StepTrace) -> Result<Vec<f32>, ClientError> {
+        let e = self.entry().embed(tokens)?;
+        trace.embed_ms = e.compute_ms;
+        let mut x = e.residual;
+        for (c, r) in &self.hops {
+            let hop = c.forward(&x, *r, session, false)?;
+            trace.hops.push((c.url().to_string(), *r, hop.bytes, hop.compute_ms));
+            x = hop.residual;
+        }
+        let h = self.exit().lm_head(&x)?;
+        trace.head_ms = h.compute_ms;
+        Ok(h.residual)
+    }
+}

@@ -1,0 +1,216 @@
+//! The forward pass: embedding, transformer blocks over a layer range, LM head.
+
+use knot_format::{Knot, LayerRange, Role};
+use rayon::prelude::*;
+
+use super::kernels::{dequantize_row, matmul};
+use super::ops::{add_inplace, attend_head, rmsnorm, rmsnorm_inplace, rope, swiglu};
+use super::{Config, EngineError, Holdings, Session, Weights};
+
+/// A loaded model (or a station's slice of one) over a mmapped KNOT.
+pub struct Model<'a> {
+    pub cfg: Config,
+    pub weights: Weights<'a>,
+    knot: &'a Knot,
+}
+
+impl<'a> Model<'a> {
+    /// Resolves the tensors `holdings` needs; with `None`, what the file holds (a shard's
+    /// role and range, or the whole model). Reads no weight bytes: the mmap pages on demand.
+    pub fn load(knot: &'a Knot, holdings: Option<Holdings>) -> Result<Self, EngineError> {
+        let cfg = Config::try_from(knot.arch())?;
+        let held = file_holdings(knot, &cfg);
+        let holdings = holdings.unwrap_or(held);
+        if holdings.layers.end as usize > cfg.n_layers || holdings.layers.start > holdings.layers.end {
+            return Err(EngineError::BadRange { requested: holdings.layers, held: held.layers });
+        }
+        if !held.layers.contains_range(&holdings.layers) && !holdings.layers.is_empty() {
+            return Err(EngineError::NotHeld { what: format!("layers {}", holdings.layers), held: held.layers });
+        }
+        if (holdings.embed && !held.embed) || (holdings.head && !held.head) {
+            return Err(EngineError::NotHeld {
+                what: if holdings.embed && !held.embed { "the token embedding" } else { "the output head" }.into(),
+                held: held.layers,
+            });
+        }
+        let weights = Weights::load(knot, &cfg, holdings)?;
+        Ok(Model { cfg, weights, knot })
+    }
+
+    /// The file this model reads.
+    pub fn knot(&self) -> &'a Knot {
+        self.knot
+    }
+
+    /// What this model serves.
+    pub fn holdings(&self) -> Holdings {
+        self.weights.holdings
+    }
+
+    /// A fresh session over the held blocks.
+    pub fn new_session(&self, max_positions: usize) -> Session {
+        Session::new(&self.weights.holdings, max_positions)
+    }
+
+    /// Token ids -> residual rows `(tokens.len(), hidden)`.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let emb = self.weights.embed.as_ref().ok_or(EngineError::NotHeld {
+            what: "the token embedding".into(),
+            held: self.weights.holdings.layers,
+        })?;
+        let h = self.cfg.hidden;
+        let mut x = vec![0.0f32; tokens.len() * h];
+        for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            if t as usize >= self.cfg.vocab {
+                return Err(EngineError::BadToken { id: t, vocab: self.cfg.vocab });
+            }
+            dequantize_row(emb.dtype, emb.row(t as usize), row);
+        }
+        Ok(x)
+    }
+
+    /// Runs blocks `range` over residual rows `x` (seq, hidden) in place, appending their
+    /// keys and values to `session`. Returns the position of the first row.
+    pub fn forward(&self, session: &mut Session, x: &mut [f32], range: LayerRange) -> Result<usize, EngineError> {
+        let cfg = &self.cfg;
+        let held = self.weights.holdings.layers;
+        if range.is_empty() || !held.contains_range(&range) {
+            return Err(EngineError::NotHeld { what: format!("layers {range}"), held });
+        }
+        if x.is_empty() || x.len() % cfg.hidden != 0 {
+            return Err(EngineError::BadResidual { len: x.len(), hidden: cfg.hidden });
+        }
+        let seq = x.len() / cfg.hidden;
+        let kv_dim = cfg.kv_dim();
+        let pos = session.positions(range.start as usize, kv_dim).ok_or(EngineError::NotHeld {
+            what: format!("layers {range} in this session"),
+            held,
+        })?;
+        for l in range.start..range.end {
+            if session.positions(l as usize, kv_dim) != Some(pos) {
+                return Err(EngineError::SessionMismatch(format!(
+                    "block {l} is at position {:?}, block {} at {pos}",
+                    session.positions(l as usize, kv_dim),
+                    range.start
+                )));
+            }
+        }
+        if pos + seq > session.max_positions() {
+            return Err(EngineError::ContextFull { have: pos, adding: seq, max: session.max_positions() });
+        }
+        let mut scratch = std::mem::take(&mut session.scratch);
+        scratch.fit(cfg, seq);
+        for l in range.start..range.end {
+            let w = self.weights.layer(l as usize).ok_or(EngineError::NotHeld { what: format!("block {l}"), held })?;
+            let cache = session.cache_mut(l as usize).ok_or(EngineError::NotHeld { what: format!("block {l}"), held })?;
+            self.block(w, cache, &mut scratch, x, seq, pos);
+        }
+        session.scratch = scratch;
+        Ok(pos)
+    }
+
+    /// One transformer block over `seq` rows starting at position `pos`.
+    fn block(
+        &self,
+        w: &super::LayerWeights<'_>,
+        cache: &mut super::session::LayerCache,
+        s: &mut super::session::Scratch,
+        x: &mut [f32],
+        seq: usize,
+        pos: usize,
+    ) {
+        let cfg = &self.cfg;
+        let (h, hd, q_dim, kv_dim) = (cfg.hidden, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+
+        // Attention: normed input -> q, k, v projections (+ biases).
+        for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
+        }
+        matmul(&w.wq, &s.xb, seq, &mut s.q);
+        matmul(&w.wk, &s.xb, seq, &mut s.k);
+        matmul(&w.wv, &s.xb, seq, &mut s.v);
+        for t in 0..seq {
+            let (q, k, v) = (
+                &mut s.q[t * q_dim..(t + 1) * q_dim],
+                &mut s.k[t * kv_dim..(t + 1) * kv_dim],
+                &mut s.v[t * kv_dim..(t + 1) * kv_dim],
+            );
+            if let (Some(bq), Some(bk), Some(bv)) = (w.bq, w.bk, w.bv) {
+                add_inplace(q, bq);
+                add_inplace(k, bk);
+                add_inplace(v, bv);
+            }
+            // Per-head QK RMSNorm (qwen3) comes before RoPE.
+            if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
+                q.chunks_exact_mut(hd).for_each(|hq| rmsnorm_inplace(hq, qn, cfg.norm_eps));
+                k.chunks_exact_mut(hd).for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
+            }
+            rope(q, hd, pos + t, cfg.rope_base, cfg.rope_style);
+            rope(k, hd, pos + t, cfg.rope_base, cfg.rope_style);
+        }
+        cache.k.extend_from_slice(&s.k[..seq * kv_dim]);
+        cache.v.extend_from_slice(&s.v[..seq * kv_dim]);
+
+        // Causal GQA: row t sees positions 0..=pos+t; query head j reads kv head j / group.
+        let group = cfg.n_heads / cfg.n_kv_heads;
+        let (kc, vc, q) = (&cache.k, &cache.v, &s.q);
+        let max_pos = pos + seq;
+        s.att[..seq * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
+            || vec![0.0f32; max_pos],
+            |scores, (i, out)| {
+                let (t, head) = (i / cfg.n_heads, i % cfg.n_heads);
+                let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+                attend_head(out, qh, kc, vc, pos + t + 1, kv_dim, head / group, scores);
+            },
+        );
+        matmul(&w.wo, &s.att, seq, &mut s.xb2);
+        add_inplace(x, &s.xb2[..seq * h]);
+
+        // FFN: SwiGLU.
+        for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
+        }
+        matmul(&w.w_gate, &s.xb, seq, &mut s.hb);
+        matmul(&w.w_up, &s.xb, seq, &mut s.hb2);
+        swiglu(&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
+        matmul(&w.w_down, &s.hb, seq, &mut s.xb2);
+        add_inplace(x, &s.xb2[..seq * h]);
+    }
+
+    /// Final norm + output head on the LAST row of `x` (seq, hidden) -> logits (vocab).
+    pub fn lm_head(&self, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+        let h = self.cfg.hidden;
+        let (Some(norm), Some(out)) = (self.weights.output_norm, self.weights.output.as_ref()) else {
+            return Err(EngineError::NotHeld { what: "the output head".into(), held: self.weights.holdings.layers });
+        };
+        if x.is_empty() || x.len() % h != 0 {
+            return Err(EngineError::BadResidual { len: x.len(), hidden: h });
+        }
+        let last = &x[x.len() - h..];
+        let mut xn = vec![0.0f32; h];
+        rmsnorm(&mut xn, last, norm, self.cfg.norm_eps);
+        let mut logits = vec![0.0f32; self.cfg.vocab];
+        matmul(out, &xn, 1, &mut logits);
+        Ok(logits)
+    }
+
+    /// Tokens -> logits of the last position, through every held block, in one session.
+    /// Needs the whole model (embedding, all blocks, head).
+    pub fn logits(&self, session: &mut Session, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let mut x = self.embed(tokens)?;
+        self.forward(session, &mut x, self.weights.holdings.layers)?;
+        self.lm_head(&x)
+    }
+}
+
+/// What the file itself holds: a shard's role and range, or everything.
+fn file_holdings(knot: &Knot, cfg: &Config) -> Holdings {
+    match knot.shard() {
+        Some(s) => Holdings {
+            embed: matches!(s.role, Role::Entry | Role::Full),
+            layers: s.layers,
+            head: matches!(s.role, Role::Exit | Role::Full),
+        },
+        None => Holdings::full(cfg.n_layers),
+    }
+}

@@ -1,0 +1,162 @@
+//! Typed views into the mmapped KNOT: nothing here copies a weight.
+
+use knot_format::{DType, Knot, LayerRange};
+
+use super::kernels::QMatrix;
+use super::{Config, EngineError};
+
+/// What part of the model a station holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holdings {
+    /// Token embedding (serves `/embed`).
+    pub embed: bool,
+    /// Transformer blocks, original indices.
+    pub layers: LayerRange,
+    /// Final norm + output head (serves `/lm-head`).
+    pub head: bool,
+}
+
+impl Holdings {
+    /// Everything a model of `n_layers` blocks has.
+    pub fn full(n_layers: usize) -> Self {
+        Holdings { embed: true, layers: LayerRange::new(0, n_layers as u32), head: true }
+    }
+}
+
+/// One transformer block's tensors.
+pub struct LayerWeights<'a> {
+    /// (hidden)
+    pub attn_norm: &'a [f32],
+    /// (q_dim rows, hidden cols)
+    pub wq: QMatrix<'a>,
+    /// (kv_dim rows, hidden cols)
+    pub wk: QMatrix<'a>,
+    /// (kv_dim rows, hidden cols)
+    pub wv: QMatrix<'a>,
+    /// (q_dim), (kv_dim), (kv_dim) when the architecture has q/k/v biases.
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    /// (head_dim) per-head RMSNorm weights for q and k (qwen3).
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    /// (hidden rows, q_dim cols)
+    pub wo: QMatrix<'a>,
+    /// (hidden)
+    pub ffn_norm: &'a [f32],
+    /// (ffn rows, hidden cols)
+    pub w_gate: QMatrix<'a>,
+    /// (ffn rows, hidden cols)
+    pub w_up: QMatrix<'a>,
+    /// (hidden rows, ffn cols)
+    pub w_down: QMatrix<'a>,
+}
+
+/// The tensors a station holds, at their original layer indices.
+pub struct Weights<'a> {
+    /// (vocab rows, hidden cols)
+    pub embed: Option<QMatrix<'a>>,
+    /// Blocks `holdings.layers.start..end`, in order.
+    pub layers: Vec<LayerWeights<'a>>,
+    /// (hidden)
+    pub output_norm: Option<&'a [f32]>,
+    /// (vocab rows, hidden cols): `output.weight`, or the embedding when tied.
+    pub output: Option<QMatrix<'a>>,
+    pub holdings: Holdings,
+}
+
+impl<'a> Weights<'a> {
+    /// Resolves every tensor the holdings need and checks its type and shape against `cfg`.
+    pub fn load(knot: &'a Knot, cfg: &Config, holdings: Holdings) -> Result<Self, EngineError> {
+        let h = cfg.hidden;
+        let mut layers = Vec::with_capacity(holdings.layers.len() as usize);
+        for l in holdings.layers.start..holdings.layers.end {
+            let name = |t: &str| format!("blk.{l}.{t}");
+            let opt_vec = |t: &str, n: usize| -> Result<Option<&'a [f32]>, EngineError> {
+                match knot.tensor(&name(t)) {
+                    Some(_) => vector(knot, &name(t), n).map(Some),
+                    None => Ok(None),
+                }
+            };
+            let (bq, bk, bv) = if cfg.qkv_bias {
+                (
+                    Some(vector(knot, &name("attn_q.bias"), cfg.q_dim())?),
+                    Some(vector(knot, &name("attn_k.bias"), cfg.kv_dim())?),
+                    Some(vector(knot, &name("attn_v.bias"), cfg.kv_dim())?),
+                )
+            } else {
+                (None, None, None)
+            };
+            let (q_norm, k_norm) = if cfg.qk_norm {
+                (
+                    Some(vector(knot, &name("attn_q_norm.weight"), cfg.head_dim)?),
+                    Some(vector(knot, &name("attn_k_norm.weight"), cfg.head_dim)?),
+                )
+            } else {
+                (opt_vec("attn_q_norm.weight", cfg.head_dim)?, opt_vec("attn_k_norm.weight", cfg.head_dim)?)
+            };
+            layers.push(LayerWeights {
+                attn_norm: vector(knot, &name("attn_norm.weight"), h)?,
+                wq: matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?,
+                wk: matrix(knot, &name("attn_k.weight"), cfg.kv_dim(), h)?,
+                wv: matrix(knot, &name("attn_v.weight"), cfg.kv_dim(), h)?,
+                bq,
+                bk,
+                bv,
+                q_norm,
+                k_norm,
+                wo: matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
+                ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
+                w_gate: matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?,
+                w_up: matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?,
+                w_down: matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?,
+            });
+        }
+        let embed = if holdings.embed { Some(matrix(knot, "token_embd.weight", cfg.vocab, h)?) } else { None };
+        let (output_norm, output) = if holdings.head {
+            let head = match knot.tensor("output.weight") {
+                Some(_) => matrix(knot, "output.weight", cfg.vocab, h)?,
+                // Tied models (SmolLM2, qwen3) reuse the embedding as the head.
+                None => matrix(knot, "token_embd.weight", cfg.vocab, h)?,
+            };
+            (Some(vector(knot, "output_norm.weight", h)?), Some(head))
+        } else {
+            (None, None)
+        };
+        Ok(Weights { embed, layers, output_norm, output, holdings })
+    }
+
+    /// The block with original index `layer`, if held.
+    pub fn layer(&self, layer: usize) -> Option<&LayerWeights<'a>> {
+        let start = self.holdings.layers.start as usize;
+        layer.checked_sub(start).and_then(|i| self.layers.get(i))
+    }
+}
+
+fn find<'a>(knot: &'a Knot, name: &str) -> Result<knot_format::TensorView<'a>, EngineError> {
+    knot.tensor(name).ok_or_else(|| EngineError::MissingTensor(name.to_string()))
+}
+
+/// A 2-D quantized tensor as `rows x cols` (GGUF shape `[cols, rows]`).
+fn matrix<'a>(knot: &'a Knot, name: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, EngineError> {
+    let t = find(knot, name)?;
+    let shape = &t.entry.shape;
+    if shape.len() != 2 || shape[0] != cols as u64 || shape[1] != rows as u64 {
+        return Err(EngineError::BadTensor {
+            name: name.to_string(),
+            why: format!("shape {shape:?}, expected [{cols}, {rows}]"),
+        });
+    }
+    QMatrix::new(t.entry.dtype, rows, cols, t.bytes)
+        .map_err(|e| EngineError::BadTensor { name: name.to_string(), why: e.to_string() })
+}
+
+/// A 1-D F32 tensor of `n` elements, viewed in place (tensors are page-aligned).
+fn vector<'a>(knot: &'a Knot, name: &str, n: usize) -> Result<&'a [f32], EngineError> {
+    let t = find(knot, name)?;
+    let bad = |why: String| EngineError::BadTensor { name: name.to_string(), why };
+    if t.entry.dtype != DType::F32 || t.entry.elems() != n as u64 {
+        return Err(bad(format!("{} {:?}, expected f32 [{n}]", t.entry.dtype, t.entry.shape)));
+    }
+    bytemuck::try_cast_slice(t.bytes).map_err(|e| bad(format!("not viewable as f32: {e}")))
+}

@@ -1,0 +1,138 @@
+//! The station wire: routes, header names, JSON bodies and the residual codec.
+//!
+//! The only place that knows how bytes travel between stations and clients; the server and
+//! every client (moonshine, paris-probe, parity tools) import it. Contract:
+//! `specs/station-wire.md`.
+
+use serde::{Deserialize, Serialize};
+
+/// Layer range to run, half-open, original indices: `a-b`.
+pub const H_LAYER_RANGE: &str = "x-layer-range";
+/// Session id selecting a KV cache (1..=64 chars of `[A-Za-z0-9_.:-]`).
+pub const H_SESSION: &str = "x-session";
+/// Position the client believes the first row is at; a rewind truncates, a gap is refused.
+pub const H_POS: &str = "x-pos";
+/// Milliseconds of engine compute this response took.
+pub const H_COMPUTE_MS: &str = "x-compute-ms";
+/// Rows in a residual body.
+pub const H_SEQ: &str = "x-seq";
+/// Residual width.
+pub const H_HIDDEN: &str = "x-hidden";
+/// Position of the first row a forward ran at.
+pub const H_START_POS: &str = "x-start-pos";
+/// Element encoding of a residual body: `f32` (default) or `f16`.
+pub const H_DTYPE: &str = "x-dtype";
+
+pub const ROUTE_EMBED: &str = "/embed";
+pub const ROUTE_FORWARD: &str = "/forward";
+pub const ROUTE_LM_HEAD: &str = "/lm-head";
+pub const ROUTE_TOKENIZE: &str = "/tokenize";
+pub const ROUTE_DETOKENIZE: &str = "/detokenize";
+pub const ROUTE_HEALTH: &str = "/health";
+
+/// `POST /embed` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EmbedRequest {
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /tokenize` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenizeRequest {
+    pub text: String,
+    /// Prepend BOS (when the model has one); default: the model's own `add_bos`.
+    #[serde(default)]
+    pub add_bos: Option<bool>,
+}
+
+/// `POST /tokenize` response, and `POST /detokenize` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tokens {
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize` response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Text {
+    pub text: String,
+}
+
+/// `GET /health` response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub model_id: String,
+    pub model_hash: String,
+    pub arch: String,
+    /// `entry`, `mid`, `exit` or `full`.
+    pub role: String,
+    /// Layers served, `a-b`.
+    pub layers: String,
+    pub n_layers: u32,
+    pub hidden: u32,
+    pub vocab: u32,
+    pub serves_embed: bool,
+    pub serves_lm_head: bool,
+    pub has_tokenizer: bool,
+    pub sessions: usize,
+    pub uptime_s: f64,
+}
+
+/// Every 4xx/5xx body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable machine code: `bad_request`, `not_held`, `unknown_session`, `too_large`, ...
+    pub error: String,
+    pub message: String,
+}
+
+/// Encodes f32 rows as little-endian bytes.
+pub fn encode_f32(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Decodes little-endian f32 bytes; `None` when the length is not a multiple of 4.
+pub fn decode_f32(b: &[u8]) -> Option<Vec<f32>> {
+    (b.len() % 4 == 0).then(|| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Encodes as little-endian IEEE half floats (halves the bytes on the wire; lossy).
+pub fn encode_f16(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()
+}
+
+/// Decodes little-endian half floats; `None` when the length is odd.
+pub fn decode_f16(b: &[u8]) -> Option<Vec<f32>> {
+    (b.len() % 2 == 0).then(|| b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
+}
+
+/// Checks a session id: 1..=64 chars of `[A-Za-z0-9_.:-]`.
+pub fn valid_session_id(s: &str) -> bool {
+    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_codec_round_trips_and_rejects_ragged() {
+        let x = [1.5f32, -0.0, f32::MAX, 1e-30];
+        assert_eq!(decode_f32(&encode_f32(&x)).unwrap(), x);
+        assert!(decode_f32(&[0u8; 5]).is_none());
+    }
+
+    #[test]
+    fn f16_codec_is_close() {
+        let x = [1.5f32, -2.25, 1000.0];
+        assert_eq!(decode_f16(&encode_f16(&x)).unwrap(), x);
+    }
+
+    #[test]
+    fn session_ids() {
+        assert!(valid_session_id("chat-1:a"));
+        assert!(!valid_session_id(""));
+        assert!(!valid_session_id("a b"));
+        assert!(!valid_session_id(&"x".repeat(65)));
+    }
+}
