@@ -1,9 +1,28 @@
 //! KNOT: the model container. See `specs/knot-format.md`.
 //!
 //! Knows bytes, not maths: layouts, names, hashes, shards. Never depends on the engine.
+//!
+//! ```no_run
+//! let knot = knot_format::Knot::open("model.knot")?;
+//! let q = knot.tensor("blk.0.attn_q.weight").expect("tensor present");
+//! println!("{} {:?} {} bytes", q.entry.dtype, q.entry.shape, q.bytes.len());
+//! # Ok::<(), knot_format::KnotError>(())
+//! ```
 
+pub mod container;
 pub mod dtype;
+pub mod error;
 pub mod header;
+pub mod writer;
 
+pub use container::{layer_of, Knot, TensorView};
 pub use dtype::DType;
-pub use header::{ArchConfig, Header, LayerRange, Role, RopeStyle, ShardRecord, TensorEntry, TokenizerData};
+pub use error::KnotError;
+pub use header::{
+    ArchConfig, Header, LayerRange, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord,
+    TensorEntry, TokenizerData,
+};
+pub use writer::KnotWriter;
+
+#[cfg(test)]
+mod tests;
