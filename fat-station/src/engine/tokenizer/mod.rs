@@ -1,1 +1,492 @@
 //! Byte-level BPE tokenizer built from the model's own metadata.
+//!
+//! Everything comes from [`TokenizerData`] (GGUF's `tokenizer.ggml.*` as the KNOT header carries
+//! it): the vocabulary, the merge list, token types, the pre-tokenizer name and the special ids.
+//! Nothing is fetched and no vocabulary is hard-coded.
+//!
+//! Encoding, in order:
+//! 1. Special tokens (GGUF types 3 control and 4 user-defined, e.g. `<|im_start|>`) are found
+//!    whole, leftmost-longest, and emitted as their ids; the text between them goes on.
+//! 2. The pre-tokenizer named by `pre` cuts that text into words ([`pretokenize`]).
+//! 3. Each word's UTF-8 bytes start as one-byte tokens and are merged by rank ([`bpe`]).
+//!
+//! Decoding joins the tokens' bytes. Vocabulary strings are stored in GPT-2's byte-to-unicode
+//! alphabet ([`byte_level`]), so `" Paris"` is the string `"ĠParis"`; they are turned back into
+//! bytes once, when the tokenizer is built.
+//!
+//! No normalization (NFC or other) is applied, as in llama.cpp: `decode(encode(s)) == s` byte
+//! for byte. Hugging Face's Qwen2 tokenizer.json applies NFC, so on decomposed input
+//! (`e` + U+0301) the two can differ; the GGUF behaviour is the one followed here.
+
+mod bpe;
+mod byte_level;
+mod pretokenize;
+mod stream;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use knot_format::TokenizerData;
+
+use bpe::{MergeMap, Scratch, NONE};
+use byte_level::ByteLevel;
+use pretokenize::{PreKind, PreTokenizer};
+
+pub use stream::StreamDecoder;
+
+/// GGUF token type of a control token (`<|im_start|>`, `<|endoftext|>`).
+const TYPE_CONTROL: i32 = 3;
+/// GGUF token type of a user-defined token (Qwen's `<tool_call>`).
+const TYPE_USER_DEFINED: i32 = 4;
+
+/// Texts of control tokens that end generation besides the model's eos (llama.cpp keeps the
+/// same kind of list). Only tokens typed control or user-defined are considered.
+const END_OF_GENERATION: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "</s>",
+    "<|return|>",
+];
+
+/// Largest vocabulary accepted (ids must fit in u32 with room for the `NONE` sentinel).
+const MAX_VOCAB: usize = 1 << 24;
+
+/// Why a tokenizer could not be built from its metadata.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// `tokenizer.ggml.model` is not `gpt2` (byte-level BPE); e.g. `llama` (SentencePiece).
+    #[error(
+        "unsupported tokenizer model {model:?}: only byte-level BPE (\"gpt2\") is implemented"
+    )]
+    UnsupportedModel { model: String },
+    /// The vocabulary is empty or larger than [`MAX_VOCAB`].
+    #[error("vocabulary size {size} is out of range (1..={MAX_VOCAB})")]
+    VocabSize { size: usize },
+    /// `token_types` is neither empty nor as long as `tokens`.
+    #[error("{types} token types for {tokens} tokens")]
+    TokenTypes { tokens: usize, types: usize },
+    /// A merge is not two vocabulary tokens separated by one space, or its result is missing.
+    #[error("merge #{rank} {merge:?}: {reason}")]
+    BadMerge {
+        rank: usize,
+        merge: String,
+        reason: &'static str,
+    },
+    /// A byte has no single-byte token, so some text could not be encoded.
+    #[error("byte 0x{byte:02x} has no token in the vocabulary")]
+    MissingByte { byte: u8 },
+    /// A special id (bos, eos, ...) is not a vocabulary index.
+    #[error("{which} id {id} is outside the vocabulary of {vocab}")]
+    SpecialId {
+        which: &'static str,
+        id: u32,
+        vocab: usize,
+    },
+    /// A built-in pre-tokenizer pattern failed to compile (a bug, not bad input).
+    #[error("pre-tokenizer pattern {pattern:?} does not compile")]
+    Pattern {
+        pattern: String,
+        #[source]
+        source: Box<fancy_regex::Error>,
+    },
+}
+
+/// A byte-level BPE tokenizer. Cheap to share (`Arc<Tokenizer>`); `encode` takes `&self`.
+pub struct Tokenizer {
+    /// All tokens' bytes, concatenated in id order.
+    bytes: Vec<u8>,
+    /// Token `i` is `bytes[offsets[i]..offsets[i + 1]]`. (vocab + 1,)
+    offsets: Vec<u32>,
+    /// Token bytes -> id; the lowest id wins when two tokens share their bytes.
+    by_bytes: FastMap<Box<[u8]>, u32>,
+    /// Id of the single-byte token for each byte. (256,)
+    byte_ids: [u32; 256],
+    /// `(left, right) -> (rank, merged)`.
+    merges: MergeMap,
+    /// Control and user-defined tokens, matched whole before pre-tokenization.
+    specials: SpecialMatcher,
+    /// Splits text into words.
+    pre: PreTokenizer,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+    /// Sorted ids that end generation (eos and the control tokens in `END_OF_GENERATION`).
+    eog: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab", &self.vocab_size())
+            .field("merges", &self.merges.len())
+            .field("specials", &self.specials.tokens.len())
+            .field("pre", &self.pre.kind())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from a model's metadata.
+    ///
+    /// Fails on a model other than byte-level BPE, a malformed merge, a missing single-byte
+    /// token, or out-of-range special ids. An unknown pre-tokenizer name only warns and falls
+    /// back to GPT-2's pattern.
+    pub fn from_data(data: &TokenizerData) -> Result<Tokenizer, TokenizerError> {
+        if data.model != "gpt2" {
+            return Err(TokenizerError::UnsupportedModel {
+                model: data.model.clone(),
+            });
+        }
+        let n = data.tokens.len();
+        if n == 0 || n > MAX_VOCAB {
+            return Err(TokenizerError::VocabSize { size: n });
+        }
+        if !data.token_types.is_empty() && data.token_types.len() != n {
+            return Err(TokenizerError::TokenTypes {
+                tokens: n,
+                types: data.token_types.len(),
+            });
+        }
+        let token_type = |id: usize| data.token_types.get(id).copied().unwrap_or(1);
+        let is_special = |id: usize| matches!(token_type(id), TYPE_CONTROL | TYPE_USER_DEFINED);
+
+        let pre_kind = PreKind::from_name(&data.pre).unwrap_or_else(|| {
+            tracing::warn!(pre = %data.pre, "unknown pre-tokenizer name; using GPT-2 splitting");
+            PreKind::Gpt2
+        });
+        let pre = PreTokenizer::new(pre_kind)?;
+
+        // Token bytes. Special tokens are raw text; the rest are in GPT-2's alphabet, except
+        // the odd token that is not (kept as its raw UTF-8).
+        let bl = ByteLevel::new();
+        let total: usize = data.tokens.iter().map(String::len).sum();
+        let mut bytes = Vec::with_capacity(total);
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0u32);
+        for (id, tok) in data.tokens.iter().enumerate() {
+            if is_special(id) || !bl.decode_into(tok, &mut bytes) {
+                bytes.extend_from_slice(tok.as_bytes());
+            }
+            offsets.push(
+                u32::try_from(bytes.len()).map_err(|_| TokenizerError::VocabSize { size: n })?,
+            );
+        }
+        let token = |id: usize| &bytes[offsets[id] as usize..offsets[id + 1] as usize];
+
+        let mut by_bytes = FastMap::with_capacity_and_hasher(n, Default::default());
+        let mut byte_ids = [NONE; 256];
+        for id in 0..n {
+            let t = token(id);
+            by_bytes.entry(Box::<[u8]>::from(t)).or_insert(id as u32);
+            if let ([b], false) = (t, is_special(id)) {
+                if byte_ids[usize::from(*b)] == NONE {
+                    byte_ids[usize::from(*b)] = id as u32;
+                }
+            }
+        }
+        if let Some(b) = byte_ids.iter().position(|&id| id == NONE) {
+            return Err(TokenizerError::MissingByte { byte: b as u8 });
+        }
+
+        // Merges are written in vocabulary strings: "Ġ t" makes "Ġt".
+        let by_str: FastMap<&str, u32> = {
+            let mut m = FastMap::with_capacity_and_hasher(n, Default::default());
+            for (id, tok) in data.tokens.iter().enumerate() {
+                m.entry(tok.as_str()).or_insert(id as u32);
+            }
+            m
+        };
+        let mut merges = MergeMap::with_capacity_and_hasher(data.merges.len(), Default::default());
+        let mut joined = String::new();
+        for (rank, merge) in data.merges.iter().enumerate() {
+            let bad = |reason| TokenizerError::BadMerge {
+                rank,
+                merge: merge.clone(),
+                reason,
+            };
+            let (a, b) = merge
+                .split_once(' ')
+                .ok_or_else(|| bad("no space separator"))?;
+            let ia = *by_str
+                .get(a)
+                .ok_or_else(|| bad("left part is not a token"))?;
+            let ib = *by_str
+                .get(b)
+                .ok_or_else(|| bad("right part is not a token"))?;
+            joined.clear();
+            joined.push_str(a);
+            joined.push_str(b);
+            let iab = *by_str
+                .get(joined.as_str())
+                .ok_or_else(|| bad("merged token is not in the vocabulary"))?;
+            // A pair listed twice keeps its first (best) rank.
+            merges.entry((ia, ib)).or_insert((rank as u32, iab));
+        }
+
+        let check = |which, id: Option<u32>| match id {
+            Some(id) if id as usize >= n => Err(TokenizerError::SpecialId {
+                which,
+                id,
+                vocab: n,
+            }),
+            _ => Ok(id),
+        };
+        let bos = check("bos", data.bos_id)?;
+        let eos = check("eos", data.eos_id)?;
+        check("pad", data.pad_id)?;
+        check("unk", data.unk_id)?;
+
+        let special_ids: Vec<u32> = (0..n)
+            .filter(|&id| is_special(id))
+            .map(|id| id as u32)
+            .collect();
+        let mut eog: Vec<u32> = special_ids
+            .iter()
+            .copied()
+            .filter(|&id| {
+                END_OF_GENERATION
+                    .iter()
+                    .any(|t| t.as_bytes() == token(id as usize))
+            })
+            .chain(eos)
+            .collect();
+        eog.sort_unstable();
+        eog.dedup();
+
+        let specials = SpecialMatcher::new(special_ids.iter().map(|&id| (token(id as usize), id)));
+        Ok(Tokenizer {
+            bytes,
+            offsets,
+            by_bytes,
+            byte_ids,
+            merges,
+            specials,
+            pre,
+            bos,
+            eos,
+            add_bos: data.add_bos,
+            eog,
+        })
+    }
+
+    /// Encodes `text` to token ids. Special-token text (`<|im_start|>`) becomes its id.
+    /// `add_bos` prepends the bos token, and is ignored if the model has none.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_bos {
+            out.extend(self.bos);
+        }
+        let mut words = Vec::new();
+        let mut pass = Vec::new();
+        let mut scratch = Scratch::default();
+        let mut rest = 0;
+        for (start, len, id) in self.specials.find_all(text.as_bytes()) {
+            self.encode_plain(
+                &text[rest..start],
+                &mut out,
+                &mut words,
+                &mut pass,
+                &mut scratch,
+            );
+            out.push(id);
+            rest = start + len;
+        }
+        self.encode_plain(&text[rest..], &mut out, &mut words, &mut pass, &mut scratch);
+        out
+    }
+
+    /// Encodes text that holds no special token.
+    fn encode_plain<'t>(
+        &self,
+        text: &'t str,
+        out: &mut Vec<u32>,
+        words: &mut Vec<&'t str>,
+        pass: &mut Vec<&'t str>,
+        scratch: &mut Scratch,
+    ) {
+        words.clear();
+        self.pre.split(text, words, pass);
+        let whole_words = self.pre.kind() == PreKind::Llama3;
+        for word in words.iter() {
+            // Llama 3 takes a word the vocabulary holds whole as it is, without merging.
+            if whole_words {
+                if let Some(&id) = self.by_bytes.get(word.as_bytes()) {
+                    out.push(id);
+                    continue;
+                }
+            }
+            bpe::merge_word(word.as_bytes(), &self.byte_ids, &self.merges, scratch, out);
+        }
+    }
+
+    /// Decodes ids to text. Bytes that are not valid UTF-8 (a character cut by the end of the
+    /// slice) become U+FFFD; ids outside the vocabulary are skipped. Special tokens decode to
+    /// their text.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut buf = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            if let Some(b) = self.token_bytes(id) {
+                buf.extend_from_slice(b);
+            }
+        }
+        match String::from_utf8(buf) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+
+    /// The bytes token `id` stands for (`" Paris"` for Qwen's 12095), if `id` is in the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let (start, end) = (*self.offsets.get(i)?, *self.offsets.get(i + 1)?);
+        Some(&self.bytes[start as usize..end as usize])
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The beginning-of-sequence id, if the model has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// The end-of-sequence id, if the model has one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// True if `id` ends generation: the eos token, or a control token such as `<|im_end|>`,
+    /// `<|endoftext|>` or `<|eot_id|>`.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+
+    /// Whether the model asks for a bos token in front of a prompt (`add_bos_token`).
+    pub fn add_bos_default(&self) -> bool {
+        self.add_bos && self.bos.is_some()
+    }
+
+    /// The id of the token whose text is exactly `text` (`" Paris"`, `"<|im_end|>"`): the
+    /// decoded text, not the vocabulary's `Ġ`-spelling.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.by_bytes.get(text.as_bytes()).copied()
+    }
+}
+
+/// Finds special tokens in text, leftmost first and longest at a position.
+struct SpecialMatcher {
+    /// `(bytes, id)`, longest first.
+    tokens: Vec<(Box<[u8]>, u32)>,
+    /// Indices into `tokens` of those starting with each byte, longest first. (256,)
+    by_first: Vec<Vec<u32>>,
+}
+
+impl SpecialMatcher {
+    fn new<'a>(tokens: impl Iterator<Item = (&'a [u8], u32)>) -> SpecialMatcher {
+        let mut tokens: Vec<(Box<[u8]>, u32)> = tokens
+            .filter(|(t, _)| !t.is_empty())
+            .map(|(t, id)| (Box::from(t), id))
+            .collect();
+        // Longest first; equal texts keep the lowest id first.
+        tokens.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let mut by_first = vec![Vec::new(); 256];
+        for (i, (t, _)) in tokens.iter().enumerate() {
+            by_first[usize::from(t[0])].push(i as u32);
+        }
+        SpecialMatcher { tokens, by_first }
+    }
+
+    /// `(start, len, id)` of each non-overlapping match, in order.
+    fn find_all<'s>(&'s self, text: &'s [u8]) -> impl Iterator<Item = (usize, usize, u32)> + 's {
+        let mut pos = 0;
+        std::iter::from_fn(move || {
+            if self.tokens.is_empty() {
+                return None;
+            }
+            while pos < text.len() {
+                let at = pos;
+                let hit = self.by_first[usize::from(text[at])].iter().find_map(|&i| {
+                    let (t, id) = &self.tokens[i as usize];
+                    text[at..].starts_with(t).then_some((at, t.len(), *id))
+                });
+                match hit {
+                    Some(h) => {
+                        pos = at + h.1;
+                        return Some(h);
+                    }
+                    None => pos += 1,
+                }
+            }
+            None
+        })
+    }
+}
+
+/// A hash map keyed by short byte strings and id pairs, with a fast non-cryptographic hash.
+/// (The keys come from the model file, not from users, so flooding is not a concern.)
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// The multiply-rotate hash of Firefox and rustc: one multiply per 8 bytes.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher {
+    hash: u64,
+}
+
+const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+#[cfg(test)]
+mod tests;

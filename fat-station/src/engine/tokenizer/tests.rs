@@ -1,0 +1,223 @@
+//! Unit tests on a small synthetic vocabulary (the real-model tests are in
+//! `fat-station/tests/tokenizer_golden.rs`).
+
+use super::byte_level::ByteLevel;
+use super::*;
+
+/// 256 byte tokens (id = byte), then merged tokens, then specials.
+fn data(pre: &str) -> TokenizerData {
+    let bl = ByteLevel::new();
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| bl.char_of(b).to_string()).collect();
+    let merges: Vec<String> = ["h e", "l l", "he ll", "hell o", "Ġ hello", "Ġ Ġ"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for m in &merges {
+        tokens.push(m.replace(' ', ""));
+    }
+    let mut token_types = vec![1; tokens.len()];
+    for (t, ty) in [
+        ("<|im_start|>", 3),
+        ("<|im_end|>", 3),
+        ("<|im", 4),
+        ("<|endoftext|>", 3),
+    ] {
+        tokens.push(t.to_string());
+        token_types.push(ty);
+    }
+    TokenizerData {
+        model: "gpt2".into(),
+        pre: pre.into(),
+        tokens,
+        token_types,
+        merges,
+        bos_id: Some(265),
+        eos_id: Some(263),
+        add_bos: true,
+        ..Default::default()
+    }
+}
+
+fn tok() -> Tokenizer {
+    Tokenizer::from_data(&data("gpt-2")).expect("synthetic tokenizer builds")
+}
+
+const HELLO: u32 = 259;
+const SP_HELLO: u32 = 260;
+const SP_SP: u32 = 261;
+const IM_START: u32 = 262;
+const IM_END: u32 = 263;
+const IM: u32 = 264;
+const EOT: u32 = 265;
+
+#[test]
+fn merges_apply_within_words() {
+    let t = tok();
+    assert_eq!(t.encode("hello hello", false), vec![HELLO, SP_HELLO]);
+    assert_eq!(t.encode("hell", false), vec![258]);
+    assert_eq!(
+        t.encode("hi", false),
+        vec![u32::from(b'h'), u32::from(b'i')]
+    );
+}
+
+#[test]
+fn whitespace_run_leaves_the_last_space_to_the_word() {
+    let t = tok();
+    // "  hello": "  " splits as " " + " hello" (lookahead), giving [Ġ, Ġhello].
+    assert_eq!(t.encode("  hello", false), vec![u32::from(b' '), SP_HELLO]);
+    // Trailing run stays whole and merges: "hello  " -> [hello, ĠĠ].
+    assert_eq!(t.encode("hello  ", false), vec![HELLO, SP_SP]);
+}
+
+#[test]
+fn special_tokens_match_whole_and_longest() {
+    let t = tok();
+    assert_eq!(
+        t.encode("<|im_start|>hello<|im_end|>", false),
+        vec![IM_START, HELLO, IM_END]
+    );
+    // "<|im" alone is its own (user-defined) token; the longer match wins where it fits.
+    let ids = t.encode("<|im_x", false);
+    assert_eq!(ids[0], IM);
+    assert_eq!(t.decode(&ids), "<|im_x");
+}
+
+#[test]
+fn bos_is_added_on_request() {
+    let t = tok();
+    assert_eq!(t.encode("hello", true), vec![EOT, HELLO]);
+    assert!(t.add_bos_default());
+    let mut d = data("gpt-2");
+    d.bos_id = None;
+    let t = Tokenizer::from_data(&d).expect("builds");
+    assert_eq!(t.encode("hello", true), vec![HELLO]);
+    assert!(!t.add_bos_default());
+}
+
+#[test]
+fn round_trip_on_awkward_text() {
+    let t = tok();
+    for s in [
+        "",
+        " ",
+        "\n\n\t ",
+        "héllo wörld 😀 你好",
+        "<|im_start|><|im_end|>",
+        "x\n!",
+        "a  b\t\tc  ",
+    ] {
+        assert_eq!(t.decode(&t.encode(s, false)), s, "round trip of {s:?}");
+    }
+}
+
+#[test]
+fn lookups_and_end_of_generation() {
+    let t = tok();
+    assert_eq!(t.vocab_size(), 266);
+    assert_eq!(t.token_id(" hello"), Some(SP_HELLO));
+    assert_eq!(t.token_id("Ġhello"), None);
+    assert_eq!(t.token_id("<|im_end|>"), Some(IM_END));
+    assert_eq!(t.token_bytes(SP_HELLO), Some(&b" hello"[..]));
+    assert_eq!(t.token_bytes(9999), None);
+    assert!(t.is_eog(IM_END));
+    assert!(t.is_eog(EOT));
+    assert!(!t.is_eog(IM_START));
+    assert!(!t.is_eog(HELLO));
+    assert_eq!((t.bos_id(), t.eos_id()), (Some(EOT), Some(IM_END)));
+}
+
+#[test]
+fn decode_is_lossy_only_for_invalid_utf8() {
+    let t = tok();
+    // First two bytes of "😀" (F0 9F 98 80) only.
+    assert_eq!(t.decode(&[0xF0, 0x9F]), "\u{FFFD}");
+    assert_eq!(t.decode(&[0xF0, 0x9F, 0x98, 0x80]), "😀");
+    assert_eq!(t.decode(&[HELLO, 99_999]), "hello");
+}
+
+#[test]
+fn stream_decoder_waits_for_a_whole_character() {
+    let t = tok();
+    let ids = t.encode("a😀b", false);
+    assert_eq!(ids.len(), 6, "the emoji is four byte tokens here");
+    let mut sd = StreamDecoder::new();
+    let out: Vec<Option<String>> = ids.iter().map(|&id| sd.push(&t, id)).collect();
+    assert_eq!(
+        out,
+        vec![
+            Some("a".into()),
+            None,
+            None,
+            None,
+            Some("😀".into()),
+            Some("b".into())
+        ]
+    );
+    assert!(!sd.has_pending());
+    assert_eq!(sd.finish(), "");
+    // Invalid bytes do not stall the stream; an unfinished character is flushed by finish().
+    assert_eq!(sd.push(&t, 0xFF), Some("\u{FFFD}".into()));
+    assert_eq!(sd.push(&t, 0xE4), None);
+    assert_eq!(sd.finish(), "\u{FFFD}");
+}
+
+#[test]
+fn unknown_pre_name_falls_back_to_gpt2() {
+    let t = Tokenizer::from_data(&data("no-such-pre")).expect("builds with a warning");
+    assert_eq!(t.encode("hello hello", false), vec![HELLO, SP_HELLO]);
+}
+
+#[test]
+fn malformed_metadata_is_an_error() {
+    let mut d = data("gpt-2");
+    d.model = "llama".into();
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::UnsupportedModel { .. })
+    ));
+
+    let mut d = data("gpt-2");
+    d.merges.push("nosuch token".into());
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::BadMerge { rank: 6, .. })
+    ));
+
+    let mut d = data("gpt-2");
+    d.merges.push("h".into());
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::BadMerge { .. })
+    ));
+
+    let mut d = data("gpt-2");
+    d.tokens[usize::from(b'q')] = "qq".into();
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::MissingByte { byte: b'q' })
+    ));
+
+    let mut d = data("gpt-2");
+    d.eos_id = Some(100_000);
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::SpecialId { which: "eos", .. })
+    ));
+
+    let mut d = data("gpt-2");
+    d.token_types.pop();
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::TokenTypes { .. })
+    ));
+
+    let d = TokenizerData {
+        model: "gpt2".into(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::VocabSize { size: 0 })
+    ));
+}
