@@ -1,1 +1,18 @@
-//! The sliver launcher: runs a command in fresh namespaces + chroot, only for an admitted base.
+//! The sliver launcher: runs a command in fresh namespaces + pivot_root, only for an admitted
+//! (certified) base.
+//!
+//! - [`manifest`]: the BLAKE3 manifest of a rootfs.
+//! - [`cert`]: node key, signed admission certificates and their store.
+//! - [`plan`]: the validated request and its fixed-order list of setup operations.
+//! - [`sliver`]: executes a plan (clone, PID 1 init, pivot_root, drop privileges, exec).
+//! - [`cgroup`], [`netdev`]: cgroup limits and network setup.
+
+pub mod cert;
+pub mod cgroup;
+pub mod error;
+pub mod manifest;
+pub mod netdev;
+pub mod plan;
+pub mod sliver;
+
+pub use error::{Result, SwerveError};

@@ -1,0 +1,533 @@
+//! The sliver's setup, as a list of operations in the order they run (bubblewrap style).
+//! `--dry-run` prints this list; [`crate::sliver::run`] executes exactly it.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, SwerveError};
+
+/// Device nodes bind-mounted from the host into the sliver's `/dev` tmpfs.
+pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// PATH given to the command inside the sliver.
+pub const SLIVER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How the sliver is networked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetMode {
+    /// A new network namespace with only loopback (the default).
+    Loopback,
+    /// Share the host's network namespace.
+    Host,
+    /// A new network namespace plus a veth pair: `eth0` inside with `sliver`/`prefix`, and
+    /// `sw<PID>` on the host with `host`/`prefix`.
+    Veth {
+        /// Address of `eth0` inside.
+        sliver: Ipv4Addr,
+        /// Address of the host end.
+        host: Ipv4Addr,
+        /// Prefix length.
+        prefix: u8,
+    },
+}
+
+impl NetMode {
+    /// Parses `none`/`loopback`, `host`, or `veth:IP/PREFIX[,HOSTIP]` (host IP defaults to the
+    /// first address of the network, or the second if that is the sliver's).
+    pub fn parse(s: &str) -> Result<NetMode> {
+        let bad = |reason: &str| SwerveError::BadArg {
+            what: "--net",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
+        match s {
+            "none" | "loopback" | "lo" => return Ok(NetMode::Loopback),
+            "host" => return Ok(NetMode::Host),
+            _ => {}
+        }
+        let spec = s.strip_prefix("veth:").ok_or_else(|| {
+            bad("expected loopback, host or veth:IP/PREFIX[,HOSTIP] (e.g. veth:10.77.0.2/24)")
+        })?;
+        let (cidr, host) = match spec.split_once(',') {
+            Some((c, h)) => (c, Some(h)),
+            None => (spec, None),
+        };
+        let (ip, prefix) = cidr.split_once('/').unwrap_or((cidr, "24"));
+        let sliver: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad("bad prefix length"))?;
+        if !(8..=30).contains(&prefix) {
+            return Err(bad("prefix length must be 8..=30"));
+        }
+        let mask = u32::MAX << (32 - prefix);
+        let net = u32::from(sliver) & mask;
+        let host = match host {
+            Some(h) => h.parse().map_err(|_| bad("host address is not IPv4"))?,
+            None => {
+                let first = Ipv4Addr::from(net + 1);
+                if first == sliver {
+                    Ipv4Addr::from(net + 2)
+                } else {
+                    first
+                }
+            }
+        };
+        if u32::from(host) & mask != net || host == sliver {
+            return Err(bad("host address must be another address in the same network"));
+        }
+        if u32::from(sliver) == net || u32::from(sliver) == net | !mask {
+            return Err(bad("the sliver address is the network or broadcast address"));
+        }
+        Ok(NetMode::Veth { sliver, host, prefix })
+    }
+}
+
+/// One `--bind SRC:DST[:ro]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// Host path.
+    pub src: PathBuf,
+    /// Absolute path inside the sliver.
+    pub dst: PathBuf,
+    /// Remount read-only.
+    pub ro: bool,
+}
+
+impl Bind {
+    /// Parses `SRC:DST[:ro|:rw]`; SRC must exist, DST must be absolute without `..`.
+    pub fn parse(s: &str) -> Result<Bind> {
+        let bad = |reason: &str| SwerveError::BadArg {
+            what: "--bind",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let parts: Vec<&str> = s.split(':').collect();
+        let (src, dst, ro) = match parts.as_slice() {
+            [src, dst] => (*src, *dst, false),
+            [src, dst, "ro"] => (*src, *dst, true),
+            [src, dst, "rw"] => (*src, *dst, false),
+            _ => return Err(bad("expected SRC:DST or SRC:DST:ro")),
+        };
+        let dst = PathBuf::from(dst);
+        if !dst.is_absolute()
+            || dst.components().any(|c| matches!(c, std::path::Component::ParentDir))
+            || dst == Path::new("/")
+        {
+            return Err(bad("DST must be an absolute path inside the sliver, without '..', not /"));
+        }
+        let src = std::fs::canonicalize(src).map_err(|e| bad(&format!("SRC: {e}")))?;
+        Ok(Bind { src, dst, ro })
+    }
+}
+
+/// Everything the user asked for, validated.
+#[derive(Debug, Clone)]
+pub struct SliverSpec {
+    /// Base name (without `base:`).
+    pub base: String,
+    /// The rootfs, canonical absolute path.
+    pub rootfs: PathBuf,
+    /// Hostname inside.
+    pub hostname: String,
+    /// Extra bind mounts, in order.
+    pub binds: Vec<Bind>,
+    /// Networking.
+    pub net: NetMode,
+    /// `--mem` in bytes: memory cgroup limit and RLIMIT_DATA.
+    pub mem: Option<u64>,
+    /// `--pids`: pids cgroup limit (required) and RLIMIT_NPROC.
+    pub pids: Option<u64>,
+    /// `--cpu-secs`: RLIMIT_CPU.
+    pub cpu_secs: Option<u64>,
+    /// Capabilities kept (all others are dropped from every set, bounding included).
+    pub caps_keep: Vec<caps::Capability>,
+    /// Syscalls that fail with EPERM.
+    pub seccomp_deny: Vec<String>,
+    /// Leave the rootfs writable (default: read-only).
+    pub rw: bool,
+    /// Create a user namespace (when not root).
+    pub user_ns: bool,
+    /// The command and its arguments.
+    pub argv: Vec<String>,
+}
+
+/// One setup operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Host: `prctl(PR_SET_NO_NEW_PRIVS)`; inherited by everything below.
+    NoNewPrivs,
+    /// Host: create the sliver's cgroup(s) and write the limits.
+    CgroupCreate,
+    /// Host: `clone()` PID 1 of the sliver into new namespaces.
+    Clone,
+    /// Host: write the child's uid/gid maps (user namespace only).
+    IdMaps,
+    /// Host: move PID 1 into the cgroup(s) before it runs anything.
+    CgroupAttach,
+    /// Host: create the veth pair (`ip link add ... netns PID`), address and raise the host end.
+    VethHost,
+    /// Init: `mount(/, MS_REC|MS_PRIVATE)` so nothing propagates to the host.
+    MakeRootPrivate,
+    /// Init: bind the rootfs onto itself (pivot_root needs a mount point).
+    BindRootfs,
+    /// Init: remount that bind read-only (unless `--rw`).
+    RootfsReadOnly,
+    /// Init: fresh procfs at /proc (we are in the new PID namespace already).
+    MountProc,
+    /// Init: read-only sysfs at /sys (shows only this network namespace's interfaces).
+    MountSys,
+    /// Init: tmpfs at /tmp.
+    MountTmp,
+    /// Init: tmpfs at /dev.
+    MountDev,
+    /// Init: bind one host device node into /dev.
+    DevNode(&'static str),
+    /// Init: /dev/fd, stdin, stdout, stderr symlinks, /dev/shm.
+    DevLinks,
+    /// Init: a user `--bind`.
+    Bind(Bind),
+    /// Init: `pivot_root(".", ".")` in the new root (chroot fallback with a warning).
+    PivotRoot,
+    /// Init: `umount2(old root, MNT_DETACH)`.
+    DetachOldRoot,
+    /// Init: `sethostname`.
+    SetHostname,
+    /// Init: bring `lo` up (ioctl SIOCSIFFLAGS).
+    LoopbackUp,
+    /// Init: address and raise `eth0` (ioctl SIOCSIFADDR/SIOCSIFNETMASK/SIOCSIFFLAGS).
+    VethSliver,
+    /// Init: fork the command; init stays PID 1, reaps and forwards signals.
+    ForkCommand,
+    /// Command: setrlimit.
+    Rlimits,
+    /// Command: drop capabilities (bounding, inheritable, ambient, effective, permitted).
+    DropCaps,
+    /// Command: install the seccomp deny-list.
+    Seccomp,
+    /// Command: `execvp`.
+    Exec,
+    /// Init: wait for the command, exit with its status (the kernel then kills the rest).
+    Reap,
+    /// Host: remove the cgroup(s).
+    CgroupRemove,
+}
+
+/// Where an operation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// In swerve on the host, before the clone.
+    Host,
+    /// In swerve on the host, after the clone, before PID 1 is released.
+    HostAfterClone,
+    /// In PID 1 of the sliver.
+    Init,
+    /// In the command's process, before exec.
+    Command,
+    /// After the command has finished.
+    Teardown,
+}
+
+impl Op {
+    /// The phase this operation belongs to.
+    pub fn phase(&self) -> Phase {
+        use Op::*;
+        match self {
+            NoNewPrivs | CgroupCreate | Clone => Phase::Host,
+            IdMaps | CgroupAttach | VethHost => Phase::HostAfterClone,
+            MakeRootPrivate | BindRootfs | RootfsReadOnly | MountProc | MountSys | MountTmp
+            | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot
+            | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
+            Rlimits | DropCaps | Seccomp | Exec => Phase::Command,
+            Reap | CgroupRemove => Phase::Teardown,
+        }
+    }
+}
+
+/// The planned operations for one sliver.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The validated request.
+    pub spec: SliverSpec,
+    /// The operations, in execution order.
+    pub ops: Vec<Op>,
+}
+
+impl Plan {
+    /// Builds the fixed-order plan for `spec`.
+    pub fn new(spec: SliverSpec) -> Plan {
+        let mut ops = vec![Op::NoNewPrivs];
+        let cgroup = spec.pids.is_some() || spec.mem.is_some();
+        if cgroup {
+            ops.push(Op::CgroupCreate);
+        }
+        ops.push(Op::Clone);
+        if spec.user_ns {
+            ops.push(Op::IdMaps);
+        }
+        if cgroup {
+            ops.push(Op::CgroupAttach);
+        }
+        if matches!(spec.net, NetMode::Veth { .. }) {
+            ops.push(Op::VethHost);
+        }
+        ops.extend([Op::MakeRootPrivate, Op::BindRootfs]);
+        if !spec.rw {
+            ops.push(Op::RootfsReadOnly);
+        }
+        ops.extend([Op::MountProc, Op::MountSys, Op::MountTmp, Op::MountDev]);
+        ops.extend(DEV_NODES.iter().map(|n| Op::DevNode(n)));
+        ops.push(Op::DevLinks);
+        ops.extend(spec.binds.iter().cloned().map(Op::Bind));
+        ops.extend([Op::PivotRoot, Op::DetachOldRoot, Op::SetHostname]);
+        if spec.net != NetMode::Host {
+            ops.push(Op::LoopbackUp);
+        }
+        if matches!(spec.net, NetMode::Veth { .. }) {
+            ops.push(Op::VethSliver);
+        }
+        ops.extend([Op::ForkCommand, Op::Rlimits, Op::DropCaps]);
+        if !spec.seccomp_deny.is_empty() {
+            ops.push(Op::Seccomp);
+        }
+        ops.extend([Op::Exec, Op::Reap]);
+        if cgroup {
+            ops.push(Op::CgroupRemove);
+        }
+        Plan { spec, ops }
+    }
+
+    /// Namespaces `clone()` creates, by name.
+    pub fn namespaces(&self) -> Vec<&'static str> {
+        let mut v = vec!["mount", "uts", "ipc", "pid"];
+        if self.spec.net != NetMode::Host {
+            v.push("net");
+        }
+        if self.spec.user_ns {
+            v.push("user");
+        }
+        v
+    }
+
+    /// One line describing `op` with this spec's concrete values.
+    pub fn describe(&self, op: &Op) -> String {
+        let s = &self.spec;
+        let root = s.rootfs.display();
+        match op {
+            Op::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS, 1)".into(),
+            Op::CgroupCreate => {
+                let mut l = Vec::new();
+                if let Some(p) = s.pids {
+                    l.push(format!("pids.max={p}"));
+                }
+                if let Some(m) = s.mem {
+                    l.push(format!("memory limit={m}"));
+                }
+                format!("cgroup create swerve-<pid> ({}; v1 or v2, whichever the host has)", l.join(", "))
+            }
+            Op::Clone => format!("clone(new {} namespaces) -> PID 1 of the sliver", self.namespaces().join(", ")),
+            Op::IdMaps => "write /proc/PID/{uid_map,setgroups,gid_map}: 0 -> caller".into(),
+            Op::CgroupAttach => "cgroup attach PID 1 (cgroup.procs)".into(),
+            Op::VethHost => match &s.net {
+                NetMode::Veth { host, prefix, .. } => format!(
+                    "host: ip link add sw<pid> type veth peer name eth0 netns PID; ip addr add {host}/{prefix} dev sw<pid>; ip link set sw<pid> up"
+                ),
+                _ => "veth (unused)".into(),
+            },
+            Op::MakeRootPrivate => "mount(none, /, MS_REC|MS_PRIVATE)".into(),
+            Op::BindRootfs => format!("mount({root}, {root}, MS_BIND|MS_REC)"),
+            Op::RootfsReadOnly => format!("mount({root}, MS_REMOUNT|MS_BIND|MS_RDONLY)"),
+            Op::MountProc => format!("mount(proc, {root}/proc, proc, MS_NOSUID|MS_NODEV|MS_NOEXEC)"),
+            Op::MountSys => format!("mount(sysfs, {root}/sys, sysfs, MS_RDONLY|MS_NOSUID|MS_NODEV|MS_NOEXEC) if /sys exists"),
+            Op::MountTmp => format!("mount(tmpfs, {root}/tmp, tmpfs, MS_NOSUID|MS_NODEV, mode=1777)"),
+            Op::MountDev => format!("mount(tmpfs, {root}/dev, tmpfs, MS_NOSUID|MS_NOEXEC, mode=0755)"),
+            Op::DevNode(n) => format!("mount(/dev/{n}, {root}/dev/{n}, MS_BIND)"),
+            Op::DevLinks => "symlink /dev/{fd,stdin,stdout,stderr} -> /proc/self/fd/..., mkdir /dev/shm".into(),
+            Op::Bind(b) => format!(
+                "mount({}, {root}{}, MS_BIND|MS_REC){}",
+                b.src.display(),
+                b.dst.display(),
+                if b.ro { " + remount MS_RDONLY" } else { "" }
+            ),
+            Op::PivotRoot => format!("chdir({root}); pivot_root(., .) (fallback: MS_MOVE + chroot, with a warning)"),
+            Op::DetachOldRoot => "umount2(old root, MNT_DETACH); chdir(/)".into(),
+            Op::SetHostname => format!("sethostname({})", s.hostname),
+            Op::LoopbackUp => "ioctl(SIOCSIFFLAGS, lo, IFF_UP)".into(),
+            Op::VethSliver => match &s.net {
+                NetMode::Veth { sliver, prefix, .. } => {
+                    format!("ioctl(SIOCSIFADDR/SIOCSIFNETMASK/SIOCSIFFLAGS, eth0, {sliver}/{prefix}, IFF_UP)")
+                }
+                _ => "veth (unused)".into(),
+            },
+            Op::ForkCommand => "fork() the command; PID 1 stays as init (reaps, forwards signals)".into(),
+            Op::Rlimits => {
+                let mut l = Vec::new();
+                if let Some(m) = s.mem {
+                    l.push(format!("RLIMIT_DATA={m}"));
+                }
+                if let Some(p) = s.pids {
+                    l.push(format!("RLIMIT_NPROC={p}"));
+                }
+                if let Some(c) = s.cpu_secs {
+                    l.push(format!("RLIMIT_CPU={c}"));
+                }
+                if l.is_empty() {
+                    "setrlimit: none requested".into()
+                } else {
+                    format!("setrlimit({})", l.join(", "))
+                }
+            }
+            Op::DropCaps => {
+                if s.caps_keep.is_empty() {
+                    "drop all capabilities (bounding, inheritable, ambient, effective, permitted)".into()
+                } else {
+                    let keep: Vec<String> = s.caps_keep.iter().map(|c| c.to_string()).collect();
+                    format!("drop all capabilities except {}", keep.join(","))
+                }
+            }
+            Op::Seccomp => format!("seccomp deny-list (EPERM): {}", s.seccomp_deny.join(",")),
+            Op::Exec => format!("execvp({:?}) with PATH={SLIVER_PATH}", s.argv),
+            Op::Reap => "init: wait for the command, exit with its status (128+N if killed by signal N)".into(),
+            Op::CgroupRemove => "cgroup rmdir".into(),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut n = 0;
+        let mut last = None;
+        for op in &self.ops {
+            let phase = op.phase();
+            if last != Some(phase) {
+                let title = match phase {
+                    Phase::Host => "host",
+                    Phase::HostAfterClone => "host, before releasing PID 1",
+                    Phase::Init => "sliver PID 1 (init)",
+                    Phase::Command => "command process",
+                    Phase::Teardown => "teardown",
+                };
+                writeln!(f, "# {title}")?;
+                last = Some(phase);
+            }
+            n += 1;
+            writeln!(f, "{n:2}. {}", self.describe(op))?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses a size like `512M`, `2G`, `1048576`, `64k` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let bad = || SwerveError::BadArg {
+        what: "--mem",
+        value: s.to_string(),
+        reason: "expected a byte count like 512M, 2G or 1048576".into(),
+    };
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(bad()),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let v = n.checked_mul(mult).ok_or_else(bad)?;
+    if v < (1 << 20) {
+        return Err(SwerveError::BadArg {
+            what: "--mem",
+            value: s.to_string(),
+            reason: "at least 1M".into(),
+        });
+    }
+    Ok(v)
+}
+
+/// Parses a capability name (`CAP_NET_ADMIN`, `net_admin`, `NET_ADMIN`).
+pub fn parse_cap(s: &str) -> Result<caps::Capability> {
+    let up = s.to_ascii_uppercase();
+    let name = if up.starts_with("CAP_") { up } else { format!("CAP_{up}") };
+    name.parse().map_err(|_| SwerveError::BadArg {
+        what: "--cap",
+        value: s.to_string(),
+        reason: "unknown capability (see capabilities(7))".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SliverSpec {
+        SliverSpec {
+            base: "scratch".into(),
+            rootfs: "/srv/rootfs".into(),
+            hostname: "sliver-scratch".into(),
+            binds: vec![],
+            net: NetMode::Loopback,
+            mem: None,
+            pids: Some(20),
+            cpu_secs: None,
+            caps_keep: vec![],
+            seccomp_deny: vec![],
+            rw: false,
+            user_ns: false,
+            argv: vec!["sh".into()],
+        }
+    }
+
+    #[test]
+    fn plan_order_is_fixed() {
+        let p = Plan::new(spec());
+        let pos = |op: &Op| p.ops.iter().position(|o| o == op).unwrap();
+        assert_eq!(p.ops[0], Op::NoNewPrivs);
+        assert!(pos(&Op::CgroupCreate) < pos(&Op::Clone));
+        assert!(pos(&Op::Clone) < pos(&Op::MakeRootPrivate));
+        assert!(pos(&Op::MakeRootPrivate) < pos(&Op::BindRootfs));
+        assert!(pos(&Op::MountProc) < pos(&Op::PivotRoot));
+        assert!(pos(&Op::PivotRoot) < pos(&Op::DetachOldRoot));
+        assert!(pos(&Op::ForkCommand) < pos(&Op::DropCaps));
+        assert!(pos(&Op::DropCaps) < pos(&Op::Exec));
+        assert_eq!(p.ops.last(), Some(&Op::CgroupRemove));
+        let text = p.to_string();
+        assert!(text.contains("pivot_root"), "{text}");
+        assert!(!p.ops.contains(&Op::Seccomp));
+    }
+
+    #[test]
+    fn net_modes_parse() {
+        assert_eq!(NetMode::parse("host").unwrap(), NetMode::Host);
+        assert_eq!(
+            NetMode::parse("veth:10.77.0.2/24").unwrap(),
+            NetMode::Veth { sliver: "10.77.0.2".parse().unwrap(), host: "10.77.0.1".parse().unwrap(), prefix: 24 }
+        );
+        assert_eq!(
+            NetMode::parse("veth:10.77.0.1/24").unwrap(),
+            NetMode::Veth { sliver: "10.77.0.1".parse().unwrap(), host: "10.77.0.2".parse().unwrap(), prefix: 24 }
+        );
+        assert!(NetMode::parse("veth:10.77.0.0/24").is_err());
+        assert!(NetMode::parse("veth:10.77.0.2/24,10.78.0.1").is_err());
+        assert!(NetMode::parse("bridge").is_err());
+    }
+
+    #[test]
+    fn sizes_caps_and_binds_parse() {
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert!(parse_size("12").is_err());
+        assert!(parse_size("lots").is_err());
+        assert_eq!(parse_cap("net_admin").unwrap(), caps::Capability::CAP_NET_ADMIN);
+        assert!(parse_cap("CAP_TELEPORT").is_err());
+        let b = Bind::parse("/tmp:/mnt/x:ro").unwrap();
+        assert!(b.ro && b.dst == Path::new("/mnt/x"));
+        assert!(Bind::parse("/tmp:relative").is_err());
+        assert!(Bind::parse("/tmp:/a/../b").is_err());
+        assert!(Bind::parse("/does/not/exist:/x").is_err());
+    }
+}
