@@ -1,1 +1,387 @@
-//! Quantized compute kernels: dequantization and matrix-vector products on GGML blocks.
+//! Quantized compute kernels: dequantization and matrix products on GGML blocks.
+//!
+//! Weights stay in their GGML blocks (straight from the mmap). Activations are quantized
+//! once per [`matmul`] call to [`BlockQ8A`] (one f32 scale per 32 values, i8 quants) and
+//! every quantized format does integer dot products against them, as llama.cpp does with
+//! Q8_0 / Q8_K, but with a per-32 scale for the k-quants too (see [`BlockQ8A`]).
+//! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
+//!
+//! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
+//! `avx2` (x86_64 AVX2+FMA), one dispatch point ([`Kernels`]) chosen once per process.
+//!
+//! Determinism: an output value depends only on its weight row and its activation row, and
+//! the kernel choice is fixed per process, so results are bit-identical whatever the thread
+//! count and however rows of `x` are batched.
+
+pub mod blocks;
+pub mod reference;
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+
+use blocks::BlockQ8A;
+use knot_format::dtype::{DType, QK};
+use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+/// Errors from building kernel views over tensor bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The row length is not a whole number of blocks.
+    #[error("{dtype}: {cols} columns is not a whole number of {block}-element blocks")]
+    RaggedColumns {
+        dtype: DType,
+        cols: usize,
+        block: usize,
+    },
+    /// The byte slice does not hold exactly `rows * row_bytes`.
+    #[error("{dtype} [{rows} x {cols}]: expected {expected} bytes, got {actual}")]
+    WrongLength {
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        actual: usize,
+    },
+    /// `rows * row_bytes` overflows `usize`.
+    #[error("{dtype} [{rows} x {cols}]: size overflows")]
+    Overflow {
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// A row-major quantized matrix over borrowed bytes: `rows` rows of `cols` elements, each
+/// row a whole number of `dtype` blocks. A GGUF tensor of shape `[ne0, ne1]` is `ne1` rows
+/// of `ne0` columns.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    /// Element type (block layout) of every row.
+    pub dtype: DType,
+    /// Number of rows (output features of a matmul).
+    pub rows: usize,
+    /// Elements per row (input features of a matmul).
+    pub cols: usize,
+    /// `rows * row_bytes()` bytes, unaligned is fine.
+    pub data: &'a [u8],
+}
+
+impl<'a> QMatrix<'a> {
+    /// Checks `cols` is a whole number of blocks and `data.len() == rows * row_bytes`.
+    pub fn new(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let block = dtype.block_elems();
+        if cols % block != 0 {
+            return Err(KernelError::RaggedColumns { dtype, cols, block });
+        }
+        let expected = (cols / block)
+            .checked_mul(dtype.block_bytes())
+            .and_then(|rb| rb.checked_mul(rows))
+            .ok_or(KernelError::Overflow { dtype, rows, cols })?;
+        if data.len() != expected {
+            return Err(KernelError::WrongLength {
+                dtype,
+                rows,
+                cols,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_elems() * self.dtype.block_bytes()
+    }
+
+    /// The bytes of row `r` (panics when `r >= rows`).
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+/// Dequantize one row (`dst.len()` elements, `src` exactly their blocks) into `dst`.
+///
+/// Panics when `dst.len()` is not a whole number of blocks or `src` has the wrong length.
+pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    let be = dtype.block_elems();
+    assert!(
+        dst.len() % be == 0,
+        "dequantize_row: {} elements is not whole {dtype} blocks",
+        dst.len()
+    );
+    assert_eq!(
+        src.len(),
+        dst.len() / be * dtype.block_bytes(),
+        "dequantize_row: {dtype} byte length"
+    );
+    use reference::*;
+    match dtype {
+        DType::F32 => dequantize_row_f32(src, dst),
+        DType::F16 => dequantize_row_f16(src, dst),
+        DType::BF16 => dequantize_row_bf16(src, dst),
+        DType::Q4_0 => dequantize_row_q4_0(src, dst),
+        DType::Q4_1 => dequantize_row_q4_1(src, dst),
+        DType::Q5_0 => dequantize_row_q5_0(src, dst),
+        DType::Q5_1 => dequantize_row_q5_1(src, dst),
+        DType::Q8_0 => dequantize_row_q8_0(src, dst),
+        DType::Q2_K => dequantize_row_q2_k(src, dst),
+        DType::Q3_K => dequantize_row_q3_k(src, dst),
+        DType::Q4_K => dequantize_row_q4_k(src, dst),
+        DType::Q5_K => dequantize_row_q5_k(src, dst),
+        DType::Q6_K => dequantize_row_q6_k(src, dst),
+    }
+}
+
+/// Dot of a float-format weight row with f32 activations.
+pub type DotF = fn(&[u8], &[f32]) -> f32;
+/// Dot of a quantized weight row with Q8A activations.
+pub type DotQ = fn(&[u8], &[BlockQ8A]) -> f32;
+
+/// The dot-product kernel for one weight type.
+#[derive(Clone, Copy)]
+pub enum Dot {
+    /// F32 / F16 / BF16 rows against f32 activations.
+    Float(DotF),
+    /// Block-quantized rows against [`BlockQ8A`] activations.
+    Quant(DotQ),
+}
+
+/// Instruction sets a kernel table can be built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable scalar reference.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// Whether this CPU can run the kernels for `self`.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The best instruction set this CPU supports. `FAT_KERNELS=scalar` forces the reference.
+    pub fn detect() -> Isa {
+        if std::env::var("FAT_KERNELS").is_ok_and(|v| v == "scalar") {
+            return Isa::Scalar;
+        }
+        [Isa::Avx2]
+            .into_iter()
+            .find(|i| i.available())
+            .unwrap_or(Isa::Scalar)
+    }
+}
+
+/// A dot-product table: one kernel per [`DType`], all for the same [`Isa`].
+pub struct Kernels {
+    /// The instruction set the table was built for.
+    pub isa: Isa,
+    table: [Dot; 13],
+}
+
+impl Kernels {
+    /// The table for `isa`, or `None` when this CPU cannot run it.
+    pub fn for_isa(isa: Isa) -> Option<Kernels> {
+        if !isa.available() {
+            return None;
+        }
+        use reference::*;
+        let mut k = Kernels {
+            isa: Isa::Scalar,
+            table: [
+                Dot::Float(vec_dot_f32_ref),
+                Dot::Float(vec_dot_f16_ref),
+                Dot::Float(vec_dot_bf16_ref),
+                Dot::Quant(vec_dot_q4_0_q8a_ref),
+                Dot::Quant(vec_dot_q4_1_q8a_ref),
+                Dot::Quant(vec_dot_q5_0_q8a_ref),
+                Dot::Quant(vec_dot_q5_1_q8a_ref),
+                Dot::Quant(vec_dot_q8_0_q8a_ref),
+                Dot::Quant(vec_dot_q2_k_q8a_ref),
+                Dot::Quant(vec_dot_q3_k_q8a_ref),
+                Dot::Quant(vec_dot_q4_k_q8a_ref),
+                Dot::Quant(vec_dot_q5_k_q8a_ref),
+                Dot::Quant(vec_dot_q6_k_q8a_ref),
+            ],
+        };
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2 {
+            k.isa = Isa::Avx2;
+            avx2::install(&mut k.table);
+        }
+        Some(k)
+    }
+
+    /// The kernel for `dtype`.
+    pub fn dot(&self, dtype: DType) -> Dot {
+        self.table[dtype_index(dtype)]
+    }
+}
+
+fn dtype_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::Q4_0 => 3,
+        DType::Q4_1 => 4,
+        DType::Q5_0 => 5,
+        DType::Q5_1 => 6,
+        DType::Q8_0 => 7,
+        DType::Q2_K => 8,
+        DType::Q3_K => 9,
+        DType::Q4_K => 10,
+        DType::Q5_K => 11,
+        DType::Q6_K => 12,
+    }
+}
+
+/// The process-wide kernel table, chosen once on first use.
+pub fn kernels() -> &'static Kernels {
+    static K: OnceLock<Kernels> = OnceLock::new();
+    K.get_or_init(|| {
+        let isa = Isa::detect();
+        tracing::debug!(?isa, "kernel dispatch");
+        Kernels::for_isa(isa)
+            .unwrap_or_else(|| Kernels::for_isa(Isa::Scalar).expect("scalar always available"))
+    })
+}
+
+/// Quantize `x` (`n` rows of `cols`, cols a multiple of 32) into `out`, resized to fit.
+pub fn quantize_q8a(x: &[f32], out: &mut Vec<BlockQ8A>) {
+    assert!(
+        x.len() % QK == 0,
+        "quantize_q8a: {} is not a multiple of {QK}",
+        x.len()
+    );
+    out.clear();
+    out.resize(
+        x.len() / QK,
+        BlockQ8A {
+            d: 0.0,
+            sums: [0; 2],
+            qs: [0; QK],
+        },
+    );
+    reference::quantize_row_q8a(x, out);
+}
+
+thread_local! {
+    /// Per-thread activation scratch, reused across calls (no allocation per call once warm).
+    static XQ: RefCell<Vec<BlockQ8A>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows per rayon task: small enough to balance 2+ threads on a 896-row matvec, large enough
+/// that scheduling costs nothing next to the dot products.
+const MIN_ROWS_PER_TASK: usize = 16;
+
+/// `y[t * w.rows + r] = dot(W row r, x[t * w.cols ..][..w.cols])` for `t in 0..n_tok`.
+///
+/// Parallel over output rows with rayon; each weight row is read once for all `n_tok`
+/// activation rows. Deterministic: each output depends only on (W row r, x row t).
+///
+/// Panics when `x.len() != n_tok * w.cols` or `y.len() != n_tok * w.rows`.
+pub fn matmul(w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f32]) {
+    matmul_with(kernels(), w, x, n_tok, y)
+}
+
+/// [`matmul`] with an explicit kernel table (tests compare instruction sets with it).
+pub fn matmul_with(k: &Kernels, w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), n_tok * w.cols, "matmul: x is not n_tok x cols");
+    assert_eq!(y.len(), n_tok * w.rows, "matmul: y is not n_tok x rows");
+    if n_tok == 0 || w.rows == 0 {
+        return;
+    }
+    match k.dot(w.dtype) {
+        Dot::Float(f) => run_rows(w, n_tok, y, |row, t| {
+            f(row, &x[t * w.cols..(t + 1) * w.cols])
+        }),
+        Dot::Quant(f) => {
+            let nb = w.cols / QK;
+            let mut fresh = Vec::new();
+            XQ.with(|cell| {
+                // A nested call on this thread (never expected) gets its own buffer.
+                let mut guard = cell.try_borrow_mut();
+                let xq = match guard.as_deref_mut() {
+                    Ok(v) => v,
+                    Err(_) => &mut fresh,
+                };
+                quantize_q8a(x, xq);
+                let xq: &[BlockQ8A] = xq;
+                run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb]));
+            });
+        }
+    }
+}
+
+/// `y` as a raw pointer that rayon tasks may share: each task writes a disjoint set of rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks only write disjoint indices (distinct output rows r), and the pointer is not
+// used after `run_rows` returns, while the `&mut [f32]` it came from is still borrowed.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// For each row r (in parallel chunks), for each token t: `y[t * rows + r] = dot(row r, t)`.
+fn run_rows<F>(w: &QMatrix, n_tok: usize, y: &mut [f32], dot: F)
+where
+    F: Fn(&[u8], usize) -> f32 + Sync,
+{
+    let rows = w.rows;
+    let out = OutPtr(y.as_mut_ptr());
+    let chunk = chunk_rows(rows, n_tok);
+    let n_chunks = rows.div_ceil(chunk);
+    let body = |c: usize| {
+        let out = out;
+        for r in c * chunk..((c + 1) * chunk).min(rows) {
+            let row = w.row(r);
+            for t in 0..n_tok {
+                let v = dot(row, t);
+                // SAFETY: r < rows and t < n_tok, so the index is < y.len() (asserted by the
+                // caller); row r belongs to exactly one chunk, so no two tasks write it.
+                unsafe { *out.0.add(t * rows + r) = v };
+            }
+        }
+    };
+    if n_chunks == 1 || rayon::current_num_threads() == 1 {
+        (0..n_chunks).for_each(body);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(body);
+    }
+}
+
+/// Rows per task: ~4 tasks per thread for balance, at least [`MIN_ROWS_PER_TASK`] rows (fewer
+/// when each row serves many tokens).
+fn chunk_rows(rows: usize, n_tok: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let min = (MIN_ROWS_PER_TASK / n_tok.max(1)).max(1);
+    rows.div_ceil(threads * 4).max(min)
+}
+
+#[cfg(test)]
+mod tests;

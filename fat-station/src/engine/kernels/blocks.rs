@@ -1,0 +1,196 @@
+//! GGML block layouts as `#[repr(C)]` structs (`ggml-common.h`), plus the engine's own
+//! activation block [`BlockQ8A`].
+//!
+//! Every weight block is built from byte arrays only, so its alignment is 1 and a slice of
+//! blocks can be cast straight from unaligned mmapped bytes with `bytemuck::cast_slice`.
+//! Half-precision scales are kept as `[u8; 2]` and read with [`f16_le`].
+//!
+//! In the formulas `q` is the stored quant, `d`/`dmin` the f16 super-scale and min, `sc`/`m`
+//! the per-sub-block scale and min.
+
+use bytemuck::{Pod, Zeroable};
+use knot_format::dtype::{DType, QK, QK_K};
+use std::mem::size_of;
+
+/// Little-endian IEEE half to f32.
+#[inline(always)]
+pub fn f16_le(b: [u8; 2]) -> f32 {
+    half::f16::from_le_bytes(b).to_f32()
+}
+
+/// Little-endian bfloat16 to f32 (the high half of an f32).
+#[inline(always)]
+pub fn bf16_le(b: [u8; 2]) -> f32 {
+    f32::from_bits((u16::from_le_bytes(b) as u32) << 16)
+}
+
+/// `x = d * (q - 8)`, q 4-bit; element j in the low nibble of `qs[j]`, j+16 in the high.
+/// 18 bytes / 32 weights = 4.5 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct BlockQ4_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+
+/// `x = d * q + m`, q 4-bit, nibble order as Q4_0. 20 bytes / 32 = 5.0 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct BlockQ4_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+
+/// `x = d * (q - 16)`, q 5-bit: low 4 bits as Q4_0, bit 4 of element j is bit j of the
+/// little-endian u32 `qh`. 22 bytes / 32 = 5.5 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// `x = d * q + m`, q 5-bit laid out as Q5_0. 24 bytes / 32 = 6.0 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// `x = d * q`, q signed 8-bit. 34 bytes / 32 = 8.5 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct BlockQ8_0 {
+    pub d: [u8; 2],
+    pub qs: [i8; QK],
+}
+
+/// 16 sub-blocks of 16: `x = d * (sc & 15) * q - dmin * (sc >> 4)`, q 2-bit.
+/// 84 bytes / 256 = 2.625 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+}
+
+/// 16 sub-blocks of 16: `x = d * (sc - 32) * (q2 - 4 * !hbit)`, 6-bit scales packed in 12
+/// bytes. 110 bytes / 256 = 3.4375 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: [u8; 2],
+}
+
+/// 8 sub-blocks of 32: `x = d * sc * q - dmin * m`, q 4-bit, 6-bit `sc`/`m` packed in 12
+/// bytes (see [`scale_min_k4`]). 144 bytes / 256 = 4.5 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ4K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// As Q4_K with a fifth bit per weight in `qh`. 176 bytes / 256 = 5.5 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ5K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// 16 sub-blocks of 16: `x = d * sc * (q - 32)`, q 6-bit (low 4 in `ql`, high 2 in `qh`),
+/// `sc` signed 8-bit. 210 bytes / 256 = 6.5625 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: [u8; 2],
+}
+
+const _: () = assert!(size_of::<BlockQ4_0>() == DType::Q4_0.block_bytes());
+const _: () = assert!(size_of::<BlockQ4_1>() == DType::Q4_1.block_bytes());
+const _: () = assert!(size_of::<BlockQ5_0>() == DType::Q5_0.block_bytes());
+const _: () = assert!(size_of::<BlockQ5_1>() == DType::Q5_1.block_bytes());
+const _: () = assert!(size_of::<BlockQ8_0>() == DType::Q8_0.block_bytes());
+const _: () = assert!(size_of::<BlockQ2K>() == DType::Q2_K.block_bytes());
+const _: () = assert!(size_of::<BlockQ3K>() == DType::Q3_K.block_bytes());
+const _: () = assert!(size_of::<BlockQ4K>() == DType::Q4_K.block_bytes());
+const _: () = assert!(size_of::<BlockQ5K>() == DType::Q5_K.block_bytes());
+const _: () = assert!(size_of::<BlockQ6K>() == DType::Q6_K.block_bytes());
+
+/// The activation block every quantized dot product consumes: 32 activations as
+/// `x = d * q`, q signed 8-bit in [-127, 127], with `d = max|x| / 127` in full f32, plus the
+/// sums of q over each half (for the min / offset terms of the weight formats).
+///
+/// One scale per 32 activations (not llama.cpp's one per 256 for k-quants) keeps the small
+/// activations next to an outlier (Qwen's first position reaches ~1000) representable.
+/// 40 bytes / 32 = 10 bits per activation; it lives only in scratch.
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8A {
+    pub d: f32,
+    pub sums: [i16; 2],
+    pub qs: [i8; QK],
+}
+
+const _: () = assert!(size_of::<BlockQ8A>() == 40);
+
+/// Scale and min `j` (0..8) of a Q4_K / Q5_K block: 6 bits each, packed in 12 bytes
+/// (`get_scale_min_k4` in ggml).
+#[inline(always)]
+pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The 16 signed scales of a Q3_K block (each already minus 32), unpacked from 12 bytes.
+#[inline(always)]
+pub fn scales_q3k(packed: &[u8; 12]) -> [i8; 16] {
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let a0 = u32::from_le_bytes([packed[0], packed[1], packed[2], packed[3]]);
+    let a1 = u32::from_le_bytes([packed[4], packed[5], packed[6], packed[7]]);
+    let tmp = u32::from_le_bytes([packed[8], packed[9], packed[10], packed[11]]);
+    let aux = [
+        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
+        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
+        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
+        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
+    ];
+    let mut out = [0i8; 16];
+    for (i, w) in aux.iter().enumerate() {
+        for (k, b) in w.to_le_bytes().iter().enumerate() {
+            out[i * 4 + k] = (*b as i8) - 32;
+        }
+    }
+    out
+}

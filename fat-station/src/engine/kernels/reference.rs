@@ -1,0 +1,496 @@
+//! Scalar reference kernels: the specification every SIMD variant is tested against.
+//!
+//! `dequantize_row_*` follow ggml's `dequantize_row_*` line by line. `vec_dot_*_q8a_ref`
+//! compute the dot product of one weight row with an activation row quantized by
+//! [`quantize_row_q8a`]: integer sums per 32-element group (exact), scaled in f32.
+//!
+//! All functions take whole rows: `w.len()` is a multiple of the block size and the
+//! activation slice has `elements / 32` blocks. Lengths are the caller's contract
+//! (checked by `QMatrix::new` and `matmul`), so mismatches panic via slice indexing.
+
+use super::blocks::*;
+use bytemuck::cast_slice;
+use knot_format::dtype::QK;
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization
+// ---------------------------------------------------------------------------------------------
+
+/// f32 row (little-endian bytes) to f32.
+pub fn dequantize_row_f32(src: &[u8], dst: &mut [f32]) {
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+/// f16 row to f32.
+pub fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *o = f16_le([b[0], b[1]]);
+    }
+}
+
+/// bf16 row to f32.
+pub fn dequantize_row_bf16(src: &[u8], dst: &mut [f32]) {
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *o = bf16_le([b[0], b[1]]);
+    }
+}
+
+/// Q4_0 row to f32.
+pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ4_0] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_le(b.d);
+        for j in 0..QK / 2 {
+            y[j] = ((b.qs[j] & 0xF) as i32 - 8) as f32 * d;
+            y[j + QK / 2] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+/// Q4_1 row to f32.
+pub fn dequantize_row_q4_1(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ4_1] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let (d, m) = (f16_le(b.d), f16_le(b.m));
+        for j in 0..QK / 2 {
+            y[j] = (b.qs[j] & 0xF) as f32 * d + m;
+            y[j + QK / 2] = (b.qs[j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+/// The 5-bit quants of a Q5_0 / Q5_1 block, element order.
+#[inline(always)]
+fn q5_values(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
+    let qh = u32::from_le_bytes(qh);
+    let mut q = [0u8; 32];
+    for j in 0..16 {
+        let h0 = (((qh >> j) << 4) & 0x10) as u8;
+        let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+        q[j] = (qs[j] & 0xF) | h0;
+        q[j + 16] = (qs[j] >> 4) | h1;
+    }
+    q
+}
+
+/// Q5_0 row to f32.
+pub fn dequantize_row_q5_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ5_0] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_le(b.d);
+        let q = q5_values(&b.qs, b.qh);
+        for j in 0..QK {
+            y[j] = (q[j] as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+/// Q5_1 row to f32.
+pub fn dequantize_row_q5_1(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ5_1] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let (d, m) = (f16_le(b.d), f16_le(b.m));
+        let q = q5_values(&b.qs, b.qh);
+        for j in 0..QK {
+            y[j] = q[j] as f32 * d + m;
+        }
+    }
+}
+
+/// Q8_0 row to f32.
+pub fn dequantize_row_q8_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ8_0] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_le(b.d);
+        for j in 0..QK {
+            y[j] = b.qs[j] as f32 * d;
+        }
+    }
+}
+
+/// Q2_K row to f32.
+pub fn dequantize_row_q2_k(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ2K] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(256)) {
+        let (d, min) = (f16_le(b.d), f16_le(b.dmin));
+        let mut o = 0;
+        let mut is = 0;
+        for n in 0..2 {
+            let q = &b.qs[32 * n..32 * n + 32];
+            for shift in [0, 2, 4, 6] {
+                for half in 0..2 {
+                    let sc = b.scales[is];
+                    is += 1;
+                    let (dl, ml) = (d * (sc & 0xF) as f32, min * (sc >> 4) as f32);
+                    for l in 0..16 {
+                        y[o] = dl * ((q[l + 16 * half] >> shift) & 3) as f32 - ml;
+                        o += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K row to f32.
+pub fn dequantize_row_q3_k(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ3K] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(256)) {
+        let d = f16_le(b.d);
+        let scales = scales_q3k(&b.scales);
+        let mut o = 0;
+        let mut is = 0;
+        let mut m = 1u8;
+        for n in 0..2 {
+            let q = &b.qs[32 * n..32 * n + 32];
+            for shift in [0, 2, 4, 6] {
+                for half in 0..2 {
+                    let dl = d * scales[is] as f32;
+                    is += 1;
+                    for l in 0..16 {
+                        let i = l + 16 * half;
+                        let v =
+                            ((q[i] >> shift) & 3) as i32 - if b.hmask[i] & m != 0 { 0 } else { 4 };
+                        y[o] = dl * v as f32;
+                        o += 1;
+                    }
+                }
+                m <<= 1;
+            }
+        }
+    }
+}
+
+/// Q4_K row to f32.
+pub fn dequantize_row_q4_k(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ4K] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(256)) {
+        let (d, min) = (f16_le(b.d), f16_le(b.dmin));
+        for j in 0..4 {
+            let q = &b.qs[32 * j..32 * j + 32];
+            let (sc1, m1) = scale_min_k4(2 * j, &b.scales);
+            let (sc2, m2) = scale_min_k4(2 * j + 1, &b.scales);
+            let (d1, mm1) = (d * sc1 as f32, min * m1 as f32);
+            let (d2, mm2) = (d * sc2 as f32, min * m2 as f32);
+            for l in 0..32 {
+                y[64 * j + l] = d1 * (q[l] & 0xF) as f32 - mm1;
+                y[64 * j + 32 + l] = d2 * (q[l] >> 4) as f32 - mm2;
+            }
+        }
+    }
+}
+
+/// Q5_K row to f32.
+pub fn dequantize_row_q5_k(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ5K] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(256)) {
+        let (d, min) = (f16_le(b.d), f16_le(b.dmin));
+        for j in 0..4 {
+            let q = &b.qs[32 * j..32 * j + 32];
+            let (u1, u2) = (1u8 << (2 * j), 1u8 << (2 * j + 1));
+            let (sc1, m1) = scale_min_k4(2 * j, &b.scales);
+            let (sc2, m2) = scale_min_k4(2 * j + 1, &b.scales);
+            let (d1, mm1) = (d * sc1 as f32, min * m1 as f32);
+            let (d2, mm2) = (d * sc2 as f32, min * m2 as f32);
+            for l in 0..32 {
+                let h1 = if b.qh[l] & u1 != 0 { 16 } else { 0 };
+                let h2 = if b.qh[l] & u2 != 0 { 16 } else { 0 };
+                y[64 * j + l] = d1 * ((q[l] & 0xF) + h1) as f32 - mm1;
+                y[64 * j + 32 + l] = d2 * ((q[l] >> 4) + h2) as f32 - mm2;
+            }
+        }
+    }
+}
+
+/// The four 6-bit quants (minus 32) at position `l` (0..32) of 128-element half `n` of a
+/// Q6_K block, for elements `128n + l + 32k`, k = 0..4.
+#[inline(always)]
+fn q6k_quad(b: &BlockQ6K, n: usize, l: usize) -> [i32; 4] {
+    let ql = &b.ql[64 * n..];
+    let qh = b.qh[32 * n + l];
+    [
+        ((ql[l] & 0xF) | ((qh & 3) << 4)) as i32 - 32,
+        ((ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4)) as i32 - 32,
+        ((ql[l] >> 4) | (((qh >> 4) & 3) << 4)) as i32 - 32,
+        ((ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4)) as i32 - 32,
+    ]
+}
+
+/// Q6_K row to f32.
+pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ6K] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(256)) {
+        let d = f16_le(b.d);
+        for n in 0..2 {
+            let sc = &b.scales[8 * n..];
+            for l in 0..32 {
+                let is = l / 16;
+                let q = q6k_quad(b, n, l);
+                for k in 0..4 {
+                    y[128 * n + l + 32 * k] = d * sc[is + 2 * k] as f32 * q[k] as f32;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization
+// ---------------------------------------------------------------------------------------------
+
+/// Quantize `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks):
+/// `d = max|x| / 127`, `q = round(x / d)`.
+pub fn quantize_row_q8a(x: &[f32], out: &mut [BlockQ8A]) {
+    assert_eq!(x.len(), out.len() * QK, "quantize_row_q8a: length mismatch");
+    for (xb, o) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sums = [0i16; 2];
+        for (j, v) in xb.iter().enumerate() {
+            let q = (v * id).round().clamp(-127.0, 127.0) as i8;
+            o.qs[j] = q;
+            sums[j / 16] += q as i16;
+        }
+        o.d = d;
+        o.sums = sums;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot products: float weights against f32 activations
+// ---------------------------------------------------------------------------------------------
+
+/// dot(f32 row, x).
+pub fn vec_dot_f32_ref(w: &[u8], x: &[f32]) -> f32 {
+    w.chunks_exact(4)
+        .zip(x)
+        .map(|(b, v)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * v)
+        .sum()
+}
+
+/// dot(f16 row, x).
+pub fn vec_dot_f16_ref(w: &[u8], x: &[f32]) -> f32 {
+    w.chunks_exact(2)
+        .zip(x)
+        .map(|(b, v)| f16_le([b[0], b[1]]) * v)
+        .sum()
+}
+
+/// dot(bf16 row, x).
+pub fn vec_dot_bf16_ref(w: &[u8], x: &[f32]) -> f32 {
+    w.chunks_exact(2)
+        .zip(x)
+        .map(|(b, v)| bf16_le([b[0], b[1]]) * v)
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot products: quantized weights against Q8A activations
+// ---------------------------------------------------------------------------------------------
+
+#[inline(always)]
+fn q8a_sum(a: &BlockQ8A) -> i32 {
+    a.sums[0] as i32 + a.sums[1] as i32
+}
+
+/// Q4_0 . Q8A: `sum d_w d_x sum (q - 8) q_x`.
+pub fn vec_dot_q4_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ4_0] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            isum += ((b.qs[j] & 0xF) as i32 - 8) * a.qs[j] as i32;
+            isum += ((b.qs[j] >> 4) as i32 - 8) * a.qs[j + 16] as i32;
+        }
+        sum += f16_le(b.d) * a.d * isum as f32;
+    }
+    sum
+}
+
+/// Q4_1 . Q8A: `sum d_w d_x sum q q_x + m_w d_x sum q_x`.
+pub fn vec_dot_q4_1_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ4_1] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            isum += (b.qs[j] & 0xF) as i32 * a.qs[j] as i32;
+            isum += (b.qs[j] >> 4) as i32 * a.qs[j + 16] as i32;
+        }
+        sum += f16_le(b.d) * a.d * isum as f32 + f16_le(b.m) * a.d * q8a_sum(a) as f32;
+    }
+    sum
+}
+
+/// Q5_0 . Q8A.
+pub fn vec_dot_q5_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ5_0] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let q = q5_values(&b.qs, b.qh);
+        let isum: i32 = (0..QK).map(|j| (q[j] as i32 - 16) * a.qs[j] as i32).sum();
+        sum += f16_le(b.d) * a.d * isum as f32;
+    }
+    sum
+}
+
+/// Q5_1 . Q8A.
+pub fn vec_dot_q5_1_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ5_1] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let q = q5_values(&b.qs, b.qh);
+        let isum: i32 = (0..QK).map(|j| q[j] as i32 * a.qs[j] as i32).sum();
+        sum += f16_le(b.d) * a.d * isum as f32 + f16_le(b.m) * a.d * q8a_sum(a) as f32;
+    }
+    sum
+}
+
+/// Q8_0 . Q8A.
+pub fn vec_dot_q8_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ8_0] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let isum: i32 = (0..QK).map(|j| b.qs[j] as i32 * a.qs[j] as i32).sum();
+        sum += f16_le(b.d) * a.d * isum as f32;
+    }
+    sum
+}
+
+/// Q2_K . Q8A: per 32-group g, `d * d_x (sum_h sc_h sum q q_x) - dmin * d_x sum_h m_h sum q_x`.
+pub fn vec_dot_q2_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ2K] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        for n in 0..2 {
+            let q = &b.qs[32 * n..32 * n + 32];
+            for j in 0..4 {
+                let g = 4 * n + j;
+                let a = &xa[g];
+                let shift = 2 * j;
+                let (s0, s1) = (b.scales[2 * g], b.scales[2 * g + 1]);
+                let mut i0 = 0i32;
+                let mut i1 = 0i32;
+                for l in 0..16 {
+                    i0 += ((q[l] >> shift) & 3) as i32 * a.qs[l] as i32;
+                    i1 += ((q[l + 16] >> shift) & 3) as i32 * a.qs[l + 16] as i32;
+                }
+                let isum = (s0 & 0xF) as i32 * i0 + (s1 & 0xF) as i32 * i1;
+                let msum =
+                    (s0 >> 4) as i32 * a.sums[0] as i32 + (s1 >> 4) as i32 * a.sums[1] as i32;
+                sd += a.d * isum as f32;
+                sm += a.d * msum as f32;
+            }
+        }
+        sum += f16_le(b.d) * sd - f16_le(b.dmin) * sm;
+    }
+    sum
+}
+
+/// Q3_K . Q8A.
+pub fn vec_dot_q3_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ3K] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
+        let scales = scales_q3k(&b.scales);
+        let mut sd = 0f32;
+        for n in 0..2 {
+            let q = &b.qs[32 * n..32 * n + 32];
+            for j in 0..4 {
+                let g = 4 * n + j;
+                let a = &xa[g];
+                let (shift, m) = (2 * j, 1u8 << g);
+                let mut ih = [0i32; 2];
+                for l in 0..32 {
+                    let v = ((q[l] >> shift) & 3) as i32 - if b.hmask[l] & m != 0 { 0 } else { 4 };
+                    ih[l / 16] += v * a.qs[l] as i32;
+                }
+                let isum = scales[2 * g] as i32 * ih[0] + scales[2 * g + 1] as i32 * ih[1];
+                sd += a.d * isum as f32;
+            }
+        }
+        sum += f16_le(b.d) * sd;
+    }
+    sum
+}
+
+/// Q4_K . Q8A.
+pub fn vec_dot_q4_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ4K] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        for j in 0..4 {
+            let q = &b.qs[32 * j..32 * j + 32];
+            let (a1, a2) = (&xa[2 * j], &xa[2 * j + 1]);
+            let (sc1, m1) = scale_min_k4(2 * j, &b.scales);
+            let (sc2, m2) = scale_min_k4(2 * j + 1, &b.scales);
+            let (mut i1, mut i2) = (0i32, 0i32);
+            for l in 0..32 {
+                i1 += (q[l] & 0xF) as i32 * a1.qs[l] as i32;
+                i2 += (q[l] >> 4) as i32 * a2.qs[l] as i32;
+            }
+            sd += a1.d * (sc1 as i32 * i1) as f32 + a2.d * (sc2 as i32 * i2) as f32;
+            sm += a1.d * (m1 as i32 * q8a_sum(a1)) as f32 + a2.d * (m2 as i32 * q8a_sum(a2)) as f32;
+        }
+        sum += f16_le(b.d) * sd - f16_le(b.dmin) * sm;
+    }
+    sum
+}
+
+/// Q5_K . Q8A.
+pub fn vec_dot_q5_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ5K] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        for j in 0..4 {
+            let q = &b.qs[32 * j..32 * j + 32];
+            let (u1, u2) = (1u8 << (2 * j), 1u8 << (2 * j + 1));
+            let (a1, a2) = (&xa[2 * j], &xa[2 * j + 1]);
+            let (sc1, m1) = scale_min_k4(2 * j, &b.scales);
+            let (sc2, m2) = scale_min_k4(2 * j + 1, &b.scales);
+            let (mut i1, mut i2) = (0i32, 0i32);
+            for l in 0..32 {
+                let h1 = if b.qh[l] & u1 != 0 { 16 } else { 0 };
+                let h2 = if b.qh[l] & u2 != 0 { 16 } else { 0 };
+                i1 += ((q[l] & 0xF) as i32 + h1) * a1.qs[l] as i32;
+                i2 += ((q[l] >> 4) as i32 + h2) * a2.qs[l] as i32;
+            }
+            sd += a1.d * (sc1 as i32 * i1) as f32 + a2.d * (sc2 as i32 * i2) as f32;
+            sm += a1.d * (m1 as i32 * q8a_sum(a1)) as f32 + a2.d * (m2 as i32 * q8a_sum(a2)) as f32;
+        }
+        sum += f16_le(b.d) * sd - f16_le(b.dmin) * sm;
+    }
+    sum
+}
+
+/// Q6_K . Q8A.
+pub fn vec_dot_q6_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ6K] = cast_slice(w);
+    let mut sum = 0f32;
+    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
+        let mut sd = 0f32;
+        for n in 0..2 {
+            let sc = &b.scales[8 * n..];
+            // isum[k]: group 4n + k (elements 128n + 32k ..), scales applied per 16.
+            let mut isum = [0i32; 4];
+            for l in 0..32 {
+                let q = q6k_quad(b, n, l);
+                for k in 0..4 {
+                    isum[k] += sc[l / 16 + 2 * k] as i32 * q[k] * xa[4 * n + k].qs[l] as i32;
+                }
+            }
+            for k in 0..4 {
+                sd += xa[4 * n + k].d * isum[k] as f32;
+            }
+        }
+        sum += f16_le(b.d) * sd;
+    }
+    sum
+}
