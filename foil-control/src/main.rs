@@ -1,4 +1,156 @@
-fn main() -> std::process::ExitCode {
-    eprintln!("foil-control: not built yet");
-    std::process::ExitCode::from(2)
+//! `foil-control`: the residue collector server.
+//!
+//! Exit codes: 0 after a clean shutdown (SIGTERM or ctrl-c), 1 on a runtime error (data
+//! directory unusable or locked, address in use), 2 on bad arguments.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use foil_control::server::{self, AppState, ServerConfig};
+use foil_control::store::{Store, StoreConfig};
+
+/// The residue collector: probes POST forward-pass residues, anyone GETs them by key.
+///
+/// Records live in an append-only, fsynced log in --data-dir that is replayed on start (a torn
+/// tail from a crash is truncated with a warning). Past --max-records or --max-bytes the oldest
+/// records are evicted.
+///
+/// Endpoints:
+///   POST /.aeon/model-forward-cache          admit a record  -> {"ok": true, "key": K, ...}
+///   GET  /.aeon/model-forward-cache?key=K    -> record + "cache_hit": true, or {"cache_hit": false}
+///   GET  /.aeon/health                       -> {status, records, bytes, uptime_s, ...}
+///
+/// Once listening, one line `foil-control listening on http://ADDR` is printed on stdout.
+/// Logs go to stderr (RUST_LOG=debug for per-request lines).
+///
+/// Example:
+///   foil-control --port 8886 --data-dir /tmp/foil &
+///   curl -s 'http://127.0.0.1:8886/.aeon/model-forward-cache?key=m:dense:1,2'
+///
+/// Exit codes: 0 clean shutdown (SIGTERM/ctrl-c), 1 runtime error, 2 bad arguments.
+#[derive(Parser, Debug)]
+#[command(version, verbatim_doc_comment)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (see the line printed on stdout).
+    #[arg(long, default_value_t = 8886)]
+    port: u16,
+    /// Directory for the log (created if missing).
+    /// Default: $XDG_STATE_HOME/aeon-shell/foil-control, else ~/.local/state/aeon-shell/foil-control.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Most records kept; the oldest are evicted first.
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_records: u64,
+    /// Most bytes of records kept (log frames of live records); suffixes K, M, G (binary).
+    #[arg(long, value_name = "BYTES", default_value = "256M", value_parser = parse_size)]
+    max_bytes: u64,
+    /// Largest request body accepted; larger requests get 413. Suffixes K, M, G.
+    #[arg(long, value_name = "BYTES", default_value = "1M", value_parser = parse_size)]
+    max_body: u64,
+    /// Dead bytes (evicted or replaced records) in the log that trigger a compaction
+    /// (rewrite to a temp file, fsync, rename). Suffixes K, M, G.
+    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    compact_threshold: u64,
+    /// Seconds open connections get to finish after SIGTERM/ctrl-c.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    shutdown_grace: u64,
+}
+
+/// Parses `123`, `64K`, `4M`, `1G` (binary multiples).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 4096, 64K, 4M or 1G"))?;
+    match n.checked_mul(mult) {
+        Some(0) => Err("size must be at least 1".into()),
+        Some(v) => Ok(v),
+        None => Err(format!("{s:?} is too large")),
+    }
+}
+
+fn default_data_dir() -> anyhow::Result<PathBuf> {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("aeon-shell/foil-control"));
+    }
+    let home =
+        std::env::var_os("HOME").context("neither --data-dir, XDG_STATE_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".local/state/aeon-shell/foil-control"))
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let data_dir = match args.data_dir {
+        Some(d) => d,
+        None => default_data_dir()?,
+    };
+    let store_cfg = StoreConfig {
+        max_records: usize::try_from(args.max_records).unwrap_or(usize::MAX),
+        max_bytes: args.max_bytes,
+        compact_threshold: args.compact_threshold,
+    };
+    let (store, report) = Store::open(&data_dir, store_cfg)
+        .with_context(|| format!("opening the store in {}", data_dir.display()))?;
+    tracing::info!(
+        dir = %data_dir.display(),
+        records = report.records,
+        frames = report.frames,
+        dropped_bytes = report.dropped_bytes,
+        "replayed log"
+    );
+    let cfg = ServerConfig {
+        max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),
+        shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
+        ..ServerConfig::default()
+    };
+    let state = AppState::new(store, cfg);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        tracing::info!(%addr, "listening");
+        let mut out = std::io::stdout().lock();
+        // A closed stdout is not fatal: the server still serves.
+        let _ = writeln!(out, "foil-control listening on http://{addr}").and_then(|()| out.flush());
+        drop(out);
+        server::serve(listener, state, server::shutdown_signal()).await;
+        anyhow::Ok(())
+    })?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("foil-control: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -1,0 +1,517 @@
+//! Blocking client for the collector: plain `std::net` HTTP/1.1, no async runtime needed.
+//!
+//! ```no_run
+//! use foil_control::{client, record::ResidueRecord};
+//! let rec = ResidueRecord::dense("qwen2.5-coder-0.5b", &[785, 6722], 12095, 17.25);
+//! let out = client::admit("http://127.0.0.1:8886", &rec)?;
+//! println!("foil-cache-admit: status={} key={}", out.status, out.key);
+//! let hit = client::lookup("http://127.0.0.1:8886", &rec.key)?;
+//! assert!(hit.is_some());
+//! # Ok::<(), foil_control::client::FoilClientError>(())
+//! ```
+//!
+//! Each call opens one connection (`Connection: close`), with a connect timeout and a
+//! read/write timeout ([`Client::new`] defaults: 2 s and 10 s).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::record::{AdmitResponse, Disposition, ErrorResponse, HealthResponse, ResidueRecord};
+
+/// Path of the admit/lookup endpoint.
+pub const CACHE_PATH: &str = "/.aeon/model-forward-cache";
+/// Path of the health endpoint.
+pub const HEALTH_PATH: &str = "/.aeon/health";
+/// Largest response body the client reads.
+pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// Errors of the client. An unreachable collector is `Connect` (or `Resolve`).
+#[derive(Debug, thiserror::Error)]
+pub enum FoilClientError {
+    /// The base URL is not `http://HOST[:PORT][/PREFIX]`.
+    #[error("bad collector URL {url:?}: {reason}")]
+    BadUrl {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The host name did not resolve.
+    #[error("cannot resolve {addr}")]
+    Resolve {
+        /// host:port.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// No address of the host accepted a connection in time.
+    #[error("cannot connect to collector at {addr}")]
+    Connect {
+        /// host:port.
+        addr: String,
+        /// Cause (of the last address tried).
+        source: std::io::Error,
+    },
+    /// Sending the request or reading the answer failed (timeouts included).
+    #[error("{step} failed")]
+    Io {
+        /// What was being done.
+        step: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The answer is not well-formed HTTP/1.1.
+    #[error("malformed answer from collector: {0}")]
+    BadResponse(String),
+    /// The collector answered with a non-200 status.
+    #[error("collector answered {status}: {error}: {detail}")]
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// `error` field of the body (or "unknown").
+        error: String,
+        /// `detail` field of the body (or the raw body).
+        detail: String,
+    },
+    /// A 200 body did not parse as the expected JSON.
+    #[error("cannot decode collector answer")]
+    Decode(#[source] serde_json::Error),
+    /// The request body could not be encoded.
+    #[error("cannot encode record")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// Result of a successful admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmitOutcome {
+    /// HTTP status (200).
+    pub status: u16,
+    /// The key the collector stored.
+    pub key: String,
+    /// Stored, unchanged (identical duplicate) or replaced.
+    pub disposition: Disposition,
+    /// `created` of the stored record (Unix seconds).
+    pub created: u64,
+}
+
+/// A collector endpoint with timeouts. The free functions use [`Client::new`]'s defaults.
+#[derive(Debug, Clone)]
+pub struct Client {
+    host: String,
+    port: u16,
+    prefix: String,
+    /// Timeout for each TCP connect attempt.
+    pub connect_timeout: Duration,
+    /// Read and write timeout on the connection.
+    pub io_timeout: Duration,
+}
+
+/// A raw HTTP answer.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+/// Admits `record` into the collector at `base_url` (e.g. `http://127.0.0.1:8886`).
+pub fn admit(base_url: &str, record: &ResidueRecord) -> Result<AdmitOutcome, FoilClientError> {
+    Client::new(base_url)?.admit(record)
+}
+
+/// Looks `key` up in the collector at `base_url`; `Ok(None)` is a miss.
+pub fn lookup(base_url: &str, key: &str) -> Result<Option<ResidueRecord>, FoilClientError> {
+    Client::new(base_url)?.lookup(key)
+}
+
+/// Reads the collector's health counters.
+pub fn health(base_url: &str) -> Result<HealthResponse, FoilClientError> {
+    Client::new(base_url)?.health()
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Client {
+    /// Parses `base_url` (`http://HOST[:PORT][/PREFIX]`; IPv6 hosts in brackets).
+    /// Defaults: connect timeout 2 s, read/write timeout 10 s.
+    pub fn new(base_url: &str) -> Result<Client, FoilClientError> {
+        let bad = |reason: &str| FoilClientError::BadUrl {
+            url: base_url.to_string(),
+            reason: reason.into(),
+        };
+        let rest = base_url
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http:// URLs are supported"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if authority.is_empty() {
+            return Err(bad("missing host"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let end = v6
+                .find(']')
+                .ok_or_else(|| bad("unclosed '[' in IPv6 host"))?;
+            let host = &v6[..end];
+            let port = match &v6[end + 1..] {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("junk after IPv6 host"))?,
+                ),
+            };
+            (format!("[{host}]"), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
+            }
+        };
+        let port = match port {
+            None => 80,
+            Some(p) => p
+                .parse::<u16>()
+                .map_err(|_| bad("port is not a number in 1..65535"))?,
+        };
+        if port == 0 {
+            return Err(bad("port 0"));
+        }
+        if path.contains(['?', '#']) {
+            return Err(bad("query or fragment in base URL"));
+        }
+        Ok(Client {
+            host,
+            port,
+            prefix: path.trim_end_matches('/').to_string(),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// `host:port` as used for connecting and in the `Host` header.
+    pub fn authority(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// Admits a record. A non-200 answer is [`FoilClientError::Status`].
+    pub fn admit(&self, record: &ResidueRecord) -> Result<AdmitOutcome, FoilClientError> {
+        let body = serde_json::to_vec(record).map_err(FoilClientError::Encode)?;
+        let resp = self.request("POST", CACHE_PATH, Some(&body))?;
+        let parsed: AdmitResponse = ok_json(&resp)?;
+        Ok(AdmitOutcome {
+            status: resp.status,
+            key: parsed.key,
+            disposition: parsed.disposition,
+            created: parsed.created,
+        })
+    }
+
+    /// Looks a key up; `Ok(None)` is a miss (`cache_hit: false`).
+    pub fn lookup(&self, key: &str) -> Result<Option<ResidueRecord>, FoilClientError> {
+        let path = format!("{CACHE_PATH}?key={}", percent_encode(key));
+        let resp = self.request("GET", &path, None)?;
+        let value: serde_json::Value = ok_json(&resp)?;
+        match value.get("cache_hit").and_then(|v| v.as_bool()) {
+            Some(true) => serde_json::from_value(value)
+                .map(Some)
+                .map_err(FoilClientError::Decode),
+            Some(false) => Ok(None),
+            None => Err(FoilClientError::BadResponse(
+                "lookup answer has no boolean cache_hit".into(),
+            )),
+        }
+    }
+
+    /// Reads the health counters.
+    pub fn health(&self) -> Result<HealthResponse, FoilClientError> {
+        let resp = self.request("GET", HEALTH_PATH, None)?;
+        ok_json(&resp)
+    }
+
+    fn connect(&self) -> Result<TcpStream, FoilClientError> {
+        let authority = self.authority();
+        let host = self.host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = (host, self.port)
+            .to_socket_addrs()
+            .map_err(|source| FoilClientError::Resolve {
+                addr: authority.clone(),
+                source,
+            })?
+            .collect();
+        let mut last =
+            std::io::Error::new(std::io::ErrorKind::NotFound, "host resolved to no address");
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, self.connect_timeout) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(FoilClientError::Connect {
+            addr: authority,
+            source: last,
+        })
+    }
+
+    /// Sends one request (`path` relative to the base URL's prefix) and reads the answer.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<RawResponse, FoilClientError> {
+        let mut stream = self.connect()?;
+        let io = |step| move |source| FoilClientError::Io { step, source };
+        stream
+            .set_read_timeout(Some(self.io_timeout))
+            .map_err(io("set read timeout"))?;
+        stream
+            .set_write_timeout(Some(self.io_timeout))
+            .map_err(io("set write timeout"))?;
+        let _ = stream.set_nodelay(true);
+        let mut head = format!(
+            "{method} {}{path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: foil-control-client/{}\r\nAccept: application/json\r\nConnection: close\r\n",
+            self.prefix,
+            self.authority(),
+            env!("CARGO_PKG_VERSION"),
+        );
+        if let Some(b) = body {
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            ));
+        }
+        head.push_str("\r\n");
+        let mut req = head.into_bytes();
+        req.extend_from_slice(body.unwrap_or_default());
+        let sent = stream.write_all(&req).and_then(|()| stream.flush());
+        // If the server answered early (e.g. 413) and closed, the write fails; its answer
+        // may still be readable, so try that before reporting the write error.
+        match (read_response(&mut stream), sent) {
+            (Ok(r), _) => Ok(r),
+            (Err(_), Err(e)) => Err(FoilClientError::Io {
+                step: "send request",
+                source: e,
+            }),
+            (Err(e), Ok(())) => Err(e),
+        }
+    }
+}
+
+/// Checks for 200 and decodes the JSON body; other statuses become `Status` errors.
+fn ok_json<T: serde::de::DeserializeOwned>(resp: &RawResponse) -> Result<T, FoilClientError> {
+    if resp.status != 200 {
+        let (error, detail) = match serde_json::from_slice::<ErrorResponse>(&resp.body) {
+            Ok(e) => (e.error, e.detail),
+            Err(_) => (
+                "unknown".to_string(),
+                String::from_utf8_lossy(&resp.body).into_owned(),
+            ),
+        };
+        return Err(FoilClientError::Status {
+            status: resp.status,
+            error,
+            detail,
+        });
+    }
+    serde_json::from_slice(&resp.body).map_err(FoilClientError::Decode)
+}
+
+fn read_more(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    step: &'static str,
+) -> Result<usize, FoilClientError> {
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                return Ok(n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(FoilClientError::Io { step, source }),
+        }
+    }
+}
+
+fn read_response(stream: &mut TcpStream) -> Result<RawResponse, FoilClientError> {
+    let mut buf = Vec::new();
+    // Head.
+    let (status, head_len, content_length, chunked) = loop {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(&buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let status = resp
+                    .code
+                    .ok_or_else(|| FoilClientError::BadResponse("no status".into()))?;
+                let mut content_length = None;
+                let mut chunked = false;
+                for h in resp.headers.iter() {
+                    if h.name.eq_ignore_ascii_case("content-length") {
+                        let v = std::str::from_utf8(h.value)
+                            .ok()
+                            .and_then(|v| v.trim().parse::<usize>().ok());
+                        content_length = Some(v.ok_or_else(|| {
+                            FoilClientError::BadResponse("bad Content-Length".into())
+                        })?);
+                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                        chunked = String::from_utf8_lossy(h.value)
+                            .to_ascii_lowercase()
+                            .contains("chunked");
+                    }
+                }
+                break (status, n, content_length, chunked);
+            }
+            Ok(httparse::Status::Partial) => {
+                if buf.len() > MAX_HEAD_BYTES {
+                    return Err(FoilClientError::BadResponse(
+                        "response head too large".into(),
+                    ));
+                }
+                if read_more(stream, &mut buf, "read response head")? == 0 {
+                    return Err(FoilClientError::BadResponse(format!(
+                        "connection closed after {} bytes, before the response head ended",
+                        buf.len()
+                    )));
+                }
+            }
+            Err(e) => {
+                return Err(FoilClientError::BadResponse(format!(
+                    "bad response head: {e}"
+                )))
+            }
+        }
+    };
+    let mut body = buf.split_off(head_len);
+    if let Some(len) = content_length {
+        if len > MAX_RESPONSE_BYTES {
+            return Err(FoilClientError::BadResponse(format!(
+                "response body of {len} bytes is too large"
+            )));
+        }
+        while body.len() < len {
+            if read_more(stream, &mut body, "read response body")? == 0 {
+                return Err(FoilClientError::BadResponse(format!(
+                    "connection closed after {} of {len} body bytes",
+                    body.len()
+                )));
+            }
+        }
+        body.truncate(len);
+    } else {
+        // Chunked or close-delimited: read to EOF (we sent Connection: close).
+        while read_more(stream, &mut body, "read response body")? > 0 {
+            if body.len() > MAX_RESPONSE_BYTES + MAX_HEAD_BYTES {
+                return Err(FoilClientError::BadResponse(
+                    "response body too large".into(),
+                ));
+            }
+        }
+        if chunked {
+            body = dechunk(&body)?;
+        }
+    }
+    Ok(RawResponse { status, body })
+}
+
+/// Decodes a complete chunked body.
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, FoilClientError> {
+    let bad = |why: &str| FoilClientError::BadResponse(format!("bad chunked body: {why}"));
+    let mut out = Vec::new();
+    loop {
+        let line_end = data
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| bad("no chunk size line"))?;
+        let size_text =
+            std::str::from_utf8(&data[..line_end]).map_err(|_| bad("size not UTF-8"))?;
+        let size_text = size_text.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_text, 16).map_err(|_| bad("size not hex"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if data.len() < size + 2 {
+            return Err(bad("truncated chunk"));
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_base_urls() {
+        let c = Client::new("http://127.0.0.1:8886").unwrap();
+        assert_eq!(
+            (c.authority(), c.prefix.as_str()),
+            ("127.0.0.1:8886".to_string(), "")
+        );
+        let c = Client::new("http://localhost/foil/").unwrap();
+        assert_eq!(
+            (c.authority(), c.prefix.as_str()),
+            ("localhost:80".to_string(), "/foil")
+        );
+        let c = Client::new("http://[::1]:9000").unwrap();
+        assert_eq!(c.authority(), "[::1]:9000");
+        for bad in [
+            "https://x:1",
+            "127.0.0.1:8886",
+            "http://",
+            "http://h:0",
+            "http://h:99999",
+            "http://h:1/?q",
+        ] {
+            assert!(
+                matches!(Client::new(bad), Err(FoilClientError::BadUrl { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn percent_encodes_keys() {
+        assert_eq!(percent_encode("m:dense:1,2"), "m%3Adense%3A1%2C2");
+        assert_eq!(percent_encode("a b+é"), "a%20b%2B%C3%A9");
+    }
+
+    #[test]
+    fn dechunks() {
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n").unwrap(),
+            b"abcde"
+        );
+        assert!(dechunk(b"5\r\nab").is_err());
+    }
+
+    #[test]
+    fn unreachable_collector_is_a_connect_error() {
+        // Bind then drop a listener to get a port that refuses connections.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = lookup(&format!("http://127.0.0.1:{port}"), "k").unwrap_err();
+        assert!(matches!(err, FoilClientError::Connect { .. }), "{err:?}");
+    }
+}
