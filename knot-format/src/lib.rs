@@ -12,7 +12,9 @@
 pub mod container;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod header;
+pub mod import;
 pub mod writer;
 
 pub use container::{layer_of, Knot, TensorView};
@@ -22,6 +24,7 @@ pub use header::{
     ArchConfig, Header, LayerRange, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord,
     TensorEntry, TokenizerData,
 };
+pub use import::{import_gguf, ImportSummary};
 pub use writer::KnotWriter;
 
 #[cfg(test)]

@@ -1,0 +1,517 @@
+//! GGUF -> KNOT: architecture config and tokenizer from metadata, tensors copied bit-for-bit.
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::container::Knot;
+use crate::error::KnotError;
+use crate::gguf::{Gguf, GgufFile, GgufValue};
+use crate::header::{ArchConfig, RopeScaling, RopeStyle, TokenizerData};
+use crate::writer::KnotWriter;
+use crate::DType;
+
+/// Architectures whose GGUF q/k weights expect NeoX RoPE: dimension `i` pairs with
+/// `i + head_dim/2` (llama.cpp `LLAMA_ROPE_TYPE_NEOX`).
+///
+/// Trap: llama.cpp's converter permutes the q/k rows of *llama-family* checkpoints so that
+/// those use normal (adjacent-pair) RoPE, but leaves qwen2/qwen3/gemma/phi unpermuted, so
+/// they need NeoX. Choosing wrong raises no error: every head is rotated by the wrong angles
+/// and the model emits fluent-looking garbage. Hence the explicit lists, and no default.
+const NEOX_ARCHS: &[&str] = &[
+    "qwen",
+    "qwen2",
+    "qwen2moe",
+    "qwen2vl",
+    "qwen3",
+    "qwen3moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "phi2",
+    "phi3",
+    "phimoe",
+    "stablelm",
+    "falcon",
+    "gptneox",
+    "starcoder2",
+    "olmo2",
+    "olmoe",
+    "openelm",
+    "exaone",
+    "nemotron",
+    "minicpm3",
+    "orion",
+    "codeshell",
+    "plamo",
+];
+/// Architectures with normal RoPE: dimension `2i` pairs with `2i + 1` (llama.cpp
+/// `LLAMA_ROPE_TYPE_NORM`).
+const NORMAL_ARCHS: &[&str] = &[
+    "llama",
+    "mistral",
+    "deci",
+    "baichuan",
+    "internlm2",
+    "minicpm",
+    "xverse",
+    "command-r",
+    "cohere2",
+    "olmo",
+    "deepseek",
+    "deepseek2",
+    "granite",
+    "granitemoe",
+];
+
+/// `{arch}.` keys every model must carry; all other keys have defaults (see `from_gguf`).
+const REQUIRED_KEYS: [&str; 6] = [
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.layer_norm_rms_epsilon",
+];
+
+/// The RoPE pairing an architecture uses, or `None` when unknown.
+pub fn rope_style_for(arch: &str) -> Option<RopeStyle> {
+    if NEOX_ARCHS.contains(&arch) {
+        Some(RopeStyle::Neox)
+    } else if NORMAL_ARCHS.contains(&arch) {
+        Some(RopeStyle::Normal)
+    } else {
+        None
+    }
+}
+
+/// Typed metadata access with errors naming the key.
+struct Meta<'a> {
+    g: &'a Gguf,
+    path: &'a Path,
+}
+
+impl<'a> Meta<'a> {
+    fn err(&self, key: &str, reason: impl Into<String>) -> KnotError {
+        KnotError::GgufMetadata {
+            path: self.path.into(),
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+    fn typed<T>(
+        &self,
+        key: &str,
+        want: &str,
+        f: impl Fn(&'a GgufValue) -> Option<T>,
+    ) -> Result<Option<T>, KnotError> {
+        match self.g.get(key) {
+            None => Ok(None),
+            Some(v) => f(v)
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected {want}, found {}", v.type_name()))),
+        }
+    }
+    fn u32(&self, key: &str) -> Result<Option<u32>, KnotError> {
+        self.typed(key, "an integer in 0..2^32", |v| {
+            v.as_u64().and_then(|n| u32::try_from(n).ok())
+        })
+    }
+    fn f32(&self, key: &str) -> Result<Option<f32>, KnotError> {
+        self.typed(key, "a finite number", |v| {
+            v.as_f32().filter(|x| x.is_finite())
+        })
+    }
+    fn str(&self, key: &str) -> Result<Option<&'a str>, KnotError> {
+        self.typed(key, "a string", |v| v.as_str())
+    }
+    fn bool(&self, key: &str) -> Result<Option<bool>, KnotError> {
+        self.typed(key, "a bool", |v| v.as_bool())
+    }
+    fn strings(&self, key: &str) -> Result<Option<Vec<String>>, KnotError> {
+        self.typed(key, "an array of strings", |v| {
+            v.as_array()?
+                .iter()
+                .map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+    }
+    fn i32s(&self, key: &str) -> Result<Option<Vec<i32>>, KnotError> {
+        self.typed(key, "an array of integers", |v| {
+            v.as_array()?
+                .iter()
+                .map(|x| x.as_i64().and_then(|n| i32::try_from(n).ok()))
+                .collect()
+        })
+    }
+}
+
+impl ArchConfig {
+    /// Reads the config from GGUF metadata and tensor names. One place, required keys in
+    /// [`REQUIRED_KEYS`], defaults beside their keys.
+    pub fn from_gguf(g: &Gguf, path: &Path) -> Result<ArchConfig, KnotError> {
+        let m = Meta { g, path };
+        let arch = m
+            .str("general.architecture")?
+            .ok_or_else(|| m.err("general.architecture", "missing"))?
+            .to_string();
+        let rope_style = rope_style_for(&arch).ok_or_else(|| KnotError::UnsupportedArch {
+            path: path.into(),
+            arch: arch.clone(),
+            known: [NEOX_ARCHS, NORMAL_ARCHS].concat().join(", "),
+        })?;
+        let k = |s: &str| format!("{arch}.{s}");
+        let missing: Vec<String> = REQUIRED_KEYS
+            .iter()
+            .map(|s| k(s))
+            .filter(|key| g.get(key).is_none())
+            .collect();
+        if !missing.is_empty() {
+            return Err(m.err(&missing.join(", "), "required key(s) missing"));
+        }
+        let req_u32 = |s: &str| -> Result<u32, KnotError> {
+            match m.u32(&k(s))? {
+                Some(0) | None => Err(m.err(&k(s), "must be a positive integer")),
+                Some(v) => Ok(v),
+            }
+        };
+        let n_layers = req_u32("block_count")?;
+        let context_len = req_u32("context_length")?;
+        let hidden = req_u32("embedding_length")?;
+        let ffn = req_u32("feed_forward_length")?;
+        let n_heads = req_u32("attention.head_count")?;
+        let norm_eps = m
+            .f32(&k("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or_default();
+        // Defaults beside their keys.
+        let n_kv_heads = m.u32(&k("attention.head_count_kv"))?.unwrap_or(n_heads);
+        let head_dim = m
+            .u32(&k("attention.key_length"))?
+            .unwrap_or(hidden / n_heads);
+        let rope_base = m.f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(m.err(
+                &k("attention.head_count_kv"),
+                format!("{n_kv_heads} does not divide {n_heads} heads"),
+            ));
+        }
+        if head_dim == 0 {
+            return Err(m.err(&k("attention.key_length"), "head dimension is 0"));
+        }
+        let tokens_len = match g.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array) {
+            Some(a) => u32::try_from(a.len()).ok(),
+            None => None,
+        };
+        let embd_rows = g
+            .tensor("token_embd.weight")
+            .and_then(|t| t.shape.get(1).copied())
+            .and_then(|r| u32::try_from(r).ok());
+        let vocab = m
+            .u32(&k("vocab_size"))?
+            .or(tokens_len)
+            .or(embd_rows)
+            .ok_or_else(|| {
+                m.err(
+                    &k("vocab_size"),
+                    "missing, and neither tokenizer.ggml.tokens nor token_embd.weight gives it",
+                )
+            })?;
+        let rope_scaling = match m.str(&k("rope.scaling.type"))? {
+            Some(kind) if kind != "none" => Some(RopeScaling {
+                kind: kind.to_string(),
+                factor: m.f32(&k("rope.scaling.factor"))?.unwrap_or(1.0),
+                original_context: m
+                    .u32(&k("rope.scaling.original_context_length"))?
+                    .unwrap_or(0),
+            }),
+            Some(_) => None,
+            // Old converters wrote only a linear scale.
+            None => m
+                .f32(&k("rope.scale_linear"))?
+                .filter(|&f| f != 1.0)
+                .map(|factor| RopeScaling {
+                    kind: "linear".into(),
+                    factor,
+                    original_context: 0,
+                }),
+        };
+        Ok(ArchConfig {
+            arch,
+            n_layers,
+            hidden,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn,
+            vocab,
+            context_len,
+            norm_eps,
+            rope_base,
+            rope_style,
+            rope_scaling,
+            tied_embeddings: g.tensor("output.weight").is_none(),
+            qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
+            qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+        })
+    }
+}
+
+impl TokenizerData {
+    /// Reads `tokenizer.ggml.*` and `tokenizer.chat_template`; `None` when the file has no
+    /// vocabulary.
+    pub fn from_gguf(g: &Gguf, path: &Path) -> Result<Option<TokenizerData>, KnotError> {
+        let m = Meta { g, path };
+        let Some(tokens) = m.strings("tokenizer.ggml.tokens")? else {
+            return Ok(None);
+        };
+        let n = tokens.len();
+        let token_types = m.i32s("tokenizer.ggml.token_type")?.unwrap_or_default();
+        if !token_types.is_empty() && token_types.len() != n {
+            return Err(m.err(
+                "tokenizer.ggml.token_type",
+                format!("{} entries for {n} tokens", token_types.len()),
+            ));
+        }
+        let id = |key: &str| -> Result<Option<u32>, KnotError> {
+            match m.u32(key)? {
+                Some(i) if i as usize >= n => {
+                    Err(m.err(key, format!("id {i} is outside the {n}-token vocabulary")))
+                }
+                v => Ok(v),
+            }
+        };
+        Ok(Some(TokenizerData {
+            model: m
+                .str("tokenizer.ggml.model")?
+                .ok_or_else(|| m.err("tokenizer.ggml.model", "missing"))?
+                .to_string(),
+            pre: m.str("tokenizer.ggml.pre")?.unwrap_or_default().to_string(),
+            merges: m.strings("tokenizer.ggml.merges")?.unwrap_or_default(),
+            bos_id: id("tokenizer.ggml.bos_token_id")?,
+            eos_id: id("tokenizer.ggml.eos_token_id")?,
+            pad_id: id("tokenizer.ggml.padding_token_id")?,
+            unk_id: id("tokenizer.ggml.unknown_token_id")?,
+            add_bos: m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
+            add_eos: m.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            chat_template: m.str("tokenizer.chat_template")?.map(str::to_owned),
+            tokens,
+            token_types,
+        }))
+    }
+}
+
+/// What [`import_gguf`] produced.
+#[derive(Clone, Debug)]
+pub struct ImportSummary {
+    /// `general.architecture`.
+    pub arch: String,
+    pub n_layers: u32,
+    pub tensors: usize,
+    /// Sum of tensor bytes.
+    pub tensor_bytes: u64,
+    /// Size of the written KNOT.
+    pub file_len: u64,
+    /// `Knot::model_hash` of the written file.
+    pub model_hash: String,
+    pub elapsed: std::time::Duration,
+}
+
+/// Imports a GGUF file into a KNOT at `out` (atomically). Tensor bytes are copied unchanged
+/// straight from the mapped GGUF. `progress` gets cumulative tensor bytes written
+/// (total: [`GgufFile::tensor_data_len`]).
+pub fn import_gguf(
+    gguf: &Path,
+    out: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ImportSummary, KnotError> {
+    let t0 = Instant::now();
+    let src = GgufFile::open(gguf)?;
+    let g = &src.gguf;
+    let arch = ArchConfig::from_gguf(g, gguf)?;
+    let tokenizer = TokenizerData::from_gguf(g, gguf)?;
+    let model_id = match g.get("general.name").and_then(GgufValue::as_str) {
+        Some(n) if !n.trim().is_empty() => n.trim().to_string(),
+        _ => gguf
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned()),
+    };
+    tracing::info!(arch = %arch.arch, layers = arch.n_layers, tensors = g.tensors.len(), "importing {}", gguf.display());
+    let mut w = KnotWriter::new(model_id, arch);
+    if let Some(t) = tokenizer {
+        w.tokenizer(t);
+    }
+    for t in &g.tensors {
+        let dtype: DType = t.dtype().ok_or_else(|| KnotError::UnsupportedDType {
+            path: gguf.into(),
+            tensor: t.name.clone(),
+            ggml_type: t.ggml_type,
+        })?;
+        let bytes = src.tensor_bytes(t).ok_or_else(|| KnotError::Gguf {
+            path: gguf.into(),
+            offset: g.data_offset.saturating_add(t.offset),
+            reason: format!("tensor {:?} bytes out of range", t.name),
+        })?;
+        w.add_tensor(&t.name, dtype, t.shape.clone(), bytes)?;
+    }
+    w.write(out, progress)?;
+    let k = Knot::open(out)?;
+    Ok(ImportSummary {
+        arch: k.arch().arch.clone(),
+        n_layers: k.arch().n_layers,
+        tensors: k.header().tensors.len(),
+        tensor_bytes: k.tensor_bytes(),
+        file_len: k.file_len(),
+        model_hash: k.model_hash().to_string(),
+        elapsed: t0.elapsed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::tests::{gstr, Builder};
+
+    fn qwen_like() -> Builder {
+        let mut g = Builder::new();
+        g.string("general.architecture", "qwen2")
+            .string("general.name", "tiny qwen")
+            .u32("qwen2.block_count", 1)
+            .u32("qwen2.context_length", 128)
+            .u32("qwen2.embedding_length", 64)
+            .u32("qwen2.feed_forward_length", 96)
+            .u32("qwen2.attention.head_count", 4)
+            .f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+            .string("tokenizer.ggml.model", "gpt2")
+            .string("tokenizer.ggml.pre", "qwen2")
+            .strings("tokenizer.ggml.tokens", &["a", "b", "ab", "<eos>"])
+            .strings("tokenizer.ggml.merges", &["a b"])
+            .u32("tokenizer.ggml.eos_token_id", 3)
+            .string("tokenizer.chat_template", "{{x}}")
+            .tensor("token_embd.weight", DType::Q8_0, &[64, 4], 1)
+            .tensor("blk.0.attn_q.weight", DType::Q4_K, &[256, 64], 2)
+            .tensor("blk.0.attn_q.bias", DType::F32, &[64], 3);
+        g
+    }
+
+    fn import(g: &Builder) -> Result<(tempfile::TempDir, Knot), KnotError> {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("m.gguf");
+        std::fs::write(&src, g.build()).unwrap();
+        let out = dir.path().join("m.knot");
+        import_gguf(&src, &out, &mut |_| {})?;
+        let k = Knot::open(&out)?;
+        Ok((dir, k))
+    }
+
+    #[test]
+    fn imports_config_tokenizer_and_bytes() {
+        let g = qwen_like();
+        let raw = g.build();
+        let parsed = Gguf::parse(&raw, Path::new("m.gguf")).unwrap();
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        assert_eq!(
+            (a.arch.as_str(), a.n_layers, a.hidden, a.ffn, a.context_len),
+            ("qwen2", 1, 64, 96, 128)
+        );
+        assert_eq!(
+            (a.n_heads, a.n_kv_heads, a.head_dim),
+            (4, 4, 16),
+            "kv heads and head dim default"
+        );
+        assert_eq!(a.rope_base, 10_000.0, "rope base default");
+        assert_eq!(a.rope_style, RopeStyle::Neox);
+        assert_eq!(a.vocab, 4, "vocab from the token list");
+        assert!(a.tied_embeddings && a.qkv_bias && !a.qk_norm);
+        assert_eq!(k.header().model_id, "tiny qwen");
+        let t = k.tokenizer().unwrap().unwrap();
+        assert_eq!(t.tokens, ["a", "b", "ab", "<eos>"]);
+        assert_eq!((t.eos_id, t.bos_id, t.add_bos), (Some(3), None, false));
+        assert_eq!(t.merges, ["a b"]);
+        assert_eq!(t.chat_template.as_deref(), Some("{{x}}"));
+        for info in &parsed.tensors {
+            let v = k.tensor(&info.name).unwrap();
+            assert_eq!(
+                v.bytes,
+                parsed.tensor_bytes(info, &raw).unwrap(),
+                "{}",
+                info.name
+            );
+            assert_eq!(v.entry.shape, info.shape);
+        }
+        k.verify(&mut |_| {}).unwrap();
+    }
+
+    #[test]
+    fn llama_is_normal_rope_and_untied_with_output() {
+        let mut g = Builder::new();
+        g.string("general.architecture", "llama")
+            .u32("llama.block_count", 2)
+            .u32("llama.context_length", 64)
+            .u32("llama.embedding_length", 32)
+            .u32("llama.feed_forward_length", 64)
+            .u32("llama.attention.head_count", 4)
+            .u32("llama.attention.head_count_kv", 2)
+            .u32("llama.vocab_size", 7)
+            .f32("llama.rope.freq_base", 5e5)
+            .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+            .string("llama.rope.scaling.type", "linear")
+            .f32("llama.rope.scaling.factor", 2.0)
+            .tensor("output.weight", DType::F16, &[32, 7], 1)
+            .tensor("blk.0.attn_q_norm.weight", DType::F32, &[8], 2);
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        assert_eq!(a.rope_style, RopeStyle::Normal);
+        assert_eq!((a.n_kv_heads, a.vocab, a.rope_base), (2, 7, 5e5));
+        assert!(!a.tied_embeddings && a.qk_norm && !a.qkv_bias);
+        assert_eq!(
+            a.rope_scaling,
+            Some(RopeScaling {
+                kind: "linear".into(),
+                factor: 2.0,
+                original_context: 0
+            })
+        );
+        assert_eq!(k.tokenizer().unwrap(), None);
+    }
+
+    #[test]
+    fn import_errors_name_the_problem() {
+        let mut g = Builder::new();
+        g.string("general.architecture", "qwen2")
+            .u32("qwen2.block_count", 1);
+        let e = import(&g).unwrap_err().to_string();
+        assert!(
+            e.contains("qwen2.embedding_length") && e.contains("required"),
+            "{e}"
+        );
+
+        let mut g = Builder::new();
+        g.string("general.architecture", "mamba");
+        let e = import(&g).unwrap_err();
+        assert!(matches!(e, KnotError::UnsupportedArch { .. }), "{e}");
+
+        let mut g = qwen_like();
+        g.string("qwen2.attention.head_count_kv", "two");
+        let e = import(&g).unwrap_err().to_string();
+        assert!(
+            e.contains("head_count_kv") && e.contains("expected an integer"),
+            "{e}"
+        );
+
+        // A tensor of an unsupported GGML type (16 = IQ2_XXS) is refused by name.
+        let mut g = qwen_like();
+        gstr(&mut g.infos, "blk.0.ffn_up.weight");
+        g.infos.extend_from_slice(&1u32.to_le_bytes());
+        g.infos.extend_from_slice(&256u64.to_le_bytes());
+        g.infos.extend_from_slice(&16u32.to_le_bytes());
+        g.infos.extend_from_slice(&0u64.to_le_bytes());
+        g.n_t += 1;
+        let e = import(&g).unwrap_err();
+        assert_eq!(e.tensor(), Some("blk.0.ffn_up.weight"), "{e}");
+
+        let mut g = qwen_like();
+        g.u32("tokenizer.ggml.bos_token_id", 99);
+        let e = import(&g).unwrap_err().to_string();
+        assert!(e.contains("outside the 4-token vocabulary"), "{e}");
+    }
+}
