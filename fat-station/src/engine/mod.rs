@@ -1,6 +1,45 @@
 //! The inference engine: kernels, transformer forward pass, KV cache, tokenizer.
 //!
 //! No I/O beyond the mmap: `forward(tokens or residual, layer range, session)`.
+//! Three plain structs carry it: [`Config`] (validated hyper-parameters), [`Weights`]
+//! (typed views into the mmap) and [`Session`] (KV cache + scratch).
 
+mod config;
 pub mod kernels;
+mod model;
+pub mod ops;
+mod session;
 pub mod tokenizer;
+mod weights;
+
+pub use config::{Arch, Config};
+pub use model::Model;
+pub use session::{LayerCache, Scratch, Session};
+pub use weights::{Holdings, LayerWeights, Weights};
+
+use knot_format::LayerRange;
+
+/// Why the engine refused a request or a model.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("invalid model config: {0}")]
+    BadConfig(String),
+    #[error("tensor {0:?} is missing from the model file")]
+    MissingTensor(String),
+    #[error("tensor {name:?}: {why}")]
+    BadTensor { name: String, why: String },
+    #[error("this station does not hold {what} (it holds layers {held})")]
+    NotHeld { what: String, held: LayerRange },
+    #[error("layer range {requested} is outside the model (holds {held})")]
+    BadRange { requested: LayerRange, held: LayerRange },
+    #[error("residual of {len} floats is not a whole number of rows of hidden size {hidden}")]
+    BadResidual { len: usize, hidden: usize },
+    #[error("token id {id} is outside the vocabulary ({vocab})")]
+    BadToken { id: u32, vocab: usize },
+    #[error("session holds {have} positions; adding {adding} exceeds its limit of {max}")]
+    ContextFull { have: usize, adding: usize, max: usize },
+    #[error("session out of step: {0}")]
+    SessionMismatch(String),
+}
