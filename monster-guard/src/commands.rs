@@ -224,8 +224,9 @@ pub fn check_model(g: &GrantPayload) -> Result<()> {
         Ok(h) => h,
         Err(e) => {
             return Err(GuardError::GrantRefused(format!(
-                "model file of grant {:?} unreadable: {e}",
-                g.name
+                "model file of grant {:?} unreadable: {}",
+                g.name,
+                e.full()
             )))
         }
     };
@@ -303,7 +304,7 @@ pub fn list(home: &Home, json: bool, out: &mut dyn Write) -> Result<()> {
                     Ok(()) => format!("valid ({} left)", human_secs(g.grant.expires - now)),
                     Err(_) if revoked.revokes(&g) => "revoked".into(),
                     Err(_) if now >= g.grant.expires => "expired".into(),
-                    Err(e) => format!("invalid: {e}"),
+                    Err(e) => format!("invalid: {}", e.full()),
                 };
                 ListRow {
                     name: g.grant.name.clone(),
@@ -320,7 +321,7 @@ pub fn list(home: &Home, json: bool, out: &mut dyn Write) -> Result<()> {
                     .unwrap_or_default(),
                 caps: String::new(),
                 expires: 0,
-                status: format!("invalid: {e}"),
+                status: format!("invalid: {}", e.full()),
                 model: String::new(),
             },
         };

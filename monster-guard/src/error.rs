@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum GuardError {
     /// A file could not be read, written, renamed or created.
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}")]
     Io {
         action: &'static str,
         path: PathBuf,
@@ -17,7 +17,7 @@ pub enum GuardError {
         source: std::io::Error,
     },
     /// A JSON file did not parse.
-    #[error("{path}: invalid JSON: {source}")]
+    #[error("{path}: invalid JSON")]
     Json {
         path: PathBuf,
         #[source]
@@ -63,6 +63,17 @@ impl GuardError {
             path: path.into(),
             source,
         }
+    }
+
+    /// The message with its sources, `outer: inner: ...` (for embedding in another message).
+    pub fn full(&self) -> String {
+        let mut s = self.to_string();
+        let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(self);
+        while let Some(e) = cur {
+            s.push_str(&format!(": {e}"));
+            cur = e.source();
+        }
+        s
     }
 
     /// The CLI exit status for this error: 3 for a refusal (quality or grant), 2 otherwise.

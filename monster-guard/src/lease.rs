@@ -122,7 +122,7 @@ pub fn run(req: &LeaseRequest<'_>, now_unix: u64) -> Result<u8> {
             Ok(_) => {}
             Err(e) => {
                 // Fail closed: a revocation list that cannot be trusted ends the lease.
-                eprintln!("monster-guard: {e}");
+                eprintln!("monster-guard: {}", e.full());
                 break Stop::Revoked;
             }
         }

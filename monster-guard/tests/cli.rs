@@ -1,0 +1,740 @@
+//! Runs the real `monster-guard` binary in temporary `MONSTER_GUARD_HOME`s.
+//!
+//! Gate logic is tested with fake probes (shell scripts printing canned `paris-probe --json`
+//! output); the three real verdicts (Qwen admitted, SmolLM2 refused, damaged Qwen refused) need
+//! `paris-probe` (`$PARIS_PROBE`, or `target/release/paris-probe`) and the KNOT models in
+//! `$AEON_MODELS_DIR` (default `~/.cache/aeon-shell/models`); without them they skip, unless
+//! `AEON_REQUIRE_MODELS=1`, in which case they fail.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_monster-guard");
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let e = Env {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let out = e.mg(&["init"]);
+        assert!(out.status.success(), "init failed: {}", text(&out));
+        e
+    }
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("MONSTER_GUARD_HOME", self.home())
+            .env_remove("PARIS_PROBE");
+        c
+    }
+    fn mg(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+    /// A fake probe script with `body` and a model file and spec around it; returns the spec.
+    fn fake_spec(&self, body: &str, spec_extra: &str) -> PathBuf {
+        let probe = self.path("fake-probe.sh");
+        fs::write(&probe, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&probe, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(
+            self.path("model.knot"),
+            b"not really a model, but it hashes",
+        )
+        .unwrap();
+        let spec = self.path("spec.json");
+        fs::write(
+            &spec,
+            format!(
+                r#"{{"probe": "fake-probe.sh", "knot": "model.knot", "prompt_tokens": [785, 6722],
+                    "expect_token": 12095, "expect": " Paris" {spec_extra}}}"#
+            ),
+        )
+        .unwrap();
+        spec
+    }
+    /// Delegates `name` with `caps` using a passing fake probe.
+    fn delegate_ok(&self, name: &str, caps: &str, ttl: &str) -> Output {
+        let spec = self.fake_spec(&json_probe(12095, 12095, 0, 3.5, 0), "");
+        let out = self.mg(&[
+            "delegate",
+            name,
+            caps,
+            "--ttl",
+            ttl,
+            "--qspec",
+            spec.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "delegate failed: {}", text(&out));
+        out
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A fake probe body printing probe JSON and exiting with `code`.
+fn json_probe(argmax: u32, expected: u32, rank: u32, margin: f64, code: i32) -> String {
+    format!(
+        r#"cat <<'JSON'
+{{"model_id": "fake", "model_hash": "00", "tokens": [785, 6722], "argmax": {argmax}, "argmax_text": " Lyon",
+ "logit": 15.0, "expected": {expected}, "expected_text": " Paris", "expected_logit": {el},
+ "expected_rank": {rank}, "margin": {margin}, "top": [], "nll": 0.8, "nll_tokens": 30, "pass": {pass}}}
+JSON
+exit {code}"#,
+        el = 15.0 + margin.min(0.0),
+        pass = argmax == expected
+    )
+}
+
+#[test]
+fn init_writes_private_key_and_refuses_overwrite() {
+    let e = Env::new();
+    let key = e.home().join("node.key");
+    assert_eq!(
+        fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        fs::metadata(e.home()).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let before = fs::read(&key).unwrap();
+    let out = e.mg(&["init"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("already exists"), "{}", text(&out));
+    assert_eq!(
+        fs::read(&key).unwrap(),
+        before,
+        "key was overwritten without --force"
+    );
+    assert!(e.mg(&["init", "--force"]).status.success());
+    assert_ne!(fs::read(&key).unwrap(), before);
+    // A key file others can read is refused.
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = e.mg(&["revoke", "x"]);
+    assert!(
+        text(&out).contains("must not be readable"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn delegate_passing_spec_mints_private_grant() {
+    let e = Env::new();
+    let out = e.delegate_ok("qwen", "net,fs", "1h");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("quality spec passed -> delegated"),
+        "{}",
+        text(&out)
+    );
+    let g = e.home().join("grants/qwen.json");
+    assert_eq!(
+        fs::metadata(&g).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        fs::metadata(e.home().join("grants"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    let v = e.mg(&["verify", g.to_str().unwrap(), "--check-model"]);
+    assert!(v.status.success(), "{}", text(&v));
+    assert!(
+        String::from_utf8_lossy(&v.stdout).contains("valid: grant qwen"),
+        "{}",
+        text(&v)
+    );
+    let l = e.mg(&["list"]);
+    let ls = String::from_utf8_lossy(&l.stdout);
+    assert!(
+        ls.contains("qwen") && ls.contains("fs,net") && ls.contains("valid"),
+        "{}",
+        text(&l)
+    );
+}
+
+#[test]
+fn delegate_refuses_argmax_mismatch_and_mints_nothing() {
+    let e = Env::new();
+    let spec = e.fake_spec(&json_probe(4567, 12095, 1, -1.1, 1), "");
+    let out = e.mg(&[
+        "delegate",
+        "qwen",
+        "net",
+        "--ttl",
+        "60",
+        "--qspec",
+        spec.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("FAIL main") && t.contains("4567") && t.contains("12095"),
+        "{t}"
+    );
+    assert!(t.contains("1 of 1 probes failed (main)"), "{t}");
+    assert!(!t.contains("delegated"), "{t}");
+    assert!(!e.home().join("grants/qwen.json").exists());
+}
+
+#[test]
+fn delegate_refuses_small_margin_and_names_probe() {
+    let e = Env::new();
+    let spec = e.fake_spec(
+        &json_probe(12095, 12095, 0, 0.4, 0),
+        r#", "min_margin": 1.0, "probes": [{"name": "second", "prompt": "x", "expect": " y", "top_k": 3}]"#,
+    );
+    let out = e.mg(&[
+        "delegate",
+        "qwen",
+        "net",
+        "--ttl",
+        "60",
+        "--qspec",
+        spec.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("margin +0.400 below the minimum +1.000"), "{t}");
+    assert!(t.contains("PASS second"), "{t}");
+    assert!(t.contains("1 of 2 probes failed (main)"), "{t}");
+}
+
+#[test]
+fn delegate_probe_timeout_and_probe_error_are_errors() {
+    let e = Env::new();
+    let spec = e.fake_spec("sleep 30", r#", "timeout_secs": 1"#);
+    let t0 = Instant::now();
+    let out = e.mg(&[
+        "delegate",
+        "qwen",
+        "net",
+        "--ttl",
+        "60",
+        "--qspec",
+        spec.to_str().unwrap(),
+    ]);
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "timeout did not fire"
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("timed out after 1.0s"),
+        "{}",
+        text(&out)
+    );
+
+    let spec = e.fake_spec("echo 'tensor blk.3.attn_q.weight missing' >&2; exit 2", "");
+    let out = e.mg(&[
+        "delegate",
+        "qwen",
+        "net",
+        "--ttl",
+        "60",
+        "--qspec",
+        spec.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("exited with status 2: tensor blk.3.attn_q.weight missing"),
+        "{}",
+        text(&out)
+    );
+    assert!(!e.home().join("grants/qwen.json").exists());
+}
+
+#[test]
+fn lease_kills_sleep_at_about_two_seconds() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let t0 = Instant::now();
+    let out = e.mg(&[
+        "run", "--name", "qwen", "--caps", "net,fs", "--lease", "2", "--", "sleep", "100",
+    ]);
+    let took = t0.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out));
+    assert!((1.5..4.0).contains(&took), "lease ended after {took:.2}s");
+    assert!(
+        text(&out).contains("lease of 2.0s expired"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn run_passes_command_status_through() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let out = e.mg(&[
+        "run", "--name", "qwen", "--caps", "net", "--lease", "30", "--", "sh", "-c", "exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    // Caps the grant lacks are refused.
+    e.delegate_ok("small", "net", "1h");
+    let out = e.mg(&[
+        "run", "--name", "small", "--caps", "net,fs", "--lease", "30", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("does not cover fs"), "{}", text(&out));
+}
+
+#[test]
+fn revoke_from_another_process_stops_lease_within_a_second() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let mut child = e
+        .cmd(&[
+            "run", "--name", "qwen", "--caps", "net,fs", "--lease", "60", "--", "sleep", "100",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(child.try_wait().unwrap().is_none(), "run ended early");
+    let out = e.mg(&["revoke", "qwen"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "revoked lease still running"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(1), "revocation took {took:?}");
+    assert_eq!(status.code(), Some(125));
+    // And the revoked grant no longer verifies or runs.
+    let g = e.home().join("grants/qwen.json");
+    let v = e.mg(&["verify", g.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3));
+    assert!(text(&v).contains("was revoked"), "{}", text(&v));
+    assert!(String::from_utf8_lossy(&e.mg(&["list"]).stdout).contains("revoked"));
+}
+
+#[test]
+fn flipped_byte_grant_is_refused() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net", "1h");
+    let g = e.home().join("grants/qwen.json");
+    let mut bytes = fs::read(&g).unwrap();
+    // Flip a byte inside the signed payload: the expiry digits.
+    let at = String::from_utf8_lossy(&bytes)
+        .find("\"expires\":")
+        .unwrap()
+        + 12;
+    bytes[at] = if bytes[at] == b'1' { b'2' } else { b'1' };
+    let bad = e.path("flipped.json");
+    fs::write(&bad, &bytes).unwrap();
+    let v = e.mg(&["verify", bad.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    assert!(
+        text(&v).contains("signature does not verify"),
+        "{}",
+        text(&v)
+    );
+    let r = e.mg(&[
+        "run",
+        "--grant",
+        bad.to_str().unwrap(),
+        "--caps",
+        "net",
+        "--lease",
+        "5",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.status.code(), Some(3), "{}", text(&r));
+    // A flipped byte in the signature itself.
+    let mut bytes = fs::read(&g).unwrap();
+    let at = String::from_utf8_lossy(&bytes).find("\"sig\":\"").unwrap() + 10;
+    bytes[at] = if bytes[at] == b'a' { b'b' } else { b'a' };
+    fs::write(&bad, &bytes).unwrap();
+    let v = e.mg(&["verify", bad.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    // A grant from another node's key is refused by this node.
+    let other = Env::new();
+    other.delegate_ok("qwen", "net", "1h");
+    let foreign = other.home().join("grants/qwen.json");
+    let v = e.mg(&["verify", foreign.to_str().unwrap()]);
+    assert!(
+        text(&v).contains("not by the trusted issuer"),
+        "{}",
+        text(&v)
+    );
+}
+
+#[test]
+fn expired_grant_is_refused() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net", "1");
+    std::thread::sleep(Duration::from_millis(2100));
+    let g = e.home().join("grants/qwen.json");
+    let v = e.mg(&["verify", g.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    assert!(text(&v).contains("expired"), "{}", text(&v));
+    let r = e.mg(&[
+        "run", "--name", "qwen", "--caps", "net", "--lease", "5", "--", "true",
+    ]);
+    assert_eq!(r.status.code(), Some(3), "{}", text(&r));
+    assert!(text(&r).contains("expired"), "{}", text(&r));
+}
+
+#[test]
+fn model_changed_after_admission_is_refused() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net", "1h");
+    let ok = e.mg(&[
+        "run", "--name", "qwen", "--caps", "net", "--lease", "5", "--", "true",
+    ]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
+    fs::write(e.path("model.knot"), b"not really a model, but it hashes!").unwrap();
+    let r = e.mg(&[
+        "run", "--name", "qwen", "--caps", "net", "--lease", "5", "--", "true",
+    ]);
+    assert_eq!(r.status.code(), Some(3), "{}", text(&r));
+    assert!(text(&r).contains("changed since admission"), "{}", text(&r));
+    let g = e.home().join("grants/qwen.json");
+    let v = e.mg(&["verify", g.to_str().unwrap(), "--check-model"]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+}
+
+#[test]
+fn attenuation_narrows_and_cannot_widen() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net", "1h");
+    let parent = e.home().join("grants/qwen.json");
+    let p = parent.to_str().unwrap();
+    let wide = e.mg(&["attenuate", p, "--caps", "net,fs"]);
+    assert_eq!(wide.status.code(), Some(2), "{}", text(&wide));
+    assert!(text(&wide).contains("can only narrow"), "{}", text(&wide));
+    let long = e.mg(&["attenuate", p, "--ttl", "2h"]);
+    assert_eq!(long.status.code(), Some(2), "{}", text(&long));
+    assert!(text(&long).contains("after the parent"), "{}", text(&long));
+    let child = e.path("child.json");
+    let c = e.mg(&[
+        "attenuate",
+        p,
+        "--caps",
+        "none",
+        "--ttl",
+        "60",
+        "--out",
+        child.to_str().unwrap(),
+    ]);
+    assert!(c.status.success(), "{}", text(&c));
+    assert_eq!(
+        fs::metadata(&child).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // Verifiable offline with the exported public key alone, in another directory.
+    let pk = e.path("issuer.pub");
+    assert!(e
+        .mg(&["pubkey", "export", "--out", pk.to_str().unwrap()])
+        .status
+        .success());
+    let v = Command::new(BIN)
+        .env("MONSTER_GUARD_HOME", e.path("nowhere"))
+        .args([
+            "verify",
+            child.to_str().unwrap(),
+            "--pubkey",
+            pk.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{}", text(&v));
+    assert!(
+        String::from_utf8_lossy(&v.stdout).contains("caps none")
+            && String::from_utf8_lossy(&v.stdout).contains("2 link(s)")
+    );
+    // The child cannot be used for a cap it dropped; attenuating it back up is refused.
+    let r = e.mg(&[
+        "run",
+        "--grant",
+        child.to_str().unwrap(),
+        "--caps",
+        "net",
+        "--lease",
+        "5",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.status.code(), Some(3), "{}", text(&r));
+    let up = e.mg(&["attenuate", child.to_str().unwrap(), "--caps", "net"]);
+    assert_eq!(up.status.code(), Some(2), "{}", text(&up));
+    // Revoking the parent revokes the child.
+    assert!(e.mg(&["revoke", "qwen"]).status.success());
+    let v = e.mg(&["verify", child.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+}
+
+#[test]
+fn without_net_cap_command_has_no_network_and_without_fs_a_readonly_root() {
+    if !nix_is_root() {
+        eprintln!("skipping: namespace isolation test needs root");
+        return;
+    }
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    // /proc/net/dev lists interfaces: 2 header lines + lo only in a new network namespace.
+    let count = |caps: &str| {
+        let o = e.mg(&[
+            "run",
+            "--name",
+            "qwen",
+            "--caps",
+            caps,
+            "--lease",
+            "10",
+            "--",
+            "sh",
+            "-c",
+            "tail -n +3 /proc/net/dev | wc -l",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    assert_eq!(count("fs"), 1, "only loopback without the net cap");
+    let host = fs::read_to_string("/proc/net/dev").unwrap().lines().count() as u32 - 2;
+    assert_eq!(count("net,fs"), host);
+    // Without fs, the root mount is read-only for the command (and only for it).
+    let probe = format!("/monster-guard-rofs-{}", std::process::id());
+    let o = e.mg(&[
+        "run",
+        "--name",
+        "qwen",
+        "--caps",
+        "net",
+        "--lease",
+        "10",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch {probe}"),
+    ]);
+    let created = Path::new(&probe).exists();
+    let _ = fs::remove_file(&probe);
+    assert!(
+        !created && !o.status.success(),
+        "root was writable without fs: {}",
+        text(&o)
+    );
+}
+
+fn nix_is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real-model verdicts.
+
+fn models_dir() -> PathBuf {
+    match std::env::var_os("AEON_MODELS_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/aeon-shell/models"),
+    }
+}
+
+fn find_probe() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PARIS_PROBE").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let beside = Path::new(BIN).with_file_name("paris-probe");
+    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/paris-probe");
+    [beside, release].into_iter().find(|p| p.is_file())
+}
+
+/// The probe and the named models, or `None` (skip) when absent and not required.
+fn real_setup(models: &[&str]) -> Option<(PathBuf, Vec<PathBuf>)> {
+    let required = std::env::var("AEON_REQUIRE_MODELS").is_ok_and(|v| v == "1");
+    let mut missing = Vec::new();
+    let probe = find_probe();
+    if probe.is_none() {
+        missing
+            .push("paris-probe (set PARIS_PROBE or build target/release/paris-probe)".to_string());
+    }
+    let paths: Vec<PathBuf> = models.iter().map(|m| models_dir().join(m)).collect();
+    for p in &paths {
+        if !p.is_file() {
+            missing.push(format!("{} (run scripts/fetch-model.sh)", p.display()));
+        }
+    }
+    if missing.is_empty() {
+        return Some((probe.unwrap(), paths));
+    }
+    assert!(
+        !required,
+        "AEON_REQUIRE_MODELS=1 but missing: {}",
+        missing.join(", ")
+    );
+    eprintln!(
+        "skipping real-model verdict: missing {}",
+        missing.join(", ")
+    );
+    None
+}
+
+const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.knot";
+const SMOL: &str = "smollm2-135m-instruct-q4_1.knot";
+
+fn facts_spec() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/qwen-facts.json")
+}
+
+fn delegate_real(e: &Env, probe: &Path, knot: &Path) -> Output {
+    e.cmd(&[
+        "delegate",
+        "model",
+        "net",
+        "--ttl",
+        "600",
+        "--qspec",
+        facts_spec().to_str().unwrap(),
+        "--knot",
+        knot.to_str().unwrap(),
+        "--probe",
+        probe.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap()
+}
+
+#[test]
+fn real_qwen_is_admitted_by_facts_suite() {
+    let Some((probe, m)) = real_setup(&[QWEN]) else {
+        return;
+    };
+    let e = Env::new();
+    let out = delegate_real(&e, &probe, &m[0]);
+    eprintln!("{}", text(&out));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("quality spec passed -> delegated"));
+    // And the reference single-probe spec admits it too.
+    let out = e
+        .cmd(&["delegate", "paris", "net", "--ttl", "600", "--qspec"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/paris.json"))
+        .args([
+            "--knot",
+            m[0].to_str().unwrap(),
+            "--probe",
+            probe.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn real_smollm2_is_refused_naming_failed_probes() {
+    let Some((probe, m)) = real_setup(&[SMOL]) else {
+        return;
+    };
+    let e = Env::new();
+    let out = delegate_real(&e, &probe, &m[0]);
+    eprintln!("{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    // SmolLM2 passes the Paris control but fails the discriminating probes.
+    assert!(t.contains("PASS paris"), "{t}");
+    for p in [
+        "numpy_alias",
+        "pandas_alias",
+        "moon_landing",
+        "css_top5",
+        "rust_vec_top5",
+    ] {
+        assert!(
+            t.contains(&format!("FAIL {p}")),
+            "{p} not reported failed: {t}"
+        );
+    }
+    assert!(t.contains("probes failed ("), "{t}");
+    assert!(!e.home().join("grants/model.json").exists());
+}
+
+#[test]
+fn real_damaged_qwen_is_refused() {
+    let Some((probe, m)) = real_setup(&[QWEN]) else {
+        return;
+    };
+    let e = Env::new();
+    let damaged = e.path("qwen-damaged.knot");
+    write_damaged_copy(&m[0], &damaged, 12);
+    let out = delegate_real(&e, &probe, &damaged);
+    eprintln!("{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("FAIL paris"), "{}", text(&out));
+}
+
+/// Writes a valid KNOT copy of `src` whose layer `layer` is scrambled: the quantization blocks
+/// of every tensor of the layer in reverse order (norm and bias vectors element-reversed).
+/// Every hash is recomputed, so `knot verify` accepts it: only the quality gate can tell.
+fn write_damaged_copy(src: &Path, dst: &Path, layer: u32) {
+    let k = knot_format::Knot::open(src).unwrap();
+    let h = k.header().clone();
+    let mut w = knot_format::KnotWriter::new(h.model_id.clone(), h.arch.clone());
+    if let Some(t) = k.tokenizer().unwrap() {
+        w.tokenizer(t);
+    }
+    if let Some(s) = h.shard.clone() {
+        w.shard(s);
+    }
+    let mut scrambled = 0;
+    for t in k.tensors() {
+        let e = t.entry;
+        if t.layer() == Some(layer) {
+            let bs = e.dtype.block_bytes();
+            let bytes: Vec<u8> = t.bytes.chunks_exact(bs).rev().flatten().copied().collect();
+            w.add_tensor_owned(&e.name, e.dtype, e.shape.clone(), bytes)
+                .unwrap();
+            scrambled += 1;
+        } else {
+            w.add_tensor(&e.name, e.dtype, e.shape.clone(), t.bytes)
+                .unwrap();
+        }
+    }
+    assert!(scrambled > 0, "no tensors in layer {layer}");
+    w.write(dst, &mut |_| {}).unwrap();
+    let d = knot_format::Knot::open(dst).unwrap();
+    d.verify(&mut |_| {}).unwrap();
+    assert_ne!(d.model_hash(), k.model_hash());
+}
