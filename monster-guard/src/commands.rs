@@ -343,11 +343,16 @@ pub fn list(home: &Home, json: bool, out: &mut dyn Write) -> Result<()> {
         ),
     );
     for r in rows {
+        let expires = if r.expires > now {
+            format!("in {}", human_secs(r.expires - now))
+        } else {
+            "-".to_string()
+        };
         w(
             out,
             format!(
                 "{:<20} {:<8} {:<12} {:<24} {}",
-                r.name, r.caps, r.expires, r.status, r.model
+                r.name, r.caps, expires, r.status, r.model
             ),
         );
     }
