@@ -243,6 +243,15 @@ fn validate_probe(name: &str, p: &ProbeSpec) -> std::result::Result<(), String> 
 /// Expands `${AEON_MODELS_DIR}` (default [`DEFAULT_MODELS_DIR`]), other `${VAR}`/`$VAR`
 /// (must be set), a leading `~`, and makes a relative result relative to `base`.
 pub fn expand_path(raw: &str, base: &Path) -> std::result::Result<PathBuf, String> {
+    expand_path_with(raw, base, &|k| std::env::var(k).ok())
+}
+
+/// [`expand_path`] with an explicit environment lookup.
+pub fn expand_path_with(
+    raw: &str,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> std::result::Result<PathBuf, String> {
     let mut out = String::new();
     let mut rest = raw;
     while let Some(i) = rest.find('$') {
@@ -262,8 +271,8 @@ pub fn expand_path(raw: &str, base: &Path) -> std::result::Result<PathBuf, Strin
         if var.is_empty() {
             return Err(format!("empty variable name in path {raw:?}"));
         }
-        match std::env::var(var) {
-            Ok(v) if !v.is_empty() => out.push_str(&v),
+        match env(var) {
+            Some(v) if !v.is_empty() => out.push_str(&v),
             _ if var == "AEON_MODELS_DIR" => out.push_str(DEFAULT_MODELS_DIR),
             _ => return Err(format!("path {raw:?} uses ${var}, which is not set")),
         }
@@ -271,8 +280,7 @@ pub fn expand_path(raw: &str, base: &Path) -> std::result::Result<PathBuf, Strin
     }
     out.push_str(rest);
     if out == "~" || out.starts_with("~/") {
-        let home = std::env::var("HOME")
-            .map_err(|_| format!("path {raw:?} uses ~ but HOME is not set"))?;
+        let home = env("HOME").ok_or_else(|| format!("path {raw:?} uses ~ but HOME is not set"))?;
         out = format!("{home}{}", &out[1..]);
     }
     let p = PathBuf::from(out);
