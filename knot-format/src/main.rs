@@ -1,4 +1,29 @@
-fn main() -> std::process::ExitCode {
-    eprintln!("knot: not built yet (issue 2)");
-    std::process::ExitCode::from(2)
+//! `knot`: import, inspect and verify KNOT model files. See `cli.rs` for the commands.
+//!
+//! Exit codes: 0 success; 1 `verify` found a corrupt or hostile file; 2 usage, I/O or any
+//! other error. A closed stdout (broken pipe) exits 0.
+
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = <cli::Args as clap::Parser>::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(err) => {
+            if cli::is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("knot: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,0 +1,242 @@
+//! Argument parsing and the three commands of the `knot` binary.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use knot_format::gguf::GgufFile;
+use knot_format::{import_gguf, Knot};
+
+/// KNOT model files: page-aligned, mmap-able, BLAKE3-verified containers of GGUF's tensors.
+///
+/// Typical use: `knot import MODEL.gguf -o MODEL.knot && knot verify MODEL.knot`.
+/// Exit codes: 0 success; 1 `verify` found corruption; 2 usage, I/O or other errors.
+/// Logging: set RUST_LOG (e.g. RUST_LOG=info).
+#[derive(Debug, Parser)]
+#[command(name = "knot", version, about, long_about)]
+pub struct Args {
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Convert a GGUF (v2/v3) model into a KNOT file, copying tensors bit-for-bit.
+    ///
+    /// Writes atomically (temp file + rename), so an interrupted import never leaves a
+    /// half-written .knot behind.
+    Import {
+        /// The source GGUF file.
+        gguf: PathBuf,
+        /// Where to write the KNOT file [default: the GGUF path with extension .knot].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Print a KNOT's architecture, shard record, model hash and tensor table.
+    Inspect {
+        /// The KNOT file.
+        knot: PathBuf,
+        /// Print JSON (for scripts): model_id, model_hash, file_len, tensor_count, arch,
+        /// shard, tokenizer section and the tensor table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-hash the header, tokenizer and every tensor; name the first corrupt tensor.
+    ///
+    /// Prints "OK: N tensors verified" and exits 0, or exits 1 naming what is corrupt.
+    Verify {
+        /// The KNOT file.
+        knot: PathBuf,
+    },
+}
+
+/// Runs one command; `Ok` carries the exit code.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.cmd {
+        Command::Import { gguf, output } => {
+            import(&gguf, output.unwrap_or_else(|| gguf.with_extension("knot")))
+        }
+        Command::Inspect { knot, json } => inspect(&knot, json),
+        Command::Verify { knot } => verify(&knot),
+    }
+}
+
+/// True when `err` is a write to a closed stdout.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn bar(total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1e6
+}
+
+fn import(gguf: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
+    let total = GgufFile::open(gguf)
+        .with_context(|| format!("reading {}", gguf.display()))?
+        .tensor_data_len();
+    let pb = bar(total, "import");
+    let s = import_gguf(gguf, &out, &mut |done| pb.set_position(done))
+        .with_context(|| format!("importing {} into {}", gguf.display(), out.display()))?;
+    pb.finish_and_clear();
+    let mut o = std::io::stdout().lock();
+    writeln!(
+        o,
+        "imported {} tensors ({}, {} layers) -> {}: {:.1} MB in {:.2}s\nmodel hash {}",
+        s.tensors,
+        s.arch,
+        s.n_layers,
+        out.display(),
+        mb(s.file_len),
+        s.elapsed.as_secs_f64(),
+        s.model_hash
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let k = Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let h = k.header();
+    let mut o = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({
+            "path": path,
+            "model_id": h.model_id,
+            "model_hash": k.model_hash(),
+            "file_len": k.file_len(),
+            "tensor_count": h.tensors.len(),
+            "tensor_bytes": k.tensor_bytes(),
+            "arch": h.arch,
+            "shard": h.shard,
+            "tokenizer": h.tokenizer,
+            "tensors": h.tensors,
+        });
+        serde_json::to_writer_pretty(&mut o, &v)?;
+        writeln!(o)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let a = &h.arch;
+    writeln!(
+        o,
+        "file        {} ({:.1} MB)",
+        path.display(),
+        mb(k.file_len())
+    )?;
+    writeln!(o, "model       {}", h.model_id)?;
+    writeln!(o, "model hash  {}", k.model_hash())?;
+    writeln!(
+        o,
+        "arch        {} ({:?} rope), {} layers, hidden {}, ffn {}, vocab {}, ctx {}",
+        a.arch, a.rope_style, a.n_layers, a.hidden, a.ffn, a.vocab, a.context_len
+    )?;
+    writeln!(
+        o,
+        "attention   {} heads, {} kv heads, head dim {}, rope base {}, norm eps {:e}",
+        a.n_heads, a.n_kv_heads, a.head_dim, a.rope_base, a.norm_eps
+    )?;
+    writeln!(
+        o,
+        "flags       tied_embeddings={} qk_norm={} qkv_bias={}",
+        a.tied_embeddings, a.qk_norm, a.qkv_bias
+    )?;
+    if let Some(s) = &a.rope_scaling {
+        writeln!(
+            o,
+            "rope scale  {} x{} (orig ctx {})",
+            s.kind, s.factor, s.original_context
+        )?;
+    }
+    match &h.shard {
+        Some(s) => writeln!(
+            o,
+            "shard       {:?} layers {} of {} (parent {})",
+            s.role, s.layers, s.parent_layers, s.parent_hash
+        )?,
+        None => writeln!(o, "shard       none (whole model)")?,
+    }
+    match &h.tokenizer {
+        Some(t) => writeln!(o, "tokenizer   {} bytes at {}", t.len, t.offset)?,
+        None => writeln!(o, "tokenizer   none")?,
+    }
+    writeln!(
+        o,
+        "tensors     {} ({:.1} MB)\n",
+        h.tensors.len(),
+        mb(k.tensor_bytes())
+    )?;
+    writeln!(
+        o,
+        "{:<34} {:<5} {:<16} {:>11}  blake3",
+        "name", "dtype", "shape", "bytes"
+    )?;
+    for t in &h.tensors {
+        let shape = t
+            .shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join("x");
+        writeln!(
+            o,
+            "{:<34} {:<5} {:<16} {:>11}  {}",
+            t.name,
+            t.dtype.name(),
+            shape,
+            t.len,
+            t.blake3
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(path: &Path) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let k = match Knot::open(path) {
+        Ok(k) => k,
+        Err(e) if e.is_integrity() => {
+            eprintln!("FAILED: {e}");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    let pb = bar(k.verify_bytes(), "verify");
+    let r = k.verify(&mut |done| pb.set_position(done));
+    pb.finish_and_clear();
+    match r {
+        Ok(()) => {
+            let n = k.header().tensors.len();
+            writeln!(
+                std::io::stdout().lock(),
+                "OK: {n} tensors verified ({:.1} MB in {:.2}s), model hash {}",
+                mb(k.verify_bytes()),
+                t0.elapsed().as_secs_f64(),
+                k.model_hash()
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) if e.is_integrity() => {
+            eprintln!("FAILED: {e}");
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => Err(e).with_context(|| format!("verifying {}", path.display())),
+    }
+}
