@@ -98,7 +98,8 @@ busybox_rootfs() {
     done
 
     local bbver
-    bbver=$("$bb" 2>&1 | head -1 | awk '{print $2}')
+    # awk reads all of busybox's output: `head -1` would SIGPIPE it and trip pipefail.
+    bbver=$("$bb" 2>&1 | awk 'NR == 1 {print $2}')
     cat > etc/os-release <<EOF
 NAME="aeon sliver"
 ID=aeon-sliver
@@ -122,7 +123,7 @@ EOF
     chmod 0700 root
     chown -R 0:0 .
     cd - >/dev/null
-    echo "make-rootfs: busybox $bbver with $n applets, bash $(basename "$bash_bin")" >&2
+    echo "make-rootfs: busybox $bbver with $n applets, bash $(bash -c 'echo $BASH_VERSION')" >&2
 }
 
 file_is_static() {

@@ -166,6 +166,16 @@ impl Cgroups {
         Ok(())
     }
 
+    /// How often the pids limit refused a fork (from `pids.events`), where the host reports it.
+    pub fn pids_max_hits(&self) -> Option<u64> {
+        self.dirs.iter().find_map(|d| {
+            let text = fs::read_to_string(d.join("pids.events")).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("max "))
+                .and_then(|n| n.trim().parse().ok())
+        })
+    }
+
     /// The directories (for logs and tests).
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs

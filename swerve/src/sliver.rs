@@ -195,6 +195,9 @@ pub fn run(plan: &Plan) -> Result<i32> {
     let code = wait_for(init, &waited, init)?;
     // Teardown: the namespaces died with PID 1; remove the cgroup.
     if let Some(mut cg) = cgroups {
+        if let Some(n) = cg.pids_max_hits().filter(|n| *n > 0) {
+            tracing::warn!("the sliver hit its pids limit ({} processes): {n} fork(s) refused", spec.pids.unwrap_or(0));
+        }
         cg.remove();
     }
     let _ = old_mask.thread_set_mask();
