@@ -26,7 +26,9 @@ pub fn swerve_home() -> PathBuf {
     if let Some(h) = std::env::var_os("SWERVE_HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(h);
     }
-    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "/root".into());
     PathBuf::from(home).join(".swerve")
 }
 
@@ -36,7 +38,9 @@ pub fn parse_base(s: &str) -> Result<String> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if ok {
         Ok(name.to_string())
     } else {
@@ -75,7 +79,10 @@ impl NodeKey {
     pub fn load(path: &Path) -> Result<NodeKey> {
         let bytes = fs::read(path).map_err(|e| SwerveError::io("read", path, e))?;
         let seed: [u8; 32] = if bytes.len() == 32 {
-            bytes.as_slice().try_into().map_err(|_| bad_key(path, "length"))?
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| bad_key(path, "length"))?
         } else {
             let text = std::str::from_utf8(&bytes).map_err(|_| bad_key(path, "not hex"))?;
             let v = unhex(text.trim()).ok_or_else(|| bad_key(path, "expected 64 hex digits"))?;
@@ -85,15 +92,25 @@ impl NodeKey {
         };
         if let Ok(m) = fs::metadata(path) {
             if m.permissions().mode() & 0o077 != 0 {
-                tracing::warn!("node key {} is readable by others (mode {:o})", path.display(), m.permissions().mode() & 0o777);
+                tracing::warn!(
+                    "node key {} is readable by others (mode {:o})",
+                    path.display(),
+                    m.permissions().mode() & 0o777
+                );
             }
         }
-        Ok(NodeKey { key: SigningKey::from_bytes(&seed), path: path.to_path_buf() })
+        Ok(NodeKey {
+            key: SigningKey::from_bytes(&seed),
+            path: path.to_path_buf(),
+        })
     }
 
     /// A key from a fixed seed (tests).
     pub fn from_seed(seed: [u8; 32]) -> NodeKey {
-        NodeKey { key: SigningKey::from_bytes(&seed), path: PathBuf::new() }
+        NodeKey {
+            key: SigningKey::from_bytes(&seed),
+            path: PathBuf::new(),
+        }
     }
 
     /// The public key, hex.
@@ -103,7 +120,10 @@ impl NodeKey {
 }
 
 fn bad_key(path: &Path, reason: &str) -> SwerveError {
-    SwerveError::BadKey { path: path.to_path_buf(), reason: reason.to_string() }
+    SwerveError::BadKey {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
 }
 
 /// A signed admission certificate for one base.
@@ -170,7 +190,10 @@ impl Certificate {
     /// Checks that the certificate was signed by `node` and that its stored manifest is the one
     /// that was signed. Does not look at the rootfs.
     pub fn verify_signature(&self, node: &NodeKey) -> Result<()> {
-        let fail = |reason: String| SwerveError::SignatureInvalid { base: self.base.clone(), reason };
+        let fail = |reason: String| SwerveError::SignatureInvalid {
+            base: self.base.clone(),
+            reason,
+        };
         if self.version != 1 {
             return Err(fail(format!("unknown version {}", self.version)));
         }
@@ -186,8 +209,11 @@ impl Certificate {
             .and_then(|v| v.try_into().ok())
             .ok_or_else(|| fail("signature is not 64 hex bytes".into()))?;
         let vk: VerifyingKey = node.key.verifying_key();
-        vk.verify(self.payload().as_bytes(), &Signature::from_bytes(&sig_bytes))
-            .map_err(|_| fail("bad signature".into()))?;
+        vk.verify(
+            self.payload().as_bytes(),
+            &Signature::from_bytes(&sig_bytes),
+        )
+        .map_err(|_| fail("bad signature".into()))?;
         let stored = digest_lines(&self.manifest).to_hex().to_string();
         if stored != self.manifest_blake3 || self.manifest.len() as u64 != self.entries {
             return Err(fail("the stored manifest is not the signed one".into()));
@@ -223,7 +249,9 @@ pub struct CertStore {
 impl CertStore {
     /// The store under `home`.
     pub fn new(home: &Path) -> CertStore {
-        CertStore { dir: home.join("certs") }
+        CertStore {
+            dir: home.join("certs"),
+        }
     }
 
     /// Path of base NAME's certificate.
@@ -249,12 +277,17 @@ impl CertStore {
         let bytes = match fs::read(&p) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(SwerveError::NoCertificate { base: base.to_string() })
+                return Err(SwerveError::NoCertificate {
+                    base: base.to_string(),
+                })
             }
             Err(e) => return Err(SwerveError::io("read", &p, e)),
         };
-        let cert: Certificate = serde_json::from_slice(&bytes)
-            .map_err(|e| SwerveError::BadCertificate { path: p.clone(), reason: e.to_string() })?;
+        let cert: Certificate =
+            serde_json::from_slice(&bytes).map_err(|e| SwerveError::BadCertificate {
+                path: p.clone(),
+                reason: e.to_string(),
+            })?;
         if cert.base != base {
             return Err(SwerveError::BadCertificate {
                 path: p,
@@ -296,7 +329,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp{}",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id()
     ));
     let mut f = fs::OpenOptions::new()
@@ -306,7 +341,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
         .mode(mode)
         .open(&tmp)
         .map_err(|e| SwerveError::io("create", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| SwerveError::io("write", &tmp, e))?;
+    f.write_all(bytes)
+        .map_err(|e| SwerveError::io("write", &tmp, e))?;
     f.sync_all().map_err(|e| SwerveError::io("sync", &tmp, e))?;
     fs::rename(&tmp, path).map_err(|e| SwerveError::io("rename into", path, e))?;
     Ok(())
@@ -318,7 +354,7 @@ pub fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if s.len() & 1 != 0 {
         return None;
     }
     (0..s.len())
@@ -357,14 +393,22 @@ mod tests {
         store.save(&cert).unwrap();
         assert_eq!(store.load("scratch").unwrap(), cert);
         assert_eq!(store.list().unwrap(), vec!["scratch".to_string()]);
-        assert!(matches!(store.load("other"), Err(SwerveError::NoCertificate { .. })));
+        assert!(matches!(
+            store.load("other"),
+            Err(SwerveError::NoCertificate { .. })
+        ));
     }
 
     #[test]
     fn tampered_rootfs_is_refused_naming_the_path() {
         let d = rootfs();
         let key = NodeKey::from_seed([7; 32]);
-        let cert = Certificate::sign("scratch", d.path(), &Manifest::build(d.path()).unwrap(), &key);
+        let cert = Certificate::sign(
+            "scratch",
+            d.path(),
+            &Manifest::build(d.path()).unwrap(),
+            &key,
+        );
         fs::write(d.path().join("etc/hostname"), b"evil\n").unwrap();
         match cert.verify_rootfs(&key, d.path()) {
             Err(SwerveError::RootfsMismatch { path, .. }) => assert_eq!(path, "/etc/hostname"),
@@ -382,7 +426,10 @@ mod tests {
         // Another key's certificate is not this node's.
         let other = NodeKey::from_seed([8; 32]);
         let foreign = Certificate::sign("scratch", d.path(), &m, &other);
-        assert!(matches!(foreign.verify_signature(&key), Err(SwerveError::SignatureInvalid { .. })));
+        assert!(matches!(
+            foreign.verify_signature(&key),
+            Err(SwerveError::SignatureInvalid { .. })
+        ));
 
         // Editing a signed field breaks the signature.
         let mut c = cert.clone();
@@ -404,7 +451,11 @@ mod tests {
 
         // A flipped signature bit fails.
         let mut c = cert;
-        let flip = if c.signature.starts_with('0') { "1" } else { "0" };
+        let flip = if c.signature.starts_with('0') {
+            "1"
+        } else {
+            "0"
+        };
         c.signature.replace_range(0..1, flip);
         assert!(c.verify_signature(&key).is_err());
     }
@@ -414,7 +465,10 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         // (Assumes MONSTER_GUARD_HOME is not pointing at a real key in the test environment.)
         let k1 = NodeKey::load_or_create(home.path()).unwrap();
-        let mode = fs::metadata(home.path().join("node.key")).unwrap().permissions().mode();
+        let mode = fs::metadata(home.path().join("node.key"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         let k2 = NodeKey::load_or_create(home.path()).unwrap();
         assert_eq!(k1.public_hex(), k2.public_hex());

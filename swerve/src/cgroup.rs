@@ -56,7 +56,11 @@ fn own_path(controller: Option<&str>) -> String {
 }
 
 fn join(m: &Mount, own: &str) -> PathBuf {
-    let rel = if m.root == "/" { own } else { own.strip_prefix(m.root.as_str()).unwrap_or("/") };
+    let rel = if m.root == "/" {
+        own
+    } else {
+        own.strip_prefix(m.root.as_str()).unwrap_or("/")
+    };
     m.point.join(rel.trim_start_matches('/'))
 }
 
@@ -125,7 +129,7 @@ impl Cgroups {
                 cg.remove();
                 return Err(SwerveError::StepOther {
                     step: format!("--pids {p}"),
-                    reason: format!("{e} (root ignores RLIMIT_NPROC, so only a pids cgroup bounds a fork bomb)"),
+                    reason: format!("{e} (RLIMIT_NPROC is per user and root ignores it, so only a pids cgroup bounds a fork bomb)"),
                 });
             }
         }

@@ -20,7 +20,9 @@ pub enum SwerveError {
     #[error("bad base name {0:?}: expected base:NAME with NAME made of [A-Za-z0-9._-] (1-64 chars, not starting with '.')")]
     BadBaseName(String),
     /// No certificate exists for the base.
-    #[error("base:{base} has no certificate (admit it first: swerve admit base:{base} --rootfs DIR)")]
+    #[error(
+        "base:{base} has no certificate (admit it first: swerve admit base:{base} --rootfs DIR)"
+    )]
     NoCertificate {
         /// The base name.
         base: String,
@@ -100,7 +102,11 @@ pub enum SwerveError {
 impl SwerveError {
     /// Shorthand for an I/O error at a path.
     pub fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        SwerveError::Io { what, path: path.into(), source }
+        SwerveError::Io {
+            what,
+            path: path.into(),
+            source,
+        }
     }
 }
 

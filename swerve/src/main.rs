@@ -40,6 +40,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per run
 enum Cmd {
     /// Certify a rootfs: hash every path (type, mode, owner, content, symlink target) into a
     /// BLAKE3 manifest and sign it with the node's ed25519 key.
@@ -117,7 +118,11 @@ enum Cmd {
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SWERVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     match run(Cli::parse()) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
@@ -132,7 +137,8 @@ fn main() -> ExitCode {
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
 
@@ -163,7 +169,19 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Cline {
-            base, rootfs, hostname, binds, net, mem, pids, cpu_secs, caps, seccomp_deny, rw, dry_run, cmd,
+            base,
+            rootfs,
+            hostname,
+            binds,
+            net,
+            mem,
+            pids,
+            cpu_secs,
+            caps,
+            seccomp_deny,
+            rw,
+            dry_run,
+            cmd,
         } => {
             let name = parse_base(&base)?;
             let cert = store.load(&name)?;
@@ -174,7 +192,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             let t = Instant::now();
             cert.verify_rootfs(&key, &rootfs)
                 .with_context(|| format!("refusing base:{name}"))?;
-            tracing::info!("verified base:{name} ({} entries) in {:.1} ms", cert.entries, t.elapsed().as_secs_f64() * 1e3);
+            tracing::info!(
+                "verified base:{name} ({} entries) in {:.1} ms",
+                cert.entries,
+                t.elapsed().as_secs_f64() * 1e3
+            );
 
             let hostname = hostname.unwrap_or_else(|| format!("sliver-{name}"));
             if hostname.is_empty() || hostname.len() > 64 || hostname.contains(['/', '\0']) {
@@ -184,7 +206,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 base: name,
                 rootfs,
                 hostname,
-                binds: binds.iter().map(|b| Bind::parse(b)).collect::<Result<_, _>>()?,
+                binds: binds
+                    .iter()
+                    .map(|b| Bind::parse(b))
+                    .collect::<Result<_, _>>()?,
                 net: NetMode::parse(&net)?,
                 mem: mem.as_deref().map(parse_size).transpose()?,
                 pids: match pids {
@@ -192,7 +217,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     p => p,
                 },
                 cpu_secs,
-                caps_keep: caps.iter().map(|c| parse_cap(c)).collect::<Result<_, _>>()?,
+                caps_keep: caps
+                    .iter()
+                    .map(|c| parse_cap(c))
+                    .collect::<Result<_, _>>()?,
                 seccomp_deny: seccomp_deny.into_iter().filter(|s| !s.is_empty()).collect(),
                 rw,
                 user_ns: !nix::unistd::geteuid().is_root(),
@@ -204,7 +232,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     swerve::sliver::compile_seccomp(&plan.spec.seccomp_deny)?;
                 }
                 let mut out = std::io::stdout().lock();
-                writeln!(out, "# swerve cline base:{} --rootfs {} (certificate verified)", plan.spec.base, plan.spec.rootfs.display())?;
+                writeln!(
+                    out,
+                    "# swerve cline base:{} --rootfs {} (certificate verified)",
+                    plan.spec.base,
+                    plan.spec.rootfs.display()
+                )?;
                 write!(out, "{plan}")?;
                 return Ok(0);
             }
@@ -215,7 +248,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut out = std::io::stdout().lock();
             let names = store.list()?;
             if !json {
-                writeln!(out, "{:<20} {:>8} {:>12} {:<10} {:<16} ROOTFS", "BASE", "ENTRIES", "BYTES", "SIGNATURE", "ROOTFS-MATCH")?;
+                writeln!(
+                    out,
+                    "{:<20} {:>8} {:>12} {:<10} {:<16} ROOTFS",
+                    "BASE", "ENTRIES", "BYTES", "SIGNATURE", "ROOTFS-MATCH"
+                )?;
             }
             let mut bad = false;
             for name in names {
@@ -231,7 +268,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         } else {
                             match c.verify_rootfs(&key, &c.rootfs) {
                                 Ok(_) => "ok".to_string(),
-                                Err(swerve::SwerveError::RootfsMismatch { path, .. }) => format!("CHANGED {path}"),
+                                Err(swerve::SwerveError::RootfsMismatch { path, .. }) => {
+                                    format!("CHANGED {path}")
+                                }
                                 Err(e) => format!("ERROR {e}"),
                             }
                         };
@@ -254,9 +293,19 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 } else {
                     let (entries, bytes, root) = cert
                         .as_ref()
-                        .map(|c| (c.entries.to_string(), c.total_bytes.to_string(), c.rootfs.display().to_string()))
+                        .map(|c| {
+                            (
+                                c.entries.to_string(),
+                                c.total_bytes.to_string(),
+                                c.rootfs.display().to_string(),
+                            )
+                        })
                         .unwrap_or_default();
-                    let sig_short = if sig == "ok" { "ok".to_string() } else { "BAD".to_string() };
+                    let sig_short = if sig == "ok" {
+                        "ok".to_string()
+                    } else {
+                        "BAD".to_string()
+                    };
                     writeln!(out, "base:{name:<15} {entries:>8} {bytes:>12} {sig_short:<10} {matched:<16} {root}")?;
                     if sig != "ok" {
                         writeln!(out, "  {sig}")?;

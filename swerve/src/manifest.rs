@@ -49,8 +49,7 @@ impl Manifest {
     /// files add up to more than 64 MiB.
     pub fn build(root: &Path) -> Result<Manifest> {
         let started = Instant::now();
-        let root_meta =
-            fs::symlink_metadata(root).map_err(|e| SwerveError::io("stat", root, e))?;
+        let root_meta = fs::symlink_metadata(root).map_err(|e| SwerveError::io("stat", root, e))?;
         if !root_meta.is_dir() {
             return Err(SwerveError::io(
                 "rootfs",
@@ -61,8 +60,11 @@ impl Manifest {
         let mut found = Vec::new();
         walk(root, "", root_meta.dev(), &mut found, root_meta)?;
         found.sort_by(|a, b| a.rel.cmp(&b.rel));
-        let total_bytes: u64 =
-            found.iter().filter(|f| f.meta.is_file()).map(|f| f.meta.len()).sum();
+        let total_bytes: u64 = found
+            .iter()
+            .filter(|f| f.meta.is_file())
+            .map(|f| f.meta.len())
+            .sum();
 
         let bar = if total_bytes > PROGRESS_BYTES {
             let bar = indicatif::ProgressBar::with_draw_target(
@@ -116,9 +118,7 @@ impl Manifest {
                 (Some(a), Some(b)) => {
                     let (pa, pb) = (path_of(a), path_of(b));
                     return Some(match pa.cmp(pb) {
-                        std::cmp::Ordering::Equal => {
-                            (unescape_display(pa), describe_change(a, b))
-                        }
+                        std::cmp::Ordering::Equal => (unescape_display(pa), describe_change(a, b)),
                         std::cmp::Ordering::Less => {
                             (unescape_display(pa), "added, not in the certificate".into())
                         }
@@ -134,7 +134,10 @@ impl Manifest {
                     ))
                 }
                 (None, Some(b)) => {
-                    return Some((unescape_display(path_of(b)), "missing from the rootfs".into()))
+                    return Some((
+                        unescape_display(path_of(b)),
+                        "missing from the rootfs".into(),
+                    ))
                 }
                 (None, None) => unreachable!("loop condition"),
             }
@@ -168,23 +171,25 @@ fn describe_change(now: &str, was: &str) -> String {
         .enumerate()
         .filter(|(k, _)| a.get(*k) != b.get(*k))
         .map(|(k, name)| {
-            format!("{name} {} -> {}", b.get(k).unwrap_or(&"?"), a.get(k).unwrap_or(&"?"))
+            format!(
+                "{name} {} -> {}",
+                b.get(k).unwrap_or(&"?"),
+                a.get(k).unwrap_or(&"?")
+            )
         })
         .collect();
     format!("changed: {}", changed.join(", "))
 }
 
-fn walk(
-    abs: &Path,
-    rel: &str,
-    root_dev: u64,
-    out: &mut Vec<Found>,
-    meta: Metadata,
-) -> Result<()> {
+fn walk(abs: &Path, rel: &str, root_dev: u64, out: &mut Vec<Found>, meta: Metadata) -> Result<()> {
     let is_dir = meta.is_dir();
     let other_fs = meta.dev() != root_dev;
     out.push(Found {
-        rel: if rel.is_empty() { "/".to_string() } else { rel.to_string() },
+        rel: if rel.is_empty() {
+            "/".to_string()
+        } else {
+            rel.to_string()
+        },
         abs: abs.to_path_buf(),
         meta,
     });
@@ -192,7 +197,10 @@ fn walk(
         return Ok(());
     }
     if other_fs {
-        tracing::warn!("{}: another filesystem is mounted here; not descending", abs.display());
+        tracing::warn!(
+            "{}: another filesystem is mounted here; not descending",
+            abs.display()
+        );
         return Ok(());
     }
     let rd = fs::read_dir(abs).map_err(|e| SwerveError::io("read directory", abs, e))?;
@@ -220,7 +228,9 @@ fn line_for(f: &Found, buf: &mut [u8], bar: Option<&indicatif::ProgressBar>) -> 
         let mut h = blake3::Hasher::new();
         let mut n: u64 = 0;
         loop {
-            let k = file.read(buf).map_err(|e| SwerveError::io("hash", &f.abs, e))?;
+            let k = file
+                .read(buf)
+                .map_err(|e| SwerveError::io("hash", &f.abs, e))?;
             if k == 0 {
                 break;
             }
@@ -245,7 +255,13 @@ fn line_for(f: &Found, buf: &mut [u8], bar: Option<&indicatif::ProgressBar>) -> 
     } else {
         ('s', "-".to_string())
     };
-    Ok(format!("{} {kind} {:04o} {} {} {detail}", f.rel, m.mode() & 0o7777, m.uid(), m.gid()))
+    Ok(format!(
+        "{} {kind} {:04o} {} {} {detail}",
+        f.rel,
+        m.mode() & 0o7777,
+        m.uid(),
+        m.gid()
+    ))
 }
 
 /// Escapes bytes `<= 0x20`, `>= 0x7f` and `%` as `%XX`.
@@ -268,7 +284,10 @@ fn unescape_display(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' && i + 2 < b.len() {
-            if let Some(v) = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            if let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
                 out.push(v);
                 i += 3;
                 continue;
@@ -308,8 +327,14 @@ mod tests {
         sorted.sort();
         assert_eq!(a.lines, sorted);
         assert_eq!(a.lines[0].split(' ').next(), Some("/"));
-        assert!(a.lines.iter().any(|l| l.starts_with("/bin/sh l 0777 ") && l.ends_with("->busybox")));
-        assert!(a.lines.iter().any(|l| l.starts_with("/etc/with%20space f ")));
+        assert!(a
+            .lines
+            .iter()
+            .any(|l| l.starts_with("/bin/sh l 0777 ") && l.ends_with("->busybox")));
+        assert!(a
+            .lines
+            .iter()
+            .any(|l| l.starts_with("/etc/with%20space f ")));
         assert_eq!(a.lines.len(), 7);
         assert_eq!(a.total_bytes, 15 + 8 + 1);
     }
@@ -331,28 +356,54 @@ mod tests {
         let d = tree();
         let base = Manifest::build(d.path()).unwrap();
 
-        fs::set_permissions(d.path().join("bin/busybox"), fs::Permissions::from_mode(0o4755))
-            .unwrap();
+        fs::set_permissions(
+            d.path().join("bin/busybox"),
+            fs::Permissions::from_mode(0o4755),
+        )
+        .unwrap();
         let m = Manifest::build(d.path()).unwrap();
         let (p, c) = m.first_difference(&base.lines).unwrap();
         assert_eq!(p, "/bin/busybox");
         assert!(c.contains("mode 0644 -> 4755"), "{c}");
-        fs::set_permissions(d.path().join("bin/busybox"), fs::Permissions::from_mode(0o644))
-            .unwrap();
-        assert_eq!(Manifest::build(d.path()).unwrap().first_difference(&base.lines), None);
+        fs::set_permissions(
+            d.path().join("bin/busybox"),
+            fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        assert_eq!(
+            Manifest::build(d.path())
+                .unwrap()
+                .first_difference(&base.lines),
+            None
+        );
 
         fs::remove_file(d.path().join("bin/sh")).unwrap();
         symlink("/evil", d.path().join("bin/sh")).unwrap();
-        let (p, _) = Manifest::build(d.path()).unwrap().first_difference(&base.lines).unwrap();
+        let (p, _) = Manifest::build(d.path())
+            .unwrap()
+            .first_difference(&base.lines)
+            .unwrap();
         assert_eq!(p, "/bin/sh");
         fs::remove_file(d.path().join("bin/sh")).unwrap();
-        let (p, c) = Manifest::build(d.path()).unwrap().first_difference(&base.lines).unwrap();
-        assert_eq!((p.as_str(), c.as_str()), ("/bin/sh", "missing from the rootfs"));
+        let (p, c) = Manifest::build(d.path())
+            .unwrap()
+            .first_difference(&base.lines)
+            .unwrap();
+        assert_eq!(
+            (p.as_str(), c.as_str()),
+            ("/bin/sh", "missing from the rootfs")
+        );
         symlink("busybox", d.path().join("bin/sh")).unwrap();
 
         fs::write(d.path().join("bin/aaa"), b"new").unwrap();
-        let (p, c) = Manifest::build(d.path()).unwrap().first_difference(&base.lines).unwrap();
-        assert_eq!((p.as_str(), c.as_str()), ("/bin/aaa", "added, not in the certificate"));
+        let (p, c) = Manifest::build(d.path())
+            .unwrap()
+            .first_difference(&base.lines)
+            .unwrap();
+        assert_eq!(
+            (p.as_str(), c.as_str()),
+            ("/bin/aaa", "added, not in the certificate")
+        );
     }
 
     #[test]

@@ -18,15 +18,24 @@ fn step_err(step: String) -> impl FnOnce(Errno) -> SwerveError {
 fn ifreq(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in r.ifr_name.iter_mut().zip(name.bytes().take(libc::IFNAMSIZ - 1)) {
+    for (d, s) in r
+        .ifr_name
+        .iter_mut()
+        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+    {
         *d = s as libc::c_char;
     }
     r
 }
 
 fn inet_socket() -> Result<OwnedFd> {
-    socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
-        .map_err(step_err("socket(AF_INET, SOCK_DGRAM)".into()))
+    socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(step_err("socket(AF_INET, SOCK_DGRAM)".into()))
 }
 
 /// Sets IFF_UP (and IFF_RUNNING) on interface `name`.
@@ -50,7 +59,9 @@ fn sockaddr_in(ip: Ipv4Addr) -> libc::sockaddr {
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
         sin_zero: [0; 8],
     };
     // SAFETY: sockaddr_in and sockaddr have the same size (16 bytes) on Linux.
@@ -80,16 +91,21 @@ pub fn veth_host(host_if: &str, pid: i32, host_ip: Ipv4Addr, prefix: u8) -> Resu
     let pid = pid.to_string();
     let addr = format!("{host_ip}/{prefix}");
     let cmds: [Vec<&str>; 3] = [
-        vec!["link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", &pid],
+        vec![
+            "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", &pid,
+        ],
         vec!["addr", "add", &addr, "dev", host_if],
         vec!["link", "set", host_if, "up"],
     ];
     for args in cmds {
         let step = format!("ip {}", args.join(" "));
-        let out = Command::new("ip").args(&args).output().map_err(|e| SwerveError::StepOther {
-            step: step.clone(),
-            reason: format!("{e} (--net veth needs iproute2's `ip` on the host)"),
-        })?;
+        let out = Command::new("ip")
+            .args(&args)
+            .output()
+            .map_err(|e| SwerveError::StepOther {
+                step: step.clone(),
+                reason: format!("{e} (--net veth needs iproute2's `ip` on the host)"),
+            })?;
         if !out.status.success() {
             return Err(SwerveError::StepOther {
                 step,

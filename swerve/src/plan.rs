@@ -73,12 +73,20 @@ impl NetMode {
             }
         };
         if u32::from(host) & mask != net || host == sliver {
-            return Err(bad("host address must be another address in the same network"));
+            return Err(bad(
+                "host address must be another address in the same network",
+            ));
         }
         if u32::from(sliver) == net || u32::from(sliver) == net | !mask {
-            return Err(bad("the sliver address is the network or broadcast address"));
+            return Err(bad(
+                "the sliver address is the network or broadcast address",
+            ));
         }
-        Ok(NetMode::Veth { sliver, host, prefix })
+        Ok(NetMode::Veth {
+            sliver,
+            host,
+            prefix,
+        })
     }
 }
 
@@ -110,10 +118,14 @@ impl Bind {
         };
         let dst = PathBuf::from(dst);
         if !dst.is_absolute()
-            || dst.components().any(|c| matches!(c, std::path::Component::ParentDir))
+            || dst
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
             || dst == Path::new("/")
         {
-            return Err(bad("DST must be an absolute path inside the sliver, without '..', not /"));
+            return Err(bad(
+                "DST must be an absolute path inside the sliver, without '..', not /",
+            ));
         }
         let src = std::fs::canonicalize(src).map_err(|e| bad(&format!("SRC: {e}")))?;
         Ok(Bind { src, dst, ro })
@@ -452,7 +464,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
 /// Parses a capability name (`CAP_NET_ADMIN`, `net_admin`, `NET_ADMIN`).
 pub fn parse_cap(s: &str) -> Result<caps::Capability> {
     let up = s.to_ascii_uppercase();
-    let name = if up.starts_with("CAP_") { up } else { format!("CAP_{up}") };
+    let name = if up.starts_with("CAP_") {
+        up
+    } else {
+        format!("CAP_{up}")
+    };
     name.parse().map_err(|_| SwerveError::BadArg {
         what: "--cap",
         value: s.to_string(),
@@ -505,11 +521,19 @@ mod tests {
         assert_eq!(NetMode::parse("host").unwrap(), NetMode::Host);
         assert_eq!(
             NetMode::parse("veth:10.77.0.2/24").unwrap(),
-            NetMode::Veth { sliver: "10.77.0.2".parse().unwrap(), host: "10.77.0.1".parse().unwrap(), prefix: 24 }
+            NetMode::Veth {
+                sliver: "10.77.0.2".parse().unwrap(),
+                host: "10.77.0.1".parse().unwrap(),
+                prefix: 24
+            }
         );
         assert_eq!(
             NetMode::parse("veth:10.77.0.1/24").unwrap(),
-            NetMode::Veth { sliver: "10.77.0.1".parse().unwrap(), host: "10.77.0.2".parse().unwrap(), prefix: 24 }
+            NetMode::Veth {
+                sliver: "10.77.0.1".parse().unwrap(),
+                host: "10.77.0.2".parse().unwrap(),
+                prefix: 24
+            }
         );
         assert!(NetMode::parse("veth:10.77.0.0/24").is_err());
         assert!(NetMode::parse("veth:10.77.0.2/24,10.78.0.1").is_err());
@@ -522,7 +546,10 @@ mod tests {
         assert_eq!(parse_size("2g").unwrap(), 2 << 30);
         assert!(parse_size("12").is_err());
         assert!(parse_size("lots").is_err());
-        assert_eq!(parse_cap("net_admin").unwrap(), caps::Capability::CAP_NET_ADMIN);
+        assert_eq!(
+            parse_cap("net_admin").unwrap(),
+            caps::Capability::CAP_NET_ADMIN
+        );
         assert!(parse_cap("CAP_TELEPORT").is_err());
         let b = Bind::parse("/tmp:/mnt/x:ro").unwrap();
         assert!(b.ro && b.dst == Path::new("/mnt/x"));

@@ -73,10 +73,13 @@ pub fn compile_seccomp(names: &[String]) -> Result<seccompiler::BpfProgram> {
         value: names.join(","),
         reason,
     };
-    let arch: seccompiler::TargetArch =
-        std::env::consts::ARCH.try_into().map_err(|e| fail(format!("{e:?}")))?;
-    let mut map = seccompiler::compile_from_json(text.as_bytes(), arch).map_err(|e| fail(e.to_string()))?;
-    map.remove("sliver").ok_or_else(|| fail("filter missing after compilation".into()))
+    let arch: seccompiler::TargetArch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| fail(format!("{e:?}")))?;
+    let mut map =
+        seccompiler::compile_from_json(text.as_bytes(), arch).map_err(|e| fail(e.to_string()))?;
+    map.remove("sliver")
+        .ok_or_else(|| fail("filter missing after compilation".into()))
 }
 
 /// Runs the plan; returns the exit code swerve should exit with.
@@ -90,13 +93,19 @@ pub fn run(plan: &Plan) -> Result<i32> {
     // Block the signals we forward (and SIGCHLD) before cloning, so none is lost or acted on
     // by default in the window before each process starts waiting for them.
     let waited = waited_set();
-    let old_mask = waited.thread_swap_mask(SigmaskHow::SIG_BLOCK).map_err(step("sigprocmask"))?;
+    let old_mask = waited
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map_err(step("sigprocmask"))?;
     let (go_rd, go_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(step("pipe2"))?;
 
     let mut cgroups: Option<Cgroups> = None;
     let mut child: Option<Pid> = None;
     let result = (|| -> Result<()> {
-        for op in plan.ops.iter().filter(|o| matches!(o.phase(), Phase::Host | Phase::HostAfterClone)) {
+        for op in plan
+            .ops
+            .iter()
+            .filter(|o| matches!(o.phase(), Phase::Host | Phase::HostAfterClone))
+        {
             match op {
                 // 1. no_new_privs: nothing below (not even a setuid binary in the rootfs) can
                 //    gain privileges through exec.
@@ -132,15 +141,26 @@ pub fn run(plan: &Plan) -> Result<i32> {
                     // SAFETY: swerve is single-threaded here; the child runs on its own copy of
                     // the address space (no CLONE_VM) and never returns into the parent's frames:
                     // init_main ends in exit().
-                    let pid = unsafe { nix::sched::clone(cb, &mut stack, flags, Some(libc::SIGCHLD)) }
-                        .map_err(|errno| {
-                            let step = format!("clone(new {} namespaces)", plan.namespaces().join(","));
-                            if matches!(errno, Errno::EPERM | Errno::EINVAL | Errno::ENOSPC | Errno::EUSERS | Errno::EACCES) {
-                                SwerveError::NoPrivileges { step, errno }
-                            } else {
-                                SwerveError::Step { step, errno }
-                            }
-                        })?;
+                    let pid =
+                        unsafe { nix::sched::clone(cb, &mut stack, flags, Some(libc::SIGCHLD)) }
+                            .map_err(|errno| {
+                                let step = format!(
+                                    "clone(new {} namespaces)",
+                                    plan.namespaces().join(",")
+                                );
+                                if matches!(
+                                    errno,
+                                    Errno::EPERM
+                                        | Errno::EINVAL
+                                        | Errno::ENOSPC
+                                        | Errno::EUSERS
+                                        | Errno::EACCES
+                                ) {
+                                    SwerveError::NoPrivileges { step, errno }
+                                } else {
+                                    SwerveError::Step { step, errno }
+                                }
+                            })?;
                     child = Some(pid);
                 }
                 // 4. User namespace only: map root inside to the caller outside.
@@ -184,7 +204,10 @@ pub fn run(plan: &Plan) -> Result<i32> {
         return Err(e);
     }
     let Some(init) = child else {
-        return Err(SwerveError::StepOther { step: "clone".into(), reason: "plan has no clone".into() });
+        return Err(SwerveError::StepOther {
+            step: "clone".into(),
+            reason: "plan has no clone".into(),
+        });
     };
     // Release PID 1.
     nix::unistd::write(&go_wr, b"1").map_err(step("write(release pipe)"))?;
@@ -196,7 +219,10 @@ pub fn run(plan: &Plan) -> Result<i32> {
     // Teardown: the namespaces died with PID 1; remove the cgroup.
     if let Some(mut cg) = cgroups {
         if let Some(n) = cg.pids_max_hits().filter(|n| *n > 0) {
-            tracing::warn!("the sliver hit its pids limit ({} processes): {n} fork(s) refused", spec.pids.unwrap_or(0));
+            tracing::warn!(
+                "the sliver hit its pids limit ({} processes): {n} fork(s) refused",
+                spec.pids.unwrap_or(0)
+            );
         }
         cg.remove();
     }
@@ -212,7 +238,9 @@ fn wait_for(target: Pid, waited: &SigSet, forward_to: Pid) -> Result<i32> {
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::Exited(pid, code)) if pid == target => return Ok(code),
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == target => return Ok(128 + sig as i32),
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == target => {
+                    return Ok(128 + sig as i32)
+                }
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) => continue,
                 Err(Errno::EINTR) => continue,
@@ -222,7 +250,12 @@ fn wait_for(target: Pid, waited: &SigSet, forward_to: Pid) -> Result<i32> {
                         reason: "the child vanished".into(),
                     })
                 }
-                Err(errno) => return Err(SwerveError::Step { step: "waitpid".into(), errno }),
+                Err(errno) => {
+                    return Err(SwerveError::Step {
+                        step: "waitpid".into(),
+                        errno,
+                    })
+                }
             }
         }
         match waited.wait() {
@@ -242,7 +275,12 @@ struct InitState {
 }
 
 /// PID 1 of the sliver. Never returns.
-fn init_main(plan: &Plan, go_rd: RawFd, go_wr: RawFd, seccomp: Option<&seccompiler::BpfProgram>) -> isize {
+fn init_main(
+    plan: &Plan,
+    go_rd: RawFd,
+    go_wr: RawFd,
+    seccomp: Option<&seccompiler::BpfProgram>,
+) -> isize {
     let _ = nix::unistd::close(go_wr);
     // If swerve dies, the sliver dies with it.
     // SAFETY: prctl with integer arguments only.
@@ -332,8 +370,10 @@ fn locked_flags(path: &Path) -> MsFlags {
 
 fn remount_ro(path: &Path) -> Result<()> {
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | locked_flags(path);
-    mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
-        .map_err(step(format!("mount({}, MS_REMOUNT|MS_BIND|MS_RDONLY)", path.display())))
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(step(format!(
+        "mount({}, MS_REMOUNT|MS_BIND|MS_RDONLY)",
+        path.display()
+    )))
 }
 
 /// One PID 1 setup step.
@@ -346,8 +386,17 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
         Op::MakeRootPrivate => mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
             .map_err(step("mount(/, MS_REC|MS_PRIVATE)")),
         // pivot_root needs the new root to be a mount point.
-        Op::BindRootfs => mount(Some(root), root, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
-            .map_err(step(format!("mount({0}, {0}, MS_BIND|MS_REC)", root.display()))),
+        Op::BindRootfs => mount(
+            Some(root),
+            root,
+            none,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            none,
+        )
+        .map_err(step(format!(
+            "mount({0}, {0}, MS_BIND|MS_REC)",
+            root.display()
+        ))),
         // The certified tree stays as certified.
         Op::RootfsReadOnly => remount_ro(root),
         Op::MountProc => {
@@ -362,22 +411,38 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
                 tracing::debug!("rootfs has no /sys; not mounting sysfs");
                 return Ok(());
             }
-            let fl = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+            let fl =
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
             if let Err(errno) = mount(Some("sysfs"), &p, Some("sysfs"), fl, none) {
                 // Not fatal: /sys is a convenience (e.g. --net host in a user namespace).
-                tracing::warn!("mount(sysfs, {}): {errno}; continuing without /sys", p.display());
+                tracing::warn!(
+                    "mount(sysfs, {}): {errno}; continuing without /sys",
+                    p.display()
+                );
             }
             Ok(())
         }
         Op::MountTmp => {
             let p = need_dir(root, "/tmp")?;
-            mount(Some("tmpfs"), &p, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
-                .map_err(step(format!("mount(tmpfs, {})", p.display())))
+            mount(
+                Some("tmpfs"),
+                &p,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=1777"),
+            )
+            .map_err(step(format!("mount(tmpfs, {})", p.display())))
         }
         Op::MountDev => {
             let p = need_dir(root, "/dev")?;
-            mount(Some("tmpfs"), &p, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=0755"))
-                .map_err(step(format!("mount(tmpfs, {})", p.display())))
+            mount(
+                Some("tmpfs"),
+                &p,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some("mode=0755"),
+            )
+            .map_err(step(format!("mount(tmpfs, {})", p.display())))
         }
         Op::DevNode(name) => {
             let host = PathBuf::from(format!("/dev/{name}"));
@@ -387,8 +452,11 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
             }
             let p = rootfs_path(root, &format!("/dev/{name}"));
             fs::File::create(&p).map_err(|e| SwerveError::io("create", &p, e))?;
-            mount(Some(&host), &p, none, MsFlags::MS_BIND, none)
-                .map_err(step(format!("mount({}, {}, MS_BIND)", host.display(), p.display())))
+            mount(Some(&host), &p, none, MsFlags::MS_BIND, none).map_err(step(format!(
+                "mount({}, {}, MS_BIND)",
+                host.display(),
+                p.display()
+            )))
         }
         Op::DevLinks => {
             let dev = rootfs_path(root, "/dev");
@@ -425,8 +493,18 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
                     fs::File::create(&dst).map_err(|e| SwerveError::io("create", &dst, e))?;
                 }
             }
-            mount(Some(&b.src), &dst, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
-                .map_err(step(format!("mount({}, {}, MS_BIND|MS_REC)", b.src.display(), dst.display())))?;
+            mount(
+                Some(&b.src),
+                &dst,
+                none,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                none,
+            )
+            .map_err(step(format!(
+                "mount({}, {}, MS_BIND|MS_REC)",
+                b.src.display(),
+                dst.display()
+            )))?;
             if b.ro {
                 remount_ro(&dst)?;
             }
@@ -453,11 +531,14 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
         }
         Op::DetachOldRoot => {
             if st.pivoted {
-                umount2(".", MntFlags::MNT_DETACH).map_err(step("umount2(old root, MNT_DETACH)"))?;
+                umount2(".", MntFlags::MNT_DETACH)
+                    .map_err(step("umount2(old root, MNT_DETACH)"))?;
             }
             chdir("/").map_err(step("chdir(/)"))
         }
-        Op::SetHostname => sethostname(&spec.hostname).map_err(step(format!("sethostname({})", spec.hostname))),
+        Op::SetHostname => {
+            sethostname(&spec.hostname).map_err(step(format!("sethostname({})", spec.hostname)))
+        }
         Op::LoopbackUp => netdev::link_up("lo"),
         Op::VethSliver => match spec.net {
             NetMode::Veth { sliver, prefix, .. } => netdev::set_ipv4("eth0", sliver, prefix),
@@ -484,7 +565,11 @@ fn command_main(plan: &Plan, seccomp: Option<&seccompiler::BpfProgram>) -> ! {
     unsafe { libc::_exit(EXIT_CANNOT_EXEC) }
 }
 
-fn command_op(plan: &Plan, op: &Op, seccomp: Option<&seccompiler::BpfProgram>) -> std::result::Result<(), (i32, SwerveError)> {
+fn command_op(
+    plan: &Plan,
+    op: &Op,
+    seccomp: Option<&seccompiler::BpfProgram>,
+) -> std::result::Result<(), (i32, SwerveError)> {
     use nix::sys::resource::{setrlimit, Resource};
     let spec = &plan.spec;
     let setup = |e: SwerveError| (EXIT_SETUP, e);
@@ -499,7 +584,9 @@ fn command_op(plan: &Plan, op: &Op, seccomp: Option<&seccompiler::BpfProgram>) -
             ];
             for (res, v, name) in limits {
                 if let Some(v) = v {
-                    setrlimit(res, v, v).map_err(step(format!("setrlimit({name}, {v})"))).map_err(setup)?;
+                    setrlimit(res, v, v)
+                        .map_err(step(format!("setrlimit({name}, {v})")))
+                        .map_err(setup)?;
                 }
             }
             Ok(())
@@ -508,7 +595,10 @@ fn command_op(plan: &Plan, op: &Op, seccomp: Option<&seccompiler::BpfProgram>) -
         Op::Seccomp => {
             if let Some(prog) = seccomp {
                 seccompiler::apply_filter(prog).map_err(|e| {
-                    setup(SwerveError::StepOther { step: "seccomp(SET_MODE_FILTER)".into(), reason: e.to_string() })
+                    setup(SwerveError::StepOther {
+                        step: "seccomp(SET_MODE_FILTER)".into(),
+                        reason: e.to_string(),
+                    })
                 })?;
             }
             Ok(())
@@ -521,17 +611,39 @@ fn command_op(plan: &Plan, op: &Op, seccomp: Option<&seccompiler::BpfProgram>) -
                 .map(|a| CString::new(a.as_bytes()))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|_| {
-                    (EXIT_CANNOT_EXEC, SwerveError::StepOther { step: "execvp".into(), reason: "argument contains NUL".into() })
+                    (
+                        EXIT_CANNOT_EXEC,
+                        SwerveError::StepOther {
+                            step: "execvp".into(),
+                            reason: "argument contains NUL".into(),
+                        },
+                    )
                 })?;
             let Some(prog) = argv.first() else {
-                return Err((EXIT_CANNOT_EXEC, SwerveError::StepOther { step: "execvp".into(), reason: "no command".into() }));
+                return Err((
+                    EXIT_CANNOT_EXEC,
+                    SwerveError::StepOther {
+                        step: "execvp".into(),
+                        reason: "no command".into(),
+                    },
+                ));
             };
             let errno = match nix::unistd::execvp(prog, &argv) {
                 Err(e) => e,
                 Ok(never) => match never {},
             };
-            let code = if errno == Errno::ENOENT { EXIT_NOT_FOUND } else { EXIT_CANNOT_EXEC };
-            Err((code, SwerveError::Step { step: format!("execvp({}) in the rootfs", spec.argv[0]), errno }))
+            let code = if errno == Errno::ENOENT {
+                EXIT_NOT_FOUND
+            } else {
+                EXIT_CANNOT_EXEC
+            };
+            Err((
+                code,
+                SwerveError::Step {
+                    step: format!("execvp({}) in the rootfs", spec.argv[0]),
+                    errno,
+                },
+            ))
         }
         _ => Ok(()),
     }
@@ -543,7 +655,10 @@ fn drop_caps(keep: &[caps::Capability]) -> Result<()> {
     use caps::{CapSet, CapsHashSet};
     let cap_err = |what: &str| {
         let what = what.to_string();
-        move |e: caps::errors::CapsError| SwerveError::StepOther { step: what, reason: e.to_string() }
+        move |e: caps::errors::CapsError| SwerveError::StepOther {
+            step: what,
+            reason: e.to_string(),
+        }
     };
     let last: u8 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
@@ -552,10 +667,15 @@ fn drop_caps(keep: &[caps::Capability]) -> Result<()> {
     let keep_set: CapsHashSet = keep.iter().copied().collect();
     for cap in caps::all() {
         if cap.index() <= last && !keep_set.contains(&cap) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(cap_err(&format!("prctl(PR_CAPBSET_DROP, {cap})")))?;
+            caps::drop(None, CapSet::Bounding, cap)
+                .map_err(cap_err(&format!("prctl(PR_CAPBSET_DROP, {cap})")))?;
         }
     }
-    let supported: CapsHashSet = keep_set.iter().copied().filter(|c| c.index() <= last).collect();
+    let supported: CapsHashSet = keep_set
+        .iter()
+        .copied()
+        .filter(|c| c.index() <= last)
+        .collect();
     caps::clear(None, CapSet::Ambient).map_err(cap_err("prctl(PR_CAP_AMBIENT_CLEAR_ALL)"))?;
     caps::set(None, CapSet::Inheritable, &supported).map_err(cap_err("capset(inheritable)"))?;
     caps::set(None, CapSet::Effective, &supported).map_err(cap_err("capset(effective)"))?;

@@ -42,7 +42,11 @@ fn rootfs() -> &'static Path {
         let dir = tmp.join(ours);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-rootfs.sh");
         let t = Instant::now();
-        let out = Command::new("bash").arg(&script).arg(&dir).output().expect("run make-rootfs.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(&dir)
+            .output()
+            .expect("run make-rootfs.sh");
         assert!(
             out.status.success(),
             "make-rootfs.sh failed: {}",
@@ -62,14 +66,25 @@ impl Node {
     fn admit(name: &str, rootfs: &Path) -> Node {
         let home = tempfile::tempdir().expect("tempdir");
         let n = Node { home };
-        let out = n.swerve(&["admit", &format!("base:{name}"), "--rootfs", rootfs.to_str().unwrap()]);
-        assert!(out.status.success(), "admit failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = n.swerve(&[
+            "admit",
+            &format!("base:{name}"),
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "admit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         n
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(SWERVE);
-        c.args(args).env("SWERVE_HOME", self.home.path()).env_remove("MONSTER_GUARD_HOME");
+        c.args(args)
+            .env("SWERVE_HOME", self.home.path())
+            .env_remove("MONSTER_GUARD_HOME");
         c
     }
 
@@ -80,7 +95,11 @@ impl Node {
 
 /// Runs a command to completion, failing the test if it takes longer than `limit`.
 fn run_bounded(mut c: Command, limit: Duration) -> Output {
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn swerve");
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn swerve");
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
@@ -105,7 +124,11 @@ fn run_bounded(mut c: Command, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
 }
 
 fn text(b: &[u8]) -> String {
@@ -132,26 +155,49 @@ fn inside_the_sliver_everything_is_the_slivers() {
                   echo ARCH=$(uname -m); . /etc/os-release; echo OSID=$ID; \
                   echo CAPEFF=$(grep CapEff /proc/self/status | cut -f2); \
                   echo ROOTRO=$(touch /etc/x 2>/dev/null && echo rw || echo ro)";
-    let out = node.swerve(&["cline", "base:scratch", "--hostname", "test-sliver", "--", "sh", "-c", script]);
+    let out = node.swerve(&[
+        "cline",
+        "base:scratch",
+        "--hostname",
+        "test-sliver",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
     let so = text(&out.stdout);
-    assert!(out.status.success(), "cline failed: {}\n{so}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cline failed: {}\n{so}",
+        text(&out.stderr)
+    );
 
     assert_eq!(field(&so, "HOSTNAME"), "test-sliver");
     let pid: u32 = field(&so, "PID").parse().unwrap();
-    assert!(pid <= 3, "sh should be PID 2 (child of swerve's init), got {pid}");
+    assert!(
+        pid <= 3,
+        "sh should be PID 2 (child of swerve's init), got {pid}"
+    );
 
     let mut want: Vec<String> = std::fs::read_dir(root)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     want.sort();
-    assert_eq!(field(&so, "LS").split_whitespace().collect::<Vec<_>>(), want);
+    assert_eq!(
+        field(&so, "LS").split_whitespace().collect::<Vec<_>>(),
+        want
+    );
 
     // Listed with shell builtins, so nothing else is running: exactly init (1) and sh (2).
     let procs: Vec<&str> = field(&so, "PROCS").split_whitespace().collect();
     assert_eq!(procs, ["/proc/1", "/proc/2"], "only the sliver's processes");
 
-    assert_eq!(field(&so, "NET").trim(), "lo", "only loopback in /sys/class/net");
+    assert_eq!(
+        field(&so, "NET").trim(),
+        "lo",
+        "only loopback in /sys/class/net"
+    );
     assert_eq!(field(&so, "LINKS").trim(), "lo", "only loopback in ip link");
 
     // uname -m and os-release come from the rootfs' binaries and files, not the host's.
@@ -159,9 +205,16 @@ fn inside_the_sliver_everything_is_the_slivers() {
     assert_eq!(field(&so, "ARCH"), host_arch.trim());
     assert_eq!(field(&so, "OSID"), "aeon-sliver");
     let host_os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
-    assert!(!host_os.contains("ID=aeon-sliver"), "host os-release must differ for this check");
+    assert!(
+        !host_os.contains("ID=aeon-sliver"),
+        "host os-release must differ for this check"
+    );
 
-    assert_eq!(field(&so, "CAPEFF"), "0000000000000000", "capabilities dropped");
+    assert_eq!(
+        field(&so, "CAPEFF"),
+        "0000000000000000",
+        "capabilities dropped"
+    );
     assert_eq!(field(&so, "ROOTRO"), "ro", "rootfs is read-only");
 }
 
@@ -203,20 +256,33 @@ fn a_mount_made_inside_is_not_visible_outside() {
         "-c",
         "mount -t tmpfs swerve-leak-probe /mnt && grep -c swerve-leak-probe /proc/self/mountinfo && touch /tmp/out/mounted && sleep 2",
     ]);
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let flag = flags.path().join("mounted");
     let start = Instant::now();
     while !flag.exists() {
         if let Some(s) = child.try_wait().unwrap() {
             panic!("sliver exited early with {s}");
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "the sliver never mounted");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the sliver never mounted"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // While the sliver is alive: neither its tmpfs nor its rootfs bind appears on the host.
     let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!host.contains("swerve-leak-probe"), "mount leaked to the host");
-    assert!(!host.contains(root.to_str().unwrap()), "rootfs bind leaked to the host");
+    assert!(
+        !host.contains("swerve-leak-probe"),
+        "mount leaked to the host"
+    );
+    assert!(
+        !host.contains(root.to_str().unwrap()),
+        "rootfs bind leaked to the host"
+    );
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "1", "the mount did exist inside");
@@ -229,7 +295,12 @@ fn a_modified_rootfs_is_refused_naming_the_path() {
     }
     let copy = tempfile::tempdir().unwrap();
     let dir = copy.path().join("rootfs");
-    let st = Command::new("cp").arg("-a").arg(rootfs()).arg(&dir).status().unwrap();
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(rootfs())
+        .arg(&dir)
+        .status()
+        .unwrap();
     assert!(st.success());
     let node = Node::admit("mine", &dir);
     let ok = node.swerve(&["cline", "base:mine", "--", "echo", "RAN"]);
@@ -238,18 +309,40 @@ fn a_modified_rootfs_is_refused_naming_the_path() {
     std::fs::write(dir.join("etc/os-release"), "ID=tampered\n").unwrap();
     let out = node.swerve(&["cline", "base:mine", "--", "echo", "RAN"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(!text(&out.stdout).contains("RAN"), "the command must not run");
+    assert!(
+        !text(&out.stdout).contains("RAN"),
+        "the command must not run"
+    );
     let err = text(&out.stderr);
-    assert!(err.contains("/etc/os-release") && err.contains("does not match"), "{err}");
+    assert!(
+        err.contains("/etc/os-release") && err.contains("does not match"),
+        "{err}"
+    );
 
     let certs = node.swerve(&["certs", "--verify"]);
     assert_eq!(certs.status.code(), Some(1));
-    assert!(text(&certs.stdout).contains("CHANGED /etc/os-release"), "{}", text(&certs.stdout));
+    assert!(
+        text(&certs.stdout).contains("CHANGED /etc/os-release"),
+        "{}",
+        text(&certs.stdout)
+    );
 
     // A base that was never admitted is refused too.
-    let out = node.swerve(&["cline", "base:unknown", "--rootfs", dir.to_str().unwrap(), "--", "echo", "RAN"]);
+    let out = node.swerve(&[
+        "cline",
+        "base:unknown",
+        "--rootfs",
+        dir.to_str().unwrap(),
+        "--",
+        "echo",
+        "RAN",
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("no certificate"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no certificate"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -265,7 +358,16 @@ fn pids_limit_stops_a_fork_bomb() {
                   echo REFUSED=$(grep -c fork /tmp/err)";
     let start = Instant::now();
     let out = run_bounded(
-        node.cmd(&["cline", "base:scratch", "--pids", "20", "--", "sh", "-c", script]),
+        node.cmd(&[
+            "cline",
+            "base:scratch",
+            "--pids",
+            "20",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]),
         Duration::from_secs(30),
     );
     let took = start.elapsed();
@@ -276,10 +378,18 @@ fn pids_limit_stops_a_fork_bomb() {
     assert!(procs <= 20, "{procs} processes despite --pids 20");
     let refused: u64 = field(&so, "REFUSED").parse().unwrap();
     assert!(refused > 0, "the bomb never hit the limit:\n{so}");
-    assert!(text(&out.stderr).contains("pids limit"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("pids limit"),
+        "{}",
+        text(&out.stderr)
+    );
     // The sliver's cgroup is gone.
     let leftovers = std::fs::read_dir("/sys/fs/cgroup/pids")
-        .map(|rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("swerve-")).count())
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("swerve-"))
+                .count()
+        })
         .unwrap_or(0);
     assert_eq!(leftovers, 0, "cgroup left behind");
 }
@@ -290,7 +400,16 @@ fn dry_run_prints_the_steps_in_order_and_runs_nothing() {
         return;
     }
     let node = Node::admit("scratch", rootfs());
-    let out = node.swerve(&["cline", "base:scratch", "--dry-run", "--pids", "20", "--", "echo", "RAN"]);
+    let out = node.swerve(&[
+        "cline",
+        "base:scratch",
+        "--dry-run",
+        "--pids",
+        "20",
+        "--",
+        "echo",
+        "RAN",
+    ]);
     let so = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!so.lines().any(|l| l == "RAN"));
@@ -309,7 +428,9 @@ fn dry_run_prints_the_steps_in_order_and_runs_nothing() {
     ];
     let mut at = 0;
     for step in order {
-        let i = so[at..].find(step).unwrap_or_else(|| panic!("{step} missing or out of order in:\n{so}"));
+        let i = so[at..]
+            .find(step)
+            .unwrap_or_else(|| panic!("{step} missing or out of order in:\n{so}"));
         at += i;
     }
 }
@@ -333,26 +454,50 @@ fn veth_lets_the_host_reach_a_server_inside() {
     let flags = tempfile::tempdir().unwrap();
     let bind = format!("{}:/tmp/out", flags.path().display());
     let mut c = node.cmd(&[
-        "cline", "base:scratch", "--net", &net, "--bind", &bind, "--",
-        "sh", "-c", "touch /tmp/out/up; exec nc -ll -p 8080 -e echo hello-from-sliver",
+        "cline",
+        "base:scratch",
+        "--net",
+        &net,
+        "--bind",
+        &bind,
+        "--",
+        "sh",
+        "-c",
+        "touch /tmp/out/up; exec nc -ll -p 8080 -e echo hello-from-sliver",
     ]);
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let start = Instant::now();
     while !flags.path().join("up").exists() {
         if let Some(s) = child.try_wait().unwrap() {
             panic!("sliver exited early with {s}");
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "the sliver never came up");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the sliver never came up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let route = text(&Command::new("ip").args(["route", "get", &addr]).output().unwrap().stdout);
+    let route = text(
+        &Command::new("ip")
+            .args(["route", "get", &addr])
+            .output()
+            .unwrap()
+            .stdout,
+    );
     if !route.contains(" dev sw") {
         let _ = child.kill();
         panic!("{addr} is not routed through the sliver's veth: {route}");
     }
     let start = Instant::now();
     let got = loop {
-        match std::net::TcpStream::connect_timeout(&format!("{addr}:8080").parse().unwrap(), Duration::from_millis(300)) {
+        match std::net::TcpStream::connect_timeout(
+            &format!("{addr}:8080").parse().unwrap(),
+            Duration::from_millis(300),
+        ) {
             Ok(mut s) => {
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let mut v = String::new();
@@ -371,7 +516,9 @@ fn veth_lets_the_host_reach_a_server_inside() {
                     Err(e) => panic!("read from the sliver: {e}"),
                 }
             }
-            Err(_) if start.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
             Err(e) => {
                 let _ = child.kill();
                 panic!("could not reach the sliver at {addr}: {e}");
@@ -379,7 +526,11 @@ fn veth_lets_the_host_reach_a_server_inside() {
         }
     };
     // The server runs until stopped: SIGTERM to swerve is forwarded through PID 1 to nc.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let t = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -392,6 +543,15 @@ fn veth_lets_the_host_reach_a_server_inside() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let out = child.wait_with_output().unwrap();
-    assert_eq!(got.trim(), "hello-from-sliver", "sliver said: {}", text(&out.stderr));
-    assert_eq!(status.code(), Some(128 + 15), "exit status after a forwarded SIGTERM");
+    assert_eq!(
+        got.trim(),
+        "hello-from-sliver",
+        "sliver said: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "exit status after a forwarded SIGTERM"
+    );
 }
