@@ -584,7 +584,13 @@ fn command_op(
             ];
             for (res, v, name) in limits {
                 if let Some(v) = v {
-                    setrlimit(res, v, v)
+                    // CPU: SIGXCPU at the soft limit, SIGKILL a second later at the hard one.
+                    let hard = if name == "RLIMIT_CPU" {
+                        v.saturating_add(1)
+                    } else {
+                        v
+                    };
+                    setrlimit(res, v, hard)
                         .map_err(step(format!("setrlimit({name}, {v})")))
                         .map_err(setup)?;
                 }

@@ -233,6 +233,34 @@ fn exit_status_is_the_commands() {
     assert_eq!(code(&["true"]), Some(0));
     assert_eq!(code(&["sh", "-c", "kill -TERM $$"]), Some(128 + 15));
     assert_eq!(code(&["no-such-command"]), Some(127));
+    // --cpu-secs: a busy loop gets SIGXCPU (24) after one CPU second.
+    let mut a = vec![
+        "cline",
+        "base:scratch",
+        "--cpu-secs",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "while :; do :; done",
+    ];
+    assert_eq!(node.swerve(&a).status.code(), Some(128 + 24));
+    // A bind target missing from the rootfs is a setup error: nothing runs.
+    a = vec![
+        "cline",
+        "base:scratch",
+        "--bind",
+        "/etc:/nonexistent",
+        "--",
+        "true",
+    ];
+    let out = node.swerve(&a);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("/nonexistent"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
