@@ -320,7 +320,10 @@ impl Store {
         };
         let report = store.replay()?;
         if store.dead_bytes > store.cfg.compact_threshold {
-            store.compact()?;
+            // A failed compaction leaves the old log valid: serve anyway, retry on a later admit.
+            if let Err(e) = store.compact() {
+                tracing::warn!(error = %e, "log compaction at start failed; continuing with the full log");
+            }
         }
         Ok((store, report))
     }

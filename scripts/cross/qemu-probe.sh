@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Run the aarch64 build under qemu-aarch64 on the real model: the device path, emulated.
+#
+#   1. paris-probe --dense (in-process engine)                       -> PASS (exit 0)
+#   2. fat-station (aarch64, under qemu) + paris-probe --station      -> PASS
+#   3. foil-control (aarch64, under qemu): the probe of step 1 posts its residue
+#      (GNOSIS_FOIL_CACHE_URL); a lookup of MODEL:dense:TOKENS      -> cache_hit true, argmax 12095
+#
+# Usage: scripts/cross/qemu-probe.sh [--model FILE.knot]
+# Binaries come from $AEON_ARM64_OUT (default target/aarch64-unknown-linux-musl/release; build
+# them with scripts/cross/build-aarch64.sh). The model defaults to
+# ${AEON_MODELS_DIR:-~/.cache/aeon-shell/models}/qwen2.5-coder-0.5b-instruct-q4_k_m.knot; when it
+# is missing the run is skipped (exit 0) unless AEON_REQUIRE_MODELS=1 (then exit 1).
+# Prompt: "The capital of France is" = 785,6722,315,9625,374; expected " Paris" = 12095.
+#
+# Ends with a line `N passed, M failed`. Exit codes: 0 all passed (or skipped), 1 a step
+# failed, 2 bad usage or missing tools/binaries.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN="${AEON_ARM64_OUT:-$ROOT/target/aarch64-unknown-linux-musl/release}"
+MODEL="${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}/qwen2.5-coder-0.5b-instruct-q4_k_m.knot"
+TOKENS=785,6722,315,9625,374
+EXPECTED=12095
+STEP_TIMEOUT="${AEON_QEMU_TIMEOUT:-900}"
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --model) [[ $# -ge 2 ]] || { echo "qemu-probe: --model needs a file" >&2; exit 2; }; MODEL="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "qemu-probe: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+say() { printf 'qemu-probe: %s\n' "$*" >&2; }
+command -v qemu-aarch64 >/dev/null || { say "qemu-aarch64 not found (Debian: apt-get install qemu-user)"; exit 2; }
+for b in paris-probe fat-station foil-control; do
+    [[ -x "$BIN/$b" ]] || { say "missing $BIN/$b: run scripts/cross/build-aarch64.sh"; exit 2; }
+done
+if [[ ! -f "$MODEL" ]]; then
+    if [[ "${AEON_REQUIRE_MODELS:-}" == 1 ]]; then say "model $MODEL missing and AEON_REQUIRE_MODELS=1"; exit 1; fi
+    say "SKIP: model $MODEL not found (scripts/fetch-model.sh makes it)"; echo "0 passed, 0 failed, 1 skipped"; exit 0
+fi
+
+WORK="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Starts a server under qemu in the background; waits for its "http://ADDR" line on stdout.
+# Sets URL. $1 = name (for log files); the rest = the command.
+start_server() {
+    local name="$1"; shift
+    qemu-aarch64 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    pids+=($!)
+    local pid=$! t=0
+    URL=""
+    while [[ -z "$URL" ]]; do
+        URL="$(grep -o 'http://[0-9.:]*' "$WORK/$name.out" | head -1 || true)"
+        [[ -n "$URL" ]] && break
+        kill -0 "$pid" 2>/dev/null || { say "$name exited early:"; tail -5 "$WORK/$name.err" >&2; return 1; }
+        (( t++ < STEP_TIMEOUT * 10 )) || { say "$name not ready after ${STEP_TIMEOUT}s"; return 1; }
+        sleep 0.1
+    done
+}
+
+passed=0; failed=0
+check() { # $1 = name, $2 = status (0 ok)
+    if [[ "$2" -eq 0 ]]; then passed=$((passed + 1)); say "PASS $1"; else failed=$((failed + 1)); say "FAIL $1"; fi
+}
+
+# 3 (setup first, so step 1 can post to it): the collector.
+start_server foil "$BIN/foil-control" --port 0 --data-dir "$WORK/foil" || exit 1
+FOIL="$URL"
+say "foil-control (aarch64) on $FOIL"
+
+# 1. In-process probe.
+t0=$(date +%s)
+rc=0
+GNOSIS_FOIL_CACHE_URL="$FOIL" timeout "$STEP_TIMEOUT" qemu-aarch64 "$BIN/paris-probe" \
+    --dense "$MODEL" --tokens "$TOKENS" --expected "$EXPECTED" >"$WORK/probe.out" 2>"$WORK/probe.err" || rc=$?
+cat "$WORK/probe.out"; grep -h 'foil-cache-admit' "$WORK/probe.err" || true
+say "paris-probe --dense under qemu: exit $rc in $(( $(date +%s) - t0 ))s"
+[[ $rc -eq 0 ]] || tail -5 "$WORK/probe.err" >&2
+check "aarch64 paris-probe --dense" "$rc"
+
+# 2. Station + probe over HTTP.
+t0=$(date +%s)
+rc=0
+if start_server station "$BIN/fat-station" --knot "$MODEL" --listen 127.0.0.1:0; then
+    say "fat-station (aarch64) on $URL after $(( $(date +%s) - t0 ))s"
+    timeout "$STEP_TIMEOUT" qemu-aarch64 "$BIN/paris-probe" --station "$URL" --tokens "$TOKENS" \
+        --expected "$EXPECTED" >"$WORK/sprobe.out" 2>"$WORK/sprobe.err" || rc=$?
+    cat "$WORK/sprobe.out"
+    [[ $rc -eq 0 ]] || tail -5 "$WORK/sprobe.err" >&2
+else
+    rc=1
+fi
+say "fat-station + paris-probe --station under qemu: exit $rc in $(( $(date +%s) - t0 ))s"
+check "aarch64 fat-station + paris-probe --station" "$rc"
+
+# 3. The residue is in the collector.
+MODEL_ID="$(grep -ho 'key=[^ ]*' "$WORK/probe.err" | head -1 | sed 's/^key=//' || true)"
+rc=1
+if [[ -n "$MODEL_ID" ]]; then
+    answer="$(curl -s --max-time 30 -G "$FOIL/.aeon/model-forward-cache" --data-urlencode "key=$MODEL_ID" || true)"
+    python3 - "$answer" "$EXPECTED" <<'PY' && rc=0 || true
+import json, sys
+a = json.loads(sys.argv[1])
+ok = a.get("cache_hit") is True and a.get("argmax") == int(sys.argv[2])
+print(f"cache_hit:{str(a.get('cache_hit')).lower()} argmax {a.get('argmax')} logit {a.get('logit')}")
+sys.exit(0 if ok else 1)
+PY
+else
+    say "the probe logged no foil-cache-admit key"
+fi
+check "foil-control (aarch64) holds the probe's residue" "$rc"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
