@@ -4,11 +4,12 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong reading, writing, verifying or importing a KNOT.
 ///
-/// Variants carry the path, offset or tensor name that locates the problem.
+/// Variants carry the path, offset or tensor name that locates the problem. Variants with a
+/// `source` leave it out of their message (print the chain, e.g. anyhow's `{:#}`).
 #[derive(Debug, thiserror::Error)]
 pub enum KnotError {
     /// An I/O operation on `path` failed; `what` names the step.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     Io {
         what: &'static str,
         path: PathBuf,
@@ -37,7 +38,7 @@ pub enum KnotError {
     #[error("{path}: header hash mismatch (header is corrupt)")]
     HeaderHashMismatch { path: PathBuf },
     /// The header is not valid JSON of [`crate::Header`].
-    #[error("{path}: header JSON invalid: {source}")]
+    #[error("{path}: header JSON invalid")]
     HeaderJson {
         path: PathBuf,
         #[source]
@@ -65,7 +66,7 @@ pub enum KnotError {
         section: &'static str,
     },
     /// The tokenizer section is not valid JSON of [`crate::TokenizerData`].
-    #[error("{path}: tokenizer section JSON invalid: {source}")]
+    #[error("{path}: tokenizer section JSON invalid")]
     TokenizerJson {
         path: PathBuf,
         #[source]
