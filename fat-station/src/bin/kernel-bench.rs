@@ -1,0 +1,199 @@
+//! kernel-bench: weight-streaming throughput of the matmul kernels on Qwen-sized matrices.
+//!
+//! Prints, per dtype and shape, GB/s of weight bytes streamed by a matvec (decode) and an
+//! 8-row matmul (prefill chunk) at 1 and 2 threads, next to the machine's measured read
+//! bandwidth (sum over a large buffer). Weights are random blocks with sane scales.
+//!
+//! Exit codes: 0 success, 2 bad arguments or a failed setup.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use fat_station::engine::kernels::{kernels, matmul, QMatrix};
+use knot_format::DType;
+use std::time::{Duration, Instant};
+
+/// Measure kernel throughput against the memory-bandwidth roofline.
+#[derive(Parser)]
+struct Args {
+    /// Seconds to spend per measurement.
+    #[arg(long, default_value_t = 0.4)]
+    secs: f64,
+    /// Size of the bandwidth buffer in MiB.
+    #[arg(long, default_value_t = 1024)]
+    bw_mib: usize,
+    /// Tokens for the batched (prefill) measurement.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+}
+
+/// SplitMix64 for reproducible random weights.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Random blocks whose f16 scales are small finite numbers (block offsets as ggml lays them).
+fn random_weights(dtype: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let mut v: Vec<u8> = (0..n / dtype.block_elems() * bb)
+        .map(|_| rng.next() as u8)
+        .collect();
+    let fields: &[usize] = match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        DType::F16 | DType::BF16 => &[],
+        DType::F32 => {
+            for c in v.chunks_exact_mut(4) {
+                c.copy_from_slice(&(rng.f32() * 0.1).to_le_bytes());
+            }
+            &[]
+        }
+    };
+    if dtype == DType::F16 {
+        for c in v.chunks_exact_mut(2) {
+            c.copy_from_slice(&half::f16::from_f32(rng.f32() * 0.1).to_le_bytes());
+        }
+    }
+    for blk in v.chunks_exact_mut(bb) {
+        for &o in fields {
+            blk[o..o + 2].copy_from_slice(&half::f16::from_f32(rng.f32() * 0.01).to_le_bytes());
+        }
+    }
+    v
+}
+
+/// Best-of-runs seconds per call of `f`, running for about `secs`.
+fn time_it(secs: f64, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut best = f64::MAX;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs_f64(secs) {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// Read bandwidth in GB/s: sum of u64 over a `mib` buffer, split over the pool's threads.
+fn bandwidth(pool: &rayon::ThreadPool, buf: &[u64], secs: f64) -> f64 {
+    use rayon::prelude::*;
+    let threads = pool.current_num_threads();
+    let chunk = buf.len().div_ceil(threads);
+    let mut sink = 0u64;
+    let t = pool.install(|| {
+        time_it(secs, || {
+            sink ^= buf
+                .par_chunks(chunk)
+                .map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+                .reduce(|| 0, |a, b| a.wrapping_add(b));
+        })
+    });
+    std::hint::black_box(sink);
+    (buf.len() * 8) as f64 / t / 1e9
+}
+
+fn run(args: Args) -> Result<()> {
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .context("building thread pool")
+        })
+        .collect::<Result<_>>()?;
+    println!("kernels: {:?}", kernels().isa);
+    let buf: Vec<u64> = (0..args.bw_mib * 1024 * 1024 / 8)
+        .map(|i| i as u64)
+        .collect();
+    let bw: Vec<f64> = pools
+        .iter()
+        .map(|p| bandwidth(p, &buf, args.secs * 2.0))
+        .collect();
+    drop(buf);
+    println!(
+        "read bandwidth ({} MiB buffer): 1 thread {:.1} GB/s, 2 threads {:.1} GB/s",
+        args.bw_mib, bw[0], bw[1]
+    );
+    println!(
+        "{:<6} {:>14} {:>10} | {:>9} {:>6} {:>9} {:>6} | {:>11} {:>11}",
+        "dtype",
+        "rows x cols",
+        "MB",
+        "1t GB/s",
+        "%bw",
+        "2t GB/s",
+        "%bw",
+        "b8 1t GB/s",
+        "b8 2t GB/s"
+    );
+    let shapes: &[(DType, usize, usize)] = &[
+        (DType::Q5_0, 896, 4864),
+        (DType::Q6_K, 896, 4864),
+        (DType::Q4_K, 896, 4864),
+        (DType::Q8_0, 896, 4864),
+        (DType::Q4_1, 896, 4864),
+        (DType::Q4_0, 896, 4864),
+        (DType::Q5_1, 896, 4864),
+        (DType::Q5_K, 896, 4864),
+        (DType::Q3_K, 896, 4864),
+        (DType::Q2_K, 896, 4864),
+        (DType::F16, 896, 4864),
+        (DType::F32, 896, 4864),
+        (DType::Q8_0, 151936, 896),
+    ];
+    let mut rng = Rng(42);
+    for &(dtype, rows, cols) in shapes {
+        let data = random_weights(dtype, rows * cols, &mut rng);
+        let w = QMatrix::new(dtype, rows, cols, &data).context("weight geometry")?;
+        let bytes = data.len() as f64;
+        let mut gbs = Vec::new();
+        for n_tok in [1, args.batch] {
+            let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32() * 2.0).collect();
+            let mut y = vec![0f32; n_tok * rows];
+            for p in &pools {
+                let t = p.install(|| time_it(args.secs, || matmul(&w, &x, n_tok, &mut y)));
+                gbs.push(bytes / t / 1e9);
+            }
+        }
+        println!(
+            "{:<6} {:>14} {:>10.1} | {:>9.1} {:>5.0}% {:>9.1} {:>5.0}% | {:>11.1} {:>11.1}",
+            dtype.name(),
+            format!("{rows}x{cols}"),
+            bytes / 1e6,
+            gbs[0],
+            100.0 * gbs[0] / bw[0],
+            gbs[1],
+            100.0 * gbs[1] / bw[1],
+            gbs[2],
+            gbs[3]
+        );
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kernel-bench: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
