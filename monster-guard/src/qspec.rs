@@ -392,17 +392,18 @@ pub struct ProbeSummary {
 }
 
 impl ProbeSummary {
-    /// One line for people: `PASS paris: ' Paris' (9625) argmax, margin 4.21`.
+    /// One line for people: `PASS paris: " Paris" (12095) is the argmax (logit 14.557), margin +4.162`.
     pub fn line(&self) -> String {
         let exp = fmt_tok(self.expected, &self.expected_text);
-        let mut s = if self.pass {
+        let verdict = if self.pass { "PASS" } else { "FAIL" };
+        let mut s = if self.argmax == self.expected {
             format!(
-                "PASS {}: {exp} rank {} logit {:.3}, margin {:+.3}",
-                self.name, self.expected_rank, self.expected_logit, self.margin
+                "{verdict} {}: {exp} is the argmax (logit {:.3}), margin {:+.3}",
+                self.name, self.expected_logit, self.margin
             )
         } else {
             format!(
-                "FAIL {}: expected {exp} (logit {:.3}, rank {}) but argmax {} (logit {:.3}); margin {:+.3}",
+                "{verdict} {}: expected {exp} (logit {:.3}, rank {}) but argmax {} (logit {:.3}); margin {:+.3}",
                 self.name,
                 self.expected_logit,
                 self.expected_rank,
