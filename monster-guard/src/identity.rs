@@ -81,7 +81,7 @@ pub fn hex(bytes: &[u8]) -> String {
 /// Parses lowercase hex (the only form monster-guard writes, so an encoding is unique);
 /// `None` on odd length or any other character.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0
+    if s.len() & 1 == 1
         || !s
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
