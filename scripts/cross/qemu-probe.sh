@@ -104,10 +104,11 @@ say "fat-station + paris-probe --station under qemu: exit $rc in $(( $(date +%s)
 check "aarch64 fat-station + paris-probe --station" "$rc"
 
 # 3. The residue is in the collector.
-MODEL_ID="$(grep -ho 'key=[^ ]*' "$WORK/probe.err" | head -1 | sed 's/^key=//' || true)"
+# The key runs to the end of the line (model ids may contain spaces).
+KEY="$(grep -h 'foil-cache-admit: status=200 key=' "$WORK/probe.err" | head -1 | sed 's/.* key=//' || true)"
 rc=1
-if [[ -n "$MODEL_ID" ]]; then
-    answer="$(curl -s --max-time 30 -G "$FOIL/.aeon/model-forward-cache" --data-urlencode "key=$MODEL_ID" || true)"
+if [[ -n "$KEY" ]]; then
+    answer="$(curl -s --max-time 30 -G "$FOIL/.aeon/model-forward-cache" --data-urlencode "key=$KEY" || true)"
     python3 - "$answer" "$EXPECTED" <<'PY' && rc=0 || true
 import json, sys
 a = json.loads(sys.argv[1])
