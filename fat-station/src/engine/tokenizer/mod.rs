@@ -20,6 +20,7 @@
 
 mod bpe;
 mod byte_level;
+mod index;
 mod pretokenize;
 mod stream;
 
@@ -30,6 +31,7 @@ use knot_format::TokenizerData;
 
 use bpe::{MergeMap, Scratch, NONE};
 use byte_level::ByteLevel;
+use index::{Arena, VocabIndex};
 use pretokenize::{PreKind, PreTokenizer};
 
 pub use stream::StreamDecoder;
@@ -77,9 +79,6 @@ pub enum TokenizerError {
         merge: String,
         reason: &'static str,
     },
-    /// A byte has no single-byte token, so some text could not be encoded.
-    #[error("byte 0x{byte:02x} has no token in the vocabulary")]
-    MissingByte { byte: u8 },
     /// A special id (bos, eos, ...) is not a vocabulary index.
     #[error("{which} id {id} is outside the vocabulary of {vocab}")]
     SpecialId {
@@ -103,7 +102,7 @@ pub struct Tokenizer {
     /// Token `i` is `bytes[offsets[i]..offsets[i + 1]]`. (vocab + 1,)
     offsets: Vec<u32>,
     /// Token bytes -> id; the lowest id wins when two tokens share their bytes.
-    by_bytes: FastMap<Box<[u8]>, u32>,
+    index: VocabIndex,
     /// Id of the single-byte token for each byte. (256,)
     byte_ids: [u32; 256],
     /// `(left, right) -> (rank, merged)`.
@@ -135,9 +134,8 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer from a model's metadata.
     ///
-    /// Fails on a model other than byte-level BPE, a malformed merge, a missing single-byte
-    /// token, or out-of-range special ids. An unknown pre-tokenizer name only warns and falls
-    /// back to GPT-2's pattern.
+    /// Fails on a model other than byte-level BPE, a malformed merge, or out-of-range special
+    /// ids. An unknown pre-tokenizer name only warns and falls back to GPT-2's pattern.
     pub fn from_data(data: &TokenizerData) -> Result<Tokenizer, TokenizerError> {
         if data.model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel {
@@ -178,33 +176,33 @@ impl Tokenizer {
                 u32::try_from(bytes.len()).map_err(|_| TokenizerError::VocabSize { size: n })?,
             );
         }
-        let token = |id: usize| &bytes[offsets[id] as usize..offsets[id + 1] as usize];
+        let arena = Arena {
+            bytes: &bytes,
+            offsets: &offsets,
+        };
+        let index = VocabIndex::new(arena);
 
-        let mut by_bytes = FastMap::with_capacity_and_hasher(n, Default::default());
         let mut byte_ids = [NONE; 256];
         for id in 0..n {
-            let t = token(id);
-            by_bytes.entry(Box::<[u8]>::from(t)).or_insert(id as u32);
-            if let ([b], false) = (t, is_special(id)) {
+            if let ([b], false) = (arena.token(id as u32), is_special(id)) {
                 if byte_ids[usize::from(*b)] == NONE {
                     byte_ids[usize::from(*b)] = id as u32;
                 }
             }
         }
-        if let Some(b) = byte_ids.iter().position(|&id| id == NONE) {
-            return Err(TokenizerError::MissingByte { byte: b as u8 });
+        let missing = byte_ids.iter().filter(|&&id| id == NONE).count();
+        if missing > 0 {
+            // SmolLM2 lacks a few control bytes; like llama.cpp and HF, such bytes are dropped.
+            tracing::warn!(
+                missing,
+                "some bytes have no single-byte token and cannot be encoded"
+            );
         }
 
-        // Merges are written in vocabulary strings: "Ġ t" makes "Ġt".
-        let by_str: FastMap<&str, u32> = {
-            let mut m = FastMap::with_capacity_and_hasher(n, Default::default());
-            for (id, tok) in data.tokens.iter().enumerate() {
-                m.entry(tok.as_str()).or_insert(id as u32);
-            }
-            m
-        };
+        // Merges are written in vocabulary strings ("Ġ t" makes "Ġt"); decode both parts to
+        // bytes, then the pair and its concatenation are found in the index.
         let mut merges = MergeMap::with_capacity_and_hasher(data.merges.len(), Default::default());
-        let mut joined = String::new();
+        let mut buf = Vec::new();
         for (rank, merge) in data.merges.iter().enumerate() {
             let bad = |reason| TokenizerError::BadMerge {
                 rank,
@@ -214,18 +212,18 @@ impl Tokenizer {
             let (a, b) = merge
                 .split_once(' ')
                 .ok_or_else(|| bad("no space separator"))?;
-            let ia = *by_str
-                .get(a)
-                .ok_or_else(|| bad("left part is not a token"))?;
-            let ib = *by_str
-                .get(b)
-                .ok_or_else(|| bad("right part is not a token"))?;
-            joined.clear();
-            joined.push_str(a);
-            joined.push_str(b);
-            let iab = *by_str
-                .get(joined.as_str())
-                .ok_or_else(|| bad("merged token is not in the vocabulary"))?;
+            buf.clear();
+            if !bl.decode_into(a, &mut buf) {
+                buf.extend_from_slice(a.as_bytes());
+            }
+            let split = buf.len();
+            if !bl.decode_into(b, &mut buf) {
+                buf.extend_from_slice(b.as_bytes());
+            }
+            let lookup = |key: &[u8], reason| index.get(arena, key).ok_or_else(|| bad(reason));
+            let ia = lookup(&buf[..split], "left part is not a token")?;
+            let ib = lookup(&buf[split..], "right part is not a token")?;
+            let iab = lookup(&buf, "merged token is not in the vocabulary")?;
             // A pair listed twice keeps its first (best) rank.
             merges.entry((ia, ib)).or_insert((rank as u32, iab));
         }
@@ -253,18 +251,18 @@ impl Tokenizer {
             .filter(|&id| {
                 END_OF_GENERATION
                     .iter()
-                    .any(|t| t.as_bytes() == token(id as usize))
+                    .any(|t| t.as_bytes() == arena.token(id))
             })
             .chain(eos)
             .collect();
         eog.sort_unstable();
         eog.dedup();
 
-        let specials = SpecialMatcher::new(special_ids.iter().map(|&id| (token(id as usize), id)));
+        let specials = SpecialMatcher::new(special_ids.iter().map(|&id| (arena.token(id), id)));
         Ok(Tokenizer {
             bytes,
             offsets,
-            by_bytes,
+            index,
             byte_ids,
             merges,
             specials,
@@ -317,7 +315,7 @@ impl Tokenizer {
         for word in words.iter() {
             // Llama 3 takes a word the vocabulary holds whole as it is, without merging.
             if whole_words {
-                if let Some(&id) = self.by_bytes.get(word.as_bytes()) {
+                if let Some(id) = self.lookup(word.as_bytes()) {
                     out.push(id);
                     continue;
                 }
@@ -340,6 +338,17 @@ impl Tokenizer {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         }
+    }
+
+    /// The id of the token whose bytes are `key`.
+    fn lookup(&self, key: &[u8]) -> Option<u32> {
+        self.index.get(
+            Arena {
+                bytes: &self.bytes,
+                offsets: &self.offsets,
+            },
+            key,
+        )
     }
 
     /// The bytes token `id` stands for (`" Paris"` for Qwen's 12095), if `id` is in the vocabulary.
@@ -378,7 +387,7 @@ impl Tokenizer {
     /// The id of the token whose text is exactly `text` (`" Paris"`, `"<|im_end|>"`): the
     /// decoded text, not the vocabulary's `Ġ`-spelling.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.by_bytes.get(text.as_bytes()).copied()
+        self.lookup(text.as_bytes())
     }
 }
 
