@@ -1,0 +1,106 @@
+//! Runs the real `knot` binary in a temp dir on a small synthetic model: exit codes,
+//! `inspect` (text and JSON), `verify` naming a corrupt tensor, usage errors.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use knot_format::{ArchConfig, DType, KnotWriter, RopeStyle};
+
+fn knot(args: &[&str], file: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_knot"))
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("run knot")
+}
+
+fn write_model(path: &Path) {
+    let arch = ArchConfig {
+        arch: "llama".into(),
+        n_layers: 1,
+        hidden: 32,
+        n_heads: 2,
+        n_kv_heads: 2,
+        head_dim: 16,
+        ffn: 64,
+        vocab: 8,
+        context_len: 64,
+        norm_eps: 1e-5,
+        rope_base: 10000.0,
+        rope_style: RopeStyle::Normal,
+        rope_scaling: None,
+        tied_embeddings: true,
+        qk_norm: false,
+        qkv_bias: false,
+    };
+    let mut w = KnotWriter::new("tiny", arch);
+    w.add_tensor_owned(
+        "token_embd.weight",
+        DType::Q8_0,
+        vec![32, 8],
+        vec![7; 8 * 34],
+    )
+    .unwrap();
+    w.add_tensor_owned(
+        "blk.0.attn_q.weight",
+        DType::F16,
+        vec![32, 32],
+        vec![3; 2048],
+    )
+    .unwrap();
+    w.write(path, &mut |_| {}).unwrap();
+}
+
+#[test]
+fn inspect_verify_and_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("tiny.knot");
+    write_model(&m);
+
+    let o = knot(&["inspect"], &m);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("blk.0.attn_q.weight") && text.contains("q8_0") && text.contains("32x8"),
+        "{text}"
+    );
+
+    let o = knot(&["inspect", "--json"], &m);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["tensor_count"], 2);
+    assert_eq!(j["arch"]["arch"], "llama");
+    assert_eq!(j["arch"]["hidden"], 32);
+    assert_eq!(j["tensors"][1]["shape"], serde_json::json!([32, 32]));
+
+    let o = knot(&["verify"], &m);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("OK: 2 tensors verified"));
+
+    // Corrupt the second tensor: exit 1, named.
+    let mut b = std::fs::read(&m).unwrap();
+    let n = b.len();
+    b[n - 100] ^= 1;
+    std::fs::write(&m, &b).unwrap();
+    let o = knot(&["verify"], &m);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("blk.0.attn_q.weight"));
+
+    // Truncated file: verify calls it corrupt (1); inspect refuses it (2).
+    std::fs::write(&m, &b[..n - 1]).unwrap();
+    assert_eq!(knot(&["verify"], &m).status.code(), Some(1));
+    let o = knot(&["inspect"], &m);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("truncated"));
+
+    // Missing file and usage errors: 2.
+    assert_eq!(
+        knot(&["verify"], &dir.path().join("nope.knot"))
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(knot(&["frobnicate"], &m).status.code(), Some(2));
+    let o = knot(&["import"], &dir.path().join("nope.gguf"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nope.gguf"));
+}
