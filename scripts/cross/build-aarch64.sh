@@ -8,7 +8,7 @@
 #   --smoke             afterwards run each binary's --help under qemu-aarch64
 #   --no-install        fail instead of installing missing tools
 #   --fast-kernels=no   build fat-station at the size profile too (default: fat-station keeps
-#                       opt-level 3 so its kernels stay fully optimised; the rest use "s")
+#                       opt-level 3 so its kernels stay fully optimised; the rest use "z")
 #   -h, --help          this text
 #
 # Environment:
@@ -17,7 +17,7 @@
 #   AEON_ARM64_OUT         where the finished binaries are copied
 #                          (default target/aarch64-unknown-linux-musl/release)
 #   AEON_CROSS_JOBS        cargo -j (default: cargo's own)
-#   AEON_CROSS_OPT_LEVEL   opt-level of the size profile (default s; z is smaller, slower)
+#   AEON_CROSS_OPT_LEVEL   opt-level of the size profile (default z; s is ~5% larger)
 #
 # What it does, in order:
 #   1. installs what is missing: rustup target aarch64-unknown-linux-musl; zig and cargo-zigbuild
@@ -28,7 +28,7 @@
 #      executable, and prints a size table against the reference build;
 #   4. with --smoke, runs `qemu-aarch64 BIN --help` for each.
 #
-# Size profile: opt-level "s" (AEON_CROSS_OPT_LEVEL), fat LTO, one codegen unit, symbols stripped. panic stays
+# Size profile: opt-level "z" (AEON_CROSS_OPT_LEVEL), fat LTO, one codegen unit, symbols stripped. panic stays
 # "unwind" so a panicking connection task in a server does not abort the whole process.
 #
 # Exit codes: 0 every requested binary built, static and (with --smoke) ran; 1 a build, the
@@ -110,7 +110,7 @@ for line in "${BINS[@]}"; do
     [[ " ${pkg_args[*]} " == *" -p $pkg "* ]] || pkg_args+=(-p "$pkg")
 done
 config=(
-    --config "profile.release.opt-level=\"${AEON_CROSS_OPT_LEVEL:-s}\""
+    --config "profile.release.opt-level=\"${AEON_CROSS_OPT_LEVEL:-z}\""
     --config 'profile.release.lto="fat"'
     --config 'profile.release.codegen-units=1'
     --config 'profile.release.strip=true'
