@@ -452,7 +452,7 @@ fn validate(h: &Header, header_len: u64, file_len: u64, path: &Path) -> Result<(
     // (start, end, what) of every byte range, for the overlap check.
     let mut ranges: Vec<(u64, u64, String)> = Vec::with_capacity(h.tensors.len() + 1);
     let mut check_range = |what: &str, offset: u64, len: u64| -> Result<(), String> {
-        if offset % ALIGN != 0 {
+        if !offset.is_multiple_of(ALIGN) {
             return Err(format!("offset {offset} is not a multiple of {ALIGN}"));
         }
         if offset < data_start {

@@ -230,7 +230,7 @@ impl Gguf {
                 || shape
                     .iter()
                     .try_fold(1u64, |a, &d| a.checked_mul(d))
-                    .map_or(true, |n| n > crate::container::MAX_ELEMS)
+                    .is_none_or(|n| n > crate::container::MAX_ELEMS)
             {
                 return Err(c.err_at(at, format!("tensor {name:?}: absurd shape {shape:?}")));
             }
@@ -278,7 +278,7 @@ impl Gguf {
                 let end = data_offset
                     .checked_add(t.offset)
                     .and_then(|s| s.checked_add(len));
-                if end.map_or(true, |e| e > file_len) {
+                if end.is_none_or(|e| e > file_len) {
                     return Err(c.err_at(
                         data_offset,
                         format!("tensor {:?}: bytes at data+{} (+{len}) run past the end of the {file_len}-byte file", t.name, t.offset),
@@ -557,7 +557,7 @@ pub(crate) mod tests {
             self.raw_kv(key, 9, &b)
         }
         pub fn tensor(&mut self, name: &str, dtype: DType, shape: &[u64], seed: u8) -> &mut Self {
-            while self.data.len() % 32 != 0 {
+            while !self.data.len().is_multiple_of(32) {
                 self.data.push(0);
             }
             gstr(&mut self.infos, name);
@@ -582,7 +582,7 @@ pub(crate) mod tests {
             b.extend_from_slice(&self.n_kv.to_le_bytes());
             b.extend_from_slice(&self.kv);
             b.extend_from_slice(&self.infos);
-            while b.len() % 32 != 0 {
+            while !b.len().is_multiple_of(32) {
                 b.push(0);
             }
             b.extend_from_slice(&self.data);
