@@ -100,6 +100,8 @@ struct Golden {
 struct Case {
     text: String,
     ids: Vec<u32>,
+    /// False where the reference drops a byte the vocabulary has no token for.
+    round_trip: bool,
 }
 
 fn golden(name: &str) -> Golden {
@@ -162,7 +164,8 @@ fn tokenizer_smollm2_known_ids() {
     assert_eq!(tok.encode(" Paris", true), [bos, 7042]);
 }
 
-/// Every corpus string encodes to exactly the reference ids, and decodes back to itself.
+/// Every corpus string encodes to exactly the reference ids, and decodes back to itself
+/// (except where the reference, too, drops a byte that has no token).
 fn check_golden(stem: &'static str, name: &str) {
     let Some(tok) = tokenizer(stem) else { return };
     let g = golden(name);
@@ -171,7 +174,8 @@ fn check_golden(stem: &'static str, name: &str) {
         tok.vocab_size(),
         "golden {name} was made from another vocabulary"
     );
-    assert!(g.cases.len() >= 50, "golden {name} has too few cases");
+    assert!(g.cases.len() >= 300, "golden {name} has too few cases");
+    assert!(g.cases.iter().filter(|c| c.round_trip).count() >= 300);
     let mut failures = Vec::new();
     for case in &g.cases {
         let ids = tok.encode(&case.text, false);
@@ -187,7 +191,13 @@ fn check_golden(stem: &'static str, name: &str) {
                     .collect::<Vec<_>>(),
             ));
         }
-        assert_eq!(tok.decode(&ids), case.text, "round trip of {:?}", case.text);
+        let back = tok.decode(&ids);
+        assert_eq!(
+            back == case.text,
+            case.round_trip,
+            "round trip of {:?} gave {back:?}",
+            case.text
+        );
     }
     assert!(
         failures.is_empty(),
@@ -255,7 +265,10 @@ fn time_encode(stem: &'static str) {
     let mut text = String::new();
     let mut i = 0;
     while text.len() < 10_000 {
-        text.push_str(&g.cases[i % g.cases.len()].text);
+        let case = &g.cases[i % g.cases.len()];
+        if case.round_trip {
+            text.push_str(&case.text);
+        }
         text.push(' ');
         i += 1;
     }

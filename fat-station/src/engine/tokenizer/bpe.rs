@@ -20,7 +20,7 @@ pub(crate) type MergeMap = FastMap<(u32, u32), (u32, u32)>;
 /// One symbol of the word being merged.
 #[derive(Clone, Copy)]
 struct Symbol {
-    /// Token id of the symbol's bytes, or `NONE` for a byte the vocabulary lacks.
+    /// Token id of the symbol's bytes.
     id: u32,
     /// Index of the previous live symbol, or `NONE`.
     prev: u32,
@@ -49,7 +49,7 @@ pub(crate) struct Scratch {
 }
 
 /// Merges `word` and appends its token ids to `out`. `byte_ids[b]` is the id of the
-/// single-byte token `b` (or `NONE`); bytes without a token are skipped.
+/// single-byte token `b` (or `NONE`); bytes without a token are dropped.
 pub(crate) fn merge_word(
     word: &[u8],
     byte_ids: &[u32; 256],
@@ -67,16 +67,28 @@ pub(crate) fn merge_word(
     let Scratch { symbols, heap } = scratch;
     symbols.clear();
     heap.clear();
-    let n = word.len() as u32;
-    symbols.extend(word.iter().enumerate().map(|(i, &b)| {
+    // Bytes without a token are dropped before merging, so their neighbours may merge across
+    // them (as Hugging Face's BPE does; llama.cpp would keep them apart).
+    symbols.extend(
+        word.iter()
+            .map(|&b| byte_ids[usize::from(b)])
+            .filter(|&id| id != NONE)
+            .map(|id| Symbol {
+                id,
+                prev: NONE,
+                next: NONE,
+                alive: true,
+            }),
+    );
+    let n = symbols.len() as u32;
+    if n == 0 {
+        return;
+    }
+    for (i, s) in symbols.iter_mut().enumerate() {
         let i = i as u32;
-        Symbol {
-            id: byte_ids[usize::from(b)],
-            prev: if i == 0 { NONE } else { i - 1 },
-            next: if i + 1 == n { NONE } else { i + 1 },
-            alive: true,
-        }
-    }));
+        s.prev = if i == 0 { NONE } else { i - 1 };
+        s.next = if i + 1 == n { NONE } else { i + 1 };
+    }
     for i in 1..n {
         push_pair(symbols, merges, heap, i - 1, i);
     }
@@ -180,11 +192,12 @@ mod tests {
     }
 
     #[test]
-    fn unknown_bytes_are_skipped_and_block_merges() {
+    fn unknown_bytes_are_dropped_before_merging() {
         let a = b'a' as u32;
         let (mut ids, m) = setup(&[(a, a)]);
         ids[usize::from(b'x')] = NONE;
-        assert_eq!(run(b"axa", &ids, &m), vec![a, a]);
+        assert_eq!(run(b"axa", &ids, &m), vec![256]);
+        assert_eq!(run(b"xx", &ids, &m), Vec::<u32>::new());
         assert_eq!(run(b"x", &ids, &m), Vec::<u32>::new());
     }
 }
