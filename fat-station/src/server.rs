@@ -240,7 +240,14 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             .await
         }
         (&Method::POST, wire::ROUTE_FORWARD) => {
-            let range = header(&req, wire::H_LAYER_RANGE)
+            // Read the body before any refusal: a response sent while the client is still
+            // writing would reset the connection instead of delivering the error.
+            let range_h = header(&req, wire::H_LAYER_RANGE);
+            let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
+            let pos_h = header(&req, wire::H_POS);
+            let session_h = header(&req, wire::H_SESSION);
+            let bytes = read_body(&st, req).await?;
+            let range = range_h
                 .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad_request", "missing header X-Layer-Range: a-b"))?;
             let range = LayerRange::parse(&range)
                 .filter(|r| !r.is_empty())
@@ -253,9 +260,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
                     format!("this station holds layers {}-{}, not {}-{}", held.start, held.end, range.start, range.end),
                 ));
             }
-            let (session, pos) = session_of(&st, &req)?;
-            let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
-            let bytes = read_body(&st, req).await?;
+            let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
             let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
             compute(move || {
                 let t = Instant::now();
@@ -333,12 +338,12 @@ fn with_session<T>(
     }
 }
 
-fn session_of(st: &Station, req: &Request<Incoming>) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
-    let pos = match header(req, wire::H_POS) {
+fn session_of(st: &Station, session: Option<&str>, pos: Option<&str>) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
+    let pos = match pos {
         Some(p) => Some(p.trim().parse::<usize>().map_err(|_| refuse(StatusCode::BAD_REQUEST, "bad_request", format!("X-Pos {p:?} is not a number")))?),
         None => None,
     };
-    Ok((st.session(header(req, wire::H_SESSION).as_deref())?, pos))
+    Ok((st.session(session)?, pos))
 }
 
 async fn compute(f: impl FnOnce() -> Result<Resp, Refusal> + Send + 'static) -> Result<Resp, Refusal> {

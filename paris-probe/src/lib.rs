@@ -1,1 +1,248 @@
-//! The quality probe: argmax of the next token for given token ids or text.
+//! The quality probe: run a prompt through a model (in-process or over a station chain),
+//! take the argmax of the next token and compare it with the expected token.
+//!
+//! The JSON report ([`Report`]) is the contract `monster-guard` reads (`specs/qspec.md`).
+
+pub mod foil;
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use fat_station::client::{Chain, MeshFile, StepTrace};
+use fat_station::engine::tokenizer::Tokenizer;
+use fat_station::engine::Model;
+use knot_format::Knot;
+use serde::Serialize;
+
+/// Where the logits come from.
+pub enum Source<'a> {
+    /// A model file run in this process.
+    Dense(&'a Model<'a>, Option<Tokenizer>),
+    /// A chain of stations.
+    Chain(Chain),
+}
+
+/// What to ask.
+#[derive(Clone, Debug)]
+pub struct Question {
+    pub tokens: Option<Vec<u32>>,
+    pub prompt: Option<String>,
+    pub expected: Option<u32>,
+    pub expect_text: Option<String>,
+    pub top_k: usize,
+    pub perplexity_text: Option<String>,
+}
+
+/// One candidate token.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+    pub text: Option<String>,
+}
+
+/// The probe's verdict and the figures behind it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub model_id: String,
+    pub model_hash: String,
+    pub tokens: Vec<u32>,
+    pub argmax: u32,
+    pub argmax_text: Option<String>,
+    pub logit: f32,
+    pub expected: u32,
+    pub expected_text: Option<String>,
+    pub expected_logit: f32,
+    /// 0 when the expected token is the argmax.
+    pub expected_rank: u32,
+    /// Expected logit minus the best other logit (negative when it is not the argmax).
+    pub margin: f32,
+    pub top: Vec<Candidate>,
+    /// Mean negative log-likelihood (nats/token) of the perplexity passage.
+    pub nll: Option<f32>,
+    pub nll_tokens: Option<u32>,
+    pub pass: bool,
+    /// The final residual row (for the foil collector), not printed.
+    #[serde(skip)]
+    pub logits: Vec<f32>,
+}
+
+impl Source<'_> {
+    fn model_id_hash(&self) -> Result<(String, String)> {
+        Ok(match self {
+            Source::Dense(m, _) => (m.knot().header().model_id.clone(), m.knot().model_hash().to_string()),
+            Source::Chain(c) => {
+                let h = c.entry().health()?;
+                (h.model_id, h.model_hash)
+            }
+        })
+    }
+
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            Source::Dense(_, Some(t)) => Ok(t.encode(text, false)),
+            Source::Dense(_, None) => bail!("this model file carries no tokenizer; pass --tokens / --expected ids"),
+            Source::Chain(c) => Ok(c.entry().tokenize(text, Some(false))?),
+        }
+    }
+
+    fn token_text(&self, id: u32) -> Option<String> {
+        match self {
+            Source::Dense(_, Some(t)) => Some(t.decode(&[id])),
+            Source::Dense(_, None) => None,
+            Source::Chain(c) => c.entry().detokenize(&[id]).ok(),
+        }
+    }
+
+    /// Last-position logits for `tokens`.
+    fn logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        match self {
+            Source::Dense(m, _) => {
+                let mut s = m.new_session(tokens.len());
+                Ok(m.logits(&mut s, tokens)?)
+            }
+            Source::Chain(c) => Ok(c.step(tokens, None, &mut StepTrace::default())?),
+        }
+    }
+
+    /// Mean NLL of `tokens[1..]` given their prefixes.
+    fn nll(&self, tokens: &[u32]) -> Result<f32> {
+        if tokens.len() < 2 {
+            bail!("the perplexity passage needs at least 2 tokens");
+        }
+        let mut total = 0.0f64;
+        match self {
+            Source::Dense(m, _) => {
+                // One batched forward, then the head on every prefix's last row.
+                let mut s = m.new_session(tokens.len());
+                let mut x = m.embed(tokens)?;
+                m.forward(&mut s, &mut x, m.holdings().layers)?;
+                let h = m.cfg.hidden;
+                for i in 0..tokens.len() - 1 {
+                    let logits = m.lm_head(&x[..(i + 1) * h])?;
+                    total += neg_log_softmax(&logits, tokens[i + 1]);
+                }
+            }
+            Source::Chain(c) => {
+                let sid = format!("probe-nll-{}", std::process::id());
+                for i in 0..tokens.len() - 1 {
+                    let logits = c.step(&tokens[i..i + 1], Some((&sid, i)), &mut StepTrace::default())?;
+                    total += neg_log_softmax(&logits, tokens[i + 1]);
+                }
+            }
+        }
+        Ok((total / (tokens.len() - 1) as f64) as f32)
+    }
+}
+
+/// `-log softmax(logits)[target]`, in f64.
+pub fn neg_log_softmax(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let l = logits.get(target as usize).copied().unwrap_or(f32::NEG_INFINITY) as f64;
+    -(l - max - sum.ln())
+}
+
+/// Indices of the `k` largest logits, best first (ties: lower id first).
+pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(idx.len());
+    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    if k > 0 && k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, cmp);
+    }
+    idx.truncate(k);
+    idx.sort_by(cmp);
+    idx.into_iter().map(|i| (i, logits[i as usize])).collect()
+}
+
+/// Runs the probe.
+pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
+    let tokens = match (&q.tokens, &q.prompt) {
+        (Some(t), _) => t.clone(),
+        (None, Some(p)) => src.tokenize(p)?,
+        (None, None) => bail!("give --tokens or --prompt"),
+    };
+    if tokens.is_empty() {
+        bail!("the prompt has no tokens");
+    }
+    let expected = match (q.expected, &q.expect_text) {
+        (Some(e), _) => e,
+        (None, Some(t)) => *src.tokenize(t)?.first().ok_or_else(|| anyhow!("--expect {t:?} tokenizes to nothing"))?,
+        (None, None) => bail!("give --expected or --expect"),
+    };
+    let logits = src.logits(&tokens).context("running the model")?;
+    let expected_logit = *logits.get(expected as usize).ok_or_else(|| anyhow!("expected id {expected} is outside the vocabulary ({})", logits.len()))?;
+    let top = top_k(&logits, q.top_k.max(2));
+    let (argmax, logit) = top[0];
+    let best_other = if argmax == expected { top[1].1 } else { logit };
+    let expected_rank = logits.iter().enumerate().filter(|&(i, &l)| l > expected_logit || (l == expected_logit && (i as u32) < expected)).count() as u32;
+    let (nll, nll_tokens) = match &q.perplexity_text {
+        Some(text) => {
+            let t = src.tokenize(text)?;
+            (Some(src.nll(&t).context("perplexity probe")?), Some(t.len() as u32))
+        }
+        None => (None, None),
+    };
+    let (model_id, model_hash) = src.model_id_hash()?;
+    Ok(Report {
+        model_id,
+        model_hash,
+        tokens,
+        argmax,
+        argmax_text: src.token_text(argmax),
+        logit,
+        expected,
+        expected_text: src.token_text(expected),
+        expected_logit,
+        expected_rank,
+        margin: expected_logit - best_other,
+        top: top.iter().take(q.top_k.max(1)).map(|&(id, logit)| Candidate { id, logit, text: src.token_text(id) }).collect(),
+        nll,
+        nll_tokens,
+        pass: argmax == expected,
+        logits,
+    })
+}
+
+/// Opens a model file for an in-process probe (with its tokenizer when it has one).
+pub fn open_dense(knot: &Knot) -> Result<(Model<'_>, Option<Tokenizer>)> {
+    let model = Model::load(knot, None).context("loading the model")?;
+    let tok = match knot.tokenizer().context("reading the tokenizer")? {
+        Some(d) => Some(Tokenizer::from_data(&d).context("building the tokenizer")?),
+        None => None,
+    };
+    Ok((model, tok))
+}
+
+/// A chain from `--station URL` or `--mesh FILE`.
+pub fn open_chain(station: Option<&str>, mesh: Option<&std::path::Path>) -> Result<Chain> {
+    let timeout = Duration::from_secs(120);
+    match (station, mesh) {
+        (Some(url), _) => Ok(Chain::single(url, timeout)?),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let mesh: MeshFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+            Ok(Chain::from_mesh(&mesh, timeout)?)
+        }
+        (None, None) => bail!("give --dense FILE, --station URL or --mesh FILE"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_and_breaks_ties_by_id() {
+        let l = [0.5, 3.0, 3.0, -1.0, 2.0];
+        assert_eq!(top_k(&l, 3), vec![(1, 3.0), (2, 3.0), (4, 2.0)]);
+    }
+
+    #[test]
+    fn nll_of_certain_token_is_small() {
+        let l = [100.0, 0.0, 0.0];
+        assert!(neg_log_softmax(&l, 0) < 1e-6);
+        assert!((neg_log_softmax(&[0.0, 0.0], 1) - std::f64::consts::LN_2).abs() < 1e-9);
+    }
+}
