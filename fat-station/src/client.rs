@@ -91,6 +91,12 @@ impl StationClient {
         self.json(r)
     }
 
+    /// `GET /tokenizer`: special ids and the chat template.
+    pub fn tokenizer_info(&self) -> Result<wire::TokenizerInfo, ClientError> {
+        let r = self.call(self.agent.get(&format!("{}{}", self.base, wire::ROUTE_TOKENIZER)), None)?;
+        self.json(r)
+    }
+
     /// `POST /tokenize`.
     pub fn tokenize(&self, text: &str, add_bos: Option<bool>) -> Result<Vec<u32>, ClientError> {
         let t: wire::Tokens = self.post_json(wire::ROUTE_TOKENIZE, &wire::TokenizeRequest { text: text.into(), add_bos })?;

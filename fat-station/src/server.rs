@@ -284,6 +284,21 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             })
             .await
         }
+        (&Method::GET, wire::ROUTE_TOKENIZER) => {
+            let tok = st.tokenizer()?;
+            let template = st.model.knot().tokenizer().ok().flatten().and_then(|d| d.chat_template);
+            Ok(json(
+                StatusCode::OK,
+                &wire::TokenizerInfo {
+                    vocab: tok.vocab_size() as u32,
+                    bos_id: tok.bos_id(),
+                    eos_id: tok.eos_id(),
+                    eog_ids: (0..tok.vocab_size() as u32).filter(|&i| tok.is_eog(i)).collect(),
+                    add_bos: tok.add_bos_default(),
+                    chat_template: template,
+                },
+            ))
+        }
         (&Method::POST, wire::ROUTE_TOKENIZE) => {
             let body: wire::TokenizeRequest = read_json(&st, req).await?;
             let tok = st.tokenizer()?;
@@ -298,7 +313,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             }
             Ok(json(StatusCode::OK, &wire::Text { text: tok.decode(&body.tokens) }))
         }
-        (_, p @ (wire::ROUTE_HEALTH | wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD | wire::ROUTE_TOKENIZE | wire::ROUTE_DETOKENIZE)) => {
+        (_, p @ (wire::ROUTE_HEALTH | wire::ROUTE_TOKENIZER | wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD | wire::ROUTE_TOKENIZE | wire::ROUTE_DETOKENIZE)) => {
             Err(refuse(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{} is not allowed on {p}", req.method())))
         }
         (_, p) => Err(refuse(StatusCode::NOT_FOUND, "not_found", format!("no route {p}"))),

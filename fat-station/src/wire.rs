@@ -29,6 +29,7 @@ pub const ROUTE_LM_HEAD: &str = "/lm-head";
 pub const ROUTE_TOKENIZE: &str = "/tokenize";
 pub const ROUTE_DETOKENIZE: &str = "/detokenize";
 pub const ROUTE_HEALTH: &str = "/health";
+pub const ROUTE_TOKENIZER: &str = "/tokenizer";
 
 /// `POST /embed` body.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -55,6 +56,20 @@ pub struct Tokens {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Text {
     pub text: String,
+}
+
+/// `GET /tokenizer` response: what a client needs to drive generation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenizerInfo {
+    pub vocab: u32,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    /// Every id that ends generation (EOS and end-of-turn control tokens).
+    pub eog_ids: Vec<u32>,
+    /// Whether the model expects BOS prepended.
+    pub add_bos: bool,
+    /// The model's Jinja chat template, when it has one.
+    pub chat_template: Option<String>,
 }
 
 /// `GET /health` response.
