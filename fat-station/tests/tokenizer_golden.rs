@@ -2,19 +2,19 @@
 //! from an independent reference (Hugging Face `tokenizers` built from the same vocabulary and
 //! merges; `scripts/tokenizer/make_golden.py` wrote `tests/golden/tokenizer/*.json`).
 //!
-//! The tokenizer metadata is read from the cached GGUF files through
-//! `scripts/tokenizer/dump_tokenizer_data.py` (python3 with the `gguf` package) until the KNOT
-//! importer carries it. Models dir: `AEON_MODELS_DIR`, else `~/.cache/aeon-shell/models`. A
-//! missing model skips the test with a message, or fails it when `AEON_REQUIRE_MODELS=1`.
+//! The tokenizer metadata is read from the models' KNOT files (`scripts/fetch-model.sh` writes
+//! them); the golden files were made from the GGUF files they were imported from, so this also
+//! checks that the import carries the tokenizer faithfully. Models dir: `AEON_MODELS_DIR`, else
+//! `~/.cache/aeon-shell/models`. A missing model skips the test with a message, or fails it
+//! when `AEON_REQUIRE_MODELS=1`.
 //! Run in release mode: `cargo test --release -p fat-station --test tokenizer_golden`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use fat_station::engine::tokenizer::{StreamDecoder, Tokenizer};
-use knot_format::TokenizerData;
+use knot_format::{Knot, TokenizerData};
 use serde::Deserialize;
 
 const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
@@ -39,30 +39,20 @@ fn unavailable<T>(why: String) -> Option<T> {
     None
 }
 
-/// The model's tokenizer metadata, dumped from its GGUF by the committed python script.
+/// The model's tokenizer metadata, from the tokenizer section of its KNOT file.
 fn load_data(stem: &str) -> Option<TokenizerData> {
-    let gguf = models_dir().join(format!("{stem}.gguf"));
-    if !gguf.is_file() {
+    let path = models_dir().join(format!("{stem}.knot"));
+    if !path.is_file() {
         return unavailable(format!(
-            "{} is missing (scripts/fetch-model.sh)",
-            gguf.display()
+            "{} is missing (run scripts/fetch-model.sh)",
+            path.display()
         ));
     }
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/tokenizer/dump_tokenizer_data.py");
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let json = tmp.path().join(format!("{stem}.json"));
-    let status = Command::new("python3")
-        .arg(&script)
-        .arg(&gguf)
-        .arg(&json)
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        other => return unavailable(format!("{} failed: {other:?}", script.display())),
-    }
-    let bytes = std::fs::read(&json).expect("dump output readable");
-    Some(serde_json::from_slice(&bytes).expect("dump output is TokenizerData JSON"))
+    let knot = Knot::open(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let data = knot
+        .tokenizer()
+        .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    Some(data.unwrap_or_else(|| panic!("{} has no tokenizer section", path.display())))
 }
 
 /// One tokenizer per model for the whole test binary (built once, timed once).

@@ -226,3 +226,21 @@ fn malformed_metadata_is_an_error() {
         Err(TokenizerError::VocabSize { size: 0 })
     ));
 }
+
+#[test]
+fn long_runs_do_not_blow_up() {
+    for kind in ["gpt-2", "qwen2", "smollm", "llama-bpe"] {
+        let t = Tokenizer::from_data(&data(kind)).expect("builds");
+        let text = format!(
+            "a{}b{}c{}{}",
+            " ".repeat(100_000),
+            "\n".repeat(50_000),
+            "x".repeat(100_000),
+            " \t".repeat(20_000)
+        );
+        let t0 = std::time::Instant::now();
+        let ids = t.encode(&text, false);
+        eprintln!("{kind}: {} bytes in {:?}", text.len(), t0.elapsed());
+        assert_eq!(t.decode(&ids), text);
+    }
+}
