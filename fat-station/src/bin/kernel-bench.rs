@@ -1,8 +1,10 @@
 //! kernel-bench: weight-streaming throughput of the matmul kernels on Qwen-sized matrices.
 //!
-//! Prints, per dtype and shape, GB/s of weight bytes streamed by a matvec (decode) and an
-//! 8-row matmul (prefill chunk) at 1 and 2 threads, next to the machine's measured read
-//! bandwidth (sum over a large buffer). Weights are random blocks with sane scales.
+//! Prints, per dtype and shape, GB/s of weight bytes streamed by a matvec (decode) at 1 and 2
+//! threads next to the machine's measured read bandwidth (sum over a large buffer), and for an
+//! 8-row matmul (prefill chunk) the weight GB/s times rows ("per-token equivalent").
+//! Weights are random blocks with sane scales; several copies are cycled so they come from
+//! DRAM, not the cache.
 //!
 //! Exit codes: 0 success, 2 bad arguments or a failed setup.
 
@@ -24,6 +26,13 @@ struct Args {
     /// Tokens for the batched (prefill) measurement.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// Cycle through copies of each matrix totalling at least this many MiB, so weights come
+    /// from DRAM as in decode rather than from the last-level cache (0: one copy).
+    #[arg(long, default_value_t = 256)]
+    cold_mib: usize,
+    /// Only measure this dtype (GGML name, e.g. `q5_0`).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 /// SplitMix64 for reproducible random weights.
@@ -142,6 +151,7 @@ fn run(args: Args) -> Result<()> {
     );
     let shapes: &[(DType, usize, usize)] = &[
         (DType::Q5_0, 896, 4864),
+        (DType::Q5_0, 4864, 896),
         (DType::Q6_K, 896, 4864),
         (DType::Q4_K, 896, 4864),
         (DType::Q8_0, 896, 4864),
@@ -157,16 +167,30 @@ fn run(args: Args) -> Result<()> {
     ];
     let mut rng = Rng(42);
     for &(dtype, rows, cols) in shapes {
-        let data = random_weights(dtype, rows * cols, &mut rng);
-        let w = QMatrix::new(dtype, rows, cols, &data).context("weight geometry")?;
-        let bytes = data.len() as f64;
+        if args.only.as_deref().is_some_and(|o| o != dtype.name()) {
+            continue;
+        }
+        let one = dtype.bytes_for((rows * cols) as u64).context("size")? as usize;
+        let copies = (args.cold_mib * 1024 * 1024).div_ceil(one).clamp(1, 256);
+        let data = random_weights(dtype, rows * cols, &mut rng).repeat(copies);
+        let ws: Vec<QMatrix> = data
+            .chunks_exact(one)
+            .map(|d| QMatrix::new(dtype, rows, cols, d).context("weight geometry"))
+            .collect::<Result<_>>()?;
+        let bytes = one as f64;
         let mut gbs = Vec::new();
         for n_tok in [1, args.batch] {
             let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32() * 2.0).collect();
             let mut y = vec![0f32; n_tok * rows];
             for p in &pools {
-                let t = p.install(|| time_it(args.secs, || matmul(&w, &x, n_tok, &mut y)));
-                gbs.push(bytes / t / 1e9);
+                let mut k = 0;
+                let t = p.install(|| {
+                    time_it(args.secs, || {
+                        k = (k + 1) % ws.len();
+                        matmul(&ws[k], &x, n_tok, &mut y)
+                    })
+                });
+                gbs.push(bytes * n_tok as f64 / t / 1e9);
             }
         }
         println!(

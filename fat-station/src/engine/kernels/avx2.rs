@@ -250,9 +250,14 @@ use bytemuck::Pod;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    // sum (q - 8) q_x = sum q q_x - 8 sum q_x: unsigned products, offset from the block sum.
     legacy_loop(w, x, |b: &BlockQ4_0, a| {
-        let q = _mm256_sub_epi8(nibbles_32(b.qs.as_ptr()), _mm256_set1_epi8(8));
-        (dot_ss(q, load_q8a(a)), f16c(b.d) * a.d, 0.0)
+        let dw = f16c(b.d);
+        (
+            dot_us(nibbles_32(b.qs.as_ptr()), load_q8a(a)),
+            dw * a.d,
+            -8.0 * dw * a.s,
+        )
     })
 }
 
@@ -260,18 +265,17 @@ unsafe fn dot_q4_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
 unsafe fn dot_q4_1(w: &[u8], x: &[BlockQ8A]) -> f32 {
     legacy_loop(w, x, |b: &BlockQ4_1, a| {
         let q = nibbles_32(b.qs.as_ptr());
-        let s = (a.sums[0] as i32 + a.sums[1] as i32) as f32;
-        (dot_us(q, load_q8a(a)), f16c(b.d) * a.d, f16c(b.m) * a.d * s)
+        (dot_us(q, load_q8a(a)), f16c(b.d) * a.d, f16c(b.m) * a.s)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
     legacy_loop(w, x, |b: &BlockQ5_0, a| {
-        // Bit clear: q - 16 = low nibble | 0xF0 as i8; bit set: the low nibble itself.
-        let hi = _mm256_andnot_si256(bits_32(b.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let hi = _mm256_and_si256(bits_32(b.qh), _mm256_set1_epi8(0x10));
         let q = _mm256_or_si256(nibbles_32(b.qs.as_ptr()), hi);
-        (dot_ss(q, load_q8a(a)), f16c(b.d) * a.d, 0.0)
+        let dw = f16c(b.d);
+        (dot_us(q, load_q8a(a)), dw * a.d, -16.0 * dw * a.s)
     })
 }
 
@@ -280,8 +284,7 @@ unsafe fn dot_q5_1(w: &[u8], x: &[BlockQ8A]) -> f32 {
     legacy_loop(w, x, |b: &BlockQ5_1, a| {
         let hi = _mm256_and_si256(bits_32(b.qh), _mm256_set1_epi8(0x10));
         let q = _mm256_or_si256(nibbles_32(b.qs.as_ptr()), hi);
-        let s = (a.sums[0] as i32 + a.sums[1] as i32) as f32;
-        (dot_us(q, load_q8a(a)), f16c(b.d) * a.d, f16c(b.m) * a.d * s)
+        (dot_us(q, load_q8a(a)), f16c(b.d) * a.d, f16c(b.m) * a.s)
     })
 }
 
@@ -299,7 +302,7 @@ unsafe fn dot_q8_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
 
 /// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K / Q5_K block.
 #[inline(always)]
-fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;
@@ -313,12 +316,12 @@ fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
-/// Sum over the 8 sub-blocks of `m_k * d_x * sum(q_x)`.
+/// Sum over the 8 sub-blocks of `m_k * d_x * sum(q_x)` (`s` of the activation block).
 #[inline(always)]
 fn mins_term(mins: &[u8; 8], xa: &[BlockQ8A]) -> f32 {
     let mut s = 0f32;
     for k in 0..8 {
-        s += mins[k] as f32 * xa[k].d * (xa[k].sums[0] as i32 + xa[k].sums[1] as i32) as f32;
+        s += mins[k] as f32 * xa[k].s;
     }
     s
 }
@@ -468,7 +471,10 @@ mod tests {
         let reference = Kernels::for_isa(Isa::Scalar).unwrap();
         let mut rng = Rng::new(11);
         for (dtype, dot) in super::kernels() {
-            for cols in [256usize, 512, 768, 4864] {
+            for cols in [256usize, 512, 768, 4864, 96, 32] {
+                if cols % dtype.block_elems() != 0 {
+                    continue;
+                }
                 for _ in 0..10 {
                     let w = random_row(dtype, cols, &mut rng);
                     let x = random_x(cols, &mut rng);

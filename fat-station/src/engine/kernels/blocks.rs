@@ -143,20 +143,22 @@ const _: () = assert!(size_of::<BlockQ6K>() == DType::Q6_K.block_bytes());
 
 /// The activation block every quantized dot product consumes: 32 activations as
 /// `x = d * q`, q signed 8-bit in [-127, 127], with `d = max|x| / 127` in full f32, plus the
-/// sums of q over each half (for the min / offset terms of the weight formats).
+/// sums of q over each half and `s = d * sum(q)` (for the min / offset terms of the weight
+/// formats).
 ///
 /// One scale per 32 activations (not llama.cpp's one per 256 for k-quants) keeps the small
 /// activations next to an outlier (Qwen's first position reaches ~1000) representable.
-/// 40 bytes / 32 = 10 bits per activation; it lives only in scratch.
+/// 44 bytes / 32 = 11 bits per activation; it lives only in scratch.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq)]
 #[repr(C)]
 pub struct BlockQ8A {
     pub d: f32,
+    pub s: f32,
     pub sums: [i16; 2],
     pub qs: [i8; QK],
 }
 
-const _: () = assert!(size_of::<BlockQ8A>() == 40);
+const _: () = assert!(size_of::<BlockQ8A>() == 44);
 
 /// Scale and min `j` (0..8) of a Q4_K / Q5_K block: 6 bits each, packed in 12 bytes
 /// (`get_scale_min_k4` in ggml).

@@ -7,7 +7,7 @@
 //! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
-//! `avx2` (x86_64 AVX2+FMA), one dispatch point ([`Kernels`]) chosen once per process.
+//! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 VNNI), one dispatch point ([`Kernels`]) chosen once per process.
 //!
 //! Determinism: an output value depends only on its weight row and its activation row, and
 //! the kernel choice is fixed per process, so results are bit-identical whatever the thread
@@ -18,6 +18,8 @@ pub mod reference;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 
 use blocks::BlockQ8A;
 use knot_format::dtype::{DType, QK};
@@ -167,6 +169,8 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX-512 F/BW/VL/DQ + VNNI on top of [`Isa::Avx2`].
+    Avx512,
 }
 
 impl Isa {
@@ -180,18 +184,32 @@ impl Isa {
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
 
-    /// The best instruction set this CPU supports. `FAT_KERNELS=scalar` forces the reference.
+    /// The best instruction set this CPU supports. `FAT_KERNELS=scalar|avx2|avx512` caps it
+    /// (for comparisons; an unavailable choice falls back to the best available below it).
     pub fn detect() -> Isa {
-        if std::env::var("FAT_KERNELS").is_ok_and(|v| v == "scalar") {
-            return Isa::Scalar;
-        }
-        [Isa::Avx2]
-            .into_iter()
+        let order = [Isa::Avx512, Isa::Avx2];
+        let cap = match std::env::var("FAT_KERNELS").as_deref() {
+            Ok("scalar") => return Isa::Scalar,
+            Ok("avx2") => 1,
+            _ => 0,
+        };
+        order[cap..]
+            .iter()
+            .copied()
             .find(|i| i.available())
             .unwrap_or(Isa::Scalar)
     }
@@ -230,9 +248,14 @@ impl Kernels {
             ],
         };
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 {
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
             k.isa = Isa::Avx2;
             avx2::install(&mut k.table);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            k.isa = Isa::Avx512;
+            avx512::install(&mut k.table);
         }
         Some(k)
     }
@@ -280,14 +303,7 @@ pub fn quantize_q8a(x: &[f32], out: &mut Vec<BlockQ8A>) {
         x.len()
     );
     out.clear();
-    out.resize(
-        x.len() / QK,
-        BlockQ8A {
-            d: 0.0,
-            sums: [0; 2],
-            qs: [0; QK],
-        },
-    );
+    out.resize(x.len() / QK, bytemuck::Zeroable::zeroed());
     reference::quantize_row_q8a(x, out);
 }
 

@@ -241,7 +241,7 @@ pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
 // ---------------------------------------------------------------------------------------------
 
 /// Quantize `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks):
-/// `d = max|x| / 127`, `q = round(x / d)`.
+/// `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
 pub fn quantize_row_q8a(x: &[f32], out: &mut [BlockQ8A]) {
     assert_eq!(x.len(), out.len() * QK, "quantize_row_q8a: length mismatch");
     for (xb, o) in x.chunks_exact(QK).zip(out.iter_mut()) {
@@ -255,6 +255,7 @@ pub fn quantize_row_q8a(x: &[f32], out: &mut [BlockQ8A]) {
             sums[j / 16] += q as i16;
         }
         o.d = d;
+        o.s = d * (sums[0] as i32 + sums[1] as i32) as f32;
         o.sums = sums;
     }
 }

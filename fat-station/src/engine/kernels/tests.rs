@@ -127,6 +127,7 @@ fn q8a_quantization_error_is_at_most_half_a_step() {
             b.qs[16..].iter().map(|&q| q as i16).sum(),
         ];
         assert_eq!(b.sums, s);
+        assert_eq!(b.s, b.d * (s[0] as i32 + s[1] as i32) as f32);
         for (q, v) in b.qs.iter().zip(xb) {
             assert!(
                 (*q as f32 * b.d - v).abs() <= 0.5001 * b.d,
