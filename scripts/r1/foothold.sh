@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The foothold: the whole stack in one invocation, as it runs on the device inside a sliver:
+#   swerve cline base:scratch --rootfs DIR --bind MODELS:/models:ro -- bash /opt/aeon/foothold.sh
+# It prints the three verdict lines:
+#   1) monster-guard: quality spec passed -> delegated
+#   2) The capital of France is ->  Paris          (a station + moonshine)
+#   3) cache_hit:true argmax 12095 logit <L>       (the foil collector holds the residue)
+#
+# Environment (defaults are the sliver layout that scripts/demo.sh builds):
+#   AEON_BIN         directory of the binaries          (/opt/aeon/bin)
+#   AEON_SPECS       directory of the qspecs            (/opt/aeon/specs)
+#   AEON_MODELS_DIR  directory holding the Qwen .knot   (/models)
+#   AEON_STATE       scratch state (grants, logs, data) (${TMPDIR:-/tmp}/aeon-foothold)
+#   AEON_PORT, AEON_FOIL_PORT   station and collector ports (8080, 8886)
+set -euo pipefail
+
+bin=${AEON_BIN:-/opt/aeon/bin}
+specs=${AEON_SPECS:-/opt/aeon/specs}
+export AEON_MODELS_DIR=${AEON_MODELS_DIR:-/models}
+state=${AEON_STATE:-${TMPDIR:-/tmp}/aeon-foothold}
+port=${AEON_PORT:-8080}
+foil_port=${AEON_FOIL_PORT:-8886}
+knot=$AEON_MODELS_DIR/qwen2.5-coder-0.5b-instruct-q4_k_m.knot
+prompt="The capital of France is"
+
+die() { echo "foothold: $*" >&2; exit 1; }
+[ -x "$bin/fat-station" ] || die "no binaries in $bin (set AEON_BIN)"
+[ -f "$knot" ] || die "model $knot missing (run scripts/fetch-model.sh; set AEON_MODELS_DIR)"
+rm -rf "$state" && mkdir -p "$state"
+export MONSTER_GUARD_HOME=$state/guard PARIS_PROBE=$bin/paris-probe
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+# Waits until an HTTP endpoint answers (busybox wget or a bash /dev/tcp fallback).
+wait_http() {
+  local url=$1 i
+  for i in $(seq 1 200); do
+    if wget -q -O /dev/null "$url" 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  die "$url did not come up (logs in $state)"
+}
+
+# 1) The gate: the model earns its grant by passing the quality spec.
+"$bin/monster-guard" init >/dev/null
+out=$("$bin/monster-guard" delegate paris net,fs --ttl 1h --qspec "$specs/paris.json" 2>&1) || { echo "$out" >&2; die "the quality spec refused the model"; }
+grep -q "quality spec passed -> delegated" <<<"$out" || { echo "$out" >&2; die "unexpected delegate output"; }
+echo "1) monster-guard: quality spec passed -> delegated"
+
+# 2) A station serving the admitted model under the grant's lease, and moonshine asking it.
+"$bin/foil-control" --host 127.0.0.1 --port "$foil_port" --data-dir "$state/foil" >"$state/foil.log" 2>&1 &
+pids+=($!)
+"$bin/monster-guard" run --name paris --caps net,fs --lease 600 -- \
+  "$bin/fat-station" --knot "$knot" --listen "127.0.0.1:$port" >"$state/station.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$port/health"
+answer=$("$bin/moonshine" --oneoff -c "$prompt" --station "http://127.0.0.1:$port")
+echo "2) $answer"
+
+# 3) The probe posts its residue to the collector; the collector hands it back.
+wait_http "http://127.0.0.1:$foil_port/.aeon/health"
+GNOSIS_FOIL_CACHE_URL="http://127.0.0.1:$foil_port" \
+  "$bin/paris-probe" --station "http://127.0.0.1:$port" --tokens 785,6722,315,9625,374 --expected 12095 \
+  >"$state/probe.out" 2>"$state/probe.err" || { cat "$state/probe.out" "$state/probe.err" >&2; die "probe failed"; }
+key=$(sed -n 's/^foil-cache-admit: status=200 key=//p' "$state/probe.err")
+[ -n "$key" ] || { cat "$state/probe.err" >&2; die "the probe did not admit its residue"; }
+rec=$(wget -q -O - "http://127.0.0.1:$foil_port/.aeon/model-forward-cache?key=$key")
+hit=$(grep -o '"cache_hit": *[a-z]*' <<<"$rec" | sed 's/.*: *//')
+argmax=$(grep -o '"argmax": *[0-9]*' <<<"$rec" | sed 's/.*: *//')
+logit=$(grep -o '"logit": *[-0-9.e]*' <<<"$rec" | head -1 | sed 's/.*: *//')
+echo "3) cache_hit:$hit argmax $argmax logit $logit"
+[ "$hit" = true ] && [ "$argmax" = 12095 ]
