@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every test: installs what the tests need (when it can), fetches and verifies the real models,
+# builds the release binaries the cross-crate tests run, then `cargo test --release`.
+#   scripts/test.sh            (what `make test` and .ci/run run)
+# Real-model tests fail (instead of skipping) here: AEON_REQUIRE_MODELS=1.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export AEON_MODELS_DIR=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
+export AEON_REQUIRE_MODELS=1
+
+# System packages the sandbox tests use (root only; a developer without root skips those tests).
+if [ "$(id -u)" -eq 0 ]; then
+  need=()
+  [ -x /bin/busybox ] || need+=(busybox-static)
+  command -v ip >/dev/null || need+=(iproute2)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "== apt-get install ${need[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null
+  fi
+  export SWERVE_REQUIRE_ROOT=1
+fi
+# The OpenAI-compatibility test drives the gateway with the official client.
+if python3 -c "import openai" 2>/dev/null || python3 -m pip install -q openai >/dev/null 2>&1; then
+  export AEON_REQUIRE_OPENAI=1
+fi
+
+echo "== models"
+scripts/fetch-model.sh all
+echo "== build (release binaries used across crates)"
+cargo build --release --workspace --bins
+echo "== test"
+cargo test --release --workspace
