@@ -244,3 +244,10 @@ fn long_runs_do_not_blow_up() {
         assert_eq!(t.decode(&ids), text);
     }
 }
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Tokenizer>();
+    shareable::<StreamDecoder>();
+}
