@@ -43,14 +43,14 @@ pub fn link_up(name: &str) -> Result<()> {
     let sock = inet_socket()?;
     let mut r = ifreq(name);
     // SAFETY: SIOCGIFFLAGS reads into the ifreq we own; the fd is a valid socket.
-    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut r) })
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut r) })
         .map_err(step_err(format!("ioctl(SIOCGIFFLAGS, {name})")))?;
     // SAFETY: after SIOCGIFFLAGS the flags member of the union is the initialised one.
     unsafe {
         r.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     }
     // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
-    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &r) })
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &r) })
         .map_err(step_err(format!("ioctl(SIOCSIFFLAGS, {name}, IFF_UP)")))?;
     Ok(())
 }
@@ -74,13 +74,13 @@ pub fn set_ipv4(name: &str, ip: Ipv4Addr, prefix: u8) -> Result<()> {
     let mut r = ifreq(name);
     r.ifr_ifru.ifru_addr = sockaddr_in(ip);
     // SAFETY: SIOCSIFADDR reads the ifreq we own.
-    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFADDR, &r) })
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFADDR as _, &r) })
         .map_err(step_err(format!("ioctl(SIOCSIFADDR, {name}, {ip})")))?;
     let mask = Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0));
     let mut r = ifreq(name);
     r.ifr_ifru.ifru_netmask = sockaddr_in(mask);
     // SAFETY: SIOCSIFNETMASK reads the ifreq we own.
-    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFNETMASK, &r) })
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFNETMASK as _, &r) })
         .map_err(step_err(format!("ioctl(SIOCSIFNETMASK, {name}, {mask})")))?;
     link_up(name)
 }

@@ -352,6 +352,8 @@ fn locked_flags(path: &Path) -> MsFlags {
     if unsafe { libc::statvfs(c.as_ptr(), &mut sv) } != 0 {
         return MsFlags::empty();
     }
+    // musl's libc crate lacks ST_RELATIME; the kernel's value (statvfs.h) is the same on both.
+    const ST_RELATIME: libc::c_ulong = 0x1000;
     let mut f = MsFlags::empty();
     for (st, ms) in [
         (libc::ST_NOSUID, MsFlags::MS_NOSUID),
@@ -359,7 +361,7 @@ fn locked_flags(path: &Path) -> MsFlags {
         (libc::ST_NOEXEC, MsFlags::MS_NOEXEC),
         (libc::ST_NOATIME, MsFlags::MS_NOATIME),
         (libc::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (libc::ST_RELATIME, MsFlags::MS_RELATIME),
+        (ST_RELATIME, MsFlags::MS_RELATIME),
     ] {
         if sv.f_flag & st != 0 {
             f |= ms;
