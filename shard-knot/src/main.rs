@@ -1,4 +1,28 @@
-fn main() -> std::process::ExitCode {
-    eprintln!("shard-knot: not built yet");
-    std::process::ExitCode::from(2)
+//! `shard-knot`: split a KNOT into per-node shards and inspect them. See `cli.rs`.
+//!
+//! Exit codes: 0 success; 2 usage, I/O or any other error. A closed stdout exits 0.
+
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = <cli::Args as clap::Parser>::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(err) => {
+            if cli::is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("shard-knot: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
 }

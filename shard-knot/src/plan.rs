@@ -1,0 +1,818 @@
+//! The RAM-aware mesh planner: which node holds which contiguous layer range.
+//!
+//! Costs, per node (all in bytes, decimal units: `2.4G` = 2.4e9):
+//!
+//! - usable RAM = node RAM - [`RESERVE_BYTES`] (kernel, system services, the station binary,
+//!   its runtime and activation scratch);
+//! - each layer costs its tensor bytes (from the tensor table) plus its KV budget,
+//!   `2 (K and V) * kv_dim * 4 (f32) * kv_tokens`;
+//! - the entry node also holds the token embedding, the exit node the output head and final
+//!   norm (for a tied head, its own copy of the embedding).
+//!
+//! The rule of thumb for how many nodes a model needs is `ceil(model bytes / usable RAM)`
+//! where model bytes = all tensors + the KV budget of every layer; the planner then assigns
+//! whole layers contiguously (a greedy fill gives the node count, which is at least the
+//! rule's; the layers are then balanced over that many nodes so that the largest node is as
+//! small as possible). A plan that does not fit is refused, naming what is missing, unless
+//! `disk_paged`: then a node maps more than its RAM and the plan reports how many bytes each
+//! token re-reads from disk (what does not stay resident is streamed once per token).
+//!
+//! Contract and the scaling table: `specs/mesh.md`.
+
+use std::path::{Path, PathBuf};
+
+use knot_format::{layer_of, Knot, LayerRange, Role};
+use serde::{Deserialize, Serialize};
+
+/// RAM a node keeps for itself: ~250 MB kernel and system services on a minimal Linux or
+/// Android image, ~150 MB station binary, runtime, thread stacks and activation scratch.
+pub const RESERVE_BYTES: u64 = 400_000_000;
+
+/// Default KV budget: positions per session the plan reserves cache for.
+pub const DEFAULT_KV_TOKENS: u64 = 1024;
+
+/// KV width assumed for synthetic models (8 KV heads of 128, a GQA 7B-class model).
+pub const SYNTHETIC_KV_DIM: u64 = 1024;
+
+/// Default first listen port of a plan's nodes.
+pub const DEFAULT_BASE_PORT: u16 = 7700;
+
+/// Why a plan could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A size such as `2.4G` did not parse.
+    #[error("bad size {0:?}: expected bytes with an optional K, M, G or T suffix (decimal; Ki/Mi/Gi/Ti binary)")]
+    BadSize(String),
+    /// `--node name=RAM` did not parse.
+    #[error("bad --node {0:?}: expected NAME=RAM, e.g. phone1=2.4G")]
+    BadNode(String),
+    /// The arguments contradict each other or are out of range.
+    #[error("{0}")]
+    Invalid(String),
+    /// The model does not fit the nodes given.
+    #[error("the model does not fit: {0}")]
+    DoesNotFit(String),
+    /// Reading the model failed.
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: knot_format::KnotError,
+    },
+    /// Writing a manifest failed.
+    #[error("writing {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the shards failed.
+    #[error(transparent)]
+    Shard(#[from] crate::ShardError),
+}
+
+/// Parses `2.4G`, `512M`, `1Gi`, `123` into bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary).
+pub fn parse_size(s: &str) -> Result<u64, PlanError> {
+    let t = s.trim();
+    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        None => (t, 1f64),
+        Some((i, _)) => {
+            let m = match &t[i..].to_ascii_lowercase()[..] {
+                "k" => 1e3,
+                "m" => 1e6,
+                "g" => 1e9,
+                "t" => 1e12,
+                "ki" => 1024f64,
+                "mi" => 1024f64.powi(2),
+                "gi" => 1024f64.powi(3),
+                "ti" => 1024f64.powi(4),
+                _ => return Err(PlanError::BadSize(s.into())),
+            };
+            (&t[..i], m)
+        }
+    };
+    let v: f64 = num.trim().parse().map_err(|_| PlanError::BadSize(s.into()))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(PlanError::BadSize(s.into()));
+    }
+    Ok((v * mult).round() as u64)
+}
+
+/// `1.23 GB` style (decimal, as the plan's inputs).
+pub fn human(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.0} KB", b / 1e3)
+    }
+}
+
+/// What the planner knows of a model: bytes per layer and the entry/exit extras.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelCosts {
+    pub model_id: String,
+    /// Header hash of the whole model (`Knot::model_hash`); `synthetic` for a synthetic model.
+    pub model_hash: String,
+    /// Tensor bytes of each block.
+    pub layer_bytes: Vec<u64>,
+    /// Token embedding (+ anything outside the blocks that is not the head).
+    pub entry_bytes: u64,
+    /// Final norm + output head (the embedding again when tied).
+    pub exit_bytes: u64,
+    /// `n_kv_heads * head_dim`.
+    pub kv_dim: u64,
+}
+
+impl ModelCosts {
+    /// Reads the tensor table of a whole model.
+    pub fn from_knot(knot: &Knot) -> ModelCosts {
+        let a = knot.arch();
+        let mut layer_bytes = vec![0u64; a.n_layers as usize];
+        let (mut entry, mut exit) = (0u64, 0u64);
+        let mut embed = 0u64;
+        for t in knot.tensors() {
+            let len = t.entry.len;
+            match (layer_of(t.name()), t.name()) {
+                (Some(l), _) if (l as usize) < layer_bytes.len() => layer_bytes[l as usize] += len,
+                (_, "output.weight" | "output_norm.weight") => exit += len,
+                (_, "token_embd.weight") => {
+                    embed = len;
+                    entry += len
+                }
+                _ => entry += len,
+            }
+        }
+        if a.tied_embeddings && knot.tensor("output.weight").is_none() {
+            exit += embed;
+        }
+        ModelCosts {
+            model_id: knot.header().model_id.clone(),
+            model_hash: knot.model_hash().to_string(),
+            layer_bytes,
+            entry_bytes: entry,
+            exit_bytes: exit,
+            kv_dim: a.n_kv_heads as u64 * a.head_dim as u64,
+        }
+    }
+
+    /// A synthetic model of `bytes` spread evenly over `layers` blocks (no separate
+    /// embedding or head), for the scaling table.
+    pub fn synthetic(bytes: u64, layers: u32, kv_dim: u64) -> ModelCosts {
+        let n = layers.max(1) as u64;
+        let mut layer_bytes = vec![bytes / n; n as usize];
+        layer_bytes[0] += bytes % n;
+        ModelCosts {
+            model_id: format!("synthetic-{}", human(bytes).replace(' ', "")),
+            model_hash: "synthetic".into(),
+            layer_bytes,
+            entry_bytes: 0,
+            exit_bytes: 0,
+            kv_dim,
+        }
+    }
+
+    /// Tensor bytes of the whole model.
+    pub fn weight_bytes(&self) -> u64 {
+        self.layer_bytes.iter().sum::<u64>() + self.entry_bytes + self.exit_bytes
+    }
+}
+
+/// A node's RAM as given on the command line.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeSpec {
+    pub name: String,
+    pub ram: u64,
+}
+
+/// What to plan for.
+#[derive(Clone, Debug)]
+pub struct PlanRequest {
+    /// RAM of every node when `nodes` is not a list.
+    pub node_ram: Option<u64>,
+    /// Exactly this many identical nodes (else as many as needed).
+    pub nodes: Option<u32>,
+    /// Named nodes with their own RAM, in chain order.
+    pub node_list: Vec<NodeSpec>,
+    /// Independent chains.
+    pub replicas: u32,
+    /// Allow nodes to hold more than their RAM through demand paging.
+    pub disk_paged: bool,
+    /// KV positions budgeted per layer.
+    pub kv_tokens: u64,
+}
+
+/// One node of a plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlannedNode {
+    pub node_id: String,
+    pub chain: u32,
+    pub role: Role,
+    pub layers: LayerRange,
+    pub ram: u64,
+    pub usable: u64,
+    /// Weights + KV + entry/exit extras this node holds.
+    pub bytes: u64,
+    /// Of which KV budget.
+    pub kv_bytes: u64,
+    /// Bytes over `usable` (re-read from disk every token; only with `disk_paged`).
+    pub paged_bytes: u64,
+}
+
+/// A whole plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub model_id: String,
+    pub model_hash: String,
+    pub n_layers: u32,
+    /// All tensor bytes.
+    pub weight_bytes: u64,
+    /// KV budget of all layers.
+    pub kv_bytes: u64,
+    pub kv_tokens: u64,
+    pub reserve_bytes: u64,
+    /// The rule: `ceil((weights + KV) / usable RAM)` (per chain; identical nodes only).
+    pub nodes_needed: Option<u32>,
+    /// Nodes per chain actually planned.
+    pub nodes_per_chain: u32,
+    pub replicas: u32,
+    /// Why that many nodes, in words.
+    pub why: String,
+    /// Disk bytes each token re-reads (0 unless disk-paged and over RAM).
+    pub disk_bytes_per_token: u64,
+    pub nodes: Vec<PlannedNode>,
+}
+
+fn layer_cost(m: &ModelCosts, l: usize, kv_tokens: u64) -> u64 {
+    m.layer_bytes[l] + kv_layer(m, kv_tokens)
+}
+
+fn kv_layer(m: &ModelCosts, kv_tokens: u64) -> u64 {
+    2 * m.kv_dim * 4 * kv_tokens
+}
+
+/// Bytes a node holding `r` costs.
+fn range_cost(m: &ModelCosts, r: LayerRange, kv_tokens: u64) -> u64 {
+    let n = m.layer_bytes.len() as u32;
+    let mut c: u64 = (r.start..r.end).map(|l| layer_cost(m, l as usize, kv_tokens)).sum();
+    if r.start == 0 {
+        c += m.entry_bytes;
+    }
+    if r.end == n {
+        c += m.exit_bytes;
+    }
+    c
+}
+
+/// Greedy contiguous fill of `caps` (usable bytes per node, in order); returns the ranges
+/// and, when layers are left over, the first unplaced layer.
+fn greedy(m: &ModelCosts, caps: &[u64], kv_tokens: u64) -> (Vec<LayerRange>, Option<u32>) {
+    let n = m.layer_bytes.len() as u32;
+    let mut out = Vec::new();
+    let mut next = 0u32;
+    for &cap in caps {
+        if next == n {
+            break;
+        }
+        let mut end = next;
+        while end < n && range_cost(m, LayerRange::new(next, end + 1), kv_tokens) <= cap {
+            end += 1;
+        }
+        if end == next {
+            return (out, Some(next));
+        }
+        out.push(LayerRange::new(next, end));
+        next = end;
+    }
+    (out, (next < n).then_some(next))
+}
+
+/// Contiguous split of the layers into exactly `k` non-empty ranges minimising the largest
+/// node cost (binary search on the bound, greedy check).
+fn balanced(m: &ModelCosts, k: u32, kv_tokens: u64) -> Vec<LayerRange> {
+    let n = m.layer_bytes.len() as u32;
+    let k = k.clamp(1, n.max(1));
+    let fits = |bound: u64| -> Option<Vec<LayerRange>> {
+        let mut out = Vec::new();
+        let mut next = 0u32;
+        while next < n {
+            let left_nodes = k - out.len() as u32;
+            if left_nodes == 0 {
+                return None;
+            }
+            // Leave at least one layer for each remaining node.
+            let max_end = n - (left_nodes - 1);
+            let mut end = next;
+            while end < max_end && range_cost(m, LayerRange::new(next, end + 1), kv_tokens) <= bound {
+                end += 1;
+            }
+            if end == next {
+                return None;
+            }
+            out.push(LayerRange::new(next, end));
+            next = end;
+        }
+        (out.len() as u32 == k).then_some(out)
+    };
+    let (mut lo, mut hi) = (0u64, range_cost(m, LayerRange::new(0, n), kv_tokens));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid).is_some() {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    fits(lo).unwrap_or_else(|| crate::even_ranges(n, k).unwrap_or_default())
+}
+
+/// Makes a plan.
+pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let n = m.layer_bytes.len() as u32;
+    if n == 0 {
+        return Err(PlanError::Invalid("the model has no layers".into()));
+    }
+    if req.replicas == 0 {
+        return Err(PlanError::Invalid("--replicas must be at least 1".into()));
+    }
+    let kv = req.kv_tokens;
+    let kv_total = kv_layer(m, kv) * n as u64;
+    let total = m.weight_bytes() + kv_total;
+    let usable_of = |ram: u64| ram.saturating_sub(RESERVE_BYTES);
+
+    // Per-node RAM, in chain order (a list) or identical nodes.
+    let (ranges, rams, nodes_needed, why): (Vec<LayerRange>, Vec<u64>, Option<u32>, String) = if !req.node_list.is_empty() {
+        if req.nodes.is_some() {
+            return Err(PlanError::Invalid("give either --nodes or --node NAME=RAM, not both".into()));
+        }
+        let caps: Vec<u64> = req.node_list.iter().map(|s| usable_of(s.ram)).collect();
+        let (mut ranges, left) = greedy(m, &caps, kv);
+        if let Some(first) = left {
+            if !req.disk_paged {
+                let missing = range_cost(m, LayerRange::new(first, n), kv);
+                return Err(PlanError::DoesNotFit(format!(
+                    "{} nodes ({}) hold layers 0-{first}; layers {first}-{n} ({}) are left over: add a node with at least {} RAM, or pass --disk-paged",
+                    req.node_list.len(),
+                    req.node_list.iter().map(|s| format!("{}={}", s.name, human(s.ram))).collect::<Vec<_>>().join(", "),
+                    human(missing),
+                    human(missing + RESERVE_BYTES),
+                )));
+            }
+            // Disk-paged: spread what is left by RAM share over all the nodes.
+            ranges = weighted_ranges(n, &caps);
+        } else if ranges.len() < req.node_list.len() {
+            // Fewer nodes suffice: spread over all given nodes anyway, weighted by RAM.
+            ranges = weighted_ranges(n, &caps);
+            if ranges.iter().zip(&caps).any(|(r, &c)| range_cost(m, *r, kv) > c) {
+                ranges = greedy(m, &caps, kv).0;
+            }
+        }
+        let why = format!("{} named nodes with {} usable in all for {} of weights + KV", req.node_list.len(), human(caps.iter().sum()), human(total));
+        let rams = req.node_list.iter().map(|s| s.ram).collect();
+        (ranges, rams, None, why)
+    } else {
+        let ram = req.node_ram.ok_or_else(|| PlanError::Invalid("give --node-ram SIZE (or --node NAME=RAM ...)".into()))?;
+        let usable = usable_of(ram);
+        if usable == 0 {
+            return Err(PlanError::DoesNotFit(format!("a node of {} RAM has nothing left after the {} reserve", human(ram), human(RESERVE_BYTES))));
+        }
+        let rule = total.div_ceil(usable) as u32;
+        // The largest single-node piece: the layer (with the entry or exit extra) that must fit.
+        let biggest = (0..n).map(|l| range_cost(m, LayerRange::new(l, l + 1), kv)).max().unwrap_or(0);
+        let mut why = format!(
+            "ceil(({} weights + {} KV for {kv} tokens) / {} usable per node ({} RAM - {} reserve)) = {rule}",
+            human(m.weight_bytes()),
+            human(kv_total),
+            human(usable),
+            human(ram),
+            human(RESERVE_BYTES)
+        );
+        let k = match req.nodes {
+            Some(0) => return Err(PlanError::Invalid("--nodes must be at least 1".into())),
+            Some(k) if k > n => return Err(PlanError::Invalid(format!("--nodes {k} is more than the model's {n} layers"))),
+            Some(k) => {
+                let r = balanced(m, k, kv);
+                let worst = r.iter().map(|r| range_cost(m, *r, kv)).max().unwrap_or(0);
+                if worst > usable && !req.disk_paged {
+                    let (g, left) = greedy(m, &vec![usable; n as usize], kv);
+                    let need = if left.is_some() { None } else { Some(g.len()) };
+                    return Err(PlanError::DoesNotFit(format!(
+                        "{k} nodes of {} RAM: the largest node needs {} but has {} usable ({} short){}; pass --disk-paged to page from disk",
+                        human(ram),
+                        human(worst),
+                        human(usable),
+                        human(worst - usable),
+                        match need {
+                            Some(g) => format!("; {g} nodes would fit"),
+                            None => format!("; a single layer needs up to {} so no number of these nodes fits", human(biggest)),
+                        }
+                    )));
+                }
+                why.push_str(&format!("; {k} nodes requested"));
+                r
+            }
+            None => {
+                let (g, left) = greedy(m, &vec![usable; n as usize], kv);
+                if let Some(l) = left {
+                    let c = range_cost(m, LayerRange::new(l, l + 1), kv);
+                    if !req.disk_paged {
+                        return Err(PlanError::DoesNotFit(format!(
+                            "layer {l} alone needs {} (weights + KV{}) but a node has {} usable: use nodes with at least {} RAM, or pass --disk-paged",
+                            human(c),
+                            if l == 0 { " + embedding" } else if l + 1 == n { " + head" } else { "" },
+                            human(usable),
+                            human(c + RESERVE_BYTES)
+                        )));
+                    }
+                    why.push_str("; a single layer exceeds a node: one layer per node, paged from disk");
+                    (0..n).map(|l| LayerRange::new(l, l + 1)).collect()
+                } else {
+                    let k = g.len() as u32;
+                    if k > rule {
+                        why.push_str(&format!(
+                            "; whole layers only: the largest layer costs {}, so {k} nodes (not {rule}) hold every layer",
+                            human(biggest)
+                        ));
+                    }
+                    balanced(m, k, kv)
+                }
+            }
+        };
+        let rams = vec![ram; k.len()];
+        (k, rams, Some(rule), why)
+    };
+
+    let mut nodes = Vec::new();
+    let mut disk = 0u64;
+    let per_chain = ranges.len() as u32;
+    for chain in 0..req.replicas {
+        for (i, (r, &ram)) in ranges.iter().zip(&rams).enumerate() {
+            let bytes = range_cost(m, *r, kv);
+            let usable = usable_of(ram);
+            let paged = bytes.saturating_sub(usable);
+            if chain == 0 {
+                disk += paged;
+            }
+            let base = if req.node_list.is_empty() { format!("n{i}") } else { req.node_list[i].name.clone() };
+            nodes.push(PlannedNode {
+                node_id: if req.replicas > 1 { format!("r{chain}-{base}") } else { base },
+                chain,
+                role: crate::role_for(*r, n),
+                layers: *r,
+                ram,
+                usable,
+                bytes,
+                kv_bytes: kv_layer(m, kv) * r.len() as u64,
+                paged_bytes: paged,
+            });
+        }
+    }
+    Ok(Plan {
+        model_id: m.model_id.clone(),
+        model_hash: m.model_hash.clone(),
+        n_layers: n,
+        weight_bytes: m.weight_bytes(),
+        kv_bytes: kv_total,
+        kv_tokens: kv,
+        reserve_bytes: RESERVE_BYTES,
+        nodes_needed,
+        nodes_per_chain: per_chain,
+        replicas: req.replicas,
+        why,
+        disk_bytes_per_token: disk,
+        nodes,
+    })
+}
+
+/// Ranges proportional to each node's share of `caps` (at least one layer each).
+fn weighted_ranges(n: u32, caps: &[u64]) -> Vec<LayerRange> {
+    let k = (caps.len() as u32).min(n);
+    let sum: u64 = caps.iter().take(k as usize).sum::<u64>().max(1);
+    let mut out = Vec::new();
+    let mut start = 0u32;
+    let mut acc = 0u64;
+    for (i, &c) in caps.iter().take(k as usize).enumerate() {
+        acc += c;
+        let left = k - i as u32 - 1;
+        let mut end = ((n as u128 * acc as u128) / sum as u128) as u32;
+        end = end.clamp(start + 1, n - left);
+        if i as u32 == k - 1 {
+            end = n;
+        }
+        out.push(LayerRange::new(start, end));
+        start = end;
+    }
+    out
+}
+
+/// One node's manifest: what `fat-station --manifest` reads (see `specs/mesh.md`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub node_id: String,
+    pub model_id: String,
+    /// Header hash of the whole model the shard was cut from.
+    pub model_hash: String,
+    pub role: Role,
+    /// `a-b`, half-open, original indices.
+    pub layers: String,
+    /// The next node of this chain (`null` on the exit).
+    pub successor: Option<Successor>,
+    /// Address the station listens on.
+    pub listen: String,
+    /// The shard file, relative to the manifest's directory (or absolute).
+    pub shard: String,
+    /// Replica chain index.
+    pub chain: u32,
+}
+
+/// Where a node forwards its output residual.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Successor {
+    pub node_id: String,
+    pub url: String,
+    pub layers: String,
+}
+
+/// Builds each node's manifest. Node `i` of chain `c` listens on `host:base_port + c*per_chain + i`.
+pub fn manifests(p: &Plan, host: &str, base_port: u16, shard_name: &dyn Fn(LayerRange) -> String) -> Vec<Manifest> {
+    let addr = |i: usize| format!("{host}:{}", base_port as usize + i);
+    p.nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let next = p.nodes.get(i + 1).filter(|nx| nx.chain == node.chain);
+            Manifest {
+                node_id: node.node_id.clone(),
+                model_id: p.model_id.clone(),
+                model_hash: p.model_hash.clone(),
+                role: node.role,
+                layers: format!("{}-{}", node.layers.start, node.layers.end),
+                successor: next.map(|nx| Successor {
+                    node_id: nx.node_id.clone(),
+                    url: format!("http://{}", addr(i + 1)),
+                    layers: format!("{}-{}", nx.layers.start, nx.layers.end),
+                }),
+                listen: addr(i),
+                shard: shard_name(node.layers),
+                chain: node.chain,
+            }
+        })
+        .collect()
+}
+
+/// Writes `v` as pretty JSON atomically (temp file + rename).
+pub fn write_json_atomic<T: Serialize>(path: &Path, v: &T) -> Result<(), PlanError> {
+    let werr = |source| PlanError::Write { path: path.to_path_buf(), source };
+    let mut bytes = serde_json::to_vec_pretty(v).map_err(|e| werr(std::io::Error::other(e)))?;
+    bytes.push(b'\n');
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, &bytes).map_err(werr)?;
+    std::fs::rename(&tmp, path).map_err(werr)
+}
+
+/// `shard-knot plan`: plan node layer ranges by node RAM; with `-o DIR`, write one manifest
+/// per node and (for a real model) the shards.
+#[derive(Clone, Debug, clap::Args)]
+pub struct PlanArgs {
+    /// The whole model (.knot). Omit with --model-bytes for a synthetic model.
+    pub knot: Option<PathBuf>,
+    /// RAM of every node (e.g. 2.4G; decimal K/M/G/T, binary Ki/Mi/Gi).
+    #[arg(long)]
+    pub node_ram: Option<String>,
+    /// Use exactly N identical nodes per chain (default: as few as fit).
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// A named node and its RAM, NAME=RAM, in chain order (repeat for each node).
+    #[arg(long = "node", value_name = "NAME=RAM")]
+    pub node: Vec<String>,
+    /// Independent chains (replicas) for throughput and failover.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Allow a node to hold more than its RAM (mmap demand paging); reports the disk bytes
+    /// each token re-reads.
+    #[arg(long)]
+    pub disk_paged: bool,
+    /// KV positions budgeted per layer (each costs 2 * kv_dim * 4 bytes).
+    #[arg(long, default_value_t = DEFAULT_KV_TOKENS)]
+    pub kv_tokens: u64,
+    /// Synthetic model size instead of a file (e.g. 7G), spread evenly over --layers.
+    #[arg(long, requires = "layers")]
+    pub model_bytes: Option<String>,
+    /// Layers of the synthetic model.
+    #[arg(long)]
+    pub layers: Option<u32>,
+    /// KV width (n_kv_heads * head_dim) of the synthetic model.
+    #[arg(long, default_value_t = SYNTHETIC_KV_DIM)]
+    pub kv_dim: u64,
+    /// Write the manifests (node-ID.json) and shards into DIR.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Host the nodes listen on (manifests' `listen` and successor URLs).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// First listen port; node i listens on PORT + i.
+    #[arg(long, default_value_t = DEFAULT_BASE_PORT)]
+    pub base_port: u16,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `shard-knot plan`.
+pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    let node_list = args
+        .node
+        .iter()
+        .map(|s| {
+            let (name, ram) = s.split_once('=').ok_or_else(|| PlanError::BadNode(s.clone()))?;
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+                return Err(PlanError::BadNode(s.clone()));
+            }
+            Ok(NodeSpec { name: name.into(), ram: parse_size(ram)? })
+        })
+        .collect::<Result<Vec<_>, PlanError>>()?;
+    let req = PlanRequest {
+        node_ram: args.node_ram.as_deref().map(parse_size).transpose()?,
+        nodes: args.nodes,
+        node_list,
+        replicas: args.replicas,
+        disk_paged: args.disk_paged,
+        kv_tokens: args.kv_tokens,
+    };
+    let knot = match (&args.knot, &args.model_bytes) {
+        (Some(p), None) => Some(Knot::open(p).map_err(|source| PlanError::Read { path: p.clone(), source })?),
+        (None, Some(_)) => None,
+        (Some(_), Some(_)) => anyhow::bail!("give a model file or --model-bytes, not both"),
+        (None, None) => anyhow::bail!("give a model file (M.knot) or --model-bytes SIZE --layers N"),
+    };
+    let costs = match (&knot, &args.model_bytes) {
+        (Some(k), _) => ModelCosts::from_knot(k),
+        (None, Some(b)) => ModelCosts::synthetic(parse_size(b)?, args.layers.unwrap_or(0), args.kv_dim),
+        _ => unreachable!("checked above"),
+    };
+    let p = plan(&costs, &req)?;
+    if let Some(dir) = &args.output {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let stem = args.knot.as_ref().and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| costs.model_id.clone());
+        let n = p.n_layers;
+        if let Some(k) = &knot {
+            let ranges: Vec<LayerRange> = p.nodes.iter().filter(|x| x.chain == 0).map(|x| x.layers).collect();
+            crate::split(k, &ranges, dir, &stem, &mut |_| {}).context("writing the shards")?;
+        }
+        let name = |r: LayerRange| crate::shard_file_name(&stem, r, n);
+        for m in manifests(&p, &args.host, args.base_port, &name) {
+            let path = dir.join(format!("{}.json", m.node_id));
+            write_json_atomic(&path, &m)?;
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&p).context("encoding the plan")?);
+    } else {
+        print_plan(&p, args.output.as_deref());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn print_plan(p: &Plan, out: Option<&Path>) {
+    println!(
+        "{}: {} layers, {} weights + {} KV ({} tokens)",
+        p.model_id,
+        p.n_layers,
+        human(p.weight_bytes),
+        human(p.kv_bytes),
+        p.kv_tokens
+    );
+    if let Some(r) = p.nodes_needed {
+        println!("nodes needed: {r} ({})", p.why);
+    } else {
+        println!("nodes: {}", p.why);
+    }
+    println!("planned: {} node(s) per chain x {} chain(s)", p.nodes_per_chain, p.replicas);
+    for n in &p.nodes {
+        println!(
+            "  {:<10} chain {} {:<5} layers {:>3}-{:<3} {:>10} of {:>10} usable{}",
+            n.node_id,
+            n.chain,
+            format!("{:?}", n.role).to_lowercase(),
+            n.layers.start,
+            n.layers.end,
+            human(n.bytes),
+            human(n.usable),
+            if n.paged_bytes > 0 { format!("  ({} paged from disk per token)", human(n.paged_bytes)) } else { String::new() }
+        );
+    }
+    if p.disk_bytes_per_token > 0 {
+        println!("disk re-read per token: {}", human(p.disk_bytes_per_token));
+    }
+    if let Some(d) = out {
+        println!("wrote manifests{} to {}", if p.model_hash == "synthetic" { "" } else { " and shards" }, d.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(ram: &str) -> PlanRequest {
+        PlanRequest {
+            node_ram: Some(parse_size(ram).unwrap()),
+            nodes: None,
+            node_list: vec![],
+            replicas: 1,
+            disk_paged: false,
+            kv_tokens: DEFAULT_KV_TOKENS,
+        }
+    }
+
+    #[test]
+    fn sizes_parse_decimal_and_binary() {
+        assert_eq!(parse_size("2.4G").unwrap(), 2_400_000_000);
+        assert_eq!(parse_size("512M").unwrap(), 512_000_000);
+        assert_eq!(parse_size("1Gi").unwrap(), 1 << 30);
+        assert_eq!(parse_size("7GB").unwrap(), 7_000_000_000);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+    }
+
+    /// The scaling table of specs/mesh.md: nodes at 2.4 GB each.
+    #[test]
+    fn scaling_table_node_counts() {
+        let r = req("2.4G");
+        let cases = [(4_000_000_000u64, 32u32, 3u32, 3u32), (7_000_000_000, 32, 4, 4), (70_000_000_000, 80, 36, 40)];
+        for (bytes, layers, rule, planned) in cases {
+            let p = plan(&ModelCosts::synthetic(bytes, layers, SYNTHETIC_KV_DIM), &r).unwrap();
+            assert_eq!(p.nodes_needed, Some(rule), "{bytes} bytes: rule ({})", p.why);
+            assert_eq!(p.nodes_per_chain, planned, "{bytes} bytes: planned ({})", p.why);
+            assert!(p.nodes.iter().all(|n| n.bytes <= n.usable), "every node fits");
+            // Contiguous tiling.
+            let mut next = 0;
+            for n in &p.nodes {
+                assert_eq!(n.layers.start, next);
+                next = n.layers.end;
+            }
+            assert_eq!(next, layers);
+        }
+    }
+
+    #[test]
+    fn half_a_gigabyte_model_fits_one_node() {
+        // Qwen2.5-0.5B q4_k_m-like: 24 layers, ~490 MB, kv_dim 128.
+        let mut m = ModelCosts::synthetic(360_000_000, 24, 128);
+        m.entry_bytes = 70_000_000;
+        m.exit_bytes = 60_000_000;
+        let p = plan(&m, &req("2.4G")).unwrap();
+        assert_eq!((p.nodes_needed, p.nodes_per_chain), (Some(1), 1));
+        assert_eq!(p.nodes[0].role, Role::Full);
+    }
+
+    #[test]
+    fn refuses_what_does_not_fit_and_pages_when_asked() {
+        let m = ModelCosts::synthetic(7_000_000_000, 32, SYNTHETIC_KV_DIM);
+        let mut r = req("2.4G");
+        r.nodes = Some(2);
+        let e = plan(&m, &r).unwrap_err().to_string();
+        assert!(e.contains("does not fit") && e.contains("short") && e.contains("4 nodes would fit"), "{e}");
+        r.disk_paged = true;
+        let p = plan(&m, &r).unwrap();
+        assert_eq!(p.nodes_per_chain, 2);
+        assert!(p.disk_bytes_per_token > 0);
+        let expect: u64 = p.nodes.iter().map(|n| n.bytes - n.usable).sum();
+        assert_eq!(p.disk_bytes_per_token, expect);
+    }
+
+    #[test]
+    fn a_layer_bigger_than_a_node_is_named() {
+        let m = ModelCosts::synthetic(70_000_000_000, 32, SYNTHETIC_KV_DIM);
+        let e = plan(&m, &req("2.4G")).unwrap_err().to_string();
+        assert!(e.contains("layer 0 alone needs"), "{e}");
+    }
+
+    #[test]
+    fn named_nodes_and_replicas_make_manifests_with_successors() {
+        let m = ModelCosts::synthetic(3_000_000_000, 30, SYNTHETIC_KV_DIM);
+        let r = PlanRequest {
+            node_ram: None,
+            nodes: None,
+            node_list: vec![NodeSpec { name: "a".into(), ram: 2_400_000_000 }, NodeSpec { name: "b".into(), ram: 1_600_000_000 }],
+            replicas: 2,
+            disk_paged: false,
+            kv_tokens: 256,
+        };
+        let p = plan(&m, &r).unwrap();
+        assert_eq!(p.nodes.len(), 4);
+        assert!(p.nodes[0].layers.len() > p.nodes[1].layers.len(), "the bigger node holds more");
+        let ms = manifests(&p, "127.0.0.1", 7700, &|r| format!("s{}-{}.knot", r.start, r.end));
+        assert_eq!(ms[0].successor.as_ref().unwrap().url, "http://127.0.0.1:7701");
+        assert!(ms[1].successor.is_none(), "exit of chain 0");
+        assert_eq!(ms[2].node_id, "r1-a");
+        assert_eq!(ms[2].successor.as_ref().unwrap().node_id, "r1-b");
+        // Too little RAM in all: refused, naming the leftover layers.
+        let small = PlanRequest { node_list: vec![NodeSpec { name: "a".into(), ram: 1_000_000_000 }], replicas: 1, ..r };
+        let e = plan(&m, &small).unwrap_err().to_string();
+        assert!(e.contains("left over"), "{e}");
+    }
+}
