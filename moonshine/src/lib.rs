@@ -1,1 +1,16 @@
-//! The client: chains stations and generates text.
+//! moonshine: the client. Drives tokens through a chain of stations (one full station or a
+//! mesh of shards), samples and streams text, renders chat templates, and serves an
+//! OpenAI-compatible API (`moonshine serve`).
+//!
+//! Modules, bottom up: [`sampling`] (pure functions and a seeded RNG), [`textstream`]
+//! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`generate`]
+//! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
+//! [`cli`] (the command line), [`serve`] (the gateway).
+
+pub mod chat;
+pub mod cli;
+pub mod generate;
+pub mod mesh_cmd;
+pub mod sampling;
+pub mod serve;
+pub mod textstream;

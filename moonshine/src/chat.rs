@@ -1,0 +1,130 @@
+//! Chat templates: the model's own Jinja template (carried in the KNOT header and served by
+//! `GET /tokenizer`) rendered with minijinja the way Hugging Face renders it
+//! (`trim_blocks`, `lstrip_blocks`, `raise_exception`, Python string methods).
+
+use minijinja::{Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` (or `tool`).
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    /// A message from `role`.
+    pub fn new(role: &str, content: impl Into<String>) -> Message {
+        Message { role: role.into(), content: content.into() }
+    }
+}
+
+/// Why a template could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("chat template does not compile: {0:#}")]
+    Compile(minijinja::Error),
+    #[error("chat template failed to render: {0:#}")]
+    Render(minijinja::Error),
+}
+
+/// A compiled chat template and the special-token texts it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// Name under which the template is stored in the environment.
+const NAME: &str = "chat";
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token`/`eos_token` are the texts templates see under those names.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned(NAME, source.to_string()).map_err(TemplateError::Compile)?;
+        Ok(ChatTemplate { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
+    /// reply begins.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        let t = self.env.get_template(NAME).map_err(TemplateError::Render)?;
+        t.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+            tools => minijinja::Value::from(()),
+        })
+        .map_err(TemplateError::Render)
+    }
+}
+
+/// The ChatML template used when a model carries none (Qwen and SmolLM2 both speak it).
+pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Qwen2.5's template as carried in its GGUF (abridged to the non-tool branch's logic).
+    const QWEN: &str = r#"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"#;
+
+    #[test]
+    fn qwen_template_renders_like_transformers() {
+        let t = ChatTemplate::new(QWEN, "", "<|im_end|>").unwrap();
+        let s = t.render(&[Message::new("user", "Hi")], true).unwrap();
+        assert_eq!(
+            s,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let s2 = t.render(&[Message::new("system", "Be brief."), Message::new("user", "Hi"), Message::new("assistant", "Hello!")], false).unwrap();
+        assert_eq!(s2, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
+    }
+
+    #[test]
+    fn a_later_turn_extends_the_earlier_rendering() {
+        // What lets --chat keep its KV cache: turn 2's text starts with turn 1's text + reply.
+        let t = ChatTemplate::new(CHATML, "", "").unwrap();
+        let mut m = vec![Message::new("user", "a")];
+        let one = t.render(&m, true).unwrap();
+        m.push(Message::new("assistant", "b"));
+        m.push(Message::new("user", "c"));
+        let two = t.render(&m, true).unwrap();
+        assert!(two.starts_with(&format!("{one}b<|im_end|>\n")));
+    }
+
+    #[test]
+    fn raise_exception_and_python_methods_work() {
+        let t = ChatTemplate::new("{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}{{ messages[0].content.strip() }}", "", "").unwrap();
+        assert_eq!(t.render(&[Message::new("user", "  x ")], false).unwrap(), "x");
+        let e = t.render(&[Message::new("system", "x")], false).unwrap_err();
+        assert!(e.to_string().contains("first must be user"), "{e}");
+        assert!(matches!(ChatTemplate::new("{% if %}", "", ""), Err(TemplateError::Compile(_))));
+    }
+}

@@ -1,0 +1,304 @@
+//! The command line: `moonshine [--oneoff] -c PROMPT ...`, `moonshine serve`, `moonshine mesh`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use crate::chat::Message;
+use crate::generate::{self, Backend, GenOutcome, GenRequest, KvSession, Target};
+use crate::sampling::SamplingParams;
+
+/// Generate text over a chain of fat-stations, or serve an OpenAI-compatible API.
+///
+/// Examples:
+///   moonshine --oneoff -c "The capital of France is" --mesh specs/mesh-3.json
+///   moonshine --oneoff --tokens 785,6722,315,9625,374 --station http://127.0.0.1:8080
+///   moonshine -c "Once upon a time" -n 64 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
+///   moonshine --chat -c "What is the capital of France?"       (then more turns on stdin)
+///   moonshine serve --listen 127.0.0.1:8000 --mesh specs/mesh-3.json
+///
+/// Text streams to stdout as it is generated; the last stderr line is
+/// `N tokens in S s (X tok/s)`. Sampling is greedy unless --temperature > 0.
+///
+/// Exit codes: 0 success (also when stdout is closed early), 2 error.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub cmd: Option<Cmd>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub gen: GenArgs,
+}
+
+/// Which stations to drive.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TargetArgs {
+    /// One station serving every layer.
+    #[arg(long, default_value = "http://127.0.0.1:8080", conflicts_with = "mesh")]
+    pub station: String,
+    /// A mesh file: `{"model": .., "stations": [{"url": .., "layers": "a-b"}, ..]}` in layer
+    /// order; the first station embeds (and tokenizes), the last runs the LM head.
+    #[arg(long)]
+    pub mesh: Option<PathBuf>,
+    /// Seconds one station call may take.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+}
+
+impl TargetArgs {
+    /// The chain to connect to.
+    pub fn target(&self) -> Target {
+        match &self.mesh {
+            Some(m) => Target::Mesh(m.clone()),
+            None => Target::Station(self.station.clone()),
+        }
+    }
+
+    /// Connects to the chain.
+    pub fn connect(&self) -> Result<Backend> {
+        let t = self.target();
+        Backend::connect(&t, Duration::from_secs(self.timeout)).with_context(|| format!("connecting to {t:?}"))
+    }
+}
+
+/// Generation flags (no subcommand).
+#[derive(clap::Args, Debug, Clone)]
+pub struct GenArgs {
+    /// Prompt text (tokenized by the entry station). In --chat mode, the first user turn.
+    #[arg(short = 'c', long = "prompt", conflicts_with = "tokens")]
+    pub prompt: Option<String>,
+    /// Prompt token ids, comma separated (when no tokenizer is available).
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Option<Vec<u32>>,
+    /// One stateless greedy step: print `PROMPT -> NEXT` and exit.
+    #[arg(long)]
+    pub oneoff: bool,
+    /// Most tokens to generate (per turn in --chat).
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy (argmax).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample only among the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample only among the most likely tokens whose probabilities sum to P (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Penalise tokens seen in the last --repeat-last-n tokens (1: off; 1.1 is typical).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repetition penalty looks at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed: the same seed, prompt and settings give the same text (default: from the clock,
+    /// printed on stderr).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text is generated (not printed); repeatable.
+    #[arg(long = "stop")]
+    pub stops: Vec<String>,
+    /// Chat: wrap turns in the model's own chat template and keep a multi-turn conversation
+    /// (one user turn per stdin line after -c) with its KV cache on the stations.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Print one JSON object (ids, text, timing) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Serve an OpenAI-compatible API (`POST /v1/chat/completions`, `GET /v1/models`,
+    /// `GET /metrics`) over the stations.
+    Serve(crate::serve::ServeArgs),
+    /// Discover stations and form a mesh (`moonshine mesh --help`).
+    #[command(disable_help_flag = true)]
+    Mesh {
+        /// Arguments for `moonshine mesh`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Runs the parsed command line.
+pub fn run(args: Args) -> Result<ExitCode> {
+    match args.cmd {
+        Some(Cmd::Serve(s)) => crate::serve::run(s).map(|()| ExitCode::SUCCESS),
+        Some(Cmd::Mesh { args }) => Ok(crate::mesh_cmd::run(args)),
+        None => run_gen(&args.target, &args.gen),
+    }
+}
+
+fn sampling(g: &GenArgs) -> Result<SamplingParams> {
+    let seed = g.seed.unwrap_or_else(|| {
+        let s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        if g.temperature > 0.0 {
+            eprintln!("seed: {s}");
+        }
+        s
+    });
+    let p = SamplingParams { temperature: g.temperature, top_k: g.top_k, top_p: g.top_p, repeat_penalty: g.repeat_penalty, repeat_last_n: g.repeat_last_n, seed };
+    p.validate()?;
+    Ok(p)
+}
+
+fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
+    if g.prompt.is_none() && g.tokens.is_none() && !g.chat {
+        bail!("nothing to do: give a prompt with -c TEXT (or --tokens IDS, or --chat); see --help");
+    }
+    if g.oneoff && g.chat {
+        bail!("--oneoff and --chat do not go together");
+    }
+    let b = t.connect()?;
+    if g.oneoff {
+        return run_oneoff(&b, g);
+    }
+    if g.max_tokens == 0 {
+        bail!("-n must be at least 1");
+    }
+    let params = sampling(g)?;
+    if g.chat {
+        return run_chat(&b, g, params);
+    }
+    let prompt = match (&g.tokens, &g.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => b.tokenize(text, None).context("tokenizing the prompt")?,
+        (None, None) => unreachable!("checked above"),
+    };
+    let req = GenRequest { prompt, max_tokens: g.max_tokens, sampling: params, stops: g.stops.clone() };
+    let mut session = KvSession::new("moonshine");
+    let mut out = Output::new(g.json);
+    if !g.json {
+        if let Some(p) = &g.prompt {
+            out.write(p);
+        }
+    }
+    let o = generate::generate(&b, &mut session, &req, |s| out.write(s)).context("generating")?;
+    finish_line(&b, &o, &mut out, g.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Stdout that notices a closed pipe (the reader went away: stop, exit 0).
+struct Output {
+    quiet: bool,
+    closed: bool,
+}
+
+impl Output {
+    fn new(quiet: bool) -> Output {
+        Output { quiet, closed: false }
+    }
+
+    /// Writes and flushes; `false` once stdout is closed.
+    fn write(&mut self, s: &str) -> bool {
+        if self.quiet || self.closed {
+            return !self.closed;
+        }
+        let mut o = std::io::stdout().lock();
+        if o.write_all(s.as_bytes()).and_then(|()| o.flush()).is_err() {
+            self.closed = true;
+        }
+        !self.closed
+    }
+}
+
+fn finish_line(b: &Backend, o: &GenOutcome, out: &mut Output, json: bool) -> Result<()> {
+    if json {
+        let v = serde_json::json!({
+            "text": o.text, "tokens": o.tokens, "prompt_tokens": o.prompt_tokens, "prompt_sent": o.prompt_sent,
+            "completion_tokens": o.completion_tokens(b), "finish_reason": o.finish, "prefill_s": o.prefill_s,
+            "decode_s": o.decode_s, "timing": o.timing,
+        });
+        println!("{v}");
+    } else {
+        out.write("\n");
+    }
+    let n = o.completion_tokens(b);
+    let s = o.prefill_s + o.decode_s;
+    eprintln!("prefill: {} of {} prompt tokens sent in {:.2} s; station compute {:.0} ms", o.prompt_sent, o.prompt_tokens, o.prefill_s, o.timing.compute_ms());
+    eprintln!("{n} tokens in {s:.2} s ({:.1} tok/s)", n as f64 / s.max(1e-9));
+    Ok(())
+}
+
+fn run_oneoff(b: &Backend, g: &GenArgs) -> Result<ExitCode> {
+    let tokens = match (&g.tokens, &g.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => b.tokenize(text, None).context("tokenizing the prompt (no tokenizer? use --tokens)")?,
+        (None, None) => bail!("--oneoff needs -c TEXT or --tokens IDS"),
+    };
+    let r = generate::oneoff(b, &tokens).context("running the chain")?;
+    if g.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (url, layers, ms) in &r.timing.hops {
+        eprintln!("hop {url} layers {layers}: {ms:.1} ms compute");
+    }
+    eprintln!("argmax {} logit {:.3} in {:.0} ms", r.next_id, r.logit, r.ms);
+    let shown = |t: &str| if t.trim().is_empty() { format!("{t:?}") } else { t.trim().to_string() };
+    let line = match (&g.prompt, &r.next_text) {
+        (Some(p), Some(t)) if g.tokens.is_none() => format!("{p} -> {}", shown(t)),
+        (_, Some(t)) => format!("{} -> {} {t:?}", join(&tokens), r.next_id),
+        (_, None) => format!("{} -> {}", join(&tokens), r.next_id),
+    };
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn join(ids: &[u32]) -> String {
+    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn run_chat(b: &Backend, g: &GenArgs, params: SamplingParams) -> Result<ExitCode> {
+    let template = b.chat_template().context("loading the chat template")?;
+    let mut messages = Vec::new();
+    if let Some(s) = &g.system {
+        messages.push(Message::new("system", s.clone()));
+    }
+    let mut session = KvSession::new("chat");
+    let stdin = std::io::stdin();
+    let tty = stdin.is_terminal();
+    let mut lines = stdin.lock().lines();
+    let mut first = g.prompt.clone();
+    let mut out = Output::new(g.json);
+    for turn in 1.. {
+        let user = match first.take() {
+            Some(p) => p,
+            None => {
+                if tty {
+                    eprint!("> ");
+                }
+                match lines.next() {
+                    Some(l) => l.context("reading stdin")?,
+                    None => break,
+                }
+            }
+        };
+        if user.trim().is_empty() {
+            continue;
+        }
+        messages.push(Message::new("user", user));
+        let prompt = b.chat_tokens(&template, &messages).context("rendering the chat template")?;
+        let req = GenRequest { prompt, max_tokens: g.max_tokens, sampling: SamplingParams { seed: params.seed.wrapping_add(turn), ..params.clone() }, stops: g.stops.clone() };
+        let o = generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;
+        eprintln!("turn {turn}: sent {} of {} prompt tokens ({} reused from the KV cache)", o.prompt_sent, o.prompt_tokens, o.prompt_tokens - o.prompt_sent);
+        finish_line(b, &o, &mut out, g.json)?;
+        messages.push(Message::new("assistant", o.text.clone()));
+        if out.closed {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

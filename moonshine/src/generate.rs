@@ -1,0 +1,380 @@
+//! Generation over a chain of stations: tokenize, prefill into a station-side KV session,
+//! sample, decode one token per step, stream text, stop on end-of-generation or stop strings.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fat_station::client::{Chain, ClientError, MeshFile, StationClient, StepTrace};
+use fat_station::wire::TokenizerInfo;
+use serde::Serialize;
+
+use crate::chat::{ChatTemplate, Message, TemplateError, CHATML};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::textstream::TextStream;
+
+/// Why generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    #[error(transparent)]
+    Station(#[from] ClientError),
+    #[error("mesh file {path}: {why}")]
+    MeshFile { path: String, why: String },
+    #[error("no station in the chain serves a tokenizer (use --tokens)")]
+    NoTokenizer,
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("station returned {got} logits, expected {want}")]
+    BadLogits { got: usize, want: usize },
+}
+
+/// Where the stations are.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// One station serving every layer.
+    Station(String),
+    /// A mesh file listing stations in layer order.
+    Mesh(std::path::PathBuf),
+}
+
+/// A connected chain plus what generation needs to know about the model.
+pub struct Backend {
+    pub chain: Chain,
+    /// The station that tokenizes (the entry one when it has a tokenizer).
+    pub tok: Option<StationClient>,
+    /// Special ids and the chat template (`None` without a tokenizer).
+    pub info: Option<TokenizerInfo>,
+    /// Model name: the mesh file's `model`, else the entry station's `model_id`.
+    pub model_id: String,
+}
+
+impl Backend {
+    /// Connects: checks every hop's health and finds a tokenizer.
+    pub fn connect(target: &Target, timeout: Duration) -> Result<Backend, GenError> {
+        let (chain, mesh_model) = match target {
+            Target::Station(url) => (Chain::single(url, timeout)?, None),
+            Target::Mesh(path) => {
+                let p = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|e| GenError::MeshFile { path: p.clone(), why: e.to_string() })?;
+                let mesh: MeshFile = serde_json::from_str(&text).map_err(|e| GenError::MeshFile { path: p, why: e.to_string() })?;
+                (Chain::from_mesh(&mesh, timeout)?, mesh.model.clone())
+            }
+        };
+        let mut tok = None;
+        let mut model_id = None;
+        for (c, _) in chain.hops() {
+            let h = c.health()?;
+            model_id.get_or_insert(h.model_id.clone());
+            if h.has_tokenizer && tok.is_none() {
+                tok = Some(c.clone());
+            }
+        }
+        let info = match &tok {
+            Some(t) => Some(t.tokenizer_info()?),
+            None => None,
+        };
+        Ok(Backend { chain, tok, info, model_id: mesh_model.or(model_id).unwrap_or_else(|| "unknown".into()) })
+    }
+
+    /// The tokenizing station, or [`GenError::NoTokenizer`].
+    pub fn tokenizer(&self) -> Result<&StationClient, GenError> {
+        self.tok.as_ref().ok_or(GenError::NoTokenizer)
+    }
+
+    /// Tokenizes `text` with the model's default BOS rule.
+    pub fn tokenize(&self, text: &str, add_bos: Option<bool>) -> Result<Vec<u32>, GenError> {
+        Ok(self.tokenizer()?.tokenize(text, add_bos)?)
+    }
+
+    /// Detokenizes `ids` (lossy at an incomplete character).
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String, GenError> {
+        Ok(self.tokenizer()?.detokenize(ids)?)
+    }
+
+    /// True when `id` ends generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.info.as_ref().is_some_and(|i| i.eog_ids.contains(&id))
+    }
+
+    /// The model's chat template (ChatML when it carries none).
+    pub fn chat_template(&self) -> Result<ChatTemplate, GenError> {
+        let info = self.info.as_ref().ok_or(GenError::NoTokenizer)?;
+        let text = |id: Option<u32>| id.and_then(|i| self.detokenize(&[i]).ok()).unwrap_or_default();
+        let src = info.chat_template.as_deref().unwrap_or(CHATML);
+        Ok(ChatTemplate::new(src, &text(info.bos_id), &text(info.eos_id))?)
+    }
+
+    /// Renders a conversation and tokenizes it (no extra BOS: the template places its own).
+    pub fn chat_tokens(&self, template: &ChatTemplate, messages: &[Message]) -> Result<Vec<u32>, GenError> {
+        let text = template.render(messages, true)?;
+        self.tokenize(&text, Some(false))
+    }
+}
+
+/// Station compute reported per hop, summed over steps (for `Server-Timing` and metrics).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timing {
+    pub embed_ms: f64,
+    /// (station url, layers `a-b`, compute ms) per hop.
+    pub hops: Vec<(String, String, f64)>,
+    pub head_ms: f64,
+    /// Chain steps (1 prefill + 1 per decoded token).
+    pub steps: usize,
+}
+
+impl Timing {
+    fn add(&mut self, t: &StepTrace) {
+        self.embed_ms += t.embed_ms;
+        self.head_ms += t.head_ms;
+        if self.hops.len() != t.hops.len() {
+            self.hops = t.hops.iter().map(|(u, r, _, _)| (u.clone(), format!("{}-{}", r.start, r.end), 0.0)).collect();
+        }
+        for (acc, (_, _, _, ms)) in self.hops.iter_mut().zip(&t.hops) {
+            acc.2 += ms;
+        }
+        self.steps += 1;
+    }
+
+    /// Engine compute over all hops.
+    pub fn compute_ms(&self) -> f64 {
+        self.embed_ms + self.head_ms + self.hops.iter().map(|h| h.2).sum::<f64>()
+    }
+
+    /// `Server-Timing` header value: one entry per hop plus embed and head.
+    pub fn server_timing(&self) -> String {
+        let mut parts = vec![format!("embed;dur={:.1}", self.embed_ms)];
+        for (i, (url, layers, ms)) in self.hops.iter().enumerate() {
+            let desc = format!("{url} {layers}").replace(['"', '\\'], "");
+            parts.push(format!("hop{i};desc=\"{desc}\";dur={ms:.1}"));
+        }
+        parts.push(format!("lm-head;dur={:.1}", self.head_ms));
+        parts.join(", ")
+    }
+}
+
+static SESSION_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A station-side KV session: an id and the tokens whose keys and values the stations hold.
+#[derive(Debug)]
+pub struct KvSession {
+    pub id: String,
+    /// Tokens held by the stations' caches, in order.
+    pub cached: Vec<u32>,
+}
+
+impl KvSession {
+    /// A session with a process-unique id (`prefix-PID-N-NANOS`).
+    pub fn new(prefix: &str) -> KvSession {
+        let n = SESSION_SEQ.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        KvSession::with_id(format!("{prefix}-{}-{n}-{nanos:x}", std::process::id()))
+    }
+
+    /// A session with a given id; the stations may still hold older tokens under it, which the
+    /// first feed rewinds (`X-Pos` 0 truncates).
+    pub fn with_id(id: String) -> KvSession {
+        KvSession { id, cached: Vec::new() }
+    }
+
+    /// Makes the stations hold exactly `tokens` and returns the last row's logits: sends only
+    /// the part after the longest prefix already cached (rewinding the rest). A session the
+    /// stations lost (evicted, restarted) is re-filled from position 0.
+    pub fn feed(&mut self, chain: &Chain, tokens: &[u32], timing: &mut Timing) -> Result<Vec<f32>, GenError> {
+        if tokens.is_empty() {
+            return Err(GenError::EmptyPrompt);
+        }
+        let mut keep = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        if keep == tokens.len() {
+            keep -= 1; // logits need at least one row to run
+        }
+        let mut trace = StepTrace::default();
+        let logits = match chain.step(&tokens[keep..], Some((&self.id, keep)), &mut trace) {
+            Err(ClientError::Refused { status: 409, ref code, .. }) if keep > 0 && code == "session_mismatch" => {
+                tracing::warn!(session = %self.id, "stations lost the session; prefilling again");
+                trace = StepTrace::default();
+                chain.step(tokens, Some((&self.id, 0)), &mut trace)?
+            }
+            r => r?,
+        };
+        timing.add(&trace);
+        self.cached.clear();
+        self.cached.extend_from_slice(tokens);
+        Ok(logits)
+    }
+}
+
+/// How a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The consumer asked to stop (client gone).
+    Cancelled,
+}
+
+/// One generation's inputs.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    /// Tokens the model continues (the whole conversation in chat mode).
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stops: Vec<String>,
+}
+
+/// One generation's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenOutcome {
+    pub text: String,
+    /// Every sampled id, including a final end-of-generation id.
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    /// Prompt tokens actually sent (the rest were already cached).
+    pub prompt_sent: usize,
+    pub finish: Finish,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub timing: Timing,
+}
+
+impl GenOutcome {
+    /// Generated tokens that count (end-of-generation ids excluded).
+    pub fn completion_tokens(&self, b: &Backend) -> usize {
+        self.tokens.iter().filter(|&&t| !b.is_eog(t)).count()
+    }
+}
+
+/// Generates from `req` in `session`. `on_text` gets each safe piece of text and returns
+/// `false` to cancel. Without a tokenizer, text is empty and only ids are produced.
+pub fn generate(b: &Backend, session: &mut KvSession, req: &GenRequest, on_text: impl FnMut(&str) -> bool) -> Result<GenOutcome, GenError> {
+    Generation::start(b, session, req)?.run(on_text)
+}
+
+/// A generation whose prompt is in the stations' KV cache; [`Generation::run`] decodes.
+pub struct Generation<'a> {
+    b: &'a Backend,
+    session: &'a mut KvSession,
+    req: &'a GenRequest,
+    logits: Vec<f32>,
+    timing: Timing,
+    prefill_s: f64,
+    already: usize,
+}
+
+impl<'a> Generation<'a> {
+    /// Prefills: sends the part of the prompt the session does not hold yet.
+    pub fn start(b: &'a Backend, session: &'a mut KvSession, req: &'a GenRequest) -> Result<Generation<'a>, GenError> {
+        let t0 = Instant::now();
+        let mut timing = Timing::default();
+        let already = session.cached.iter().zip(&req.prompt).take_while(|(a, c)| a == c).count().min(req.prompt.len().saturating_sub(1));
+        let logits = session.feed(&b.chain, &req.prompt, &mut timing)?;
+        if let Some(v) = b.info.as_ref().map(|i| i.vocab as usize).filter(|&v| v != logits.len()) {
+            return Err(GenError::BadLogits { got: logits.len(), want: v });
+        }
+        Ok(Generation { b, session, req, logits, timing, prefill_s: t0.elapsed().as_secs_f64(), already })
+    }
+
+    /// Station compute so far (the prefill, before [`Generation::run`]).
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// Prompt tokens that were already cached and not sent.
+    pub fn reused(&self) -> usize {
+        self.already
+    }
+
+    /// Samples and decodes until end-of-generation, a stop string, `max_tokens`, or `on_text`
+    /// returning `false`.
+    pub fn run(self, mut on_text: impl FnMut(&str) -> bool) -> Result<GenOutcome, GenError> {
+        let Generation { b, session, req, mut logits, mut timing, prefill_s, already } = self;
+        let mut sampler = Sampler::new(req.sampling.clone());
+        sampler.observe(&req.prompt);
+        let mut stream = TextStream::new(req.stops.clone());
+        let mut detok = |ids: &[u32]| if b.tok.is_some() { b.detokenize(ids) } else { Ok(String::new()) };
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        let t1 = Instant::now();
+        let mut finish = Finish::Length;
+        while tokens.len() < req.max_tokens {
+            let id = sampler.sample(&mut logits);
+            tokens.push(id);
+            if b.is_eog(id) {
+                finish = Finish::Stop;
+                break;
+            }
+            let piece = stream.push(id, &mut detok)?;
+            if !piece.text.is_empty() {
+                text.push_str(&piece.text);
+                if !on_text(&piece.text) {
+                    finish = Finish::Cancelled;
+                    break;
+                }
+            }
+            if piece.stopped {
+                finish = Finish::Stop;
+                break;
+            }
+            if tokens.len() == req.max_tokens {
+                break;
+            }
+            let pos = session.cached.len();
+            let mut trace = StepTrace::default();
+            logits = b.chain.step(&[id], Some((&session.id, pos)), &mut trace)?;
+            timing.add(&trace);
+            session.cached.push(id);
+        }
+        if finish != Finish::Cancelled {
+            let tail = stream.finish(&mut detok)?;
+            if !tail.text.is_empty() {
+                text.push_str(&tail.text);
+                on_text(&tail.text);
+            }
+        }
+        Ok(GenOutcome {
+            text,
+            tokens,
+            prompt_tokens: req.prompt.len(),
+            prompt_sent: req.prompt.len() - already,
+            finish,
+            prefill_s,
+            decode_s: t1.elapsed().as_secs_f64(),
+            timing,
+        })
+    }
+}
+
+/// The result of one stateless greedy step (`--oneoff`).
+#[derive(Clone, Debug, Serialize)]
+pub struct OneOff {
+    pub tokens: Vec<u32>,
+    pub next_id: u32,
+    pub next_text: Option<String>,
+    pub logit: f32,
+    pub ms: f64,
+    pub timing: Timing,
+}
+
+/// One stateless step through the chain: the argmax after `tokens`.
+pub fn oneoff(b: &Backend, tokens: &[u32]) -> Result<OneOff, GenError> {
+    if tokens.is_empty() {
+        return Err(GenError::EmptyPrompt);
+    }
+    let t0 = Instant::now();
+    let mut trace = StepTrace::default();
+    let logits = b.chain.step(tokens, None, &mut trace)?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let next_id = crate::sampling::argmax(&logits);
+    let logit = logits.get(next_id as usize).copied().ok_or(GenError::BadLogits { got: 0, want: 1 })?;
+    let next_text = match &b.tok {
+        Some(_) => Some(b.detokenize(&[next_id])?),
+        None => None,
+    };
+    let mut timing = Timing::default();
+    timing.add(&trace);
+    Ok(OneOff { tokens: tokens.to_vec(), next_id, next_text, logit, ms, timing })
+}

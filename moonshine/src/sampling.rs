@@ -1,0 +1,318 @@
+//! Choosing the next token from logits: greedy, repetition penalty, temperature, top-k,
+//! top-p, and a small seeded RNG so that the same seed gives the same text.
+//!
+//! Order of operations (as llama.cpp's default chain): repetition penalty over the recent
+//! history -> greedy when `temperature <= 0` -> top-k -> softmax at `temperature` -> top-p ->
+//! draw. Every step is a pure function over a candidate list so it can be tested alone.
+
+/// How to sample. `temperature <= 0` is greedy (argmax after the repetition penalty).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` means greedy.
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability sums to at least `p`; 1.0 disables.
+    pub top_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens by this; 1.0 disables.
+    pub repeat_penalty: f32,
+    /// How many of the most recent tokens the repetition penalty looks at.
+    pub repeat_last_n: usize,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+    }
+}
+
+/// Why sampling parameters are refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("repeat penalty must be a finite number > 0, got {0}")]
+    RepeatPenalty(f32),
+}
+
+impl SamplingParams {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
+            return Err(SamplingError::RepeatPenalty(self.repeat_penalty));
+        }
+        Ok(())
+    }
+
+    /// True when sampling is plain argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// PCG32 (XSH-RR, O'Neill 2014): 64-bit state, 32-bit output. Small, fast and fully
+/// determined by its seed, which is all sampling needs.
+#[derive(Clone, Debug)]
+pub struct Pcg32 {
+    state: u64,
+    inc: u64,
+}
+
+impl Pcg32 {
+    const MUL: u64 = 6364136223846793005;
+
+    /// A generator seeded with `seed` (stream fixed).
+    pub fn new(seed: u64) -> Pcg32 {
+        let mut r = Pcg32 { state: 0, inc: (0xda3e39cb94b95bdb << 1) | 1 };
+        r.next_u32();
+        r.state = r.state.wrapping_add(seed);
+        r.next_u32();
+        r
+    }
+
+    /// The next 32 random bits.
+    pub fn next_u32(&mut self) -> u32 {
+        let old = self.state;
+        self.state = old.wrapping_mul(Self::MUL).wrapping_add(self.inc);
+        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
+        let rot = (old >> 59) as u32;
+        xorshifted.rotate_right(rot)
+    }
+
+    /// Uniform in `[0, 1)` with 24 bits of precision.
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+    }
+}
+
+/// Index of the largest logit (the first one on ties); 0 for an empty slice.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Applies the repetition penalty in place to every distinct id in `recent` (CTRL paper
+/// rule: positive logits are divided, negative multiplied).
+pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    let mut seen: Vec<u32> = recent.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    for id in seen {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
+/// A token and its logit (later, its probability).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub p: f32,
+}
+
+/// Keeps the `k` largest, sorted best first (`k == 0` or `k >= len` keeps all, still sorted).
+pub fn top_k(mut c: Vec<Candidate>, k: usize) -> Vec<Candidate> {
+    let by_p = |a: &Candidate, b: &Candidate| b.p.total_cmp(&a.p).then(a.id.cmp(&b.id));
+    if k > 0 && k < c.len() {
+        c.select_nth_unstable_by(k - 1, by_p);
+        c.truncate(k);
+    }
+    c.sort_unstable_by(by_p);
+    c
+}
+
+/// Turns logits into probabilities at `temperature` (> 0), in place.
+pub fn softmax(c: &mut [Candidate], temperature: f32) {
+    let max = c.iter().map(|x| x.p).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for x in c.iter_mut() {
+        x.p = ((x.p - max) / temperature).exp();
+        sum += x.p as f64;
+    }
+    for x in c.iter_mut() {
+        x.p = (x.p as f64 / sum) as f32;
+    }
+}
+
+/// Keeps the smallest best-first prefix whose probabilities sum to at least `p` (at least
+/// one), renormalised. `c` must be sorted best first.
+pub fn top_p(mut c: Vec<Candidate>, p: f32) -> Vec<Candidate> {
+    if p >= 1.0 {
+        return c;
+    }
+    let mut acc = 0.0f32;
+    let mut keep = c.len();
+    for (i, x) in c.iter().enumerate() {
+        acc += x.p;
+        if acc >= p {
+            keep = i + 1;
+            break;
+        }
+    }
+    c.truncate(keep.max(1));
+    let sum: f32 = c.iter().map(|x| x.p).sum();
+    for x in c.iter_mut() {
+        x.p /= sum;
+    }
+    c
+}
+
+/// Draws from probabilities using a uniform `u` in `[0, 1)`.
+pub fn draw(c: &[Candidate], u: f32) -> u32 {
+    let mut acc = 0.0f32;
+    for x in c {
+        acc += x.p;
+        if u < acc {
+            return x.id;
+        }
+    }
+    c.last().map(|x| x.id).unwrap_or(0)
+}
+
+/// A sampler: parameters, RNG state and the token history for the repetition penalty.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Pcg32,
+    history: Vec<u32>,
+}
+
+impl Sampler {
+    /// A sampler for `params`; the RNG is seeded with `params.seed`.
+    pub fn new(params: SamplingParams) -> Sampler {
+        Sampler { rng: Pcg32::new(params.seed), params, history: Vec::new() }
+    }
+
+    /// Adds tokens the penalty should see (e.g. the prompt) without sampling.
+    pub fn observe(&mut self, tokens: &[u32]) {
+        self.history.extend_from_slice(tokens);
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalty) and records it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        let p = &self.params;
+        let recent = &self.history[self.history.len().saturating_sub(p.repeat_last_n)..];
+        apply_repeat_penalty(logits, recent, p.repeat_penalty);
+        let id = if p.is_greedy() {
+            argmax(logits)
+        } else {
+            let c: Vec<Candidate> = logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, p: l }).collect();
+            let mut c = top_k(c, p.top_k);
+            softmax(&mut c, p.temperature);
+            let c = top_p(c, p.top_p);
+            draw(&c, self.rng.next_f32())
+        };
+        self.history.push(id);
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands(l: &[f32]) -> Vec<Candidate> {
+        l.iter().enumerate().map(|(i, &p)| Candidate { id: i as u32, p }).collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax_first_on_ties() {
+        assert_eq!(argmax(&[0.1, 3.0, 3.0, -1.0]), 1);
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.sample(&mut [1.0, 2.0, 0.5]), 1);
+    }
+
+    #[test]
+    fn pcg32_is_deterministic_per_seed_and_uniform() {
+        let a: Vec<u32> = { let mut r = Pcg32::new(7); (0..8).map(|_| r.next_u32()).collect() };
+        let b: Vec<u32> = { let mut r = Pcg32::new(7); (0..8).map(|_| r.next_u32()).collect() };
+        let c: Vec<u32> = { let mut r = Pcg32::new(8); (0..8).map(|_| r.next_u32()).collect() };
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let mut r = Pcg32::new(1);
+        let mean: f32 = (0..10_000).map(|_| r.next_f32()).sum::<f32>() / 10_000.0;
+        assert!((mean - 0.5).abs() < 0.02, "uniform mean {mean}");
+    }
+
+    #[test]
+    fn repeat_penalty_divides_positive_and_multiplies_negative_once_per_id() {
+        let mut l = [2.0, -2.0, 1.0];
+        apply_repeat_penalty(&mut l, &[0, 1, 0, 0], 2.0);
+        assert_eq!(l, [1.0, -4.0, 1.0]);
+    }
+
+    #[test]
+    fn top_k_keeps_the_best_sorted() {
+        let c = top_k(cands(&[0.1, 5.0, 3.0, 4.0]), 2);
+        assert_eq!(c.iter().map(|x| x.id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(top_k(cands(&[1.0, 2.0]), 0).len(), 2);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_temperature_sharpens() {
+        let mut hot = cands(&[1.0, 2.0, 3.0]);
+        softmax(&mut hot, 2.0);
+        let mut cold = cands(&[1.0, 2.0, 3.0]);
+        softmax(&mut cold, 0.5);
+        assert!((hot.iter().map(|x| x.p).sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(cold[2].p > hot[2].p);
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus_and_at_least_one() {
+        let c = vec![Candidate { id: 0, p: 0.5 }, Candidate { id: 1, p: 0.3 }, Candidate { id: 2, p: 0.2 }];
+        let k = top_p(c.clone(), 0.7);
+        assert_eq!(k.len(), 2);
+        assert!((k[0].p - 0.625).abs() < 1e-6);
+        assert_eq!(top_p(c.clone(), 0.01).len(), 1);
+        assert_eq!(top_p(c, 1.0).len(), 3);
+    }
+
+    #[test]
+    fn draw_follows_cumulative_probability() {
+        let c = vec![Candidate { id: 7, p: 0.25 }, Candidate { id: 9, p: 0.75 }];
+        assert_eq!(draw(&c, 0.0), 7);
+        assert_eq!(draw(&c, 0.2499), 7);
+        assert_eq!(draw(&c, 0.25), 9);
+        assert_eq!(draw(&c, 0.9999), 9);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed, ..Default::default() });
+            (0..64).map(|_| s.sample(&mut logits.clone())).collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
+    }
+
+    #[test]
+    fn validation_names_the_bad_parameter() {
+        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        assert_eq!(bad.validate(), Err(SamplingError::TopP(0.0)));
+        let bad = SamplingParams { temperature: f32::NAN, ..Default::default() };
+        assert!(matches!(bad.validate(), Err(SamplingError::Temperature(_))));
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+}

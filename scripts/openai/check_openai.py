@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Drive `moonshine serve` with the official `openai` client (pip install openai).
+
+Checks, against a gateway already running on --base-url (e.g. http://127.0.0.1:8000/v1):
+  1. GET /v1/models lists one model;
+  2. a non-streamed chat completion answers "Paris" and reports usage;
+  3. a streamed one does the same, chunk by chunk, with a usage chunk when asked;
+  4. a bad request is a 400 with an OpenAI-style error;
+  5. a client that disconnects mid-stream frees its session: the gateway's /metrics shows
+     moonshine_cancelled_total up by one and moonshine_sessions_busy back to 0, and the
+     cancelled generation stopped long before max_tokens.
+Prints one line per check and exits 0 only if all pass.
+
+Used by moonshine/tests/openai.rs; run by hand as
+  python3 scripts/openai/check_openai.py --base-url http://127.0.0.1:8000/v1
+"""
+import argparse
+import re
+import sys
+import time
+import urllib.request
+
+import openai
+
+QUESTION = "What is the capital of France? Answer in one word."
+
+
+def metrics(base):
+    root = base.rsplit("/v1", 1)[0]
+    with urllib.request.urlopen(root + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if m and not m.group(2):
+            out[m.group(1)] = float(m.group(3))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", required=True, help="gateway URL ending in /v1")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    args = ap.parse_args()
+    client = openai.OpenAI(base_url=args.base_url, api_key="unused", timeout=600, max_retries=0)
+    failures = []
+
+    def check(name, ok, detail):
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+        if not ok:
+            failures.append(name)
+
+    models = client.models.list().data
+    check("models", len(models) == 1 and models[0].id, f"{[m.id for m in models]}")
+    model = models[0].id if models else "x"
+    messages = [{"role": "user", "content": QUESTION}]
+
+    t = time.time()
+    r = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=args.max_tokens)
+    text = r.choices[0].message.content
+    check("non-streamed", "Paris" in text and r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 10
+          and r.choices[0].finish_reason in ("stop", "length") and r.object == "chat.completion",
+          f"{text!r} usage={r.usage.prompt_tokens}+{r.usage.completion_tokens} finish={r.choices[0].finish_reason} in {time.time() - t:.1f} s")
+
+    t = time.time()
+    pieces, finish, usage = [], None, None
+    for chunk in client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=args.max_tokens,
+                                                stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    streamed = "".join(pieces)
+    check("streamed", "Paris" in streamed and streamed == text and finish in ("stop", "length") and usage is not None
+          and usage.completion_tokens == r.usage.completion_tokens,
+          f"{len(pieces)} chunks {streamed!r} finish={finish} usage={usage and usage.completion_tokens} in {time.time() - t:.1f} s")
+
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=0)
+        check("bad request", False, "max_tokens=0 was accepted")
+    except openai.BadRequestError as e:
+        check("bad request", e.status_code == 400 and "max_tokens" in str(e), f"{e.status_code} {e}")
+
+    before = metrics(args.base_url)
+    long_max = 2000
+    stream = client.chat.completions.create(model=model, temperature=0.8, seed=1, max_tokens=long_max, stream=True,
+                                            messages=[{"role": "user", "content": "Write a very long story about a lighthouse keeper, in many chapters."}])
+    got = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            got += 1
+        if got >= 3:
+            break
+    stream.close()
+    deadline = time.time() + 60
+    after = metrics(args.base_url)
+    while time.time() < deadline and (after.get("moonshine_cancelled_total", 0) <= before.get("moonshine_cancelled_total", 0)
+                                      or after.get("moonshine_sessions_busy", 1) != 0):
+        time.sleep(0.2)
+        after = metrics(args.base_url)
+    cancelled = after.get("moonshine_cancelled_total", 0) - before.get("moonshine_cancelled_total", 0)
+    generated = after.get("moonshine_completion_tokens_total", 0) - before.get("moonshine_completion_tokens_total", 0)
+    check("disconnect frees the session", cancelled == 1 and after.get("moonshine_sessions_busy") == 0 and generated < long_max // 4,
+          f"cancelled {cancelled:.0f}, sessions busy {after.get('moonshine_sessions_busy')}, {generated:.0f} tokens generated before stopping")
+
+    print(f"{4 + 1 - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
