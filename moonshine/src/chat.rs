@@ -16,7 +16,10 @@ pub struct Message {
 impl Message {
     /// A message from `role`.
     pub fn new(role: &str, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -41,21 +44,37 @@ const NAME: &str = "chat";
 
 impl ChatTemplate {
     /// Compiles `source`; `bos_token`/`eos_token` are the texts templates see under those names.
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template_owned(NAME, source.to_string()).map_err(TemplateError::Compile)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(TemplateError::Compile)?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
     /// reply begins.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, TemplateError> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let t = self.env.get_template(NAME).map_err(TemplateError::Render)?;
         t.render(minijinja::context! {
             messages => messages,
@@ -103,7 +122,16 @@ mod tests {
             s,
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        let s2 = t.render(&[Message::new("system", "Be brief."), Message::new("user", "Hi"), Message::new("assistant", "Hello!")], false).unwrap();
+        let s2 = t
+            .render(
+                &[
+                    Message::new("system", "Be brief."),
+                    Message::new("user", "Hi"),
+                    Message::new("assistant", "Hello!"),
+                ],
+                false,
+            )
+            .unwrap();
         assert_eq!(s2, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
     }
 
@@ -122,9 +150,15 @@ mod tests {
     #[test]
     fn raise_exception_and_python_methods_work() {
         let t = ChatTemplate::new("{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}{{ messages[0].content.strip() }}", "", "").unwrap();
-        assert_eq!(t.render(&[Message::new("user", "  x ")], false).unwrap(), "x");
+        assert_eq!(
+            t.render(&[Message::new("user", "  x ")], false).unwrap(),
+            "x"
+        );
         let e = t.render(&[Message::new("system", "x")], false).unwrap_err();
         assert!(e.to_string().contains("first must be user"), "{e}");
-        assert!(matches!(ChatTemplate::new("{% if %}", "", ""), Err(TemplateError::Compile(_))));
+        assert!(matches!(
+            ChatTemplate::new("{% if %}", "", ""),
+            Err(TemplateError::Compile(_))
+        ));
     }
 }

@@ -63,7 +63,8 @@ impl TargetArgs {
     /// Connects to the chain.
     pub fn connect(&self) -> Result<Backend> {
         let t = self.target();
-        Backend::connect(&t, Duration::from_secs(self.timeout)).with_context(|| format!("connecting to {t:?}"))
+        Backend::connect(&t, Duration::from_secs(self.timeout))
+            .with_context(|| format!("connecting to {t:?}"))
     }
 }
 
@@ -142,13 +143,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 fn sampling(g: &GenArgs) -> Result<SamplingParams> {
     let seed = g.seed.unwrap_or_else(|| {
-        let s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         if g.temperature > 0.0 {
             eprintln!("seed: {s}");
         }
         s
     });
-    let p = SamplingParams { temperature: g.temperature, top_k: g.top_k, top_p: g.top_p, repeat_penalty: g.repeat_penalty, repeat_last_n: g.repeat_last_n, seed };
+    let p = SamplingParams {
+        temperature: g.temperature,
+        top_k: g.top_k,
+        top_p: g.top_p,
+        repeat_penalty: g.repeat_penalty,
+        repeat_last_n: g.repeat_last_n,
+        seed,
+    };
     p.validate()?;
     Ok(p)
 }
@@ -176,7 +187,12 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
         (None, Some(text)) => b.tokenize(text, None).context("tokenizing the prompt")?,
         (None, None) => unreachable!("checked above"),
     };
-    let req = GenRequest { prompt, max_tokens: g.max_tokens, sampling: params, stops: g.stops.clone() };
+    let req = GenRequest {
+        prompt,
+        max_tokens: g.max_tokens,
+        sampling: params,
+        stops: g.stops.clone(),
+    };
     let mut session = KvSession::new("moonshine");
     let mut out = Output::new(g.json);
     if !g.json {
@@ -185,7 +201,7 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
         }
     }
     let o = generate::generate(&b, &mut session, &req, |s| out.write(s)).context("generating")?;
-    finish_line(&b, &o, &mut out, g.json)?;
+    finish_line(&b, &req.prompt, &o, &mut out, g.json)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -197,7 +213,10 @@ struct Output {
 
 impl Output {
     fn new(quiet: bool) -> Output {
-        Output { quiet, closed: false }
+        Output {
+            quiet,
+            closed: false,
+        }
     }
 
     /// Writes and flushes; `false` once stdout is closed.
@@ -213,10 +232,16 @@ impl Output {
     }
 }
 
-fn finish_line(b: &Backend, o: &GenOutcome, out: &mut Output, json: bool) -> Result<()> {
+fn finish_line(
+    b: &Backend,
+    prompt: &[u32],
+    o: &GenOutcome,
+    out: &mut Output,
+    json: bool,
+) -> Result<()> {
     if json {
         let v = serde_json::json!({
-            "text": o.text, "tokens": o.tokens, "prompt_tokens": o.prompt_tokens, "prompt_sent": o.prompt_sent,
+            "text": o.text, "tokens": o.tokens, "prompt": prompt, "prompt_tokens": o.prompt_tokens, "prompt_sent": o.prompt_sent,
             "completion_tokens": o.completion_tokens(b), "finish_reason": o.finish, "prefill_s": o.prefill_s,
             "decode_s": o.decode_s, "timing": o.timing,
         });
@@ -226,15 +251,35 @@ fn finish_line(b: &Backend, o: &GenOutcome, out: &mut Output, json: bool) -> Res
     }
     let n = o.completion_tokens(b);
     let s = o.prefill_s + o.decode_s;
-    eprintln!("prefill: {} of {} prompt tokens sent in {:.2} s; station compute {:.0} ms", o.prompt_sent, o.prompt_tokens, o.prefill_s, o.timing.compute_ms());
-    eprintln!("{n} tokens in {s:.2} s ({:.1} tok/s)", n as f64 / s.max(1e-9));
+    eprintln!(
+        "prefill: {} of {} prompt tokens sent in {:.2} s",
+        o.prompt_sent, o.prompt_tokens, o.prefill_s
+    );
+    let hops: Vec<String> = o
+        .timing
+        .hops
+        .iter()
+        .map(|(u, l, ms)| format!("{u} {l} {ms:.0} ms"))
+        .collect();
+    eprintln!(
+        "station compute: {:.0} ms over {} steps ({})",
+        o.timing.compute_ms(),
+        o.timing.steps,
+        hops.join(", ")
+    );
+    eprintln!(
+        "{n} tokens in {s:.2} s ({:.1} tok/s)",
+        n as f64 / s.max(1e-9)
+    );
     Ok(())
 }
 
 fn run_oneoff(b: &Backend, g: &GenArgs) -> Result<ExitCode> {
     let tokens = match (&g.tokens, &g.prompt) {
         (Some(ids), _) => ids.clone(),
-        (None, Some(text)) => b.tokenize(text, None).context("tokenizing the prompt (no tokenizer? use --tokens)")?,
+        (None, Some(text)) => b
+            .tokenize(text, None)
+            .context("tokenizing the prompt (no tokenizer? use --tokens)")?,
         (None, None) => bail!("--oneoff needs -c TEXT or --tokens IDS"),
     };
     let r = generate::oneoff(b, &tokens).context("running the chain")?;
@@ -245,8 +290,17 @@ fn run_oneoff(b: &Backend, g: &GenArgs) -> Result<ExitCode> {
     for (url, layers, ms) in &r.timing.hops {
         eprintln!("hop {url} layers {layers}: {ms:.1} ms compute");
     }
-    eprintln!("argmax {} logit {:.3} in {:.0} ms", r.next_id, r.logit, r.ms);
-    let shown = |t: &str| if t.trim().is_empty() { format!("{t:?}") } else { t.trim().to_string() };
+    eprintln!(
+        "argmax {} logit {:.3} in {:.0} ms",
+        r.next_id, r.logit, r.ms
+    );
+    let shown = |t: &str| {
+        if t.trim().is_empty() {
+            format!("{t:?}")
+        } else {
+            t.trim().to_string()
+        }
+    };
     let line = match (&g.prompt, &r.next_text) {
         (Some(p), Some(t)) if g.tokens.is_none() => format!("{p} -> {}", shown(t)),
         (_, Some(t)) => format!("{} -> {} {t:?}", join(&tokens), r.next_id),
@@ -258,7 +312,10 @@ fn run_oneoff(b: &Backend, g: &GenArgs) -> Result<ExitCode> {
 }
 
 fn join(ids: &[u32]) -> String {
-    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn run_chat(b: &Backend, g: &GenArgs, params: SamplingParams) -> Result<ExitCode> {
@@ -290,11 +347,27 @@ fn run_chat(b: &Backend, g: &GenArgs, params: SamplingParams) -> Result<ExitCode
             continue;
         }
         messages.push(Message::new("user", user));
-        let prompt = b.chat_tokens(&template, &messages).context("rendering the chat template")?;
-        let req = GenRequest { prompt, max_tokens: g.max_tokens, sampling: SamplingParams { seed: params.seed.wrapping_add(turn), ..params.clone() }, stops: g.stops.clone() };
-        let o = generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;
-        eprintln!("turn {turn}: sent {} of {} prompt tokens ({} reused from the KV cache)", o.prompt_sent, o.prompt_tokens, o.prompt_tokens - o.prompt_sent);
-        finish_line(b, &o, &mut out, g.json)?;
+        let prompt = b
+            .chat_tokens(&template, &messages)
+            .context("rendering the chat template")?;
+        let req = GenRequest {
+            prompt,
+            max_tokens: g.max_tokens,
+            sampling: SamplingParams {
+                seed: params.seed.wrapping_add(turn),
+                ..params.clone()
+            },
+            stops: g.stops.clone(),
+        };
+        let o =
+            generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;
+        eprintln!(
+            "turn {turn}: sent {} of {} prompt tokens ({} reused from the KV cache)",
+            o.prompt_sent,
+            o.prompt_tokens,
+            o.prompt_tokens - o.prompt_sent
+        );
+        finish_line(b, &req.prompt, &o, &mut out, g.json)?;
         messages.push(Message::new("assistant", o.text.clone()));
         if out.closed {
             break;

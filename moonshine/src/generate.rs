@@ -56,8 +56,15 @@ impl Backend {
             Target::Station(url) => (Chain::single(url, timeout)?, None),
             Target::Mesh(path) => {
                 let p = path.display().to_string();
-                let text = std::fs::read_to_string(path).map_err(|e| GenError::MeshFile { path: p.clone(), why: e.to_string() })?;
-                let mesh: MeshFile = serde_json::from_str(&text).map_err(|e| GenError::MeshFile { path: p, why: e.to_string() })?;
+                let text = std::fs::read_to_string(path).map_err(|e| GenError::MeshFile {
+                    path: p.clone(),
+                    why: e.to_string(),
+                })?;
+                let mesh: MeshFile =
+                    serde_json::from_str(&text).map_err(|e| GenError::MeshFile {
+                        path: p,
+                        why: e.to_string(),
+                    })?;
                 (Chain::from_mesh(&mesh, timeout)?, mesh.model.clone())
             }
         };
@@ -74,7 +81,12 @@ impl Backend {
             Some(t) => Some(t.tokenizer_info()?),
             None => None,
         };
-        Ok(Backend { chain, tok, info, model_id: mesh_model.or(model_id).unwrap_or_else(|| "unknown".into()) })
+        Ok(Backend {
+            chain,
+            tok,
+            info,
+            model_id: mesh_model.or(model_id).unwrap_or_else(|| "unknown".into()),
+        })
     }
 
     /// The tokenizing station, or [`GenError::NoTokenizer`].
@@ -100,13 +112,24 @@ impl Backend {
     /// The model's chat template (ChatML when it carries none).
     pub fn chat_template(&self) -> Result<ChatTemplate, GenError> {
         let info = self.info.as_ref().ok_or(GenError::NoTokenizer)?;
-        let text = |id: Option<u32>| id.and_then(|i| self.detokenize(&[i]).ok()).unwrap_or_default();
+        let text = |id: Option<u32>| {
+            id.and_then(|i| self.detokenize(&[i]).ok())
+                .unwrap_or_default()
+        };
         let src = info.chat_template.as_deref().unwrap_or(CHATML);
-        Ok(ChatTemplate::new(src, &text(info.bos_id), &text(info.eos_id))?)
+        Ok(ChatTemplate::new(
+            src,
+            &text(info.bos_id),
+            &text(info.eos_id),
+        )?)
     }
 
     /// Renders a conversation and tokenizes it (no extra BOS: the template places its own).
-    pub fn chat_tokens(&self, template: &ChatTemplate, messages: &[Message]) -> Result<Vec<u32>, GenError> {
+    pub fn chat_tokens(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+    ) -> Result<Vec<u32>, GenError> {
         let text = template.render(messages, true)?;
         self.tokenize(&text, Some(false))
     }
@@ -128,7 +151,11 @@ impl Timing {
         self.embed_ms += t.embed_ms;
         self.head_ms += t.head_ms;
         if self.hops.len() != t.hops.len() {
-            self.hops = t.hops.iter().map(|(u, r, _, _)| (u.clone(), format!("{}-{}", r.start, r.end), 0.0)).collect();
+            self.hops = t
+                .hops
+                .iter()
+                .map(|(u, r, _, _)| (u.clone(), format!("{}-{}", r.start, r.end), 0.0))
+                .collect();
         }
         for (acc, (_, _, _, ms)) in self.hops.iter_mut().zip(&t.hops) {
             acc.2 += ms;
@@ -167,30 +194,50 @@ impl KvSession {
     /// A session with a process-unique id (`prefix-PID-N-NANOS`).
     pub fn new(prefix: &str) -> KvSession {
         let n = SESSION_SEQ.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         KvSession::with_id(format!("{prefix}-{}-{n}-{nanos:x}", std::process::id()))
     }
 
     /// A session with a given id; the stations may still hold older tokens under it, which the
     /// first feed rewinds (`X-Pos` 0 truncates).
     pub fn with_id(id: String) -> KvSession {
-        KvSession { id, cached: Vec::new() }
+        KvSession {
+            id,
+            cached: Vec::new(),
+        }
     }
 
     /// Makes the stations hold exactly `tokens` and returns the last row's logits: sends only
     /// the part after the longest prefix already cached (rewinding the rest). A session the
     /// stations lost (evicted, restarted) is re-filled from position 0.
-    pub fn feed(&mut self, chain: &Chain, tokens: &[u32], timing: &mut Timing) -> Result<Vec<f32>, GenError> {
+    pub fn feed(
+        &mut self,
+        chain: &Chain,
+        tokens: &[u32],
+        timing: &mut Timing,
+    ) -> Result<Vec<f32>, GenError> {
         if tokens.is_empty() {
             return Err(GenError::EmptyPrompt);
         }
-        let mut keep = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let mut keep = self
+            .cached
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
         if keep == tokens.len() {
             keep -= 1; // logits need at least one row to run
         }
         let mut trace = StepTrace::default();
         let logits = match chain.step(&tokens[keep..], Some((&self.id, keep)), &mut trace) {
-            Err(ClientError::Refused { status: 409, ref code, .. }) if keep > 0 && code == "session_mismatch" => {
+            Err(ClientError::Refused {
+                status: 409,
+                ref code,
+                ..
+            }) if keep > 0 && code == "session_mismatch" => {
                 tracing::warn!(session = %self.id, "stations lost the session; prefilling again");
                 trace = StepTrace::default();
                 chain.step(tokens, Some((&self.id, 0)), &mut trace)?
@@ -250,7 +297,12 @@ impl GenOutcome {
 
 /// Generates from `req` in `session`. `on_text` gets each safe piece of text and returns
 /// `false` to cancel. Without a tokenizer, text is empty and only ids are produced.
-pub fn generate(b: &Backend, session: &mut KvSession, req: &GenRequest, on_text: impl FnMut(&str) -> bool) -> Result<GenOutcome, GenError> {
+pub fn generate(
+    b: &Backend,
+    session: &mut KvSession,
+    req: &GenRequest,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenOutcome, GenError> {
     Generation::start(b, session, req)?.run(on_text)
 }
 
@@ -267,15 +319,41 @@ pub struct Generation<'a> {
 
 impl<'a> Generation<'a> {
     /// Prefills: sends the part of the prompt the session does not hold yet.
-    pub fn start(b: &'a Backend, session: &'a mut KvSession, req: &'a GenRequest) -> Result<Generation<'a>, GenError> {
+    pub fn start(
+        b: &'a Backend,
+        session: &'a mut KvSession,
+        req: &'a GenRequest,
+    ) -> Result<Generation<'a>, GenError> {
         let t0 = Instant::now();
         let mut timing = Timing::default();
-        let already = session.cached.iter().zip(&req.prompt).take_while(|(a, c)| a == c).count().min(req.prompt.len().saturating_sub(1));
+        let already = session
+            .cached
+            .iter()
+            .zip(&req.prompt)
+            .take_while(|(a, c)| a == c)
+            .count()
+            .min(req.prompt.len().saturating_sub(1));
         let logits = session.feed(&b.chain, &req.prompt, &mut timing)?;
-        if let Some(v) = b.info.as_ref().map(|i| i.vocab as usize).filter(|&v| v != logits.len()) {
-            return Err(GenError::BadLogits { got: logits.len(), want: v });
+        if let Some(v) = b
+            .info
+            .as_ref()
+            .map(|i| i.vocab as usize)
+            .filter(|&v| v != logits.len())
+        {
+            return Err(GenError::BadLogits {
+                got: logits.len(),
+                want: v,
+            });
         }
-        Ok(Generation { b, session, req, logits, timing, prefill_s: t0.elapsed().as_secs_f64(), already })
+        Ok(Generation {
+            b,
+            session,
+            req,
+            logits,
+            timing,
+            prefill_s: t0.elapsed().as_secs_f64(),
+            already,
+        })
     }
 
     /// Station compute so far (the prefill, before [`Generation::run`]).
@@ -291,11 +369,25 @@ impl<'a> Generation<'a> {
     /// Samples and decodes until end-of-generation, a stop string, `max_tokens`, or `on_text`
     /// returning `false`.
     pub fn run(self, mut on_text: impl FnMut(&str) -> bool) -> Result<GenOutcome, GenError> {
-        let Generation { b, session, req, mut logits, mut timing, prefill_s, already } = self;
+        let Generation {
+            b,
+            session,
+            req,
+            mut logits,
+            mut timing,
+            prefill_s,
+            already,
+        } = self;
         let mut sampler = Sampler::new(req.sampling.clone());
         sampler.observe(&req.prompt);
         let mut stream = TextStream::new(req.stops.clone());
-        let mut detok = |ids: &[u32]| if b.tok.is_some() { b.detokenize(ids) } else { Ok(String::new()) };
+        let mut detok = |ids: &[u32]| {
+            if b.tok.is_some() {
+                b.detokenize(ids)
+            } else {
+                Ok(String::new())
+            }
+        };
         let mut text = String::new();
         let mut tokens = Vec::new();
         let t1 = Instant::now();
@@ -369,12 +461,22 @@ pub fn oneoff(b: &Backend, tokens: &[u32]) -> Result<OneOff, GenError> {
     let logits = b.chain.step(tokens, None, &mut trace)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     let next_id = crate::sampling::argmax(&logits);
-    let logit = logits.get(next_id as usize).copied().ok_or(GenError::BadLogits { got: 0, want: 1 })?;
+    let logit = logits
+        .get(next_id as usize)
+        .copied()
+        .ok_or(GenError::BadLogits { got: 0, want: 1 })?;
     let next_text = match &b.tok {
         Some(_) => Some(b.detokenize(&[next_id])?),
         None => None,
     };
     let mut timing = Timing::default();
     timing.add(&trace);
-    Ok(OneOff { tokens: tokens.to_vec(), next_id, next_text, logit, ms, timing })
+    Ok(OneOff {
+        tokens: tokens.to_vec(),
+        next_id,
+        next_text,
+        logit,
+        ms,
+        timing,
+    })
 }

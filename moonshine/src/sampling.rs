@@ -24,7 +24,14 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -73,7 +80,10 @@ impl Pcg32 {
 
     /// A generator seeded with `seed` (stream fixed).
     pub fn new(seed: u64) -> Pcg32 {
-        let mut r = Pcg32 { state: 0, inc: (0xda3e39cb94b95bdb << 1) | 1 };
+        let mut r = Pcg32 {
+            state: 0,
+            inc: (0xda3e39cb94b95bdb << 1) | 1,
+        };
         r.next_u32();
         r.state = r.state.wrapping_add(seed);
         r.next_u32();
@@ -199,7 +209,11 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler for `params`; the RNG is seeded with `params.seed`.
     pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { rng: Pcg32::new(params.seed), params, history: Vec::new() }
+        Sampler {
+            rng: Pcg32::new(params.seed),
+            params,
+            history: Vec::new(),
+        }
     }
 
     /// Adds tokens the penalty should see (e.g. the prompt) without sampling.
@@ -215,7 +229,11 @@ impl Sampler {
         let id = if p.is_greedy() {
             argmax(logits)
         } else {
-            let c: Vec<Candidate> = logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, p: l }).collect();
+            let c: Vec<Candidate> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| Candidate { id: i as u32, p: l })
+                .collect();
             let mut c = top_k(c, p.top_k);
             softmax(&mut c, p.temperature);
             let c = top_p(c, p.top_p);
@@ -231,7 +249,10 @@ mod tests {
     use super::*;
 
     fn cands(l: &[f32]) -> Vec<Candidate> {
-        l.iter().enumerate().map(|(i, &p)| Candidate { id: i as u32, p }).collect()
+        l.iter()
+            .enumerate()
+            .map(|(i, &p)| Candidate { id: i as u32, p })
+            .collect()
     }
 
     #[test]
@@ -243,9 +264,18 @@ mod tests {
 
     #[test]
     fn pcg32_is_deterministic_per_seed_and_uniform() {
-        let a: Vec<u32> = { let mut r = Pcg32::new(7); (0..8).map(|_| r.next_u32()).collect() };
-        let b: Vec<u32> = { let mut r = Pcg32::new(7); (0..8).map(|_| r.next_u32()).collect() };
-        let c: Vec<u32> = { let mut r = Pcg32::new(8); (0..8).map(|_| r.next_u32()).collect() };
+        let a: Vec<u32> = {
+            let mut r = Pcg32::new(7);
+            (0..8).map(|_| r.next_u32()).collect()
+        };
+        let b: Vec<u32> = {
+            let mut r = Pcg32::new(7);
+            (0..8).map(|_| r.next_u32()).collect()
+        };
+        let c: Vec<u32> = {
+            let mut r = Pcg32::new(8);
+            (0..8).map(|_| r.next_u32()).collect()
+        };
         assert_eq!(a, b);
         assert_ne!(a, c);
         let mut r = Pcg32::new(1);
@@ -279,7 +309,11 @@ mod tests {
 
     #[test]
     fn top_p_keeps_the_nucleus_and_at_least_one() {
-        let c = vec![Candidate { id: 0, p: 0.5 }, Candidate { id: 1, p: 0.3 }, Candidate { id: 2, p: 0.2 }];
+        let c = vec![
+            Candidate { id: 0, p: 0.5 },
+            Candidate { id: 1, p: 0.3 },
+            Candidate { id: 2, p: 0.2 },
+        ];
         let k = top_p(c.clone(), 0.7);
         assert_eq!(k.len(), 2);
         assert!((k[0].p - 0.625).abs() < 1e-6);
@@ -300,8 +334,16 @@ mod tests {
     fn same_seed_same_tokens_different_seed_differs() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed, ..Default::default() });
-            (0..64).map(|_| s.sample(&mut logits.clone())).collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 0.8,
+                top_k: 40,
+                top_p: 0.95,
+                seed,
+                ..Default::default()
+            });
+            (0..64)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
@@ -309,9 +351,15 @@ mod tests {
 
     #[test]
     fn validation_names_the_bad_parameter() {
-        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
         assert_eq!(bad.validate(), Err(SamplingError::TopP(0.0)));
-        let bad = SamplingParams { temperature: f32::NAN, ..Default::default() };
+        let bad = SamplingParams {
+            temperature: f32::NAN,
+            ..Default::default()
+        };
         assert!(matches!(bad.validate(), Err(SamplingError::Temperature(_))));
         assert!(SamplingParams::default().validate().is_ok());
     }

@@ -40,7 +40,9 @@ use tracing::{debug, info, warn};
 
 use crate::chat::{ChatTemplate, Message};
 use crate::cli::TargetArgs;
-use crate::generate::{Backend, Finish, GenError, GenOutcome, GenRequest, Generation, KvSession, Timing};
+use crate::generate::{
+    Backend, Finish, GenError, GenOutcome, GenRequest, Generation, KvSession, Timing,
+};
 use crate::sampling::SamplingParams;
 
 /// `moonshine serve` flags.
@@ -95,7 +97,8 @@ impl Metrics {
     }
 
     fn timing(&self, t: &Timing) {
-        self.compute_us.fetch_add((t.compute_ms() * 1e3) as u64, Ordering::Relaxed);
+        self.compute_us
+            .fetch_add((t.compute_ms() * 1e3) as u64, Ordering::Relaxed);
         if let Ok(mut m) = self.hop_us.lock() {
             for (i, (url, layers, ms)) in t.hops.iter().enumerate() {
                 *m.entry((i, url.clone(), layers.clone())).or_default() += (ms * 1e3) as u64;
@@ -113,26 +116,114 @@ impl Metrics {
             }
         };
         let one = |v: String| vec![(String::new(), v)];
-        let reqs = self.requests.lock().map(|m| m.iter().map(|((r, c), n)| (format!("{{route=\"{r}\",code=\"{c}\"}}"), n.to_string())).collect()).unwrap_or_default();
-        metric("moonshine_requests_total", "counter", "HTTP requests by route and status.", reqs);
-        metric("moonshine_generations_active", "gauge", "Generations running now (each holds a station KV session).", one(self.active.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_sessions_busy", "gauge", "Station KV sessions leased to a running generation.", one(self.active.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_sessions_total", "gauge", "Station KV session ids in the pool.", one(sessions_total.to_string()));
-        metric("moonshine_queue_waiting", "gauge", "Requests waiting for a generation slot.", one(self.waiting.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_rejected_total", "counter", "Requests refused because the queue was full.", one(self.rejected.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_cancelled_total", "counter", "Generations stopped because the client went away.", one(self.cancelled.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_prompt_tokens_total", "counter", "Prompt tokens of completed or cancelled generations.", one(self.prompt_tokens.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_prompt_tokens_reused_total", "counter", "Prompt tokens served from a cached KV session.", one(self.prompt_tokens_reused.load(Ordering::Relaxed).to_string()));
-        metric("moonshine_completion_tokens_total", "counter", "Generated tokens.", one(self.completion_tokens.load(Ordering::Relaxed).to_string()));
+        let reqs = self
+            .requests
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|((r, c), n)| (format!("{{route=\"{r}\",code=\"{c}\"}}"), n.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        metric(
+            "moonshine_requests_total",
+            "counter",
+            "HTTP requests by route and status.",
+            reqs,
+        );
+        metric(
+            "moonshine_generations_active",
+            "gauge",
+            "Generations running now (each holds a station KV session).",
+            one(self.active.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_sessions_busy",
+            "gauge",
+            "Station KV sessions leased to a running generation.",
+            one(self.active.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_sessions_total",
+            "gauge",
+            "Station KV session ids in the pool.",
+            one(sessions_total.to_string()),
+        );
+        metric(
+            "moonshine_queue_waiting",
+            "gauge",
+            "Requests waiting for a generation slot.",
+            one(self.waiting.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_rejected_total",
+            "counter",
+            "Requests refused because the queue was full.",
+            one(self.rejected.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_cancelled_total",
+            "counter",
+            "Generations stopped because the client went away.",
+            one(self.cancelled.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of completed or cancelled generations.",
+            one(self.prompt_tokens.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_prompt_tokens_reused_total",
+            "counter",
+            "Prompt tokens served from a cached KV session.",
+            one(self
+                .prompt_tokens_reused
+                .load(Ordering::Relaxed)
+                .to_string()),
+        );
+        metric(
+            "moonshine_completion_tokens_total",
+            "counter",
+            "Generated tokens.",
+            one(self.completion_tokens.load(Ordering::Relaxed).to_string()),
+        );
         let ms = |us: u64| format!("{:.3}", us as f64 / 1e3);
-        metric("moonshine_station_compute_ms_total", "counter", "Engine compute reported by stations (X-Compute-Ms), all hops.", one(ms(self.compute_us.load(Ordering::Relaxed))));
+        metric(
+            "moonshine_station_compute_ms_total",
+            "counter",
+            "Engine compute reported by stations (X-Compute-Ms), all hops.",
+            one(ms(self.compute_us.load(Ordering::Relaxed))),
+        );
         let hops = self
             .hop_us
             .lock()
-            .map(|m| m.iter().map(|((i, u, l), us)| (format!("{{hop=\"{i}\",station=\"{u}\",layers=\"{l}\"}}"), ms(*us))).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|((i, u, l), us)| {
+                        (
+                            format!("{{hop=\"{i}\",station=\"{u}\",layers=\"{l}\"}}"),
+                            ms(*us),
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
-        metric("moonshine_hop_compute_ms_total", "counter", "Engine compute per forward hop.", hops);
-        metric("moonshine_generation_seconds_total", "counter", "Wall time spent generating.", one(format!("{:.3}", self.generation_us.load(Ordering::Relaxed) as f64 / 1e6)));
+        metric(
+            "moonshine_hop_compute_ms_total",
+            "counter",
+            "Engine compute per forward hop.",
+            hops,
+        );
+        metric(
+            "moonshine_generation_seconds_total",
+            "counter",
+            "Wall time spent generating.",
+            one(format!(
+                "{:.3}",
+                self.generation_us.load(Ordering::Relaxed) as f64 / 1e6
+            )),
+        );
         s
     }
 }
@@ -156,13 +247,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let backend = args.target.connect()?;
     let template = match backend.info {
-        Some(_) => Some(backend.chat_template().context("loading the model's chat template")?),
+        Some(_) => Some(
+            backend
+                .chat_template()
+                .context("loading the model's chat template")?,
+        ),
         None => None,
     };
     if template.is_none() {
         warn!("no station serves a tokenizer: chat completions will be refused");
     }
-    let pool = (0..args.max_concurrent).map(|i| KvSession::with_id(format!("gw-{}-{i}", std::process::id()))).collect();
+    let pool = (0..args.max_concurrent)
+        .map(|i| KvSession::with_id(format!("gw-{}-{i}", std::process::id())))
+        .collect();
     let state = Arc::new(AppState {
         gate: Arc::new(Semaphore::new(args.max_concurrent)),
         pool: Mutex::new(pool),
@@ -172,11 +269,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         backend,
         args,
     });
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     rt.block_on(async move {
-        let listener = TcpListener::bind(state.args.listen).await.with_context(|| format!("binding {}", state.args.listen))?;
+        let listener = TcpListener::bind(state.args.listen)
+            .await
+            .with_context(|| format!("binding {}", state.args.listen))?;
         let addr = listener.local_addr().context("local address")?;
-        println!("moonshine serve: listening on http://{addr} (model {}, {} hop(s))", state.backend.model_id, state.backend.chain.hops().len());
+        println!(
+            "moonshine serve: listening on http://{addr} (model {}, {} hop(s))",
+            state.backend.model_id,
+            state.backend.chain.hops().len()
+        );
         use std::io::Write;
         let _ = std::io::stdout().flush();
         serve(listener, state, async {
@@ -188,7 +294,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Serves on `listener` until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, state: Arc<AppState>, shutdown: impl std::future::Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -225,7 +335,13 @@ struct ApiError {
 }
 
 fn bad(param: Option<&'static str>, message: impl Into<String>) -> ApiError {
-    ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", code: None, param, message: message.into() }
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        kind: "invalid_request_error",
+        code: None,
+        param,
+        message: message.into(),
+    }
 }
 
 impl ApiError {
@@ -233,7 +349,8 @@ impl ApiError {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
         let mut r = json_resp(self.status, &body);
         if self.status == StatusCode::TOO_MANY_REQUESTS {
-            r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+            r.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
         }
         r
     }
@@ -243,9 +360,24 @@ impl From<GenError> for ApiError {
     fn from(e: GenError) -> ApiError {
         match e {
             GenError::Template(_) | GenError::EmptyPrompt => bad(Some("messages"), e.to_string()),
-            GenError::Station(fat_station::client::ClientError::Refused { status: 400 | 413, .. }) => bad(Some("messages"), e.to_string()),
-            GenError::NoTokenizer => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "server_error", code: Some("no_tokenizer"), param: None, message: e.to_string() },
-            _ => ApiError { status: StatusCode::BAD_GATEWAY, kind: "server_error", code: Some("station_error"), param: None, message: e.to_string() },
+            GenError::Station(fat_station::client::ClientError::Refused {
+                status: 400 | 413,
+                ..
+            }) => bad(Some("messages"), e.to_string()),
+            GenError::NoTokenizer => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "server_error",
+                code: Some("no_tokenizer"),
+                param: None,
+                message: e.to_string(),
+            },
+            _ => ApiError {
+                status: StatusCode::BAD_GATEWAY,
+                kind: "server_error",
+                code: Some("station_error"),
+                param: None,
+                message: e.to_string(),
+            },
         }
     }
 }
@@ -253,7 +385,8 @@ impl From<GenError> for ApiError {
 fn json_resp(status: StatusCode, v: &Value) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed());
     *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
@@ -269,8 +402,19 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
         }
     };
     let known = ["/v1/chat/completions", "/v1/models", "/metrics", "/health"];
-    st.metrics.request(if known.contains(&path.as_str()) { &path } else { "other" }, r.status());
-    debug!("{method} {path} -> {} in {:.1} ms", r.status().as_u16(), t0.elapsed().as_secs_f64() * 1e3);
+    st.metrics.request(
+        if known.contains(&path.as_str()) {
+            &path
+        } else {
+            "other"
+        },
+        r.status(),
+    );
+    debug!(
+        "{method} {path} -> {} in {:.1} ms",
+        r.status().as_u16(),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     Ok(r)
 }
 
@@ -284,18 +428,32 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         (&Method::GET, "/metrics") => {
             let total = st.args.max_concurrent;
             let mut r = Response::new(Full::new(Bytes::from(st.metrics.render(total))).boxed());
-            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
             Ok(r)
         }
-        (&Method::GET, "/health") => Ok(json_resp(StatusCode::OK, &json!({"status": "ok", "model": st.backend.model_id}))),
-        (_, p @ ("/v1/chat/completions" | "/v1/models" | "/metrics" | "/health")) => Err(ApiError {
-            status: StatusCode::METHOD_NOT_ALLOWED,
+        (&Method::GET, "/health") => Ok(json_resp(
+            StatusCode::OK,
+            &json!({"status": "ok", "model": st.backend.model_id}),
+        )),
+        (_, p @ ("/v1/chat/completions" | "/v1/models" | "/metrics" | "/health")) => {
+            Err(ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                kind: "invalid_request_error",
+                code: Some("method_not_allowed"),
+                param: None,
+                message: format!("{} is not allowed on {p}", req.method()),
+            })
+        }
+        (_, p) => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
-            code: Some("method_not_allowed"),
+            code: Some("not_found"),
             param: None,
-            message: format!("{} is not allowed on {p}", req.method()),
+            message: format!("no route {p}"),
         }),
-        (_, p) => Err(ApiError { status: StatusCode::NOT_FOUND, kind: "invalid_request_error", code: Some("not_found"), param: None, message: format!("no route {p}") }),
     }
 }
 
@@ -371,9 +529,14 @@ fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
     if r.model.as_deref().is_none_or(str::is_empty) {
         return Err(bad(Some("model"), "you must provide a model parameter"));
     }
-    let msgs = r.messages.ok_or_else(|| bad(Some("messages"), "messages is required"))?;
+    let msgs = r
+        .messages
+        .ok_or_else(|| bad(Some("messages"), "messages is required"))?;
     if msgs.is_empty() {
-        return Err(bad(Some("messages"), "messages must hold at least one message"));
+        return Err(bad(
+            Some("messages"),
+            "messages must hold at least one message",
+        ));
     }
     let mut messages = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.into_iter().enumerate() {
@@ -396,7 +559,12 @@ fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
                 }
                 t
             }
-            None => return Err(bad(Some("messages"), format!("messages[{i}].content is required"))),
+            None => {
+                return Err(bad(
+                    Some("messages"),
+                    format!("messages[{i}].content is required"),
+                ))
+            }
         };
         messages.push(Message::new(role, content));
     }
@@ -409,19 +577,40 @@ fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
     if r.logprobs == Some(true) {
         return Err(bad(Some("logprobs"), "logprobs are not supported"));
     }
-    for (name, v) in [("frequency_penalty", r.frequency_penalty), ("presence_penalty", r.presence_penalty)] {
+    for (name, v) in [
+        ("frequency_penalty", r.frequency_penalty),
+        ("presence_penalty", r.presence_penalty),
+    ] {
         if v.is_some_and(|v| v != 0.0) {
-            return Err(bad(Some(if name == "frequency_penalty" { "frequency_penalty" } else { "presence_penalty" }), format!("{name} is not supported (use repeat_penalty)")));
+            return Err(bad(
+                Some(if name == "frequency_penalty" {
+                    "frequency_penalty"
+                } else {
+                    "presence_penalty"
+                }),
+                format!("{name} is not supported (use repeat_penalty)"),
+            ));
         }
     }
     let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
         None => args.default_max_tokens.min(args.max_tokens_limit),
         Some(n) if n >= 1 && (n as u64) <= args.max_tokens_limit as u64 => n as usize,
-        Some(n) => return Err(bad(Some("max_tokens"), format!("max_tokens must be between 1 and {}, got {n}", args.max_tokens_limit))),
+        Some(n) => {
+            return Err(bad(
+                Some("max_tokens"),
+                format!(
+                    "max_tokens must be between 1 and {}, got {n}",
+                    args.max_tokens_limit
+                ),
+            ))
+        }
     };
     let temperature = r.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(bad(Some("temperature"), format!("temperature must be between 0 and 2, got {temperature}")));
+        return Err(bad(
+            Some("temperature"),
+            format!("temperature must be between 0 and 2, got {temperature}"),
+        ));
     }
     let top_k = match r.top_k {
         None => 0,
@@ -434,7 +623,12 @@ fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
         top_p: r.top_p.unwrap_or(1.0),
         repeat_penalty: r.repeat_penalty.unwrap_or(1.0),
         repeat_last_n: 64,
-        seed: r.seed.map(|s| s as u64).unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)),
+        seed: r.seed.map(|s| s as u64).unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        }),
     };
     sampling.validate().map_err(|e| {
         let param = match e {
@@ -453,13 +647,31 @@ fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
         return Err(bad(Some("stop"), "at most 4 stop sequences"));
     }
     let stream = r.stream.unwrap_or(false);
-    Ok(Job { messages, stream, include_usage: stream && r.stream_options.is_some_and(|o| o.include_usage), max_tokens, sampling, stops })
+    Ok(Job {
+        messages,
+        stream,
+        include_usage: stream && r.stream_options.is_some_and(|o| o.include_usage),
+        max_tokens,
+        sampling,
+        stops,
+    })
 }
 
 async fn read_body(st: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let max = st.args.max_body;
-    let too_large = || ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, kind: "invalid_request_error", code: Some("too_large"), param: None, message: format!("body exceeds {max} bytes") };
-    if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
+    let too_large = || ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        kind: "invalid_request_error",
+        code: Some("too_large"),
+        param: None,
+        message: format!("body exceeds {max} bytes"),
+    };
+    if let Some(len) = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         if len > max {
             return Err(too_large());
         }
@@ -512,7 +724,8 @@ struct Started {
 async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let t0 = Instant::now();
     let body = read_body(st, req).await?;
-    let r: ChatRequest = serde_json::from_slice(&body).map_err(|e| bad(None, format!("invalid JSON body: {e}")))?;
+    let r: ChatRequest =
+        serde_json::from_slice(&body).map_err(|e| bad(None, format!("invalid JSON body: {e}")))?;
     let job = validate(r, &st.args)?;
     if st.template.is_none() {
         return Err(GenError::NoTokenizer.into());
@@ -541,7 +754,10 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
                     kind: "rate_limit_exceeded",
                     code: Some("queue_full"),
                     param: None,
-                    message: format!("{} generations running and {} waiting; retry later", st.args.max_concurrent, st.args.max_queue),
+                    message: format!(
+                        "{} generations running and {} waiting; retry later",
+                        st.args.max_concurrent, st.args.max_queue
+                    ),
                 });
             }
             let p = st.gate.clone().acquire_owned().await;
@@ -551,9 +767,18 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     };
     let queue_ms = t0.elapsed().as_secs_f64() * 1e3 - tokenize_ms;
     let session = {
-        let mut pool = st.pool.lock().map_err(|_| internal("session pool poisoned".into()))?;
+        let mut pool = st
+            .pool
+            .lock()
+            .map_err(|_| internal("session pool poisoned".into()))?;
         // The session whose cache shares the longest prefix with this prompt.
-        let lcp = |s: &KvSession| s.cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+        let lcp = |s: &KvSession| {
+            s.cached
+                .iter()
+                .zip(&prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
         match (0..pool.len()).max_by_key(|&i| lcp(&pool[i])) {
             Some(best) => pool.swap_remove(best),
             // Only after a generation thread panicked and lost its lease.
@@ -561,12 +786,27 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
         }
     };
     st.metrics.active.fetch_add(1, Ordering::Relaxed);
-    let lease = Lease { st: st.clone(), session: Some(session), _permit: permit, finish: "error", tokens: 0 };
+    let lease = Lease {
+        st: st.clone(),
+        session: Some(session),
+        _permit: permit,
+        finish: "error",
+        tokens: 0,
+    };
 
-    let id = format!("chatcmpl-{:x}{:x}", now_s(), SEQ.fetch_add(1, Ordering::Relaxed));
+    let id = format!(
+        "chatcmpl-{:x}{:x}",
+        now_s(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
     let created = now_s();
     let model = st.backend.model_id.clone();
-    let gen = GenRequest { prompt, max_tokens: job.max_tokens, sampling: job.sampling.clone(), stops: job.stops.clone() };
+    let gen = GenRequest {
+        prompt,
+        max_tokens: job.max_tokens,
+        sampling: job.sampling.clone(),
+        stops: job.stops.clone(),
+    };
     let (ready_tx, ready_rx) = oneshot::channel::<Result<Started, ApiError>>();
     let cancel = Arc::new(AtomicBool::new(false));
     let cancel_guard = CancelOnDrop(cancel.clone());
@@ -579,7 +819,10 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
         let mut lease = lease;
         let st = st3;
         let t = Instant::now();
-        let mut session = lease.session.take().ok_or_else(|| internal("lease without session".into()))?;
+        let mut session = lease
+            .session
+            .take()
+            .ok_or_else(|| internal("lease without session".into()))?;
         let result = (|| {
             let g = match Generation::start(&st.backend, &mut session, &gen) {
                 Ok(g) => g,
@@ -588,16 +831,33 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
                     return None;
                 }
             };
-            let _ = ready_tx.send(Ok(Started { timing: g.timing().clone(), prompt_tokens: gen.prompt.len() }));
-            let chunk = |delta: Value, finish: Value| sse(&json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}));
-            if stream && tx.blocking_send(chunk(json!({"role": "assistant", "content": ""}), Value::Null)).is_err() {
+            let _ = ready_tx.send(Ok(Started {
+                timing: g.timing().clone(),
+                prompt_tokens: gen.prompt.len(),
+            }));
+            let chunk = |delta: Value, finish: Value| {
+                sse(
+                    &json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+                )
+            };
+            if stream
+                && tx
+                    .blocking_send(chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        Value::Null,
+                    ))
+                    .is_err()
+            {
                 return Some(Ok(None));
             }
             let out = g.run(|text| {
                 if cancel.load(Ordering::Relaxed) {
                     return false;
                 }
-                !stream || tx.blocking_send(chunk(json!({"content": text}), Value::Null)).is_ok()
+                !stream
+                    || tx
+                        .blocking_send(chunk(json!({"content": text}), Value::Null))
+                        .is_ok()
             });
             Some(out.map(Some))
         })();
@@ -619,7 +879,9 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
             }
         };
         lease.session = Some(session);
-        st.metrics.generation_us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        st.metrics
+            .generation_us
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
         let Some(o) = out else {
             lease.finish = "cancelled";
             st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -627,9 +889,15 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
         };
         let completion = o.completion_tokens(&st.backend);
         lease.tokens = completion;
-        st.metrics.prompt_tokens.fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
-        st.metrics.prompt_tokens_reused.fetch_add((o.prompt_tokens - o.prompt_sent) as u64, Ordering::Relaxed);
-        st.metrics.completion_tokens.fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
+        st.metrics
+            .prompt_tokens
+            .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
+        st.metrics
+            .prompt_tokens_reused
+            .fetch_add((o.prompt_tokens - o.prompt_sent) as u64, Ordering::Relaxed);
+        st.metrics
+            .completion_tokens
+            .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
         st.metrics.timing(&o.timing);
         if o.finish == Finish::Cancelled {
             lease.finish = "cancelled";
@@ -637,9 +905,17 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
             info!(id = %id2, tokens = completion, "client went away: generation cancelled");
             return Ok(o);
         }
-        lease.finish = if o.finish == Finish::Stop { "stop" } else { "length" };
+        lease.finish = if o.finish == Finish::Stop {
+            "stop"
+        } else {
+            "length"
+        };
         if stream {
-            let reason = if o.finish == Finish::Stop { "stop" } else { "length" };
+            let reason = if o.finish == Finish::Stop {
+                "stop"
+            } else {
+                "length"
+            };
             let mut done = tx.blocking_send(sse(&json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))).is_ok();
             if done && include_usage {
                 let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion, "total_tokens": o.prompt_tokens + completion});
@@ -655,11 +931,28 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     let started = match ready_rx.await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(gen_task.await.map_err(|e| internal(format!("generation task: {e}")))?.err().unwrap_or_else(|| internal("generation ended early".into()))),
+        Err(_) => {
+            return Err(gen_task
+                .await
+                .map_err(|e| internal(format!("generation task: {e}")))?
+                .err()
+                .unwrap_or_else(|| internal("generation ended early".into())))
+        }
     };
-    let timing_header = |t: &Timing| format!("tokenize;dur={tokenize_ms:.1}, queue;dur={queue_ms:.1}, {}", t.server_timing());
+    let timing_header = |t: &Timing| {
+        format!(
+            "tokenize;dur={tokenize_ms:.1}, queue;dur={queue_ms:.1}, {}",
+            t.server_timing()
+        )
+    };
     if stream {
-        let mut r = Response::new(SseBody { rx, _cancel: cancel_guard }.boxed());
+        let mut r = Response::new(
+            SseBody {
+                rx,
+                _cancel: cancel_guard,
+            }
+            .boxed(),
+        );
         let h = r.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert("cache-control", HeaderValue::from_static("no-cache"));
@@ -672,9 +965,15 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     }
     drop(rx);
     let _cancel_guard = cancel_guard;
-    let o = gen_task.await.map_err(|e| internal(format!("generation task: {e}")))??;
+    let o = gen_task
+        .await
+        .map_err(|e| internal(format!("generation task: {e}")))??;
     let completion = o.completion_tokens(&st.backend);
-    let reason = if o.finish == Finish::Stop { "stop" } else { "length" };
+    let reason = if o.finish == Finish::Stop {
+        "stop"
+    } else {
+        "length"
+    };
     let body = json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": o.text}, "finish_reason": reason, "logprobs": null}],
@@ -682,7 +981,10 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     });
     let mut r = json_resp(StatusCode::OK, &body);
     let total = o.timing.server_timing();
-    let hv = format!("tokenize;dur={tokenize_ms:.1}, queue;dur={queue_ms:.1}, {total}, total;dur={:.1}", t0.elapsed().as_secs_f64() * 1e3);
+    let hv = format!(
+        "tokenize;dur={tokenize_ms:.1}, queue;dur={queue_ms:.1}, {total}, total;dur={:.1}",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     if let Ok(v) = HeaderValue::from_str(&hv) {
         r.headers_mut().insert("server-timing", v);
     }
@@ -692,11 +994,20 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn internal(message: String) -> ApiError {
-    ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", code: None, param: None, message }
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        kind: "server_error",
+        code: None,
+        param: None,
+        message,
+    }
 }
 
 fn now_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// One server-sent event: `data: JSON\n\n`.
@@ -715,7 +1026,10 @@ impl hyper::body::Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
     }
 }
@@ -726,7 +1040,11 @@ mod tests {
 
     fn args() -> ServeArgs {
         ServeArgs {
-            target: TargetArgs { station: "http://127.0.0.1:1".into(), mesh: None, timeout: 1 },
+            target: TargetArgs {
+                station: "http://127.0.0.1:1".into(),
+                mesh: None,
+                timeout: 1,
+            },
             listen: "127.0.0.1:0".parse().unwrap(),
             max_concurrent: 1,
             max_queue: 1,
@@ -737,53 +1055,115 @@ mod tests {
     }
 
     fn parse(v: Value) -> Result<Job, ApiError> {
-        validate(serde_json::from_value(v).map_err(|e| bad(None, e.to_string()))?, &args())
+        validate(
+            serde_json::from_value(v).map_err(|e| bad(None, e.to_string()))?,
+            &args(),
+        )
     }
 
     #[test]
     fn a_plain_request_validates_with_openai_defaults() {
-        let j = parse(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+        let j =
+            parse(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})).unwrap();
         assert_eq!(j.messages, vec![Message::new("user", "hi")]);
-        assert_eq!((j.stream, j.max_tokens, j.sampling.temperature, j.sampling.top_p), (false, 16, 1.0, 1.0));
+        assert_eq!(
+            (
+                j.stream,
+                j.max_tokens,
+                j.sampling.temperature,
+                j.sampling.top_p
+            ),
+            (false, 16, 1.0, 1.0)
+        );
         let j = parse(json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}, "stop": "x", "seed": 5, "temperature": 0,
             "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}))
         .unwrap();
         assert_eq!(j.messages, vec![Message::new("system", "ab")]);
         assert!(j.stream && j.include_usage);
-        assert_eq!((j.stops, j.sampling.seed, j.sampling.temperature), (vec!["x".to_string()], 5, 0.0));
+        assert_eq!(
+            (j.stops, j.sampling.seed, j.sampling.temperature),
+            (vec!["x".to_string()], 5, 0.0)
+        );
     }
 
     #[test]
     fn bad_requests_name_the_parameter() {
         let cases = [
-            (json!({"messages": [{"role": "user", "content": "hi"}]}), "model"),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}]}),
+                "model",
+            ),
             (json!({"model": "m"}), "messages"),
             (json!({"model": "m", "messages": []}), "messages"),
-            (json!({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}), "messages"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), "max_tokens"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 101}), "max_tokens"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}), "temperature"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}), "top_p"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}), "n"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}), "stop"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}), "presence_penalty"),
+            (
+                json!({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}),
+                "messages",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 101}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}),
+                "top_p",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}),
+                "n",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}),
+                "stop",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}),
+                "presence_penalty",
+            ),
         ];
         for (body, param) in cases {
-            let e = parse(body.clone()).err().unwrap_or_else(|| panic!("{body} should be refused"));
-            assert_eq!((e.status, e.param), (StatusCode::BAD_REQUEST, Some(param)), "{body}: {}", e.message);
+            let e = parse(body.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{body} should be refused"));
+            assert_eq!(
+                (e.status, e.param),
+                (StatusCode::BAD_REQUEST, Some(param)),
+                "{body}: {}",
+                e.message
+            );
         }
         // Wrong types are caught by the JSON parser.
-        assert!(serde_json::from_value::<ChatRequest>(json!({"model": "m", "messages": "hi"})).is_err());
+        assert!(
+            serde_json::from_value::<ChatRequest>(json!({"model": "m", "messages": "hi"})).is_err()
+        );
     }
 
     #[test]
     fn metrics_render_as_prometheus_text() {
         let m = Metrics::default();
         m.request("/v1/models", StatusCode::OK);
-        m.timing(&Timing { embed_ms: 1.0, hops: vec![("http://a".into(), "0-24".into(), 2.5)], head_ms: 0.5, steps: 1 });
+        m.timing(&Timing {
+            embed_ms: 1.0,
+            hops: vec![("http://a".into(), "0-24".into(), 2.5)],
+            head_ms: 0.5,
+            steps: 1,
+        });
         let s = m.render(4);
-        assert!(s.contains("moonshine_requests_total{route=\"/v1/models\",code=\"200\"} 1\n"), "{s}");
-        assert!(s.contains("moonshine_station_compute_ms_total 4.000\n"), "{s}");
+        assert!(
+            s.contains("moonshine_requests_total{route=\"/v1/models\",code=\"200\"} 1\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("moonshine_station_compute_ms_total 4.000\n"),
+            "{s}"
+        );
         assert!(s.contains("moonshine_hop_compute_ms_total{hop=\"0\",station=\"http://a\",layers=\"0-24\"} 2.500\n"), "{s}");
         assert!(s.contains("# TYPE moonshine_sessions_busy gauge"));
     }

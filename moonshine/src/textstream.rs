@@ -33,11 +33,18 @@ pub struct TextStream {
 impl TextStream {
     /// A stream that ends at any of `stops` (empty strings are ignored).
     pub fn new(stops: Vec<String>) -> TextStream {
-        TextStream { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), ..Default::default() }
+        TextStream {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            ..Default::default()
+        }
     }
 
     /// Adds `id`; `detok` turns ids into (lossy) text.
-    pub fn push<E>(&mut self, id: u32, detok: &mut impl FnMut(&[u32]) -> Result<String, E>) -> Result<Piece, E> {
+    pub fn push<E>(
+        &mut self,
+        id: u32,
+        detok: &mut impl FnMut(&[u32]) -> Result<String, E>,
+    ) -> Result<Piece, E> {
         self.pending.push(id);
         let text = detok(&self.pending)?;
         if text.ends_with(char::REPLACEMENT_CHARACTER) && self.pending.len() < MAX_PENDING_TOKENS {
@@ -49,7 +56,10 @@ impl TextStream {
     }
 
     /// Ends the stream: whatever is still held (an incomplete character lossily).
-    pub fn finish<E>(&mut self, detok: &mut impl FnMut(&[u32]) -> Result<String, E>) -> Result<Piece, E> {
+    pub fn finish<E>(
+        &mut self,
+        detok: &mut impl FnMut(&[u32]) -> Result<String, E>,
+    ) -> Result<Piece, E> {
         if !self.pending.is_empty() {
             let text = detok(&self.pending)?;
             self.pending.clear();
@@ -60,16 +70,27 @@ impl TextStream {
 
     /// Emits what cannot be part of a stop string; all of it when `last`.
     fn release(&mut self, last: bool) -> Piece {
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let text = self.held[..at].to_string();
             self.held.clear();
-            return Piece { text, stopped: true };
+            return Piece {
+                text,
+                stopped: true,
+            };
         }
         let keep = if last { 0 } else { self.stop_prefix_len() };
         let cut = self.held.len() - keep;
         let text = self.held[..cut].to_string();
         self.held.drain(..cut);
-        Piece { text, stopped: false }
+        Piece {
+            text,
+            stopped: false,
+        }
     }
 
     /// Length in bytes of the longest suffix of `held` that is a proper prefix of a stop.
@@ -103,21 +124,26 @@ mod tests {
             b"Hello".to_vec(),
             b" wor".to_vec(),
             b"ld".to_vec(),
-            "é".as_bytes()[..1].to_vec(),  // 3: first byte of é
-            "é".as_bytes()[1..].to_vec(),  // 4: second byte of é
-            b" caf".to_vec(),              // 5
-            b"\n\nUser".to_vec(),          // 6
-            b":".to_vec(),                 // 7
-            "😀".as_bytes()[..2].to_vec(), // 8
+            "é".as_bytes()[..1].to_vec(),   // 3: first byte of é
+            "é".as_bytes()[1..].to_vec(),   // 4: second byte of é
+            b" caf".to_vec(),               // 5
+            b"\n\nUser".to_vec(),           // 6
+            b":".to_vec(),                  // 7
+            "😀".as_bytes()[..2].to_vec(),  // 8
             "😀".as_bytes()[2..3].to_vec(), // 9
-            "😀".as_bytes()[3..].to_vec(), // 10
+            "😀".as_bytes()[3..].to_vec(),  // 10
         ]
     }
 
     fn run(ids: &[u32], stops: &[&str]) -> (Vec<String>, bool) {
         let v = vocab();
         let mut detok = |ids: &[u32]| -> Result<String, Infallible> {
-            Ok(String::from_utf8_lossy(&ids.iter().flat_map(|&i| v[i as usize].clone()).collect::<Vec<u8>>()).into_owned())
+            Ok(String::from_utf8_lossy(
+                &ids.iter()
+                    .flat_map(|&i| v[i as usize].clone())
+                    .collect::<Vec<u8>>(),
+            )
+            .into_owned())
         };
         let mut s = TextStream::new(stops.iter().map(|s| s.to_string()).collect());
         let mut out = Vec::new();
