@@ -2,9 +2,9 @@
 //! (scripts/openai/check_openai.py), and the gateway's own behaviour over raw HTTP: the
 //! bounded queue, Server-Timing per hop, Prometheus metrics, OpenAI-style errors.
 
-mod support;
-
 #![allow(clippy::result_large_err)] // ureq::Error is what the test inspects.
+
+mod support;
 
 use std::io::Read;
 use std::process::Command;
