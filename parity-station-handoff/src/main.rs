@@ -1,4 +1,30 @@
-fn main() -> std::process::ExitCode {
-    eprintln!("parity-station-handoff: not built yet");
-    std::process::ExitCode::from(2)
+//! `parity-station-handoff`: split inference must equal monolithic inference bit for bit.
+//! See `cli.rs`.
+//!
+//! Exit codes: 0 `OVERALL: PASS`; 1 a split differed; 2 usage, I/O or engine errors.
+//! A closed stdout exits 0.
+
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = <cli::Args as clap::Parser>::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(err) => {
+            if cli::is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("parity-station-handoff: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
 }
