@@ -7,3 +7,11 @@ pub mod client;
 pub mod engine;
 pub mod server;
 pub mod wire;
+
+// The mesh (specs/mesh.md).
+pub mod beacon;
+pub mod grant;
+pub mod manifest;
+pub mod relay;
+pub mod replicas;
+pub mod seal;

@@ -7,6 +7,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use fat_station::engine::Holdings;
+use fat_station::beacon::{self, Announcement, Beacon};
+use fat_station::grant::GrantVerifier;
+use fat_station::manifest::NodeManifest;
+use fat_station::relay::MeshNode;
+use fat_station::seal::MeshKey;
 use fat_station::server::{self, Limits, Station};
 use knot_format::{Knot, LayerRange};
 
@@ -20,12 +25,46 @@ use knot_format::{Knot, LayerRange};
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Args {
-    /// Model or shard file (.knot).
-    #[arg(long)]
-    knot: std::path::PathBuf,
+    /// Model or shard file (.knot). Not needed with --manifest.
+    #[arg(long, required_unless_present = "manifest")]
+    knot: Option<std::path::PathBuf>,
     /// Address to serve on; port 0 picks a free one (printed on stdout).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
+    /// Default: the manifest's `listen`, else 127.0.0.1:8080.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Serve as a mesh node from its manifest (written by `shard-knot plan -o DIR`): its
+    /// shard, role, layers, listen address and successor. POST /chain then runs this node's
+    /// layers and forwards the residual to the successor itself (specs/mesh.md).
+    #[arg(long, conflicts_with_all = ["knot", "role", "layers"])]
+    manifest: Option<std::path::PathBuf>,
+    /// Mesh key file (32 random bytes: `head -c 32 /dev/urandom > mesh.key`, or 64 hex
+    /// characters). Every residual between nodes is sealed with ChaCha20-Poly1305; unsealed,
+    /// replayed or tampered ones are refused with a 4xx. Without a key the mesh is open.
+    #[arg(long)]
+    mesh_key: Option<std::path::PathBuf>,
+    /// Require a monster-guard grant (hex in X-Grant) signed by this issuer for requests
+    /// entering the mesh here: 64 hex characters or a file holding them (`node.pub`).
+    #[arg(long, value_name = "ISSUER_PUBKEY")]
+    require_grant: Option<String>,
+    /// Announce this station by UDP beacon to ADDR (e.g. 127.255.255.255:7979 for simulated
+    /// nodes on one host, 255.255.255.255:7979 on a LAN) for `moonshine mesh discover`.
+    #[arg(long, value_name = "ADDR")]
+    beacon: Option<SocketAddr>,
+    /// Milliseconds between beacons.
+    #[arg(long, default_value_t = 1000)]
+    beacon_interval_ms: u64,
+    /// URL others reach this station at (default http://LISTEN-ADDRESS).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Node id in traces, errors and beacons (default: the manifest's, else `station`).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Seconds a forward to the next hop may take (connect + everything downstream).
+    #[arg(long, default_value_t = 60)]
+    hop_timeout_s: u64,
+    /// Seconds either side of this station's clock a sealed residual is accepted.
+    #[arg(long, default_value_t = 30)]
+    replay_window_s: u64,
     /// Serve only this part of a full model: entry (embedding + layers), mid (layers),
     /// exit (layers + head), full. Needs --layers unless full.
     #[arg(long, value_enum)]
@@ -99,8 +138,41 @@ fn run(args: Args) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("configuring compute threads")?;
     }
-    let knot = Knot::open(&args.knot).with_context(|| format!("opening {}", args.knot.display()))?;
-    let held = holdings(&args, knot.arch().n_layers)?;
+    let manifest = match &args.manifest {
+        Some(p) => Some(NodeManifest::load(p).map_err(anyhow::Error::new)?),
+        None => None,
+    };
+    let knot_path = match (&manifest, &args.knot) {
+        (Some((_, shard)), _) => shard.clone(),
+        (None, Some(k)) => k.clone(),
+        (None, None) => bail!("give --knot FILE or --manifest NODE.json"),
+    };
+    let knot = Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
+    let held = match &manifest {
+        Some((m, _)) => {
+            m.check_file(&knot).map_err(anyhow::Error::msg)?;
+            let h = m.holdings().context("manifest layers")?;
+            if h.layers.end > knot.arch().n_layers {
+                bail!("manifest layers {} are outside the model's 0..{}", m.layers, knot.arch().n_layers);
+            }
+            Some(h)
+        }
+        None => holdings(&args, knot.arch().n_layers)?,
+    };
+    let key = match &args.mesh_key {
+        Some(p) => Some(MeshKey::load(p)?),
+        None => None,
+    };
+    let grant = match &args.require_grant {
+        Some(g) => Some(GrantVerifier::from_arg(g)?),
+        None => None,
+    };
+    let node_id = args.node_id.clone().or_else(|| manifest.as_ref().map(|(m, _)| m.node_id.clone())).unwrap_or_else(|| "station".into());
+    let listen: SocketAddr = match (args.listen, &manifest) {
+        (Some(l), _) => l,
+        (None, Some((m, _))) => m.listen.parse().with_context(|| format!("manifest listen {:?}", m.listen))?,
+        (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+    };
     let limits = Limits {
         max_sessions: args.max_sessions,
         session_idle: Duration::from_secs(args.session_idle_s),
@@ -108,10 +180,39 @@ fn run(args: Args) -> Result<()> {
         ..Limits::default()
     };
     let station = Station::open(knot, held, limits).context("loading the model")?;
+    let successor = manifest.as_ref().and_then(|(m, _)| m.successor.clone());
+    let chain = manifest.as_ref().map(|(m, _)| m.chain);
+    station.set_mesh(MeshNode::new(
+        node_id.clone(),
+        successor,
+        key,
+        grant,
+        Duration::from_secs(args.hop_timeout_s.max(1)),
+        Duration::from_secs(args.replay_window_s.max(1)),
+    ));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(async move {
-        let (listener, addr) = server::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        let (listener, addr) = server::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         let h = station.model().holdings();
+        let _beacon = match args.beacon {
+            Some(target) => {
+                let health = station.health_report();
+                let ann = Announcement {
+                    proto: beacon::PROTO.into(),
+                    node_id: node_id.clone(),
+                    model_id: health.model_id.clone(),
+                    model_hash: station.model().knot().shard().map(|s| s.parent_hash.clone()).unwrap_or(health.model_hash.clone()),
+                    role: health.role.clone(),
+                    layers: health.layers.clone(),
+                    n_layers: health.n_layers,
+                    address: args.advertise.clone().unwrap_or_else(|| format!("http://{addr}")),
+                    chain,
+                    mesh: health.mesh.clone().unwrap_or_default(),
+                };
+                Some(Beacon::spawn(&ann, target, Duration::from_millis(args.beacon_interval_ms.max(10))).with_context(|| format!("beacon to {target}"))?)
+            }
+            None => None,
+        };
         println!(
             "fat-station: serving {} layers {}-{}{}{} on http://{addr} (ready in {:.1} ms)",
             station.model().knot().header().model_id,

@@ -56,18 +56,21 @@ pub struct Station {
     sessions: Mutex<HashMap<String, SessionSlot>>,
     limits: Limits,
     started: Instant,
+    /// Mesh identity, successor, key and grant check (`--manifest`, `--mesh-key`); set once
+    /// before serving, else an open mesh node named after nothing.
+    mesh: OnceLock<crate::relay::MeshNode>,
 }
 
-type Resp = Response<Full<Bytes>>;
+pub(crate) type Resp = Response<Full<Bytes>>;
 
 /// A request refused, with the status and the machine code the client sees.
-struct Refusal {
+pub(crate) struct Refusal {
     status: StatusCode,
     code: &'static str,
     message: String,
 }
 
-fn refuse(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
+pub(crate) fn refuse(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
     Refusal { status, code, message: message.into() }
 }
 
@@ -95,6 +98,7 @@ impl Station {
             sessions: Mutex::new(HashMap::new()),
             limits,
             started: Instant::now(),
+            mesh: OnceLock::new(),
         })
     }
 
@@ -104,6 +108,23 @@ impl Station {
         // weights borrow from it with a 'static lifetime and no copies.
         let knot: &'static Knot = Box::leak(Box::new(knot));
         Ok(Station::new(Model::load(knot, holdings)?, limits))
+    }
+
+    /// Joins a mesh (see [`crate::relay`]); only the first call takes effect.
+    pub fn set_mesh(&self, node: crate::relay::MeshNode) {
+        let _ = self.mesh.set(node);
+    }
+
+    /// The mesh identity, when one was set.
+    pub fn mesh(&self) -> Option<&crate::relay::MeshNode> {
+        self.mesh.get()
+    }
+
+    /// The mesh identity, an open node named `station` when none was set.
+    pub(crate) fn mesh_node(&self) -> &crate::relay::MeshNode {
+        self.mesh.get_or_init(|| {
+            crate::relay::MeshNode::new("station".into(), None, None, None, crate::relay::DEFAULT_HOP_TIMEOUT, crate::relay::DEFAULT_REPLAY_WINDOW)
+        })
     }
 
     /// The model served.
@@ -118,6 +139,11 @@ impl Station {
             Tokenizer::from_data(&data).map_err(|e| e.to_string())
         });
         t.as_ref().map_err(|e| refuse(StatusCode::NOT_FOUND, "no_tokenizer", e.clone()))
+    }
+
+    /// What `GET /health` reports.
+    pub fn health_report(&self) -> Health {
+        self.health()
     }
 
     fn health(&self) -> Health {
@@ -145,6 +171,8 @@ impl Station {
             has_tokenizer: knot.header().tokenizer.is_some(),
             sessions: self.sessions.lock().map(|s| s.len()).unwrap_or(0),
             uptime_s: self.started.elapsed().as_secs_f64(),
+            mesh: Some(self.mesh.get().map(|m| m.mode()).unwrap_or("open").into()),
+            node_id: self.mesh.get().map(|m| m.node_id.clone()),
         }
     }
 
@@ -225,7 +253,15 @@ async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infall
 }
 
 async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
+    if let p @ (wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD) = req.uri().path() {
+        if let Err(e) = crate::relay::guard_direct(&st, p) {
+            // Read the body first so the refusal is delivered, not a reset.
+            let _ = read_body(&st, req).await;
+            return Err(e);
+        }
+    }
     match (req.method(), req.uri().path()) {
+        (&Method::POST, wire::ROUTE_CHAIN) => crate::relay::chain(st, req).await,
         (&Method::GET, wire::ROUTE_HEALTH) => Ok(json(StatusCode::OK, &st.health())),
         (&Method::POST, wire::ROUTE_EMBED) => {
             let body: wire::EmbedRequest = read_json(&st, req).await?;
@@ -313,7 +349,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             }
             Ok(json(StatusCode::OK, &wire::Text { text: tok.decode(&body.tokens) }))
         }
-        (_, p @ (wire::ROUTE_HEALTH | wire::ROUTE_TOKENIZER | wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD | wire::ROUTE_TOKENIZE | wire::ROUTE_DETOKENIZE)) => {
+        (_, p @ (wire::ROUTE_HEALTH | wire::ROUTE_TOKENIZER | wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD | wire::ROUTE_TOKENIZE | wire::ROUTE_DETOKENIZE | wire::ROUTE_CHAIN)) => {
             Err(refuse(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{} is not allowed on {p}", req.method())))
         }
         (_, p) => Err(refuse(StatusCode::NOT_FOUND, "not_found", format!("no route {p}"))),
@@ -321,7 +357,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
 }
 
 /// Runs `f` with the request's session (or a fresh one), honouring `X-Pos`.
-fn with_session<T>(
+pub(crate) fn with_session<T>(
     st: &Station,
     session: Option<Arc<Mutex<Session>>>,
     pos: Option<usize>,
@@ -353,7 +389,7 @@ fn with_session<T>(
     }
 }
 
-fn session_of(st: &Station, session: Option<&str>, pos: Option<&str>) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
+pub(crate) fn session_of(st: &Station, session: Option<&str>, pos: Option<&str>) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
     let pos = match pos {
         Some(p) => Some(p.trim().parse::<usize>().map_err(|_| refuse(StatusCode::BAD_REQUEST, "bad_request", format!("X-Pos {p:?} is not a number")))?),
         None => None,
@@ -361,17 +397,17 @@ fn session_of(st: &Station, session: Option<&str>, pos: Option<&str>) -> Result<
     Ok((st.session(session)?, pos))
 }
 
-async fn compute(f: impl FnOnce() -> Result<Resp, Refusal> + Send + 'static) -> Result<Resp, Refusal> {
+pub(crate) async fn compute(f: impl FnOnce() -> Result<Resp, Refusal> + Send + 'static) -> Result<Resp, Refusal> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("compute task failed: {e}")))?
 }
 
-fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
+pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
     req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
-async fn read_body(st: &Station, req: Request<Incoming>) -> Result<Bytes, Refusal> {
+pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<Bytes, Refusal> {
     let max = st.limits.max_body;
     let too_large = || refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("body exceeds {max} bytes"));
     if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
@@ -409,13 +445,13 @@ fn ms(t: Instant) -> String {
     format!("{:.3}", t.elapsed().as_secs_f64() * 1e3)
 }
 
-fn set(r: &mut Resp, name: &'static str, v: String) {
+pub(crate) fn set(r: &mut Resp, name: &'static str, v: String) {
     if let Ok(v) = HeaderValue::from_str(&v) {
         r.headers_mut().insert(name, v);
     }
 }
 
-fn binary(b: Vec<u8>) -> Resp {
+pub(crate) fn binary(b: Vec<u8>) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from(b)));
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
     r
@@ -432,7 +468,7 @@ fn residual_response(x: &[f32], hidden: usize, t: Instant, f16: bool) -> Resp {
     r
 }
 
-fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Resp {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Resp {
     let body = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;

@@ -31,6 +31,44 @@ pub const ROUTE_DETOKENIZE: &str = "/detokenize";
 pub const ROUTE_HEALTH: &str = "/health";
 pub const ROUTE_TOKENIZER: &str = "/tokenizer";
 
+// ---- Mesh (`specs/mesh.md`): one request per token, stations forward to their successor. ----
+
+/// `POST /chain`: the entry takes `{"tokens": [...]}`, every other node a residual; each runs
+/// its layers and forwards to the next hop; the exit answers with logits or the argmax token.
+pub const ROUTE_CHAIN: &str = "/chain";
+/// Id of one token step through the chain (1..=64 chars of `[A-Za-z0-9_.:-]`), bound by seals.
+pub const H_REQUEST_ID: &str = "x-request-id";
+/// What the exit returns: `logits` (default; f32 body) or `token` (JSON [`ChainToken`]).
+pub const H_RETURN: &str = "x-return";
+/// Remaining hops after this station, comma-separated base URLs (else the manifest successor).
+pub const H_ROUTE: &str = "x-route";
+/// `v1` when the body is sealed (nonce || ChaCha20-Poly1305 ciphertext || tag).
+pub const H_SEAL: &str = "x-seal";
+/// Unix milliseconds the seal was made (bound by the seal; replay window).
+pub const H_SEAL_TS: &str = "x-seal-ts";
+/// Layer boundary a forwarded residual is at (the sender's range end).
+pub const H_FROM_LAYER: &str = "x-from-layer";
+/// Hex of a monster-guard grant file (entry stations started with `--require-grant`).
+pub const H_GRANT: &str = "x-grant";
+/// Per-node timing of a chain step: `node=a-b:ms,...` in chain order.
+pub const H_CHAIN_TRACE: &str = "x-chain-trace";
+/// On a 5xx from `/chain`: the base URL of the hop that failed.
+pub const H_FAILED_HOP: &str = "x-failed-hop";
+
+/// `POST /chain` body at the entry.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChainRequest {
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /chain` response with `X-Return: token`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChainToken {
+    /// Argmax of the last row's logits.
+    pub token: u32,
+    pub logit: f32,
+}
+
 /// `POST /embed` body.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EmbedRequest {
@@ -91,6 +129,12 @@ pub struct Health {
     pub has_tokenizer: bool,
     pub sessions: usize,
     pub uptime_s: f64,
+    /// `open` (no mesh key: residuals travel in clear, anyone may call) or `sealed`.
+    #[serde(default)]
+    pub mesh: Option<String>,
+    /// The node id when started from a manifest.
+    #[serde(default)]
+    pub node_id: Option<String>,
 }
 
 /// Every 4xx/5xx body.

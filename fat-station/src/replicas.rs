@@ -1,0 +1,325 @@
+//! Clients of forwarding meshes: one request per token to a chain's entry (`POST /chain`),
+//! and a [`ReplicaSet`] that fails over to another chain when a node dies mid-generation.
+//!
+//! Failover: when a step fails at the transport level or with a 5xx, the chain is marked
+//! dead, the next live chain gets a fresh session and is re-prefilled with every token so
+//! far, and the step is retried there. Without a live chain left, the error names the node,
+//! its layer range and its URL. Every call has a timeout, so nothing hangs.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::wire;
+
+/// One hop of a chain as a chains file lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainHop {
+    pub node_id: String,
+    /// `http://host:port`.
+    pub url: String,
+    /// `a-b`.
+    pub layers: String,
+}
+
+/// What `moonshine mesh form` writes: every chain found, and (for tools that read a plain
+/// mesh file, `client::MeshFile`) the first chain as `stations`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChainsFile {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub model_hash: Option<String>,
+    #[serde(default)]
+    pub n_layers: Option<u32>,
+    /// The first chain (compatible with `client::MeshFile`).
+    pub stations: Vec<ChainHop>,
+    /// Every disjoint chain (replicas), in order of preference.
+    #[serde(default)]
+    pub chains: Vec<Vec<ChainHop>>,
+}
+
+impl ChainsFile {
+    /// The chains; a plain mesh file (only `stations`) is one chain.
+    pub fn all_chains(&self) -> Vec<Vec<ChainHop>> {
+        if self.chains.is_empty() {
+            vec![self.stations.clone()]
+        } else {
+            self.chains.clone()
+        }
+    }
+}
+
+/// Why a mesh step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// A hop failed; names the node and range when the mesh file knows them.
+    #[error("{who} failed: {why}")]
+    HopFailed { who: String, url: String, status: Option<u16>, why: String },
+    /// A station refused the request (4xx): not a node failure, no failover.
+    #[error("{url}: {status} {code}: {message}")]
+    Refused { url: String, status: u16, code: String, message: String },
+    #[error("{url}: bad response: {why}")]
+    BadResponse { url: String, why: String },
+    #[error("every chain failed; last: {0}")]
+    AllFailed(Box<MeshError>),
+    #[error("mesh: {0}")]
+    Config(String),
+}
+
+impl MeshError {
+    /// Whether another chain may succeed where this failed.
+    pub fn is_node_failure(&self) -> bool {
+        matches!(self, MeshError::HopFailed { .. })
+    }
+}
+
+/// The result of one step.
+#[derive(Clone, Debug)]
+pub struct StepOut {
+    /// Argmax token (with `X-Return: token`), or of the logits.
+    pub token: u32,
+    pub logit: f32,
+    /// Full logits when asked for.
+    pub logits: Option<Vec<f32>>,
+    /// `X-Chain-Trace`: (node, range, compute ms, seal ms) per node.
+    pub trace: Vec<(String, String, f64, f64)>,
+    /// Wall time of the request.
+    pub wall_ms: f64,
+}
+
+/// Parses `node=a-b:ms:seal_ms,...`.
+pub fn parse_trace(v: &str) -> Vec<(String, String, f64, f64)> {
+    v.split(',')
+        .filter_map(|item| {
+            let (node, rest) = item.trim().split_once('=')?;
+            let mut p = rest.split(':');
+            let range = p.next()?.to_string();
+            let ms = p.next()?.parse().ok()?;
+            let seal = p.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+            Some((node.to_string(), range, ms, seal))
+        })
+        .collect()
+}
+
+/// One forwarding chain, called at its entry.
+pub struct MeshChain {
+    pub hops: Vec<ChainHop>,
+    agent: ureq::Agent,
+    /// Send `X-Route` (the hops after the entry) rather than relying on manifest successors.
+    pub source_route: bool,
+    /// Hex grant for `X-Grant`.
+    pub grant_hex: Option<String>,
+}
+
+impl MeshChain {
+    /// A chain; `timeout` bounds each whole step (all hops).
+    pub fn new(hops: Vec<ChainHop>, timeout: Duration) -> Result<MeshChain, MeshError> {
+        if hops.is_empty() {
+            return Err(MeshError::Config("a chain needs at least one station".into()));
+        }
+        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5).min(timeout)).timeout(timeout).build();
+        Ok(MeshChain { hops, agent, source_route: true, grant_hex: None })
+    }
+
+    fn who(&self, url: &str) -> String {
+        let u = url.trim_end_matches('/');
+        match self.hops.iter().find(|h| h.url.trim_end_matches('/') == u) {
+            Some(h) => format!("node {} (layers {}) at {u}", h.node_id, h.layers),
+            None => format!("hop {u}"),
+        }
+    }
+
+    /// Sends `tokens` at `pos` of `session` (or stateless) through the chain.
+    pub fn step(&self, tokens: &[u32], session: Option<(&str, usize)>, want_logits: bool) -> Result<StepOut, MeshError> {
+        let entry = self.hops[0].url.trim_end_matches('/');
+        let url = format!("{entry}{}", wire::ROUTE_CHAIN);
+        let mut req = self.agent.post(&url).set("content-type", "application/json");
+        if !want_logits {
+            req = req.set(wire::H_RETURN, "token");
+        }
+        if let Some((s, p)) = session {
+            req = req.set(wire::H_SESSION, s).set(wire::H_POS, &p.to_string());
+        }
+        if self.source_route && self.hops.len() > 1 {
+            let route: Vec<&str> = self.hops[1..].iter().map(|h| h.url.trim_end_matches('/')).collect();
+            req = req.set(wire::H_ROUTE, &route.join(","));
+        }
+        if let Some(g) = &self.grant_hex {
+            req = req.set(wire::H_GRANT, g);
+        }
+        let body = serde_json::to_vec(&wire::ChainRequest { tokens: tokens.to_vec() }).map_err(|e| MeshError::Config(e.to_string()))?;
+        let t = Instant::now();
+        let resp = match req.send_bytes(&body) {
+            Ok(r) => r,
+            Err(ureq::Error::Status(status, r)) => {
+                let failed = r.header(wire::H_FAILED_HOP).map(str::to_string);
+                let text = r.into_string().unwrap_or_default();
+                let (code, message) = match serde_json::from_str::<wire::ErrorBody>(&text) {
+                    Ok(e) => (e.error, e.message),
+                    Err(_) => ("http".into(), text),
+                };
+                if status >= 500 {
+                    let u = failed.unwrap_or_else(|| entry.to_string());
+                    return Err(MeshError::HopFailed { who: self.who(&u), url: u, status: Some(status), why: format!("{status} {code}: {message}") });
+                }
+                return Err(MeshError::Refused { url, status, code, message });
+            }
+            Err(e) => return Err(MeshError::HopFailed { who: self.who(entry), url: entry.to_string(), status: None, why: e.to_string() }),
+        };
+        let trace = resp.header(wire::H_CHAIN_TRACE).map(parse_trace).unwrap_or_default();
+        let bad = |why: String| MeshError::BadResponse { url: url.clone(), why };
+        let mut b = Vec::new();
+        resp.into_reader().take(64 << 20).read_to_end(&mut b).map_err(|e| bad(e.to_string()))?;
+        let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+        if want_logits {
+            let logits = wire::decode_f32(&b).filter(|l| !l.is_empty()).ok_or_else(|| bad(format!("{} bytes is not logits", b.len())))?;
+            let (token, logit) = logits.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+            Ok(StepOut { token: token as u32, logit, logits: Some(logits), trace, wall_ms })
+        } else {
+            let t: wire::ChainToken = serde_json::from_slice(&b).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            Ok(StepOut { token: t.token, logit: t.logit, logits: None, trace, wall_ms })
+        }
+    }
+}
+
+/// A failover event, for reports.
+#[derive(Clone, Debug)]
+pub struct Failover {
+    /// Chain that failed and the error.
+    pub from_chain: usize,
+    pub error: String,
+    /// Chain taken over, and how many tokens it re-prefilled.
+    pub to_chain: usize,
+    pub reprefilled: usize,
+}
+
+/// Replica chains with failover; keeps the token history of one generation.
+pub struct ReplicaSet {
+    chains: Vec<MeshChain>,
+    dead: Vec<bool>,
+    active: usize,
+    /// Tokens the active chain's session holds.
+    synced: usize,
+    session_base: String,
+    epoch: u32,
+    /// Failovers so far.
+    pub failovers: Vec<Failover>,
+}
+
+impl ReplicaSet {
+    /// Replicas in order of preference; `session` names the generation (each chain's session
+    /// id is derived from it).
+    pub fn new(chains: Vec<MeshChain>, session: &str) -> Result<ReplicaSet, MeshError> {
+        if chains.is_empty() {
+            return Err(MeshError::Config("no chains".into()));
+        }
+        if !wire::valid_session_id(session) || session.len() > 48 {
+            return Err(MeshError::Config(format!("session id {session:?} must be 1-48 chars of [A-Za-z0-9_.:-]")));
+        }
+        let n = chains.len();
+        Ok(ReplicaSet { chains, dead: vec![false; n], active: 0, synced: 0, session_base: session.into(), epoch: 0, failovers: Vec::new() })
+    }
+
+    /// From a chains file.
+    pub fn from_file(f: &ChainsFile, timeout: Duration, session: &str) -> Result<ReplicaSet, MeshError> {
+        let chains = f.all_chains().into_iter().map(|c| MeshChain::new(c, timeout)).collect::<Result<Vec<_>, _>>()?;
+        ReplicaSet::new(chains, session)
+    }
+
+    /// The chains.
+    pub fn chains(&self) -> &[MeshChain] {
+        &self.chains
+    }
+
+    /// Mutable chains (e.g. to set a grant).
+    pub fn chains_mut(&mut self) -> &mut [MeshChain] {
+        &mut self.chains
+    }
+
+    /// Index of the chain in use.
+    pub fn active(&self) -> usize {
+        self.active
+    }
+
+    fn session_id(&self) -> String {
+        format!("{}.c{}e{}", self.session_base, self.active, self.epoch)
+    }
+
+    /// Next-token step for the whole history `tokens` (prompt + generated so far): sends only
+    /// what the active chain has not seen; on a node failure fails over and re-prefills.
+    pub fn next(&mut self, tokens: &[u32], want_logits: bool) -> Result<StepOut, MeshError> {
+        if tokens.is_empty() {
+            return Err(MeshError::Config("no tokens".into()));
+        }
+        if self.synced >= tokens.len() {
+            // Recompute the last position (e.g. a retry): rewind one.
+            self.synced = tokens.len() - 1;
+        }
+        loop {
+            let sid = self.session_id();
+            let from = self.synced;
+            match self.chains[self.active].step(&tokens[from..], Some((&sid, from)), want_logits) {
+                Ok(out) => {
+                    self.synced = tokens.len();
+                    return Ok(out);
+                }
+                Err(e) if e.is_node_failure() => {
+                    self.dead[self.active] = true;
+                    let Some(next) = (0..self.chains.len()).map(|i| (self.active + 1 + i) % self.chains.len()).find(|&i| !self.dead[i]) else {
+                        return Err(if self.chains.len() == 1 { e } else { MeshError::AllFailed(Box::new(e)) });
+                    };
+                    tracing::warn!("chain {} failed ({e}); retrying on chain {next} with {} tokens", self.active, tokens.len());
+                    self.failovers.push(Failover { from_chain: self.active, error: e.to_string(), to_chain: next, reprefilled: tokens.len() });
+                    self.active = next;
+                    self.epoch += 1;
+                    self.synced = 0;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Greedy generation of `n` tokens after `prompt`; `on_token` sees each as it comes.
+    pub fn generate_greedy(&mut self, prompt: &[u32], n: usize, stop: &[u32], on_token: &mut dyn FnMut(usize, &StepOut)) -> Result<Vec<u32>, MeshError> {
+        let mut all = prompt.to_vec();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let s = self.next(&all, false)?;
+            on_token(i, &s);
+            all.push(s.token);
+            out.push(s.token);
+            if stop.contains(&s.token) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traces_parse() {
+        let t = parse_trace("n0=0-8:12.5:0.010,n1=8-16:9.000:0.020,bad");
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[1], ("n1".to_string(), "8-16".to_string(), 9.0, 0.02));
+    }
+
+    #[test]
+    fn a_dead_single_chain_names_the_node_and_range_quickly() {
+        // A port nobody listens on.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        drop(l);
+        let c = MeshChain::new(vec![ChainHop { node_id: "n0".into(), url, layers: "0-24".into() }], Duration::from_secs(2)).unwrap();
+        let mut rs = ReplicaSet::new(vec![c], "s1").unwrap();
+        let t = Instant::now();
+        let e = rs.next(&[1, 2, 3], false).unwrap_err().to_string();
+        assert!(e.contains("node n0 (layers 0-24)"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+}
