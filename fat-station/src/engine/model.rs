@@ -1,10 +1,13 @@
 //! The forward pass: embedding, transformer blocks over a layer range, LM head.
 
+use std::cell::RefCell;
+
 use knot_format::{Knot, LayerRange, Role};
 use rayon::prelude::*;
 
+use super::kernels::blocks::BlockQ8A;
 use super::kernels::{dequantize_row, matmul};
-use super::ops::{add_inplace, attend_head, rmsnorm, rmsnorm_inplace, rope, swiglu};
+use super::ops::{add_inplace, attend_head, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, swiglu};
 use super::{Config, EngineError, Holdings, Session, Weights};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
@@ -12,7 +15,28 @@ pub struct Model<'a> {
     pub cfg: Config,
     pub weights: Weights<'a>,
     knot: &'a Knot,
+    /// (head_dim / 2) RoPE inverse frequencies, computed once (see [`rope_inv_freq`]).
+    inv_freq: Vec<f64>,
 }
+
+/// Forward-pass scratch that is not per session: reused by every call on this thread.
+#[derive(Default)]
+struct FwdScratch {
+    /// (seq * hidden / 32) the normed input quantized once for q/k/v and for gate/up
+    xq: Vec<BlockQ8A>,
+    /// (seq, head_dim) RoPE cosines then sines of each row's position
+    rope: Vec<f32>,
+    /// (positions) attention scores of one head when attention runs on this thread
+    scores: Vec<f32>,
+}
+
+thread_local! {
+    static FWD: RefCell<FwdScratch> = RefCell::new(FwdScratch::default());
+}
+
+/// Below this many multiply-adds (rows x heads x positions x head_dim) attention runs on the
+/// calling thread: a decode step's 14 heads are a few microseconds, less than a fork-join.
+const ATTN_PAR_MIN_MACS: usize = 1 << 18;
 
 impl<'a> Model<'a> {
     /// Resolves the tensors `holdings` needs; with `None`, what the file holds (a shard's
@@ -34,7 +58,8 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        Ok(Model { cfg, weights, knot })
+        let inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
+        Ok(Model { cfg, weights, knot, inv_freq })
     }
 
     /// The file this model reads.
@@ -100,21 +125,35 @@ impl<'a> Model<'a> {
         }
         let mut scratch = std::mem::take(&mut session.scratch);
         scratch.fit(cfg, seq);
-        for l in range.start..range.end {
-            let w = self.weights.layer(l as usize).ok_or(EngineError::NotHeld { what: format!("block {l}"), held })?;
-            let cache = session.cache_mut(l as usize).ok_or(EngineError::NotHeld { what: format!("block {l}"), held })?;
-            self.block(w, cache, &mut scratch, x, seq, pos);
+        // Taken, not borrowed, so a nested call on this thread (never expected) still works.
+        let mut fwd = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
+        // RoPE angles of every row, once for all blocks and heads.
+        let hd = cfg.head_dim;
+        fwd.rope.resize(seq * hd, 0.0);
+        for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
+            rope_angles(cs, &self.inv_freq, pos + t);
         }
+        let mut result = Ok(pos);
+        for l in range.start..range.end {
+            let (Some(w), Some(cache)) = (self.weights.layer(l as usize), session.cache_mut(l as usize)) else {
+                result = Err(EngineError::NotHeld { what: format!("block {l}"), held });
+                break;
+            };
+            self.block(w, cache, &mut scratch, &mut fwd, x, seq, pos);
+        }
+        FWD.with(|f| *f.borrow_mut() = fwd);
         session.scratch = scratch;
-        Ok(pos)
+        result
     }
 
     /// One transformer block over `seq` rows starting at position `pos`.
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
         w: &super::LayerWeights<'_>,
         cache: &mut super::session::LayerCache,
         s: &mut super::session::Scratch,
+        f: &mut FwdScratch,
         x: &mut [f32],
         seq: usize,
         pos: usize,
@@ -122,13 +161,11 @@ impl<'a> Model<'a> {
         let cfg = &self.cfg;
         let (h, hd, q_dim, kv_dim) = (cfg.hidden, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
 
-        // Attention: normed input -> q, k, v projections (+ biases).
+        // Attention: normed input -> q, k, v projections (+ biases), one shared quantization.
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
         }
-        matmul(&w.wq, &s.xb, seq, &mut s.q);
-        matmul(&w.wk, &s.xb, seq, &mut s.k);
-        matmul(&w.wv, &s.xb, seq, &mut s.v);
+        matmul_shared(&mut [(&w.wq, &mut s.q[..]), (&w.wk, &mut s.k[..]), (&w.wv, &mut s.v[..])], &s.xb, seq, &mut f.xq);
         for t in 0..seq {
             let (q, k, v) = (
                 &mut s.q[t * q_dim..(t + 1) * q_dim],
@@ -145,33 +182,38 @@ impl<'a> Model<'a> {
                 q.chunks_exact_mut(hd).for_each(|hq| rmsnorm_inplace(hq, qn, cfg.norm_eps));
                 k.chunks_exact_mut(hd).for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
-            rope(q, hd, pos + t, cfg.rope_base, cfg.rope_style);
-            rope(k, hd, pos + t, cfg.rope_base, cfg.rope_style);
+            let cs = &f.rope[t * hd..(t + 1) * hd];
+            rope_rotate(q, cs, cfg.rope_style);
+            rope_rotate(k, cs, cfg.rope_style);
         }
         cache.k.extend_from_slice(&s.k[..seq * kv_dim]);
         cache.v.extend_from_slice(&s.v[..seq * kv_dim]);
 
         // Causal GQA: row t sees positions 0..=pos+t; query head j reads kv head j / group.
+        // Each head's result depends only on its own inputs, so serial and parallel agree.
         let group = cfg.n_heads / cfg.n_kv_heads;
         let (kc, vc, q) = (&cache.k, &cache.v, &s.q);
         let max_pos = pos + seq;
-        s.att[..seq * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
-            || vec![0.0f32; max_pos],
-            |scores, (i, out)| {
-                let (t, head) = (i / cfg.n_heads, i % cfg.n_heads);
-                let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-                attend_head(out, qh, kc, vc, pos + t + 1, kv_dim, head / group, scores);
-            },
-        );
+        let head = |scores: &mut Vec<f32>, (i, out): (usize, &mut [f32])| {
+            let (t, head) = (i / cfg.n_heads, i % cfg.n_heads);
+            let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+            attend_head(out, qh, kc, vc, pos + t + 1, kv_dim, head / group, scores);
+        };
+        let att = &mut s.att[..seq * q_dim];
+        if seq * cfg.n_heads * max_pos * hd < ATTN_PAR_MIN_MACS || rayon::current_num_threads() == 1 {
+            f.scores.resize(max_pos, 0.0);
+            att.chunks_mut(hd).enumerate().for_each(|item| head(&mut f.scores, item));
+        } else {
+            att.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0.0f32; max_pos], head);
+        }
         matmul(&w.wo, &s.att, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
 
-        // FFN: SwiGLU.
+        // FFN: SwiGLU, gate and up sharing one quantization of the normed input.
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
-        matmul(&w.w_gate, &s.xb, seq, &mut s.hb);
-        matmul(&w.w_up, &s.xb, seq, &mut s.hb2);
+        matmul_shared(&mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])], &s.xb, seq, &mut f.xq);
         swiglu(&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
         matmul(&w.w_down, &s.hb, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);

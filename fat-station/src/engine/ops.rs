@@ -1,7 +1,12 @@
 //! Small numeric building blocks of the forward pass. All are deterministic: each output
 //! depends only on its own inputs, in a fixed summation order.
 
+use knot_format::dtype::QK;
 use knot_format::RopeStyle;
+use rayon::prelude::*;
+
+use super::kernels::blocks::BlockQ8A;
+use super::kernels::{kernels, matmul, quantize_q8a, Dot, QMatrix};
 
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
@@ -24,20 +29,55 @@ pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
 /// Rotates every head of `x` (`n_heads * head_dim`) by position `pos`.
 ///
 /// NeoX pairs dimension `i` with `i + head_dim/2`; normal pairs `2i` with `2i+1`.
+/// The forward pass uses [`rope_inv_freq`] + [`rope_angles`] + [`rope_rotate`] (the same
+/// numbers, computed once per model and once per position instead of per head).
 pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeStyle) {
+    let inv_freq = rope_inv_freq(head_dim, base);
+    let mut cs = vec![0.0f32; head_dim];
+    rope_angles(&mut cs, &inv_freq, pos);
+    rope_rotate(x, &cs, style);
+}
+
+/// RoPE inverse frequencies `base^(-2i / head_dim)` for `i in 0..head_dim/2`, in f64 (the
+/// angle `pos * freq` needs the precision at long positions).
+pub fn rope_inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
+    (0..head_dim / 2).map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect()
+}
+
+/// Cosines then sines of position `pos`: `cs[i] = cos(pos * f_i)`, `cs[half + i] = sin(..)`;
+/// `cs.len() == 2 * inv_freq.len()`.
+pub fn rope_angles(cs: &mut [f32], inv_freq: &[f64], pos: usize) {
+    let half = inv_freq.len();
+    let (cos, sin) = cs.split_at_mut(half);
+    for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(inv_freq) {
+        let (sv, cv) = (pos as f64 * f).sin_cos();
+        *c = cv as f32;
+        *s = sv as f32;
+    }
+}
+
+/// Rotates every head of `x` by the angles `cs` from [`rope_angles`] (head_dim = cs.len()).
+pub fn rope_rotate(x: &mut [f32], cs: &[f32], style: RopeStyle) {
+    let head_dim = cs.len();
     let half = head_dim / 2;
+    let (cos, sin) = cs.split_at(half);
     for head in x.chunks_exact_mut(head_dim) {
-        for i in 0..half {
-            let freq = (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
-            let (sin, cos) = (pos as f64 * freq).sin_cos();
-            let (sin, cos) = (sin as f32, cos as f32);
-            let (a, b) = match style {
-                RopeStyle::Neox => (i, i + half),
-                RopeStyle::Normal => (2 * i, 2 * i + 1),
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
+        match style {
+            RopeStyle::Neox => {
+                let (lo, hi) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x0, x1) = (lo[i], hi[i]);
+                    lo[i] = x0 * cos[i] - x1 * sin[i];
+                    hi[i] = x0 * sin[i] + x1 * cos[i];
+                }
+            }
+            RopeStyle::Normal => {
+                for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                    let (x0, x1) = (pair[0], pair[1]);
+                    pair[0] = x0 * cos[i] - x1 * sin[i];
+                    pair[1] = x0 * sin[i] + x1 * cos[i];
+                }
+            }
         }
     }
 }
@@ -70,6 +110,30 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// `sum(a[i] * b[i])` in a fixed order: 16 interleaved partial sums (so the compiler can
+/// vectorize it) folded pairwise, then the tail. Same bits on every run and thread count.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..L {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+    }
+    acc[0] + tail
+}
+
 /// Causal attention of one query head over `n_pos` cached positions.
 ///
 /// `k`, `v`: (n_pos, kv_dim); this head reads kv head `kv_head`. `scores` is scratch of
@@ -90,7 +154,7 @@ pub fn attend_head(
     let off = kv_head * hd;
     for (p, s) in scores[..n_pos].iter_mut().enumerate() {
         let kr = &k[p * kv_dim + off..p * kv_dim + off + hd];
-        *s = q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale;
+        *s = dot_f32(q, kr) * scale;
     }
     softmax(&mut scores[..n_pos]);
     out.fill(0.0);
@@ -99,6 +163,92 @@ pub fn attend_head(
         for (o, &vv) in out.iter_mut().zip(vr) {
             *o += w * vv;
         }
+    }
+}
+
+/// Most [`matmul_shared`] outputs in one call.
+pub const MAX_SHARED: usize = 4;
+
+/// Rows per rayon task in [`matmul_shared`]: ~4 tasks per thread, at least 16 row-token dots.
+fn chunk_rows(rows: usize, n_tok: usize, threads: usize) -> usize {
+    rows.div_ceil(threads * 4).max((16 / n_tok.max(1)).max(1))
+}
+
+/// `y[t * rows + r]` pointers that rayon tasks may share: each task writes disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint (matrix, row) outputs; the pointers are not used after
+// `matmul_shared` returns, while the `&mut [f32]`s they came from are still borrowed.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Several matmuls over the same input `x` (`n_tok` rows of `cols`): `outs[i].1 = W_i x` laid
+/// out `(n_tok, W_i.rows)`, as [`matmul`] would compute each (the same kernel on the same
+/// quantized activations, so the same bits), but quantizing `x` once into `xq` and running all
+/// rows in one rayon dispatch: q/k/v (896 + 128 + 128 rows) and gate/up at decode.
+///
+/// Falls back to one [`matmul`] per output when a weight is a float type or widths differ.
+/// Panics when an output's length is not `n_tok * rows` or more than [`MAX_SHARED`] outputs.
+pub fn matmul_shared(outs: &mut [(&QMatrix<'_>, &mut [f32])], x: &[f32], n_tok: usize, xq: &mut Vec<BlockQ8A>) {
+    assert!(outs.len() <= MAX_SHARED, "matmul_shared: at most {MAX_SHARED} outputs");
+    let k = kernels();
+    let Some(cols) = outs.first().map(|(w, _)| w.cols) else { return };
+    let mut dots = [None; MAX_SHARED];
+    for (d, (w, _)) in dots.iter_mut().zip(outs.iter()) {
+        *d = match k.dot(w.dtype) {
+            Dot::Quant(f) if w.cols == cols && cols % QK == 0 => Some(f),
+            _ => None,
+        };
+    }
+    if dots[..outs.len()].iter().any(Option::is_none) {
+        for (w, y) in outs.iter_mut() {
+            matmul(w, x, n_tok, y);
+        }
+        return;
+    }
+    assert_eq!(x.len(), n_tok * cols, "matmul_shared: x is not n_tok x cols");
+    for (w, y) in outs.iter() {
+        assert_eq!(y.len(), n_tok * w.rows, "matmul_shared: y is not n_tok x rows");
+    }
+    if n_tok == 0 {
+        return;
+    }
+    quantize_q8a(x, xq);
+    let xq: &[BlockQ8A] = xq;
+    let nb = cols / QK;
+    let threads = rayon::current_num_threads().max(1);
+    // Task list without allocating: matrix i owns chunks first[i]..first[i + 1].
+    let mut first = [0usize; MAX_SHARED + 1];
+    let mut chunk = [1usize; MAX_SHARED];
+    let mut ptrs = [OutPtr(std::ptr::null_mut()); MAX_SHARED];
+    for (i, (w, y)) in outs.iter_mut().enumerate() {
+        chunk[i] = chunk_rows(w.rows, n_tok, threads);
+        first[i + 1] = first[i] + w.rows.div_ceil(chunk[i]);
+        ptrs[i] = OutPtr(y.as_mut_ptr());
+    }
+    let n = outs.len();
+    let total = first[n];
+    let mats: [Option<&QMatrix<'_>>; MAX_SHARED] = std::array::from_fn(|i| outs.get(i).map(|(w, _)| &**w));
+    let body = |task: usize| {
+        let ptrs = ptrs;
+        let i = (0..n).rfind(|&i| first[i] <= task).unwrap_or(0);
+        let (Some(w), Some(dot)) = (mats[i], dots[i]) else { return };
+        let c = task - first[i];
+        let rows = w.rows;
+        for r in c * chunk[i]..((c + 1) * chunk[i]).min(rows) {
+            let row = w.row(r);
+            for t in 0..n_tok {
+                let v = dot(row, &xq[t * nb..(t + 1) * nb]);
+                // SAFETY: r < rows and t < n_tok, so the index is < outs[i].1.len() (asserted
+                // above); row r of matrix i belongs to exactly one task, so no two tasks write it.
+                unsafe { *ptrs[i].0.add(t * rows + r) = v };
+            }
+        }
+    };
+    if threads == 1 || total == 1 {
+        (0..total).for_each(body);
+    } else {
+        (0..total).into_par_iter().for_each(body);
     }
 }
 
@@ -125,6 +275,38 @@ mod tests {
         let orig = a.clone();
         rope(&mut a, 8, 0, 10000.0, RopeStyle::Neox);
         assert_eq!(a, orig);
+    }
+
+    #[test]
+    fn rope_table_matches_the_direct_formula() {
+        // The per-model / per-position tables must give the bits of the textbook formula.
+        for style in [RopeStyle::Neox, RopeStyle::Normal] {
+            let mut a: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin() * 50.0).collect();
+            let mut b = a.clone();
+            rope(&mut a, 64, 1234, 1_000_000.0, style);
+            for (h, head) in b.chunks_exact_mut(64).enumerate() {
+                for i in 0..32 {
+                    let f = 1_000_000f64.powf(-2.0 * i as f64 / 64.0);
+                    let (s, c) = (1234.0 * f).sin_cos();
+                    let (ia, ib) = if style == RopeStyle::Neox { (i, i + 32) } else { (2 * i, 2 * i + 1) };
+                    let (x0, x1) = (head[ia], head[ib]);
+                    head[ia] = x0 * c as f32 - x1 * s as f32;
+                    head[ib] = x0 * s as f32 + x1 * c as f32;
+                    let _ = h;
+                }
+            }
+            assert_eq!(a, b, "{style:?}");
+        }
+    }
+
+    #[test]
+    fn dot_f32_is_close_to_f64_and_handles_tails() {
+        for n in [0usize, 1, 15, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).cos()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 1.3).sin() * 3.0).collect();
+            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            assert!((dot_f32(&a, &b) as f64 - exact).abs() < 1e-4, "n={n}");
+        }
     }
 
     #[test]

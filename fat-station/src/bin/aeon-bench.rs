@@ -1,0 +1,539 @@
+//! aeon-bench: the engine's prefill and decode speed on a real model next to the machine's
+//! memory-bandwidth roofline, plus the station's hop cost, start-to-ready time and peak RSS.
+//!
+//! One run measures, on the same machine and in this order:
+//! - streaming read bandwidth at each thread count (sum of u64 over a buffer far larger than
+//!   the last-level cache, best of several passes);
+//! - bytes of weights one decoded token reads (every block tensor + final norm + output
+//!   head; the embedding row is negligible) and so the roofline tok/s = bandwidth / bytes;
+//! - prefill tok/s (a `--prompt-len` prompt in one batch, fresh session, best of `--reps`) and
+//!   decode tok/s (`--decode` greedy tokens after the prompt through the KV cache) at each
+//!   thread count, each in its own rayon pool;
+//! - a `fat-station` process on loopback: start-to-ready (spawn until `/health` answers,
+//!   median of `--starts`) and the cost of one decode hop (round trip of `/forward` for one
+//!   token minus the station's `X-Compute-Ms`, median of `--hops`);
+//! - peak RSS (VmHWM) of this process and of the station.
+//!
+//! `scripts/bench.sh` runs it next to llama.cpp on the same GGUF and prints the ratios.
+//!
+//! Exit codes: 0 success, 2 bad arguments, a missing model or a failed measurement.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use fat_station::client::StationClient;
+use fat_station::engine::kernels::kernels;
+use fat_station::engine::tokenizer::Tokenizer;
+use fat_station::engine::Model;
+use knot_format::{Knot, LayerRange};
+use serde::Serialize;
+
+/// Measure the engine against the memory roofline (and the station's overheads).
+///
+/// Prints a human summary, or with --json one JSON object (see `Report` in the source) that
+/// scripts/bench.sh combines with llama.cpp's figures.
+///
+/// Exit codes: 0 success, 2 bad arguments, a missing model or a failed measurement.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Args {
+    /// Model file (.knot). Default: qwen2.5-coder-0.5b-instruct-q4_k_m.knot in the model
+    /// cache ($AEON_MODELS_DIR, else ~/.cache/aeon-shell/models).
+    #[arg(long)]
+    knot: Option<PathBuf>,
+    /// Prompt length in tokens for the prefill measurement (a fixed English text, tokenized
+    /// and repeated as needed; the ids are in the JSON so peers can use the same ones).
+    #[arg(long, default_value_t = 64)]
+    prompt_len: usize,
+    /// Greedy tokens decoded after the prompt for the decode measurement.
+    #[arg(long, default_value_t = 64)]
+    decode: usize,
+    /// Thread counts to measure, comma separated.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Repetitions of each prefill / decode measurement (best is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Bandwidth buffer in MiB (keep it far above the last-level cache).
+    #[arg(long, default_value_t = 1024)]
+    bw_mib: usize,
+    /// Passes over the bandwidth buffer per thread count (best is reported).
+    #[arg(long, default_value_t = 8)]
+    bw_reps: usize,
+    /// Decode hops timed against the station (median reported).
+    #[arg(long, default_value_t = 64)]
+    hops: usize,
+    /// Station starts timed for start-to-ready (median reported).
+    #[arg(long, default_value_t = 5)]
+    starts: usize,
+    /// The fat-station binary. Default: next to this executable.
+    #[arg(long)]
+    station_bin: Option<PathBuf>,
+    /// Skip the station measurements (hop cost, start-to-ready).
+    #[arg(long)]
+    no_station: bool,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Everything one run measured. Rates are tokens (or bytes) per second; times in ms.
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    knot: String,
+    kernels: String,
+    prompt_tokens: Vec<u32>,
+    decode_tokens: usize,
+    /// Weight bytes one decoded token streams.
+    bytes_per_token: u64,
+    /// One entry per thread count.
+    runs: Vec<Run>,
+    station: Option<StationFigures>,
+    /// VmHWM of this process, MiB (includes the mmapped weights it touched).
+    peak_rss_mib: f64,
+}
+
+#[derive(Serialize)]
+struct Run {
+    threads: usize,
+    /// Streaming read bandwidth, GB/s (1e9 bytes).
+    bandwidth_gbs: f64,
+    /// bandwidth / bytes_per_token.
+    roofline_tok_s: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    /// decode_tok_s / roofline_tok_s.
+    decode_vs_roofline: f64,
+    /// Decode tokens per CPU-second of this process (all threads, spinning included): on a
+    /// machine shared with other work this shows the speed an idle machine would give.
+    decode_tok_per_cpu_s: f64,
+    /// Greedy continuation (first 16 ids), so runs can be checked for identical output.
+    greedy: Vec<u32>,
+}
+
+#[derive(Serialize)]
+struct StationFigures {
+    /// Spawn until /health answers, median, ms.
+    start_to_ready_ms: f64,
+    /// Every start, ms.
+    starts_ms: Vec<f64>,
+    /// Median (round trip - X-Compute-Ms) of a one-token /forward 0-N hop, ms.
+    hop_overhead_ms: f64,
+    /// Median round trip of that hop, ms.
+    hop_round_trip_ms: f64,
+    /// Median X-Compute-Ms of that hop.
+    hop_compute_ms: f64,
+    /// Body bytes of one decode hop (one residual row, f32).
+    hop_bytes: usize,
+    /// The station's VmHWM after the hops, MiB.
+    station_peak_rss_mib: f64,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aeon-bench: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn models_dir() -> PathBuf {
+    match std::env::var_os("AEON_MODELS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/aeon-shell/models"),
+    }
+}
+
+/// A fixed English text; its tokens (repeated as needed) are the benchmark prompt.
+const PROMPT_TEXT: &str = "The capital of France is Paris. It sits on the Seine, in the north of the country, \
+and has been the seat of French kings, emperors and presidents for most of a thousand years. \
+Its museums hold paintings from every century, its cafes fill the pavements from morning to night, \
+and its bridges link the islands of the old city to the wide boulevards of the new one.";
+
+fn prompt_tokens(knot: &Knot, n: usize) -> Result<Vec<u32>> {
+    let data = knot.tokenizer().context("reading the tokenizer")?.context("the model file carries no tokenizer")?;
+    let tok = Tokenizer::from_data(&data).context("building the tokenizer")?;
+    let ids = tok.encode(PROMPT_TEXT, false);
+    if ids.is_empty() {
+        bail!("the tokenizer produced no tokens for the prompt text");
+    }
+    Ok(ids.iter().copied().cycle().take(n).collect())
+}
+
+/// Weight bytes a decoded token reads: all block tensors, the final norm and the output head.
+fn bytes_per_token(knot: &Knot) -> u64 {
+    let mut sum: u64 = knot
+        .tensors()
+        .filter(|t| t.name().starts_with("blk.") || t.name() == "output_norm.weight")
+        .map(|t| t.bytes.len() as u64)
+        .sum();
+    // The head is `output.weight`, or the embedding when tied (then all of it is read too).
+    let head = knot.tensor("output.weight").or_else(|| knot.tensor("token_embd.weight"));
+    sum += head.map(|t| t.bytes.len() as u64).unwrap_or(0);
+    sum
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building a thread pool")
+}
+
+/// Sum of `buf`, wrapping; written so LLVM vectorizes it (integer adds, 4 accumulators).
+fn sum_u64(buf: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = buf.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            acc[i] = acc[i].wrapping_add(c[i]);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(0u64, |a, &v| a.wrapping_add(v));
+    acc.iter().fold(tail, |a, &v| a.wrapping_add(v))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+/// [`sum_u64`] compiled for AVX2 (wider loads; the baseline build only has SSE2).
+unsafe fn sum_u64_avx2(buf: &[u64]) -> u64 {
+    sum_u64(buf)
+}
+
+fn sum_fast(buf: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { sum_u64_avx2(buf) };
+    }
+    sum_u64(buf)
+}
+
+/// Streaming read bandwidth in GB/s with `threads` threads: best of `reps` passes.
+fn bandwidth(buf: &[u64], threads: usize, reps: usize) -> Result<f64> {
+    use rayon::prelude::*;
+    let p = pool(threads)?;
+    let chunk = buf.len().div_ceil(threads);
+    let mut best = f64::MAX;
+    let mut sink = 0u64;
+    p.install(|| {
+        for _ in 0..reps.max(1) + 1 {
+            let t = Instant::now();
+            sink ^= buf.par_chunks(chunk).map(sum_fast).reduce(|| 0, |a, b| a.wrapping_add(b));
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    });
+    std::hint::black_box(sink);
+    Ok((buf.len() * 8) as f64 / best / 1e9)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// CPU seconds used so far by all threads of this process (`/proc/self/task/*/schedstat`).
+fn cpu_seconds() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return f64::NAN };
+    let mut ns = 0u64;
+    for e in dir.flatten() {
+        if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+            ns += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    ns as f64 / 1e9
+}
+
+/// What [`engine_speed`] measured.
+struct Speed {
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    decode_tok_per_cpu_s: f64,
+    greedy: Vec<u32>,
+}
+
+/// Prefill and decode speed at `threads`, best of `reps` (after one warm-up pass).
+fn engine_speed(m: &Model<'_>, prompt: &[u32], decode: usize, threads: usize, reps: usize) -> Result<Speed> {
+    let p = pool(threads)?;
+    p.install(|| {
+        let mut best_prefill = f64::MAX;
+        let mut best_decode = f64::MAX;
+        let mut best_cpu = f64::MAX;
+        let mut greedy = Vec::new();
+        // One untimed warm-up pass pages the weights in and sizes the scratch.
+        for rep in 0..reps.max(1) + 1 {
+            let mut s = m.new_session(prompt.len() + decode + 1);
+            let t = Instant::now();
+            let mut logits = m.logits(&mut s, prompt).context("prefill")?;
+            let prefill = t.elapsed().as_secs_f64();
+            let mut ids = Vec::with_capacity(decode);
+            let mut dt = 0.0;
+            let cpu0 = cpu_seconds();
+            for _ in 0..decode {
+                let next = argmax(&logits);
+                ids.push(next);
+                let t = Instant::now();
+                logits = m.logits(&mut s, &[next]).context("decode")?;
+                dt += t.elapsed().as_secs_f64();
+            }
+            let cpu = cpu_seconds() - cpu0;
+            if rep > 0 {
+                best_prefill = best_prefill.min(prefill);
+                best_decode = best_decode.min(dt);
+                best_cpu = best_cpu.min(cpu);
+            }
+            greedy = ids;
+        }
+        greedy.truncate(16);
+        Ok(Speed {
+            prefill_tok_s: prompt.len() as f64 / best_prefill,
+            decode_tok_s: decode as f64 / best_decode,
+            decode_tok_per_cpu_s: decode as f64 / best_cpu,
+            greedy,
+        })
+    })
+}
+
+/// VmHWM of a process (`self` or a pid) in MiB.
+fn peak_rss_mib(pid: &str) -> Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let s = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kb: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmHWM in {path}"))?;
+    Ok(kb / 1024.0)
+}
+
+/// A station process, killed on drop.
+struct StationProc {
+    child: Child,
+    url: String,
+}
+
+impl Drop for StationProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns a station on a free loopback port; returns it and the spawn-to-/health-answers time.
+fn start_station(bin: &Path, knot: &Path) -> Result<(StationProc, Duration)> {
+    let t = Instant::now();
+    let mut child = Command::new(bin)
+        .arg("--knot")
+        .arg(knot)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("spawning {}", bin.display()))?;
+    let stdout = child.stdout.take().context("station stdout")?;
+    let mut line = String::new();
+    let read = BufReader::new(stdout).read_line(&mut line);
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string);
+    let Some(url) = url else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("station printed no address (read {read:?}: {line:?})");
+    };
+    let proc = StationProc { child, url };
+    let c = StationClient::new(&proc.url, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.health() {
+            Ok(_) => break,
+            Err(e) if Instant::now() > deadline => return Err(e).context("station never answered /health"),
+            Err(_) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+    Ok((proc, t.elapsed()))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn station_figures(args: &Args, bin: &Path, knot: &Path, n_layers: u32, hidden: usize, prompt: &[u32]) -> Result<StationFigures> {
+    let mut starts = Vec::new();
+    for _ in 0..args.starts.max(1) {
+        let (_s, d) = start_station(bin, knot)?;
+        starts.push(ms(d));
+    }
+    let (st, _) = start_station(bin, knot)?;
+    let c = StationClient::new(&st.url, Duration::from_secs(60));
+    let all = LayerRange::new(0, n_layers);
+    let x = c.embed(prompt).context("station /embed")?;
+    c.forward(&x.residual, all, Some(("bench", 0)), false).context("station prefill")?;
+    let (mut over, mut rtt, mut comp) = (Vec::new(), Vec::new(), Vec::new());
+    let mut bytes = 0;
+    for i in 0..args.hops.max(1) {
+        let tok = prompt[i % prompt.len()];
+        let e = c.embed(&[tok]).context("station /embed")?;
+        let t = Instant::now();
+        let h = c.forward(&e.residual, all, Some(("bench", prompt.len() + i)), false).context("station decode hop")?;
+        let r = ms(t.elapsed());
+        bytes = h.bytes;
+        over.push(r - h.compute_ms);
+        rtt.push(r);
+        comp.push(h.compute_ms);
+        debug_assert_eq!(h.residual.len(), hidden);
+    }
+    let station_peak_rss_mib = peak_rss_mib(&st.child.id().to_string())?;
+    let mut s2 = starts.clone();
+    Ok(StationFigures {
+        start_to_ready_ms: median(&mut s2),
+        starts_ms: starts,
+        hop_overhead_ms: median(&mut over),
+        hop_round_trip_ms: median(&mut rtt),
+        hop_compute_ms: median(&mut comp),
+        hop_bytes: bytes,
+        station_peak_rss_mib,
+    })
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.threads.is_empty() || args.threads.contains(&0) {
+        bail!("--threads needs positive thread counts, e.g. 1,2");
+    }
+    if args.prompt_len == 0 {
+        bail!("--prompt-len must be at least 1");
+    }
+    let knot_path = args.knot.clone().unwrap_or_else(|| models_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.knot"));
+    if !knot_path.exists() {
+        bail!("{} not found (run scripts/fetch-model.sh, or pass --knot)", knot_path.display());
+    }
+    let knot = Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
+    let m = Model::load(&knot, None).context("loading the model")?;
+    let h = m.holdings();
+    if !(h.embed && h.head) {
+        bail!("{} is a shard; the bench needs the whole model", knot_path.display());
+    }
+    let prompt = prompt_tokens(&knot, args.prompt_len)?;
+    let bpt = bytes_per_token(&knot);
+
+    let mut speeds = Vec::new();
+    for &t in &args.threads {
+        if !args.json {
+            eprintln!("aeon-bench: measuring the engine at {t} thread(s)...");
+        }
+        speeds.push(engine_speed(&m, &prompt, args.decode, t, args.reps)?);
+    }
+    // Before the bandwidth buffer, which would dominate the high-water mark.
+    let peak_rss = peak_rss_mib("self")?;
+
+    let mut runs = Vec::new();
+    {
+        let words = args.bw_mib.max(1) * 1024 * 1024 / 8;
+        let buf: Vec<u64> = (0..words as u64).collect();
+        for (&t, sp) in args.threads.iter().zip(speeds) {
+            let bw = bandwidth(&buf, t, args.bw_reps)?;
+            let roof = bw * 1e9 / bpt as f64;
+            runs.push(Run {
+                threads: t,
+                bandwidth_gbs: bw,
+                roofline_tok_s: roof,
+                prefill_tok_s: sp.prefill_tok_s,
+                decode_tok_s: sp.decode_tok_s,
+                decode_vs_roofline: sp.decode_tok_s / roof,
+                decode_tok_per_cpu_s: sp.decode_tok_per_cpu_s,
+                greedy: sp.greedy,
+            });
+        }
+    }
+
+    let station = if args.no_station {
+        None
+    } else {
+        let bin = match &args.station_bin {
+            Some(b) => b.clone(),
+            None => std::env::current_exe().context("locating this executable")?.with_file_name("fat-station"),
+        };
+        if !bin.exists() {
+            bail!("{} not found (build it with cargo build --release -p fat-station, or pass --station-bin / --no-station)", bin.display());
+        }
+        Some(station_figures(&args, &bin, &knot_path, m.cfg.n_layers as u32, m.cfg.hidden, &prompt)?)
+    };
+
+    let report = Report {
+        model: knot.header().model_id.clone(),
+        knot: knot_path.display().to_string(),
+        kernels: format!("{:?}", kernels().isa),
+        prompt_tokens: prompt,
+        decode_tokens: args.decode,
+        bytes_per_token: bpt,
+        runs,
+        station,
+        peak_rss_mib: peak_rss,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).context("encoding the report")?);
+    } else {
+        print_summary(&report);
+    }
+    Ok(())
+}
+
+fn print_summary(r: &Report) {
+    println!("model {} ({}), kernels {}", r.model, r.knot, r.kernels);
+    println!(
+        "weights read per decoded token: {:.1} MB; prompt {} tokens, decode {} tokens",
+        r.bytes_per_token as f64 / 1e6,
+        r.prompt_tokens.len(),
+        r.decode_tokens
+    );
+    println!(
+        "{:>7} {:>10} {:>10} {:>12} {:>11} {:>9} {:>14}",
+        "threads", "bw GB/s", "roof tok/s", "prefill t/s", "decode t/s", "of roof", "decode t/cpu-s"
+    );
+    for x in &r.runs {
+        println!(
+            "{:>7} {:>10.1} {:>10.1} {:>12.1} {:>11.1} {:>8.0}% {:>14.1}",
+            x.threads,
+            x.bandwidth_gbs,
+            x.roofline_tok_s,
+            x.prefill_tok_s,
+            x.decode_tok_s,
+            x.decode_vs_roofline * 100.0,
+            x.decode_tok_per_cpu_s
+        );
+    }
+    if let Some(s) = &r.station {
+        println!(
+            "station: start-to-ready {:.1} ms (median of {}); decode hop {:.3} ms over compute \
+             (round trip {:.2} ms, compute {:.2} ms, {} B); station peak RSS {:.0} MiB",
+            s.start_to_ready_ms,
+            s.starts_ms.len(),
+            s.hop_overhead_ms,
+            s.hop_round_trip_ms,
+            s.hop_compute_ms,
+            s.hop_bytes,
+            s.station_peak_rss_mib
+        );
+    }
+    println!("peak RSS (this process, incl. mmapped weights): {:.0} MiB", r.peak_rss_mib);
+}

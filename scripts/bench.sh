@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 9's benchmark, in ONE run on this machine:
+#   - builds fat-station (release) and runs aeon-bench on the Qwen KNOT: streaming read
+#     bandwidth, roofline tok/s, prefill (64-token prompt) and decode (64 greedy tokens)
+#     tok/s at 1 and 2 threads, station hop cost, start-to-ready, peak RSS;
+#   - runs llama.cpp (PyPI llama-cpp-python) on the same GGUF with the same prompt ids,
+#     greedy, same thread counts (skipped with a note when llama_cpp is not installed);
+#   - prints the table with ours/llama.cpp and ours/roofline ratios and the issue's targets.
+#
+# Usage: scripts/bench.sh [--no-build] [--no-llama] [--out DIR] [-- extra aeon-bench args]
+# Env:   AEON_MODELS_DIR (model cache, default ~/.cache/aeon-shell/models), PYTHON (python3).
+# Files: DIR (default target/bench) gets aeon.json, llama.json and table.txt.
+# Exit:  0 when the measurements ran (the table reports PASS/FAIL; it is not a gate),
+#        2 on a missing model or a failed build/measurement.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+models=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
+stem=qwen2.5-coder-0.5b-instruct-q4_k_m
+knot=$models/$stem.knot
+gguf=$models/$stem.gguf
+py=${PYTHON:-python3}
+out=$root/target/bench
+build=1
+llama=1
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) build=0 ;;
+    --no-llama) llama=0 ;;
+    --out) out=$2; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -f "$knot" ] || { echo "bench.sh: missing $knot: run scripts/fetch-model.sh" >&2; exit 2; }
+mkdir -p "$out"
+
+if [ "$build" = 1 ]; then
+  echo "bench.sh: building fat-station (release)..." >&2
+  (cd "$root" && cargo build --release -p fat-station --bins >&2) || { echo "bench.sh: build failed" >&2; exit 2; }
+fi
+bin=$root/target/release
+echo "bench.sh: aeon-bench (bandwidth, engine at 1 and 2 threads, station)..." >&2
+"$bin/aeon-bench" --knot "$knot" --station-bin "$bin/fat-station" --json "${extra[@]}" > "$out/aeon.json.tmp" \
+  || { echo "bench.sh: aeon-bench failed" >&2; exit 2; }
+mv "$out/aeon.json.tmp" "$out/aeon.json"
+
+peer=()
+rm -f "$out/llama.json"
+if [ "$llama" = 0 ]; then
+  echo "bench.sh: llama.cpp skipped (--no-llama)" >&2
+elif [ ! -f "$gguf" ]; then
+  echo "bench.sh: NOTE: $gguf missing; llama.cpp side skipped" >&2
+else
+  echo "bench.sh: llama.cpp on the same GGUF and prompt..." >&2
+  set +e
+  "$py" "$here/bench/llama_cpp_bench.py" --gguf "$gguf" --aeon-json "$out/aeon.json" --json > "$out/llama.json.tmp"
+  rc=$?
+  set -e
+  if [ $rc = 0 ]; then
+    mv "$out/llama.json.tmp" "$out/llama.json"
+    peer=("$out/llama.json")
+  elif [ $rc = 3 ]; then
+    echo "bench.sh: NOTE: llama_cpp is not installed (pip install llama-cpp-python); comparing with the roofline only" >&2
+    rm -f "$out/llama.json.tmp"
+  else
+    echo "bench.sh: llama.cpp side failed (exit $rc); comparing with the roofline only" >&2
+    rm -f "$out/llama.json.tmp"
+  fi
+fi
+"$py" "$here/bench/table.py" "$out/aeon.json" "${peer[@]}" | tee "$out/table.txt"

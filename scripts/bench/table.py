@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Prints the issue-9 table from aeon-bench's JSON and (optionally) llama_cpp_bench.py's JSON.
+
+Usage: table.py AEON.json [LLAMA.json]
+
+Columns per thread count: our prefill and decode tok/s, llama.cpp's, the ratios ours/llama.cpp,
+the bandwidth roofline and ours/roofline; then the targets of issue 9 with PASS/FAIL, the
+station figures and peak RSS. Exit 0 always when the inputs parse (the table is a report, not a
+gate); 2 when they do not.
+"""
+
+import json
+import sys
+
+
+def fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        with open(argv[1]) as f:
+            ours = json.load(f)
+        peer = None
+        if len(argv) > 2:
+            with open(argv[2]) as f:
+                peer = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"table.py: {e}", file=sys.stderr)
+        return 2
+    peer_runs = {r["threads"]: r for r in (peer or {}).get("runs", [])}
+
+    print(f"model: {ours['model']}  kernels: {ours['kernels']}")
+    print(
+        f"prompt {len(ours['prompt_tokens'])} tokens, decode {ours['decode_tokens']} greedy tokens; "
+        f"weights read per decoded token {ours['bytes_per_token'] / 1e6:.1f} MB"
+    )
+    if peer:
+        print(f"llama.cpp: llama-cpp-python {peer.get('llama_cpp_version', '?')}")
+    else:
+        print("llama.cpp: not measured (pip install llama-cpp-python to compare)")
+    print()
+    hdr = (
+        f"{'thr':>3} | {'bw GB/s':>7} {'roof t/s':>8} | {'prefill':>8} {'llama':>7} {'ratio':>6} | "
+        f"{'decode':>7} {'llama':>7} {'ratio':>6} | {'of roof':>7} {'llama%':>6}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    checks = []
+    for r in ours["runs"]:
+        t = r["threads"]
+        p = peer_runs.get(t, {})
+        lp, ld = p.get("prefill_tok_s"), p.get("decode_tok_s")
+        rp, rd = ratio(r["prefill_tok_s"], lp), ratio(r["decode_tok_s"], ld)
+        lroof = ratio(ld, r["roofline_tok_s"])
+        print(
+            f"{t:>3} | {r['bandwidth_gbs']:>7.1f} {r['roofline_tok_s']:>8.1f} | "
+            f"{r['prefill_tok_s']:>8.1f} {fmt(lp):>7} {fmt(rp, '.2f'):>6} | "
+            f"{r['decode_tok_s']:>7.1f} {fmt(ld):>7} {fmt(rd, '.2f'):>6} | "
+            f"{r['decode_vs_roofline'] * 100:>6.0f}% {fmt(lroof * 100 if lroof is not None else None, '.0f'):>5}%"
+        )
+        if rd is not None:
+            checks.append((f"decode >= 1.2x llama.cpp at {t} thread(s)", rd >= 1.2, f"{rd:.2f}x"))
+        if rp is not None:
+            checks.append((f"prefill >= llama.cpp at {t} thread(s)", rp >= 1.0, f"{rp:.2f}x"))
+        checks.append(
+            (f"decode >= 60% of roofline at {t} thread(s)", r["decode_vs_roofline"] >= 0.6, f"{r['decode_vs_roofline'] * 100:.0f}%")
+        )
+        if p.get("greedy") and r.get("greedy"):
+            same = sum(1 for a, b in zip(p["greedy"], r["greedy"]) if a == b)
+            print(f"    greedy ids agree with llama.cpp on {same}/{min(len(p['greedy']), len(r['greedy']))} of the first tokens")
+    print()
+    s = ours.get("station")
+    if s:
+        print(
+            f"station: start-to-ready {s['start_to_ready_ms']:.1f} ms (median of {len(s['starts_ms'])}); "
+            f"decode hop adds {s['hop_overhead_ms'] * 1e3:.0f} us over compute "
+            f"(round trip {s['hop_round_trip_ms']:.2f} ms, compute {s['hop_compute_ms']:.2f} ms, {s['hop_bytes']} B body); "
+            f"station peak RSS {s['station_peak_rss_mib']:.0f} MiB"
+        )
+        checks.append(("station start-to-ready < 50 ms", s["start_to_ready_ms"] < 50, f"{s['start_to_ready_ms']:.1f} ms"))
+        checks.append(("decode hop < 1 ms over compute", s["hop_overhead_ms"] < 1.0, f"{s['hop_overhead_ms'] * 1e3:.0f} us"))
+    print(f"bench peak RSS (incl. touched mmapped weights): {ours['peak_rss_mib']:.0f} MiB")
+    print()
+    for name, ok, val in checks:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {val}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
