@@ -26,7 +26,13 @@ use crate::sampling::SamplingParams;
 ///
 /// Exit codes: 0 success (also when stdout is closed early), 2 error.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
+#[command(
+    version,
+    about,
+    long_about,
+    verbatim_doc_comment,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Option<Cmd>,

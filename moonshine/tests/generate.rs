@@ -90,6 +90,14 @@ fn greedy_generation_equals_step_by_step_oneoff_and_seeds_reproduce() {
         "{g}"
     );
 
+    // A stop string ends generation and is not part of the text.
+    let s = run(&["-c", PARIS, "-n", "16", "--stop", "."]);
+    assert_eq!(
+        (s["text"].as_str(), s["finish_reason"].as_str()),
+        (Some(" Paris"), Some("stop")),
+        "{s}"
+    );
+
     // Each token equals a stateless one-off over everything before it (no cache).
     let mut ctx = prompt.clone();
     for (i, &want) in gen.iter().enumerate() {
@@ -239,4 +247,35 @@ fn bad_input_is_refused_with_a_clear_error() {
         err.contains("expected a range starting at 12"),
         "a gap in the mesh is named: {err}"
     );
+}
+
+#[test]
+fn streamed_text_never_shows_half_a_character() {
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &[]);
+    let b = moonshine::generate::Backend::connect(
+        &moonshine::generate::Target::Station(st.url.clone()),
+        std::time::Duration::from_secs(60),
+    )
+    .expect("connect");
+    // In Qwen's vocabulary "🫠" is three tokens and "ꙮ" two: their bytes arrive in pieces.
+    let text = "I feel 🫠 ꙮ today, café!";
+    let ids = b.tokenize(text, Some(false)).expect("tokenize");
+    assert!(
+        ids.len() > text.split_whitespace().count() + 3,
+        "characters split over tokens: {ids:?}"
+    );
+    let mut s = moonshine::textstream::TextStream::new(vec![]);
+    let mut detok = |ids: &[u32]| b.detokenize(ids);
+    let mut pieces = Vec::new();
+    for &id in &ids {
+        pieces.push(s.push(id, &mut detok).expect("push").text);
+    }
+    pieces.push(s.finish(&mut detok).expect("finish").text);
+    assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
+    assert!(
+        pieces.iter().filter(|p| p.is_empty()).count() >= 3,
+        "bytes were held back: {pieces:?}"
+    );
+    assert_eq!(pieces.concat(), text);
 }
