@@ -373,6 +373,8 @@ where
     let chunk = chunk_rows(rows, n_tok);
     let n_chunks = rows.div_ceil(chunk);
     let body = |c: usize| {
+        // Capture the whole `OutPtr` (Send + Sync), not its raw-pointer field.
+        #[allow(clippy::redundant_locals)]
         let out = out;
         for r in c * chunk..((c + 1) * chunk).min(rows) {
             let row = w.row(r);

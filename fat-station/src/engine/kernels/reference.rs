@@ -8,6 +8,9 @@
 //! activation slice has `elements / 32` blocks. Lengths are the caller's contract
 //! (checked by `QMatrix::new` and `matmul`), so mismatches panic via slice indexing.
 
+// Index loops mirror ggml's C line by line, which is the point of a reference.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::*;
 use bytemuck::cast_slice;
 use knot_format::dtype::QK;
