@@ -62,6 +62,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Plan contiguous layer ranges by node RAM (weights + KV budget + entry/exit extras),
+    /// report how many nodes the model needs and why, and with -o DIR write one node
+    /// manifest per node plus the shards (see specs/mesh.md). Refuses a plan that does not
+    /// fit unless --disk-paged.
+    ///
+    ///   shard-knot plan M.knot --node-ram 2.4G -o mesh/
+    ///   shard-knot plan M.knot --node phone=2.4G --node pi=1.6G
+    ///   shard-knot plan --model-bytes 7G --layers 32 --node-ram 2.4G
+    Plan(shard_knot::plan::PlanArgs),
 }
 
 /// Runs one command; `Ok` carries the exit code.
@@ -75,6 +84,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             json,
         } => cmd_split(&knot, ranges.as_deref(), nodes, &output, json),
         Command::Inspect { knot, json } => cmd_inspect(&knot, json),
+        Command::Plan(a) => shard_knot::plan::run(a),
     }
 }
 

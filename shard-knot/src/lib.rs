@@ -18,6 +18,7 @@
 //! here as `pub mod plan;` once it exists).
 
 pub mod inspect;
+pub mod plan;
 pub mod split;
 
 pub use inspect::{summarize, Breakdown, ShardSummary};

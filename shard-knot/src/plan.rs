@@ -370,14 +370,25 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 ranges = greedy(m, &caps, kv).0;
             }
         }
-        let why = format!("{} named nodes with {} usable in all for {} of weights + KV", req.node_list.len(), human(caps.iter().sum()), human(total));
+        let why = format!(
+            "{} named nodes with {} usable in all for {} of weights + KV",
+            req.node_list.len(),
+            human(caps.iter().sum()),
+            human(total)
+        );
         let rams = req.node_list.iter().map(|s| s.ram).collect();
         (ranges, rams, None, why)
     } else {
-        let ram = req.node_ram.ok_or_else(|| PlanError::Invalid("give --node-ram SIZE (or --node NAME=RAM ...)".into()))?;
+        let ram = req
+            .node_ram
+            .ok_or_else(|| PlanError::Invalid("give --node-ram SIZE (or --node NAME=RAM ...)".into()))?;
         let usable = usable_of(ram);
         if usable == 0 {
-            return Err(PlanError::DoesNotFit(format!("a node of {} RAM has nothing left after the {} reserve", human(ram), human(RESERVE_BYTES))));
+            return Err(PlanError::DoesNotFit(format!(
+                "a node of {} RAM has nothing left after the {} reserve",
+                human(ram),
+                human(RESERVE_BYTES)
+            )));
         }
         let rule = total.div_ceil(usable) as u32;
         // The largest single-node piece: the layer (with the entry or exit extra) that must fit.
@@ -456,7 +467,11 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
             if chain == 0 {
                 disk += paged;
             }
-            let base = if req.node_list.is_empty() { format!("n{i}") } else { req.node_list[i].name.clone() };
+            let base = if req.node_list.is_empty() {
+                format!("n{i}")
+            } else {
+                req.node_list[i].name.clone()
+            };
             nodes.push(PlannedNode {
                 node_id: if req.replicas > 1 { format!("r{chain}-{base}") } else { base },
                 chain,
@@ -565,7 +580,10 @@ pub fn manifests(p: &Plan, host: &str, base_port: u16, shard_name: &dyn Fn(Layer
 
 /// Writes `v` as pretty JSON atomically (temp file + rename).
 pub fn write_json_atomic<T: Serialize>(path: &Path, v: &T) -> Result<(), PlanError> {
-    let werr = |source| PlanError::Write { path: path.to_path_buf(), source };
+    let werr = |source| PlanError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut bytes = serde_json::to_vec_pretty(v).map_err(|e| werr(std::io::Error::other(e)))?;
     bytes.push(b'\n');
     let tmp = path.with_extension("json.tmp");
@@ -624,6 +642,7 @@ pub struct PlanArgs {
 /// Runs `shard-knot plan`.
 pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
+    use std::io::Write;
     let node_list = args
         .node
         .iter()
@@ -632,7 +651,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
                 return Err(PlanError::BadNode(s.clone()));
             }
-            Ok(NodeSpec { name: name.into(), ram: parse_size(ram)? })
+            Ok(NodeSpec {
+                name: name.into(),
+                ram: parse_size(ram)?,
+            })
         })
         .collect::<Result<Vec<_>, PlanError>>()?;
     let req = PlanRequest {
@@ -657,7 +679,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
     let p = plan(&costs, &req)?;
     if let Some(dir) = &args.output {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let stem = args.knot.as_ref().and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| costs.model_id.clone());
+        let stem = args
+            .knot
+            .as_ref()
+            .and_then(|p| p.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| costs.model_id.clone());
         let n = p.n_layers;
         if let Some(k) = &knot {
             let ranges: Vec<LayerRange> = p.nodes.iter().filter(|x| x.chain == 0).map(|x| x.layers).collect();
@@ -669,31 +696,34 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
             write_json_atomic(&path, &m)?;
         }
     }
+    let mut o = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&p).context("encoding the plan")?);
+        writeln!(o, "{}", serde_json::to_string_pretty(&p).context("encoding the plan")?)?;
     } else {
-        print_plan(&p, args.output.as_deref());
+        print_plan(&mut o, &p, args.output.as_deref())?;
     }
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-fn print_plan(p: &Plan, out: Option<&Path>) {
-    println!(
+fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::io::Result<()> {
+    writeln!(
+        o,
         "{}: {} layers, {} weights + {} KV ({} tokens)",
         p.model_id,
         p.n_layers,
         human(p.weight_bytes),
         human(p.kv_bytes),
         p.kv_tokens
-    );
+    )?;
     if let Some(r) = p.nodes_needed {
-        println!("nodes needed: {r} ({})", p.why);
+        writeln!(o, "nodes needed: {r} ({})", p.why)?;
     } else {
-        println!("nodes: {}", p.why);
+        writeln!(o, "nodes: {}", p.why)?;
     }
-    println!("planned: {} node(s) per chain x {} chain(s)", p.nodes_per_chain, p.replicas);
+    writeln!(o, "planned: {} node(s) per chain x {} chain(s)", p.nodes_per_chain, p.replicas)?;
     for n in &p.nodes {
-        println!(
+        writeln!(
+            o,
             "  {:<10} chain {} {:<5} layers {:>3}-{:<3} {:>10} of {:>10} usable{}",
             n.node_id,
             n.chain,
@@ -702,15 +732,25 @@ fn print_plan(p: &Plan, out: Option<&Path>) {
             n.layers.end,
             human(n.bytes),
             human(n.usable),
-            if n.paged_bytes > 0 { format!("  ({} paged from disk per token)", human(n.paged_bytes)) } else { String::new() }
-        );
+            if n.paged_bytes > 0 {
+                format!("  ({} paged from disk per token)", human(n.paged_bytes))
+            } else {
+                String::new()
+            }
+        )?;
     }
     if p.disk_bytes_per_token > 0 {
-        println!("disk re-read per token: {}", human(p.disk_bytes_per_token));
+        writeln!(o, "disk re-read per token: {}", human(p.disk_bytes_per_token))?;
     }
     if let Some(d) = out {
-        println!("wrote manifests{} to {}", if p.model_hash == "synthetic" { "" } else { " and shards" }, d.display());
+        writeln!(
+            o,
+            "wrote manifests{} to {}",
+            if p.model_hash == "synthetic" { "" } else { " and shards" },
+            d.display()
+        )?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -742,7 +782,11 @@ mod tests {
     #[test]
     fn scaling_table_node_counts() {
         let r = req("2.4G");
-        let cases = [(4_000_000_000u64, 32u32, 3u32, 3u32), (7_000_000_000, 32, 4, 4), (70_000_000_000, 80, 36, 40)];
+        let cases = [
+            (4_000_000_000u64, 32u32, 3u32, 3u32),
+            (7_000_000_000, 32, 4, 4),
+            (70_000_000_000, 80, 36, 40),
+        ];
         for (bytes, layers, rule, planned) in cases {
             let p = plan(&ModelCosts::synthetic(bytes, layers, SYNTHETIC_KV_DIM), &r).unwrap();
             assert_eq!(p.nodes_needed, Some(rule), "{bytes} bytes: rule ({})", p.why);
@@ -775,7 +819,10 @@ mod tests {
         let mut r = req("2.4G");
         r.nodes = Some(2);
         let e = plan(&m, &r).unwrap_err().to_string();
-        assert!(e.contains("does not fit") && e.contains("short") && e.contains("4 nodes would fit"), "{e}");
+        assert!(
+            e.contains("does not fit") && e.contains("short") && e.contains("4 nodes would fit"),
+            "{e}"
+        );
         r.disk_paged = true;
         let p = plan(&m, &r).unwrap();
         assert_eq!(p.nodes_per_chain, 2);
@@ -797,7 +844,16 @@ mod tests {
         let r = PlanRequest {
             node_ram: None,
             nodes: None,
-            node_list: vec![NodeSpec { name: "a".into(), ram: 2_400_000_000 }, NodeSpec { name: "b".into(), ram: 1_600_000_000 }],
+            node_list: vec![
+                NodeSpec {
+                    name: "a".into(),
+                    ram: 2_400_000_000,
+                },
+                NodeSpec {
+                    name: "b".into(),
+                    ram: 1_600_000_000,
+                },
+            ],
             replicas: 2,
             disk_paged: false,
             kv_tokens: 256,
@@ -811,7 +867,14 @@ mod tests {
         assert_eq!(ms[2].node_id, "r1-a");
         assert_eq!(ms[2].successor.as_ref().unwrap().node_id, "r1-b");
         // Too little RAM in all: refused, naming the leftover layers.
-        let small = PlanRequest { node_list: vec![NodeSpec { name: "a".into(), ram: 1_000_000_000 }], replicas: 1, ..r };
+        let small = PlanRequest {
+            node_list: vec![NodeSpec {
+                name: "a".into(),
+                ram: 1_000_000_000,
+            }],
+            replicas: 1,
+            ..r
+        };
         let e = plan(&m, &small).unwrap_err().to_string();
         assert!(e.contains("left over"), "{e}");
     }
