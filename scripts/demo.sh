@@ -37,7 +37,7 @@ if [ "$(id -u)" -eq 0 ] && unshare --mount --net --pid --fork true 2>/dev/null; 
   "$bin/swerve" admit base:scratch --rootfs "$sliver"
   echo "== foothold inside the sliver"
   exec "$bin/swerve" cline base:scratch --rootfs "$sliver" --hostname r1-sliver \
-    --bind "$AEON_MODELS_DIR:/models:ro" -- bash /opt/aeon/foothold.sh
+    --bind "$AEON_MODELS_DIR:/models:ro" -- env AEON_MODELS_DIR=/models bash /opt/aeon/foothold.sh
 else
   echo "== not root (or no namespaces here): running the foothold OUTSIDE a sliver"
   AEON_BIN=$bin AEON_SPECS=$root/specs exec bash scripts/r1/foothold.sh
