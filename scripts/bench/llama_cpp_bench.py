@@ -105,19 +105,21 @@ def main():
                 pass
 
         best_p, best_d, greedy, own = float("inf"), float("inf"), [], None
+        best_pc, best_dc = float("inf"), float("inf")
         for rep in range(args.reps + 1):
             llm.reset()
             reset_perf()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             llm.eval(tokens)
-            tp = time.perf_counter() - t
-            ids, td = [], 0.0
+            tp, tpc = time.perf_counter() - t, time.process_time() - c
+            ids, td, tdc = [], 0.0, 0.0
             for _ in range(n_decode):
                 nxt = int(np.argmax(last_logits()))
                 ids.append(nxt)
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 llm.eval([nxt])
                 td += time.perf_counter() - t
+                tdc += time.process_time() - c
             if rep == 0:
                 continue  # warm-up
             if tp < best_p:
@@ -125,11 +127,15 @@ def main():
             if td < best_d:
                 best_d = td
                 own = perf()
+            best_pc, best_dc = min(best_pc, tpc), min(best_dc, tdc)
             greedy = ids
         run = {
             "threads": n,
             "prefill_tok_s": len(tokens) / best_p,
             "decode_tok_s": n_decode / best_d if n_decode else None,
+            # Tokens per CPU-second of the process (all threads, OpenMP spinning included).
+            "prefill_tok_per_cpu_s": len(tokens) / best_pc if best_pc > 0 else None,
+            "decode_tok_per_cpu_s": n_decode / best_dc if n_decode and best_dc > 0 else None,
             "greedy": greedy[:16],
         }
         if own is not None:

@@ -88,6 +88,24 @@ def main(argv):
         checks.append(("station start-to-ready < 50 ms", s["start_to_ready_ms"] < 50, f"{s['start_to_ready_ms']:.1f} ms"))
         checks.append(("decode hop < 1 ms over compute", s["hop_overhead_ms"] < 1.0, f"{s['hop_overhead_ms'] * 1e3:.0f} us"))
     print(f"bench peak RSS (incl. touched mmapped weights): {ours['peak_rss_mib']:.0f} MiB")
+    load = ours.get("loadavg")
+    if load:
+        busy = max(load) > 0.5
+        print(
+            f"load average before/after aeon-bench: {load[0]:.2f} / {load[1]:.2f}"
+            + ("  <- the CPUs were shared: wall-clock rates are pessimistic; see the per-CPU-second table" if busy else "")
+        )
+    print()
+    print("per CPU-second of the process (all its threads; robust to other load at 1 thread, spin-waits count at 2):")
+    print(f"{'thr':>3} | {'prefill':>8} {'llama':>7} {'ratio':>6} | {'decode':>7} {'llama':>7} {'ratio':>6}")
+    for r in ours["runs"]:
+        p = peer_runs.get(r["threads"], {})
+        lp, ld = p.get("prefill_tok_per_cpu_s"), p.get("decode_tok_per_cpu_s")
+        op, od = r.get("prefill_tok_per_cpu_s"), r.get("decode_tok_per_cpu_s")
+        print(
+            f"{r['threads']:>3} | {fmt(op):>8} {fmt(lp):>7} {fmt(ratio(op, lp), '.2f'):>6} | "
+            f"{fmt(od):>7} {fmt(ld):>7} {fmt(ratio(od, ld), '.2f'):>6}"
+        )
     print()
     for name, ok, val in checks:
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {val}")

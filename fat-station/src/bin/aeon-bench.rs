@@ -96,6 +96,9 @@ struct Report {
     station: Option<StationFigures>,
     /// VmHWM of this process, MiB (includes the mmapped weights it touched).
     peak_rss_mib: f64,
+    /// 1-minute load average before and after the run (/proc/loadavg): above ~0.5 other
+    /// processes shared the CPUs and the wall-clock rates are pessimistic.
+    loadavg: [f64; 2],
 }
 
 #[derive(Serialize)]
@@ -112,6 +115,8 @@ struct Run {
     /// Decode tokens per CPU-second of this process (all threads, spinning included): on a
     /// machine shared with other work this shows the speed an idle machine would give.
     decode_tok_per_cpu_s: f64,
+    /// Prefill tokens per CPU-second of this process.
+    prefill_tok_per_cpu_s: f64,
     /// Greedy continuation (first 16 ids), so runs can be checked for identical output.
     greedy: Vec<u32>,
 }
@@ -262,6 +267,7 @@ struct Speed {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     decode_tok_per_cpu_s: f64,
+    prefill_tok_per_cpu_s: f64,
     greedy: Vec<u32>,
 }
 
@@ -272,13 +278,15 @@ fn engine_speed(m: &Model<'_>, prompt: &[u32], decode: usize, threads: usize, re
         let mut best_prefill = f64::MAX;
         let mut best_decode = f64::MAX;
         let mut best_cpu = f64::MAX;
+        let mut best_prefill_cpu = f64::MAX;
         let mut greedy = Vec::new();
         // One untimed warm-up pass pages the weights in and sizes the scratch.
         for rep in 0..reps.max(1) + 1 {
             let mut s = m.new_session(prompt.len() + decode + 1);
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), cpu_seconds());
             let mut logits = m.logits(&mut s, prompt).context("prefill")?;
             let prefill = t.elapsed().as_secs_f64();
+            let prefill_cpu = cpu_seconds() - c;
             let mut ids = Vec::with_capacity(decode);
             let mut dt = 0.0;
             let cpu0 = cpu_seconds();
@@ -294,6 +302,7 @@ fn engine_speed(m: &Model<'_>, prompt: &[u32], decode: usize, threads: usize, re
                 best_prefill = best_prefill.min(prefill);
                 best_decode = best_decode.min(dt);
                 best_cpu = best_cpu.min(cpu);
+                best_prefill_cpu = best_prefill_cpu.min(prefill_cpu);
             }
             greedy = ids;
         }
@@ -302,9 +311,18 @@ fn engine_speed(m: &Model<'_>, prompt: &[u32], decode: usize, threads: usize, re
             prefill_tok_s: prompt.len() as f64 / best_prefill,
             decode_tok_s: decode as f64 / best_decode,
             decode_tok_per_cpu_s: decode as f64 / best_cpu,
+            prefill_tok_per_cpu_s: prompt.len() as f64 / best_prefill_cpu,
             greedy,
         })
     })
+}
+
+/// The 1-minute load average, NaN when unreadable.
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
 }
 
 /// VmHWM of a process (`self` or a pid) in MiB.
@@ -433,6 +451,7 @@ fn run(args: Args) -> Result<()> {
     if !(h.embed && h.head) {
         bail!("{} is a shard; the bench needs the whole model", knot_path.display());
     }
+    let load0 = loadavg();
     let prompt = prompt_tokens(&knot, args.prompt_len)?;
     let bpt = bytes_per_token(&knot);
 
@@ -461,6 +480,7 @@ fn run(args: Args) -> Result<()> {
                 decode_tok_s: sp.decode_tok_s,
                 decode_vs_roofline: sp.decode_tok_s / roof,
                 decode_tok_per_cpu_s: sp.decode_tok_per_cpu_s,
+                prefill_tok_per_cpu_s: sp.prefill_tok_per_cpu_s,
                 greedy: sp.greedy,
             });
         }
@@ -489,6 +509,7 @@ fn run(args: Args) -> Result<()> {
         runs,
         station,
         peak_rss_mib: peak_rss,
+        loadavg: [load0, loadavg()],
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report).context("encoding the report")?);
@@ -536,4 +557,5 @@ fn print_summary(r: &Report) {
         );
     }
     println!("peak RSS (this process, incl. mmapped weights): {:.0} MiB", r.peak_rss_mib);
+    println!("load average before/after: {:.2} / {:.2}", r.loadavg[0], r.loadavg[1]);
 }
