@@ -31,3 +31,11 @@ echo "== build (release binaries used across crates)"
 cargo build --release --workspace --bins
 echo "== test"
 cargo test --release --workspace
+
+# The device path: aarch64-musl binaries (cargo-zigbuild) under qemu-aarch64 on the real model.
+# AEON_SKIP_CROSS=1 skips it (it builds the whole workspace a second time).
+if [ "${AEON_SKIP_CROSS:-0}" != 1 ]; then
+  echo "== aarch64 under qemu"
+  scripts/cross/build-aarch64.sh -p fat-station -p paris-probe -p foil-control
+  scripts/cross/qemu-probe.sh
+fi
