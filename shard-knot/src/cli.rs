@@ -117,7 +117,9 @@ fn cmd_split(
     };
     let covered: u32 = ranges.iter().map(|r| r.len()).sum();
     if covered != n {
-        tracing::warn!("the ranges cover {covered} of {n} layers: the shards do not make a whole chain");
+        tracing::warn!(
+            "the ranges cover {covered} of {n} layers: the shards do not make a whole chain"
+        );
     }
     let stem = path
         .file_stem()
@@ -182,7 +184,12 @@ fn cmd_inspect(path: &Path, json: bool) -> Result<ExitCode> {
         writeln!(o)?;
         return Ok(ExitCode::SUCCESS);
     }
-    writeln!(o, "file        {} ({:.1} MB)", path.display(), mb(s.file_len))?;
+    writeln!(
+        o,
+        "file        {} ({:.1} MB)",
+        path.display(),
+        mb(s.file_len)
+    )?;
     writeln!(o, "model       {}", s.model_id)?;
     writeln!(o, "hash        {}", s.model_hash)?;
     match (&s.role, &s.parent_hash) {

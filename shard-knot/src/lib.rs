@@ -14,8 +14,7 @@
 //! [`knot_format::ShardRecord`] naming the parent model's hash. Tensor bytes are copied
 //! bit-for-bit from the parent's mmap. Contract: `specs/shards.md`.
 //!
-//! The RAM planner lives in `plan.rs` (its own module, written separately; it is declared
-//! here as `pub mod plan;` once it exists).
+//! The RAM planner (`shard-knot plan`) lives in [`plan`].
 
 pub mod inspect;
 pub mod plan;
@@ -76,7 +75,9 @@ pub enum ShardError {
         reason: &'static str,
     },
     /// The parent lacks a tensor this shard's role needs.
-    #[error("{path}: a {role:?} shard of layers {layers} needs {what}, which the model does not hold")]
+    #[error(
+        "{path}: a {role:?} shard of layers {layers} needs {what}, which the model does not hold"
+    )]
     Incomplete {
         path: PathBuf,
         role: Role,

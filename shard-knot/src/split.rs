@@ -128,12 +128,7 @@ pub fn even_ranges(n_layers: u32, nodes: u32) -> Result<Vec<LayerRange>, ShardEr
 /// `<stem>.L00-12.knot`: layer numbers zero-padded to the width of the layer count (at least 2).
 pub fn shard_file_name(stem: &str, range: LayerRange, n_layers: u32) -> String {
     let w = n_layers.to_string().len().max(2);
-    format!(
-        "{stem}.L{:0w$}-{:0w$}.knot",
-        range.start,
-        range.end,
-        w = w
-    )
+    format!("{stem}.L{:0w$}-{:0w$}.knot", range.start, range.end, w = w)
 }
 
 /// The parent's tensors a shard of `range` holds, in the parent's table order.
@@ -188,8 +183,21 @@ pub fn select_tensors(parent: &Knot, range: LayerRange) -> Result<Vec<TensorView
     Ok(out)
 }
 
+/// Shards are cut from whole models only.
+fn ensure_whole(parent: &Knot) -> Result<(), ShardError> {
+    match parent.shard() {
+        Some(s) => Err(ShardError::AlreadyShard {
+            path: parent.path().to_path_buf(),
+            role: s.role,
+            layers: s.layers,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Tensor bytes [`split`] will write for `ranges`: the progress total.
 pub fn split_bytes(parent: &Knot, ranges: &[LayerRange]) -> Result<u64, ShardError> {
+    ensure_whole(parent)?;
     let mut total = 0;
     for r in ranges {
         total += select_tensors(parent, *r)?
@@ -212,13 +220,7 @@ pub fn split(
     stem: &str,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Vec<ShardOutput>, ShardError> {
-    if let Some(s) = parent.shard() {
-        return Err(ShardError::AlreadyShard {
-            path: parent.path().to_path_buf(),
-            role: s.role,
-            layers: s.layers,
-        });
-    }
+    ensure_whole(parent)?;
     let n = parent.arch().n_layers;
     check_ranges(ranges, n)?;
     // Check every range before writing anything.
@@ -296,8 +298,19 @@ mod tests {
     fn ranges_parse_and_reject_overlap_order_and_overflow() {
         let r = parse_ranges("0..12, 12-24", 24).unwrap();
         assert_eq!(r, vec![LayerRange::new(0, 12), LayerRange::new(12, 24)]);
-        assert!(parse_ranges("8..16", 24).is_ok(), "a single mid range is allowed");
-        for bad in ["0..12,10..24", "12..24,0..12", "0..25", "5..5", "x..3", "", "3..1"] {
+        assert!(
+            parse_ranges("8..16", 24).is_ok(),
+            "a single mid range is allowed"
+        );
+        for bad in [
+            "0..12,10..24",
+            "12..24,0..12",
+            "0..25",
+            "5..5",
+            "x..3",
+            "",
+            "3..1",
+        ] {
             assert!(parse_ranges(bad, 24).is_err(), "{bad:?} must be refused");
         }
     }
@@ -307,7 +320,11 @@ mod tests {
         let r = even_ranges(24, 3).unwrap();
         assert_eq!(
             r,
-            vec![LayerRange::new(0, 8), LayerRange::new(8, 16), LayerRange::new(16, 24)]
+            vec![
+                LayerRange::new(0, 8),
+                LayerRange::new(8, 16),
+                LayerRange::new(16, 24)
+            ]
         );
         let r = even_ranges(30, 4).unwrap();
         assert_eq!(r.iter().map(|r| r.len()).collect::<Vec<_>>(), [8, 8, 7, 7]);

@@ -1,0 +1,443 @@
+//! Three stations from three shards, as separate processes, equal one full station bit for bit.
+//!
+//! Splits Qwen2.5-0.5B into 0-8, 8-16, 16-24 with the shard-knot binary, starts one
+//! `fat-station` per shard (each in its own network namespace when running as root, on
+//! loopback ports otherwise), drives the chain with `fat_station::client::Chain` and
+//! compares the logits with a single full station's. Also measures the resident memory of
+//! the stations after serving.
+//!
+//! Needs the station binary: `target/release/fat-station` (build it with
+//! `cargo build --release -p fat-station`) or `FAT_STATION_BIN`. Missing model or binary:
+//! the test skips, unless AEON_REQUIRE_MODELS=1, when it fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fat_station::client::{Chain, ClientError, MeshFile, MeshHop, StationClient, StepTrace};
+use knot_format::{Knot, LayerRange, Role};
+
+const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.knot";
+const PARIS: [u32; 5] = [785, 6722, 315, 9625, 374];
+const PARIS_ID: usize = 12095;
+
+fn required() -> bool {
+    std::env::var("AEON_REQUIRE_MODELS").as_deref() == Ok("1")
+}
+
+/// Returns `Some(path)` when it exists; otherwise skips (None) or, under
+/// AEON_REQUIRE_MODELS=1, fails with `how` to get it.
+fn need(path: PathBuf, how: &str) -> Option<PathBuf> {
+    if path.exists() {
+        return Some(path);
+    }
+    if required() {
+        panic!(
+            "{} is missing and AEON_REQUIRE_MODELS=1: {how}",
+            path.display()
+        );
+    }
+    eprintln!("skipping: {} not found ({how})", path.display());
+    None
+}
+
+fn models_dir() -> PathBuf {
+    match std::env::var_os("AEON_MODELS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/aeon-shell/models"),
+    }
+}
+
+fn station_bin() -> PathBuf {
+    match std::env::var_os("FAT_STATION_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/fat-station"),
+    }
+}
+
+/// Runs a command that must succeed (namespace plumbing).
+fn sh(args: &[&str]) -> Result<(), String> {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{args:?}: {e}"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// One network namespace joined to the host by a veth pair: host side `10.200.N.1/24`,
+/// namespace side `10.200.N.2/24`.
+struct Netns {
+    name: String,
+    host_if: String,
+    station_ip: String,
+}
+
+/// Namespaces and veths this test created; deleted on drop, even after a panic. Declared
+/// before the stations so that they are killed first (locals drop in reverse order).
+#[derive(Default)]
+struct NetGuard {
+    made: Vec<Netns>,
+}
+
+impl Drop for NetGuard {
+    fn drop(&mut self) {
+        for n in self.made.drain(..).rev() {
+            // Deleting one end of a veth deletes both.
+            let _ = sh(&["ip", "link", "del", &n.host_if]);
+            let _ = sh(&["ip", "netns", "del", &n.name]);
+        }
+    }
+}
+
+/// A free `10.200.N.0/24` (no address of the host in it), starting from a per-process guess.
+fn free_subnet(taken: &mut Vec<u32>) -> Result<u32, String> {
+    let o = Command::new("ip")
+        .args(["-o", "-4", "addr"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let addrs = String::from_utf8_lossy(&o.stdout).to_string();
+    let start = std::process::id() % 250;
+    (0..250)
+        .map(|i| 1 + (start + i) % 250)
+        .find(|n| !taken.contains(n) && !addrs.contains(&format!("10.200.{n}.")))
+        .inspect(|n| taken.push(*n))
+        .ok_or_else(|| "no free 10.200.N.0/24".to_string())
+}
+
+impl NetGuard {
+    /// Creates namespace `i`; it is recorded before any step can fail, so drop cleans it up.
+    fn add(&mut self, i: usize, taken: &mut Vec<u32>) -> Result<usize, String> {
+        let pid = std::process::id() % 100_000;
+        let n = free_subnet(taken)?;
+        let (name, host_if, ns_if) = (
+            format!("aeon-shk-{pid}-{i}"),
+            format!("ashk{pid}h{i}"),
+            format!("ashk{pid}n{i}"),
+        );
+        sh(&["ip", "netns", "add", &name])?;
+        self.made.push(Netns {
+            name: name.clone(),
+            host_if: host_if.clone(),
+            station_ip: format!("10.200.{n}.2"),
+        });
+        sh(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        ])?;
+        sh(&["ip", "link", "set", &ns_if, "netns", &name])?;
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.200.{n}.1/24"),
+            "dev",
+            &host_if,
+        ])?;
+        sh(&["ip", "link", "set", &host_if, "up"])?;
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &name,
+            "ip",
+            "addr",
+            "add",
+            &format!("10.200.{n}.2/24"),
+            "dev",
+            &ns_if,
+        ])?;
+        sh(&[
+            "ip", "netns", "exec", &name, "ip", "link", "set", &ns_if, "up",
+        ])?;
+        sh(&[
+            "ip", "netns", "exec", &name, "ip", "link", "set", "lo", "up",
+        ])?;
+        Ok(self.made.len() - 1)
+    }
+}
+
+/// A station process, killed on drop.
+struct Station {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Station {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Station {
+    /// Resident set size in KiB (VmRSS).
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("read /proc status");
+        let comm =
+            std::fs::read_to_string(format!("/proc/{}/comm", self.child.id())).unwrap_or_default();
+        assert_eq!(
+            comm.trim(),
+            "fat-station",
+            "pid {} is not the station (ip netns exec must exec it)",
+            self.child.id()
+        );
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc status")
+    }
+}
+
+/// Starts `fat-station --knot KNOT --listen ADDR:0`, inside namespace `ns` when given, and
+/// waits for its ready line.
+fn start(bin: &Path, knot: &Path, ns: Option<&Netns>) -> Station {
+    let listen = format!("{}:0", ns.map_or("127.0.0.1", |n| n.station_ip.as_str()));
+    let mut cmd = match ns {
+        Some(n) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &n.name]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let mut child = cmd
+        .arg("--knot")
+        .arg(knot)
+        .args(["--listen", &listen, "--threads", "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read ready line");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(str::to_string);
+    let Some(url) = url else {
+        let _ = child.kill();
+        panic!(
+            "{} on {} did not print a URL: {line:?}",
+            bin.display(),
+            knot.display()
+        );
+    };
+    Station { child, url }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}
+
+/// Prefill the Paris prompt in a session, then decode " Paris": (prefill logits, decode logits).
+fn run_chain(chain: &Chain, session: &str) -> (Vec<f32>, Vec<f32>, StepTrace) {
+    let mut trace = StepTrace::default();
+    let prefill = chain
+        .step(&PARIS, Some((session, 0)), &mut trace)
+        .expect("prefill through the chain");
+    let mut t2 = StepTrace::default();
+    let decode = chain
+        .step(&[PARIS_ID as u32], Some((session, PARIS.len())), &mut t2)
+        .expect("decode through the chain");
+    (prefill, decode, trace)
+}
+
+#[test]
+fn three_shard_stations_equal_one_full_station_bit_for_bit() {
+    let Some(model) = need(models_dir().join(QWEN), "run scripts/fetch-model.sh") else {
+        return;
+    };
+    let Some(bin) = need(
+        station_bin(),
+        "build it with `cargo build --release -p fat-station` or set FAT_STATION_BIN",
+    ) else {
+        return;
+    };
+
+    // Split with the real CLI.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let o = Command::new(env!("CARGO_BIN_EXE_shard-knot"))
+        .arg("split")
+        .arg(&model)
+        .args(["--ranges", "0..8,8..16,16..24", "-o"])
+        .arg(dir.path())
+        .output()
+        .expect("run shard-knot");
+    assert!(
+        o.status.success(),
+        "shard-knot split: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let parent = Knot::open(&model).expect("open parent");
+    let ranges = [
+        LayerRange::new(0, 8),
+        LayerRange::new(8, 16),
+        LayerRange::new(16, 24),
+    ];
+    let shards: Vec<PathBuf> = ranges
+        .iter()
+        .map(|r| {
+            dir.path().join(format!(
+                "qwen2.5-coder-0.5b-instruct-q4_k_m.L{:02}-{:02}.knot",
+                r.start, r.end
+            ))
+        })
+        .collect();
+    for (p, (r, role)) in shards
+        .iter()
+        .zip(ranges.iter().zip([Role::Entry, Role::Mid, Role::Exit]))
+    {
+        let k = Knot::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        k.verify(&mut |_| {})
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let s = k.shard().expect("shard record");
+        assert_eq!(
+            (s.role, s.layers, s.parent_hash.as_str()),
+            (role, *r, parent.model_hash())
+        );
+    }
+
+    // Network namespaces when root (and `ip` works), loopback otherwise.
+    let mut net = NetGuard::default();
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let mut taken = Vec::new();
+    let use_netns = is_root
+        && (0..3)
+            .map(|i| net.add(i, &mut taken))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| eprintln!("network namespaces unavailable ({e}); using loopback"))
+            .is_ok();
+    if !use_netns {
+        drop(std::mem::take(&mut net));
+    }
+    eprintln!(
+        "stations in {}",
+        if use_netns {
+            "three network namespaces"
+        } else {
+            "loopback ports"
+        }
+    );
+
+    let full = start(&bin, &model, None);
+    let stations: Vec<Station> = shards
+        .iter()
+        .enumerate()
+        .map(|(i, p)| start(&bin, p, use_netns.then(|| &net.made[i])))
+        .collect();
+    let timeout = Duration::from_secs(300);
+
+    // The mid station holds 8-16 only: /embed and other ranges are refused, naming its range.
+    let mid = StationClient::new(&stations[1].url, timeout);
+    match mid.embed(&PARIS) {
+        Err(ClientError::Refused {
+            status: 404,
+            code,
+            message,
+            ..
+        }) => {
+            assert_eq!(code, "not_held");
+            assert!(
+                message.contains("8") && message.contains("16"),
+                "the refusal names the range: {message}"
+            );
+        }
+        other => panic!("a mid station must refuse /embed with 404 not_held, got {other:?}"),
+    }
+    assert!(matches!(
+        mid.forward(&vec![0.0; 896], LayerRange::new(0, 8), None, false),
+        Err(ClientError::Refused { status: 404, .. })
+    ));
+    assert!(matches!(
+        mid.lm_head(&vec![0.0; 896]),
+        Err(ClientError::Refused { status: 404, .. })
+    ));
+
+    // The same prefill + decode through the chain and through the full station.
+    let mesh = MeshFile {
+        model: None,
+        stations: stations
+            .iter()
+            .zip(&ranges)
+            .map(|(s, r)| MeshHop {
+                url: s.url.clone(),
+                layers: format!("{}-{}", r.start, r.end),
+            })
+            .collect(),
+    };
+    let chain = Chain::from_mesh(&mesh, timeout).expect("chain");
+    let (c_pre, c_dec, trace) = run_chain(&chain, "chain-1");
+    let single = Chain::single(&full.url, timeout).expect("single full station");
+    let (f_pre, f_dec, _) = run_chain(&single, "full-1");
+
+    for (url, r, bytes, ms) in &trace.hops {
+        eprintln!("hop {url} layers {r}: {bytes} B, {ms:.1} ms");
+    }
+    eprintln!(
+        "chain argmax {} logit {:.3}",
+        argmax(&c_pre),
+        c_pre[argmax(&c_pre)]
+    );
+    assert_eq!(
+        argmax(&f_pre),
+        PARIS_ID,
+        "the full station must answer \" Paris\""
+    );
+    assert_eq!(
+        argmax(&c_pre),
+        PARIS_ID,
+        "the three-shard chain must answer \" Paris\""
+    );
+    assert!(
+        bits(&c_pre) == bits(&f_pre),
+        "prefill logits of the chain differ from the full station's"
+    );
+    assert!(
+        bits(&c_dec) == bits(&f_dec),
+        "decode logits of the chain differ from the full station's"
+    );
+
+    // Resident memory after serving: the mid station maps only its 8 blocks.
+    let (rss_full, rss_entry, rss_mid, rss_exit) = (
+        full.rss_kib(),
+        stations[0].rss_kib(),
+        stations[1].rss_kib(),
+        stations[2].rss_kib(),
+    );
+    let mb = |k: u64| k as f64 / 1024.0;
+    eprintln!(
+        "VmRSS after serving: full {:.1} MiB, entry 0-8 {:.1} MiB, mid 8-16 {:.1} MiB, exit 16-24 {:.1} MiB",
+        mb(rss_full),
+        mb(rss_entry),
+        mb(rss_mid),
+        mb(rss_exit)
+    );
+    assert!(
+        rss_mid * 3 < rss_full,
+        "mid station RSS {rss_mid} KiB is not well under the full station's {rss_full} KiB"
+    );
+    assert!(
+        rss_exit < rss_full && rss_entry < rss_full,
+        "every shard station must be smaller than the full one"
+    );
+}
