@@ -3,11 +3,11 @@
 use std::cell::RefCell;
 
 use knot_format::{Knot, LayerRange, Role};
-use rayon::prelude::*;
-
 use super::kernels::blocks::BlockQ8A;
 use super::kernels::{dequantize_row, matmul};
-use super::ops::{add_inplace, attend_head, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, swiglu};
+use super::ops::{
+    add_inplace, attention, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, swiglu, AttnShape,
+};
 use super::{Config, EngineError, Holdings, Session, Weights};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
@@ -33,10 +33,6 @@ struct FwdScratch {
 thread_local! {
     static FWD: RefCell<FwdScratch> = RefCell::new(FwdScratch::default());
 }
-
-/// Below this many multiply-adds (rows x heads x positions x head_dim) attention runs on the
-/// calling thread: a decode step's 14 heads are a few microseconds, less than a fork-join.
-const ATTN_PAR_MIN_MACS: usize = 1 << 18;
 
 impl<'a> Model<'a> {
     /// Resolves the tensors `holdings` needs; with `None`, what the file holds (a shard's
@@ -189,23 +185,9 @@ impl<'a> Model<'a> {
         cache.k.extend_from_slice(&s.k[..seq * kv_dim]);
         cache.v.extend_from_slice(&s.v[..seq * kv_dim]);
 
-        // Causal GQA: row t sees positions 0..=pos+t; query head j reads kv head j / group.
-        // Each head's result depends only on its own inputs, so serial and parallel agree.
-        let group = cfg.n_heads / cfg.n_kv_heads;
-        let (kc, vc, q) = (&cache.k, &cache.v, &s.q);
-        let max_pos = pos + seq;
-        let head = |scores: &mut Vec<f32>, (i, out): (usize, &mut [f32])| {
-            let (t, head) = (i / cfg.n_heads, i % cfg.n_heads);
-            let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-            attend_head(out, qh, kc, vc, pos + t + 1, kv_dim, head / group, scores);
-        };
-        let att = &mut s.att[..seq * q_dim];
-        if seq * cfg.n_heads * max_pos * hd < ATTN_PAR_MIN_MACS || rayon::current_num_threads() == 1 {
-            f.scores.resize(max_pos, 0.0);
-            att.chunks_mut(hd).enumerate().for_each(|item| head(&mut f.scores, item));
-        } else {
-            att.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0.0f32; max_pos], head);
-        }
+        // Causal GQA over the cache (serial at decode, parallel over heads for long prefill).
+        let shape = AttnShape { seq, pos, n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
+        attention(&mut s.att, &s.q, &cache.k, &cache.v, shape, &mut f.scores);
         matmul(&w.wo, &s.att, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
 

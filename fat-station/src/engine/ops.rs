@@ -166,6 +166,54 @@ pub fn attend_head(
     }
 }
 
+/// Below this many multiply-adds (rows x heads x positions x head_dim) [`attention`] runs on
+/// the calling thread: a decode step's 14 heads take microseconds, less than a fork-join.
+pub const ATTN_PAR_MIN_MACS: usize = 1 << 18;
+
+/// Shapes of one [`attention`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    /// Query rows in this call.
+    pub seq: usize,
+    /// Position of the first row (the cache already holds `pos` earlier positions).
+    pub pos: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Causal GQA for `seq` query rows: row t sees positions `0..=pos + t`; query head j reads
+/// kv head `j / (n_heads / n_kv_heads)`. `q`, `out`: (seq, n_heads * head_dim); `k`, `v`:
+/// (pos + seq, n_kv_heads * head_dim). `scores` is scratch (grown to fit) for the serial path.
+///
+/// Parallel over (row, head) when the work is above [`ATTN_PAR_MIN_MACS`] and the pool has
+/// more than one thread. Every head's output depends only on its inputs, so both paths give
+/// the same bits.
+pub fn attention(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: AttnShape, scores: &mut Vec<f32>) {
+    let parallel = a.seq * a.n_heads * (a.pos + a.seq) * a.head_dim >= ATTN_PAR_MIN_MACS;
+    attention_with(out, q, k, v, a, scores, parallel && rayon::current_num_threads() > 1)
+}
+
+/// [`attention`] with the serial / parallel choice made by the caller (tests compare them).
+pub fn attention_with(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: AttnShape, scores: &mut Vec<f32>, parallel: bool) {
+    let (hd, q_dim, kv_dim) = (a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
+    let group = a.n_heads / a.n_kv_heads;
+    let max_pos = a.pos + a.seq;
+    assert!(q.len() >= a.seq * q_dim && k.len() >= max_pos * kv_dim && v.len() >= max_pos * kv_dim, "attention: short inputs");
+    let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+        let (t, head) = (i / a.n_heads, i % a.n_heads);
+        let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+        attend_head(o, qh, k, v, a.pos + t + 1, kv_dim, head / group, scores);
+    };
+    let out = &mut out[..a.seq * q_dim];
+    if parallel {
+        out.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0.0f32; max_pos], head);
+    } else {
+        scores.resize(max_pos, 0.0);
+        out.chunks_mut(hd).enumerate().for_each(|item| head(scores, item));
+    }
+}
+
 /// Most [`matmul_shared`] outputs in one call.
 pub const MAX_SHARED: usize = 4;
 
@@ -307,6 +355,92 @@ mod tests {
             let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
             assert!((dot_f32(&a, &b) as f64 - exact).abs() < 1e-4, "n={n}");
         }
+    }
+
+    /// SplitMix64 for reproducible test data.
+    fn rng(seed: &mut u64) -> u64 {
+        *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn floats(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| ((rng(seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale).collect()
+    }
+
+    /// Random Q5_0 (22-byte) or Q8_0 (34-byte) blocks with small finite f16 scales.
+    fn blocks(dtype: knot_format::DType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
+        let bb = dtype.block_bytes();
+        let mut v: Vec<u8> = (0..n_blocks * bb).map(|_| rng(seed) as u8).collect();
+        for b in v.chunks_exact_mut(bb) {
+            let d = half::f16::from_f32(0.001 + (rng(seed) % 1000) as f32 * 1e-5);
+            b[..2].copy_from_slice(&d.to_le_bytes());
+        }
+        v
+    }
+
+    fn pool(n: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("pool")
+    }
+
+    #[test]
+    fn matmul_shared_equals_separate_matmuls_bit_for_bit() {
+        use knot_format::DType;
+        let mut seed = 7u64;
+        let cols = 256;
+        let shapes = [(DType::Q5_0, 96usize), (DType::Q5_0, 16), (DType::Q8_0, 16)];
+        let data: Vec<Vec<u8>> = shapes.iter().map(|&(d, r)| blocks(d, r * cols / 32, &mut seed)).collect();
+        let mats: Vec<QMatrix<'_>> =
+            shapes.iter().zip(&data).map(|(&(d, r), b)| QMatrix::new(d, r, cols, b).expect("matrix")).collect();
+        for n_tok in [1usize, 3, 8] {
+            let x = floats(n_tok * cols, &mut seed, 40.0);
+            let want: Vec<Vec<f32>> = mats
+                .iter()
+                .map(|w| {
+                    let mut y = vec![0.0; n_tok * w.rows];
+                    matmul(w, &x, n_tok, &mut y);
+                    y
+                })
+                .collect();
+            for threads in [1, 2] {
+                let mut ys: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; n_tok * w.rows]).collect();
+                let mut xq = Vec::new();
+                pool(threads).install(|| {
+                    let [a, b, c] = &mut ys[..] else { unreachable!() };
+                    matmul_shared(&mut [(&mats[0], &mut a[..]), (&mats[1], &mut b[..]), (&mats[2], &mut c[..])], &x, n_tok, &mut xq);
+                });
+                for (y, w) in ys.iter().zip(&want) {
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(y), bits(w), "n_tok {n_tok}, {threads} thread(s)");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn attention_serial_and_parallel_give_the_same_bits() {
+        let mut seed = 11u64;
+        // Qwen2.5-0.5B's head layout: 14 query heads over 2 kv heads of 64.
+        let a = AttnShape { seq: 5, pos: 9, n_heads: 14, n_kv_heads: 2, head_dim: 64 };
+        let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 14);
+        let q = floats(a.seq * q_dim, &mut seed, 3.0);
+        let k = floats(n * kv_dim, &mut seed, 3.0);
+        let v = floats(n * kv_dim, &mut seed, 3.0);
+        let mut serial = vec![0.0; a.seq * q_dim];
+        let mut par = vec![0.0; a.seq * q_dim];
+        let mut scores = Vec::new();
+        attention_with(&mut serial, &q, &k, &v, a, &mut scores, false);
+        pool(2).install(|| attention_with(&mut par, &q, &k, &v, a, &mut Vec::new(), true));
+        assert_eq!(serial.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), par.iter().map(|f| f.to_bits()).collect::<Vec<_>>());
+        // Row 0 sees positions 0..=9 only: changing a later key must not move it.
+        let mut k2 = k.clone();
+        k2[12 * kv_dim] += 100.0;
+        let mut moved = vec![0.0; a.seq * q_dim];
+        attention_with(&mut moved, &q, &k2, &v, a, &mut scores, false);
+        assert_eq!(moved[..q_dim], serial[..q_dim], "causal mask leaked a future position");
+        assert_ne!(moved[4 * q_dim..], serial[4 * q_dim..]);
     }
 
     #[test]
