@@ -7,7 +7,8 @@
 //! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
-//! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 VNNI), one dispatch point ([`Kernels`]) chosen once per process.
+//! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 VNNI), `neon` (aarch64, `sdot` where the
+//! CPU has dotprod), one dispatch point ([`Kernels`]) chosen once per process.
 //!
 //! Determinism: an output value depends only on its weight row and its activation row, and
 //! the kernel choice is fixed per process, so results are bit-identical whatever the thread
@@ -20,6 +21,8 @@ pub mod reference;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 
 use blocks::BlockQ8A;
 use knot_format::dtype::{DType, QK};
@@ -171,6 +174,10 @@ pub enum Isa {
     Avx2,
     /// x86_64 AVX-512 F/BW/VL/DQ + VNNI on top of [`Isa::Avx2`].
     Avx512,
+    /// aarch64 NEON (baseline ARMv8.0: `smull`/`sadalp` integer dots).
+    Neon,
+    /// aarch64 NEON with the ARMv8.2 dotprod extension (`sdot`); bit-identical to [`Isa::Neon`].
+    NeonDotprod,
 }
 
 impl Isa {
@@ -193,14 +200,27 @@ impl Isa {
                     && is_x86_feature_detected!("avx512dq")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => true,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDotprod => neon::dotprod_available(),
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
 
     /// The best instruction set this CPU supports. `FAT_KERNELS=scalar|avx2|avx512` caps it
-    /// (for comparisons; an unavailable choice falls back to the best available below it).
+    /// (for comparisons; an unavailable choice falls back to the best available below it);
+    /// on aarch64 `FAT_KERNELS=scalar|neon` (`neon`: plain NEON even where dotprod exists).
     pub fn detect() -> Isa {
+        #[cfg(target_arch = "aarch64")]
+        return match std::env::var("FAT_KERNELS").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("neon") => Isa::Neon,
+            _ if Isa::NeonDotprod.available() => Isa::NeonDotprod,
+            _ => Isa::Neon,
+        };
+        #[allow(unreachable_code)]
         let order = [Isa::Avx512, Isa::Avx2];
         let cap = match std::env::var("FAT_KERNELS").as_deref() {
             Ok("scalar") => return Isa::Scalar,
@@ -256,6 +276,11 @@ impl Kernels {
         if isa == Isa::Avx512 {
             k.isa = Isa::Avx512;
             avx512::install(&mut k.table);
+        }
+        #[cfg(target_arch = "aarch64")]
+        if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
+            k.isa = isa;
+            neon::install(&mut k.table, isa == Isa::NeonDotprod);
         }
         Some(k)
     }
