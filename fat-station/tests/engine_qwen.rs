@@ -40,6 +40,14 @@ fn paris_logits_match_the_numpy_reference() {
     assert_eq!(top_ids(&logits, 3), top_ids(&golden, 3), "top-3 ids differ from the reference");
     assert!(rms <= 0.15, "rms {rms} > 0.15 against the NumPy reference");
     assert!(max <= 0.6, "max abs delta {max} > 0.6 against the NumPy reference");
+
+    // The peer: llama.cpp on the same GGUF (scripts/reference/make-llamacpp-golden.py). It
+    // quantizes activations as we do but differently, so it is a bound, not an identity.
+    let peer = read_f32(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen_paris_llamacpp.f32"));
+    let (rms, max) = rms_max(&logits, &peer);
+    eprintln!("paris: llama.cpp {:.4}; vs llama.cpp rms {rms:.4} max {max:.4}", peer[PARIS]);
+    assert_eq!(top_ids(&logits, 3), top_ids(&peer, 3), "top-3 ids differ from llama.cpp");
+    assert!(rms <= 0.2 && max <= 1.0, "too far from llama.cpp: rms {rms}, max {max}");
 }
 
 /// Logits for `tokens` fed in chunks of the given sizes through one session.
