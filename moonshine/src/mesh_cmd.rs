@@ -1,10 +1,196 @@
-//! `moonshine mesh discover|form`: owned by the mesh engineer (placeholder until then).
+//! `moonshine mesh discover|form|generate`: find stations by their UDP beacons, form chains
+//! (the ephemeral elector: it validates that announced ranges tile the model, writes a chains
+//! file and exits), and generate through replica chains with failover. See `specs/mesh.md`.
 
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use fat_station::beacon::{self, Announcement};
+use fat_station::client::StationClient;
+use fat_station::replicas::{ChainsFile, ReplicaSet};
+
+/// Mesh discovery and forming.
+///
+///   moonshine mesh discover --timeout 2
+///   moonshine mesh form -o mesh.json          (then: moonshine --mesh mesh.json -c ...)
+///   moonshine mesh generate --discover -c "The capital of France is" -n 16
+///
+/// Stations announce with `fat-station --beacon ADDR`. Exit codes: 0 ok, 1 nothing found or
+/// no chain could be formed, 2 bad arguments or I/O errors.
+#[derive(Debug, Parser)]
+#[command(name = "moonshine mesh", about, long_about)]
+struct MeshArgs {
+    #[command(subcommand)]
+    cmd: MeshCmd,
+}
+
+#[derive(Debug, clap::Args)]
+struct Listen {
+    /// UDP address to listen for beacons on.
+    #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], beacon::DEFAULT_PORT)))]
+    listen: SocketAddr,
+    /// Seconds to listen.
+    #[arg(long, default_value_t = 2.0)]
+    timeout: f64,
+}
+
+#[derive(Debug, Subcommand)]
+enum MeshCmd {
+    /// List the stations announcing themselves.
+    Discover {
+        #[command(flatten)]
+        l: Listen,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Collect announcements, group stations into chains that tile the model (replicas when
+    /// there are enough), write the chains file and exit.
+    Form {
+        #[command(flatten)]
+        l: Listen,
+        /// Only stations of this model hash (needed when several models announce).
+        #[arg(long)]
+        model: Option<String>,
+        /// Where to write the chains file (a valid `--mesh` file: its `stations` is chain 0).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Greedy generation through a formed mesh, one request per token, failing over to a
+    /// replica chain when a node dies.
+    Generate {
+        /// A chains file from `mesh form` (or a plain mesh file).
+        #[arg(long, required_unless_present = "discover")]
+        mesh: Option<PathBuf>,
+        /// Form the mesh from beacons instead of a file.
+        #[arg(long)]
+        discover: bool,
+        #[command(flatten)]
+        l: Listen,
+        /// The prompt (tokenized by the entry station).
+        #[arg(short = 'c', long, required_unless_present = "tokens")]
+        prompt: Option<String>,
+        /// Token ids instead of a prompt, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        tokens: Option<Vec<u32>>,
+        /// Tokens to generate.
+        #[arg(short = 'n', long, default_value_t = 16)]
+        max_tokens: usize,
+        /// Seconds one token step may take across the whole chain.
+        #[arg(long, default_value_t = 60)]
+        step_timeout: u64,
+        /// A monster-guard grant file to present to the entry (X-Grant).
+        #[arg(long)]
+        grant: Option<PathBuf>,
+    },
+}
 
 /// Runs `moonshine mesh ARGS...`; `args` are everything after `mesh`.
 pub fn run(args: Vec<String>) -> ExitCode {
-    let _ = args;
-    eprintln!("moonshine mesh: not built yet");
-    ExitCode::from(2)
+    let parsed = match MeshArgs::try_parse_from(std::iter::once("moonshine mesh".to_string()).chain(args)) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    match exec(parsed) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("moonshine mesh: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn listen(l: &Listen) -> Result<Vec<Announcement>> {
+    beacon::discover(l.listen, Duration::from_secs_f64(l.timeout.max(0.01))).with_context(|| format!("listening for beacons on {}", l.listen))
+}
+
+fn exec(a: MeshArgs) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match a.cmd {
+        MeshCmd::Discover { l, json } => {
+            let heard = listen(&l)?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&heard)?)?;
+            } else {
+                for h in &heard {
+                    writeln!(out, "{:<12} {:<6} layers {:<6} {:<28} {} ({}, {})", h.node_id, h.role, h.layers, h.address, h.model_id, &h.model_hash[..h.model_hash.len().min(12)], h.mesh)?;
+                }
+                if heard.is_empty() {
+                    eprintln!("moonshine mesh: no beacons heard on {} in {} s", l.listen, l.timeout);
+                }
+            }
+            Ok(if heard.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+        }
+        MeshCmd::Form { l, model, output } => {
+            let heard = listen(&l)?;
+            let formed = match beacon::form(&heard, model.as_deref()) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("moonshine mesh: {e}");
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            for (i, c) in formed.chains.iter().enumerate() {
+                let hops: Vec<String> = c.iter().map(|h| format!("{}[{}]", h.node_id, h.layers)).collect();
+                writeln!(out, "chain {i}: {}", hops.join(" -> "))?;
+            }
+            let json = serde_json::to_string_pretty(&formed)?;
+            match output {
+                Some(p) => {
+                    let tmp = p.with_extension("tmp");
+                    std::fs::write(&tmp, format!("{json}\n")).with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, &p).with_context(|| format!("renaming to {}", p.display()))?;
+                    writeln!(out, "wrote {}", p.display())?;
+                }
+                None => writeln!(out, "{json}")?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        MeshCmd::Generate { mesh, discover, l, prompt, tokens, max_tokens, step_timeout, grant } => {
+            let formed: ChainsFile = match (mesh, discover) {
+                (Some(p), false) => {
+                    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+                    serde_json::from_str(&t).with_context(|| format!("parsing {}", p.display()))?
+                }
+                (None, true) => beacon::form(&listen(&l)?, None)?,
+                _ => bail!("give --mesh FILE or --discover"),
+            };
+            let timeout = Duration::from_secs(step_timeout.max(1));
+            let mut rs = ReplicaSet::from_file(&formed, timeout, &format!("ms{}", std::process::id()))?;
+            if let Some(g) = grant {
+                let b = std::fs::read(&g).with_context(|| format!("reading grant {}", g.display()))?;
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                for c in rs.chains_mut() {
+                    c.grant_hex = Some(hex.clone());
+                }
+            }
+            let entry = StationClient::new(&rs.chains()[0].hops[0].url, timeout);
+            let prompt_ids = match (tokens, &prompt) {
+                (Some(t), _) => t,
+                (None, Some(p)) => entry.tokenize(p, None).context("tokenizing at the entry")?,
+                (None, None) => bail!("give -c PROMPT or --tokens"),
+            };
+            let got = rs.generate_greedy(&prompt_ids, max_tokens, &[], &mut |_, s| {
+                let per: Vec<String> = s.trace.iter().map(|(n, r, ms, _)| format!("{n}[{r}] {ms:.1}")).collect();
+                tracing::info!("token {} ({:.1} ms): {}", s.token, s.wall_ms, per.join(", "));
+            })?;
+            for f in &rs.failovers {
+                eprintln!("moonshine mesh: failover from chain {} to {} ({} tokens re-prefilled): {}", f.from_chain, f.to_chain, f.reprefilled, f.error);
+            }
+            let text = rs.chains()[rs.active()].hops.first().map(|h| StationClient::new(&h.url, timeout).detokenize(&got));
+            match (prompt, text) {
+                (Some(p), Some(Ok(t))) => writeln!(out, "{p} -> {t}")?,
+                _ => writeln!(out, "{}", got.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","))?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
