@@ -33,14 +33,26 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-# Waits until an HTTP endpoint answers (busybox wget or a bash /dev/tcp fallback).
+# A plain HTTP GET with bash's /dev/tcp, so the sliver needs no curl or wget: prints the body
+# of a 200 response, fails otherwise.
+http_get() {
+  local host=$1 port=$2 path=$3 resp
+  { exec 3<>"/dev/tcp/$host/$port"; } 2>/dev/null || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$path" "$host" >&3
+  resp=$(cat <&3) || true
+  exec 3>&-
+  [[ $resp == "HTTP/1."?" 200"* ]] || return 1
+  printf '%s' "${resp#*$'\r\n\r\n'}"
+}
+
+# Waits until an HTTP endpoint answers.
 wait_http() {
-  local url=$1 i
-  for i in $(seq 1 200); do
-    if wget -q -O /dev/null "$url" 2>/dev/null; then return 0; fi
+  local i
+  for i in $(seq 1 400); do
+    if http_get 127.0.0.1 "$1" "$2" >/dev/null; then return 0; fi
     sleep 0.05
   done
-  die "$url did not come up (logs in $state)"
+  die "127.0.0.1:$1$2 did not come up (logs in $state)"
 }
 
 # 1) The gate: the model earns its grant by passing the quality spec.
@@ -55,18 +67,18 @@ pids+=($!)
 "$bin/monster-guard" run --name paris --caps net,fs --lease 600 -- \
   "$bin/fat-station" --knot "$knot" --listen "127.0.0.1:$port" >"$state/station.log" 2>&1 &
 pids+=($!)
-wait_http "http://127.0.0.1:$port/health"
+wait_http "$port" /health
 answer=$("$bin/moonshine" --oneoff -c "$prompt" --station "http://127.0.0.1:$port")
 echo "2) $answer"
 
 # 3) The probe posts its residue to the collector; the collector hands it back.
-wait_http "http://127.0.0.1:$foil_port/.aeon/health"
+wait_http "$foil_port" /.aeon/health
 GNOSIS_FOIL_CACHE_URL="http://127.0.0.1:$foil_port" \
   "$bin/paris-probe" --station "http://127.0.0.1:$port" --tokens 785,6722,315,9625,374 --expected 12095 \
   >"$state/probe.out" 2>"$state/probe.err" || { cat "$state/probe.out" "$state/probe.err" >&2; die "probe failed"; }
 key=$(sed -n 's/^foil-cache-admit: status=200 key=//p' "$state/probe.err")
 [ -n "$key" ] || { cat "$state/probe.err" >&2; die "the probe did not admit its residue"; }
-rec=$(wget -q -O - "http://127.0.0.1:$foil_port/.aeon/model-forward-cache?key=$key")
+rec=$(http_get 127.0.0.1 "$foil_port" "/.aeon/model-forward-cache?key=$key") || die "collector lookup failed"
 hit=$(grep -o '"cache_hit": *[a-z]*' <<<"$rec" | sed 's/.*: *//')
 argmax=$(grep -o '"argmax": *[0-9]*' <<<"$rec" | sed 's/.*: *//')
 logit=$(grep -o '"logit": *[-0-9.e]*' <<<"$rec" | head -1 | sed 's/.*: *//')
