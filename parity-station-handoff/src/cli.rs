@@ -10,8 +10,8 @@ use clap::Parser;
 use fat_station::engine::tokenizer::Tokenizer;
 use knot_format::Knot;
 use parity_station_handoff::{
-    all_splits, check_shards, check_views, fmt_ranges, ranges_at, reference, Compare,
-    SplitReport, DEFAULT_TEXT, TEST2_TOKENS,
+    all_splits, check_shards, check_views, fmt_ranges, ranges_at, reference, Compare, SplitReport,
+    DEFAULT_TEXT, TEST2_TOKENS,
 };
 
 /// Split a model in-process and check the chained result equals the monolithic one, bit
@@ -101,7 +101,8 @@ fn verdict(pass: bool) -> &'static str {
 /// Runs the checks; `Ok` carries the exit code.
 pub fn run(args: Args) -> Result<ExitCode> {
     let t_all = Instant::now();
-    let knot = Knot::open(&args.knot).with_context(|| format!("opening {}", args.knot.display()))?;
+    let knot =
+        Knot::open(&args.knot).with_context(|| format!("opening {}", args.knot.display()))?;
     let n = knot.arch().n_layers;
     if n < 2 {
         bail!("{} has {n} layer(s): nothing to split", args.knot.display());
@@ -120,7 +121,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     for c in &cuts {
         if c.windows(2).any(|w| w[0] >= w[1]) || c.iter().any(|&k| k == 0 || k >= n) {
-            bail!("--split {c:?}: cut points must increase and lie in 1..{}", n - 1);
+            bail!(
+                "--split {c:?}: cut points must increase and lie in 1..{}",
+                n - 1
+            );
         }
     }
 
@@ -223,5 +227,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )?;
         writeln!(o, "OVERALL: {}", verdict(pass))?;
     }
-    Ok(if pass { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if pass {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

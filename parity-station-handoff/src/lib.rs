@@ -29,7 +29,8 @@ pub const TEST2_PREFILL: usize = 4;
 /// Tokens TEST 2 needs in all.
 pub const TEST2_TOKENS: usize = 8;
 /// Text whose first tokens drive the tests when the model has a tokenizer.
-pub const DEFAULT_TEXT: &str = "The capital of France is Paris, and the capital of Germany is Berlin.";
+pub const DEFAULT_TEXT: &str =
+    "The capital of France is Paris, and the capital of Germany is Berlin.";
 
 /// Why a parity run could not be carried out (a mismatch is a result, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -195,7 +196,10 @@ impl<'a> Pipeline<'a> {
         tokens: &[u32],
         trace: &mut Trace,
     ) -> Result<(), ParityError> {
-        let (first, last) = (&self.stations[0].0, &self.stations[self.stations.len() - 1].0);
+        let (first, last) = (
+            &self.stations[0].0,
+            &self.stations[self.stations.len() - 1].0,
+        );
         let mut x = first.embed(tokens)?;
         for ((m, r), s) in self.stations.iter().zip(sessions.iter_mut()) {
             // The hand-off: the next station gets a copy, as bytes on the wire would be.
@@ -309,10 +313,12 @@ pub fn reference(knot: &Knot, tokens: &[u32]) -> Result<Reference, ParityError> 
 
 fn whole_model(knot: &Knot) -> Result<(), ParityError> {
     match knot.shard() {
-        Some(s) if s.layers != LayerRange::new(0, knot.arch().n_layers) => Err(ParityError::NotWhole {
-            path: knot.path().display().to_string(),
-            what: format!("{:?} layers {}", s.role, s.layers),
-        }),
+        Some(s) if s.layers != LayerRange::new(0, knot.arch().n_layers) => {
+            Err(ParityError::NotWhole {
+                path: knot.path().display().to_string(),
+                what: format!("{:?} layers {}", s.role, s.layers),
+            })
+        }
         _ => Ok(()),
     }
 }
@@ -411,7 +417,12 @@ pub fn check_shards(
     Ok(report(ranges, "shards", test1, test2))
 }
 
-fn report(ranges: &[LayerRange], source: &'static str, test1: TestResult, test2: TestResult) -> SplitReport {
+fn report(
+    ranges: &[LayerRange],
+    source: &'static str,
+    test1: TestResult,
+    test2: TestResult,
+) -> SplitReport {
     let pass = test1.pass() && test2.pass();
     SplitReport {
         ranges: ranges.to_vec(),
@@ -444,14 +455,26 @@ mod tests {
     fn splits_tile_the_model() {
         assert_eq!(
             ranges_at(&[8, 16], 24),
-            vec![LayerRange::new(0, 8), LayerRange::new(8, 16), LayerRange::new(16, 24)]
+            vec![
+                LayerRange::new(0, 8),
+                LayerRange::new(8, 16),
+                LayerRange::new(16, 24)
+            ]
         );
         assert!(check_split(&ranges_at(&[12], 24), 24).is_ok());
         assert!(check_split(&[LayerRange::new(0, 12)], 24).is_err());
         assert!(check_split(&[LayerRange::new(0, 12), LayerRange::new(13, 24)], 24).is_err());
         let all = all_splits(24, 1);
         assert_eq!(all.len(), 23 + 23 * 22 / 2);
-        assert!(all.iter().all(|c| check_split(&ranges_at(c, 24), 24).is_ok()));
-        assert_eq!(all_splits(24, 4).len(), 23 + (1..24).step_by(4).map(|a| (a + 1..24).step_by(4).count()).sum::<usize>());
+        assert!(all
+            .iter()
+            .all(|c| check_split(&ranges_at(c, 24), 24).is_ok()));
+        assert_eq!(
+            all_splits(24, 4).len(),
+            23 + (1..24)
+                .step_by(4)
+                .map(|a| (a + 1..24).step_by(4).count())
+                .sum::<usize>()
+        );
     }
 }
