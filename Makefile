@@ -1,5 +1,5 @@
 # aeon-shell: the two everyday commands are `make demo` and `make test` (see README.md).
-.PHONY: demo test build fetch golden-star bench fmt
+.PHONY: demo test build fetch golden-star bench fmt foothold-arm64
 
 demo:          ## fetch + verify the model, build, admit a sliver, run the foothold capstone
 	bash scripts/demo.sh
@@ -18,6 +18,9 @@ golden-star:   ## quality gate then the probe under a lease
 
 bench:         ## decode/prefill tok/s vs llama.cpp and the memory roofline
 	bash scripts/bench.sh
+
+foothold-arm64: ## the capstone with aarch64 binaries inside an arm64 rootfs sliver (qemu)
+	bash scripts/r1/foothold-arm64.sh
 
 fmt:
 	cargo fmt --all
