@@ -45,7 +45,7 @@ pub enum ParityError {
     Shards {
         ranges: String,
         #[source]
-        source: shard_knot::ShardError,
+        source: Box<shard_knot::ShardError>,
     },
     #[error("creating a temp dir for shards")]
     TempDir(#[source] std::io::Error),
@@ -393,7 +393,7 @@ pub fn check_shards(
     check_split(ranges, knot.arch().n_layers)?;
     let shard_err = |source| ParityError::Shards {
         ranges: fmt_ranges(ranges),
-        source,
+        source: Box::new(source),
     };
     let written = shard_knot::split(knot, ranges, dir, "parity", &mut |_| {}).map_err(shard_err)?;
     let files = written
@@ -402,7 +402,7 @@ pub fn check_shards(
             Knot::open(&s.path).map_err(|source| {
                 shard_err(shard_knot::ShardError::Read {
                     path: s.path.clone(),
-                    source,
+                    source: Box::new(source),
                 })
             })
         })

@@ -38,14 +38,14 @@ pub enum ShardError {
     Read {
         path: PathBuf,
         #[source]
-        source: KnotError,
+        source: Box<KnotError>,
     },
     /// A shard could not be written.
     #[error("writing shard {path}")]
     Write {
         path: PathBuf,
         #[source]
-        source: KnotError,
+        source: Box<KnotError>,
     },
     /// The output directory could not be created.
     #[error("creating output directory {path}")]

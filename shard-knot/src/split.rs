@@ -234,7 +234,7 @@ pub fn split(
     })?;
     let read_err = |source| ShardError::Read {
         path: parent.path().to_path_buf(),
-        source,
+        source: Box::new(source),
     };
     let tokenizer = parent.tokenizer().map_err(read_err)?;
     let mut done_before = 0u64;
@@ -244,7 +244,7 @@ pub fn split(
         let path = out_dir.join(shard_file_name(stem, *range, n));
         let write_err = |source| ShardError::Write {
             path: path.clone(),
-            source,
+            source: Box::new(source),
         };
         let mut w = KnotWriter::new(parent.header().model_id.clone(), parent.arch().clone());
         if let Some(t) = &tokenizer {
@@ -267,7 +267,7 @@ pub fn split(
         done_before += bytes;
         let written = Knot::open(&path).map_err(|source| ShardError::Read {
             path: path.clone(),
-            source,
+            source: Box::new(source),
         })?;
         outputs.push(ShardOutput {
             role,
