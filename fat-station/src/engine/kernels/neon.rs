@@ -606,6 +606,73 @@ mod tests {
         }
     }
 
+    /// Timing table (run with `--ignored --nocapture`): ns per 256 weights of the reference,
+    /// plain NEON and (where present) dotprod kernels on a Qwen-sized row (4864 columns),
+    /// cache-resident, one thread. Under qemu this measures emulation, not a device; it still
+    /// asserts the three give the same bits.
+    #[test]
+    #[ignore = "timing table; run explicitly"]
+    fn neon_timing_table() {
+        use std::time::Instant;
+        let reference = Kernels::for_isa(Isa::Scalar).unwrap();
+        let (cols, rows) = (4864usize, 32usize);
+        let mut rng = Rng::new(5);
+        let x = random_x(cols, &mut rng);
+        let mut xq = Vec::new();
+        quantize_q8a(&x, &mut xq);
+        let fl = flavours();
+        println!("dtype   ns/256 ref   plain   sdot   (ref/plain, ref/sdot)");
+        for (dtype, plain) in super::kernels(false) {
+            let w: Vec<Vec<u8>> = (0..rows)
+                .map(|_| random_row(dtype, cols, &mut rng))
+                .collect();
+            let time = |d: Dot| -> (f64, Vec<u32>) {
+                let run = || -> Vec<u32> {
+                    w.iter()
+                        .map(|r| match d {
+                            Dot::Float(f) => f(r, &x),
+                            Dot::Quant(f) => f(r, &xq),
+                        })
+                        .map(f32::to_bits)
+                        .collect()
+                };
+                let bits = run();
+                let (mut n, t0) = (0usize, Instant::now());
+                while t0.elapsed().as_secs_f64() < 0.3 {
+                    std::hint::black_box(run());
+                    n += 1;
+                }
+                let ns = t0.elapsed().as_secs_f64() * 1e9 / (n * rows * cols / 256) as f64;
+                (ns, bits)
+            };
+            let (t_ref, b_ref) = time(reference.dot(dtype));
+            let (t_plain, b_plain) = time(plain);
+            let t_sdot = if fl.contains(&true) {
+                let sdot = super::kernels(true)
+                    .into_iter()
+                    .find(|(t, _)| *t == dtype)
+                    .map(|(_, d)| d)
+                    .unwrap();
+                let (t, b) = time(sdot);
+                assert_eq!(b, b_plain, "{dtype}: plain vs dotprod bits");
+                t
+            } else {
+                f64::NAN
+            };
+            if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+                assert_eq!(b_ref.len(), b_plain.len());
+            } else {
+                assert_eq!(b_ref, b_plain, "{dtype}: reference vs plain bits");
+            }
+            println!(
+                "{:<6} {t_ref:>10.0} {t_plain:>7.0} {t_sdot:>6.0}   ({:.1}x, {:.1}x)",
+                dtype.to_string(),
+                t_ref / t_plain,
+                t_ref / t_sdot
+            );
+        }
+    }
+
     /// On aarch64 the process-wide table is NEON (dotprod where present), and
     /// `FAT_KERNELS=scalar` style caps still build the other tables.
     #[test]
