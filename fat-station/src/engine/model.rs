@@ -3,7 +3,6 @@
 use std::cell::RefCell;
 
 use knot_format::{Knot, LayerRange, Role};
-use super::kernels::blocks::BlockQ8A;
 use super::kernels::{dequantize_row, matmul};
 use super::ops::{
     add_inplace, attention, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, swiglu, AttnShape,
@@ -22,12 +21,12 @@ pub struct Model<'a> {
 /// Forward-pass scratch that is not per session: reused by every call on this thread.
 #[derive(Default)]
 struct FwdScratch {
-    /// (seq * hidden / 32) the normed input quantized once for q/k/v and for gate/up
-    xq: Vec<BlockQ8A>,
     /// (seq, head_dim) RoPE cosines then sines of each row's position
     rope: Vec<f32>,
     /// (positions) attention scores of one head when attention runs on this thread
     scores: Vec<f32>,
+    /// (hidden) the normed last row for the output head
+    xn: Vec<f32>,
 }
 
 thread_local! {
@@ -98,7 +97,7 @@ impl<'a> Model<'a> {
         if range.is_empty() || !held.contains_range(&range) {
             return Err(EngineError::NotHeld { what: format!("layers {range}"), held });
         }
-        if x.is_empty() || x.len() % cfg.hidden != 0 {
+        if x.is_empty() || !x.len().is_multiple_of(cfg.hidden) {
             return Err(EngineError::BadResidual { len: x.len(), hidden: cfg.hidden });
         }
         let seq = x.len() / cfg.hidden;
@@ -161,7 +160,7 @@ impl<'a> Model<'a> {
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
         }
-        matmul_shared(&mut [(&w.wq, &mut s.q[..]), (&w.wk, &mut s.k[..]), (&w.wv, &mut s.v[..])], &s.xb, seq, &mut f.xq);
+        matmul_shared(&mut [(&w.wq, &mut s.q[..]), (&w.wk, &mut s.k[..]), (&w.wv, &mut s.v[..])], &s.xb, seq);
         for t in 0..seq {
             let (q, k, v) = (
                 &mut s.q[t * q_dim..(t + 1) * q_dim],
@@ -195,7 +194,7 @@ impl<'a> Model<'a> {
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
-        matmul_shared(&mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])], &s.xb, seq, &mut f.xq);
+        matmul_shared(&mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])], &s.xb, seq);
         swiglu(&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
         matmul(&w.w_down, &s.hb, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
@@ -203,19 +202,29 @@ impl<'a> Model<'a> {
 
     /// Final norm + output head on the LAST row of `x` (seq, hidden) -> logits (vocab).
     pub fn lm_head(&self, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+        let mut logits = Vec::new();
+        self.lm_head_into(x, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::lm_head`] into `logits` (resized to vocab), so a decode loop that keeps the
+    /// buffer allocates nothing per token.
+    pub fn lm_head_into(&self, x: &[f32], logits: &mut Vec<f32>) -> Result<(), EngineError> {
         let h = self.cfg.hidden;
         let (Some(norm), Some(out)) = (self.weights.output_norm, self.weights.output.as_ref()) else {
             return Err(EngineError::NotHeld { what: "the output head".into(), held: self.weights.holdings.layers });
         };
-        if x.is_empty() || x.len() % h != 0 {
+        if x.is_empty() || !x.len().is_multiple_of(h) {
             return Err(EngineError::BadResidual { len: x.len(), hidden: h });
         }
         let last = &x[x.len() - h..];
-        let mut xn = vec![0.0f32; h];
-        rmsnorm(&mut xn, last, norm, self.cfg.norm_eps);
-        let mut logits = vec![0.0f32; self.cfg.vocab];
-        matmul(out, &xn, 1, &mut logits);
-        Ok(logits)
+        let mut f = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
+        f.xn.resize(h, 0.0);
+        rmsnorm(&mut f.xn, last, norm, self.cfg.norm_eps);
+        logits.resize(self.cfg.vocab, 0.0);
+        matmul(out, &f.xn, 1, logits);
+        FWD.with(|c| *c.borrow_mut() = f);
+        Ok(())
     }
 
     /// Tokens -> logits of the last position, through every held block, in one session.

@@ -1,12 +1,10 @@
 //! Small numeric building blocks of the forward pass. All are deterministic: each output
 //! depends only on its own inputs, in a fixed summation order.
 
-use knot_format::dtype::QK;
 use knot_format::RopeStyle;
 use rayon::prelude::*;
 
-use super::kernels::blocks::BlockQ8A;
-use super::kernels::{kernels, matmul, quantize_q8a, Dot, QMatrix};
+use super::kernels::{matmul, QMatrix};
 
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
@@ -214,89 +212,16 @@ pub fn attention_with(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: AttnS
     }
 }
 
-/// Most [`matmul_shared`] outputs in one call.
-pub const MAX_SHARED: usize = 4;
-
-/// Rows per rayon task in [`matmul_shared`]: ~4 tasks per thread, at least 16 row-token dots.
-fn chunk_rows(rows: usize, n_tok: usize, threads: usize) -> usize {
-    rows.div_ceil(threads * 4).max((16 / n_tok.max(1)).max(1))
-}
-
-/// `y[t * rows + r]` pointers that rayon tasks may share: each task writes disjoint rows.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint (matrix, row) outputs; the pointers are not used after
-// `matmul_shared` returns, while the `&mut [f32]`s they came from are still borrowed.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-/// Several matmuls over the same input `x` (`n_tok` rows of `cols`): `outs[i].1 = W_i x` laid
-/// out `(n_tok, W_i.rows)`, as [`matmul`] would compute each (the same kernel on the same
-/// quantized activations, so the same bits), but quantizing `x` once into `xq` and running all
-/// rows in one rayon dispatch: q/k/v (896 + 128 + 128 rows) and gate/up at decode.
+/// Several matmuls over the same input `x` (`n_tok` rows of `cols`): `outs[i].1 = W_i x`,
+/// laid out `(n_tok, W_i.rows)`: q/k/v, and gate/up.
 ///
-/// Falls back to one [`matmul`] per output when a weight is a float type or widths differ.
-/// Panics when an output's length is not `n_tok * rows` or more than [`MAX_SHARED`] outputs.
-pub fn matmul_shared(outs: &mut [(&QMatrix<'_>, &mut [f32])], x: &[f32], n_tok: usize, xq: &mut Vec<BlockQ8A>) {
-    assert!(outs.len() <= MAX_SHARED, "matmul_shared: at most {MAX_SHARED} outputs");
-    let k = kernels();
-    let Some(cols) = outs.first().map(|(w, _)| w.cols) else { return };
-    let mut dots = [None; MAX_SHARED];
-    for (d, (w, _)) in dots.iter_mut().zip(outs.iter()) {
-        *d = match k.dot(w.dtype) {
-            Dot::Quant(f) if w.cols == cols && cols % QK == 0 => Some(f),
-            _ => None,
-        };
-    }
-    if dots[..outs.len()].iter().any(Option::is_none) {
-        for (w, y) in outs.iter_mut() {
-            matmul(w, x, n_tok, y);
-        }
-        return;
-    }
-    assert_eq!(x.len(), n_tok * cols, "matmul_shared: x is not n_tok x cols");
-    for (w, y) in outs.iter() {
-        assert_eq!(y.len(), n_tok * w.rows, "matmul_shared: y is not n_tok x rows");
-    }
-    if n_tok == 0 {
-        return;
-    }
-    quantize_q8a(x, xq);
-    let xq: &[BlockQ8A] = xq;
-    let nb = cols / QK;
-    let threads = rayon::current_num_threads().max(1);
-    // Task list without allocating: matrix i owns chunks first[i]..first[i + 1].
-    let mut first = [0usize; MAX_SHARED + 1];
-    let mut chunk = [1usize; MAX_SHARED];
-    let mut ptrs = [OutPtr(std::ptr::null_mut()); MAX_SHARED];
-    for (i, (w, y)) in outs.iter_mut().enumerate() {
-        chunk[i] = chunk_rows(w.rows, n_tok, threads);
-        first[i + 1] = first[i] + w.rows.div_ceil(chunk[i]);
-        ptrs[i] = OutPtr(y.as_mut_ptr());
-    }
-    let n = outs.len();
-    let total = first[n];
-    let mats: [Option<&QMatrix<'_>>; MAX_SHARED] = std::array::from_fn(|i| outs.get(i).map(|(w, _)| &**w));
-    let body = |task: usize| {
-        let ptrs = ptrs;
-        let i = (0..n).rfind(|&i| first[i] <= task).unwrap_or(0);
-        let (Some(w), Some(dot)) = (mats[i], dots[i]) else { return };
-        let c = task - first[i];
-        let rows = w.rows;
-        for r in c * chunk[i]..((c + 1) * chunk[i]).min(rows) {
-            let row = w.row(r);
-            for t in 0..n_tok {
-                let v = dot(row, &xq[t * nb..(t + 1) * nb]);
-                // SAFETY: r < rows and t < n_tok, so the index is < outs[i].1.len() (asserted
-                // above); row r of matrix i belongs to exactly one task, so no two tasks write it.
-                unsafe { *ptrs[i].0.add(t * rows + r) = v };
-            }
-        }
-    };
-    if threads == 1 || total == 1 {
-        (0..total).for_each(body);
-    } else {
-        (0..total).into_par_iter().for_each(body);
+/// Today one [`matmul`] per output, so each gets the kernels' tiled paths (4 rows per call at
+/// decode, 4 tokens per weight block at prefill). Sharing one activation quantization and one
+/// rayon dispatch across the outputs (3 quantizations and 3 fork-joins fewer per block) belongs
+/// in the kernels' matmul, next to the tiling; this is the one place the forward pass calls it.
+pub fn matmul_shared(outs: &mut [(&QMatrix<'_>, &mut [f32])], x: &[f32], n_tok: usize) {
+    for (w, y) in outs.iter_mut() {
+        matmul(w, x, n_tok, y);
     }
 }
 
@@ -332,7 +257,7 @@ mod tests {
             let mut a: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin() * 50.0).collect();
             let mut b = a.clone();
             rope(&mut a, 64, 1234, 1_000_000.0, style);
-            for (h, head) in b.chunks_exact_mut(64).enumerate() {
+            for head in b.chunks_exact_mut(64) {
                 for i in 0..32 {
                     let f = 1_000_000f64.powf(-2.0 * i as f64 / 64.0);
                     let (s, c) = (1234.0 * f).sin_cos();
@@ -340,7 +265,6 @@ mod tests {
                     let (x0, x1) = (head[ia], head[ib]);
                     head[ia] = x0 * c as f32 - x1 * s as f32;
                     head[ib] = x0 * s as f32 + x1 * c as f32;
-                    let _ = h;
                 }
             }
             assert_eq!(a, b, "{style:?}");
@@ -406,10 +330,9 @@ mod tests {
                 .collect();
             for threads in [1, 2] {
                 let mut ys: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; n_tok * w.rows]).collect();
-                let mut xq = Vec::new();
                 pool(threads).install(|| {
                     let [a, b, c] = &mut ys[..] else { unreachable!() };
-                    matmul_shared(&mut [(&mats[0], &mut a[..]), (&mats[1], &mut b[..]), (&mats[2], &mut c[..])], &x, n_tok, &mut xq);
+                    matmul_shared(&mut [(&mats[0], &mut a[..]), (&mats[1], &mut b[..]), (&mats[2], &mut c[..])], &x, n_tok);
                 });
                 for (y, w) in ys.iter().zip(&want) {
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
