@@ -440,4 +440,29 @@ fn three_shard_stations_equal_one_full_station_bit_for_bit() {
         rss_exit < rss_full && rss_entry < rss_full,
         "every shard station must be smaller than the full one"
     );
+
+    // The hand-driven Python wire driver agrees (skipped without python3).
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/three-node-forward.py");
+    let hops: Vec<String> = mesh
+        .stations
+        .iter()
+        .map(|h| format!("{}={}", h.url, h.layers))
+        .collect();
+    match Command::new("python3").arg(&script).args(&hops).output() {
+        Ok(o) => {
+            let out = String::from_utf8_lossy(&o.stdout);
+            eprint!("{out}");
+            assert!(
+                o.status.success(),
+                "{}: {out}{}",
+                script.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert!(
+                out.contains("argmax 12095") && out.contains("PASS"),
+                "{out}"
+            );
+        }
+        Err(e) => eprintln!("skipping the Python driver: python3: {e}"),
+    }
 }
