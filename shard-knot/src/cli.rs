@@ -242,6 +242,21 @@ fn cmd_inspect(path: &Path, json: bool) -> Result<ExitCode> {
         writeln!(o, "  other     {:>10.1} MB", mb(b.other))?;
     }
     writeln!(o, "  total     {:>10.1} MB", mb(b.total))?;
+    if let (Some(first), Some(last)) = (s.per_layer.first(), s.per_layer.last()) {
+        writeln!(
+            o,
+            "blocks      {}..{}: {:.1} MB (block {}) .. {:.1} MB (block {})",
+            s.layers.start,
+            s.layers.end,
+            mb(first.1),
+            first.0,
+            mb(last.1),
+            last.0
+        )?;
+    }
+    if !s.non_block.is_empty() {
+        writeln!(o, "non-block   {}", s.non_block.join(", "))?;
+    }
     if !s.missing_layers.is_empty() {
         writeln!(o, "WARNING: blocks with no tensors: {:?}", s.missing_layers)?;
     }

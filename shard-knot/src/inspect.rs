@@ -46,6 +46,8 @@ pub struct ShardSummary {
     pub per_layer: Vec<(u32, u64)>,
     /// Blocks inside `layers` with no tensors at all (a broken shard; normally empty).
     pub missing_layers: Vec<u32>,
+    /// Names of the tensors outside the blocks (embedding, final norm, head, ...).
+    pub non_block: Vec<String>,
 }
 
 /// Summarizes `knot` (reads only the header).
@@ -104,5 +106,11 @@ pub fn summarize(knot: &Knot) -> ShardSummary {
         tokenizer_bytes: h.tokenizer.as_ref().map_or(0, |s| s.len),
         per_layer,
         missing_layers,
+        non_block: h
+            .tensors
+            .iter()
+            .filter(|t| knot_format::layer_of(&t.name).is_none())
+            .map(|t| t.name.clone())
+            .collect(),
     }
 }
