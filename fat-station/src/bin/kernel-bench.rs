@@ -10,7 +10,7 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use fat_station::engine::kernels::{kernels, matmul, QMatrix};
+use fat_station::engine::kernels::{kernels, matmul_with, Kernels, QMatrix};
 use knot_format::DType;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,9 @@ struct Args {
     /// Only measure this dtype (GGML name, e.g. `q5_0`).
     #[arg(long)]
     only: Option<String>,
+    /// Use only the single-row, single-token dot kernels (no multi-row / multi-token tiles).
+    #[arg(long)]
+    no_tiles: bool,
 }
 
 /// SplitMix64 for reproducible random weights.
@@ -124,7 +127,17 @@ fn run(args: Args) -> Result<()> {
                 .context("building thread pool")
         })
         .collect::<Result<_>>()?;
-    println!("kernels: {:?}", kernels().isa);
+    let kern = Kernels::for_isa(kernels().isa).context("kernel table")?;
+    let kern = if args.no_tiles {
+        kern.without_tiles()
+    } else {
+        kern
+    };
+    println!(
+        "kernels: {:?}{}",
+        kern.isa,
+        if args.no_tiles { " (no tiles)" } else { "" }
+    );
     let buf: Vec<u64> = (0..args.bw_mib * 1024 * 1024 / 8)
         .map(|i| i as u64)
         .collect();
@@ -187,7 +200,7 @@ fn run(args: Args) -> Result<()> {
                 let t = p.install(|| {
                     time_it(args.secs, || {
                         k = (k + 1) % ws.len();
-                        matmul(&ws[k], &x, n_tok, &mut y)
+                        matmul_with(&kern, &ws[k], &x, n_tok, &mut y)
                     })
                 });
                 gbs.push(bytes * n_tok as f64 / t / 1e9);

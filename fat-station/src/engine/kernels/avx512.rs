@@ -11,7 +11,7 @@
 //! [`super::Isa::Avx512`] is available; the `unsafe fn`s below must not be reached otherwise.
 
 use super::blocks::*;
-use super::{Dot, DotQ};
+use super::{Dot, DotQ, DotQToks4};
 use bytemuck::Pod;
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
@@ -23,6 +23,24 @@ pub(super) fn install(table: &mut [Dot; 13]) {
     for (dtype, dot) in kernels() {
         table[super::dtype_index(dtype)] = dot;
     }
+}
+
+/// Install the AVX-512 4-token kernels (same precondition as [`install`]).
+pub(super) fn install_toks4(toks4: &mut [Option<DotQToks4>; 13]) {
+    for (dtype, t) in toks4_kernels() {
+        toks4[super::dtype_index(dtype)] = Some(t);
+    }
+}
+
+/// The AVX-512 4-token kernels by type; each agrees bit for bit with [`kernels`]' dot.
+pub(super) fn toks4_kernels() -> Vec<(DType, DotQToks4)> {
+    vec![
+        (DType::Q4_0, tile_toks4_q4_0 as DotQToks4),
+        (DType::Q4_1, tile_toks4_q4_1 as DotQToks4),
+        (DType::Q5_0, tile_toks4_q5_0 as DotQToks4),
+        (DType::Q5_1, tile_toks4_q5_1 as DotQToks4),
+        (DType::Q8_0, tile_toks4_q8_0 as DotQToks4),
+    ]
 }
 
 /// The AVX-512 kernels by type (types not listed keep the AVX2 or scalar kernel).
@@ -57,6 +75,21 @@ entry!(vec_dot_q8_0_q8a, dot_q8_0);
 entry!(vec_dot_q4_k_q8a, dot_q4_k);
 entry!(vec_dot_q5_k_q8a, dot_q5_k);
 entry!(vec_dot_q6_k_q8a, dot_q6_k);
+
+macro_rules! toks4_entry {
+    ($name:ident, $imp:ident) => {
+        fn $name(w: &[u8], x: [&[BlockQ8A]; 4]) -> [f32; 4] {
+            // SAFETY: as for `entry!`: only handed out after `Isa::Avx512.available()`.
+            unsafe { $imp(w, x) }
+        }
+    };
+}
+
+toks4_entry!(tile_toks4_q4_0, toks4_q4_0);
+toks4_entry!(tile_toks4_q4_1, toks4_q4_1);
+toks4_entry!(tile_toks4_q5_0, toks4_q5_0);
+toks4_entry!(tile_toks4_q5_1, toks4_q5_1);
+toks4_entry!(tile_toks4_q8_0, toks4_q8_0);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -98,6 +131,15 @@ unsafe fn nibbles_2x32(p0: *const u8, p1: *const u8) -> __m512i {
     _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
 }
 
+#[inline(always)]
+unsafe fn dpbusd(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, b)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy quants (32-element blocks): one generic tile kernel
+// ---------------------------------------------------------------------------------------------
+
 /// Add 16 to the bytes whose bit is set in `qh0` (bytes 0..32) / `qh1` (32..64).
 #[inline(always)]
 unsafe fn add_high_bits(q: __m512i, qh0: [u8; 4], qh1: [u8; 4]) -> __m512i {
@@ -105,140 +147,194 @@ unsafe fn add_high_bits(q: __m512i, qh0: [u8; 4], qh1: [u8; 4]) -> __m512i {
     _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16))
 }
 
-/// Loop over pairs of legacy blocks with two accumulators. `body(b0, b1, a0, a1)` returns the
-/// unsigned weight bytes (or, for signed formats, already sign-adjusted operands through
-/// `prod`), the two f32 factors and the two scalar extra terms.
+/// Loop over pairs of legacy blocks with two accumulators, for `T` activation rows at once.
+/// `unpack(b0, b1)` prepares a pair of weight blocks (once for all `T` rows); `dot(u, a0, a1)`
+/// returns the i32 lanes of their products with one activation row's pair, the two f32
+/// factors and the two scalar extra terms.
+///
+/// Each activation row gets its own accumulators and exactly the instruction sequence of
+/// `T = 1`, so the `T`-row kernel has the bits of `T` single dots (prefill = token by token).
 #[inline(always)]
-unsafe fn legacy_pairs<B: Pod>(
+unsafe fn legacy_pairs<B: Pod, U, const T: usize>(
     w: &[u8],
-    x: &[BlockQ8A],
-    body: impl Fn(&B, &B, &BlockQ8A, &BlockQ8A) -> (__m512i, f32, f32, f32, f32),
-) -> f32 {
+    x: [&[BlockQ8A]; T],
+    unpack: impl Fn(&B, &B) -> U,
+    dot: impl Fn(&U, &BlockQ8A, &BlockQ8A) -> (__m512i, f32, f32, f32, f32),
+) -> [f32; T] {
     let w: &[B] = bytemuck::cast_slice(w);
-    assert!(x.len() >= w.len());
     let n = w.len();
-    // Two accumulators in registers (pairs alternate between them): no dependency chain
-    // through memory, and a fixed association order for every row of the same length.
-    let mut acc0 = _mm512_setzero_ps();
-    let mut acc1 = _mm512_setzero_ps();
-    let mut extra = 0f32;
+    assert!(x.iter().all(|x| x.len() >= n));
+    // Two accumulators per row in registers (pairs alternate between them): no dependency
+    // chain through memory, and a fixed association order for every row of the same length.
+    let mut acc0 = [_mm512_setzero_ps(); T];
+    let mut acc1 = [_mm512_setzero_ps(); T];
+    let mut extra = [0f32; T];
     let mut i = 0;
     while i + 4 <= n {
-        let (p, f0, f1, e0, e1) = body(
-            w.get_unchecked(i),
-            w.get_unchecked(i + 1),
-            x.get_unchecked(i),
-            x.get_unchecked(i + 1),
-        );
-        let (q, g0, g1, h0, h1) = body(
-            w.get_unchecked(i + 2),
-            w.get_unchecked(i + 3),
-            x.get_unchecked(i + 2),
-            x.get_unchecked(i + 3),
-        );
-        acc0 = _mm512_fmadd_ps(fv(f0, f1), _mm512_cvtepi32_ps(p), acc0);
-        acc1 = _mm512_fmadd_ps(fv(g0, g1), _mm512_cvtepi32_ps(q), acc1);
-        extra += (e0 + e1) + (h0 + h1);
+        let u = unpack(w.get_unchecked(i), w.get_unchecked(i + 1));
+        let v = unpack(w.get_unchecked(i + 2), w.get_unchecked(i + 3));
+        for t in 0..T {
+            let x = x[t];
+            let (p, f0, f1, e0, e1) = dot(&u, x.get_unchecked(i), x.get_unchecked(i + 1));
+            let (q, g0, g1, h0, h1) = dot(&v, x.get_unchecked(i + 2), x.get_unchecked(i + 3));
+            acc0[t] = _mm512_fmadd_ps(fv(f0, f1), _mm512_cvtepi32_ps(p), acc0[t]);
+            acc1[t] = _mm512_fmadd_ps(fv(g0, g1), _mm512_cvtepi32_ps(q), acc1[t]);
+            extra[t] += (e0 + e1) + (h0 + h1);
+        }
         i += 4;
     }
     if i + 2 <= n {
-        let (p, f0, f1, e0, e1) = body(
-            w.get_unchecked(i),
-            w.get_unchecked(i + 1),
-            x.get_unchecked(i),
-            x.get_unchecked(i + 1),
-        );
-        acc0 = _mm512_fmadd_ps(fv(f0, f1), _mm512_cvtepi32_ps(p), acc0);
-        extra += e0 + e1;
+        let u = unpack(w.get_unchecked(i), w.get_unchecked(i + 1));
+        for t in 0..T {
+            let x = x[t];
+            let (p, f0, f1, e0, e1) = dot(&u, x.get_unchecked(i), x.get_unchecked(i + 1));
+            acc0[t] = _mm512_fmadd_ps(fv(f0, f1), _mm512_cvtepi32_ps(p), acc0[t]);
+            extra[t] += e0 + e1;
+        }
         i += 2;
     }
     if i < n {
         // Odd tail: pair the last block with itself and weight the copy by zero.
-        let (b, a) = (w.get_unchecked(i), x.get_unchecked(i));
-        let (p, f0, _, e0, _) = body(b, b, a, a);
-        acc0 = _mm512_fmadd_ps(fv(f0, 0.0), _mm512_cvtepi32_ps(p), acc0);
-        extra += e0;
+        let b = w.get_unchecked(i);
+        let u = unpack(b, b);
+        for t in 0..T {
+            let a = x[t].get_unchecked(i);
+            let (p, f0, _, e0, _) = dot(&u, a, a);
+            acc0[t] = _mm512_fmadd_ps(fv(f0, 0.0), _mm512_cvtepi32_ps(p), acc0[t]);
+            extra[t] += e0;
+        }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + extra
-}
-
-#[inline(always)]
-unsafe fn dpbusd(a: __m512i, b: __m512i) -> __m512i {
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, b)
+    std::array::from_fn(|t| _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + extra[t])
 }
 
 // ---------------------------------------------------------------------------------------------
 // Legacy quants
 // ---------------------------------------------------------------------------------------------
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    legacy_pairs(w, x, |b0: &BlockQ4_0, b1: &BlockQ4_0, a0, a1| {
-        let p = dpbusd(nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr()), ld2(a0, a1));
-        let (d0, d1) = (f16c(b0.d), f16c(b1.d));
-        (p, d0 * a0.d, d1 * a1.d, -8.0 * d0 * a0.s, -8.0 * d1 * a1.s)
-    })
+#[inline]
+unsafe fn q4_0_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    legacy_pairs(
+        w,
+        x,
+        |b0: &BlockQ4_0, b1: &BlockQ4_0| {
+            let q = nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr());
+            (q, f16c(b0.d), f16c(b1.d))
+        },
+        |&(q, d0, d1), a0, a1| {
+            let p = dpbusd(q, ld2(a0, a1));
+            (p, d0 * a0.d, d1 * a1.d, -8.0 * d0 * a0.s, -8.0 * d1 * a1.s)
+        },
+    )
 }
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_1(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    legacy_pairs(w, x, |b0: &BlockQ4_1, b1: &BlockQ4_1, a0, a1| {
-        let p = dpbusd(nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr()), ld2(a0, a1));
-        (
-            p,
-            f16c(b0.d) * a0.d,
-            f16c(b1.d) * a1.d,
-            f16c(b0.m) * a0.s,
-            f16c(b1.m) * a1.s,
-        )
-    })
+#[inline]
+unsafe fn q4_1_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    legacy_pairs(
+        w,
+        x,
+        |b0: &BlockQ4_1, b1: &BlockQ4_1| {
+            let q = nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr());
+            (q, [f16c(b0.d), f16c(b1.d), f16c(b0.m), f16c(b1.m)])
+        },
+        |&(q, [d0, d1, m0, m1]), a0, a1| {
+            let p = dpbusd(q, ld2(a0, a1));
+            (p, d0 * a0.d, d1 * a1.d, m0 * a0.s, m1 * a1.s)
+        },
+    )
 }
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    legacy_pairs(w, x, |b0: &BlockQ5_0, b1: &BlockQ5_0, a0, a1| {
-        let q = add_high_bits(nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr()), b0.qh, b1.qh);
-        let p = dpbusd(q, ld2(a0, a1));
-        let (d0, d1) = (f16c(b0.d), f16c(b1.d));
-        (
-            p,
-            d0 * a0.d,
-            d1 * a1.d,
-            -16.0 * d0 * a0.s,
-            -16.0 * d1 * a1.s,
-        )
-    })
+#[inline]
+unsafe fn q5_0_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    legacy_pairs(
+        w,
+        x,
+        |b0: &BlockQ5_0, b1: &BlockQ5_0| {
+            let q = add_high_bits(nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr()), b0.qh, b1.qh);
+            (q, f16c(b0.d), f16c(b1.d))
+        },
+        |&(q, d0, d1), a0, a1| {
+            let p = dpbusd(q, ld2(a0, a1));
+            (
+                p,
+                d0 * a0.d,
+                d1 * a1.d,
+                -16.0 * d0 * a0.s,
+                -16.0 * d1 * a1.s,
+            )
+        },
+    )
 }
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_1(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    legacy_pairs(w, x, |b0: &BlockQ5_1, b1: &BlockQ5_1, a0, a1| {
-        let q = add_high_bits(nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr()), b0.qh, b1.qh);
-        let p = dpbusd(q, ld2(a0, a1));
-        (
-            p,
-            f16c(b0.d) * a0.d,
-            f16c(b1.d) * a1.d,
-            f16c(b0.m) * a0.s,
-            f16c(b1.m) * a1.s,
-        )
-    })
+#[inline]
+unsafe fn q5_1_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    legacy_pairs(
+        w,
+        x,
+        |b0: &BlockQ5_1, b1: &BlockQ5_1| {
+            let q = add_high_bits(nibbles_2x32(b0.qs.as_ptr(), b1.qs.as_ptr()), b0.qh, b1.qh);
+            (q, [f16c(b0.d), f16c(b1.d), f16c(b0.m), f16c(b1.m)])
+        },
+        |&(q, [d0, d1, m0, m1]), a0, a1| {
+            let p = dpbusd(q, ld2(a0, a1));
+            (p, d0 * a0.d, d1 * a1.d, m0 * a0.s, m1 * a1.s)
+        },
+    )
 }
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q8_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    legacy_pairs(w, x, |b0: &BlockQ8_0, b1: &BlockQ8_0, a0, a1| {
-        let q0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
-        let q1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
-        let q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-        let xv = ld2(a0, a1);
-        // Sign trick: |w| * (x * sign(w)); -128 becomes 128 as u8, still exact.
-        let neg = _mm512_movepi8_mask(q);
-        let sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-        let p = dpbusd(_mm512_abs_epi8(q), sx);
-        (p, f16c(b0.d) * a0.d, f16c(b1.d) * a1.d, 0.0, 0.0)
-    })
+#[inline]
+unsafe fn q8_0_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    legacy_pairs(
+        w,
+        x,
+        |b0: &BlockQ8_0, b1: &BlockQ8_0| {
+            let q0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
+            let q1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
+            let q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+            (
+                _mm512_abs_epi8(q),
+                _mm512_movepi8_mask(q),
+                f16c(b0.d),
+                f16c(b1.d),
+            )
+        },
+        |&(qa, neg, d0, d1), a0, a1| {
+            let xv = ld2(a0, a1);
+            // Sign trick: |w| * (x * sign(w)); -128 becomes 128 as u8, still exact.
+            let sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+            (dpbusd(qa, sx), d0 * a0.d, d1 * a1.d, 0.0, 0.0)
+        },
+    )
 }
+
+/// The table's single dot and the 4-token tile of a legacy format.
+macro_rules! legacy_kernels {
+    ($n:ident, $one:ident, $toks4:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $one(w: &[u8], x: &[BlockQ8A]) -> f32 {
+            $n::<1>(w, [x])[0]
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $toks4(w: &[u8], x: [&[BlockQ8A]; 4]) -> [f32; 4] {
+            $n::<4>(w, x)
+        }
+    };
+}
+
+legacy_kernels!(q4_0_n, dot_q4_0, toks4_q4_0);
+legacy_kernels!(q4_1_n, dot_q4_1, toks4_q4_1);
+legacy_kernels!(q5_0_n, dot_q5_0, toks4_q5_0);
+legacy_kernels!(q5_1_n, dot_q5_1, toks4_q5_1);
+legacy_kernels!(q8_0_n, dot_q8_0, toks4_q8_0);
 
 // ---------------------------------------------------------------------------------------------
 // k-quants
@@ -366,8 +462,50 @@ unsafe fn dot_q6_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::blocks::BlockQ8A;
     use super::super::tests::{random_row, random_x, Rng};
     use super::super::*;
+
+    /// 4-token kernels give exactly the bits of the single dot, for every token.
+    #[test]
+    fn tiles_are_bit_identical_to_single_dots() {
+        if !Isa::Avx512.available() {
+            eprintln!("AVX-512 VNNI not available: skipped");
+            return;
+        }
+        let k = Kernels::for_isa(Isa::Avx512).unwrap();
+        let mut rng = Rng::new(77);
+        for (dtype, toks4) in super::toks4_kernels() {
+            let Dot::Quant(one) = k.dot(dtype) else {
+                panic!("{dtype}: not a quantized kernel");
+            };
+            for cols in [32usize, 96, 512, 896, 4864] {
+                if cols % dtype.block_elems() != 0 {
+                    continue;
+                }
+                let rows: Vec<Vec<u8>> =
+                    (0..4).map(|_| random_row(dtype, cols, &mut rng)).collect();
+                let xs: Vec<Vec<BlockQ8A>> = (0..4)
+                    .map(|_| {
+                        let mut xq = Vec::new();
+                        quantize_q8a(&random_x(cols, &mut rng), &mut xq);
+                        xq
+                    })
+                    .collect();
+                for row in &rows {
+                    let t4 = toks4(row, std::array::from_fn(|i| &xs[i][..]));
+                    for (i, x) in xs.iter().enumerate() {
+                        let b = one(row, x);
+                        assert_eq!(
+                            t4[i].to_bits(),
+                            b.to_bits(),
+                            "{dtype} cols {cols} toks4[{i}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Every AVX-512 kernel against the scalar reference, including odd block counts.
     #[test]

@@ -156,6 +156,10 @@ pub type DotF = fn(&[u8], &[f32]) -> f32;
 /// Dot of a quantized weight row with Q8A activations.
 pub type DotQ = fn(&[u8], &[BlockQ8A]) -> f32;
 
+/// One weight row against four activation rows, each result bit-identical to the type's
+/// [`DotQ`] (prefill: each weight block is unpacked once for four tokens).
+pub type DotQToks4 = fn(&[u8], [&[BlockQ8A]; 4]) -> [f32; 4];
+
 /// The dot-product kernel for one weight type.
 #[derive(Clone, Copy)]
 pub enum Dot {
@@ -240,6 +244,8 @@ pub struct Kernels {
     /// The instruction set the table was built for.
     pub isa: Isa,
     table: [Dot; 13],
+    /// 4-token kernels where the ISA has them (same bits as `table`'s quantized dots).
+    toks4: [Option<DotQToks4>; 13],
 }
 
 impl Kernels {
@@ -251,6 +257,7 @@ impl Kernels {
         use reference::*;
         let mut k = Kernels {
             isa: Isa::Scalar,
+            toks4: [None; 13],
             table: [
                 Dot::Float(vec_dot_f32_ref),
                 Dot::Float(vec_dot_f16_ref),
@@ -276,6 +283,7 @@ impl Kernels {
         if isa == Isa::Avx512 {
             k.isa = Isa::Avx512;
             avx512::install(&mut k.table);
+            avx512::install_toks4(&mut k.toks4);
         }
         #[cfg(target_arch = "aarch64")]
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
@@ -288,6 +296,18 @@ impl Kernels {
     /// The kernel for `dtype`.
     pub fn dot(&self, dtype: DType) -> Dot {
         self.table[dtype_index(dtype)]
+    }
+
+    /// This table without its 4-token kernels: [`matmul_with`] then makes one dot per (row,
+    /// token), with the same bits (tests and benchmarks compare the two).
+    pub fn without_tiles(mut self) -> Kernels {
+        self.toks4 = [None; 13];
+        self
+    }
+
+    /// The 4-token kernel for `dtype`, where this table has one.
+    pub fn toks4(&self, dtype: DType) -> Option<DotQToks4> {
+        self.toks4[dtype_index(dtype)]
     }
 }
 
@@ -374,7 +394,10 @@ pub fn matmul_with(k: &Kernels, w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f
                 };
                 quantize_q8a(x, xq);
                 let xq: &[BlockQ8A] = xq;
-                run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb]));
+                match k.toks4(w.dtype) {
+                    Some(toks4) if n_tok >= 4 => run_rows_toks4(w, n_tok, y, xq, f, toks4),
+                    _ => run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb])),
+                }
             });
         }
     }
@@ -408,6 +431,49 @@ where
                 // SAFETY: r < rows and t < n_tok, so the index is < y.len() (asserted by the
                 // caller); row r belongs to exactly one chunk, so no two tasks write it.
                 unsafe { *out.0.add(t * rows + r) = v };
+            }
+        }
+    };
+    if n_chunks == 1 || rayon::current_num_threads() == 1 {
+        (0..n_chunks).for_each(body);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(body);
+    }
+}
+
+/// [`run_rows`] for a quantized type with a 4-token kernel (prefill): each weight row is
+/// unpacked once per 4 tokens, the remaining tokens take the single dot. Every output has
+/// the bits of the single dot.
+fn run_rows_toks4(
+    w: &QMatrix,
+    n_tok: usize,
+    y: &mut [f32],
+    xq: &[BlockQ8A],
+    one: DotQ,
+    toks4: DotQToks4,
+) {
+    let (rows, nb) = (w.rows, w.cols / QK);
+    let xt = |t: usize| &xq[t * nb..(t + 1) * nb];
+    let full = n_tok / 4 * 4;
+    let out = OutPtr(y.as_mut_ptr());
+    let chunk = chunk_rows(rows, n_tok);
+    let n_chunks = rows.div_ceil(chunk);
+    let body = |c: usize| {
+        #[allow(clippy::redundant_locals)]
+        let out = out;
+        // SAFETY: r < rows and t < n_tok, so the index is < y.len() (asserted by the caller);
+        // row r belongs to exactly one chunk, so no two tasks write it.
+        let put = |r: usize, t: usize, v: f32| unsafe { *out.0.add(t * rows + r) = v };
+        for r in c * chunk..((c + 1) * chunk).min(rows) {
+            let row = w.row(r);
+            for t in (0..full).step_by(4) {
+                let v = toks4(row, [xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]);
+                for (i, v) in v.into_iter().enumerate() {
+                    put(r, t + i, v);
+                }
+            }
+            for t in full..n_tok {
+                put(r, t, one(row, xt(t)));
             }
         }
     };
