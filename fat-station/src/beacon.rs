@@ -62,24 +62,38 @@ impl Drop for Beacon {
 
 impl Beacon {
     /// Starts announcing on a background thread.
-    pub fn spawn(ann: &Announcement, target: SocketAddr, interval: Duration) -> std::io::Result<Beacon> {
-        let bind: SocketAddr = if target.is_ipv4() { "0.0.0.0:0".parse() } else { "[::]:0".parse() }.map_err(std::io::Error::other)?;
+    pub fn spawn(
+        ann: &Announcement,
+        target: SocketAddr,
+        interval: Duration,
+    ) -> std::io::Result<Beacon> {
+        let bind: SocketAddr = if target.is_ipv4() {
+            "0.0.0.0:0".parse()
+        } else {
+            "[::]:0".parse()
+        }
+        .map_err(std::io::Error::other)?;
         let sock = UdpSocket::bind(bind)?;
         sock.set_broadcast(true)?;
         let msg = serde_json::to_vec(ann).map_err(std::io::Error::other)?;
         if msg.len() > MAX_DATAGRAM {
-            return Err(std::io::Error::other(format!("announcement of {} bytes exceeds {MAX_DATAGRAM}", msg.len())));
+            return Err(std::io::Error::other(format!(
+                "announcement of {} bytes exceeds {MAX_DATAGRAM}",
+                msg.len()
+            )));
         }
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
-        std::thread::Builder::new().name("beacon".into()).spawn(move || {
-            while !s2.load(Ordering::Relaxed) {
-                if let Err(e) = sock.send_to(&msg, target) {
-                    tracing::debug!("beacon to {target}: {e}");
+        std::thread::Builder::new()
+            .name("beacon".into())
+            .spawn(move || {
+                while !s2.load(Ordering::Relaxed) {
+                    if let Err(e) = sock.send_to(&msg, target) {
+                        tracing::debug!("beacon to {target}: {e}");
+                    }
+                    std::thread::sleep(interval);
                 }
-                std::thread::sleep(interval);
-            }
-        })?;
+            })?;
         Ok(Beacon { stop })
     }
 }
@@ -104,7 +118,14 @@ pub fn discover(bind: SocketAddr, timeout: Duration) -> std::io::Result<Vec<Anno
                 Ok(_) => tracing::debug!("beacon from {from}: unknown protocol"),
                 Err(e) => tracing::debug!("beacon from {from}: {e}"),
             },
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
             Err(e) => return Err(e),
         }
     }
@@ -136,13 +157,25 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
         models.entry(a.model_hash.as_str()).or_default().push(a);
     }
     let nodes = match model_hash {
-        Some(h) => models.get(h).cloned().ok_or_else(|| FormError::NoSuchModel(h.into()))?,
+        Some(h) => models
+            .get(h)
+            .cloned()
+            .ok_or_else(|| FormError::NoSuchModel(h.into()))?,
         None if models.len() == 1 => models.into_values().next().unwrap_or_default(),
         None => return Err(FormError::ManyModels(models.len())),
     };
     let n_layers = nodes[0].n_layers;
-    let mut pool: Vec<(&Announcement, LayerRange)> = nodes.iter().filter_map(|a| LayerRange::parse(&a.layers).filter(|r| !r.is_empty()).map(|r| (*a, r))).collect();
-    pool.sort_by(|a, b| (a.0.chain, a.1.start, &a.0.node_id).cmp(&(b.0.chain, b.1.start, &b.0.node_id)));
+    let mut pool: Vec<(&Announcement, LayerRange)> = nodes
+        .iter()
+        .filter_map(|a| {
+            LayerRange::parse(&a.layers)
+                .filter(|r| !r.is_empty())
+                .map(|r| (*a, r))
+        })
+        .collect();
+    pool.sort_by(|a, b| {
+        (a.0.chain, a.1.start, &a.0.node_id).cmp(&(b.0.chain, b.1.start, &b.0.node_id))
+    });
     let mut chains = Vec::new();
     loop {
         // Build one chain: from layer 0, take the next unused node starting where we are,
@@ -155,7 +188,13 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
                 .iter()
                 .enumerate()
                 .filter(|(_, (_, r))| r.start == at && r.end <= n_layers)
-                .min_by_key(|(_, (a, _))| (!hops.is_empty() && a.chain != label, a.chain, a.node_id.clone()))
+                .min_by_key(|(_, (a, _))| {
+                    (
+                        !hops.is_empty() && a.chain != label,
+                        a.chain,
+                        a.node_id.clone(),
+                    )
+                })
                 .map(|(i, _)| i);
             match pick {
                 Some(i) => {
@@ -170,12 +209,28 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
         }
         if at != n_layers || hops.is_empty() {
             if chains.is_empty() {
-                let covered: Vec<String> = pool.iter().map(|(a, r)| format!("{}={}-{}", a.node_id, r.start, r.end)).collect();
-                return Err(FormError::Gap { n_layers, why: format!("nothing starts at layer {at} (heard: {})", covered.join(", ")) });
+                let covered: Vec<String> = pool
+                    .iter()
+                    .map(|(a, r)| format!("{}={}-{}", a.node_id, r.start, r.end))
+                    .collect();
+                return Err(FormError::Gap {
+                    n_layers,
+                    why: format!(
+                        "nothing starts at layer {at} (heard: {})",
+                        covered.join(", ")
+                    ),
+                });
             }
             break;
         }
-        let chain: Vec<ChainHop> = hops.iter().map(|&i| ChainHop { node_id: pool[i].0.node_id.clone(), url: pool[i].0.address.clone(), layers: pool[i].0.layers.clone() }).collect();
+        let chain: Vec<ChainHop> = hops
+            .iter()
+            .map(|&i| ChainHop {
+                node_id: pool[i].0.node_id.clone(),
+                url: pool[i].0.address.clone(),
+                layers: pool[i].0.layers.clone(),
+            })
+            .collect();
         let mut hops = hops;
         hops.sort_unstable_by(|a, b| b.cmp(a));
         for i in hops {
@@ -213,17 +268,39 @@ mod tests {
 
     #[test]
     fn forms_replica_chains_and_names_gaps() {
-        let a = [ann("b0", "0-8", None), ann("b1", "8-16", None), ann("b2", "16-24", None), ann("a0", "0-12", None), ann("a1", "12-24", None), ann("x", "3-5", None)];
+        let a = [
+            ann("b0", "0-8", None),
+            ann("b1", "8-16", None),
+            ann("b2", "16-24", None),
+            ann("a0", "0-12", None),
+            ann("a1", "12-24", None),
+            ann("x", "3-5", None),
+        ];
         let f = form(&a, None).unwrap();
         assert_eq!(f.chains.len(), 2);
-        let ids: Vec<Vec<&str>> = f.chains.iter().map(|c| c.iter().map(|h| h.node_id.as_str()).collect()).collect();
+        let ids: Vec<Vec<&str>> = f
+            .chains
+            .iter()
+            .map(|c| c.iter().map(|h| h.node_id.as_str()).collect())
+            .collect();
         assert_eq!(ids, vec![vec!["a0", "a1"], vec!["b0", "b1", "b2"]]);
         // Chain labels are honoured.
-        let l = [ann("p", "0-8", Some(1)), ann("q", "0-8", Some(0)), ann("r", "8-24", Some(0)), ann("s", "8-24", Some(1))];
+        let l = [
+            ann("p", "0-8", Some(1)),
+            ann("q", "0-8", Some(0)),
+            ann("r", "8-24", Some(0)),
+            ann("s", "8-24", Some(1)),
+        ];
         let f = form(&l, None).unwrap();
-        let ids: Vec<Vec<&str>> = f.chains.iter().map(|c| c.iter().map(|h| h.node_id.as_str()).collect()).collect();
+        let ids: Vec<Vec<&str>> = f
+            .chains
+            .iter()
+            .map(|c| c.iter().map(|h| h.node_id.as_str()).collect())
+            .collect();
         assert_eq!(ids, vec![vec!["q", "r"], vec!["p", "s"]]);
-        let e = form(&[ann("a", "0-8", None), ann("c", "16-24", None)], None).unwrap_err().to_string();
+        let e = form(&[ann("a", "0-8", None), ann("c", "16-24", None)], None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nothing starts at layer 8"), "{e}");
         assert!(matches!(form(&[], None), Err(FormError::Nobody)));
     }
@@ -234,8 +311,10 @@ mod tests {
         let port = probe.local_addr().unwrap().port();
         drop(probe);
         let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let _b1 = Beacon::spawn(&ann("n1", "0-12", None), target, Duration::from_millis(50)).unwrap();
-        let _b2 = Beacon::spawn(&ann("n2", "12-24", None), target, Duration::from_millis(50)).unwrap();
+        let _b1 =
+            Beacon::spawn(&ann("n1", "0-12", None), target, Duration::from_millis(50)).unwrap();
+        let _b2 =
+            Beacon::spawn(&ann("n2", "12-24", None), target, Duration::from_millis(50)).unwrap();
         let heard = discover(target, Duration::from_millis(600)).unwrap();
         let ids: Vec<&str> = heard.iter().map(|a| a.node_id.as_str()).collect();
         assert_eq!(ids, vec!["n1", "n2"]);

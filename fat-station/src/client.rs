@@ -15,9 +15,17 @@ use crate::wire::{self, ErrorBody, Health};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("{url}: {status} {code}: {message}")]
-    Refused { url: String, status: u16, code: String, message: String },
+    Refused {
+        url: String,
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("{url}: {source}")]
-    Transport { url: String, source: Box<ureq::Error> },
+    Transport {
+        url: String,
+        source: Box<ureq::Error>,
+    },
     #[error("{url}: bad response: {why}")]
     BadResponse { url: String, why: String },
     #[error("mesh: {0}")]
@@ -44,8 +52,14 @@ pub struct Hop {
 impl StationClient {
     /// A client for `base` (`http://host:port`), with `timeout` per call.
     pub fn new(base: &str, timeout: Duration) -> Self {
-        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5).min(timeout)).timeout(timeout).build();
-        StationClient { base: base.trim_end_matches('/').to_string(), agent }
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5).min(timeout))
+            .timeout(timeout)
+            .build();
+        StationClient {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+        }
     }
 
     /// The station's base URL.
@@ -67,87 +81,177 @@ impl StationClient {
                     Ok(e) => (e.error, e.message),
                     Err(_) => ("http".into(), text),
                 };
-                Err(ClientError::Refused { url, status, code, message })
+                Err(ClientError::Refused {
+                    url,
+                    status,
+                    code,
+                    message,
+                })
             }
-            Err(e) => Err(ClientError::Transport { url, source: Box::new(e) }),
+            Err(e) => Err(ClientError::Transport {
+                url,
+                source: Box::new(e),
+            }),
         }
     }
 
     fn json<T: for<'de> Deserialize<'de>>(&self, r: ureq::Response) -> Result<T, ClientError> {
         let url = r.get_url().to_string();
-        let text = r.into_string().map_err(|e| ClientError::BadResponse { url: url.clone(), why: e.to_string() })?;
-        serde_json::from_str(&text).map_err(|e| ClientError::BadResponse { url, why: format!("invalid JSON: {e}") })
+        let text = r.into_string().map_err(|e| ClientError::BadResponse {
+            url: url.clone(),
+            why: e.to_string(),
+        })?;
+        serde_json::from_str(&text).map_err(|e| ClientError::BadResponse {
+            url,
+            why: format!("invalid JSON: {e}"),
+        })
     }
 
-    fn post_json<B: Serialize, T: for<'de> Deserialize<'de>>(&self, route: &str, body: &B) -> Result<T, ClientError> {
-        let b = serde_json::to_vec(body).map_err(|e| ClientError::BadResponse { url: self.base.clone(), why: e.to_string() })?;
-        let r = self.call(self.agent.post(&format!("{}{route}", self.base)).set("content-type", "application/json"), Some(&b))?;
+    fn post_json<B: Serialize, T: for<'de> Deserialize<'de>>(
+        &self,
+        route: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let b = serde_json::to_vec(body).map_err(|e| ClientError::BadResponse {
+            url: self.base.clone(),
+            why: e.to_string(),
+        })?;
+        let r = self.call(
+            self.agent
+                .post(&format!("{}{route}", self.base))
+                .set("content-type", "application/json"),
+            Some(&b),
+        )?;
         self.json(r)
     }
 
     /// `GET /health`.
     pub fn health(&self) -> Result<Health, ClientError> {
-        let r = self.call(self.agent.get(&format!("{}{}", self.base, wire::ROUTE_HEALTH)), None)?;
+        let r = self.call(
+            self.agent
+                .get(&format!("{}{}", self.base, wire::ROUTE_HEALTH)),
+            None,
+        )?;
         self.json(r)
     }
 
     /// `GET /tokenizer`: special ids and the chat template.
     pub fn tokenizer_info(&self) -> Result<wire::TokenizerInfo, ClientError> {
-        let r = self.call(self.agent.get(&format!("{}{}", self.base, wire::ROUTE_TOKENIZER)), None)?;
+        let r = self.call(
+            self.agent
+                .get(&format!("{}{}", self.base, wire::ROUTE_TOKENIZER)),
+            None,
+        )?;
         self.json(r)
     }
 
     /// `POST /tokenize`.
     pub fn tokenize(&self, text: &str, add_bos: Option<bool>) -> Result<Vec<u32>, ClientError> {
-        let t: wire::Tokens = self.post_json(wire::ROUTE_TOKENIZE, &wire::TokenizeRequest { text: text.into(), add_bos })?;
+        let t: wire::Tokens = self.post_json(
+            wire::ROUTE_TOKENIZE,
+            &wire::TokenizeRequest {
+                text: text.into(),
+                add_bos,
+            },
+        )?;
         Ok(t.tokens)
     }
 
     /// `POST /detokenize`.
     pub fn detokenize(&self, tokens: &[u32]) -> Result<String, ClientError> {
-        let t: wire::Text = self.post_json(wire::ROUTE_DETOKENIZE, &wire::Tokens { tokens: tokens.to_vec() })?;
+        let t: wire::Text = self.post_json(
+            wire::ROUTE_DETOKENIZE,
+            &wire::Tokens {
+                tokens: tokens.to_vec(),
+            },
+        )?;
         Ok(t.text)
     }
 
     fn binary(&self, r: ureq::Response) -> Result<Hop, ClientError> {
         let url = r.get_url().to_string();
-        let compute_ms = r.header(wire::H_COMPUTE_MS).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        let compute_ms = r
+            .header(wire::H_COMPUTE_MS)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
         let f16 = r.header(wire::H_DTYPE) == Some("f16");
         let mut b = Vec::new();
-        r.into_reader().read_to_end(&mut b).map_err(|e| ClientError::BadResponse { url: url.clone(), why: e.to_string() })?;
-        let residual = if f16 { wire::decode_f16(&b) } else { wire::decode_f32(&b) }
-            .ok_or_else(|| ClientError::BadResponse { url, why: format!("{} bytes is not a float array", b.len()) })?;
-        Ok(Hop { residual, compute_ms, bytes: b.len() })
+        r.into_reader()
+            .read_to_end(&mut b)
+            .map_err(|e| ClientError::BadResponse {
+                url: url.clone(),
+                why: e.to_string(),
+            })?;
+        let residual = if f16 {
+            wire::decode_f16(&b)
+        } else {
+            wire::decode_f32(&b)
+        }
+        .ok_or_else(|| ClientError::BadResponse {
+            url,
+            why: format!("{} bytes is not a float array", b.len()),
+        })?;
+        Ok(Hop {
+            residual,
+            compute_ms,
+            bytes: b.len(),
+        })
     }
 
     /// `POST /embed`: tokens -> residual rows.
     pub fn embed(&self, tokens: &[u32]) -> Result<Hop, ClientError> {
-        let b = serde_json::to_vec(&wire::EmbedRequest { tokens: tokens.to_vec() }).unwrap_or_default();
-        let r = self.call(self.agent.post(&format!("{}{}", self.base, wire::ROUTE_EMBED)).set("content-type", "application/json"), Some(&b))?;
+        let b = serde_json::to_vec(&wire::EmbedRequest {
+            tokens: tokens.to_vec(),
+        })
+        .unwrap_or_default();
+        let r = self.call(
+            self.agent
+                .post(&format!("{}{}", self.base, wire::ROUTE_EMBED))
+                .set("content-type", "application/json"),
+            Some(&b),
+        )?;
         self.binary(r)
     }
 
     /// `POST /forward` over `range`, optionally within a session at position `pos`.
-    pub fn forward(&self, x: &[f32], range: LayerRange, session: Option<(&str, usize)>, f16: bool) -> Result<Hop, ClientError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        range: LayerRange,
+        session: Option<(&str, usize)>,
+        f16: bool,
+    ) -> Result<Hop, ClientError> {
         let mut req = self
             .agent
             .post(&format!("{}{}", self.base, wire::ROUTE_FORWARD))
             .set("content-type", "application/octet-stream")
-            .set(wire::H_LAYER_RANGE, &format!("{}-{}", range.start, range.end));
+            .set(
+                wire::H_LAYER_RANGE,
+                &format!("{}-{}", range.start, range.end),
+            );
         if let Some((id, pos)) = session {
-            req = req.set(wire::H_SESSION, id).set(wire::H_POS, &pos.to_string());
+            req = req
+                .set(wire::H_SESSION, id)
+                .set(wire::H_POS, &pos.to_string());
         }
         if f16 {
             req = req.set(wire::H_DTYPE, "f16");
         }
-        let body = if f16 { wire::encode_f16(x) } else { wire::encode_f32(x) };
+        let body = if f16 {
+            wire::encode_f16(x)
+        } else {
+            wire::encode_f32(x)
+        };
         let r = self.call(req, Some(&body))?;
         self.binary(r)
     }
 
     /// `POST /lm-head`: residual rows -> logits of the last row.
     pub fn lm_head(&self, x: &[f32]) -> Result<Hop, ClientError> {
-        let req = self.agent.post(&format!("{}{}", self.base, wire::ROUTE_LM_HEAD)).set("content-type", "application/octet-stream");
+        let req = self
+            .agent
+            .post(&format!("{}{}", self.base, wire::ROUTE_LM_HEAD))
+            .set("content-type", "application/octet-stream");
         let r = self.call(req, Some(&wire::encode_f32(x)))?;
         self.binary(r)
     }
@@ -192,7 +296,12 @@ impl Chain {
         let mut next = 0;
         for (c, r) in &hops {
             if r.start != next || r.is_empty() {
-                return Err(ClientError::Mesh(format!("{} runs {}-{}, expected a range starting at {next}", c.url(), r.start, r.end)));
+                return Err(ClientError::Mesh(format!(
+                    "{} runs {}-{}, expected a range starting at {next}",
+                    c.url(),
+                    r.start,
+                    r.end
+                )));
             }
             next = r.end;
         }
@@ -205,7 +314,9 @@ impl Chain {
             .stations
             .iter()
             .map(|h| {
-                let r = LayerRange::parse(&h.layers).ok_or_else(|| ClientError::Mesh(format!("bad layers {:?} for {}", h.layers, h.url)))?;
+                let r = LayerRange::parse(&h.layers).ok_or_else(|| {
+                    ClientError::Mesh(format!("bad layers {:?} for {}", h.layers, h.url))
+                })?;
                 Ok((StationClient::new(&h.url, timeout), r))
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
@@ -216,7 +327,8 @@ impl Chain {
     pub fn single(url: &str, timeout: Duration) -> Result<Chain, ClientError> {
         let c = StationClient::new(url, timeout);
         let h = c.health()?;
-        let r = LayerRange::parse(&h.layers).ok_or_else(|| ClientError::Mesh(format!("{url} reports bad layers {:?}", h.layers)))?;
+        let r = LayerRange::parse(&h.layers)
+            .ok_or_else(|| ClientError::Mesh(format!("{url} reports bad layers {:?}", h.layers)))?;
         Chain::new(vec![(c, r)])
     }
 
@@ -236,13 +348,20 @@ impl Chain {
     }
 
     /// Tokens at position `pos` of `session` (or stateless) -> last-row logits.
-    pub fn step(&self, tokens: &[u32], session: Option<(&str, usize)>, trace: &mut StepTrace) -> Result<Vec<f32>, ClientError> {
+    pub fn step(
+        &self,
+        tokens: &[u32],
+        session: Option<(&str, usize)>,
+        trace: &mut StepTrace,
+    ) -> Result<Vec<f32>, ClientError> {
         let e = self.entry().embed(tokens)?;
         trace.embed_ms = e.compute_ms;
         let mut x = e.residual;
         for (c, r) in &self.hops {
             let hop = c.forward(&x, *r, session, false)?;
-            trace.hops.push((c.url().to_string(), *r, hop.bytes, hop.compute_ms));
+            trace
+                .hops
+                .push((c.url().to_string(), *r, hop.bytes, hop.compute_ms));
             x = hop.residual;
         }
         let h = self.exit().lm_head(&x)?;

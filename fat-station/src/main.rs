@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use fat_station::engine::Holdings;
 use fat_station::beacon::{self, Announcement, Beacon};
+use fat_station::engine::Holdings;
 use fat_station::grant::GrantVerifier;
 use fat_station::manifest::NodeManifest;
 use fat_station::relay::MeshNode;
@@ -96,7 +96,9 @@ enum RoleArg {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(Args::parse()) {
@@ -110,7 +112,9 @@ fn main() -> ExitCode {
 
 fn holdings(args: &Args, n_layers: u32) -> Result<Option<Holdings>> {
     let layers = match &args.layers {
-        Some(s) => Some(LayerRange::parse(s).with_context(|| format!("--layers {s:?}: expected a..b"))?),
+        Some(s) => {
+            Some(LayerRange::parse(s).with_context(|| format!("--layers {s:?}: expected a..b"))?)
+        }
         None => None,
     };
     Ok(match (args.role, layers) {
@@ -128,7 +132,11 @@ fn holdings(args: &Args, n_layers: u32) -> Result<Option<Holdings>> {
                 Some(RoleArg::Full) => (true, true),
                 None => (l.start == 0, l.end == n_layers),
             };
-            Some(Holdings { embed, layers: l, head })
+            Some(Holdings {
+                embed,
+                layers: l,
+                head,
+            })
         }
     })
 }
@@ -136,7 +144,10 @@ fn holdings(args: &Args, n_layers: u32) -> Result<Option<Holdings>> {
 fn run(args: Args) -> Result<()> {
     let t0 = Instant::now();
     if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("configuring compute threads")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("configuring compute threads")?;
     }
     let manifest = match &args.manifest {
         Some(p) => Some(NodeManifest::load(p).map_err(anyhow::Error::new)?),
@@ -147,13 +158,18 @@ fn run(args: Args) -> Result<()> {
         (None, Some(k)) => k.clone(),
         (None, None) => bail!("give --knot FILE or --manifest NODE.json"),
     };
-    let knot = Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
+    let knot =
+        Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
     let held = match &manifest {
         Some((m, _)) => {
             m.check_file(&knot).map_err(anyhow::Error::msg)?;
             let h = m.holdings().context("manifest layers")?;
             if h.layers.end > knot.arch().n_layers {
-                bail!("manifest layers {} are outside the model's 0..{}", m.layers, knot.arch().n_layers);
+                bail!(
+                    "manifest layers {} are outside the model's 0..{}",
+                    m.layers,
+                    knot.arch().n_layers
+                );
             }
             Some(h)
         }
@@ -167,10 +183,17 @@ fn run(args: Args) -> Result<()> {
         Some(g) => Some(GrantVerifier::from_arg(g)?),
         None => None,
     };
-    let node_id = args.node_id.clone().or_else(|| manifest.as_ref().map(|(m, _)| m.node_id.clone())).unwrap_or_else(|| "station".into());
+    let node_id = args
+        .node_id
+        .clone()
+        .or_else(|| manifest.as_ref().map(|(m, _)| m.node_id.clone()))
+        .unwrap_or_else(|| "station".into());
     let listen: SocketAddr = match (args.listen, &manifest) {
         (Some(l), _) => l,
-        (None, Some((m, _))) => m.listen.parse().with_context(|| format!("manifest listen {:?}", m.listen))?,
+        (None, Some((m, _))) => m
+            .listen
+            .parse()
+            .with_context(|| format!("manifest listen {:?}", m.listen))?,
         (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
     };
     let limits = Limits {
@@ -190,9 +213,14 @@ fn run(args: Args) -> Result<()> {
         Duration::from_secs(args.hop_timeout_s.max(1)),
         Duration::from_secs(args.replay_window_s.max(1)),
     ));
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     rt.block_on(async move {
-        let (listener, addr) = server::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+        let (listener, addr) = server::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
         let h = station.model().holdings();
         let _beacon = match args.beacon {
             Some(target) => {
@@ -201,15 +229,30 @@ fn run(args: Args) -> Result<()> {
                     proto: beacon::PROTO.into(),
                     node_id: node_id.clone(),
                     model_id: health.model_id.clone(),
-                    model_hash: station.model().knot().shard().map(|s| s.parent_hash.clone()).unwrap_or(health.model_hash.clone()),
+                    model_hash: station
+                        .model()
+                        .knot()
+                        .shard()
+                        .map(|s| s.parent_hash.clone())
+                        .unwrap_or(health.model_hash.clone()),
                     role: health.role.clone(),
                     layers: health.layers.clone(),
                     n_layers: health.n_layers,
-                    address: args.advertise.clone().unwrap_or_else(|| format!("http://{addr}")),
+                    address: args
+                        .advertise
+                        .clone()
+                        .unwrap_or_else(|| format!("http://{addr}")),
                     chain,
                     mesh: health.mesh.clone().unwrap_or_default(),
                 };
-                Some(Beacon::spawn(&ann, target, Duration::from_millis(args.beacon_interval_ms.max(10))).with_context(|| format!("beacon to {target}"))?)
+                Some(
+                    Beacon::spawn(
+                        &ann,
+                        target,
+                        Duration::from_millis(args.beacon_interval_ms.max(10)),
+                    )
+                    .with_context(|| format!("beacon to {target}"))?,
+                )
             }
             None => None,
         };
@@ -231,13 +274,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
     }
     #[cfg(not(unix))]

@@ -14,7 +14,10 @@ use crate::engine::Holdings;
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("reading manifest {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("manifest {path}: {why}")]
     Invalid { path: PathBuf, why: String },
 }
@@ -55,21 +58,42 @@ pub struct NodeManifest {
 impl NodeManifest {
     /// Reads and checks a manifest; `shard` is resolved against the manifest's directory.
     pub fn load(path: &Path) -> Result<(NodeManifest, PathBuf), ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read { path: path.into(), source })?;
-        let m: NodeManifest = serde_json::from_str(&text).map_err(|e| ManifestError::Invalid { path: path.into(), why: e.to_string() })?;
-        let bad = |why: String| ManifestError::Invalid { path: path.into(), why };
-        let r = m.range().ok_or_else(|| bad(format!("layers {:?} is not a non-empty a-b", m.layers)))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let m: NodeManifest = serde_json::from_str(&text).map_err(|e| ManifestError::Invalid {
+            path: path.into(),
+            why: e.to_string(),
+        })?;
+        let bad = |why: String| ManifestError::Invalid {
+            path: path.into(),
+            why,
+        };
+        let r = m
+            .range()
+            .ok_or_else(|| bad(format!("layers {:?} is not a non-empty a-b", m.layers)))?;
         if m.node_id.is_empty() || !crate::wire::valid_session_id(&m.node_id) {
-            return Err(bad(format!("node_id {:?} must be 1-64 chars of [A-Za-z0-9_.:-]", m.node_id)));
+            return Err(bad(format!(
+                "node_id {:?} must be 1-64 chars of [A-Za-z0-9_.:-]",
+                m.node_id
+            )));
         }
         if (m.role == Role::Entry || m.role == Role::Full) && r.start != 0 {
-            return Err(bad(format!("an {:?} node must start at layer 0, not {}", m.role, r.start)));
+            return Err(bad(format!(
+                "an {:?} node must start at layer 0, not {}",
+                m.role, r.start
+            )));
         }
         if m.role != Role::Exit && m.role != Role::Full && m.successor.is_none() {
             return Err(bad(format!("a {:?} node needs a successor", m.role)));
         }
         let shard = PathBuf::from(&m.shard);
-        let shard = if shard.is_absolute() { shard } else { path.parent().unwrap_or(Path::new(".")).join(shard) };
+        let shard = if shard.is_absolute() {
+            shard
+        } else {
+            path.parent().unwrap_or(Path::new(".")).join(shard)
+        };
         Ok((m, shard))
     }
 
@@ -87,13 +111,20 @@ impl NodeManifest {
             Role::Exit => (false, true),
             Role::Full => (true, true),
         };
-        Some(Holdings { embed, layers, head })
+        Some(Holdings {
+            embed,
+            layers,
+            head,
+        })
     }
 
     /// Checks the served file belongs to this manifest's model: its own hash (a whole model)
     /// or its shard record's parent hash.
     pub fn check_file(&self, knot: &knot_format::Knot) -> Result<(), String> {
-        let file_hash = knot.shard().map(|s| s.parent_hash.as_str()).unwrap_or(knot.model_hash());
+        let file_hash = knot
+            .shard()
+            .map(|s| s.parent_hash.as_str())
+            .unwrap_or(knot.model_hash());
         if file_hash != self.model_hash {
             return Err(format!(
                 "{} belongs to model {} but the manifest names {}",
@@ -120,12 +151,35 @@ mod tests {
         std::fs::write(&p, good).unwrap();
         let (m, shard) = NodeManifest::load(&p).unwrap();
         assert_eq!(shard, d.path().join("m.L08-16.knot"));
-        assert_eq!(m.holdings().unwrap(), Holdings { embed: false, layers: LayerRange::new(8, 16), head: false });
-        std::fs::write(&p, good.replace(r#""successor":{"node_id":"n2","url":"http://127.0.0.1:7702","layers":"16-24"}"#, r#""successor":null"#)).unwrap();
-        assert!(NodeManifest::load(&p).unwrap_err().to_string().contains("needs a successor"));
+        assert_eq!(
+            m.holdings().unwrap(),
+            Holdings {
+                embed: false,
+                layers: LayerRange::new(8, 16),
+                head: false
+            }
+        );
+        std::fs::write(
+            &p,
+            good.replace(
+                r#""successor":{"node_id":"n2","url":"http://127.0.0.1:7702","layers":"16-24"}"#,
+                r#""successor":null"#,
+            ),
+        )
+        .unwrap();
+        assert!(NodeManifest::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("needs a successor"));
         std::fs::write(&p, good.replace("8-16", "16-8")).unwrap();
-        assert!(NodeManifest::load(&p).unwrap_err().to_string().contains("not a non-empty"));
+        assert!(NodeManifest::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a non-empty"));
         std::fs::write(&p, good.replace(r#""role":"mid""#, r#""role":"entry""#)).unwrap();
-        assert!(NodeManifest::load(&p).unwrap_err().to_string().contains("must start at layer 0"));
+        assert!(NodeManifest::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("must start at layer 0"));
     }
 }

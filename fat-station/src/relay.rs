@@ -21,7 +21,10 @@ use hyper::{Request, StatusCode};
 use crate::grant::GrantVerifier;
 use crate::manifest::Successor;
 use crate::seal::{self, MeshKey, ReplayWindow, SealContext, SealError};
-use crate::server::{binary, compute, header, json, read_body, refuse, session_of, set, with_session, Refusal, Resp, Station};
+use crate::server::{
+    binary, compute, header, json, read_body, refuse, session_of, set, with_session, Refusal, Resp,
+    Station,
+};
 use crate::wire;
 
 /// Default time a hop may take (connect + compute of everything downstream) before the
@@ -49,9 +52,27 @@ pub struct MeshNode {
 
 impl MeshNode {
     /// A mesh node; `hop_timeout` bounds each forward.
-    pub fn new(node_id: String, successor: Option<Successor>, key: Option<MeshKey>, grant: Option<GrantVerifier>, hop_timeout: Duration, replay_window: Duration) -> MeshNode {
-        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5).min(hop_timeout)).timeout(hop_timeout).build();
-        MeshNode { node_id, successor, key, grant, replay: ReplayWindow::new(replay_window), agent, counter: AtomicU64::new(0) }
+    pub fn new(
+        node_id: String,
+        successor: Option<Successor>,
+        key: Option<MeshKey>,
+        grant: Option<GrantVerifier>,
+        hop_timeout: Duration,
+        replay_window: Duration,
+    ) -> MeshNode {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5).min(hop_timeout))
+            .timeout(hop_timeout)
+            .build();
+        MeshNode {
+            node_id,
+            successor,
+            key,
+            grant,
+            replay: ReplayWindow::new(replay_window),
+            agent,
+            counter: AtomicU64::new(0),
+        }
     }
 
     /// `open` or `sealed`, as `/health` reports it.
@@ -64,7 +85,12 @@ impl MeshNode {
     }
 
     fn request_id(&self) -> String {
-        format!("{:x}-{:x}-{}", seal::now_ms(), self.counter.fetch_add(1, Ordering::Relaxed), std::process::id())
+        format!(
+            "{:x}-{:x}-{}",
+            seal::now_ms(),
+            self.counter.fetch_add(1, Ordering::Relaxed),
+            std::process::id()
+        )
     }
 }
 
@@ -76,7 +102,14 @@ pub(crate) fn guard_direct(st: &Station, route: &str) -> Result<(), Refusal> {
         return Err(refuse(StatusCode::UNAUTHORIZED, "sealed_mesh", format!("this station is in a sealed mesh: {route} would carry a residual in clear; use POST /chain")));
     }
     if m.grant.is_some() {
-        return Err(refuse(StatusCode::UNAUTHORIZED, "grant_required", format!("this station requires a grant: use POST /chain with {}", wire::H_GRANT)));
+        return Err(refuse(
+            StatusCode::UNAUTHORIZED,
+            "grant_required",
+            format!(
+                "this station requires a grant: use POST /chain with {}",
+                wire::H_GRANT
+            ),
+        ));
     }
     Ok(())
 }
@@ -89,21 +122,50 @@ enum Input {
 /// Handles `POST /chain`.
 pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
     let h = |n: &str| header(&req, n);
-    let (session_h, pos_h, rid_h, ret_h, route_h) = (h(wire::H_SESSION), h(wire::H_POS), h(wire::H_REQUEST_ID), h(wire::H_RETURN), h(wire::H_ROUTE));
-    let (seal_h, ts_h, from_h, grant_h) = (h(wire::H_SEAL), h(wire::H_SEAL_TS), h(wire::H_FROM_LAYER), h(wire::H_GRANT));
+    let (session_h, pos_h, rid_h, ret_h, route_h) = (
+        h(wire::H_SESSION),
+        h(wire::H_POS),
+        h(wire::H_REQUEST_ID),
+        h(wire::H_RETURN),
+        h(wire::H_ROUTE),
+    );
+    let (seal_h, ts_h, from_h, grant_h) = (
+        h(wire::H_SEAL),
+        h(wire::H_SEAL_TS),
+        h(wire::H_FROM_LAYER),
+        h(wire::H_GRANT),
+    );
     let body = read_body(&st, req).await?;
     let node = st.mesh_node();
     let held = st.model().holdings();
     let want_token = match ret_h.as_deref() {
         None | Some("logits") => false,
         Some("token") => true,
-        Some(o) => return Err(refuse(StatusCode::BAD_REQUEST, "bad_request", format!("X-Return {o:?}: expected logits or token"))),
+        Some(o) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("X-Return {o:?}: expected logits or token"),
+            ))
+        }
     };
     let request_id = match rid_h {
         Some(r) if wire::valid_session_id(&r) => r,
-        Some(_) => return Err(refuse(StatusCode::BAD_REQUEST, "bad_request", "X-Request-Id must be 1-64 chars of [A-Za-z0-9_.:-]")),
+        Some(_) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "X-Request-Id must be 1-64 chars of [A-Za-z0-9_.:-]",
+            ))
+        }
         None if held.embed => node.request_id(),
-        None => return Err(refuse(StatusCode::BAD_REQUEST, "bad_request", "a forwarded hop needs X-Request-Id")),
+        None => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "a forwarded hop needs X-Request-Id",
+            ))
+        }
     };
     let route = route_h.unwrap_or_default();
     let session_name = session_h.clone().unwrap_or_default();
@@ -113,44 +175,114 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
 
     let input = if held.embed {
         if let Some(v) = &node.grant {
-            let g = grant_h.ok_or_else(|| refuse(StatusCode::UNAUTHORIZED, "grant_required", format!("this entry requires a monster-guard grant in {}", wire::H_GRANT)))?;
-            v.verify_header(&g, crate::grant::now_s()).map_err(|e| refuse(StatusCode::FORBIDDEN, "grant_refused", e.to_string()))?;
+            let g = grant_h.ok_or_else(|| {
+                refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "grant_required",
+                    format!(
+                        "this entry requires a monster-guard grant in {}",
+                        wire::H_GRANT
+                    ),
+                )
+            })?;
+            v.verify_header(&g, crate::grant::now_s())
+                .map_err(|e| refuse(StatusCode::FORBIDDEN, "grant_refused", e.to_string()))?;
         }
-        let r: wire::ChainRequest = serde_json::from_slice(&body).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_json", format!("the entry takes {{\"tokens\": [...]}}: {e}")))?;
+        let r: wire::ChainRequest = serde_json::from_slice(&body).map_err(|e| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_json",
+                format!("the entry takes {{\"tokens\": [...]}}: {e}"),
+            )
+        })?;
         if r.tokens.is_empty() {
-            return Err(refuse(StatusCode::BAD_REQUEST, "bad_request", "tokens must not be empty"));
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "tokens must not be empty",
+            ));
         }
         Input::Tokens(r.tokens)
     } else {
         let from = match from_h.as_deref().map(str::parse::<u32>) {
             Some(Ok(f)) => f,
-            Some(Err(_)) => return Err(refuse(StatusCode::BAD_REQUEST, "bad_request", "X-From-Layer is not a number")),
+            Some(Err(_)) => {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "X-From-Layer is not a number",
+                ))
+            }
             None => held.layers.start,
         };
         if from != held.layers.start {
             return Err(refuse(
                 StatusCode::CONFLICT,
                 "wrong_hop",
-                format!("residual is at layer {from} but node {} runs {}-{}", node.node_id, held.layers.start, held.layers.end),
+                format!(
+                    "residual is at layer {from} but node {} runs {}-{}",
+                    node.node_id, held.layers.start, held.layers.end
+                ),
             ));
         }
         let plain: Vec<u8> = match (&node.key, seal_h.as_deref()) {
             (Some(key), Some("v1")) => {
                 let t = Instant::now();
-                let ts: u64 = ts_h.as_deref().and_then(|v| v.parse().ok()).ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad_seal", "sealed request without a numeric X-Seal-Ts"))?;
-                let ctx = SealContext { request_id: &request_id, from_layer: from, session: &session_name, pos: pos_n, ts_ms: ts, route: &route };
+                let ts: u64 = ts_h
+                    .as_deref()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| {
+                        refuse(
+                            StatusCode::BAD_REQUEST,
+                            "bad_seal",
+                            "sealed request without a numeric X-Seal-Ts",
+                        )
+                    })?;
+                let ctx = SealContext {
+                    request_id: &request_id,
+                    from_layer: from,
+                    session: &session_name,
+                    pos: pos_n,
+                    ts_ms: ts,
+                    route: &route,
+                };
                 let (plain, nonce) = key.open(&body, &ctx).map_err(seal_refusal)?;
                 node.replay.accept(nonce, ts).map_err(seal_refusal)?;
                 seal_ms += t.elapsed().as_secs_f64() * 1e3;
                 plain
             }
-            (Some(_), _) => return Err(refuse(StatusCode::UNAUTHORIZED, "unsealed", format!("node {} is in a sealed mesh and refuses an unsealed residual", node.node_id))),
-            (None, Some(_)) => return Err(refuse(StatusCode::BAD_REQUEST, "no_key", format!("node {} has no mesh key and cannot open a sealed residual", node.node_id))),
+            (Some(_), _) => {
+                return Err(refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "unsealed",
+                    format!(
+                        "node {} is in a sealed mesh and refuses an unsealed residual",
+                        node.node_id
+                    ),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    "no_key",
+                    format!(
+                        "node {} has no mesh key and cannot open a sealed residual",
+                        node.node_id
+                    ),
+                ))
+            }
             (None, None) => body.to_vec(),
         };
         let hidden = st.model().cfg.hidden;
         if plain.is_empty() || plain.len() % (hidden * 4) != 0 {
-            return Err(refuse(StatusCode::BAD_REQUEST, "bad_residual", format!("residual of {} bytes is not whole rows of {hidden} f32", plain.len())));
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_residual",
+                format!(
+                    "residual of {} bytes is not whole rows of {hidden} f32",
+                    plain.len()
+                ),
+            ));
         }
         Input::Residual(wire::decode_f32(&plain).unwrap_or_default())
     };
@@ -164,21 +296,45 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         };
         let range = held.layers;
         if !range.is_empty() {
-            with_session(&st, session, pos, range.start as usize, |m, s| m.forward(s, &mut x, range))?;
+            with_session(&st, session, pos, range.start as usize, |m, s| {
+                m.forward(s, &mut x, range)
+            })?;
         }
-        let mine = |ms: f64, seal_ms: f64| format!("{}={}-{}:{:.3}:{:.3}", node.node_id, range.start, range.end, ms, seal_ms);
+        let mine = |ms: f64, seal_ms: f64| {
+            format!(
+                "{}={}-{}:{:.3}:{:.3}",
+                node.node_id, range.start, range.end, ms, seal_ms
+            )
+        };
         if held.head {
             if !route.is_empty() {
-                return Err(refuse(StatusCode::CONFLICT, "route_past_exit", format!("node {} holds the head but X-Route names more hops: {route}", node.node_id)));
+                return Err(refuse(
+                    StatusCode::CONFLICT,
+                    "route_past_exit",
+                    format!(
+                        "node {} holds the head but X-Route names more hops: {route}",
+                        node.node_id
+                    ),
+                ));
             }
             let logits = st.model().lm_head(&x)?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
-            let mut r = if want_token {
-                let (id, v) = logits.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
-                json(StatusCode::OK, &wire::ChainToken { token: id as u32, logit: v })
-            } else {
-                binary(wire::encode_f32(&logits))
-            };
+            let mut r =
+                if want_token {
+                    let (id, v) = logits.iter().enumerate().fold(
+                        (0usize, f32::NEG_INFINITY),
+                        |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                    );
+                    json(
+                        StatusCode::OK,
+                        &wire::ChainToken {
+                            token: id as u32,
+                            logit: v,
+                        },
+                    )
+                } else {
+                    binary(wire::encode_f32(&logits))
+                };
             set(&mut r, wire::H_CHAIN_TRACE, mine(ms, seal_ms));
             set(&mut r, wire::H_REQUEST_ID, request_id);
             return Ok(r);
@@ -187,11 +343,32 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         // The next hop: the route's first URL, else the manifest successor.
         let (next_url, rest, next_name) = match route.split_once(',') {
             _ if route.is_empty() => match &node.successor {
-                Some(s) => (s.url.clone(), String::new(), format!("node {} (layers {})", s.node_id, s.layers)),
-                None => return Err(refuse(StatusCode::CONFLICT, "no_successor", format!("node {} runs {}-{} but has no successor and no X-Route", node.node_id, range.start, range.end))),
+                Some(s) => (
+                    s.url.clone(),
+                    String::new(),
+                    format!("node {} (layers {})", s.node_id, s.layers),
+                ),
+                None => {
+                    return Err(refuse(
+                        StatusCode::CONFLICT,
+                        "no_successor",
+                        format!(
+                            "node {} runs {}-{} but has no successor and no X-Route",
+                            node.node_id, range.start, range.end
+                        ),
+                    ))
+                }
             },
-            Some((a, b)) => (a.trim().to_string(), b.trim().to_string(), format!("the hop after layer {}", range.end)),
-            None => (route.trim().to_string(), String::new(), format!("the hop after layer {}", range.end)),
+            Some((a, b)) => (
+                a.trim().to_string(),
+                b.trim().to_string(),
+                format!("the hop after layer {}", range.end),
+            ),
+            None => (
+                route.trim().to_string(),
+                String::new(),
+                format!("the hop after layer {}", range.end),
+            ),
         };
         let next_url = next_url.trim_end_matches('/').to_string();
         let plain = wire::encode_f32(&x);
@@ -202,7 +379,9 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             .set(wire::H_REQUEST_ID, &request_id)
             .set(wire::H_FROM_LAYER, &range.end.to_string());
         if let Some(s) = &session_h {
-            req = req.set(wire::H_SESSION, s).set(wire::H_POS, &pos_n.to_string());
+            req = req
+                .set(wire::H_SESSION, s)
+                .set(wire::H_POS, &pos_n.to_string());
         }
         if want_token {
             req = req.set(wire::H_RETURN, "token");
@@ -214,18 +393,33 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             Some(key) => {
                 let ts0 = Instant::now();
                 let ts = seal::now_ms();
-                let ctx = SealContext { request_id: &request_id, from_layer: range.end, session: &session_name, pos: pos_n, ts_ms: ts, route: &rest };
+                let ctx = SealContext {
+                    request_id: &request_id,
+                    from_layer: range.end,
+                    session: &session_name,
+                    pos: pos_n,
+                    ts_ms: ts,
+                    route: &rest,
+                };
                 let b = key.seal(&plain, &ctx);
                 seal_ms += ts0.elapsed().as_secs_f64() * 1e3;
-                req = req.set(wire::H_SEAL, "v1").set(wire::H_SEAL_TS, &ts.to_string());
+                req = req
+                    .set(wire::H_SEAL, "v1")
+                    .set(wire::H_SEAL_TS, &ts.to_string());
                 b
             }
             None => plain,
         };
         let me = mine(compute_ms, seal_ms);
         let relay = |status: u16, r: ureq::Response| -> Resp {
-            let ct = r.header("content-type").unwrap_or("application/octet-stream").to_string();
-            let trace = r.header(wire::H_CHAIN_TRACE).map(|t| format!("{me},{t}")).unwrap_or_else(|| me.clone());
+            let ct = r
+                .header("content-type")
+                .unwrap_or("application/octet-stream")
+                .to_string();
+            let trace = r
+                .header(wire::H_CHAIN_TRACE)
+                .map(|t| format!("{me},{t}"))
+                .unwrap_or_else(|| me.clone());
             let failed = r.header(wire::H_FAILED_HOP).map(str::to_string);
             let mut b = Vec::new();
             let read = r.into_reader().take(256 << 20).read_to_end(&mut b);
@@ -250,7 +444,13 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             Err(e) => {
                 let mut r = json(
                     StatusCode::BAD_GATEWAY,
-                    &wire::ErrorBody { error: "hop_failed".into(), message: format!("{next_name} at {next_url} failed after node {} (layers {}-{}): {e}", node.node_id, range.start, range.end) },
+                    &wire::ErrorBody {
+                        error: "hop_failed".into(),
+                        message: format!(
+                            "{next_name} at {next_url} failed after node {} (layers {}-{}): {e}",
+                            node.node_id, range.start, range.end
+                        ),
+                    },
                 );
                 set(&mut r, wire::H_FAILED_HOP, next_url);
                 set(&mut r, wire::H_CHAIN_TRACE, me);

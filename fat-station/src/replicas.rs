@@ -56,10 +56,20 @@ impl ChainsFile {
 pub enum MeshError {
     /// A hop failed; names the node and range when the mesh file knows them.
     #[error("{who} failed: {why}")]
-    HopFailed { who: String, url: String, status: Option<u16>, why: String },
+    HopFailed {
+        who: String,
+        url: String,
+        status: Option<u16>,
+        why: String,
+    },
     /// A station refused the request (4xx): not a node failure, no failover.
     #[error("{url}: {status} {code}: {message}")]
-    Refused { url: String, status: u16, code: String, message: String },
+    Refused {
+        url: String,
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("{url}: bad response: {why}")]
     BadResponse { url: String, why: String },
     #[error("every chain failed; last: {0}")]
@@ -117,10 +127,20 @@ impl MeshChain {
     /// A chain; `timeout` bounds each whole step (all hops).
     pub fn new(hops: Vec<ChainHop>, timeout: Duration) -> Result<MeshChain, MeshError> {
         if hops.is_empty() {
-            return Err(MeshError::Config("a chain needs at least one station".into()));
+            return Err(MeshError::Config(
+                "a chain needs at least one station".into(),
+            ));
         }
-        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5).min(timeout)).timeout(timeout).build();
-        Ok(MeshChain { hops, agent, source_route: true, grant_hex: None })
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5).min(timeout))
+            .timeout(timeout)
+            .build();
+        Ok(MeshChain {
+            hops,
+            agent,
+            source_route: true,
+            grant_hex: None,
+        })
     }
 
     fn who(&self, url: &str) -> String {
@@ -132,10 +152,18 @@ impl MeshChain {
     }
 
     /// Sends `tokens` at `pos` of `session` (or stateless) through the chain.
-    pub fn step(&self, tokens: &[u32], session: Option<(&str, usize)>, want_logits: bool) -> Result<StepOut, MeshError> {
+    pub fn step(
+        &self,
+        tokens: &[u32],
+        session: Option<(&str, usize)>,
+        want_logits: bool,
+    ) -> Result<StepOut, MeshError> {
         let entry = self.hops[0].url.trim_end_matches('/');
         let url = format!("{entry}{}", wire::ROUTE_CHAIN);
-        let mut req = self.agent.post(&url).set("content-type", "application/json");
+        let mut req = self
+            .agent
+            .post(&url)
+            .set("content-type", "application/json");
         if !want_logits {
             req = req.set(wire::H_RETURN, "token");
         }
@@ -143,13 +171,19 @@ impl MeshChain {
             req = req.set(wire::H_SESSION, s).set(wire::H_POS, &p.to_string());
         }
         if self.source_route && self.hops.len() > 1 {
-            let route: Vec<&str> = self.hops[1..].iter().map(|h| h.url.trim_end_matches('/')).collect();
+            let route: Vec<&str> = self.hops[1..]
+                .iter()
+                .map(|h| h.url.trim_end_matches('/'))
+                .collect();
             req = req.set(wire::H_ROUTE, &route.join(","));
         }
         if let Some(g) = &self.grant_hex {
             req = req.set(wire::H_GRANT, g);
         }
-        let body = serde_json::to_vec(&wire::ChainRequest { tokens: tokens.to_vec() }).map_err(|e| MeshError::Config(e.to_string()))?;
+        let body = serde_json::to_vec(&wire::ChainRequest {
+            tokens: tokens.to_vec(),
+        })
+        .map_err(|e| MeshError::Config(e.to_string()))?;
         let t = Instant::now();
         let resp = match req.send_bytes(&body) {
             Ok(r) => r,
@@ -162,24 +196,75 @@ impl MeshChain {
                 };
                 if status >= 500 {
                     let u = failed.unwrap_or_else(|| entry.to_string());
-                    return Err(MeshError::HopFailed { who: self.who(&u), url: u, status: Some(status), why: format!("{status} {code}: {message}") });
+                    return Err(MeshError::HopFailed {
+                        who: self.who(&u),
+                        url: u,
+                        status: Some(status),
+                        why: format!("{status} {code}: {message}"),
+                    });
                 }
-                return Err(MeshError::Refused { url, status, code, message });
+                return Err(MeshError::Refused {
+                    url,
+                    status,
+                    code,
+                    message,
+                });
             }
-            Err(e) => return Err(MeshError::HopFailed { who: self.who(entry), url: entry.to_string(), status: None, why: e.to_string() }),
+            Err(e) => {
+                return Err(MeshError::HopFailed {
+                    who: self.who(entry),
+                    url: entry.to_string(),
+                    status: None,
+                    why: e.to_string(),
+                })
+            }
         };
-        let trace = resp.header(wire::H_CHAIN_TRACE).map(parse_trace).unwrap_or_default();
-        let bad = |why: String| MeshError::BadResponse { url: url.clone(), why };
+        let trace = resp
+            .header(wire::H_CHAIN_TRACE)
+            .map(parse_trace)
+            .unwrap_or_default();
+        let bad = |why: String| MeshError::BadResponse {
+            url: url.clone(),
+            why,
+        };
         let mut b = Vec::new();
-        resp.into_reader().take(64 << 20).read_to_end(&mut b).map_err(|e| bad(e.to_string()))?;
+        resp.into_reader()
+            .take(64 << 20)
+            .read_to_end(&mut b)
+            .map_err(|e| bad(e.to_string()))?;
         let wall_ms = t.elapsed().as_secs_f64() * 1e3;
         if want_logits {
-            let logits = wire::decode_f32(&b).filter(|l| !l.is_empty()).ok_or_else(|| bad(format!("{} bytes is not logits", b.len())))?;
-            let (token, logit) = logits.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
-            Ok(StepOut { token: token as u32, logit, logits: Some(logits), trace, wall_ms })
+            let logits = wire::decode_f32(&b)
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| bad(format!("{} bytes is not logits", b.len())))?;
+            let (token, logit) =
+                logits
+                    .iter()
+                    .enumerate()
+                    .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+                        if v > b.1 {
+                            (i, v)
+                        } else {
+                            b
+                        }
+                    });
+            Ok(StepOut {
+                token: token as u32,
+                logit,
+                logits: Some(logits),
+                trace,
+                wall_ms,
+            })
         } else {
-            let t: wire::ChainToken = serde_json::from_slice(&b).map_err(|e| bad(format!("invalid JSON: {e}")))?;
-            Ok(StepOut { token: t.token, logit: t.logit, logits: None, trace, wall_ms })
+            let t: wire::ChainToken =
+                serde_json::from_slice(&b).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            Ok(StepOut {
+                token: t.token,
+                logit: t.logit,
+                logits: None,
+                trace,
+                wall_ms,
+            })
         }
     }
 }
@@ -216,15 +301,33 @@ impl ReplicaSet {
             return Err(MeshError::Config("no chains".into()));
         }
         if !wire::valid_session_id(session) || session.len() > 48 {
-            return Err(MeshError::Config(format!("session id {session:?} must be 1-48 chars of [A-Za-z0-9_.:-]")));
+            return Err(MeshError::Config(format!(
+                "session id {session:?} must be 1-48 chars of [A-Za-z0-9_.:-]"
+            )));
         }
         let n = chains.len();
-        Ok(ReplicaSet { chains, dead: vec![false; n], active: 0, synced: 0, session_base: session.into(), epoch: 0, failovers: Vec::new() })
+        Ok(ReplicaSet {
+            chains,
+            dead: vec![false; n],
+            active: 0,
+            synced: 0,
+            session_base: session.into(),
+            epoch: 0,
+            failovers: Vec::new(),
+        })
     }
 
     /// From a chains file.
-    pub fn from_file(f: &ChainsFile, timeout: Duration, session: &str) -> Result<ReplicaSet, MeshError> {
-        let chains = f.all_chains().into_iter().map(|c| MeshChain::new(c, timeout)).collect::<Result<Vec<_>, _>>()?;
+    pub fn from_file(
+        f: &ChainsFile,
+        timeout: Duration,
+        session: &str,
+    ) -> Result<ReplicaSet, MeshError> {
+        let chains = f
+            .all_chains()
+            .into_iter()
+            .map(|c| MeshChain::new(c, timeout))
+            .collect::<Result<Vec<_>, _>>()?;
         ReplicaSet::new(chains, session)
     }
 
@@ -267,11 +370,27 @@ impl ReplicaSet {
                 }
                 Err(e) if e.is_node_failure() => {
                     self.dead[self.active] = true;
-                    let Some(next) = (0..self.chains.len()).map(|i| (self.active + 1 + i) % self.chains.len()).find(|&i| !self.dead[i]) else {
-                        return Err(if self.chains.len() == 1 { e } else { MeshError::AllFailed(Box::new(e)) });
+                    let Some(next) = (0..self.chains.len())
+                        .map(|i| (self.active + 1 + i) % self.chains.len())
+                        .find(|&i| !self.dead[i])
+                    else {
+                        return Err(if self.chains.len() == 1 {
+                            e
+                        } else {
+                            MeshError::AllFailed(Box::new(e))
+                        });
                     };
-                    tracing::warn!("chain {} failed ({e}); retrying on chain {next} with {} tokens", self.active, tokens.len());
-                    self.failovers.push(Failover { from_chain: self.active, error: e.to_string(), to_chain: next, reprefilled: tokens.len() });
+                    tracing::warn!(
+                        "chain {} failed ({e}); retrying on chain {next} with {} tokens",
+                        self.active,
+                        tokens.len()
+                    );
+                    self.failovers.push(Failover {
+                        from_chain: self.active,
+                        error: e.to_string(),
+                        to_chain: next,
+                        reprefilled: tokens.len(),
+                    });
                     self.active = next;
                     self.epoch += 1;
                     self.synced = 0;
@@ -282,7 +401,13 @@ impl ReplicaSet {
     }
 
     /// Greedy generation of `n` tokens after `prompt`; `on_token` sees each as it comes.
-    pub fn generate_greedy(&mut self, prompt: &[u32], n: usize, stop: &[u32], on_token: &mut dyn FnMut(usize, &StepOut)) -> Result<Vec<u32>, MeshError> {
+    pub fn generate_greedy(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        stop: &[u32],
+        on_token: &mut dyn FnMut(usize, &StepOut),
+    ) -> Result<Vec<u32>, MeshError> {
         let mut all = prompt.to_vec();
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
@@ -315,7 +440,15 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         drop(l);
-        let c = MeshChain::new(vec![ChainHop { node_id: "n0".into(), url, layers: "0-24".into() }], Duration::from_secs(2)).unwrap();
+        let c = MeshChain::new(
+            vec![ChainHop {
+                node_id: "n0".into(),
+                url,
+                layers: "0-24".into(),
+            }],
+            Duration::from_secs(2),
+        )
+        .unwrap();
         let mut rs = ReplicaSet::new(vec![c], "s1").unwrap();
         let t = Instant::now();
         let e = rs.next(&[1, 2, 3], false).unwrap_err().to_string();

@@ -39,7 +39,11 @@ pub enum SealError {
     #[error("replayed: this nonce was already accepted")]
     Replayed,
     #[error("stale: sealed at {ts_ms} ms, {skew_ms} ms from this station's clock (window {window_ms} ms)")]
-    Stale { ts_ms: u64, skew_ms: u64, window_ms: u64 },
+    Stale {
+        ts_ms: u64,
+        skew_ms: u64,
+        window_ms: u64,
+    },
 }
 
 /// The context a seal binds (besides the bytes).
@@ -58,7 +62,14 @@ pub struct SealContext<'a> {
 impl SealContext<'_> {
     fn aad(&self) -> Vec<u8> {
         let mut a = SEAL_DOMAIN.to_vec();
-        for part in [self.request_id, &self.from_layer.to_string(), self.session, &self.pos.to_string(), &self.ts_ms.to_string(), self.route] {
+        for part in [
+            self.request_id,
+            &self.from_layer.to_string(),
+            self.session,
+            &self.pos.to_string(),
+            &self.ts_ms.to_string(),
+            self.route,
+        ] {
             a.extend_from_slice(part.as_bytes());
             a.push(0);
         }
@@ -81,19 +92,38 @@ impl std::fmt::Debug for MeshKey {
 impl MeshKey {
     /// A key from its 32 bytes.
     pub fn from_bytes(k: &[u8; 32]) -> MeshKey {
-        MeshKey { cipher: ChaCha20Poly1305::new(Key::from_slice(k)) }
+        MeshKey {
+            cipher: ChaCha20Poly1305::new(Key::from_slice(k)),
+        }
     }
 
     /// Reads a key file: exactly 32 raw bytes (`head -c 32 /dev/urandom > key`) or 64 hex
     /// characters (optionally followed by a newline).
     pub fn load(path: &Path) -> Result<MeshKey, SealError> {
-        let err = |why: String| SealError::Key { path: path.display().to_string(), why };
+        let err = |why: String| SealError::Key {
+            path: path.display().to_string(),
+            why,
+        };
         let b = std::fs::read(path).map_err(|e| err(e.to_string()))?;
         let raw: [u8; 32] = if b.len() == 32 {
-            b.as_slice().try_into().map_err(|_| err("not 32 bytes".into()))?
+            b.as_slice()
+                .try_into()
+                .map_err(|_| err("not 32 bytes".into()))?
         } else {
-            let t = std::str::from_utf8(&b).map_err(|_| err(format!("{} bytes: expected 32 raw bytes or 64 hex characters", b.len())))?.trim();
-            unhex32(t).ok_or_else(|| err(format!("{} bytes: expected 32 raw bytes or 64 hex characters", b.len())))?
+            let t = std::str::from_utf8(&b)
+                .map_err(|_| {
+                    err(format!(
+                        "{} bytes: expected 32 raw bytes or 64 hex characters",
+                        b.len()
+                    ))
+                })?
+                .trim();
+            unhex32(t).ok_or_else(|| {
+                err(format!(
+                    "{} bytes: expected 32 raw bytes or 64 hex characters",
+                    b.len()
+                ))
+            })?
         };
         Ok(MeshKey::from_bytes(&raw))
     }
@@ -103,7 +133,16 @@ impl MeshKey {
         let nonce = ChaCha20Poly1305::generate_nonce(&mut OsRng);
         let aad = ctx.aad();
         // Encryption with a valid key and nonce cannot fail for in-memory buffers.
-        let ct = self.cipher.encrypt(&nonce, Payload { msg: plain, aad: &aad }).unwrap_or_default();
+        let ct = self
+            .cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: plain,
+                    aad: &aad,
+                },
+            )
+            .unwrap_or_default();
         let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&ct);
@@ -111,13 +150,20 @@ impl MeshKey {
     }
 
     /// Verifies and decrypts; returns the plaintext and the nonce (for the replay window).
-    pub fn open(&self, sealed: &[u8], ctx: &SealContext) -> Result<(Vec<u8>, [u8; NONCE_LEN]), SealError> {
+    pub fn open(
+        &self,
+        sealed: &[u8],
+        ctx: &SealContext,
+    ) -> Result<(Vec<u8>, [u8; NONCE_LEN]), SealError> {
         if sealed.len() < NONCE_LEN + TAG_LEN {
             return Err(SealError::Short(sealed.len()));
         }
         let (n, ct) = sealed.split_at(NONCE_LEN);
         let aad = ctx.aad();
-        let plain = self.cipher.decrypt(Nonce::from_slice(n), Payload { msg: ct, aad: &aad }).map_err(|_| SealError::Tampered)?;
+        let plain = self
+            .cipher
+            .decrypt(Nonce::from_slice(n), Payload { msg: ct, aad: &aad })
+            .map_err(|_| SealError::Tampered)?;
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(n);
         Ok((plain, nonce))
@@ -137,7 +183,10 @@ fn unhex32(s: &str) -> Option<[u8; 32]> {
 
 /// Unix milliseconds now.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Nonces accepted in the last `window`, per station: a repeat, or a timestamp outside the
@@ -150,7 +199,10 @@ pub struct ReplayWindow {
 impl ReplayWindow {
     /// A window of `window` either side of this station's clock.
     pub fn new(window: Duration) -> Self {
-        ReplayWindow { window, seen: Mutex::new(HashMap::new()) }
+        ReplayWindow {
+            window,
+            seen: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Accepts `nonce` sealed at `ts_ms`, or refuses it.
@@ -159,7 +211,11 @@ impl ReplayWindow {
         let w = self.window.as_millis() as u64;
         let skew = now.abs_diff(ts_ms);
         if skew > w {
-            return Err(SealError::Stale { ts_ms, skew_ms: skew, window_ms: w });
+            return Err(SealError::Stale {
+                ts_ms,
+                skew_ms: skew,
+                window_ms: w,
+            });
         }
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         // Anything sealed before now - window is refused as stale, so it can be forgotten.
@@ -176,7 +232,14 @@ mod tests {
     use super::*;
 
     fn ctx(ts: u64) -> SealContext<'static> {
-        SealContext { request_id: "r1", from_layer: 8, session: "s", pos: 5, ts_ms: ts, route: "" }
+        SealContext {
+            request_id: "r1",
+            from_layer: 8,
+            session: "s",
+            pos: 5,
+            ts_ms: ts,
+            route: "",
+        }
     }
 
     #[test]
@@ -188,23 +251,50 @@ mod tests {
         assert_eq!(s.len(), NONCE_LEN + plain.len() + TAG_LEN);
         assert_eq!(k.open(&s, &ctx(ts)).unwrap().0, plain);
         let variants = [
-            SealContext { request_id: "r2", ..ctx(ts) },
-            SealContext { from_layer: 9, ..ctx(ts) },
-            SealContext { session: "t", ..ctx(ts) },
+            SealContext {
+                request_id: "r2",
+                ..ctx(ts)
+            },
+            SealContext {
+                from_layer: 9,
+                ..ctx(ts)
+            },
+            SealContext {
+                session: "t",
+                ..ctx(ts)
+            },
             SealContext { pos: 6, ..ctx(ts) },
-            SealContext { ts_ms: ts + 1, ..ctx(ts) },
-            SealContext { route: "http://x", ..ctx(ts) },
+            SealContext {
+                ts_ms: ts + 1,
+                ..ctx(ts)
+            },
+            SealContext {
+                route: "http://x",
+                ..ctx(ts)
+            },
         ];
         for v in variants {
-            assert!(matches!(k.open(&s, &v), Err(SealError::Tampered)), "{v:?} must not verify");
+            assert!(
+                matches!(k.open(&s, &v), Err(SealError::Tampered)),
+                "{v:?} must not verify"
+            );
         }
         for i in 0..s.len() {
             let mut t = s.clone();
             t[i] ^= 1;
-            assert!(k.open(&t, &ctx(ts)).is_err(), "flipped byte {i} must not verify");
+            assert!(
+                k.open(&t, &ctx(ts)).is_err(),
+                "flipped byte {i} must not verify"
+            );
         }
-        assert!(matches!(MeshKey::from_bytes(&[8u8; 32]).open(&s, &ctx(ts)), Err(SealError::Tampered)));
-        assert!(matches!(k.open(&s[..20], &ctx(ts)), Err(SealError::Short(20))));
+        assert!(matches!(
+            MeshKey::from_bytes(&[8u8; 32]).open(&s, &ctx(ts)),
+            Err(SealError::Tampered)
+        ));
+        assert!(matches!(
+            k.open(&s[..20], &ctx(ts)),
+            Err(SealError::Short(20))
+        ));
     }
 
     #[test]
@@ -214,8 +304,14 @@ mod tests {
         w.accept([1; 12], now).unwrap();
         assert!(matches!(w.accept([1; 12], now), Err(SealError::Replayed)));
         w.accept([2; 12], now).unwrap();
-        assert!(matches!(w.accept([3; 12], now - 60_000), Err(SealError::Stale { .. })));
-        assert!(matches!(w.accept([3; 12], now + 60_000), Err(SealError::Stale { .. })));
+        assert!(matches!(
+            w.accept([3; 12], now - 60_000),
+            Err(SealError::Stale { .. })
+        ));
+        assert!(matches!(
+            w.accept([3; 12], now + 60_000),
+            Err(SealError::Stale { .. })
+        ));
     }
 
     #[test]
@@ -231,6 +327,9 @@ mod tests {
         assert_eq!(b.open(&s, &ctx(1)).unwrap().0, b"x");
         let bad = d.path().join("bad");
         std::fs::write(&bad, b"short").unwrap();
-        assert!(MeshKey::load(&bad).unwrap_err().to_string().contains("32 raw bytes"));
+        assert!(MeshKey::load(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("32 raw bytes"));
     }
 }

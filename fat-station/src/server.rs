@@ -40,7 +40,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_sessions: 64, session_idle: Duration::from_secs(600), max_positions: 4096, max_body: 64 << 20 }
+        Limits {
+            max_sessions: 64,
+            session_idle: Duration::from_secs(600),
+            max_positions: 4096,
+            max_body: 64 << 20,
+        }
     }
 }
 
@@ -70,8 +75,16 @@ pub(crate) struct Refusal {
     message: String,
 }
 
-pub(crate) fn refuse(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
-    Refusal { status, code, message: message.into() }
+pub(crate) fn refuse(
+    status: StatusCode,
+    code: &'static str,
+    message: impl Into<String>,
+) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.into(),
+    }
 }
 
 impl From<EngineError> for Refusal {
@@ -103,7 +116,11 @@ impl Station {
     }
 
     /// Opens `knot` for the rest of the process and loads the held part of the model.
-    pub fn open(knot: Knot, holdings: Option<crate::engine::Holdings>, limits: Limits) -> Result<Arc<Station>, EngineError> {
+    pub fn open(
+        knot: Knot,
+        holdings: Option<crate::engine::Holdings>,
+        limits: Limits,
+    ) -> Result<Arc<Station>, EngineError> {
         // Stations serve until the process exits, so the mmap is leaked on purpose: the
         // weights borrow from it with a 'static lifetime and no copies.
         let knot: &'static Knot = Box::leak(Box::new(knot));
@@ -123,7 +140,14 @@ impl Station {
     /// The mesh identity, an open node named `station` when none was set.
     pub(crate) fn mesh_node(&self) -> &crate::relay::MeshNode {
         self.mesh.get_or_init(|| {
-            crate::relay::MeshNode::new("station".into(), None, None, None, crate::relay::DEFAULT_HOP_TIMEOUT, crate::relay::DEFAULT_REPLAY_WINDOW)
+            crate::relay::MeshNode::new(
+                "station".into(),
+                None,
+                None,
+                None,
+                crate::relay::DEFAULT_HOP_TIMEOUT,
+                crate::relay::DEFAULT_REPLAY_WINDOW,
+            )
         })
     }
 
@@ -138,7 +162,8 @@ impl Station {
             let data = data.ok_or_else(|| "this model file carries no tokenizer".to_string())?;
             Tokenizer::from_data(&data).map_err(|e| e.to_string())
         });
-        t.as_ref().map_err(|e| refuse(StatusCode::NOT_FOUND, "no_tokenizer", e.clone()))
+        t.as_ref()
+            .map_err(|e| refuse(StatusCode::NOT_FOUND, "no_tokenizer", e.clone()))
     }
 
     /// What `GET /health` reports.
@@ -180,9 +205,19 @@ impl Station {
     fn session(&self, id: Option<&str>) -> Result<Option<Arc<Mutex<Session>>>, Refusal> {
         let Some(id) = id else { return Ok(None) };
         if !wire::valid_session_id(id) {
-            return Err(refuse(StatusCode::BAD_REQUEST, "bad_session", "session id must be 1-64 chars of [A-Za-z0-9_.:-]"));
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_session",
+                "session id must be 1-64 chars of [A-Za-z0-9_.:-]",
+            ));
         }
-        let mut map = self.sessions.lock().map_err(|_| refuse(StatusCode::INTERNAL_SERVER_ERROR, "poisoned", "session table poisoned"))?;
+        let mut map = self.sessions.lock().map_err(|_| {
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "poisoned",
+                "session table poisoned",
+            )
+        })?;
         let now = Instant::now();
         map.retain(|_, s| now.duration_since(s.last_used) < self.limits.session_idle);
         if !map.contains_key(id) && map.len() >= self.limits.max_sessions {
@@ -196,11 +231,19 @@ impl Station {
                 Some(k) => {
                     map.remove(&k);
                 }
-                None => return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "too_many_sessions", "all sessions are busy")),
+                None => {
+                    return Err(refuse(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "too_many_sessions",
+                        "all sessions are busy",
+                    ))
+                }
             }
         }
         let slot = map.entry(id.to_string()).or_insert_with(|| SessionSlot {
-            session: Arc::new(Mutex::new(self.model.new_session(self.limits.max_positions))),
+            session: Arc::new(Mutex::new(
+                self.model.new_session(self.limits.max_positions),
+            )),
             last_used: now,
         });
         slot.last_used = now;
@@ -209,7 +252,11 @@ impl Station {
 }
 
 /// Serves on `listener` until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, station: Arc<Station>, shutdown: impl std::future::Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    station: Arc<Station>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -247,7 +294,13 @@ async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infall
         Ok(r) => r,
         Err(e) => {
             debug!("{method} {path} -> {} {}", e.status, e.message);
-            json(e.status, &ErrorBody { error: e.code.into(), message: e.message })
+            json(
+                e.status,
+                &ErrorBody {
+                    error: e.code.into(),
+                    message: e.message,
+                },
+            )
         }
     })
 }
@@ -266,7 +319,11 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
         (&Method::POST, wire::ROUTE_EMBED) => {
             let body: wire::EmbedRequest = read_json(&st, req).await?;
             if body.tokens.is_empty() {
-                return Err(refuse(StatusCode::BAD_REQUEST, "bad_request", "tokens must not be empty"));
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "tokens must not be empty",
+                ));
             }
             compute(move || {
                 let t = Instant::now();
@@ -283,24 +340,40 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             let pos_h = header(&req, wire::H_POS);
             let session_h = header(&req, wire::H_SESSION);
             let bytes = read_body(&st, req).await?;
-            let range = range_h
-                .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad_request", "missing header X-Layer-Range: a-b"))?;
+            let range = range_h.ok_or_else(|| {
+                refuse(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "missing header X-Layer-Range: a-b",
+                )
+            })?;
             let range = LayerRange::parse(&range)
                 .filter(|r| !r.is_empty())
-                .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad_range", format!("X-Layer-Range {range:?} is not a non-empty a-b")))?;
+                .ok_or_else(|| {
+                    refuse(
+                        StatusCode::BAD_REQUEST,
+                        "bad_range",
+                        format!("X-Layer-Range {range:?} is not a non-empty a-b"),
+                    )
+                })?;
             let held = st.model.holdings().layers;
             if !held.contains_range(&range) {
                 return Err(refuse(
                     StatusCode::NOT_FOUND,
                     "not_held",
-                    format!("this station holds layers {}-{}, not {}-{}", held.start, held.end, range.start, range.end),
+                    format!(
+                        "this station holds layers {}-{}, not {}-{}",
+                        held.start, held.end, range.start, range.end
+                    ),
                 ));
             }
             let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
             let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
             compute(move || {
                 let t = Instant::now();
-                let start = with_session(&st, session, pos, range.start as usize, |model, s| model.forward(s, &mut x, range))?;
+                let start = with_session(&st, session, pos, range.start as usize, |model, s| {
+                    model.forward(s, &mut x, range)
+                })?;
                 let mut r = residual_response(&x, st.model.cfg.hidden, t, f16);
                 set(&mut r, wire::H_START_POS, start.to_string());
                 Ok(r)
@@ -322,14 +395,22 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
         }
         (&Method::GET, wire::ROUTE_TOKENIZER) => {
             let tok = st.tokenizer()?;
-            let template = st.model.knot().tokenizer().ok().flatten().and_then(|d| d.chat_template);
+            let template = st
+                .model
+                .knot()
+                .tokenizer()
+                .ok()
+                .flatten()
+                .and_then(|d| d.chat_template);
             Ok(json(
                 StatusCode::OK,
                 &wire::TokenizerInfo {
                     vocab: tok.vocab_size() as u32,
                     bos_id: tok.bos_id(),
                     eos_id: tok.eos_id(),
-                    eog_ids: (0..tok.vocab_size() as u32).filter(|&i| tok.is_eog(i)).collect(),
+                    eog_ids: (0..tok.vocab_size() as u32)
+                        .filter(|&i| tok.is_eog(i))
+                        .collect(),
                     add_bos: tok.add_bos_default(),
                     chat_template: template,
                 },
@@ -339,20 +420,57 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             let body: wire::TokenizeRequest = read_json(&st, req).await?;
             let tok = st.tokenizer()?;
             let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
-            Ok(json(StatusCode::OK, &wire::Tokens { tokens: tok.encode(&body.text, add_bos) }))
+            Ok(json(
+                StatusCode::OK,
+                &wire::Tokens {
+                    tokens: tok.encode(&body.text, add_bos),
+                },
+            ))
         }
         (&Method::POST, wire::ROUTE_DETOKENIZE) => {
             let body: wire::Tokens = read_json(&st, req).await?;
             let tok = st.tokenizer()?;
-            if let Some(bad) = body.tokens.iter().find(|&&t| t as usize >= tok.vocab_size()) {
-                return Err(refuse(StatusCode::BAD_REQUEST, "bad_token", format!("token id {bad} is outside the vocabulary ({})", tok.vocab_size())));
+            if let Some(bad) = body
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= tok.vocab_size())
+            {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    "bad_token",
+                    format!(
+                        "token id {bad} is outside the vocabulary ({})",
+                        tok.vocab_size()
+                    ),
+                ));
             }
-            Ok(json(StatusCode::OK, &wire::Text { text: tok.decode(&body.tokens) }))
+            Ok(json(
+                StatusCode::OK,
+                &wire::Text {
+                    text: tok.decode(&body.tokens),
+                },
+            ))
         }
-        (_, p @ (wire::ROUTE_HEALTH | wire::ROUTE_TOKENIZER | wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD | wire::ROUTE_TOKENIZE | wire::ROUTE_DETOKENIZE | wire::ROUTE_CHAIN)) => {
-            Err(refuse(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{} is not allowed on {p}", req.method())))
-        }
-        (_, p) => Err(refuse(StatusCode::NOT_FOUND, "not_found", format!("no route {p}"))),
+        (
+            _,
+            p @ (wire::ROUTE_HEALTH
+            | wire::ROUTE_TOKENIZER
+            | wire::ROUTE_EMBED
+            | wire::ROUTE_FORWARD
+            | wire::ROUTE_LM_HEAD
+            | wire::ROUTE_TOKENIZE
+            | wire::ROUTE_DETOKENIZE
+            | wire::ROUTE_CHAIN),
+        ) => Err(refuse(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} is not allowed on {p}", req.method()),
+        )),
+        (_, p) => Err(refuse(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route {p}"),
+        )),
     }
 }
 
@@ -368,17 +486,31 @@ pub(crate) fn with_session<T>(
     match session {
         None => {
             if let Some(p) = pos.filter(|&p| p != 0) {
-                return Err(refuse(StatusCode::CONFLICT, "unknown_session", format!("X-Pos {p} needs an X-Session holding earlier positions")));
+                return Err(refuse(
+                    StatusCode::CONFLICT,
+                    "unknown_session",
+                    format!("X-Pos {p} needs an X-Session holding earlier positions"),
+                ));
             }
             let mut s = st.model.new_session(st.limits.max_positions);
             Ok(f(&st.model, &mut s)?)
         }
         Some(s) => {
-            let mut s = s.try_lock().map_err(|_| refuse(StatusCode::CONFLICT, "session_busy", "another request is using this session"))?;
+            let mut s = s.try_lock().map_err(|_| {
+                refuse(
+                    StatusCode::CONFLICT,
+                    "session_busy",
+                    "another request is using this session",
+                )
+            })?;
             if let Some(p) = pos {
                 let have = s.positions(first_layer, kv_dim).unwrap_or(0);
                 if p > have {
-                    return Err(refuse(StatusCode::CONFLICT, "session_mismatch", format!("X-Pos {p} but the session holds {have} positions")));
+                    return Err(refuse(
+                        StatusCode::CONFLICT,
+                        "session_mismatch",
+                        format!("X-Pos {p} but the session holds {have} positions"),
+                    ));
                 }
                 if p < have {
                     s.truncate(p, kv_dim);
@@ -389,28 +521,58 @@ pub(crate) fn with_session<T>(
     }
 }
 
-pub(crate) fn session_of(st: &Station, session: Option<&str>, pos: Option<&str>) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
+pub(crate) fn session_of(
+    st: &Station,
+    session: Option<&str>,
+    pos: Option<&str>,
+) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
     let pos = match pos {
-        Some(p) => Some(p.trim().parse::<usize>().map_err(|_| refuse(StatusCode::BAD_REQUEST, "bad_request", format!("X-Pos {p:?} is not a number")))?),
+        Some(p) => Some(p.trim().parse::<usize>().map_err(|_| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("X-Pos {p:?} is not a number"),
+            )
+        })?),
         None => None,
     };
     Ok((st.session(session)?, pos))
 }
 
-pub(crate) async fn compute(f: impl FnOnce() -> Result<Resp, Refusal> + Send + 'static) -> Result<Resp, Refusal> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("compute task failed: {e}")))?
+pub(crate) async fn compute(
+    f: impl FnOnce() -> Result<Resp, Refusal> + Send + 'static,
+) -> Result<Resp, Refusal> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("compute task failed: {e}"),
+        )
+    })?
 }
 
 pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
-    req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<Bytes, Refusal> {
     let max = st.limits.max_body;
-    let too_large = || refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("body exceeds {max} bytes"));
-    if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
+    let too_large = || {
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("body exceeds {max} bytes"),
+        )
+    };
+    if let Some(len) = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         if len > max {
             return Err(too_large());
         }
@@ -418,13 +580,26 @@ pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<By
     match Limited::new(req.into_body(), max).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(refuse(StatusCode::BAD_REQUEST, "bad_request", format!("reading body: {e}"))),
+        Err(e) => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("reading body: {e}"),
+        )),
     }
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(st: &Station, req: Request<Incoming>) -> Result<T, Refusal> {
+async fn read_json<T: serde::de::DeserializeOwned>(
+    st: &Station,
+    req: Request<Incoming>,
+) -> Result<T, Refusal> {
     let b = read_body(st, req).await?;
-    serde_json::from_slice(&b).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_json", format!("invalid JSON body: {e}")))
+    serde_json::from_slice(&b).map_err(|e| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_json",
+            format!("invalid JSON body: {e}"),
+        )
+    })
 }
 
 fn decode_residual(b: &[u8], f16: bool, hidden: usize) -> Result<Vec<f32>, Refusal> {
@@ -434,10 +609,18 @@ fn decode_residual(b: &[u8], f16: bool, hidden: usize) -> Result<Vec<f32>, Refus
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             "bad_residual",
-            format!("residual of {} bytes is not a whole number of rows of {hidden} x {} bytes", b.len(), width),
+            format!(
+                "residual of {} bytes is not a whole number of rows of {hidden} x {} bytes",
+                b.len(),
+                width
+            ),
         ));
     }
-    let x = if f16 { wire::decode_f16(b) } else { wire::decode_f32(b) };
+    let x = if f16 {
+        wire::decode_f16(b)
+    } else {
+        wire::decode_f32(b)
+    };
     x.ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad_residual", "ragged residual"))
 }
 
@@ -453,12 +636,19 @@ pub(crate) fn set(r: &mut Resp, name: &'static str, v: String) {
 
 pub(crate) fn binary(b: Vec<u8>) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from(b)));
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     r
 }
 
 fn residual_response(x: &[f32], hidden: usize, t: Instant, f16: bool) -> Resp {
-    let mut r = binary(if f16 { wire::encode_f16(x) } else { wire::encode_f32(x) });
+    let mut r = binary(if f16 {
+        wire::encode_f16(x)
+    } else {
+        wire::encode_f32(x)
+    });
     set(&mut r, wire::H_COMPUTE_MS, ms(t));
     set(&mut r, wire::H_SEQ, (x.len() / hidden).to_string());
     set(&mut r, wire::H_HIDDEN, hidden.to_string());
@@ -472,6 +662,7 @@ pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Resp {
     let body = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }

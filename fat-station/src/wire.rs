@@ -152,22 +152,34 @@ pub fn encode_f32(x: &[f32]) -> Vec<u8> {
 
 /// Decodes little-endian f32 bytes; `None` when the length is not a multiple of 4.
 pub fn decode_f32(b: &[u8]) -> Option<Vec<f32>> {
-    (b.len() % 4 == 0).then(|| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    (b.len() % 4 == 0).then(|| {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    })
 }
 
 /// Encodes as little-endian IEEE half floats (halves the bytes on the wire; lossy).
 pub fn encode_f16(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()
+    x.iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect()
 }
 
 /// Decodes little-endian half floats; `None` when the length is odd.
 pub fn decode_f16(b: &[u8]) -> Option<Vec<f32>> {
-    (b.len() % 2 == 0).then(|| b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
+    (b.len() % 2 == 0).then(|| {
+        b.chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect()
+    })
 }
 
 /// Checks a session id: 1..=64 chars of `[A-Za-z0-9_.:-]`.
 pub fn valid_session_id(s: &str) -> bool {
-    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b))
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b))
 }
 
 #[cfg(test)]

@@ -11,7 +11,11 @@ const PARIS_PROMPT: [u32; 5] = [785, 6722, 315, 9625, 374];
 const PARIS: usize = 12095;
 
 fn with_threads<T: Send>(n: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("thread pool").install(f)
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .expect("thread pool")
+        .install(f)
 }
 
 fn session(m: &Model<'_>) -> Session {
@@ -28,7 +32,9 @@ fn paris_logits_match_the_numpy_reference() {
     assert_eq!(argmax(&logits), PARIS, "argmax must be \" Paris\"");
 
     // Made by scripts/reference/make-golden.sh (NumPy forward over gguf's dequantizers, f32).
-    let golden = read_f32(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen_paris_numpy.f32"));
+    let golden = read_f32(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen_paris_numpy.f32"),
+    );
     let (rms, max) = rms_max(&logits, &golden);
     eprintln!(
         "paris: ours {:.4}, numpy {:.4}; vs numpy rms {rms:.4} max {max:.4}; top-5 ours {:?} numpy {:?}",
@@ -37,17 +43,37 @@ fn paris_logits_match_the_numpy_reference() {
         top_ids(&logits, 5),
         top_ids(&golden, 5)
     );
-    assert_eq!(top_ids(&logits, 3), top_ids(&golden, 3), "top-3 ids differ from the reference");
+    assert_eq!(
+        top_ids(&logits, 3),
+        top_ids(&golden, 3),
+        "top-3 ids differ from the reference"
+    );
     assert!(rms <= 0.15, "rms {rms} > 0.15 against the NumPy reference");
-    assert!(max <= 0.6, "max abs delta {max} > 0.6 against the NumPy reference");
+    assert!(
+        max <= 0.6,
+        "max abs delta {max} > 0.6 against the NumPy reference"
+    );
 
     // The peer: llama.cpp on the same GGUF (scripts/reference/make-llamacpp-golden.py). It
     // quantizes activations as we do but differently, so it is a bound, not an identity.
-    let peer = read_f32(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/qwen_paris_llamacpp.f32"));
+    let peer = read_f32(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/qwen_paris_llamacpp.f32"),
+    );
     let (rms, max) = rms_max(&logits, &peer);
-    eprintln!("paris: llama.cpp {:.4}; vs llama.cpp rms {rms:.4} max {max:.4}", peer[PARIS]);
-    assert_eq!(top_ids(&logits, 3), top_ids(&peer, 3), "top-3 ids differ from llama.cpp");
-    assert!(rms <= 0.2 && max <= 1.0, "too far from llama.cpp: rms {rms}, max {max}");
+    eprintln!(
+        "paris: llama.cpp {:.4}; vs llama.cpp rms {rms:.4} max {max:.4}",
+        peer[PARIS]
+    );
+    assert_eq!(
+        top_ids(&logits, 3),
+        top_ids(&peer, 3),
+        "top-3 ids differ from llama.cpp"
+    );
+    assert!(
+        rms <= 0.2 && max <= 1.0,
+        "too far from llama.cpp: rms {rms}, max {max}"
+    );
 }
 
 /// Logits for `tokens` fed in chunks of the given sizes through one session.
@@ -57,7 +83,8 @@ fn chunked(m: &Model<'_>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
     let mut logits = Vec::new();
     for &c in chunks {
         let mut x = m.embed(&tokens[at..at + c]).expect("embed");
-        m.forward(&mut s, &mut x, m.holdings().layers).expect("forward");
+        m.forward(&mut s, &mut x, m.holdings().layers)
+            .expect("forward");
         logits = m.lm_head(&x).expect("head");
         at += c;
     }
@@ -78,8 +105,16 @@ fn logits_are_bit_identical_across_threads_and_chunking() {
     let four_four = with_threads(2, || chunked(&m, &tokens, &[4, 4]));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&batched), bits(&one_thread), "1 vs 2 threads differ");
-    assert_eq!(bits(&batched), bits(&by_token), "batched vs token-by-token prefill differ");
-    assert_eq!(bits(&batched), bits(&four_four), "batched vs 4+4 through the KV cache differ");
+    assert_eq!(
+        bits(&batched),
+        bits(&by_token),
+        "batched vs token-by-token prefill differ"
+    );
+    assert_eq!(
+        bits(&batched),
+        bits(&four_four),
+        "batched vs 4+4 through the KV cache differ"
+    );
 }
 
 #[test]

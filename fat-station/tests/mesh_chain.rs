@@ -34,14 +34,27 @@ impl Drop for Node {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 fn start(args: &[&str]) -> Node {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station")).args(args).stdout(Stdio::piped()).spawn().expect("spawn fat-station");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn fat-station");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read ready line");
-    let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_else(|| panic!("no url in {line:?}")).to_string();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read ready line");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no url in {line:?}"))
+        .to_string();
     Node { child, url }
 }
 
@@ -55,7 +68,11 @@ fn write_manifests(dir: &Path, knot: &Path, model_hash: &str, ports: &[u16]) {
             let role = ["entry", "mid", "exit"][i];
             let successor = if i < 2 {
                 let (na, nb) = RANGES[i + 1];
-                format!(r#"{{"node_id":"c{c}n{}","url":"http://127.0.0.1:{}","layers":"{na}-{nb}"}}"#, i + 1, ports[k + 1])
+                format!(
+                    r#"{{"node_id":"c{c}n{}","url":"http://127.0.0.1:{}","layers":"{na}-{nb}"}}"#,
+                    i + 1,
+                    ports[k + 1]
+                )
             } else {
                 "null".into()
             };
@@ -92,7 +109,10 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     std::fs::write(&key_path, key_bytes).expect("key");
     let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
     write_manifests(dir.path(), &path, knot.model_hash(), &ports);
-    let beacon_port = UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("udp port").port();
+    let beacon_port = UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("udp port")
+        .port();
     let beacon_to = format!("127.0.0.1:{beacon_port}");
     let mut nodes: Vec<Option<Node>> = Vec::new();
     for c in 0..2 {
@@ -117,15 +137,29 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     }
 
     // Discovery and the ephemeral elector.
-    let heard = beacon::discover(beacon_to.parse::<SocketAddr>().expect("addr"), Duration::from_millis(1500)).expect("discover");
+    let heard = beacon::discover(
+        beacon_to.parse::<SocketAddr>().expect("addr"),
+        Duration::from_millis(1500),
+    )
+    .expect("discover");
     assert_eq!(heard.len(), 6, "all six nodes announce: {heard:?}");
-    assert!(heard.iter().all(|a| a.mesh == "sealed" && a.model_hash == knot.model_hash()));
+    assert!(heard
+        .iter()
+        .all(|a| a.mesh == "sealed" && a.model_hash == knot.model_hash()));
     let formed: ChainsFile = beacon::form(&heard, None).expect("form");
-    let ids: Vec<Vec<&str>> = formed.chains.iter().map(|c| c.iter().map(|h| h.node_id.as_str()).collect()).collect();
-    assert_eq!(ids, vec![vec!["c0n0", "c0n1", "c0n2"], vec!["c1n0", "c1n1", "c1n2"]]);
+    let ids: Vec<Vec<&str>> = formed
+        .chains
+        .iter()
+        .map(|c| c.iter().map(|h| h.node_id.as_str()).collect())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![vec!["c0n0", "c0n1", "c0n2"], vec!["c1n0", "c1n1", "c1n2"]]
+    );
 
     // Generate 16 tokens, killing chain 0's middle node after the 5th.
-    let mut rs = ReplicaSet::from_file(&formed, Duration::from_secs(120), "gen1").expect("replicas");
+    let mut rs =
+        ReplicaSet::from_file(&formed, Duration::from_secs(120), "gen1").expect("replicas");
     let mut hops_seen = 0;
     let t0 = Instant::now();
     let got = rs
@@ -137,37 +171,73 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
         })
         .expect("generation completes on the replica");
     let wall = t0.elapsed();
-    assert_eq!(got, want, "mesh tokens equal the single-process greedy tokens");
-    assert_eq!(hops_seen, 3, "one request per token went through three nodes");
+    assert_eq!(
+        got, want,
+        "mesh tokens equal the single-process greedy tokens"
+    );
+    assert_eq!(
+        hops_seen, 3,
+        "one request per token went through three nodes"
+    );
     assert_eq!(rs.failovers.len(), 1, "exactly one failover");
     let f = &rs.failovers[0];
-    assert_eq!((f.from_chain, f.to_chain, f.reprefilled), (0, 1, PROMPT.len() + 5));
-    assert!(f.error.contains("c0n1") && f.error.contains("8-16"), "failover names the dead node and range: {}", f.error);
+    assert_eq!(
+        (f.from_chain, f.to_chain, f.reprefilled),
+        (0, 1, PROMPT.len() + 5)
+    );
+    assert!(
+        f.error.contains("c0n1") && f.error.contains("8-16"),
+        "failover names the dead node and range: {}",
+        f.error
+    );
     eprintln!("16 tokens with one failover in {:.1} s", wall.as_secs_f64());
 
     // Without a replica the failure is reported, naming node and range, promptly.
     let chain0 = MeshChain::new(formed.chains[0].clone(), Duration::from_secs(30)).expect("chain");
     let mut lone = ReplicaSet::new(vec![chain0], "gen2").expect("one chain");
     let t = Instant::now();
-    let e = lone.next(&PROMPT, false).expect_err("chain 0 is broken").to_string();
+    let e = lone
+        .next(&PROMPT, false)
+        .expect_err("chain 0 is broken")
+        .to_string();
     assert!(e.contains("node c0n1 (layers 8-16)"), "{e}");
-    assert!(t.elapsed() < Duration::from_secs(20), "failure reported promptly");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "failure reported promptly"
+    );
 
     // Sealed residuals at chain 1's exit (16-24): valid, replayed, tampered, unsealed.
     let exit = nodes[5].as_ref().expect("c1n2").url.clone();
     let mut sess = model.new_session(64);
     let mut x = model.embed(&PROMPT).expect("embed");
-    model.forward(&mut sess, &mut x, LayerRange::new(0, 16)).expect("forward 0-16");
+    model
+        .forward(&mut sess, &mut x, LayerRange::new(0, 16))
+        .expect("forward 0-16");
     let plain = wire::encode_f32(&x);
     let key = MeshKey::from_bytes(&key_bytes);
     let ts = seal::now_ms();
-    let ctx = SealContext { request_id: "t-1", from_layer: 16, session: "", pos: 0, ts_ms: ts, route: "" };
+    let ctx = SealContext {
+        request_id: "t-1",
+        from_layer: 16,
+        session: "",
+        pos: 0,
+        ts_ms: ts,
+        route: "",
+    };
     let sealed = key.seal(&plain, &ctx);
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .build();
     let post = |body: &[u8], sealed: bool| -> (u16, String) {
-        let mut r = agent.post(&format!("{exit}/chain")).set(wire::H_REQUEST_ID, "t-1").set(wire::H_FROM_LAYER, "16").set(wire::H_RETURN, "token");
+        let mut r = agent
+            .post(&format!("{exit}/chain"))
+            .set(wire::H_REQUEST_ID, "t-1")
+            .set(wire::H_FROM_LAYER, "16")
+            .set(wire::H_RETURN, "token");
         if sealed {
-            r = r.set(wire::H_SEAL, "v1").set(wire::H_SEAL_TS, &ts.to_string());
+            r = r
+                .set(wire::H_SEAL, "v1")
+                .set(wire::H_SEAL_TS, &ts.to_string());
         }
         match r.send_bytes(body) {
             Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
@@ -188,17 +258,54 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     assert_eq!(st, 403, "a tampered residual is refused: {body}");
     let (st, body) = post(&plain, false);
     assert_eq!(st, 401, "an unsealed residual is refused: {body}");
-    let health: wire::Health = serde_json::from_str(&agent.get(&format!("{exit}/health")).call().expect("health").into_string().expect("body")).expect("json");
+    let health: wire::Health = serde_json::from_str(
+        &agent
+            .get(&format!("{exit}/health"))
+            .call()
+            .expect("health")
+            .into_string()
+            .expect("body"),
+    )
+    .expect("json");
     assert_eq!(health.mesh.as_deref(), Some("sealed"));
 
     // An open single station says so, and serves /chain in one hop.
-    let open = start(&["--knot", path.to_str().expect("utf-8"), "--listen", "127.0.0.1:0", "--threads", "1"]);
-    let h: wire::Health = serde_json::from_str(&agent.get(&format!("{}/health", open.url)).call().expect("health").into_string().expect("body")).expect("json");
+    let open = start(&[
+        "--knot",
+        path.to_str().expect("utf-8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+    ]);
+    let h: wire::Health = serde_json::from_str(
+        &agent
+            .get(&format!("{}/health", open.url))
+            .call()
+            .expect("health")
+            .into_string()
+            .expect("body"),
+    )
+    .expect("json");
     assert_eq!(h.mesh.as_deref(), Some("open"));
-    let one = MeshChain::new(vec![fat_station::replicas::ChainHop { node_id: "full".into(), url: open.url.clone(), layers: "0-24".into() }], Duration::from_secs(60)).expect("chain");
+    let one = MeshChain::new(
+        vec![fat_station::replicas::ChainHop {
+            node_id: "full".into(),
+            url: open.url.clone(),
+            layers: "0-24".into(),
+        }],
+        Duration::from_secs(60),
+    )
+    .expect("chain");
     let out = one.step(&PROMPT, None, true).expect("one-hop chain");
     let logits = out.logits.expect("logits");
     let mut s2 = model.new_session(64);
     let direct = model.logits(&mut s2, &PROMPT).expect("direct");
-    assert!(logits.iter().zip(&direct).all(|(a, b)| a.to_bits() == b.to_bits()), "chain logits equal the engine's bit for bit");
+    assert!(
+        logits
+            .iter()
+            .zip(&direct)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "chain logits equal the engine's bit for bit"
+    );
 }

@@ -92,13 +92,18 @@ enum MeshCmd {
 
 /// Runs `moonshine mesh ARGS...`; `args` are everything after `mesh`.
 pub fn run(args: Vec<String>) -> ExitCode {
-    let parsed = match MeshArgs::try_parse_from(std::iter::once("moonshine mesh".to_string()).chain(args)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
-        }
-    };
+    let parsed =
+        match MeshArgs::try_parse_from(std::iter::once("moonshine mesh".to_string()).chain(args)) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = e.print();
+                return if e.use_stderr() {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+        };
     match exec(parsed) {
         Ok(c) => c,
         Err(e) => {
@@ -109,7 +114,8 @@ pub fn run(args: Vec<String>) -> ExitCode {
 }
 
 fn listen(l: &Listen) -> Result<Vec<Announcement>> {
-    beacon::discover(l.listen, Duration::from_secs_f64(l.timeout.max(0.01))).with_context(|| format!("listening for beacons on {}", l.listen))
+    beacon::discover(l.listen, Duration::from_secs_f64(l.timeout.max(0.01)))
+        .with_context(|| format!("listening for beacons on {}", l.listen))
 }
 
 fn exec(a: MeshArgs) -> Result<ExitCode> {
@@ -121,13 +127,30 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 writeln!(out, "{}", serde_json::to_string_pretty(&heard)?)?;
             } else {
                 for h in &heard {
-                    writeln!(out, "{:<12} {:<6} layers {:<6} {:<28} {} ({}, {})", h.node_id, h.role, h.layers, h.address, h.model_id, &h.model_hash[..h.model_hash.len().min(12)], h.mesh)?;
+                    writeln!(
+                        out,
+                        "{:<12} {:<6} layers {:<6} {:<28} {} ({}, {})",
+                        h.node_id,
+                        h.role,
+                        h.layers,
+                        h.address,
+                        h.model_id,
+                        &h.model_hash[..h.model_hash.len().min(12)],
+                        h.mesh
+                    )?;
                 }
                 if heard.is_empty() {
-                    eprintln!("moonshine mesh: no beacons heard on {} in {} s", l.listen, l.timeout);
+                    eprintln!(
+                        "moonshine mesh: no beacons heard on {} in {} s",
+                        l.listen, l.timeout
+                    );
                 }
             }
-            Ok(if heard.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+            Ok(if heard.is_empty() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         MeshCmd::Form { l, model, output } => {
             let heard = listen(&l)?;
@@ -139,34 +162,51 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 }
             };
             for (i, c) in formed.chains.iter().enumerate() {
-                let hops: Vec<String> = c.iter().map(|h| format!("{}[{}]", h.node_id, h.layers)).collect();
+                let hops: Vec<String> = c
+                    .iter()
+                    .map(|h| format!("{}[{}]", h.node_id, h.layers))
+                    .collect();
                 writeln!(out, "chain {i}: {}", hops.join(" -> "))?;
             }
             let json = serde_json::to_string_pretty(&formed)?;
             match output {
                 Some(p) => {
                     let tmp = p.with_extension("tmp");
-                    std::fs::write(&tmp, format!("{json}\n")).with_context(|| format!("writing {}", tmp.display()))?;
-                    std::fs::rename(&tmp, &p).with_context(|| format!("renaming to {}", p.display()))?;
+                    std::fs::write(&tmp, format!("{json}\n"))
+                        .with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, &p)
+                        .with_context(|| format!("renaming to {}", p.display()))?;
                     writeln!(out, "wrote {}", p.display())?;
                 }
                 None => writeln!(out, "{json}")?,
             }
             Ok(ExitCode::SUCCESS)
         }
-        MeshCmd::Generate { mesh, discover, l, prompt, tokens, max_tokens, step_timeout, grant } => {
+        MeshCmd::Generate {
+            mesh,
+            discover,
+            l,
+            prompt,
+            tokens,
+            max_tokens,
+            step_timeout,
+            grant,
+        } => {
             let formed: ChainsFile = match (mesh, discover) {
                 (Some(p), false) => {
-                    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+                    let t = std::fs::read_to_string(&p)
+                        .with_context(|| format!("reading {}", p.display()))?;
                     serde_json::from_str(&t).with_context(|| format!("parsing {}", p.display()))?
                 }
                 (None, true) => beacon::form(&listen(&l)?, None)?,
                 _ => bail!("give --mesh FILE or --discover"),
             };
             let timeout = Duration::from_secs(step_timeout.max(1));
-            let mut rs = ReplicaSet::from_file(&formed, timeout, &format!("ms{}", std::process::id()))?;
+            let mut rs =
+                ReplicaSet::from_file(&formed, timeout, &format!("ms{}", std::process::id()))?;
             if let Some(g) = grant {
-                let b = std::fs::read(&g).with_context(|| format!("reading grant {}", g.display()))?;
+                let b =
+                    std::fs::read(&g).with_context(|| format!("reading grant {}", g.display()))?;
                 let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
                 for c in rs.chains_mut() {
                     c.grant_hex = Some(hex.clone());
@@ -179,16 +219,38 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 (None, None) => bail!("give -c PROMPT or --tokens"),
             };
             let got = rs.generate_greedy(&prompt_ids, max_tokens, &[], &mut |_, s| {
-                let per: Vec<String> = s.trace.iter().map(|(n, r, ms, _)| format!("{n}[{r}] {ms:.1}")).collect();
-                tracing::info!("token {} ({:.1} ms): {}", s.token, s.wall_ms, per.join(", "));
+                let per: Vec<String> = s
+                    .trace
+                    .iter()
+                    .map(|(n, r, ms, _)| format!("{n}[{r}] {ms:.1}"))
+                    .collect();
+                tracing::info!(
+                    "token {} ({:.1} ms): {}",
+                    s.token,
+                    s.wall_ms,
+                    per.join(", ")
+                );
             })?;
             for f in &rs.failovers {
-                eprintln!("moonshine mesh: failover from chain {} to {} ({} tokens re-prefilled): {}", f.from_chain, f.to_chain, f.reprefilled, f.error);
+                eprintln!(
+                    "moonshine mesh: failover from chain {} to {} ({} tokens re-prefilled): {}",
+                    f.from_chain, f.to_chain, f.reprefilled, f.error
+                );
             }
-            let text = rs.chains()[rs.active()].hops.first().map(|h| StationClient::new(&h.url, timeout).detokenize(&got));
+            let text = rs.chains()[rs.active()]
+                .hops
+                .first()
+                .map(|h| StationClient::new(&h.url, timeout).detokenize(&got));
             match (prompt, text) {
                 (Some(p), Some(Ok(t))) => writeln!(out, "{p} -> {t}")?,
-                _ => writeln!(out, "{}", got.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","))?,
+                _ => writeln!(
+                    out,
+                    "{}",
+                    got.iter()
+                        .map(|t| t.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )?,
             }
             Ok(ExitCode::SUCCESS)
         }

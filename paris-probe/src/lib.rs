@@ -70,7 +70,10 @@ pub struct Report {
 impl Source<'_> {
     fn model_id_hash(&self) -> Result<(String, String)> {
         Ok(match self {
-            Source::Dense(m, _) => (m.knot().header().model_id.clone(), m.knot().model_hash().to_string()),
+            Source::Dense(m, _) => (
+                m.knot().header().model_id.clone(),
+                m.knot().model_hash().to_string(),
+            ),
             Source::Chain(c) => {
                 let h = c.entry().health()?;
                 (h.model_id, h.model_hash)
@@ -81,7 +84,9 @@ impl Source<'_> {
     fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Source::Dense(_, Some(t)) => Ok(t.encode(text, false)),
-            Source::Dense(_, None) => bail!("this model file carries no tokenizer; pass --tokens / --expected ids"),
+            Source::Dense(_, None) => {
+                bail!("this model file carries no tokenizer; pass --tokens / --expected ids")
+            }
             Source::Chain(c) => Ok(c.entry().tokenize(text, Some(false))?),
         }
     }
@@ -126,7 +131,11 @@ impl Source<'_> {
             Source::Chain(c) => {
                 let sid = format!("probe-nll-{}", std::process::id());
                 for i in 0..tokens.len() - 1 {
-                    let logits = c.step(&tokens[i..i + 1], Some((&sid, i)), &mut StepTrace::default())?;
+                    let logits = c.step(
+                        &tokens[i..i + 1],
+                        Some((&sid, i)),
+                        &mut StepTrace::default(),
+                    )?;
                     total += neg_log_softmax(&logits, tokens[i + 1]);
                 }
             }
@@ -139,7 +148,10 @@ impl Source<'_> {
 pub fn neg_log_softmax(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-    let l = logits.get(target as usize).copied().unwrap_or(f32::NEG_INFINITY) as f64;
+    let l = logits
+        .get(target as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY) as f64;
     -(l - max - sum.ln())
 }
 
@@ -147,7 +159,11 @@ pub fn neg_log_softmax(logits: &[f32], target: u32) -> f64 {
 pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(idx.len());
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let cmp = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     if k > 0 && k < idx.len() {
         idx.select_nth_unstable_by(k - 1, cmp);
     }
@@ -168,19 +184,34 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
     }
     let expected = match (q.expected, &q.expect_text) {
         (Some(e), _) => e,
-        (None, Some(t)) => *src.tokenize(t)?.first().ok_or_else(|| anyhow!("--expect {t:?} tokenizes to nothing"))?,
+        (None, Some(t)) => *src
+            .tokenize(t)?
+            .first()
+            .ok_or_else(|| anyhow!("--expect {t:?} tokenizes to nothing"))?,
         (None, None) => bail!("give --expected or --expect"),
     };
     let logits = src.logits(&tokens).context("running the model")?;
-    let expected_logit = *logits.get(expected as usize).ok_or_else(|| anyhow!("expected id {expected} is outside the vocabulary ({})", logits.len()))?;
+    let expected_logit = *logits.get(expected as usize).ok_or_else(|| {
+        anyhow!(
+            "expected id {expected} is outside the vocabulary ({})",
+            logits.len()
+        )
+    })?;
     let top = top_k(&logits, q.top_k.max(2));
     let (argmax, logit) = top[0];
     let best_other = if argmax == expected { top[1].1 } else { logit };
-    let expected_rank = logits.iter().enumerate().filter(|&(i, &l)| l > expected_logit || (l == expected_logit && (i as u32) < expected)).count() as u32;
+    let expected_rank = logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, &l)| l > expected_logit || (l == expected_logit && (i as u32) < expected))
+        .count() as u32;
     let (nll, nll_tokens) = match &q.perplexity_text {
         Some(text) => {
             let t = src.tokenize(text)?;
-            (Some(src.nll(&t).context("perplexity probe")?), Some(t.len() as u32))
+            (
+                Some(src.nll(&t).context("perplexity probe")?),
+                Some(t.len() as u32),
+            )
         }
         None => (None, None),
     };
@@ -197,7 +228,15 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
         expected_logit,
         expected_rank,
         margin: expected_logit - best_other,
-        top: top.iter().take(q.top_k.max(1)).map(|&(id, logit)| Candidate { id, logit, text: src.token_text(id) }).collect(),
+        top: top
+            .iter()
+            .take(q.top_k.max(1))
+            .map(|&(id, logit)| Candidate {
+                id,
+                logit,
+                text: src.token_text(id),
+            })
+            .collect(),
         nll,
         nll_tokens,
         pass: argmax == expected,
@@ -221,8 +260,10 @@ pub fn open_chain(station: Option<&str>, mesh: Option<&std::path::Path>) -> Resu
     match (station, mesh) {
         (Some(url), _) => Ok(Chain::single(url, timeout)?),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let mesh: MeshFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let mesh: MeshFile = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
             Ok(Chain::from_mesh(&mesh, timeout)?)
         }
         (None, None) => bail!("give --dense FILE, --station URL or --mesh FILE"),

@@ -59,7 +59,9 @@ struct Args {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(Args::parse()) {
@@ -74,7 +76,10 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<bool> {
     if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("configuring threads")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("configuring threads")?;
     }
     let q = Question {
         tokens: args.tokens.clone(),
@@ -90,7 +95,10 @@ fn run(args: Args) -> Result<bool> {
             let (model, tok) = open_dense(&knot)?;
             probe(&Source::Dense(&model, tok), &q)?
         }
-        None => probe(&Source::Chain(open_chain(args.station.as_deref(), args.mesh.as_deref())?), &q)?,
+        None => probe(
+            &Source::Chain(open_chain(args.station.as_deref(), args.mesh.as_deref())?),
+            &q,
+        )?,
     };
     paris_probe::foil::admit_if_configured(&report);
     if args.json {
@@ -103,15 +111,27 @@ fn run(args: Args) -> Result<bool> {
 
 fn print_text(r: &Report) {
     let show = |t: &Option<String>| t.as_deref().map(|s| format!(" {s:?}")).unwrap_or_default();
-    println!("model: {} ({})", r.model_id, &r.model_hash[..r.model_hash.len().min(16)]);
+    println!(
+        "model: {} ({})",
+        r.model_id,
+        &r.model_hash[..r.model_hash.len().min(16)]
+    );
     println!("tokens: {:?}", r.tokens);
-    println!("argmax: {}{} logit {:.4}", r.argmax, show(&r.argmax_text), r.logit);
+    println!(
+        "argmax: {}{} logit {:.4}",
+        r.argmax,
+        show(&r.argmax_text),
+        r.logit
+    );
     println!("top-{}:", r.top.len());
     for c in &r.top {
         println!("  {:>7}{} {:.4}", c.id, show(&c.text), c.logit);
     }
     if let (Some(nll), Some(n)) = (r.nll, r.nll_tokens) {
-        println!("perplexity passage: mean NLL {nll:.4} nats/token over {n} tokens (ppl {:.2})", (nll as f64).exp());
+        println!(
+            "perplexity passage: mean NLL {nll:.4} nats/token over {n} tokens (ppl {:.2})",
+            (nll as f64).exp()
+        );
     }
     if r.pass {
         println!("PASS: argmax {} matches (margin {:.4})", r.argmax, r.margin);

@@ -6,30 +6,64 @@ use std::process::Command;
 fn qwen() -> Option<PathBuf> {
     let dir = std::env::var_os("AEON_MODELS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/aeon-shell/models"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/aeon-shell/models")
+        });
     let p = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.knot");
     if p.exists() {
         return Some(p);
     }
-    assert_ne!(std::env::var("AEON_REQUIRE_MODELS").as_deref(), Ok("1"), "{} missing", p.display());
-    eprintln!("skipping: {} not found (run scripts/fetch-model.sh)", p.display());
+    assert_ne!(
+        std::env::var("AEON_REQUIRE_MODELS").as_deref(),
+        Ok("1"),
+        "{} missing",
+        p.display()
+    );
+    eprintln!(
+        "skipping: {} not found (run scripts/fetch-model.sh)",
+        p.display()
+    );
     None
 }
 
 fn probe(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_paris-probe")).args(args).output().expect("run paris-probe");
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    let o = Command::new(env!("CARGO_BIN_EXE_paris-probe"))
+        .args(args)
+        .output()
+        .expect("run paris-probe");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
 fn paris_passes_by_ids_and_by_text() {
     let Some(m) = qwen() else { return };
     let m = m.to_str().expect("utf-8");
-    let (code, out, err) = probe(&["--dense", m, "--dense-only", "--tokens", "785,6722,315,9625,374", "--expected", "12095"]);
+    let (code, out, err) = probe(&[
+        "--dense",
+        m,
+        "--dense-only",
+        "--tokens",
+        "785,6722,315,9625,374",
+        "--expected",
+        "12095",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("PASS: argmax 12095 matches"), "{out}");
 
-    let (code, out, err) = probe(&["--dense", m, "--prompt", "The capital of France is", "--expect", " Paris", "--json"]);
+    let (code, out, err) = probe(&[
+        "--dense",
+        m,
+        "--prompt",
+        "The capital of France is",
+        "--expect",
+        " Paris",
+        "--json",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
     assert_eq!(v["tokens"], serde_json::json!([785, 6722, 315, 9625, 374]));
@@ -41,17 +75,34 @@ fn paris_passes_by_ids_and_by_text() {
 #[test]
 fn wrong_expectation_fails_with_exit_1_and_says_why() {
     let Some(m) = qwen() else { return };
-    let (code, out, _) = probe(&["--dense", m.to_str().expect("utf-8"), "--tokens", "785,6722,315,9625,374", "--expected", "7148"]);
+    let (code, out, _) = probe(&[
+        "--dense",
+        m.to_str().expect("utf-8"),
+        "--tokens",
+        "785,6722,315,9625,374",
+        "--expected",
+        "7148",
+    ]);
     assert_eq!(code, 1);
-    assert!(out.contains("FAIL: expected 7148") && out.contains("got argmax 12095"), "{out}");
+    assert!(
+        out.contains("FAIL: expected 7148") && out.contains("got argmax 12095"),
+        "{out}"
+    );
 }
 
 #[test]
 fn perplexity_of_a_natural_sentence_is_low() {
     let Some(m) = qwen() else { return };
     let (code, out, err) = probe(&[
-        "--dense", m.to_str().expect("utf-8"), "--tokens", "785,6722,315,9625,374", "--expected", "12095", "--json",
-        "--perplexity-text", "The capital of France is Paris. The capital of Germany is Berlin.",
+        "--dense",
+        m.to_str().expect("utf-8"),
+        "--tokens",
+        "785,6722,315,9625,374",
+        "--expected",
+        "12095",
+        "--json",
+        "--perplexity-text",
+        "The capital of France is Paris. The capital of Germany is Berlin.",
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
@@ -61,12 +112,26 @@ fn perplexity_of_a_natural_sentence_is_low() {
 
 #[test]
 fn errors_exit_2() {
-    let (code, _, err) = probe(&["--dense", "/nonexistent.knot", "--tokens", "1", "--expected", "2"]);
+    let (code, _, err) = probe(&[
+        "--dense",
+        "/nonexistent.knot",
+        "--tokens",
+        "1",
+        "--expected",
+        "2",
+    ]);
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent.knot"), "{err}");
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = dir.path().join("bad.knot");
     std::fs::write(&bad, b"not a knot file at all").expect("write");
-    let (code, _, err) = probe(&["--dense", bad.to_str().expect("utf-8"), "--tokens", "1", "--expected", "2"]);
+    let (code, _, err) = probe(&[
+        "--dense",
+        bad.to_str().expect("utf-8"),
+        "--tokens",
+        "1",
+        "--expected",
+        "2",
+    ]);
     assert_eq!(code, 2, "{err}");
 }

@@ -92,7 +92,10 @@ pub fn parse_size(s: &str) -> Result<u64, PlanError> {
             (&t[..i], m)
         }
     };
-    let v: f64 = num.trim().parse().map_err(|_| PlanError::BadSize(s.into()))?;
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| PlanError::BadSize(s.into()))?;
     if !v.is_finite() || v < 0.0 {
         return Err(PlanError::BadSize(s.into()));
     }
@@ -257,7 +260,9 @@ fn kv_layer(m: &ModelCosts, kv_tokens: u64) -> u64 {
 /// Bytes a node holding `r` costs.
 fn range_cost(m: &ModelCosts, r: LayerRange, kv_tokens: u64) -> u64 {
     let n = m.layer_bytes.len() as u32;
-    let mut c: u64 = (r.start..r.end).map(|l| layer_cost(m, l as usize, kv_tokens)).sum();
+    let mut c: u64 = (r.start..r.end)
+        .map(|l| layer_cost(m, l as usize, kv_tokens))
+        .sum();
     if r.start == 0 {
         c += m.entry_bytes;
     }
@@ -306,7 +311,8 @@ fn balanced(m: &ModelCosts, k: u32, kv_tokens: u64) -> Vec<LayerRange> {
             // Leave at least one layer for each remaining node.
             let max_end = n - (left_nodes - 1);
             let mut end = next;
-            while end < max_end && range_cost(m, LayerRange::new(next, end + 1), kv_tokens) <= bound {
+            while end < max_end && range_cost(m, LayerRange::new(next, end + 1), kv_tokens) <= bound
+            {
                 end += 1;
             }
             if end == next {
@@ -344,56 +350,66 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
     let usable_of = |ram: u64| ram.saturating_sub(RESERVE_BYTES);
 
     // Per-node RAM, in chain order (a list) or identical nodes.
-    let (ranges, rams, nodes_needed, why): (Vec<LayerRange>, Vec<u64>, Option<u32>, String) = if !req.node_list.is_empty() {
-        if req.nodes.is_some() {
-            return Err(PlanError::Invalid("give either --nodes or --node NAME=RAM, not both".into()));
-        }
-        let caps: Vec<u64> = req.node_list.iter().map(|s| usable_of(s.ram)).collect();
-        let (mut ranges, left) = greedy(m, &caps, kv);
-        if let Some(first) = left {
-            if !req.disk_paged {
-                let missing = range_cost(m, LayerRange::new(first, n), kv);
-                return Err(PlanError::DoesNotFit(format!(
+    let (ranges, rams, nodes_needed, why): (Vec<LayerRange>, Vec<u64>, Option<u32>, String) =
+        if !req.node_list.is_empty() {
+            if req.nodes.is_some() {
+                return Err(PlanError::Invalid(
+                    "give either --nodes or --node NAME=RAM, not both".into(),
+                ));
+            }
+            let caps: Vec<u64> = req.node_list.iter().map(|s| usable_of(s.ram)).collect();
+            let (mut ranges, left) = greedy(m, &caps, kv);
+            if let Some(first) = left {
+                if !req.disk_paged {
+                    let missing = range_cost(m, LayerRange::new(first, n), kv);
+                    return Err(PlanError::DoesNotFit(format!(
                     "{} nodes ({}) hold layers 0-{first}; layers {first}-{n} ({}) are left over: add a node with at least {} RAM, or pass --disk-paged",
                     req.node_list.len(),
                     req.node_list.iter().map(|s| format!("{}={}", s.name, human(s.ram))).collect::<Vec<_>>().join(", "),
                     human(missing),
                     human(missing + RESERVE_BYTES),
                 )));
+                }
+                // Disk-paged: spread what is left by RAM share over all the nodes.
+                ranges = weighted_ranges(n, &caps);
+            } else if ranges.len() < req.node_list.len() {
+                // Fewer nodes suffice: spread over all given nodes anyway, weighted by RAM.
+                ranges = weighted_ranges(n, &caps);
+                if ranges
+                    .iter()
+                    .zip(&caps)
+                    .any(|(r, &c)| range_cost(m, *r, kv) > c)
+                {
+                    ranges = greedy(m, &caps, kv).0;
+                }
             }
-            // Disk-paged: spread what is left by RAM share over all the nodes.
-            ranges = weighted_ranges(n, &caps);
-        } else if ranges.len() < req.node_list.len() {
-            // Fewer nodes suffice: spread over all given nodes anyway, weighted by RAM.
-            ranges = weighted_ranges(n, &caps);
-            if ranges.iter().zip(&caps).any(|(r, &c)| range_cost(m, *r, kv) > c) {
-                ranges = greedy(m, &caps, kv).0;
+            let why = format!(
+                "{} named nodes with {} usable in all for {} of weights + KV",
+                req.node_list.len(),
+                human(caps.iter().sum()),
+                human(total)
+            );
+            let rams = req.node_list.iter().map(|s| s.ram).collect();
+            (ranges, rams, None, why)
+        } else {
+            let ram = req.node_ram.ok_or_else(|| {
+                PlanError::Invalid("give --node-ram SIZE (or --node NAME=RAM ...)".into())
+            })?;
+            let usable = usable_of(ram);
+            if usable == 0 {
+                return Err(PlanError::DoesNotFit(format!(
+                    "a node of {} RAM has nothing left after the {} reserve",
+                    human(ram),
+                    human(RESERVE_BYTES)
+                )));
             }
-        }
-        let why = format!(
-            "{} named nodes with {} usable in all for {} of weights + KV",
-            req.node_list.len(),
-            human(caps.iter().sum()),
-            human(total)
-        );
-        let rams = req.node_list.iter().map(|s| s.ram).collect();
-        (ranges, rams, None, why)
-    } else {
-        let ram = req
-            .node_ram
-            .ok_or_else(|| PlanError::Invalid("give --node-ram SIZE (or --node NAME=RAM ...)".into()))?;
-        let usable = usable_of(ram);
-        if usable == 0 {
-            return Err(PlanError::DoesNotFit(format!(
-                "a node of {} RAM has nothing left after the {} reserve",
-                human(ram),
-                human(RESERVE_BYTES)
-            )));
-        }
-        let rule = total.div_ceil(usable) as u32;
-        // The largest single-node piece: the layer (with the entry or exit extra) that must fit.
-        let biggest = (0..n).map(|l| range_cost(m, LayerRange::new(l, l + 1), kv)).max().unwrap_or(0);
-        let mut why = format!(
+            let rule = total.div_ceil(usable) as u32;
+            // The largest single-node piece: the layer (with the entry or exit extra) that must fit.
+            let biggest = (0..n)
+                .map(|l| range_cost(m, LayerRange::new(l, l + 1), kv))
+                .max()
+                .unwrap_or(0);
+            let mut why = format!(
             "ceil(({} weights + {} KV for {kv} tokens) / {} usable per node ({} RAM - {} reserve)) = {rule}",
             human(m.weight_bytes()),
             human(kv_total),
@@ -401,16 +417,20 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
             human(ram),
             human(RESERVE_BYTES)
         );
-        let k = match req.nodes {
-            Some(0) => return Err(PlanError::Invalid("--nodes must be at least 1".into())),
-            Some(k) if k > n => return Err(PlanError::Invalid(format!("--nodes {k} is more than the model's {n} layers"))),
-            Some(k) => {
-                let r = balanced(m, k, kv);
-                let worst = r.iter().map(|r| range_cost(m, *r, kv)).max().unwrap_or(0);
-                if worst > usable && !req.disk_paged {
-                    let (g, left) = greedy(m, &vec![usable; n as usize], kv);
-                    let need = if left.is_some() { None } else { Some(g.len()) };
-                    return Err(PlanError::DoesNotFit(format!(
+            let k = match req.nodes {
+                Some(0) => return Err(PlanError::Invalid("--nodes must be at least 1".into())),
+                Some(k) if k > n => {
+                    return Err(PlanError::Invalid(format!(
+                        "--nodes {k} is more than the model's {n} layers"
+                    )))
+                }
+                Some(k) => {
+                    let r = balanced(m, k, kv);
+                    let worst = r.iter().map(|r| range_cost(m, *r, kv)).max().unwrap_or(0);
+                    if worst > usable && !req.disk_paged {
+                        let (g, left) = greedy(m, &vec![usable; n as usize], kv);
+                        let need = if left.is_some() { None } else { Some(g.len()) };
+                        return Err(PlanError::DoesNotFit(format!(
                         "{k} nodes of {} RAM: the largest node needs {} but has {} usable ({} short){}; pass --disk-paged to page from disk",
                         human(ram),
                         human(worst),
@@ -421,40 +441,42 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                             None => format!("; a single layer needs up to {} so no number of these nodes fits", human(biggest)),
                         }
                     )));
+                    }
+                    why.push_str(&format!("; {k} nodes requested"));
+                    r
                 }
-                why.push_str(&format!("; {k} nodes requested"));
-                r
-            }
-            None => {
-                let (g, left) = greedy(m, &vec![usable; n as usize], kv);
-                if let Some(l) = left {
-                    let c = range_cost(m, LayerRange::new(l, l + 1), kv);
-                    if !req.disk_paged {
-                        return Err(PlanError::DoesNotFit(format!(
+                None => {
+                    let (g, left) = greedy(m, &vec![usable; n as usize], kv);
+                    if let Some(l) = left {
+                        let c = range_cost(m, LayerRange::new(l, l + 1), kv);
+                        if !req.disk_paged {
+                            return Err(PlanError::DoesNotFit(format!(
                             "layer {l} alone needs {} (weights + KV{}) but a node has {} usable: use nodes with at least {} RAM, or pass --disk-paged",
                             human(c),
                             if l == 0 { " + embedding" } else if l + 1 == n { " + head" } else { "" },
                             human(usable),
                             human(c + RESERVE_BYTES)
                         )));
-                    }
-                    why.push_str("; a single layer exceeds a node: one layer per node, paged from disk");
-                    (0..n).map(|l| LayerRange::new(l, l + 1)).collect()
-                } else {
-                    let k = g.len() as u32;
-                    if k > rule {
-                        why.push_str(&format!(
+                        }
+                        why.push_str(
+                            "; a single layer exceeds a node: one layer per node, paged from disk",
+                        );
+                        (0..n).map(|l| LayerRange::new(l, l + 1)).collect()
+                    } else {
+                        let k = g.len() as u32;
+                        if k > rule {
+                            why.push_str(&format!(
                             "; whole layers only: the largest layer costs {}, so {k} nodes (not {rule}) hold every layer",
                             human(biggest)
                         ));
+                        }
+                        balanced(m, k, kv)
                     }
-                    balanced(m, k, kv)
                 }
-            }
+            };
+            let rams = vec![ram; k.len()];
+            (k, rams, Some(rule), why)
         };
-        let rams = vec![ram; k.len()];
-        (k, rams, Some(rule), why)
-    };
 
     let mut nodes = Vec::new();
     let mut disk = 0u64;
@@ -473,7 +495,11 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 req.node_list[i].name.clone()
             };
             nodes.push(PlannedNode {
-                node_id: if req.replicas > 1 { format!("r{chain}-{base}") } else { base },
+                node_id: if req.replicas > 1 {
+                    format!("r{chain}-{base}")
+                } else {
+                    base
+                },
                 chain,
                 role: crate::role_for(*r, n),
                 layers: *r,
@@ -552,7 +578,12 @@ pub struct Successor {
 }
 
 /// Builds each node's manifest. Node `i` of chain `c` listens on `host:base_port + c*per_chain + i`.
-pub fn manifests(p: &Plan, host: &str, base_port: u16, shard_name: &dyn Fn(LayerRange) -> String) -> Vec<Manifest> {
+pub fn manifests(
+    p: &Plan,
+    host: &str,
+    base_port: u16,
+    shard_name: &dyn Fn(LayerRange) -> String,
+) -> Vec<Manifest> {
     let addr = |i: usize| format!("{host}:{}", base_port as usize + i);
     p.nodes
         .iter()
@@ -647,8 +678,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
         .node
         .iter()
         .map(|s| {
-            let (name, ram) = s.split_once('=').ok_or_else(|| PlanError::BadNode(s.clone()))?;
-            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            let (name, ram) = s
+                .split_once('=')
+                .ok_or_else(|| PlanError::BadNode(s.clone()))?;
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
                 return Err(PlanError::BadNode(s.clone()));
             }
             Ok(NodeSpec {
@@ -666,14 +703,21 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
         kv_tokens: args.kv_tokens,
     };
     let knot = match (&args.knot, &args.model_bytes) {
-        (Some(p), None) => Some(Knot::open(p).map_err(|source| PlanError::Read { path: p.clone(), source })?),
+        (Some(p), None) => Some(Knot::open(p).map_err(|source| PlanError::Read {
+            path: p.clone(),
+            source,
+        })?),
         (None, Some(_)) => None,
         (Some(_), Some(_)) => anyhow::bail!("give a model file or --model-bytes, not both"),
-        (None, None) => anyhow::bail!("give a model file (M.knot) or --model-bytes SIZE --layers N"),
+        (None, None) => {
+            anyhow::bail!("give a model file (M.knot) or --model-bytes SIZE --layers N")
+        }
     };
     let costs = match (&knot, &args.model_bytes) {
         (Some(k), _) => ModelCosts::from_knot(k),
-        (None, Some(b)) => ModelCosts::synthetic(parse_size(b)?, args.layers.unwrap_or(0), args.kv_dim),
+        (None, Some(b)) => {
+            ModelCosts::synthetic(parse_size(b)?, args.layers.unwrap_or(0), args.kv_dim)
+        }
         _ => unreachable!("checked above"),
     };
     let p = plan(&costs, &req)?;
@@ -687,7 +731,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
             .unwrap_or_else(|| costs.model_id.clone());
         let n = p.n_layers;
         if let Some(k) = &knot {
-            let ranges: Vec<LayerRange> = p.nodes.iter().filter(|x| x.chain == 0).map(|x| x.layers).collect();
+            let ranges: Vec<LayerRange> = p
+                .nodes
+                .iter()
+                .filter(|x| x.chain == 0)
+                .map(|x| x.layers)
+                .collect();
             crate::split(k, &ranges, dir, &stem, &mut |_| {}).context("writing the shards")?;
         }
         let name = |r: LayerRange| crate::shard_file_name(&stem, r, n);
@@ -698,7 +747,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     let mut o = std::io::stdout().lock();
     if args.json {
-        writeln!(o, "{}", serde_json::to_string_pretty(&p).context("encoding the plan")?)?;
+        writeln!(
+            o,
+            "{}",
+            serde_json::to_string_pretty(&p).context("encoding the plan")?
+        )?;
     } else {
         print_plan(&mut o, &p, args.output.as_deref())?;
     }
@@ -720,7 +773,11 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
     } else {
         writeln!(o, "nodes: {}", p.why)?;
     }
-    writeln!(o, "planned: {} node(s) per chain x {} chain(s)", p.nodes_per_chain, p.replicas)?;
+    writeln!(
+        o,
+        "planned: {} node(s) per chain x {} chain(s)",
+        p.nodes_per_chain, p.replicas
+    )?;
     for n in &p.nodes {
         writeln!(
             o,
@@ -740,13 +797,21 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
         )?;
     }
     if p.disk_bytes_per_token > 0 {
-        writeln!(o, "disk re-read per token: {}", human(p.disk_bytes_per_token))?;
+        writeln!(
+            o,
+            "disk re-read per token: {}",
+            human(p.disk_bytes_per_token)
+        )?;
     }
     if let Some(d) = out {
         writeln!(
             o,
             "wrote manifests{} to {}",
-            if p.model_hash == "synthetic" { "" } else { " and shards" },
+            if p.model_hash == "synthetic" {
+                ""
+            } else {
+                " and shards"
+            },
             d.display()
         )?;
     }
@@ -789,9 +854,21 @@ mod tests {
         ];
         for (bytes, layers, rule, planned) in cases {
             let p = plan(&ModelCosts::synthetic(bytes, layers, SYNTHETIC_KV_DIM), &r).unwrap();
-            assert_eq!(p.nodes_needed, Some(rule), "{bytes} bytes: rule ({})", p.why);
-            assert_eq!(p.nodes_per_chain, planned, "{bytes} bytes: planned ({})", p.why);
-            assert!(p.nodes.iter().all(|n| n.bytes <= n.usable), "every node fits");
+            assert_eq!(
+                p.nodes_needed,
+                Some(rule),
+                "{bytes} bytes: rule ({})",
+                p.why
+            );
+            assert_eq!(
+                p.nodes_per_chain, planned,
+                "{bytes} bytes: planned ({})",
+                p.why
+            );
+            assert!(
+                p.nodes.iter().all(|n| n.bytes <= n.usable),
+                "every node fits"
+            );
             // Contiguous tiling.
             let mut next = 0;
             for n in &p.nodes {
@@ -860,9 +937,17 @@ mod tests {
         };
         let p = plan(&m, &r).unwrap();
         assert_eq!(p.nodes.len(), 4);
-        assert!(p.nodes[0].layers.len() > p.nodes[1].layers.len(), "the bigger node holds more");
-        let ms = manifests(&p, "127.0.0.1", 7700, &|r| format!("s{}-{}.knot", r.start, r.end));
-        assert_eq!(ms[0].successor.as_ref().unwrap().url, "http://127.0.0.1:7701");
+        assert!(
+            p.nodes[0].layers.len() > p.nodes[1].layers.len(),
+            "the bigger node holds more"
+        );
+        let ms = manifests(&p, "127.0.0.1", 7700, &|r| {
+            format!("s{}-{}.knot", r.start, r.end)
+        });
+        assert_eq!(
+            ms[0].successor.as_ref().unwrap().url,
+            "http://127.0.0.1:7701"
+        );
         assert!(ms[1].successor.is_none(), "exit of chain 0");
         assert_eq!(ms[2].node_id, "r1-a");
         assert_eq!(ms[2].successor.as_ref().unwrap().node_id, "r1-b");

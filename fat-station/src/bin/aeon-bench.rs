@@ -141,7 +141,9 @@ struct StationFigures {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(Args::parse()) {
@@ -156,18 +158,23 @@ fn main() -> ExitCode {
 fn models_dir() -> PathBuf {
     match std::env::var_os("AEON_MODELS_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/aeon-shell/models"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/aeon-shell/models"),
     }
 }
 
 /// A fixed English text; its tokens (repeated as needed) are the benchmark prompt.
-const PROMPT_TEXT: &str = "The capital of France is Paris. It sits on the Seine, in the north of the country, \
+const PROMPT_TEXT: &str =
+    "The capital of France is Paris. It sits on the Seine, in the north of the country, \
 and has been the seat of French kings, emperors and presidents for most of a thousand years. \
 Its museums hold paintings from every century, its cafes fill the pavements from morning to night, \
 and its bridges link the islands of the old city to the wide boulevards of the new one.";
 
 fn prompt_tokens(knot: &Knot, n: usize) -> Result<Vec<u32>> {
-    let data = knot.tokenizer().context("reading the tokenizer")?.context("the model file carries no tokenizer")?;
+    let data = knot
+        .tokenizer()
+        .context("reading the tokenizer")?
+        .context("the model file carries no tokenizer")?;
     let tok = Tokenizer::from_data(&data).context("building the tokenizer")?;
     let ids = tok.encode(PROMPT_TEXT, false);
     if ids.is_empty() {
@@ -184,13 +191,18 @@ fn bytes_per_token(knot: &Knot) -> u64 {
         .map(|t| t.bytes.len() as u64)
         .sum();
     // The head is `output.weight`, or the embedding when tied (then all of it is read too).
-    let head = knot.tensor("output.weight").or_else(|| knot.tensor("token_embd.weight"));
+    let head = knot
+        .tensor("output.weight")
+        .or_else(|| knot.tensor("token_embd.weight"));
     sum += head.map(|t| t.bytes.len() as u64).unwrap_or(0);
     sum
 }
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building a thread pool")
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("building a thread pool")
 }
 
 /// Sum of `buf`, wrapping; written so LLVM vectorizes it (integer adds, 4 accumulators).
@@ -202,7 +214,10 @@ fn sum_u64(buf: &[u64]) -> u64 {
             acc[i] = acc[i].wrapping_add(c[i]);
         }
     }
-    let tail = chunks.remainder().iter().fold(0u64, |a, &v| a.wrapping_add(v));
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, &v| a.wrapping_add(v));
     acc.iter().fold(tail, |a, &v| a.wrapping_add(v))
 }
 
@@ -232,7 +247,10 @@ fn bandwidth(buf: &[u64], threads: usize, reps: usize) -> Result<f64> {
     p.install(|| {
         for _ in 0..reps.max(1) + 1 {
             let t = Instant::now();
-            sink ^= buf.par_chunks(chunk).map(sum_fast).reduce(|| 0, |a, b| a.wrapping_add(b));
+            sink ^= buf
+                .par_chunks(chunk)
+                .map(sum_fast)
+                .reduce(|| 0, |a, b| a.wrapping_add(b));
             best = best.min(t.elapsed().as_secs_f64());
         }
     });
@@ -252,11 +270,17 @@ fn argmax(x: &[f32]) -> u32 {
 
 /// CPU seconds used so far by all threads of this process (`/proc/self/task/*/schedstat`).
 fn cpu_seconds() -> f64 {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return f64::NAN };
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return f64::NAN;
+    };
     let mut ns = 0u64;
     for e in dir.flatten() {
         if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
-            ns += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
         }
     }
     ns as f64 / 1e9
@@ -272,7 +296,13 @@ struct Speed {
 }
 
 /// Prefill and decode speed at `threads`, best of `reps` (after one warm-up pass).
-fn engine_speed(m: &Model<'_>, prompt: &[u32], decode: usize, threads: usize, reps: usize) -> Result<Speed> {
+fn engine_speed(
+    m: &Model<'_>,
+    prompt: &[u32],
+    decode: usize,
+    threads: usize,
+    reps: usize,
+) -> Result<Speed> {
     let p = pool(threads)?;
     p.install(|| {
         let mut best_prefill = f64::MAX;
@@ -365,7 +395,10 @@ fn start_station(bin: &Path, knot: &Path) -> Result<(StationProc, Duration)> {
     let stdout = child.stdout.take().context("station stdout")?;
     let mut line = String::new();
     let read = BufReader::new(stdout).read_line(&mut line);
-    let url = line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string);
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(str::to_string);
     let Some(url) = url else {
         let _ = child.kill();
         let _ = child.wait();
@@ -377,7 +410,9 @@ fn start_station(bin: &Path, knot: &Path) -> Result<(StationProc, Duration)> {
     loop {
         match c.health() {
             Ok(_) => break,
-            Err(e) if Instant::now() > deadline => return Err(e).context("station never answered /health"),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e).context("station never answered /health")
+            }
             Err(_) => std::thread::sleep(Duration::from_micros(200)),
         }
     }
@@ -396,7 +431,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn station_figures(args: &Args, bin: &Path, knot: &Path, n_layers: u32, hidden: usize, prompt: &[u32]) -> Result<StationFigures> {
+fn station_figures(
+    args: &Args,
+    bin: &Path,
+    knot: &Path,
+    n_layers: u32,
+    hidden: usize,
+    prompt: &[u32],
+) -> Result<StationFigures> {
     let mut starts = Vec::new();
     for _ in 0..args.starts.max(1) {
         let (_s, d) = start_station(bin, knot)?;
@@ -406,14 +448,17 @@ fn station_figures(args: &Args, bin: &Path, knot: &Path, n_layers: u32, hidden: 
     let c = StationClient::new(&st.url, Duration::from_secs(60));
     let all = LayerRange::new(0, n_layers);
     let x = c.embed(prompt).context("station /embed")?;
-    c.forward(&x.residual, all, Some(("bench", 0)), false).context("station prefill")?;
+    c.forward(&x.residual, all, Some(("bench", 0)), false)
+        .context("station prefill")?;
     let (mut over, mut rtt, mut comp) = (Vec::new(), Vec::new(), Vec::new());
     let mut bytes = 0;
     for i in 0..args.hops.max(1) {
         let tok = prompt[i % prompt.len()];
         let e = c.embed(&[tok]).context("station /embed")?;
         let t = Instant::now();
-        let h = c.forward(&e.residual, all, Some(("bench", prompt.len() + i)), false).context("station decode hop")?;
+        let h = c
+            .forward(&e.residual, all, Some(("bench", prompt.len() + i)), false)
+            .context("station decode hop")?;
         let r = ms(t.elapsed());
         bytes = h.bytes;
         over.push(r - h.compute_ms);
@@ -441,15 +486,25 @@ fn run(args: Args) -> Result<()> {
     if args.prompt_len == 0 {
         bail!("--prompt-len must be at least 1");
     }
-    let knot_path = args.knot.clone().unwrap_or_else(|| models_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.knot"));
+    let knot_path = args
+        .knot
+        .clone()
+        .unwrap_or_else(|| models_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.knot"));
     if !knot_path.exists() {
-        bail!("{} not found (run scripts/fetch-model.sh, or pass --knot)", knot_path.display());
+        bail!(
+            "{} not found (run scripts/fetch-model.sh, or pass --knot)",
+            knot_path.display()
+        );
     }
-    let knot = Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
+    let knot =
+        Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
     let m = Model::load(&knot, None).context("loading the model")?;
     let h = m.holdings();
     if !(h.embed && h.head) {
-        bail!("{} is a shard; the bench needs the whole model", knot_path.display());
+        bail!(
+            "{} is a shard; the bench needs the whole model",
+            knot_path.display()
+        );
     }
     let load0 = loadavg();
     let prompt = prompt_tokens(&knot, args.prompt_len)?;
@@ -491,12 +546,21 @@ fn run(args: Args) -> Result<()> {
     } else {
         let bin = match &args.station_bin {
             Some(b) => b.clone(),
-            None => std::env::current_exe().context("locating this executable")?.with_file_name("fat-station"),
+            None => std::env::current_exe()
+                .context("locating this executable")?
+                .with_file_name("fat-station"),
         };
         if !bin.exists() {
             bail!("{} not found (build it with cargo build --release -p fat-station, or pass --station-bin / --no-station)", bin.display());
         }
-        Some(station_figures(&args, &bin, &knot_path, m.cfg.n_layers as u32, m.cfg.hidden, &prompt)?)
+        Some(station_figures(
+            &args,
+            &bin,
+            &knot_path,
+            m.cfg.n_layers as u32,
+            m.cfg.hidden,
+            &prompt,
+        )?)
     };
 
     let report = Report {
@@ -512,7 +576,10 @@ fn run(args: Args) -> Result<()> {
         loadavg: [load0, loadavg()],
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).context("encoding the report")?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
     } else {
         print_summary(&report);
     }
@@ -529,7 +596,13 @@ fn print_summary(r: &Report) {
     );
     println!(
         "{:>7} {:>10} {:>10} {:>12} {:>11} {:>9} {:>14}",
-        "threads", "bw GB/s", "roof tok/s", "prefill t/s", "decode t/s", "of roof", "decode t/cpu-s"
+        "threads",
+        "bw GB/s",
+        "roof tok/s",
+        "prefill t/s",
+        "decode t/s",
+        "of roof",
+        "decode t/cpu-s"
     );
     for x in &r.runs {
         println!(
@@ -556,6 +629,12 @@ fn print_summary(r: &Report) {
             s.station_peak_rss_mib
         );
     }
-    println!("peak RSS (this process, incl. mmapped weights): {:.0} MiB", r.peak_rss_mib);
-    println!("load average before/after: {:.2} / {:.2}", r.loadavg[0], r.loadavg[1]);
+    println!(
+        "peak RSS (this process, incl. mmapped weights): {:.0} MiB",
+        r.peak_rss_mib
+    );
+    println!(
+        "load average before/after: {:.2} / {:.2}",
+        r.loadavg[0], r.loadavg[1]
+    );
 }

@@ -61,7 +61,11 @@ impl TryFrom<&ArchConfig> for Config {
             "qwen2" => Arch::Qwen2,
             "llama" => Arch::Llama,
             "qwen3" => Arch::Qwen3,
-            other => return Err(EngineError::Unsupported(format!("architecture {other:?} (supported: qwen2, llama, qwen3)"))),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "architecture {other:?} (supported: qwen2, llama, qwen3)"
+                )))
+            }
         };
         let dims = [
             ("n_layers", a.n_layers),
@@ -74,7 +78,9 @@ impl TryFrom<&ArchConfig> for Config {
         ];
         for (name, v) in dims {
             if v == 0 || v > MAX_DIM {
-                return Err(EngineError::BadConfig(format!("{name} = {v} is out of range 1..={MAX_DIM}")));
+                return Err(EngineError::BadConfig(format!(
+                    "{name} = {v} is out of range 1..={MAX_DIM}"
+                )));
             }
         }
         if a.n_heads % a.n_kv_heads != 0 {
@@ -84,10 +90,20 @@ impl TryFrom<&ArchConfig> for Config {
             )));
         }
         if a.head_dim % 2 != 0 {
-            return Err(EngineError::BadConfig(format!("head_dim {} must be even for RoPE", a.head_dim)));
+            return Err(EngineError::BadConfig(format!(
+                "head_dim {} must be even for RoPE",
+                a.head_dim
+            )));
         }
-        if !(a.norm_eps.is_finite() && a.norm_eps > 0.0 && a.rope_base.is_finite() && a.rope_base > 1.0) {
-            return Err(EngineError::BadConfig(format!("norm_eps {} / rope_base {} invalid", a.norm_eps, a.rope_base)));
+        if !(a.norm_eps.is_finite()
+            && a.norm_eps > 0.0
+            && a.rope_base.is_finite()
+            && a.rope_base > 1.0)
+        {
+            return Err(EngineError::BadConfig(format!(
+                "norm_eps {} / rope_base {} invalid",
+                a.norm_eps, a.rope_base
+            )));
         }
         Ok(Config {
             arch,

@@ -33,13 +33,20 @@ pub enum EngineError {
     #[error("this station does not hold {what} (it holds layers {held})")]
     NotHeld { what: String, held: LayerRange },
     #[error("layer range {requested} is outside the model (holds {held})")]
-    BadRange { requested: LayerRange, held: LayerRange },
+    BadRange {
+        requested: LayerRange,
+        held: LayerRange,
+    },
     #[error("residual of {len} floats is not a whole number of rows of hidden size {hidden}")]
     BadResidual { len: usize, hidden: usize },
     #[error("token id {id} is outside the vocabulary ({vocab})")]
     BadToken { id: u32, vocab: usize },
     #[error("session holds {have} positions; adding {adding} exceeds its limit of {max}")]
-    ContextFull { have: usize, adding: usize, max: usize },
+    ContextFull {
+        have: usize,
+        adding: usize,
+        max: usize,
+    },
     #[error("session out of step: {0}")]
     SessionMismatch(String),
 }

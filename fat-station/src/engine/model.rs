@@ -2,12 +2,13 @@
 
 use std::cell::RefCell;
 
-use knot_format::{Knot, LayerRange, Role};
 use super::kernels::{dequantize_row, matmul};
 use super::ops::{
-    add_inplace, attention, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, swiglu, AttnShape,
+    add_inplace, attention, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
+    rope_rotate, swiglu, AttnShape,
 };
 use super::{Config, EngineError, Holdings, Session, Weights};
+use knot_format::{Knot, LayerRange, Role};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
 pub struct Model<'a> {
@@ -40,21 +41,39 @@ impl<'a> Model<'a> {
         let cfg = Config::try_from(knot.arch())?;
         let held = file_holdings(knot, &cfg);
         let holdings = holdings.unwrap_or(held);
-        if holdings.layers.end as usize > cfg.n_layers || holdings.layers.start > holdings.layers.end {
-            return Err(EngineError::BadRange { requested: holdings.layers, held: held.layers });
+        if holdings.layers.end as usize > cfg.n_layers
+            || holdings.layers.start > holdings.layers.end
+        {
+            return Err(EngineError::BadRange {
+                requested: holdings.layers,
+                held: held.layers,
+            });
         }
         if !held.layers.contains_range(&holdings.layers) && !holdings.layers.is_empty() {
-            return Err(EngineError::NotHeld { what: format!("layers {}", holdings.layers), held: held.layers });
+            return Err(EngineError::NotHeld {
+                what: format!("layers {}", holdings.layers),
+                held: held.layers,
+            });
         }
         if (holdings.embed && !held.embed) || (holdings.head && !held.head) {
             return Err(EngineError::NotHeld {
-                what: if holdings.embed && !held.embed { "the token embedding" } else { "the output head" }.into(),
+                what: if holdings.embed && !held.embed {
+                    "the token embedding"
+                } else {
+                    "the output head"
+                }
+                .into(),
                 held: held.layers,
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
         let inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
-        Ok(Model { cfg, weights, knot, inv_freq })
+        Ok(Model {
+            cfg,
+            weights,
+            knot,
+            inv_freq,
+        })
     }
 
     /// The file this model reads.
@@ -82,7 +101,10 @@ impl<'a> Model<'a> {
         let mut x = vec![0.0f32; tokens.len() * h];
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             if t as usize >= self.cfg.vocab {
-                return Err(EngineError::BadToken { id: t, vocab: self.cfg.vocab });
+                return Err(EngineError::BadToken {
+                    id: t,
+                    vocab: self.cfg.vocab,
+                });
             }
             dequantize_row(emb.dtype, emb.row(t as usize), row);
         }
@@ -91,21 +113,34 @@ impl<'a> Model<'a> {
 
     /// Runs blocks `range` over residual rows `x` (seq, hidden) in place, appending their
     /// keys and values to `session`. Returns the position of the first row.
-    pub fn forward(&self, session: &mut Session, x: &mut [f32], range: LayerRange) -> Result<usize, EngineError> {
+    pub fn forward(
+        &self,
+        session: &mut Session,
+        x: &mut [f32],
+        range: LayerRange,
+    ) -> Result<usize, EngineError> {
         let cfg = &self.cfg;
         let held = self.weights.holdings.layers;
         if range.is_empty() || !held.contains_range(&range) {
-            return Err(EngineError::NotHeld { what: format!("layers {range}"), held });
+            return Err(EngineError::NotHeld {
+                what: format!("layers {range}"),
+                held,
+            });
         }
         if x.is_empty() || !x.len().is_multiple_of(cfg.hidden) {
-            return Err(EngineError::BadResidual { len: x.len(), hidden: cfg.hidden });
+            return Err(EngineError::BadResidual {
+                len: x.len(),
+                hidden: cfg.hidden,
+            });
         }
         let seq = x.len() / cfg.hidden;
         let kv_dim = cfg.kv_dim();
-        let pos = session.positions(range.start as usize, kv_dim).ok_or(EngineError::NotHeld {
-            what: format!("layers {range} in this session"),
-            held,
-        })?;
+        let pos = session
+            .positions(range.start as usize, kv_dim)
+            .ok_or(EngineError::NotHeld {
+                what: format!("layers {range} in this session"),
+                held,
+            })?;
         for l in range.start..range.end {
             if session.positions(l as usize, kv_dim) != Some(pos) {
                 return Err(EngineError::SessionMismatch(format!(
@@ -116,7 +151,11 @@ impl<'a> Model<'a> {
             }
         }
         if pos + seq > session.max_positions() {
-            return Err(EngineError::ContextFull { have: pos, adding: seq, max: session.max_positions() });
+            return Err(EngineError::ContextFull {
+                have: pos,
+                adding: seq,
+                max: session.max_positions(),
+            });
         }
         let mut scratch = std::mem::take(&mut session.scratch);
         scratch.fit(cfg, seq);
@@ -130,8 +169,14 @@ impl<'a> Model<'a> {
         }
         let mut result = Ok(pos);
         for l in range.start..range.end {
-            let (Some(w), Some(cache)) = (self.weights.layer(l as usize), session.cache_mut(l as usize)) else {
-                result = Err(EngineError::NotHeld { what: format!("block {l}"), held });
+            let (Some(w), Some(cache)) = (
+                self.weights.layer(l as usize),
+                session.cache_mut(l as usize),
+            ) else {
+                result = Err(EngineError::NotHeld {
+                    what: format!("block {l}"),
+                    held,
+                });
                 break;
             };
             self.block(w, cache, &mut scratch, &mut fwd, x, seq, pos);
@@ -160,7 +205,15 @@ impl<'a> Model<'a> {
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
         }
-        matmul_shared(&mut [(&w.wq, &mut s.q[..]), (&w.wk, &mut s.k[..]), (&w.wv, &mut s.v[..])], &s.xb, seq);
+        matmul_shared(
+            &mut [
+                (&w.wq, &mut s.q[..]),
+                (&w.wk, &mut s.k[..]),
+                (&w.wv, &mut s.v[..]),
+            ],
+            &s.xb,
+            seq,
+        );
         for t in 0..seq {
             let (q, k, v) = (
                 &mut s.q[t * q_dim..(t + 1) * q_dim],
@@ -174,8 +227,10 @@ impl<'a> Model<'a> {
             }
             // Per-head QK RMSNorm (qwen3) comes before RoPE.
             if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
-                q.chunks_exact_mut(hd).for_each(|hq| rmsnorm_inplace(hq, qn, cfg.norm_eps));
-                k.chunks_exact_mut(hd).for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
+                q.chunks_exact_mut(hd)
+                    .for_each(|hq| rmsnorm_inplace(hq, qn, cfg.norm_eps));
+                k.chunks_exact_mut(hd)
+                    .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
             let cs = &f.rope[t * hd..(t + 1) * hd];
             rope_rotate(q, cs, cfg.rope_style);
@@ -185,7 +240,13 @@ impl<'a> Model<'a> {
         cache.v.extend_from_slice(&s.v[..seq * kv_dim]);
 
         // Causal GQA over the cache (serial at decode, parallel over heads for long prefill).
-        let shape = AttnShape { seq, pos, n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
+        let shape = AttnShape {
+            seq,
+            pos,
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+        };
         attention(&mut s.att, &s.q, &cache.k, &cache.v, shape, &mut f.scores);
         matmul(&w.wo, &s.att, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
@@ -194,7 +255,11 @@ impl<'a> Model<'a> {
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
-        matmul_shared(&mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])], &s.xb, seq);
+        matmul_shared(
+            &mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])],
+            &s.xb,
+            seq,
+        );
         swiglu(&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
         matmul(&w.w_down, &s.hb, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
@@ -211,11 +276,18 @@ impl<'a> Model<'a> {
     /// buffer allocates nothing per token.
     pub fn lm_head_into(&self, x: &[f32], logits: &mut Vec<f32>) -> Result<(), EngineError> {
         let h = self.cfg.hidden;
-        let (Some(norm), Some(out)) = (self.weights.output_norm, self.weights.output.as_ref()) else {
-            return Err(EngineError::NotHeld { what: "the output head".into(), held: self.weights.holdings.layers });
+        let (Some(norm), Some(out)) = (self.weights.output_norm, self.weights.output.as_ref())
+        else {
+            return Err(EngineError::NotHeld {
+                what: "the output head".into(),
+                held: self.weights.holdings.layers,
+            });
         };
         if x.is_empty() || !x.len().is_multiple_of(h) {
-            return Err(EngineError::BadResidual { len: x.len(), hidden: h });
+            return Err(EngineError::BadResidual {
+                len: x.len(),
+                hidden: h,
+            });
         }
         let last = &x[x.len() - h..];
         let mut f = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));

@@ -39,7 +39,9 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeSt
 /// RoPE inverse frequencies `base^(-2i / head_dim)` for `i in 0..head_dim/2`, in f64 (the
 /// angle `pos * freq` needs the precision at long positions).
 pub fn rope_inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
-    (0..head_dim / 2).map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect()
+    (0..head_dim / 2)
+        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+        .collect()
 }
 
 /// Cosines then sines of position `pos`: `cs[i] = cos(pos * f_i)`, `cs[half + i] = sin(..)`;
@@ -116,7 +118,12 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; L];
     let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..L {
             acc[i] += x[i] * y[i];
@@ -187,17 +194,47 @@ pub struct AttnShape {
 /// Parallel over (row, head) when the work is above [`ATTN_PAR_MIN_MACS`] and the pool has
 /// more than one thread. Every head's output depends only on its inputs, so both paths give
 /// the same bits.
-pub fn attention(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: AttnShape, scores: &mut Vec<f32>) {
+pub fn attention(
+    out: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    a: AttnShape,
+    scores: &mut Vec<f32>,
+) {
     let parallel = a.seq * a.n_heads * (a.pos + a.seq) * a.head_dim >= ATTN_PAR_MIN_MACS;
-    attention_with(out, q, k, v, a, scores, parallel && rayon::current_num_threads() > 1)
+    attention_with(
+        out,
+        q,
+        k,
+        v,
+        a,
+        scores,
+        parallel && rayon::current_num_threads() > 1,
+    )
 }
 
 /// [`attention`] with the serial / parallel choice made by the caller (tests compare them).
-pub fn attention_with(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: AttnShape, scores: &mut Vec<f32>, parallel: bool) {
-    let (hd, q_dim, kv_dim) = (a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
+pub fn attention_with(
+    out: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    a: AttnShape,
+    scores: &mut Vec<f32>,
+    parallel: bool,
+) {
+    let (hd, q_dim, kv_dim) = (
+        a.head_dim,
+        a.n_heads * a.head_dim,
+        a.n_kv_heads * a.head_dim,
+    );
     let group = a.n_heads / a.n_kv_heads;
     let max_pos = a.pos + a.seq;
-    assert!(q.len() >= a.seq * q_dim && k.len() >= max_pos * kv_dim && v.len() >= max_pos * kv_dim, "attention: short inputs");
+    assert!(
+        q.len() >= a.seq * q_dim && k.len() >= max_pos * kv_dim && v.len() >= max_pos * kv_dim,
+        "attention: short inputs"
+    );
     let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
         let (t, head) = (i / a.n_heads, i % a.n_heads);
         let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
@@ -205,10 +242,14 @@ pub fn attention_with(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: AttnS
     };
     let out = &mut out[..a.seq * q_dim];
     if parallel {
-        out.par_chunks_mut(hd).enumerate().for_each_init(|| vec![0.0f32; max_pos], head);
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(|| vec![0.0f32; max_pos], head);
     } else {
         scores.resize(max_pos, 0.0);
-        out.chunks_mut(hd).enumerate().for_each(|item| head(scores, item));
+        out.chunks_mut(hd)
+            .enumerate()
+            .for_each(|item| head(scores, item));
     }
 }
 
@@ -261,7 +302,11 @@ mod tests {
                 for i in 0..32 {
                     let f = 1_000_000f64.powf(-2.0 * i as f64 / 64.0);
                     let (s, c) = (1234.0 * f).sin_cos();
-                    let (ia, ib) = if style == RopeStyle::Neox { (i, i + 32) } else { (2 * i, 2 * i + 1) };
+                    let (ia, ib) = if style == RopeStyle::Neox {
+                        (i, i + 32)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
                     let (x0, x1) = (head[ia], head[ib]);
                     head[ia] = x0 * c as f32 - x1 * s as f32;
                     head[ib] = x0 * s as f32 + x1 * c as f32;
@@ -291,7 +336,9 @@ mod tests {
     }
 
     fn floats(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| ((rng(seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale).collect()
+        (0..n)
+            .map(|_| ((rng(seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale)
+            .collect()
     }
 
     /// Random Q5_0 (22-byte) or Q8_0 (34-byte) blocks with small finite f16 scales.
@@ -306,7 +353,10 @@ mod tests {
     }
 
     fn pool(n: usize) -> rayon::ThreadPool {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("pool")
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .expect("pool")
     }
 
     #[test]
@@ -315,9 +365,15 @@ mod tests {
         let mut seed = 7u64;
         let cols = 256;
         let shapes = [(DType::Q5_0, 96usize), (DType::Q5_0, 16), (DType::Q8_0, 16)];
-        let data: Vec<Vec<u8>> = shapes.iter().map(|&(d, r)| blocks(d, r * cols / 32, &mut seed)).collect();
-        let mats: Vec<QMatrix<'_>> =
-            shapes.iter().zip(&data).map(|(&(d, r), b)| QMatrix::new(d, r, cols, b).expect("matrix")).collect();
+        let data: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(d, r)| blocks(d, r * cols / 32, &mut seed))
+            .collect();
+        let mats: Vec<QMatrix<'_>> = shapes
+            .iter()
+            .zip(&data)
+            .map(|(&(d, r), b)| QMatrix::new(d, r, cols, b).expect("matrix"))
+            .collect();
         for n_tok in [1usize, 3, 8] {
             let x = floats(n_tok * cols, &mut seed, 40.0);
             let want: Vec<Vec<f32>> = mats
@@ -329,10 +385,23 @@ mod tests {
                 })
                 .collect();
             for threads in [1, 2] {
-                let mut ys: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; n_tok * w.rows]).collect();
+                let mut ys: Vec<Vec<f32>> = mats
+                    .iter()
+                    .map(|w| vec![f32::NAN; n_tok * w.rows])
+                    .collect();
                 pool(threads).install(|| {
-                    let [a, b, c] = &mut ys[..] else { unreachable!() };
-                    matmul_shared(&mut [(&mats[0], &mut a[..]), (&mats[1], &mut b[..]), (&mats[2], &mut c[..])], &x, n_tok);
+                    let [a, b, c] = &mut ys[..] else {
+                        unreachable!()
+                    };
+                    matmul_shared(
+                        &mut [
+                            (&mats[0], &mut a[..]),
+                            (&mats[1], &mut b[..]),
+                            (&mats[2], &mut c[..]),
+                        ],
+                        &x,
+                        n_tok,
+                    );
                 });
                 for (y, w) in ys.iter().zip(&want) {
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
@@ -346,7 +415,13 @@ mod tests {
     fn attention_serial_and_parallel_give_the_same_bits() {
         let mut seed = 11u64;
         // Qwen2.5-0.5B's head layout: 14 query heads over 2 kv heads of 64.
-        let a = AttnShape { seq: 5, pos: 9, n_heads: 14, n_kv_heads: 2, head_dim: 64 };
+        let a = AttnShape {
+            seq: 5,
+            pos: 9,
+            n_heads: 14,
+            n_kv_heads: 2,
+            head_dim: 64,
+        };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 14);
         let q = floats(a.seq * q_dim, &mut seed, 3.0);
         let k = floats(n * kv_dim, &mut seed, 3.0);
@@ -356,13 +431,20 @@ mod tests {
         let mut scores = Vec::new();
         attention_with(&mut serial, &q, &k, &v, a, &mut scores, false);
         pool(2).install(|| attention_with(&mut par, &q, &k, &v, a, &mut Vec::new(), true));
-        assert_eq!(serial.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), par.iter().map(|f| f.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            serial.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+            par.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+        );
         // Row 0 sees positions 0..=9 only: changing a later key must not move it.
         let mut k2 = k.clone();
         k2[12 * kv_dim] += 100.0;
         let mut moved = vec![0.0; a.seq * q_dim];
         attention_with(&mut moved, &q, &k2, &v, a, &mut scores, false);
-        assert_eq!(moved[..q_dim], serial[..q_dim], "causal mask leaked a future position");
+        assert_eq!(
+            moved[..q_dim],
+            serial[..q_dim],
+            "causal mask leaked a future position"
+        );
         assert_ne!(moved[4 * q_dim..], serial[4 * q_dim..]);
     }
 

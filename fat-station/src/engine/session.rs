@@ -74,11 +74,15 @@ impl Session {
 
     /// The cache of original block `layer`, if this session covers it.
     pub fn cache(&self, layer: usize) -> Option<&LayerCache> {
-        layer.checked_sub(self.first_layer).and_then(|i| self.caches.get(i))
+        layer
+            .checked_sub(self.first_layer)
+            .and_then(|i| self.caches.get(i))
     }
 
     pub(crate) fn cache_mut(&mut self, layer: usize) -> Option<&mut LayerCache> {
-        layer.checked_sub(self.first_layer).and_then(|i| self.caches.get_mut(i))
+        layer
+            .checked_sub(self.first_layer)
+            .and_then(|i| self.caches.get_mut(i))
     }
 
     /// Positions block `layer` has seen (its cache length), if covered.
@@ -93,7 +97,10 @@ impl Session {
 
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> usize {
-        self.caches.iter().map(|c| (c.k.capacity() + c.v.capacity()) * 4).sum()
+        self.caches
+            .iter()
+            .map(|c| (c.k.capacity() + c.v.capacity()) * 4)
+            .sum()
     }
 
     /// Forgets positions from `pos` on in every block (rewind for a retried or edited turn).

@@ -19,7 +19,11 @@ pub struct Holdings {
 impl Holdings {
     /// Everything a model of `n_layers` blocks has.
     pub fn full(n_layers: usize) -> Self {
-        Holdings { embed: true, layers: LayerRange::new(0, n_layers as u32), head: true }
+        Holdings {
+            embed: true,
+            layers: LayerRange::new(0, n_layers as u32),
+            head: true,
+        }
     }
 }
 
@@ -93,7 +97,10 @@ impl<'a> Weights<'a> {
                     Some(vector(knot, &name("attn_k_norm.weight"), cfg.head_dim)?),
                 )
             } else {
-                (opt_vec("attn_q_norm.weight", cfg.head_dim)?, opt_vec("attn_k_norm.weight", cfg.head_dim)?)
+                (
+                    opt_vec("attn_q_norm.weight", cfg.head_dim)?,
+                    opt_vec("attn_k_norm.weight", cfg.head_dim)?,
+                )
             };
             layers.push(LayerWeights {
                 attn_norm: vector(knot, &name("attn_norm.weight"), h)?,
@@ -112,7 +119,11 @@ impl<'a> Weights<'a> {
                 w_down: matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?,
             });
         }
-        let embed = if holdings.embed { Some(matrix(knot, "token_embd.weight", cfg.vocab, h)?) } else { None };
+        let embed = if holdings.embed {
+            Some(matrix(knot, "token_embd.weight", cfg.vocab, h)?)
+        } else {
+            None
+        };
         let (output_norm, output) = if holdings.head {
             let head = match knot.tensor("output.weight") {
                 Some(_) => matrix(knot, "output.weight", cfg.vocab, h)?,
@@ -123,7 +134,13 @@ impl<'a> Weights<'a> {
         } else {
             (None, None)
         };
-        Ok(Weights { embed, layers, output_norm, output, holdings })
+        Ok(Weights {
+            embed,
+            layers,
+            output_norm,
+            output,
+            holdings,
+        })
     }
 
     /// The block with original index `layer`, if held.
@@ -134,11 +151,17 @@ impl<'a> Weights<'a> {
 }
 
 fn find<'a>(knot: &'a Knot, name: &str) -> Result<knot_format::TensorView<'a>, EngineError> {
-    knot.tensor(name).ok_or_else(|| EngineError::MissingTensor(name.to_string()))
+    knot.tensor(name)
+        .ok_or_else(|| EngineError::MissingTensor(name.to_string()))
 }
 
 /// A 2-D quantized tensor as `rows x cols` (GGUF shape `[cols, rows]`).
-fn matrix<'a>(knot: &'a Knot, name: &str, rows: usize, cols: usize) -> Result<QMatrix<'a>, EngineError> {
+fn matrix<'a>(
+    knot: &'a Knot,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<QMatrix<'a>, EngineError> {
     let t = find(knot, name)?;
     let shape = &t.entry.shape;
     if shape.len() != 2 || shape[0] != cols as u64 || shape[1] != rows as u64 {
@@ -147,16 +170,24 @@ fn matrix<'a>(knot: &'a Knot, name: &str, rows: usize, cols: usize) -> Result<QM
             why: format!("shape {shape:?}, expected [{cols}, {rows}]"),
         });
     }
-    QMatrix::new(t.entry.dtype, rows, cols, t.bytes)
-        .map_err(|e| EngineError::BadTensor { name: name.to_string(), why: e.to_string() })
+    QMatrix::new(t.entry.dtype, rows, cols, t.bytes).map_err(|e| EngineError::BadTensor {
+        name: name.to_string(),
+        why: e.to_string(),
+    })
 }
 
 /// A 1-D F32 tensor of `n` elements, viewed in place (tensors are page-aligned).
 fn vector<'a>(knot: &'a Knot, name: &str, n: usize) -> Result<&'a [f32], EngineError> {
     let t = find(knot, name)?;
-    let bad = |why: String| EngineError::BadTensor { name: name.to_string(), why };
+    let bad = |why: String| EngineError::BadTensor {
+        name: name.to_string(),
+        why,
+    };
     if t.entry.dtype != DType::F32 || t.entry.elems() != n as u64 {
-        return Err(bad(format!("{} {:?}, expected f32 [{n}]", t.entry.dtype, t.entry.shape)));
+        return Err(bad(format!(
+            "{} {:?}, expected f32 [{n}]",
+            t.entry.dtype, t.entry.shape
+        )));
     }
     bytemuck::try_cast_slice(t.bytes).map_err(|e| bad(format!("not viewable as f32: {e}")))
 }

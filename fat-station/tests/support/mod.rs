@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("AEON_MODELS_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/aeon-shell/models"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/aeon-shell/models"),
     }
 }
 
@@ -24,16 +25,24 @@ pub fn model(name: &str) -> Option<PathBuf> {
         return Some(p);
     }
     if std::env::var("AEON_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("{} is missing and AEON_REQUIRE_MODELS=1: run scripts/fetch-model.sh", p.display());
+        panic!(
+            "{} is missing and AEON_REQUIRE_MODELS=1: run scripts/fetch-model.sh",
+            p.display()
+        );
     }
-    eprintln!("skipping: {} not found (run scripts/fetch-model.sh)", p.display());
+    eprintln!(
+        "skipping: {} not found (run scripts/fetch-model.sh)",
+        p.display()
+    );
     None
 }
 
 /// Reads a little-endian f32 file.
 pub fn read_f32(path: &std::path::Path) -> Vec<f32> {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Index of the largest value.
