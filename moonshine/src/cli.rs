@@ -52,6 +52,16 @@ pub struct TargetArgs {
     /// order; the first station embeds (and tokenizes), the last runs the LM head.
     #[arg(long)]
     pub mesh: Option<PathBuf>,
+    /// Build the chain from stations heard on their UDP beacons (`fat-station --beacon`)
+    /// instead of a mesh file.
+    #[arg(long, conflicts_with = "mesh")]
+    pub discover: bool,
+    /// UDP address to hear beacons on, with --discover.
+    #[arg(long, default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], fat_station::beacon::DEFAULT_PORT)))]
+    pub discover_listen: std::net::SocketAddr,
+    /// Seconds to listen for beacons, with --discover.
+    #[arg(long, default_value_t = 2.0)]
+    pub discover_timeout: f64,
     /// Seconds one station call may take.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
@@ -60,9 +70,13 @@ pub struct TargetArgs {
 impl TargetArgs {
     /// The chain to connect to.
     pub fn target(&self) -> Target {
-        match &self.mesh {
-            Some(m) => Target::Mesh(m.clone()),
-            None => Target::Station(self.station.clone()),
+        match (&self.mesh, self.discover) {
+            (Some(m), _) => Target::Mesh(m.clone()),
+            (None, true) => Target::Discover {
+                listen: self.discover_listen,
+                wait: Duration::from_secs_f64(self.discover_timeout.clamp(0.01, 600.0)),
+            },
+            (None, false) => Target::Station(self.station.clone()),
         }
     }
 

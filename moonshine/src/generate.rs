@@ -19,6 +19,8 @@ pub enum GenError {
     Station(#[from] ClientError),
     #[error("mesh file {path}: {why}")]
     MeshFile { path: String, why: String },
+    #[error("discovery on {listen}: {why}")]
+    Discovery { listen: String, why: String },
     #[error("no station in the chain serves a tokenizer (use --tokens)")]
     NoTokenizer,
     #[error(transparent)]
@@ -36,6 +38,12 @@ pub enum Target {
     Station(String),
     /// A mesh file listing stations in layer order.
     Mesh(std::path::PathBuf),
+    /// Stations heard on their UDP beacons for `wait`, formed into a chain (the first
+    /// complete one when there are replicas).
+    Discover {
+        listen: std::net::SocketAddr,
+        wait: Duration,
+    },
 }
 
 /// A connected chain plus what generation needs to know about the model.
@@ -65,6 +73,28 @@ impl Backend {
                         path: p,
                         why: e.to_string(),
                     })?;
+                (Chain::from_mesh(&mesh, timeout)?, mesh.model.clone())
+            }
+            Target::Discover { listen, wait } => {
+                let err = |why: String| GenError::Discovery {
+                    listen: listen.to_string(),
+                    why,
+                };
+                let heard = fat_station::beacon::discover(*listen, *wait)
+                    .map_err(|e| err(e.to_string()))?;
+                let formed =
+                    fat_station::beacon::form(&heard, None).map_err(|e| err(e.to_string()))?;
+                let mesh = MeshFile {
+                    model: formed.model.clone(),
+                    stations: formed
+                        .stations
+                        .iter()
+                        .map(|h| fat_station::client::MeshHop {
+                            url: h.url.clone(),
+                            layers: h.layers.clone(),
+                        })
+                        .collect(),
+                };
                 (Chain::from_mesh(&mesh, timeout)?, mesh.model.clone())
             }
         };

@@ -279,3 +279,45 @@ fn streamed_text_never_shows_half_a_character() {
     );
     assert_eq!(pieces.concat(), text);
 }
+
+#[test]
+fn oneoff_builds_its_chain_from_beacons_with_discover() {
+    let Some((knot, bin)) = setup() else { return };
+    // A per-test UDP port on loopback broadcast, so parallel tests don't hear each other.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .expect("udp")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let beacon = format!("127.255.255.255:{port}");
+    let common = ["--beacon", beacon.as_str(), "--beacon-interval-ms", "100"];
+    let _entry = station(
+        &bin,
+        &knot,
+        &[&["--layers", "0..12", "--node-id", "d0"][..], &common[..]].concat(),
+    );
+    let _exit = station(
+        &bin,
+        &knot,
+        &[&["--layers", "12..24", "--node-id", "d1"][..], &common[..]].concat(),
+    );
+    let listen = format!("0.0.0.0:{port}");
+    let (out, err) = moonshine_ok(
+        &[
+            "--oneoff",
+            "-c",
+            PARIS,
+            "--discover",
+            "--discover-listen",
+            &listen,
+            "--discover-timeout",
+            "1.5",
+        ],
+        None,
+    );
+    assert_eq!(out, "The capital of France is -> Paris\n", "{err}");
+    assert!(
+        err.contains("layers 0-12") && err.contains("layers 12-24"),
+        "two hops expected: {err}"
+    );
+}
