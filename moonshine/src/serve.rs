@@ -1043,6 +1043,9 @@ mod tests {
             target: TargetArgs {
                 station: "http://127.0.0.1:1".into(),
                 mesh: None,
+                discover: false,
+                discover_listen: "0.0.0.0:7979".parse().unwrap(),
+                discover_timeout: 1.0,
                 timeout: 1,
             },
             listen: "127.0.0.1:0".parse().unwrap(),
