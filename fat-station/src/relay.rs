@@ -274,7 +274,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             (None, None) => body.to_vec(),
         };
         let hidden = st.model().cfg.hidden;
-        if plain.is_empty() || plain.len() % (hidden * 4) != 0 {
+        if plain.is_empty() || !plain.len().is_multiple_of(hidden * 4) {
             return Err(refuse(
                 StatusCode::BAD_REQUEST,
                 "bad_residual",

@@ -605,7 +605,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 fn decode_residual(b: &[u8], f16: bool, hidden: usize) -> Result<Vec<f32>, Refusal> {
     let width = if f16 { 2 } else { 4 };
     let row = hidden * width;
-    if b.is_empty() || b.len() % row != 0 {
+    if b.is_empty() || !b.len().is_multiple_of(row) {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             "bad_residual",

@@ -152,7 +152,7 @@ pub fn encode_f32(x: &[f32]) -> Vec<u8> {
 
 /// Decodes little-endian f32 bytes; `None` when the length is not a multiple of 4.
 pub fn decode_f32(b: &[u8]) -> Option<Vec<f32>> {
-    (b.len() % 4 == 0).then(|| {
+    b.len().is_multiple_of(4).then(|| {
         b.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()
@@ -168,7 +168,7 @@ pub fn encode_f16(x: &[f32]) -> Vec<u8> {
 
 /// Decodes little-endian half floats; `None` when the length is odd.
 pub fn decode_f16(b: &[u8]) -> Option<Vec<f32>> {
-    (b.len() % 2 == 0).then(|| {
+    b.len().is_multiple_of(2).then(|| {
         b.chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect()

@@ -83,13 +83,13 @@ impl TryFrom<&ArchConfig> for Config {
                 )));
             }
         }
-        if a.n_heads % a.n_kv_heads != 0 {
+        if !a.n_heads.is_multiple_of(a.n_kv_heads) {
             return Err(EngineError::BadConfig(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 a.n_heads, a.n_kv_heads
             )));
         }
-        if a.head_dim % 2 != 0 {
+        if !a.head_dim.is_multiple_of(2) {
             return Err(EngineError::BadConfig(format!(
                 "head_dim {} must be even for RoPE",
                 a.head_dim

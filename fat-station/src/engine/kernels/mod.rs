@@ -82,7 +82,7 @@ impl<'a> QMatrix<'a> {
         data: &'a [u8],
     ) -> Result<Self, KernelError> {
         let block = dtype.block_elems();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(KernelError::RaggedColumns { dtype, cols, block });
         }
         let expected = (cols / block)
@@ -124,7 +124,7 @@ impl<'a> QMatrix<'a> {
 pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
     let be = dtype.block_elems();
     assert!(
-        dst.len() % be == 0,
+        dst.len().is_multiple_of(be),
         "dequantize_row: {} elements is not whole {dtype} blocks",
         dst.len()
     );
@@ -343,7 +343,7 @@ pub fn kernels() -> &'static Kernels {
 /// Quantize `x` (`n` rows of `cols`, cols a multiple of 32) into `out`, resized to fit.
 pub fn quantize_q8a(x: &[f32], out: &mut Vec<BlockQ8A>) {
     assert!(
-        x.len() % QK == 0,
+        x.len().is_multiple_of(QK),
         "quantize_q8a: {} is not a multiple of {QK}",
         x.len()
     );
