@@ -325,6 +325,18 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
                     "tokens must not be empty",
                 ));
             }
+            // The residual is tokens x hidden floats: bound it like a session before allocating.
+            if body.tokens.len() > st.limits.max_positions {
+                return Err(refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "context_full",
+                    format!(
+                        "{} tokens exceed this station's limit of {}",
+                        body.tokens.len(),
+                        st.limits.max_positions
+                    ),
+                ));
+            }
             compute(move || {
                 let t = Instant::now();
                 let x = st.model.embed(&body.tokens)?;

@@ -57,6 +57,13 @@ fn paris_through_the_station_and_split_ranges_are_bit_identical() {
         ("qwen2", "0-24", 896)
     );
 
+    // An /embed larger than a session may hold is refused before anything is allocated.
+    match c.embed(&vec![1; 5000]) {
+        Err(fat_station::client::ClientError::Refused { status, code, .. }) => {
+            assert_eq!((status, code.as_str()), (413, "context_full"))
+        }
+        other => panic!("expected 413 context_full, got {other:?}"),
+    }
     let x = c.embed(&[785, 6722, 315, 9625, 374]).expect("embed");
     assert_eq!(x.residual.len(), 5 * 896);
     let full = c

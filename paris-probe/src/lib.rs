@@ -191,6 +191,13 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
         (None, None) => bail!("give --expected or --expect"),
     };
     let logits = src.logits(&tokens).context("running the model")?;
+    // A station is a network peer: refuse a logit vector too short to rank, never index it blindly.
+    if logits.len() < 2 {
+        bail!(
+            "the model returned {} logits; a probe needs at least 2",
+            logits.len()
+        );
+    }
     let expected_logit = *logits.get(expected as usize).ok_or_else(|| {
         anyhow!(
             "expected id {expected} is outside the vocabulary ({})",
