@@ -40,6 +40,9 @@ pub(super) fn toks4_kernels() -> Vec<(DType, DotQToks4)> {
         (DType::Q5_0, tile_toks4_q5_0 as DotQToks4),
         (DType::Q5_1, tile_toks4_q5_1 as DotQToks4),
         (DType::Q8_0, tile_toks4_q8_0 as DotQToks4),
+        (DType::Q4_K, tile_toks4_q4_k as DotQToks4),
+        (DType::Q5_K, tile_toks4_q5_k as DotQToks4),
+        (DType::Q6_K, tile_toks4_q6_k as DotQToks4),
     ]
 }
 
@@ -90,6 +93,9 @@ toks4_entry!(tile_toks4_q4_1, toks4_q4_1);
 toks4_entry!(tile_toks4_q5_0, toks4_q5_0);
 toks4_entry!(tile_toks4_q5_1, toks4_q5_1);
 toks4_entry!(tile_toks4_q8_0, toks4_q8_0);
+toks4_entry!(tile_toks4_q4_k, toks4_q4_k);
+toks4_entry!(tile_toks4_q5_k, toks4_q5_k);
+toks4_entry!(tile_toks4_q6_k, toks4_q6_k);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -337,48 +343,66 @@ legacy_kernels!(q5_1_n, dot_q5_1, toks4_q5_1);
 legacy_kernels!(q8_0_n, dot_q8_0, toks4_q8_0);
 
 // ---------------------------------------------------------------------------------------------
-// k-quants
+// k-quants (256-element super-blocks): tile kernels generic over the token count
 // ---------------------------------------------------------------------------------------------
 
-/// Shared Q4_K / Q5_K body: `high(b, j, q)` adds the fifth bit to the bytes of 64-chunk `j`.
+/// Shared Q4_K / Q5_K body for `T` activation rows: `high(b, j, q)` adds the fifth bit to the
+/// bytes of 64-chunk `j`. Each super-block's nibbles, high bits, scales and mins are unpacked
+/// once for all `T` rows; each row then runs exactly the `T = 1` sequence of float operations
+/// on its own accumulators (mins term, then chunks 0..4 alternating between two
+/// accumulators), so every output has the bits of the single dot.
 #[inline(always)]
-unsafe fn dot_k4<B: Pod>(
+unsafe fn k4_n<B: Pod, const T: usize>(
     w: &[u8],
-    x: &[BlockQ8A],
+    x: [&[BlockQ8A]; T],
     parts: impl Fn(&B) -> ([u8; 2], [u8; 2], &[u8; 12], *const u8),
     high: impl Fn(&B, usize, __m512i) -> __m512i,
-) -> f32 {
+) -> [f32; T] {
     let w: &[B] = bytemuck::cast_slice(w);
-    assert!(x.len() >= w.len() * 8);
+    assert!(x.iter().all(|x| x.len() >= w.len() * 8));
     let mask = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); 2];
-    let mut sum = 0f32;
+    let mut acc0 = [_mm512_setzero_ps(); T];
+    let mut acc1 = [_mm512_setzero_ps(); T];
+    let mut sum = [0f32; T];
     for (i, b) in w.iter().enumerate() {
-        let xa = x.get_unchecked(8 * i..8 * i + 8);
         let (d, dmin, scales, qs) = parts(b);
         let (d, dmin) = (f16c(d), f16c(dmin));
         let (sc, mn) = super::avx2::scales_mins_k4(scales);
-        let mut ms = 0f32;
-        for k in 0..8 {
-            ms += mn[k] as f32 * xa[k].s;
-        }
-        sum -= dmin * ms;
-        for j in 0..4 {
+        // The 256 weights as u8 in element order, 64 per register (chunk j: sub-blocks 2j and
+        // 2j + 1), and the per-sub-block factors d * sc.
+        let z: [__m512i; 4] = std::array::from_fn(|j| {
             let q4 = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
             let z = _mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1);
-            let z = high(b, j, _mm512_and_si512(z, mask));
-            let (a0, a1) = (xa.get_unchecked(2 * j), xa.get_unchecked(2 * j + 1));
-            let p = dpbusd(z, ld2(a0, a1));
-            let f = fv(d * sc[2 * j] as f32 * a0.d, d * sc[2 * j + 1] as f32 * a1.d);
-            acc[j & 1] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[j & 1]);
+            high(b, j, _mm512_and_si512(z, mask))
+        });
+        let dsc: [f32; 8] = std::array::from_fn(|k| d * sc[k] as f32);
+        for t in 0..T {
+            let xa = x[t].get_unchecked(8 * i..8 * i + 8);
+            let mut ms = 0f32;
+            for k in 0..8 {
+                ms += mn[k] as f32 * xa[k].s;
+            }
+            sum[t] -= dmin * ms;
+            for (j, &z) in z.iter().enumerate() {
+                let (a0, a1) = (xa.get_unchecked(2 * j), xa.get_unchecked(2 * j + 1));
+                let p = _mm512_cvtepi32_ps(dpbusd(z, ld2(a0, a1)));
+                let f = fv(dsc[2 * j] * a0.d, dsc[2 * j + 1] * a1.d);
+                if j & 1 == 0 {
+                    acc0[t] = _mm512_fmadd_ps(f, p, acc0[t]);
+                } else {
+                    acc1[t] = _mm512_fmadd_ps(f, p, acc1[t]);
+                }
+            }
         }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + sum
+    std::array::from_fn(|t| _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + sum[t])
 }
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    dot_k4(
+#[inline]
+unsafe fn q4_k_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    k4_n(
         w,
         x,
         |b: &BlockQ4K| (b.d, b.dmin, &b.scales, b.qs.as_ptr()),
@@ -386,9 +410,11 @@ unsafe fn dot_q4_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
     )
 }
 
+// Target features here too, so that the closures inside inherit them (and inline).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    dot_k4(
+#[inline]
+unsafe fn q5_k_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
+    k4_n(
         w,
         x,
         |b: &BlockQ5K| (b.d, b.dmin, &b.scales, b.qs.as_ptr()),
@@ -402,63 +428,70 @@ unsafe fn dot_q5_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
     )
 }
 
+/// Q6_K for `T` activation rows: each super-block's 6-bit quants and 16 scales are unpacked
+/// once; each row runs the `T = 1` sequence (64-element chunks in order, alternating between
+/// two accumulators) on its own accumulators.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q6_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
+#[inline]
+unsafe fn q6_k_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
     let w: &[BlockQ6K] = bytemuck::cast_slice(w);
-    assert!(x.len() >= w.len() * 8);
+    assert!(x.iter().all(|x| x.len() >= w.len() * 8));
     let m4 = _mm512_set1_epi8(0x0F);
     let m3 = _mm512_set1_epi8(0x03);
     let c32 = _mm512_set1_epi8(32);
     // Per-16-bit-lane shifts of qh: groups (0, 1) take bits 0-1 / 2-3, groups (2, 3) 4-5 / 6-7.
     let sh01 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     let sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut acc0 = [_mm512_setzero_ps(); T];
+    let mut acc1 = [_mm512_setzero_ps(); T];
     for (i, b) in w.iter().enumerate() {
-        let xa = x.get_unchecked(8 * i..8 * i + 8);
         let d = f16c(b.d);
         let scales = _mm_loadu_si128(b.scales.as_ptr() as *const __m128i);
+        // Chunk c = 2n + pair covers elements 64c..64c + 64 (activation blocks 2c, 2c + 1):
+        // its quants as u8 (q + 32) and, per i32 lane (4 elements), its scale as f32.
+        let mut q = [_mm512_setzero_si512(); 4];
         for n in 0..2 {
             let ql = _mm512_loadu_si512(b.ql.as_ptr().add(64 * n) as *const _);
             let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * n) as *const __m256i);
             let qh = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
             let h01 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh01), m3), 4);
             let h23 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh23), m3), 4);
-            let q01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
-            let q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
-            for (pair, q) in [q01, q23].into_iter().enumerate() {
-                let g = 4 * n + 2 * pair;
-                let (a0, a1) = (xa.get_unchecked(g), xa.get_unchecked(g + 1));
+            q[2 * n] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+            q[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+        }
+        let sc: [__m512; 4] = std::array::from_fn(|c| {
+            // Lane l covers elements 4l..4l+4: scale index 4c + l / 4.
+            let s = 4 * c as i8;
+            #[rustfmt::skip]
+            let shuf = _mm_setr_epi8(
+                s, s, s, s, s + 1, s + 1, s + 1, s + 1,
+                s + 2, s + 2, s + 2, s + 2, s + 3, s + 3, s + 3, s + 3,
+            );
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(scales, shuf)))
+        });
+        for t in 0..T {
+            let xa = x[t].get_unchecked(8 * i..8 * i + 8);
+            for c in 0..4 {
+                let (a0, a1) = (xa.get_unchecked(2 * c), xa.get_unchecked(2 * c + 1));
                 let xv = ld2(a0, a1);
                 // sum (q - 32) q_x per i32 lane (4 elements), exact.
-                let p = _mm512_sub_epi32(dpbusd(q, xv), dpbusd(c32, xv));
-                // Lane l covers elements 4l..4l+4: scale index g * 2 + l / 4.
-                let s = 2 * g as i8;
-                let shuf = _mm_setr_epi8(
-                    s,
-                    s,
-                    s,
-                    s,
-                    s + 1,
-                    s + 1,
-                    s + 1,
-                    s + 1,
-                    s + 2,
-                    s + 2,
-                    s + 2,
-                    s + 2,
-                    s + 3,
-                    s + 3,
-                    s + 3,
-                    s + 3,
-                );
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(scales, shuf)));
-                let f = _mm512_mul_ps(sc, fv(d * a0.d, d * a1.d));
-                acc[pair] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc[pair]);
+                let p = _mm512_sub_epi32(dpbusd(q[c], xv), dpbusd(c32, xv));
+                let f = _mm512_mul_ps(sc[c], fv(d * a0.d, d * a1.d));
+                if c & 1 == 0 {
+                    acc0[t] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc0[t]);
+                } else {
+                    acc1[t] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc1[t]);
+                }
             }
         }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    std::array::from_fn(|t| _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])))
 }
+
+// The table's single dot (`T = 1`) and the 4-token tile of each k-quant.
+legacy_kernels!(q4_k_n, dot_q4_k, toks4_q4_k);
+legacy_kernels!(q5_k_n, dot_q5_k, toks4_q5_k);
+legacy_kernels!(q6_k_n, dot_q6_k, toks4_q6_k);
 
 #[cfg(test)]
 mod tests {
