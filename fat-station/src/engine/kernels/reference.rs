@@ -245,6 +245,10 @@ pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
 
 /// Quantize `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks):
 /// `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
+///
+/// The specification, bit for bit, of the SIMD versions: `max` skips NaN, `x / d` is
+/// `x * (1 / d)` in f32, `round` is half away from zero (`roundf`, not the hardware's
+/// half-to-even), clamped to +-127, and NaN quantizes to 0 (`as i8`).
 pub fn quantize_row_q8a(x: &[f32], out: &mut [BlockQ8A]) {
     assert_eq!(x.len(), out.len() * QK, "quantize_row_q8a: length mismatch");
     for (xb, o) in x.chunks_exact(QK).zip(out.iter_mut()) {
