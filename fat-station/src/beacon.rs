@@ -4,7 +4,12 @@
 //! A beacon is one JSON datagram (at most [`MAX_DATAGRAM`] bytes), sent every interval to a
 //! target address: the LAN broadcast (`255.255.255.255:7979`), loopback broadcast
 //! (`127.255.255.255:7979`, simulated nodes on one host) or any unicast/multicast address.
-//! Contract: `specs/mesh.md`.
+//!
+//! The elector works in one of two ways: [`form`] takes the ranges the stations announce
+//! (shards, manifests) and only validates and orders them; [`assign`] gives each node a
+//! contiguous range of its own, proportional to the RAM budget it announced (`ram_bytes`),
+//! within what it holds. Either way it writes a chains file (and, for [`assign`], node
+//! manifests) and exits: nothing of it is in the data path. Contract: `specs/mesh.md`.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -15,7 +20,9 @@ use std::time::{Duration, Instant};
 use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::{NodeManifest, Successor};
 use crate::replicas::{ChainHop, ChainsFile};
+use knot_format::Role;
 
 /// Default beacon port.
 pub const DEFAULT_PORT: u16 = 7979;
@@ -49,6 +56,61 @@ pub struct Announcement {
 /// Protocol tag of a beacon.
 pub const PROTO: &str = "aeon-mesh/1";
 
+/// Environment variable holding the RAM budget a station announces (`2.4G`, `512M`, `1Gi` or
+/// bytes): what the node can give to weights and KV cache. [`Beacon::spawn`] reads it; a
+/// station without it announces no budget.
+pub const RAM_ENV: &str = "AEON_NODE_RAM";
+
+/// One node as the elector hears it: the announcement and, when the station gave one, its RAM
+/// budget. On the wire `ram_bytes` is one more optional key of the same JSON object, so a
+/// beacon without it (an older station) still parses, and an older listener ignores it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heard {
+    #[serde(flatten)]
+    pub ann: Announcement,
+    /// RAM budget in bytes (decimal units), from the station's [`RAM_ENV`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram_bytes: Option<u64>,
+}
+
+/// Parses `2.4G`, `512M`, `1Gi`, `123` into bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary), as
+/// `shard-knot plan --node-ram` does.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        None => (t, 1f64),
+        Some((i, _)) => {
+            let m = match &t[i..].to_ascii_lowercase()[..] {
+                "k" => 1e3,
+                "m" => 1e6,
+                "g" => 1e9,
+                "t" => 1e12,
+                "ki" => 1024f64,
+                "mi" => 1024f64.powi(2),
+                "gi" => 1024f64.powi(3),
+                "ti" => 1024f64.powi(4),
+                _ => return None,
+            };
+            (&t[..i], m)
+        }
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    (v.is_finite() && v >= 0.0 && v * mult < u64::MAX as f64).then(|| (v * mult).round() as u64)
+}
+
+/// The RAM budget from [`RAM_ENV`]: `None` when unset, an error when it does not parse.
+pub fn ram_from_env() -> std::io::Result<Option<u64>> {
+    match std::env::var(RAM_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => parse_size(&v).filter(|&b| b > 0).map(Some).ok_or_else(|| {
+            std::io::Error::other(format!(
+                "{RAM_ENV}={v:?}: expected bytes with an optional K, M, G or T suffix"
+            ))
+        }),
+    }
+}
+
 /// Sends `ann` to `target` every `interval` until the returned handle is dropped.
 pub struct Beacon {
     stop: Arc<AtomicBool>,
@@ -61,9 +123,22 @@ impl Drop for Beacon {
 }
 
 impl Beacon {
-    /// Starts announcing on a background thread.
+    /// Starts announcing on a background thread, with the RAM budget of [`RAM_ENV`] when set.
     pub fn spawn(
         ann: &Announcement,
+        target: SocketAddr,
+        interval: Duration,
+    ) -> std::io::Result<Beacon> {
+        let heard = Heard {
+            ann: ann.clone(),
+            ram_bytes: ram_from_env()?,
+        };
+        Beacon::spawn_heard(&heard, target, interval)
+    }
+
+    /// Starts announcing `ann` with its RAM budget on a background thread.
+    pub fn spawn_heard(
+        ann: &Heard,
         target: SocketAddr,
         interval: Duration,
     ) -> std::io::Result<Beacon> {
@@ -100,6 +175,11 @@ impl Beacon {
 
 /// Listens on `bind` for `timeout`; returns the latest announcement of each node, by node id.
 pub fn discover(bind: SocketAddr, timeout: Duration) -> std::io::Result<Vec<Announcement>> {
+    Ok(hear(bind, timeout)?.into_iter().map(|h| h.ann).collect())
+}
+
+/// Like [`discover`], keeping each node's RAM budget.
+pub fn hear(bind: SocketAddr, timeout: Duration) -> std::io::Result<Vec<Heard>> {
     let sock = UdpSocket::bind(bind)?;
     let deadline = Instant::now() + timeout;
     let mut seen = BTreeMap::new();
@@ -111,9 +191,9 @@ pub fn discover(bind: SocketAddr, timeout: Duration) -> std::io::Result<Vec<Anno
         }
         sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
         match sock.recv_from(&mut buf) {
-            Ok((n, from)) => match serde_json::from_slice::<Announcement>(&buf[..n]) {
-                Ok(a) if a.proto == PROTO => {
-                    seen.insert(a.node_id.clone(), a);
+            Ok((n, from)) => match serde_json::from_slice::<Heard>(&buf[..n]) {
+                Ok(a) if a.ann.proto == PROTO => {
+                    seen.insert(a.ann.node_id.clone(), a);
                 }
                 Ok(_) => tracing::debug!("beacon from {from}: unknown protocol"),
                 Err(e) => tracing::debug!("beacon from {from}: {e}"),
@@ -143,27 +223,37 @@ pub enum FormError {
     NoSuchModel(String),
     #[error("the announced ranges do not tile 0-{n_layers}: {why}")]
     Gap { n_layers: u32, why: String },
+    #[error("cannot assign ranges: {0}")]
+    Assign(String),
+}
+
+/// The announcements of one model: the one asked for, or the only one heard.
+fn one_model<'a, T>(
+    items: &'a [T],
+    hash_of: impl Fn(&T) -> &str,
+    model_hash: Option<&str>,
+) -> Result<Vec<&'a T>, FormError> {
+    if items.is_empty() {
+        return Err(FormError::Nobody);
+    }
+    let mut models: BTreeMap<&str, Vec<&T>> = BTreeMap::new();
+    for a in items {
+        models.entry(hash_of(a)).or_default().push(a);
+    }
+    match model_hash {
+        Some(h) => models
+            .remove(h)
+            .ok_or_else(|| FormError::NoSuchModel(h.into())),
+        None if models.len() == 1 => Ok(models.into_values().next().unwrap_or_default()),
+        None => Err(FormError::ManyModels(models.len())),
+    }
 }
 
 /// The ephemeral elector: validates that announced ranges tile the model and groups the
 /// stations into as many disjoint chains (replicas) as they allow. Stations that announced a
 /// `chain` are kept in it; the rest are assigned greedily (lowest node id first).
 pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFile, FormError> {
-    if anns.is_empty() {
-        return Err(FormError::Nobody);
-    }
-    let mut models: BTreeMap<&str, Vec<&Announcement>> = BTreeMap::new();
-    for a in anns {
-        models.entry(a.model_hash.as_str()).or_default().push(a);
-    }
-    let nodes = match model_hash {
-        Some(h) => models
-            .get(h)
-            .cloned()
-            .ok_or_else(|| FormError::NoSuchModel(h.into()))?,
-        None if models.len() == 1 => models.into_values().next().unwrap_or_default(),
-        None => return Err(FormError::ManyModels(models.len())),
-    };
+    let nodes = one_model(anns, |a| a.model_hash.as_str(), model_hash)?;
     let n_layers = nodes[0].n_layers;
     let mut pool: Vec<(&Announcement, LayerRange)> = nodes
         .iter()
@@ -247,6 +337,284 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
     })
 }
 
+/// What the elector is asked to assign.
+#[derive(Clone, Debug, Default)]
+pub struct AssignRequest {
+    /// Only nodes of this model hash (needed when several models announce).
+    pub model_hash: Option<String>,
+    /// Independent chains (replicas) to spread the nodes over; 0 counts as 1.
+    pub replicas: u32,
+    /// RAM budget assumed for a node that announced none. Default: the smallest budget
+    /// announced; equal shares when no node announced one.
+    pub default_ram: Option<u64>,
+}
+
+/// One node's place in an assigned mesh.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Assigned {
+    pub node_id: String,
+    /// `http://host:port`, as announced.
+    pub address: String,
+    /// Replica chain.
+    pub chain: u32,
+    /// The range it is to run.
+    pub layers: LayerRange,
+    /// What the range makes it: `entry` (embeds), `mid`, `exit` (runs the head) or `full`.
+    pub role: Role,
+    /// The range it announced holding (the assigned range lies within it).
+    pub held: LayerRange,
+    /// RAM budget the split used, bytes.
+    pub ram_bytes: u64,
+    /// Whether that budget was announced (else assumed, see [`AssignRequest::default_ram`]).
+    pub ram_announced: bool,
+}
+
+/// What [`assign`] decided: every chain's nodes in layer order.
+#[derive(Clone, Debug, Serialize)]
+pub struct Assignment {
+    pub model_id: String,
+    pub model_hash: String,
+    pub n_layers: u32,
+    pub chains: Vec<Vec<Assigned>>,
+}
+
+impl Assignment {
+    /// The chains file (`moonshine --mesh`, `moonshine mesh generate --mesh`): each hop with
+    /// its assigned range.
+    pub fn chains_file(&self) -> ChainsFile {
+        let chains: Vec<Vec<ChainHop>> = self
+            .chains
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|a| ChainHop {
+                        node_id: a.node_id.clone(),
+                        url: a.address.clone(),
+                        layers: dash(a.layers),
+                    })
+                    .collect()
+            })
+            .collect();
+        ChainsFile {
+            model: Some(self.model_id.clone()),
+            model_hash: Some(self.model_hash.clone()),
+            n_layers: Some(self.n_layers),
+            stations: chains.first().cloned().unwrap_or_default(),
+            chains,
+        }
+    }
+
+    /// One manifest per node (`fat-station --manifest`): its assigned role and range, its
+    /// successor in the chain, `listen` from its announced address. `shard` names the file the
+    /// node serves from (`{node_id}` is replaced by the node's id), relative to the manifest.
+    pub fn manifests(&self, shard: &str) -> Vec<NodeManifest> {
+        let mut out = Vec::new();
+        for c in &self.chains {
+            for (i, a) in c.iter().enumerate() {
+                out.push(NodeManifest {
+                    node_id: a.node_id.clone(),
+                    model_id: self.model_id.clone(),
+                    model_hash: self.model_hash.clone(),
+                    role: a.role,
+                    layers: dash(a.layers),
+                    successor: c.get(i + 1).map(|nx| Successor {
+                        node_id: nx.node_id.clone(),
+                        url: nx.address.clone(),
+                        layers: dash(nx.layers),
+                    }),
+                    listen: a
+                        .address
+                        .trim_start_matches("http://")
+                        .trim_end_matches('/')
+                        .to_string(),
+                    shard: shard.replace("{node_id}", &a.node_id),
+                    chain: a.chain,
+                });
+            }
+        }
+        out
+    }
+}
+
+fn dash(r: LayerRange) -> String {
+    format!("{}-{}", r.start, r.end)
+}
+
+/// A node the elector may place.
+struct Candidate<'a> {
+    heard: &'a Heard,
+    held: LayerRange,
+    embed: bool,
+    head: bool,
+    ram: u64,
+}
+
+/// The ephemeral elector assigning ranges: spreads the nodes of one model over
+/// `req.replicas` chains and gives each node of a chain a contiguous range proportional to
+/// its RAM budget, within what it holds (a full-model station can run any range; a shard
+/// station only a part of its own). The first node of a chain must hold the embedding and
+/// layer 0, the last the head and the last layer. Announced `chain` labels are not kept: the
+/// elector decides the chains.
+///
+/// Nodes are ordered by (held start, embedding first, head last, node id) and dealt to the
+/// chains round-robin. A chain's boundaries start at the RAM-proportional ideal
+/// (`round(n_layers * cumulative RAM / chain RAM)`), each moved the least needed to keep
+/// every range non-empty and inside its node's holdings; when no boundary can, the error
+/// names the two nodes.
+pub fn assign(heard: &[Heard], req: &AssignRequest) -> Result<Assignment, FormError> {
+    let nodes = one_model(
+        heard,
+        |h| h.ann.model_hash.as_str(),
+        req.model_hash.as_deref(),
+    )?;
+    let n_layers = nodes[0].ann.n_layers;
+    let bad = |why: String| FormError::Assign(why);
+    if n_layers == 0 {
+        return Err(bad("the model announces 0 layers".into()));
+    }
+    let smallest = nodes
+        .iter()
+        .filter_map(|h| h.ram_bytes)
+        .filter(|&b| b > 0)
+        .min();
+    let fallback = req.default_ram.or(smallest).unwrap_or(1).max(1);
+    let mut cands = Vec::with_capacity(nodes.len());
+    for &h in &nodes {
+        let a = &h.ann;
+        if a.n_layers != n_layers {
+            return Err(bad(format!(
+                "node {} announces {} layers, node {} {n_layers}",
+                a.node_id, a.n_layers, nodes[0].ann.node_id
+            )));
+        }
+        let held = LayerRange::parse(&a.layers)
+            .filter(|r| !r.is_empty() && r.end <= n_layers)
+            .ok_or_else(|| {
+                bad(format!(
+                    "node {} announces layers {:?}, not a range within 0-{n_layers}",
+                    a.node_id, a.layers
+                ))
+            })?;
+        cands.push(Candidate {
+            heard: h,
+            held,
+            embed: a.role == "entry" || a.role == "full",
+            head: a.role == "exit" || a.role == "full",
+            ram: h.ram_bytes.filter(|&b| b > 0).unwrap_or(fallback),
+        });
+    }
+    let replicas = req.replicas.max(1) as usize;
+    if cands.len() < replicas {
+        return Err(bad(format!(
+            "{} node(s) cannot make {replicas} chains",
+            cands.len()
+        )));
+    }
+    cands.sort_by(|x, y| {
+        (x.held.start, !x.embed, x.head, &x.heard.ann.node_id).cmp(&(
+            y.held.start,
+            !y.embed,
+            y.head,
+            &y.heard.ann.node_id,
+        ))
+    });
+    let mut groups: Vec<Vec<&Candidate>> = vec![Vec::new(); replicas];
+    for (i, c) in cands.iter().enumerate() {
+        groups[i % replicas].push(c);
+    }
+    let mut chains = Vec::with_capacity(replicas);
+    for (ci, g) in groups.iter().enumerate() {
+        let ranges = split_chain(g, n_layers).map_err(|why| bad(format!("chain {ci}: {why}")))?;
+        let k = g.len();
+        chains.push(
+            g.iter()
+                .zip(ranges)
+                .enumerate()
+                .map(|(i, (c, layers))| Assigned {
+                    node_id: c.heard.ann.node_id.clone(),
+                    address: c.heard.ann.address.clone(),
+                    chain: ci as u32,
+                    layers,
+                    role: match (i == 0, i + 1 == k) {
+                        (true, true) => Role::Full,
+                        (true, false) => Role::Entry,
+                        (false, true) => Role::Exit,
+                        (false, false) => Role::Mid,
+                    },
+                    held: c.held,
+                    ram_bytes: c.ram,
+                    ram_announced: c.heard.ram_bytes.is_some_and(|b| b > 0),
+                })
+                .collect(),
+        );
+    }
+    Ok(Assignment {
+        model_id: nodes[0].ann.model_id.clone(),
+        model_hash: nodes[0].ann.model_hash.clone(),
+        n_layers,
+        chains,
+    })
+}
+
+/// Contiguous ranges tiling `0..n` over the chain's nodes in order (see [`assign`]).
+fn split_chain(c: &[&Candidate], n: u32) -> Result<Vec<LayerRange>, String> {
+    let k = c.len();
+    let id = |i: usize| &c[i].heard.ann.node_id;
+    let holds = |i: usize| {
+        format!(
+            "node {} (holds {}, {})",
+            id(i),
+            dash(c[i].held),
+            c[i].heard.ann.role
+        )
+    };
+    if k as u64 > n as u64 {
+        return Err(format!(
+            "{k} nodes for {n} layers: a node needs at least one layer (ask for more replicas)"
+        ));
+    }
+    if c[0].held.start != 0 || !c[0].embed {
+        return Err(format!(
+            "its first node must hold the embedding and layer 0, but the first is {}",
+            holds(0)
+        ));
+    }
+    if c[k - 1].held.end != n || !c[k - 1].head {
+        return Err(format!(
+            "its last node must hold layer {} and the head, but the last is {}",
+            n - 1,
+            holds(k - 1)
+        ));
+    }
+    let total: u128 = c.iter().map(|x| x.ram as u128).sum::<u128>().max(1);
+    let mut acc = 0u128;
+    let mut bounds = vec![0u32];
+    for i in 1..k {
+        acc += c[i - 1].ram as u128;
+        let ideal = ((2 * n as u128 * acc + total) / (2 * total)) as u32;
+        let prev = bounds[i - 1];
+        let lo = c[i].held.start.max(prev + 1);
+        let hi = c[i - 1]
+            .held
+            .end
+            .min(c[i].held.end - 1)
+            .min(n - (k - i) as u32);
+        if lo > hi {
+            return Err(format!(
+                "no layer boundary between {} and {} after layer {prev}",
+                holds(i - 1),
+                holds(i)
+            ));
+        }
+        bounds.push(ideal.clamp(lo, hi));
+    }
+    bounds.push(n);
+    Ok(bounds
+        .windows(2)
+        .map(|w| LayerRange::new(w[0], w[1]))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +673,166 @@ mod tests {
         assert!(matches!(form(&[], None), Err(FormError::Nobody)));
     }
 
+    fn full(id: &str, ram: Option<&str>) -> Heard {
+        let mut a = ann(id, "0-24", None);
+        a.role = "full".into();
+        Heard {
+            ann: a,
+            ram_bytes: ram.map(|r| parse_size(r).unwrap()),
+        }
+    }
+
+    fn shard(id: &str, role: &str, layers: &str) -> Heard {
+        let mut a = ann(id, layers, None);
+        a.role = role.into();
+        Heard {
+            ann: a,
+            ram_bytes: None,
+        }
+    }
+
+    fn layout(a: &Assignment) -> Vec<Vec<String>> {
+        a.chains
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|x| format!("{}={}-{}", x.node_id, x.layers.start, x.layers.end))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn elector_assigns_ranges_by_announced_ram() {
+        let one = AssignRequest::default();
+        let nodes = [
+            full("n0", Some("1G")),
+            full("n1", Some("2G")),
+            full("n2", Some("1G")),
+        ];
+        let a = assign(&nodes, &one).unwrap();
+        assert_eq!(layout(&a), vec![vec!["n0=0-6", "n1=6-18", "n2=18-24"]]);
+        let roles: Vec<Role> = a.chains[0].iter().map(|x| x.role).collect();
+        assert_eq!(roles, vec![Role::Entry, Role::Mid, Role::Exit]);
+        // The chains file carries the assigned ranges, the manifests the successors.
+        let f = a.chains_file();
+        assert_eq!(f.stations[1].layers, "6-18");
+        assert_eq!(f.chains.len(), 1);
+        let m = a.manifests("m-{node_id}.knot");
+        assert_eq!(m[0].listen, "n0");
+        assert_eq!(m[0].shard, "m-n0.knot");
+        let s = m[0].successor.as_ref().unwrap();
+        assert_eq!(
+            (s.node_id.as_str(), s.url.as_str(), s.layers.as_str()),
+            ("n1", "http://n1", "6-18")
+        );
+        assert_eq!(m[2].successor, None);
+        assert_eq!(m[1].role, Role::Mid);
+        // A node without a budget counts as the smallest announced; nobody announcing one
+        // gives equal shares.
+        let nodes = [
+            full("n0", Some("1G")),
+            full("n1", Some("3G")),
+            full("n2", None),
+        ];
+        let a = assign(&nodes, &one).unwrap();
+        assert_eq!(layout(&a), vec![vec!["n0=0-5", "n1=5-19", "n2=19-24"]]);
+        assert!(!a.chains[0][2].ram_announced && a.chains[0][2].ram_bytes == 1_000_000_000);
+        let nodes = [full("n0", None), full("n1", None), full("n2", None)];
+        let a = assign(&nodes, &one).unwrap();
+        assert_eq!(layout(&a), vec![vec!["n0=0-8", "n1=8-16", "n2=16-24"]]);
+        // One node alone is a full chain.
+        let a = assign(&nodes[..1], &one).unwrap();
+        assert_eq!(a.chains[0][0].role, Role::Full);
+        // A tiny budget still gets one layer.
+        let nodes = [full("n0", Some("1M")), full("n1", Some("100G"))];
+        let a = assign(&nodes, &one).unwrap();
+        assert_eq!(layout(&a), vec![vec!["n0=0-1", "n1=1-24"]]);
+    }
+
+    #[test]
+    fn elector_makes_replicas_and_respects_what_shards_hold() {
+        let two = AssignRequest {
+            replicas: 2,
+            ..Default::default()
+        };
+        let nodes = [
+            full("n0", None),
+            full("n1", None),
+            full("n2", None),
+            full("n3", None),
+        ];
+        let a = assign(&nodes, &two).unwrap();
+        assert_eq!(
+            layout(&a),
+            vec![vec!["n0=0-12", "n2=12-24"], vec!["n1=0-12", "n3=12-24"]]
+        );
+        assert_eq!(a.chains_file().chains.len(), 2);
+        assert!(assign(&nodes[..1], &two)
+            .unwrap_err()
+            .to_string()
+            .contains("cannot make 2 chains"));
+        // Shards can only run parts of what they hold; a full node fills in.
+        let nodes = [
+            shard("x", "exit", "12-24"),
+            full("f", None),
+            shard("e", "entry", "0-12"),
+        ];
+        let a = assign(&nodes, &AssignRequest::default()).unwrap();
+        assert_eq!(layout(&a), vec![vec!["e=0-8", "f=8-16", "x=16-24"]]);
+        let nodes = [shard("e", "entry", "0-12"), shard("x", "exit", "12-24")];
+        let a = assign(&nodes, &AssignRequest::default()).unwrap();
+        assert_eq!(layout(&a), vec![vec!["e=0-12", "x=12-24"]]);
+        // A gap, a chain without an embedding, one without a head: named.
+        let e = assign(
+            &[shard("e", "entry", "0-8"), shard("x", "exit", "16-24")],
+            &AssignRequest::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("between node e (holds 0-8, entry) and node x (holds 16-24, exit)"),
+            "{e}"
+        );
+        let e = assign(&[shard("m", "mid", "0-24")], &AssignRequest::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("first node must hold the embedding"), "{e}");
+        let e = assign(&[shard("e", "entry", "0-24")], &AssignRequest::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("last node must hold layer 23 and the head"),
+            "{e}"
+        );
+        let many: Vec<Heard> = (0..25).map(|i| full(&format!("n{i:02}"), None)).collect();
+        let e = assign(&many, &AssignRequest::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("25 nodes for 24 layers"), "{e}");
+    }
+
+    #[test]
+    fn ram_budget_on_the_wire_is_backward_compatible() {
+        assert_eq!(parse_size("2.4G"), Some(2_400_000_000));
+        assert_eq!(parse_size("1Gi"), Some(1 << 30));
+        assert_eq!(parse_size("512M"), Some(512_000_000));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("-1G"), None);
+        let h = full("n0", Some("2.4G"));
+        let wire = serde_json::to_string(&h).unwrap();
+        assert!(wire.contains(r#""ram_bytes":2400000000"#), "{wire}");
+        // An older listener reads the announcement and ignores the budget.
+        let old: Announcement = serde_json::from_str(&wire).unwrap();
+        assert_eq!(old, h.ann);
+        // An older station's beacon (no budget) is heard without one.
+        let from_old: Heard =
+            serde_json::from_str(&serde_json::to_string(&h.ann).unwrap()).unwrap();
+        assert_eq!(from_old.ram_bytes, None);
+        assert_eq!(from_old.ann, h.ann);
+    }
+
     #[test]
     fn beacons_are_heard_over_loopback() {
         let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -315,8 +843,20 @@ mod tests {
             Beacon::spawn(&ann("n1", "0-12", None), target, Duration::from_millis(50)).unwrap();
         let _b2 =
             Beacon::spawn(&ann("n2", "12-24", None), target, Duration::from_millis(50)).unwrap();
-        let heard = discover(target, Duration::from_millis(600)).unwrap();
-        let ids: Vec<&str> = heard.iter().map(|a| a.node_id.as_str()).collect();
-        assert_eq!(ids, vec!["n1", "n2"]);
+        let _b3 = Beacon::spawn_heard(
+            &Heard {
+                ann: ann("n3", "0-24", None),
+                ram_bytes: Some(7),
+            },
+            target,
+            Duration::from_millis(50),
+        )
+        .unwrap();
+        let heard = hear(target, Duration::from_millis(600)).unwrap();
+        let ids: Vec<(&str, Option<u64>)> = heard
+            .iter()
+            .map(|a| (a.ann.node_id.as_str(), a.ram_bytes))
+            .collect();
+        assert_eq!(ids, vec![("n1", None), ("n2", None), ("n3", Some(7))]);
     }
 }

@@ -9,6 +9,7 @@
 use std::io::Read;
 use std::time::{Duration, Instant};
 
+use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
 use crate::wire;
@@ -72,6 +73,14 @@ pub enum MeshError {
     },
     #[error("{url}: bad response: {why}")]
     BadResponse { url: String, why: String },
+    /// The stations ran other ranges than the chain lists (e.g. full-model stations given
+    /// ranges by `moonshine mesh form --assign` but not restarted from its manifests).
+    #[error("{url}: the chain ran {got} but the mesh assigns {want}; start the stations from the elector's manifests (fat-station --manifest) or use the per-hop client (moonshine --mesh)")]
+    RangeMismatch {
+        url: String,
+        want: String,
+        got: String,
+    },
     #[error("every chain failed; last: {0}")]
     AllFailed(Box<MeshError>),
     #[error("mesh: {0}")]
@@ -121,6 +130,8 @@ pub struct MeshChain {
     pub source_route: bool,
     /// Hex grant for `X-Grant`.
     pub grant_hex: Option<String>,
+    /// The mesh key of a sealed mesh: seal the request, open the answer.
+    pub mesh_key: Option<crate::seal::MeshKey>,
 }
 
 impl MeshChain {
@@ -140,6 +151,7 @@ impl MeshChain {
             agent,
             source_route: true,
             grant_hex: None,
+            mesh_key: None,
         })
     }
 
@@ -170,12 +182,14 @@ impl MeshChain {
         if let Some((s, p)) = session {
             req = req.set(wire::H_SESSION, s).set(wire::H_POS, &p.to_string());
         }
+        let mut route = String::new();
         if self.source_route && self.hops.len() > 1 {
-            let route: Vec<&str> = self.hops[1..]
+            let hops: Vec<&str> = self.hops[1..]
                 .iter()
                 .map(|h| h.url.trim_end_matches('/'))
                 .collect();
-            req = req.set(wire::H_ROUTE, &route.join(","));
+            route = hops.join(",");
+            req = req.set(wire::H_ROUTE, &route);
         }
         if let Some(g) = &self.grant_hex {
             req = req.set(wire::H_GRANT, g);
@@ -185,6 +199,21 @@ impl MeshChain {
         })
         .map_err(|e| MeshError::Config(e.to_string()))?;
         let t = Instant::now();
+        let mut sealed = self
+            .mesh_key
+            .as_ref()
+            .map(|k| crate::client::SealedStep::new(k, session, &route, !want_logits));
+        let body = match &mut sealed {
+            Some(s) => {
+                let (b, ts) = s.seal_request(&body);
+                req = req
+                    .set(wire::H_SEAL, "v1")
+                    .set(wire::H_SEAL_TS, &ts.to_string())
+                    .set(wire::H_REQUEST_ID, &s.request_id);
+                b
+            }
+            None => body,
+        };
         let resp = match req.send_bytes(&body) {
             Ok(r) => r,
             Err(ureq::Error::Status(status, r)) => {
@@ -223,15 +252,51 @@ impl MeshChain {
             .header(wire::H_CHAIN_TRACE)
             .map(parse_trace)
             .unwrap_or_default();
+        // A chain answers with one trace entry per node; the ranges must be those listed, or
+        // the answer, though well-formed, did not come from this mesh's split.
+        if !trace.is_empty() {
+            let norm = |r: &str| {
+                LayerRange::parse(r)
+                    .map(|r| format!("{}-{}", r.start, r.end))
+                    .unwrap_or_else(|| r.to_string())
+            };
+            let got: Vec<String> = trace.iter().map(|t| norm(&t.1)).collect();
+            let want: Vec<String> = self.hops.iter().map(|h| norm(&h.layers)).collect();
+            if got != want {
+                return Err(MeshError::RangeMismatch {
+                    url,
+                    want: want.join(", "),
+                    got: got.join(", "),
+                });
+            }
+        }
         let bad = |why: String| MeshError::BadResponse {
             url: url.clone(),
             why,
         };
+        let seal_h = resp.header(wire::H_SEAL).map(str::to_string);
+        let seal_ts = resp.header(wire::H_SEAL_TS).map(str::to_string);
         let mut b = Vec::new();
         resp.into_reader()
             .take(64 << 20)
             .read_to_end(&mut b)
             .map_err(|e| bad(e.to_string()))?;
+        if let Some(s) = &mut sealed {
+            let exit_layer = self
+                .hops
+                .last()
+                .and_then(|h| knot_format::LayerRange::parse(&h.layers))
+                .map(|r| r.end)
+                .unwrap_or(0);
+            b = s
+                .open_response(&url, seal_h.as_deref(), seal_ts.as_deref(), exit_layer, &b)
+                .map_err(|e| match e {
+                    crate::client::ClientError::Sealed { why, .. } => {
+                        bad(format!("sealed response refused: {why}"))
+                    }
+                    e => bad(e.to_string()),
+                })?;
+        }
         let wall_ms = t.elapsed().as_secs_f64() * 1e3;
         if want_logits {
             let logits = wire::decode_f32(&b)

@@ -1,16 +1,18 @@
 //! `moonshine mesh discover|form|generate`: find stations by their UDP beacons, form chains
-//! (the ephemeral elector: it validates that announced ranges tile the model, writes a chains
-//! file and exits), and generate through replica chains with failover. See `specs/mesh.md`.
+//! (the ephemeral elector: it validates that announced ranges tile the model, or with
+//! `--assign` gives each node a range by its RAM budget and writes node manifests; then it
+//! writes a chains file and exits), and generate through replica chains with failover. See
+//! `specs/mesh.md`.
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use fat_station::beacon::{self, Announcement};
+use fat_station::beacon::{self, Announcement, AssignRequest, Heard};
 use fat_station::client::StationClient;
 use fat_station::replicas::{ChainsFile, ReplicaSet};
 
@@ -18,10 +20,12 @@ use fat_station::replicas::{ChainsFile, ReplicaSet};
 ///
 ///   moonshine mesh discover --timeout 2
 ///   moonshine mesh form -o mesh.json          (then: moonshine --mesh mesh.json -c ...)
+///   moonshine mesh form --assign -o mesh.json --manifests nodes/ --shard model.knot
 ///   moonshine mesh generate --discover -c "The capital of France is" -n 16
 ///
-/// Stations announce with `fat-station --beacon ADDR`. Exit codes: 0 ok, 1 nothing found or
-/// no chain could be formed, 2 bad arguments or I/O errors.
+/// Stations announce with `fat-station --beacon ADDR` (and their RAM budget with
+/// AEON_NODE_RAM=2.4G in their environment). Exit codes: 0 ok, 1 nothing found or no chain
+/// could be formed, 2 bad arguments or I/O errors.
 #[derive(Debug, Parser)]
 #[command(name = "moonshine mesh", about, long_about)]
 struct MeshArgs {
@@ -50,7 +54,9 @@ enum MeshCmd {
         json: bool,
     },
     /// Collect announcements, group stations into chains that tile the model (replicas when
-    /// there are enough), write the chains file and exit.
+    /// there are enough), write the chains file and exit. With --assign, give each node a
+    /// contiguous layer range proportional to its announced RAM budget instead (within what
+    /// it holds: a full-model station can run any range).
     Form {
         #[command(flatten)]
         l: Listen,
@@ -58,8 +64,30 @@ enum MeshCmd {
         #[arg(long)]
         model: Option<String>,
         /// Where to write the chains file (a valid `--mesh` file: its `stations` is chain 0).
+        /// With --assign its hops carry the assigned ranges: `moonshine --mesh FILE` runs them
+        /// on the stations as they are (per-hop X-Layer-Range); `moonshine mesh generate`
+        /// (POST /chain) needs the stations restarted from --manifests.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Assign ranges by RAM budget rather than take the announced ones.
+        #[arg(long)]
+        assign: bool,
+        /// With --assign: how many independent chains (replicas) to make.
+        #[arg(long, default_value_t = 1, requires = "assign")]
+        replicas: u32,
+        /// With --assign: RAM budget assumed for a node that announced none (`2.4G`, `512M`;
+        /// default: the smallest announced, or equal shares when none was).
+        #[arg(long, value_name = "SIZE", requires = "assign")]
+        default_ram: Option<String>,
+        /// With --assign: write one manifest per node, DIR/NODE_ID.json, to restart each
+        /// station as its assigned part (`fat-station --manifest`, `scripts/equip.sh`); the
+        /// stations then forward to each other (POST /chain).
+        #[arg(long, value_name = "DIR", requires_all = ["assign", "shard"])]
+        manifests: Option<PathBuf>,
+        /// With --manifests: the model or shard file each node serves from, as the node sees
+        /// it (relative to its manifest, or absolute); `{node_id}` is replaced by the node id.
+        #[arg(long, value_name = "FILE", requires = "manifests")]
+        shard: Option<String>,
     },
     /// Greedy generation through a formed mesh, one request per token, failing over to a
     /// replica chain when a node dies.
@@ -114,25 +142,47 @@ pub fn run(args: Vec<String>) -> ExitCode {
 }
 
 fn listen(l: &Listen) -> Result<Vec<Announcement>> {
-    beacon::discover(l.listen, Duration::from_secs_f64(l.timeout.max(0.01)))
+    Ok(hear(l)?.into_iter().map(|h| h.ann).collect())
+}
+
+fn hear(l: &Listen) -> Result<Vec<Heard>> {
+    beacon::hear(l.listen, Duration::from_secs_f64(l.timeout.max(0.01)))
         .with_context(|| format!("listening for beacons on {}", l.listen))
+}
+
+/// `1.23 GB` style (decimal).
+fn human(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else {
+        format!("{:.0} MB", b / 1e6)
+    }
+}
+
+/// Writes `text` to `path` through a temporary file and a rename.
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
 fn exec(a: MeshArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match a.cmd {
         MeshCmd::Discover { l, json } => {
-            let heard = listen(&l)?;
+            let heard = hear(&l)?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&heard)?)?;
             } else {
-                for h in &heard {
+                for Heard { ann: h, ram_bytes } in &heard {
                     writeln!(
                         out,
-                        "{:<12} {:<6} layers {:<6} {:<28} {} ({}, {})",
+                        "{:<12} {:<6} layers {:<6} ram {:<9} {:<28} {} ({}, {})",
                         h.node_id,
                         h.role,
                         h.layers,
+                        ram_bytes.map(human).unwrap_or_else(|| "-".into()),
                         h.address,
                         h.model_id,
                         &h.model_hash[..h.model_hash.len().min(12)],
@@ -152,30 +202,93 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
-        MeshCmd::Form { l, model, output } => {
-            let heard = listen(&l)?;
-            let formed = match beacon::form(&heard, model.as_deref()) {
+        MeshCmd::Form {
+            l,
+            model,
+            output,
+            assign,
+            replicas,
+            default_ram,
+            manifests,
+            shard,
+        } => {
+            let default_ram = match default_ram.as_deref() {
+                Some(s) => Some(
+                    beacon::parse_size(s)
+                        .filter(|&b| b > 0)
+                        .with_context(|| format!("--default-ram {s:?}: expected e.g. 2.4G"))?,
+                ),
+                None => None,
+            };
+            let heard = hear(&l)?;
+            let anns: Vec<Announcement> = heard.iter().map(|h| h.ann.clone()).collect();
+            let formed = if assign {
+                let req = AssignRequest {
+                    model_hash: model.clone(),
+                    replicas,
+                    default_ram,
+                };
+                beacon::assign(&heard, &req).map(Some)
+            } else {
+                Ok(None)
+            };
+            let (assigned, formed) = match formed {
+                Ok(Some(a)) => {
+                    let f = a.chains_file();
+                    (Some(a), Ok(f))
+                }
+                Ok(None) => (None, beacon::form(&anns, model.as_deref())),
+                Err(e) => (None, Err(e)),
+            };
+            let formed = match formed {
                 Ok(f) => f,
                 Err(e) => {
                     eprintln!("moonshine mesh: {e}");
                     return Ok(ExitCode::from(1));
                 }
             };
-            for (i, c) in formed.chains.iter().enumerate() {
-                let hops: Vec<String> = c
-                    .iter()
-                    .map(|h| format!("{}[{}]", h.node_id, h.layers))
-                    .collect();
-                writeln!(out, "chain {i}: {}", hops.join(" -> "))?;
+            match &assigned {
+                Some(a) => {
+                    for (i, c) in a.chains.iter().enumerate() {
+                        let hops: Vec<String> = c
+                            .iter()
+                            .map(|h| {
+                                format!(
+                                    "{}[{}-{}, {}{}]",
+                                    h.node_id,
+                                    h.layers.start,
+                                    h.layers.end,
+                                    human(h.ram_bytes),
+                                    if h.ram_announced { "" } else { " assumed" }
+                                )
+                            })
+                            .collect();
+                        writeln!(out, "chain {i}: {}", hops.join(" -> "))?;
+                    }
+                }
+                None => {
+                    for (i, c) in formed.chains.iter().enumerate() {
+                        let hops: Vec<String> = c
+                            .iter()
+                            .map(|h| format!("{}[{}]", h.node_id, h.layers))
+                            .collect();
+                        writeln!(out, "chain {i}: {}", hops.join(" -> "))?;
+                    }
+                }
+            }
+            if let (Some(a), Some(dir), Some(shard)) = (&assigned, &manifests, &shard) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                for m in a.manifests(shard) {
+                    let p = dir.join(format!("{}.json", m.node_id));
+                    write_atomic(&p, &format!("{}\n", serde_json::to_string_pretty(&m)?))?;
+                    writeln!(out, "wrote {}", p.display())?;
+                }
             }
             let json = serde_json::to_string_pretty(&formed)?;
             match output {
                 Some(p) => {
-                    let tmp = p.with_extension("tmp");
-                    std::fs::write(&tmp, format!("{json}\n"))
-                        .with_context(|| format!("writing {}", tmp.display()))?;
-                    std::fs::rename(&tmp, &p)
-                        .with_context(|| format!("renaming to {}", p.display()))?;
+                    write_atomic(&p, &format!("{json}\n"))?;
                     writeln!(out, "wrote {}", p.display())?;
                 }
                 None => writeln!(out, "{json}")?,
