@@ -1,4 +1,5 @@
-//! Blocking station client and the chain that drives tokens through a list of stations.
+//! Blocking station client and the chain that drives tokens through a list of stations, and
+//! the client side of a sealed `POST /chain` ([`SealedStep`]).
 //!
 //! Used by moonshine, paris-probe and the parity tools. Keep-alive connections are pooled
 //! per client; every call has a timeout so a dead hop never hangs the caller.
@@ -9,6 +10,7 @@ use std::time::Duration;
 use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
+use crate::seal::{self, MeshKey, SealContext, SealDir};
 use crate::wire::{self, ErrorBody, Health};
 
 /// Why a station call failed.
@@ -30,6 +32,9 @@ pub enum ClientError {
     BadResponse { url: String, why: String },
     #[error("mesh: {0}")]
     Mesh(String),
+    /// A sealed mesh's answer that is unsealed, does not verify, or answers another request.
+    #[error("{url}: sealed response refused: {why}")]
+    Sealed { url: String, why: String },
 }
 
 /// One station's client.
@@ -254,6 +259,106 @@ impl StationClient {
             .set("content-type", "application/octet-stream");
         let r = self.call(req, Some(&wire::encode_f32(x)))?;
         self.binary(r)
+    }
+}
+
+/// The client side of one sealed `POST /chain` step (`specs/mesh.md`, "Trust on the wire"):
+/// seals the `{"tokens": [...]}` request under a fresh random request id, and opens the exit's
+/// answer under that same id, so neither an old answer nor a request's own seal (another
+/// direction tag) can stand in for it.
+pub struct SealedStep<'a> {
+    key: &'a MeshKey,
+    /// The id both seals bind (send it as `X-Request-Id`).
+    pub request_id: String,
+    session: &'a str,
+    pos: usize,
+    route: &'a str,
+    ret: &'static str,
+    /// Milliseconds spent sealing and opening so far.
+    pub seal_ms: f64,
+}
+
+impl<'a> SealedStep<'a> {
+    /// A step at `pos` of `session` (or stateless), with `route` as sent in `X-Route` (empty
+    /// when none) and `want_token` as `X-Return: token`.
+    pub fn new(
+        key: &'a MeshKey,
+        session: Option<(&'a str, usize)>,
+        route: &'a str,
+        want_token: bool,
+    ) -> SealedStep<'a> {
+        let (session, pos) = session.unwrap_or(("", 0));
+        SealedStep {
+            key,
+            request_id: seal::random_request_id(),
+            session,
+            pos,
+            route,
+            ret: seal::ret_tag(want_token),
+            seal_ms: 0.0,
+        }
+    }
+
+    /// Seals the request body for the entry; returns it and the `X-Seal-Ts` value. Send it
+    /// with `X-Seal: v1`, `X-Seal-Ts` and `X-Request-Id: self.request_id`.
+    pub fn seal_request(&mut self, body: &[u8]) -> (Vec<u8>, u64) {
+        let t = std::time::Instant::now();
+        let ts = seal::now_ms();
+        let ctx = SealContext {
+            dir: SealDir::Request,
+            request_id: &self.request_id,
+            from_layer: 0,
+            session: self.session,
+            pos: self.pos,
+            ts_ms: ts,
+            route: self.route,
+            ret: self.ret,
+        };
+        let sealed = self.key.seal(body, &ctx);
+        self.seal_ms += t.elapsed().as_secs_f64() * 1e3;
+        (sealed, ts)
+    }
+
+    /// Opens the exit's answer: `seal` and `ts` are the response's `X-Seal` and `X-Seal-Ts`,
+    /// `exit_layer` the exit's range end (the model's layer count).
+    pub fn open_response(
+        &mut self,
+        url: &str,
+        seal: Option<&str>,
+        ts: Option<&str>,
+        exit_layer: u32,
+        body: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let refused = |why: String| ClientError::Sealed {
+            url: url.to_string(),
+            why,
+        };
+        match seal {
+            Some("v1") => {}
+            Some(v) => return Err(refused(format!("unknown X-Seal {v:?}"))),
+            None => {
+                return Err(refused(
+                    "the answer is not sealed, but this client holds the mesh key".into(),
+                ))
+            }
+        }
+        let ts_ms = ts
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| refused("sealed answer without a numeric X-Seal-Ts".into()))?;
+        let t = std::time::Instant::now();
+        let ctx = SealContext {
+            dir: SealDir::Response,
+            request_id: &self.request_id,
+            from_layer: exit_layer,
+            session: self.session,
+            pos: self.pos,
+            ts_ms,
+            route: "",
+            ret: self.ret,
+        };
+        let out = self.key.open(body, &ctx).map(|(plain, _)| plain);
+        self.seal_ms += t.elapsed().as_secs_f64() * 1e3;
+        out.map_err(|e| refused(e.to_string()))
     }
 }
 

@@ -46,6 +46,12 @@ struct Args {
     /// entering the mesh here: 64 hex characters or a file holding them (`node.pub`).
     #[arg(long, value_name = "ISSUER_PUBKEY")]
     require_grant: Option<String>,
+    /// The issuer's signed revocation list (monster-guard's `revoked.json`): a grant on it,
+    /// or attenuated from one on it, is refused with 403 `grant_revoked`. Re-read whenever the
+    /// file changes, so `monster-guard revoke` takes effect at the next request; a missing file
+    /// is an empty list, one that does not verify refuses every grant (503) until it does.
+    #[arg(long, value_name = "FILE", requires = "require_grant")]
+    revocations: Option<std::path::PathBuf>,
     /// Announce this station by UDP beacon to ADDR (e.g. 127.255.255.255:7979 for simulated
     /// nodes on one host, 255.255.255.255:7979 on a LAN) for `moonshine mesh discover`.
     #[arg(long, value_name = "ADDR")]
@@ -180,7 +186,13 @@ fn run(args: Args) -> Result<()> {
         None => None,
     };
     let grant = match &args.require_grant {
-        Some(g) => Some(GrantVerifier::from_arg(g)?),
+        Some(g) => {
+            let v = GrantVerifier::from_arg(g)?;
+            match &args.revocations {
+                Some(p) => Some(v.with_revocations(p)?),
+                None => Some(v),
+            }
+        }
         None => None,
     };
     let node_id = args

@@ -6,9 +6,11 @@
 //! JSON); any other forwards to the first URL of `X-Route` (passing on the rest) or, without a
 //! route, to its manifest successor, and relays the answer back with its own timing prepended
 //! to `X-Chain-Trace`. A hop that cannot be reached within the hop timeout gives a 502 that
-//! names the node, its range and its URL (also in `X-Failed-Hop`). With a mesh key every
-//! residual between nodes is sealed ([`crate::seal`]); an entry with a grant verifier refuses a
-//! client without a valid `X-Grant`. Contract: `specs/mesh.md`.
+//! names the node, its range and its URL (also in `X-Failed-Hop`). With a mesh key everything
+//! that carries model data is sealed ([`crate::seal`]): the client's token request (the entry
+//! refuses an unsealed one with 401), every residual between nodes, and the exit's answer,
+//! which the nodes before it relay unchanged to the client. An entry with a grant verifier
+//! refuses a client without a valid, unrevoked `X-Grant`. Contract: `specs/mesh.md`.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,9 +20,10 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 
+use crate::grant::GrantError;
 use crate::grant::GrantVerifier;
 use crate::manifest::Successor;
-use crate::seal::{self, MeshKey, ReplayWindow, SealContext, SealError};
+use crate::seal::{self, MeshKey, ReplayWindow, SealContext, SealDir, SealError};
 use crate::server::{
     binary, compute, header, json, read_body, refuse, session_of, set, with_session, Refusal, Resp,
     Station,
@@ -39,7 +42,7 @@ pub struct MeshNode {
     pub node_id: String,
     /// Where to forward without an `X-Route`.
     pub successor: Option<Successor>,
-    /// Seal residuals between nodes; refuse unsealed ones.
+    /// Seal requests, residuals and answers; refuse unsealed ones.
     pub key: Option<MeshKey>,
     /// Refuse entry requests without a valid grant.
     pub grant: Option<GrantVerifier>,
@@ -149,6 +152,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             ))
         }
     };
+    let client_chose_id = rid_h.is_some();
     let request_id = match rid_h {
         Some(r) if wire::valid_session_id(&r) => r,
         Some(_) => {
@@ -173,6 +177,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
     let pos_n = pos.unwrap_or(0);
     let mut seal_ms = 0.0;
 
+    let ret = seal::ret_tag(want_token);
     let input = if held.embed {
         if let Some(v) = &node.grant {
             let g = grant_h.ok_or_else(|| {
@@ -186,9 +191,28 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 )
             })?;
             v.verify_header(&g, crate::grant::now_s())
-                .map_err(|e| refuse(StatusCode::FORBIDDEN, "grant_refused", e.to_string()))?;
+                .map_err(grant_refusal)?;
         }
-        let r: wire::ChainRequest = serde_json::from_slice(&body).map_err(|e| {
+        if node.key.is_some() && seal_h.is_some() && !client_chose_id {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_seal",
+                "a sealed request needs the X-Request-Id its seal binds",
+            ));
+        }
+        let ctx = SealContext {
+            dir: SealDir::Request,
+            request_id: &request_id,
+            from_layer: held.layers.start,
+            session: &session_name,
+            pos: pos_n,
+            ts_ms: 0,
+            route: &route,
+            ret,
+        };
+        let (plain, ms) = unseal(node, &body, seal_h.as_deref(), ts_h.as_deref(), ctx)?;
+        seal_ms += ms;
+        let r: wire::ChainRequest = serde_json::from_slice(&plain).map_err(|e| {
             refuse(
                 StatusCode::BAD_REQUEST,
                 "bad_json",
@@ -225,54 +249,18 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 ),
             ));
         }
-        let plain: Vec<u8> = match (&node.key, seal_h.as_deref()) {
-            (Some(key), Some("v1")) => {
-                let t = Instant::now();
-                let ts: u64 = ts_h
-                    .as_deref()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| {
-                        refuse(
-                            StatusCode::BAD_REQUEST,
-                            "bad_seal",
-                            "sealed request without a numeric X-Seal-Ts",
-                        )
-                    })?;
-                let ctx = SealContext {
-                    request_id: &request_id,
-                    from_layer: from,
-                    session: &session_name,
-                    pos: pos_n,
-                    ts_ms: ts,
-                    route: &route,
-                };
-                let (plain, nonce) = key.open(&body, &ctx).map_err(seal_refusal)?;
-                node.replay.accept(nonce, ts).map_err(seal_refusal)?;
-                seal_ms += t.elapsed().as_secs_f64() * 1e3;
-                plain
-            }
-            (Some(_), _) => {
-                return Err(refuse(
-                    StatusCode::UNAUTHORIZED,
-                    "unsealed",
-                    format!(
-                        "node {} is in a sealed mesh and refuses an unsealed residual",
-                        node.node_id
-                    ),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(refuse(
-                    StatusCode::BAD_REQUEST,
-                    "no_key",
-                    format!(
-                        "node {} has no mesh key and cannot open a sealed residual",
-                        node.node_id
-                    ),
-                ))
-            }
-            (None, None) => body.to_vec(),
+        let ctx = SealContext {
+            dir: SealDir::Hop,
+            request_id: &request_id,
+            from_layer: from,
+            session: &session_name,
+            pos: pos_n,
+            ts_ms: 0,
+            route: &route,
+            ret,
         };
+        let (plain, ms) = unseal(node, &body, seal_h.as_deref(), ts_h.as_deref(), ctx)?;
+        seal_ms += ms;
         let hidden = st.model().cfg.hidden;
         if plain.is_empty() || !plain.len().is_multiple_of(hidden * 4) {
             return Err(refuse(
@@ -319,22 +307,54 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             }
             let logits = st.model().lm_head(&x)?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
-            let mut r =
+            let (plain, ctype) =
                 if want_token {
                     let (id, v) = logits.iter().enumerate().fold(
                         (0usize, f32::NEG_INFINITY),
                         |b, (i, &v)| if v > b.1 { (i, v) } else { b },
                     );
-                    json(
-                        StatusCode::OK,
-                        &wire::ChainToken {
-                            token: id as u32,
-                            logit: v,
-                        },
+                    let tok = wire::ChainToken {
+                        token: id as u32,
+                        logit: v,
+                    };
+                    (
+                        serde_json::to_vec(&tok).unwrap_or_default(),
+                        "application/json",
                     )
                 } else {
-                    binary(wire::encode_f32(&logits))
+                    (wire::encode_f32(&logits), "application/octet-stream")
                 };
+            // The answer goes back sealed (relayed unchanged by the nodes before this one).
+            let mut r = match &node.key {
+                Some(key) => {
+                    let t0 = Instant::now();
+                    let ts = seal::now_ms();
+                    let ctx = SealContext {
+                        dir: SealDir::Response,
+                        request_id: &request_id,
+                        from_layer: range.end,
+                        session: &session_name,
+                        pos: pos_n,
+                        ts_ms: ts,
+                        route: "",
+                        ret: seal::ret_tag(want_token),
+                    };
+                    let sealed = key.seal(&plain, &ctx);
+                    seal_ms += t0.elapsed().as_secs_f64() * 1e3;
+                    let mut r = binary(sealed);
+                    set(&mut r, wire::H_SEAL, "v1".into());
+                    set(&mut r, wire::H_SEAL_TS, ts.to_string());
+                    r
+                }
+                None => {
+                    let mut r = binary(plain);
+                    r.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static(ctype),
+                    );
+                    r
+                }
+            };
             set(&mut r, wire::H_CHAIN_TRACE, mine(ms, seal_ms));
             set(&mut r, wire::H_REQUEST_ID, request_id);
             return Ok(r);
@@ -394,12 +414,14 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 let ts0 = Instant::now();
                 let ts = seal::now_ms();
                 let ctx = SealContext {
+                    dir: SealDir::Hop,
                     request_id: &request_id,
                     from_layer: range.end,
                     session: &session_name,
                     pos: pos_n,
                     ts_ms: ts,
                     route: &rest,
+                    ret: seal::ret_tag(want_token),
                 };
                 let b = key.seal(&plain, &ctx);
                 seal_ms += ts0.elapsed().as_secs_f64() * 1e3;
@@ -421,6 +443,12 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 .map(|t| format!("{me},{t}"))
                 .unwrap_or_else(|| me.clone());
             let failed = r.header(wire::H_FAILED_HOP).map(str::to_string);
+            // A sealed answer travels back unchanged, with what its seal binds.
+            let passed: Vec<(&'static str, String)> =
+                [wire::H_SEAL, wire::H_SEAL_TS, wire::H_REQUEST_ID]
+                    .into_iter()
+                    .filter_map(|h| r.header(h).map(|v| (h, v.to_string())))
+                    .collect();
             let mut b = Vec::new();
             let read = r.into_reader().take(256 << 20).read_to_end(&mut b);
             let mut out = binary(b);
@@ -435,6 +463,9 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             set(&mut out, wire::H_CHAIN_TRACE, trace);
             if let Some(f) = failed {
                 set(&mut out, wire::H_FAILED_HOP, f);
+            }
+            for (h, v) in passed {
+                set(&mut out, h, v);
             }
             out
         };
@@ -459,6 +490,72 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         }
     })
     .await
+}
+
+/// Opens a sealed body (request at the entry, residual elsewhere) or passes an open one
+/// through on a keyless node; `ctx.ts_ms` is taken from `X-Seal-Ts`. Returns the plaintext
+/// and the milliseconds spent.
+fn unseal(
+    node: &MeshNode,
+    body: &[u8],
+    seal_h: Option<&str>,
+    ts_h: Option<&str>,
+    mut ctx: SealContext,
+) -> Result<(Vec<u8>, f64), Refusal> {
+    let what = match ctx.dir {
+        SealDir::Request => "request",
+        _ => "residual",
+    };
+    match (&node.key, seal_h) {
+        (Some(key), Some("v1")) => {
+            let t = Instant::now();
+            ctx.ts_ms = ts_h.and_then(|v| v.parse().ok()).ok_or_else(|| {
+                refuse(
+                    StatusCode::BAD_REQUEST,
+                    "bad_seal",
+                    "sealed request without a numeric X-Seal-Ts",
+                )
+            })?;
+            let (plain, nonce) = key.open(body, &ctx).map_err(seal_refusal)?;
+            node.replay.accept(nonce, ctx.ts_ms).map_err(seal_refusal)?;
+            Ok((plain, t.elapsed().as_secs_f64() * 1e3))
+        }
+        (Some(_), Some(v)) => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_seal",
+            format!("X-Seal {v:?}: this node speaks v1"),
+        )),
+        (Some(_), None) => Err(refuse(
+            StatusCode::UNAUTHORIZED,
+            "unsealed",
+            format!(
+                "node {} is in a sealed mesh and refuses an unsealed {what}",
+                node.node_id
+            ),
+        )),
+        (None, Some(_)) => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "no_key",
+            format!(
+                "node {} has no mesh key and cannot open a sealed {what}",
+                node.node_id
+            ),
+        )),
+        (None, None) => Ok((body.to_vec(), 0.0)),
+    }
+}
+
+/// A grant the entry refuses: 403 naming why (`grant_revoked` for a revoked grant or
+/// parent), 503 when the revocation list cannot be trusted (fail closed).
+fn grant_refusal(e: GrantError) -> Refusal {
+    let (status, code) = match &e {
+        GrantError::Revoked { .. } => (StatusCode::FORBIDDEN, "grant_revoked"),
+        GrantError::Revocations { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "revocations_unverified")
+        }
+        _ => (StatusCode::FORBIDDEN, "grant_refused"),
+    };
+    refuse(status, code, e.to_string())
 }
 
 fn seal_refusal(e: SealError) -> Refusal {

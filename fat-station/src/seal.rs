@@ -1,16 +1,23 @@
-//! Sealing residuals between mesh nodes: ChaCha20-Poly1305 under a shared 32-byte mesh key.
+//! Sealing a mesh's traffic: ChaCha20-Poly1305 under a shared 32-byte mesh key.
 //!
-//! A sealed body is `nonce (12 bytes) || ciphertext || tag (16 bytes)`. The associated data
-//! binds everything the receiver acts on, so changing any of it fails the tag:
+//! Three things are sealed, each with its own direction tag ([`SealDir`]): the client's
+//! request to the entry (`request`: the token JSON), every residual between nodes (`hop`), and
+//! the exit's answer back to the client (`response`: logits or the token JSON). A sealed body
+//! is `nonce (12 bytes) || ciphertext || tag (16 bytes)`. The associated data binds everything
+//! the receiver acts on, so changing any of it fails the tag:
 //!
 //! ```text
-//! "aeon-mesh seal v1\0" request_id \0 from_layer \0 session \0 pos \0 ts_ms \0 route
+//! "aeon-mesh seal v1\0" dir \0 request_id \0 from_layer \0 session \0 pos \0 ts_ms \0 route \0 ret \0
 //! ```
 //!
-//! `from_layer` is the layer boundary the residual is at (the sender's range end); `ts_ms` is
-//! the sender's clock in Unix milliseconds; `route` the remaining hops. Each station keeps a
-//! replay window ([`ReplayWindow`]): a timestamp outside `now ± window` or a nonce already seen
-//! in the window is refused. Contract: `specs/mesh.md`.
+//! `dir` keeps a seal made for one direction from being accepted in another (a request
+//! replayed as a response, a response fed to a node as a residual); `from_layer` is the layer
+//! boundary the body is at (0 for a request, the sender's range end for a residual, the
+//! exit's range end for a response); `ts_ms` is the sealer's clock in Unix milliseconds;
+//! `route` the remaining hops; `ret` what the exit answers (`logits` or `token`). Each station
+//! keeps a replay window ([`ReplayWindow`]): a timestamp outside `now ± window` or a nonce
+//! already seen in the window is refused. A client opens a response only under the request id
+//! it chose itself, so an old response cannot answer a new request. Contract: `specs/mesh.md`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -34,7 +41,7 @@ pub enum SealError {
     Key { path: String, why: String },
     #[error("sealed body of {0} bytes is shorter than nonce + tag")]
     Short(usize),
-    #[error("seal does not verify: the residual or its request id, layer, session, position, time or route was changed, or the key differs")]
+    #[error("seal does not verify: the body or its direction, request id, layer, session, position, time, route or return kind was changed, or the key differs")]
     Tampered,
     #[error("replayed: this nonce was already accepted")]
     Replayed,
@@ -46,9 +53,41 @@ pub enum SealError {
     },
 }
 
+/// Which way a sealed body travels; part of the associated data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SealDir {
+    /// Client -> entry: the `{"tokens": [...]}` body.
+    Request,
+    /// Node -> node: a residual.
+    Hop,
+    /// Exit -> client (relayed unchanged by the nodes before it): logits or the token JSON.
+    Response,
+}
+
+impl SealDir {
+    /// The tag bound in the associated data.
+    pub fn tag(self) -> &'static str {
+        match self {
+            SealDir::Request => "request",
+            SealDir::Hop => "hop",
+            SealDir::Response => "response",
+        }
+    }
+}
+
+/// What the exit answers (`X-Return`), as bound by seals.
+pub fn ret_tag(want_token: bool) -> &'static str {
+    if want_token {
+        "token"
+    } else {
+        "logits"
+    }
+}
+
 /// The context a seal binds (besides the bytes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SealContext<'a> {
+    pub dir: SealDir,
     pub request_id: &'a str,
     /// Layer boundary of the residual (the sender's range end).
     pub from_layer: u32,
@@ -57,18 +96,22 @@ pub struct SealContext<'a> {
     pub ts_ms: u64,
     /// Remaining hops, as the `X-Route` header carries them (empty when none).
     pub route: &'a str,
+    /// What the exit answers: `logits` or `token` ([`ret_tag`]).
+    pub ret: &'a str,
 }
 
 impl SealContext<'_> {
     fn aad(&self) -> Vec<u8> {
         let mut a = SEAL_DOMAIN.to_vec();
         for part in [
+            self.dir.tag(),
             self.request_id,
             &self.from_layer.to_string(),
             self.session,
             &self.pos.to_string(),
             &self.ts_ms.to_string(),
             self.route,
+            self.ret,
         ] {
             a.extend_from_slice(part.as_bytes());
             a.push(0);
@@ -189,6 +232,17 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A fresh random request id (`c` + 24 hex digits), for clients that seal their requests.
+pub fn random_request_id() -> String {
+    let n = ChaCha20Poly1305::generate_nonce(&mut OsRng);
+    let mut s = String::with_capacity(1 + 2 * NONCE_LEN);
+    s.push('c');
+    for b in n.iter() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
 /// Nonces accepted in the last `window`, per station: a repeat, or a timestamp outside the
 /// window, is refused.
 pub struct ReplayWindow {
@@ -233,12 +287,14 @@ mod tests {
 
     fn ctx(ts: u64) -> SealContext<'static> {
         SealContext {
+            dir: SealDir::Hop,
             request_id: "r1",
             from_layer: 8,
             session: "s",
             pos: 5,
             ts_ms: ts,
             route: "",
+            ret: "logits",
         }
     }
 
@@ -272,6 +328,18 @@ mod tests {
                 route: "http://x",
                 ..ctx(ts)
             },
+            SealContext {
+                ret: "token",
+                ..ctx(ts)
+            },
+            SealContext {
+                dir: SealDir::Request,
+                ..ctx(ts)
+            },
+            SealContext {
+                dir: SealDir::Response,
+                ..ctx(ts)
+            },
         ];
         for v in variants {
             assert!(
@@ -295,6 +363,26 @@ mod tests {
             k.open(&s[..20], &ctx(ts)),
             Err(SealError::Short(20))
         ));
+    }
+
+    #[test]
+    fn a_request_seal_cannot_be_opened_as_a_response() {
+        let k = MeshKey::from_bytes(&[7u8; 32]);
+        let req = SealContext {
+            dir: SealDir::Request,
+            from_layer: 0,
+            ..ctx(1)
+        };
+        let s = k.seal(br#"{"tokens":[1]}"#, &req);
+        assert!(k.open(&s, &req).is_ok());
+        let resp = SealContext {
+            dir: SealDir::Response,
+            ..req.clone()
+        };
+        assert!(matches!(k.open(&s, &resp), Err(SealError::Tampered)));
+        let id = random_request_id();
+        assert!(id.len() == 25 && id != random_request_id());
+        assert!(crate::wire::valid_session_id(&id));
     }
 
     #[test]
