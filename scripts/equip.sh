@@ -4,8 +4,10 @@
 # manifest. See specs/mesh.md.
 #
 #   scripts/equip.sh --manifest plan/n1.json --to dir:/srv/aeon/n1 [--key mesh.key] [--beacon 255.255.255.255:7979]
-#   scripts/equip.sh --manifest plan/n1.json --to adb:SERIAL        [--key mesh.key]
+#   scripts/equip.sh --manifest plan/n1.json --to adb:SERIAL        [--key mesh.key] [--ram 2.4G]
 #
+# --ram SIZE  the RAM budget the station announces in its beacons (AEON_NODE_RAM), which
+#             `moonshine mesh form --assign` splits the layers by.
 # dir:PATH   a local simulated node: copies into PATH and writes PATH/aeon-station.service
 #            (systemd unit; `systemctl link PATH/aeon-station.service` to install) and
 #            PATH/run.sh (what the unit and an init script run).
@@ -16,15 +18,16 @@
 set -euo pipefail
 
 die() { echo "equip.sh: $*" >&2; exit 2; }
-manifest= to= key= beacon= bin="${AEON_STATION_BIN:-target/release/fat-station}"
+manifest= to= key= beacon= ram= bin="${AEON_STATION_BIN:-target/release/fat-station}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --manifest) manifest="$2"; shift 2 ;;
     --to) to="$2"; shift 2 ;;
     --key) key="$2"; shift 2 ;;
     --beacon) beacon="$2"; shift 2 ;;
+    --ram) ram="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -46,9 +49,15 @@ PY
 flags=(--manifest node.json)
 [ -n "$key" ] && { [ -f "$key" ] || die "no key $key"; flags+=(--mesh-key mesh.key); }
 [ -n "$beacon" ] && flags+=(--beacon "$beacon")
+if [ -n "$ram" ]; then
+  [[ "$ram" =~ ^[0-9]+(\.[0-9]+)?([KMGT]i?)?B?$ ]] || die "--ram $ram: expected e.g. 2.4G, 512M or bytes"
+  envset="AEON_NODE_RAM=$ram "
+else
+  envset=
+fi
 
 write_run() { # $1 = directory the files live in on the node
-  printf '#!/bin/sh\n# Starts mesh node %s from its manifest.\ncd %s && exec ./fat-station %s\n' "$node" "$1" "${flags[*]}" > "$tmp/run.sh"
+  printf '#!/bin/sh\n# Starts mesh node %s from its manifest.\ncd %s && %sexec ./fat-station %s\n' "$node" "$1" "$envset" "${flags[*]}" > "$tmp/run.sh"
   chmod +x "$tmp/run.sh"
 }
 
