@@ -283,6 +283,31 @@ impl Knot {
         self.header_len + self.header.tokenizer.as_ref().map_or(0, |s| s.len) + self.tensor_bytes()
     }
 
+    /// Tells the kernel this process no longer needs the pages of `bytes`, a slice of this
+    /// file's mapping (a tensor the engine has copied into another layout): they leave the
+    /// resident set and are read from the file again if touched. Other slices are ignored.
+    pub fn release(&self, bytes: &[u8]) {
+        let base = self.mmap.as_ptr() as usize;
+        let start = bytes.as_ptr() as usize;
+        if bytes.is_empty() || start < base || start + bytes.len() > base + self.mmap.len() {
+            return;
+        }
+        // SAFETY: `Mmap::map` maps the file shared and read-only, so MADV_DONTNEED only drops
+        // this process's mapping of clean page-cache pages; a later read faults the file's
+        // unchanged bytes back in (nothing is zeroed, unlike a private writable mapping). It
+        // may widen to whole pages: those too are only dropped, never changed.
+        let advised = unsafe {
+            self.mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                start - base,
+                bytes.len(),
+            )
+        };
+        if let Err(e) = advised {
+            tracing::debug!("madvise(DONTNEED) on {}: {e}", self.path.display());
+        }
+    }
+
     /// Looks a tensor up by GGUF name; also accepts `blk_12_attn_q_weight`,
     /// `blk.12.attn_q.weight.bin` and `blk_12_attn_q_weight.bin`.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {

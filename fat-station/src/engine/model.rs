@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 
-use super::kernels::{dequantize_row, matmul};
+use super::kernels::{dequantize_row, linear};
 use super::ops::{
     add_inplace, attention, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
     rope_rotate, swiglu, AttnShape,
@@ -248,7 +248,7 @@ impl<'a> Model<'a> {
             head_dim: hd,
         };
         attention(&mut s.att, &s.q, &cache.k, &cache.v, shape, &mut f.scores);
-        matmul(&w.wo, &s.att, seq, &mut s.xb2);
+        linear(&w.wo, &s.att, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
 
         // FFN: SwiGLU, gate and up sharing one quantization of the normed input.
@@ -261,7 +261,7 @@ impl<'a> Model<'a> {
             seq,
         );
         swiglu(&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
-        matmul(&w.w_down, &s.hb, seq, &mut s.xb2);
+        linear(&w.w_down, &s.hb, seq, &mut s.xb2);
         add_inplace(x, &s.xb2[..seq * h]);
     }
 
@@ -294,7 +294,7 @@ impl<'a> Model<'a> {
         f.xn.resize(h, 0.0);
         rmsnorm(&mut f.xn, last, norm, self.cfg.norm_eps);
         logits.resize(self.cfg.vocab, 0.0);
-        matmul(out, &f.xn, 1, logits);
+        linear(out, &f.xn, 1, logits);
         FWD.with(|c| *c.borrow_mut() = f);
         Ok(())
     }

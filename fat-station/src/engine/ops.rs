@@ -4,7 +4,7 @@
 use knot_format::RopeStyle;
 use rayon::prelude::*;
 
-use super::kernels::{matmul, QMatrix};
+use super::kernels::{linear, Linear};
 
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
@@ -260,9 +260,9 @@ pub fn attention_with(
 /// decode, 4 tokens per weight block at prefill). Sharing one activation quantization and one
 /// rayon dispatch across the outputs (3 quantizations and 3 fork-joins fewer per block) belongs
 /// in the kernels' matmul, next to the tiling; this is the one place the forward pass calls it.
-pub fn matmul_shared(outs: &mut [(&QMatrix<'_>, &mut [f32])], x: &[f32], n_tok: usize) {
+pub fn matmul_shared(outs: &mut [(&Linear<'_>, &mut [f32])], x: &[f32], n_tok: usize) {
     for (w, y) in outs.iter_mut() {
-        matmul(w, x, n_tok, y);
+        linear(w, x, n_tok, y);
     }
 }
 
@@ -361,6 +361,7 @@ mod tests {
 
     #[test]
     fn matmul_shared_equals_separate_matmuls_bit_for_bit() {
+        use super::super::kernels::QMatrix;
         use knot_format::DType;
         let mut seed = 7u64;
         let cols = 256;
@@ -369,10 +370,10 @@ mod tests {
             .iter()
             .map(|&(d, r)| blocks(d, r * cols / 32, &mut seed))
             .collect();
-        let mats: Vec<QMatrix<'_>> = shapes
+        let mats: Vec<Linear<'_>> = shapes
             .iter()
             .zip(&data)
-            .map(|(&(d, r), b)| QMatrix::new(d, r, cols, b).expect("matrix"))
+            .map(|(&(d, r), b)| Linear::new(QMatrix::new(d, r, cols, b).expect("matrix")))
             .collect();
         for n_tok in [1usize, 3, 8] {
             let x = floats(n_tok * cols, &mut seed, 40.0);
@@ -380,7 +381,7 @@ mod tests {
                 .iter()
                 .map(|w| {
                     let mut y = vec![0.0; n_tok * w.rows];
-                    matmul(w, &x, n_tok, &mut y);
+                    linear(w, &x, n_tok, &mut y);
                     y
                 })
                 .collect();

@@ -2,7 +2,7 @@
 
 use knot_format::{DType, Knot, LayerRange};
 
-use super::kernels::QMatrix;
+use super::kernels::{Linear, QMatrix};
 use super::{Config, EngineError};
 
 /// What part of the model a station holds.
@@ -32,11 +32,11 @@ pub struct LayerWeights<'a> {
     /// (hidden)
     pub attn_norm: &'a [f32],
     /// (q_dim rows, hidden cols)
-    pub wq: QMatrix<'a>,
+    pub wq: Linear<'a>,
     /// (kv_dim rows, hidden cols)
-    pub wk: QMatrix<'a>,
+    pub wk: Linear<'a>,
     /// (kv_dim rows, hidden cols)
-    pub wv: QMatrix<'a>,
+    pub wv: Linear<'a>,
     /// (q_dim), (kv_dim), (kv_dim) when the architecture has q/k/v biases.
     pub bq: Option<&'a [f32]>,
     pub bk: Option<&'a [f32]>,
@@ -45,15 +45,15 @@ pub struct LayerWeights<'a> {
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
     /// (hidden rows, q_dim cols)
-    pub wo: QMatrix<'a>,
+    pub wo: Linear<'a>,
     /// (hidden)
     pub ffn_norm: &'a [f32],
     /// (ffn rows, hidden cols)
-    pub w_gate: QMatrix<'a>,
+    pub w_gate: Linear<'a>,
     /// (ffn rows, hidden cols)
-    pub w_up: QMatrix<'a>,
+    pub w_up: Linear<'a>,
     /// (hidden rows, ffn cols)
-    pub w_down: QMatrix<'a>,
+    pub w_down: Linear<'a>,
 }
 
 /// The tensors a station holds, at their original layer indices.
@@ -65,7 +65,7 @@ pub struct Weights<'a> {
     /// (hidden)
     pub output_norm: Option<&'a [f32]>,
     /// (vocab rows, hidden cols): `output.weight`, or the embedding when tied.
-    pub output: Option<QMatrix<'a>>,
+    pub output: Option<Linear<'a>>,
     pub holdings: Holdings,
 }
 
@@ -104,19 +104,22 @@ impl<'a> Weights<'a> {
             };
             layers.push(LayerWeights {
                 attn_norm: vector(knot, &name("attn_norm.weight"), h)?,
-                wq: matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?,
-                wk: matrix(knot, &name("attn_k.weight"), cfg.kv_dim(), h)?,
-                wv: matrix(knot, &name("attn_v.weight"), cfg.kv_dim(), h)?,
+                wq: Linear::mapped(matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?, knot),
+                wk: Linear::mapped(matrix(knot, &name("attn_k.weight"), cfg.kv_dim(), h)?, knot),
+                wv: Linear::mapped(matrix(knot, &name("attn_v.weight"), cfg.kv_dim(), h)?, knot),
                 bq,
                 bk,
                 bv,
                 q_norm,
                 k_norm,
-                wo: matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
+                wo: Linear::mapped(
+                    matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
+                    knot,
+                ),
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
-                w_gate: matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?,
-                w_up: matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?,
-                w_down: matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?,
+                w_gate: Linear::mapped(matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?, knot),
+                w_up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
+                w_down: Linear::mapped(matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?, knot),
             });
         }
         let embed = if holdings.embed {
@@ -130,7 +133,10 @@ impl<'a> Weights<'a> {
                 // Tied models (SmolLM2, qwen3) reuse the embedding as the head.
                 None => matrix(knot, "token_embd.weight", cfg.vocab, h)?,
             };
-            (Some(vector(knot, "output_norm.weight", h)?), Some(head))
+            (
+                Some(vector(knot, "output_norm.weight", h)?),
+                Some(Linear::mapped(head, knot)),
+            )
         } else {
             (None, None)
         };

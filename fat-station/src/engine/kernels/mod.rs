@@ -15,6 +15,7 @@
 //! count and however rows of `x` are batched.
 
 pub mod blocks;
+pub mod interleaved;
 pub mod reference;
 
 #[cfg(target_arch = "x86_64")]
@@ -25,6 +26,7 @@ pub mod avx512;
 pub mod neon;
 
 use blocks::BlockQ8A;
+use interleaved::{Interleaved, Rows16Dot};
 use knot_format::dtype::{DType, QK};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -246,6 +248,8 @@ pub struct Kernels {
     table: [Dot; 13],
     /// 4-token kernels where the ISA has them (same bits as `table`'s quantized dots).
     toks4: [Option<DotQToks4>; 13],
+    /// 16-row kernels over [`Interleaved`] weights where the ISA has them.
+    rows16: [Option<Rows16Dot>; 13],
 }
 
 impl Kernels {
@@ -258,6 +262,7 @@ impl Kernels {
         let mut k = Kernels {
             isa: Isa::Scalar,
             toks4: [None; 13],
+            rows16: [None; 13],
             table: [
                 Dot::Float(vec_dot_f32_ref),
                 Dot::Float(vec_dot_f16_ref),
@@ -284,6 +289,9 @@ impl Kernels {
             k.isa = Isa::Avx512;
             avx512::install(&mut k.table);
             avx512::install_toks4(&mut k.toks4);
+            for (dtype, f) in interleaved::avx512::kernels() {
+                k.rows16[dtype_index(dtype)] = Some(f);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
@@ -303,6 +311,18 @@ impl Kernels {
     pub fn without_tiles(mut self) -> Kernels {
         self.toks4 = [None; 13];
         self
+    }
+
+    /// This table without its 16-row kernels: [`linear_with`] then uses the block kernels
+    /// (benchmarks compare the two).
+    pub fn without_rows16(mut self) -> Kernels {
+        self.rows16 = [None; 13];
+        self
+    }
+
+    /// The 16-row kernel over [`Interleaved`] weights of `dtype`, where this table has one.
+    pub fn rows16(&self, dtype: DType) -> Option<Rows16Dot> {
+        self.rows16[dtype_index(dtype)]
     }
 
     /// The 4-token kernel for `dtype`, where this table has one.
@@ -389,24 +409,162 @@ pub fn matmul_with(k: &Kernels, w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f
         Dot::Float(f) => run_rows(w, n_tok, y, |row, t| {
             f(row, &x[t * w.cols..(t + 1) * w.cols])
         }),
-        Dot::Quant(f) => {
+        Dot::Quant(f) => with_q8a(x, |xq| {
             let nb = w.cols / QK;
-            let mut fresh = Vec::new();
-            XQ.with(|cell| {
-                // A nested call on this thread (never expected) gets its own buffer.
-                let mut guard = cell.try_borrow_mut();
-                let xq = match guard.as_deref_mut() {
-                    Ok(v) => v,
-                    Err(_) => &mut fresh,
-                };
-                quantize_q8a(x, xq);
-                let xq: &[BlockQ8A] = xq;
-                match k.toks4(w.dtype) {
-                    Some(toks4) if n_tok >= 4 => run_rows_toks4(w, n_tok, y, xq, f, toks4),
-                    _ => run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb])),
-                }
-            });
+            match k.toks4(w.dtype) {
+                Some(toks4) if n_tok >= 4 => run_rows_toks4(w, n_tok, y, xq, f, toks4),
+                _ => run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb])),
+            }
+        }),
+    }
+}
+
+/// Runs `body` on `x` quantized to [`BlockQ8A`] in this thread's reused scratch.
+fn with_q8a<R>(x: &[f32], body: impl FnOnce(&[BlockQ8A]) -> R) -> R {
+    let mut fresh = Vec::new();
+    XQ.with(|cell| {
+        // A nested call on this thread (never expected) gets its own buffer.
+        let mut guard = cell.try_borrow_mut();
+        let xq = match guard.as_deref_mut() {
+            Ok(v) => v,
+            Err(_) => &mut fresh,
+        };
+        quantize_q8a(x, xq);
+        body(xq)
+    })
+}
+
+/// A weight matrix as the forward pass uses it: the mmapped blocks, plus (built on first use,
+/// where the process's kernel table has a 16-row kernel for the type) an [`Interleaved`] copy.
+///
+/// Dereferences to the [`QMatrix`], so `w.rows`, `w.dtype`, `w.row(r)` read as before.
+pub struct Linear<'a> {
+    /// The blocks as stored.
+    pub q: QMatrix<'a>,
+    /// The file `q` is mapped from: its pages are released once the copy exists.
+    source: Option<&'a knot_format::Knot>,
+    interleaved: OnceLock<Option<Interleaved>>,
+}
+
+impl<'a> Linear<'a> {
+    /// A matrix with no interleaved copy yet.
+    pub fn new(q: QMatrix<'a>) -> Self {
+        Linear {
+            q,
+            source: None,
+            interleaved: OnceLock::new(),
         }
+    }
+
+    /// A matrix whose bytes lie in `knot`'s mapping: after packing, the packed rows' pages
+    /// are released ([`knot_format::Knot::release`]) so the process holds each weight once.
+    pub fn mapped(q: QMatrix<'a>, knot: &'a knot_format::Knot) -> Self {
+        Linear {
+            source: Some(knot),
+            ..Linear::new(q)
+        }
+    }
+
+    /// The interleaved copy when `k` has a 16-row kernel for the type, packed on first call
+    /// (concurrent callers wait for the one packing).
+    pub fn interleaved(&self, k: &Kernels) -> Option<&Interleaved> {
+        k.rows16(self.q.dtype)?;
+        self.interleaved
+            .get_or_init(|| {
+                let p = match self.source {
+                    Some(knot) => Interleaved::pack_releasing(&self.q, &|b| knot.release(b))?,
+                    None => Interleaved::pack(&self.q)?,
+                };
+                tracing::debug!(dtype = %self.q.dtype, rows = self.q.rows, cols = self.q.cols, "interleaved");
+                Some(p)
+            })
+            .as_ref()
+    }
+}
+
+impl<'a> std::ops::Deref for Linear<'a> {
+    type Target = QMatrix<'a>;
+    fn deref(&self) -> &QMatrix<'a> {
+        &self.q
+    }
+}
+
+/// [`matmul`] for a [`Linear`]: the 16-row kernels over its interleaved copy where the kernel
+/// table has them (rows past the last full group of 16 take the block kernel), else [`matmul`].
+/// Same contract and the same determinism: an output depends only on its row and token.
+pub fn linear(w: &Linear, x: &[f32], n_tok: usize, y: &mut [f32]) {
+    linear_with(kernels(), w, x, n_tok, y)
+}
+
+/// [`linear`] with an explicit kernel table.
+pub fn linear_with(k: &Kernels, w: &Linear, x: &[f32], n_tok: usize, y: &mut [f32]) {
+    let (Some(dot), Some(p), Dot::Quant(one)) =
+        (k.rows16(w.dtype), w.interleaved(k), k.dot(w.dtype))
+    else {
+        return matmul_with(k, w, x, n_tok, y);
+    };
+    assert_eq!(x.len(), n_tok * w.cols, "linear: x is not n_tok x cols");
+    assert_eq!(y.len(), n_tok * w.rows, "linear: y is not n_tok x rows");
+    if n_tok == 0 {
+        return;
+    }
+    with_q8a(x, |xq| {
+        let nb = w.cols / QK;
+        run_groups(p, dot, xq, n_tok, w.rows, y);
+        for r in p.groups * interleaved::ROWS..w.rows {
+            for t in 0..n_tok {
+                y[t * w.rows + r] = one(w.row(r), &xq[t * nb..(t + 1) * nb]);
+            }
+        }
+    })
+}
+
+/// The interleaved groups of a [`linear_with`] call, in parallel chunks of groups; tokens go
+/// to the kernel 8 at a time.
+fn run_groups(
+    p: &Interleaved,
+    dot: Rows16Dot,
+    xq: &[BlockQ8A],
+    n_tok: usize,
+    rows: usize,
+    y: &mut [f32],
+) {
+    use interleaved::ROWS;
+    let nb = p.blocks;
+    let out = OutPtr(y.as_mut_ptr());
+    let chunk = chunk_rows(p.groups * ROWS, n_tok).div_ceil(ROWS);
+    let n_chunks = p.groups.div_ceil(chunk);
+    let body = |c: usize| {
+        #[allow(clippy::redundant_locals)]
+        let out = out;
+        let mut res = [[0f32; ROWS]; 8];
+        for g in c * chunk..((c + 1) * chunk).min(p.groups) {
+            let tiles = p.group(g);
+            for t0 in (0..n_tok).step_by(8) {
+                let n = (n_tok - t0).min(8);
+                let xs: [&[BlockQ8A]; 8] = std::array::from_fn(|i| {
+                    xq.get((t0 + i) * nb..(t0 + i + 1) * nb).unwrap_or(&[])
+                });
+                dot(tiles, &xs[..n], &mut res[..n]);
+                for (i, v) in res[..n].iter().enumerate() {
+                    // SAFETY: t0 + i < n_tok and g * ROWS + ROWS <= rows, so the 16 floats are
+                    // inside y (n_tok x rows, asserted by the caller); group g belongs to one
+                    // chunk, so no two tasks write them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            v.as_ptr(),
+                            out.0.add((t0 + i) * rows + g * ROWS),
+                            ROWS,
+                        )
+                    };
+                }
+            }
+        }
+    };
+    if n_chunks == 1 || rayon::current_num_threads() == 1 {
+        (0..n_chunks).for_each(body);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(body);
     }
 }
 

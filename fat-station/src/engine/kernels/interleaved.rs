@@ -1,0 +1,342 @@
+//! Row-interleaved weights: 16 rows regrouped per 32-element block so that one 512-bit
+//! register holds 4 consecutive weights of each of 16 rows (one i32 lane per row).
+//!
+//! Why: the block-at-a-time kernels spend most of their instructions on per-block scalar work
+//! (two f16 scales, one product, a broadcast, a horizontal sum per row). With 16 rows in the
+//! lanes, one `vpdpbusd` against a broadcast dword of the activation block adds 4 products
+//! into each of 16 rows, and the block's scale step (`d_w * d_x * isum`) is one vector FMA
+//! for 16 rows. The 16 outputs of a group land in one register: no horizontal sums.
+//!
+//! Each tile (16 rows x one block) holds exactly the bytes of the 16 source blocks, reordered:
+//!
+//! | type | bytes | layout                                                                   |
+//! |------|-------|--------------------------------------------------------------------------|
+//! | Q4_0 | 288   | `d[16]` f16, `qs[4][16][4]`: chunk k lane r = bytes 4k..4k+4 of row r's qs |
+//! | Q5_0 | 352   | `d[16]`, `hm[8]` u64 (bit 4r+i of mask g = row r's 5th bit of element 4g+i), `qs` as Q4_0 |
+//! | Q8_0 | 544   | `d[16]`, `u[8][16][4]`: chunk g lane r = row r's quants 4g..4g+4, XOR 0x80 |
+//!
+//! Unpacked, every type is 8 vectors of unsigned bytes `u` (vector g: elements 4g..4g+4 of
+//! each row) with weight `u - OFF` (OFF = 8, 16, 128). Per (row, block, token):
+//! `isum = sum(u * q_x) - OFF * sum(q_x)` (exact i32), then
+//! `acc = fma(d_w, f32(isum) * d_x, acc)`, blocks in order. [`rows16_ref`] is that in scalar
+//! Rust; the SIMD kernels must give its bits exactly, and every token of a multi-token call
+//! gets the bits of a one-token call (prefill == token by token).
+//!
+//! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
+//! [`super::Linear`] does it on first use, so loading a model stays a few milliseconds.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512;
+
+use super::blocks::f16_le;
+use super::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8A, BlockQ8_0};
+use super::QMatrix;
+use knot_format::dtype::{DType, QK};
+use rayon::prelude::*;
+
+/// Rows per interleaved group.
+pub const ROWS: usize = 16;
+
+/// 16 rows of one weight matrix against up to 8 activation rows: `out[t][r]` = dot(row r of
+/// the group whose tiles are `tiles`, `x[t]`). `x.len() == out.len() <= 8`.
+pub type Rows16Dot = fn(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]);
+
+/// Byte offsets inside a tile (see the module table).
+pub(super) const D_BYTES: usize = 2 * ROWS;
+pub(super) const Q5_HM: usize = D_BYTES;
+pub(super) const Q5_QS: usize = D_BYTES + 8 * 8;
+
+/// Bytes of one tile (16 rows x one block) of `dtype`, for the types with a layout.
+pub fn tile_bytes(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(ROWS * dtype.block_bytes()),
+        _ => None,
+    }
+}
+
+/// The unsigned-weight offset of `dtype`'s unpacked bytes (weight = u - OFF).
+pub(super) fn offset(dtype: DType) -> i32 {
+    match dtype {
+        DType::Q4_0 => 8,
+        DType::Q5_0 => 16,
+        _ => 128,
+    }
+}
+
+/// A matrix's full 16-row groups in the interleaved layout (rows past the last full group
+/// stay with the block kernels).
+pub struct Interleaved {
+    /// Element type of the source blocks.
+    pub dtype: DType,
+    /// Full groups of [`ROWS`] rows.
+    pub groups: usize,
+    /// 32-element blocks per row.
+    pub blocks: usize,
+    tile: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Interleaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interleaved")
+            .field("dtype", &self.dtype)
+            .field("groups", &self.groups)
+            .field("blocks", &self.blocks)
+            .finish()
+    }
+}
+
+impl Interleaved {
+    /// Regroups `w`'s full 16-row groups (in parallel); `None` when `dtype` has no layout or
+    /// `w` has fewer than 16 rows.
+    pub fn pack(w: &QMatrix) -> Option<Interleaved> {
+        Self::pack_releasing(w, &|_| {})
+    }
+
+    /// [`Interleaved::pack`], handing each batch of source rows to `done` once it is copied
+    /// (so a caller can drop the source pages as it goes: the peak holds one batch twice, not
+    /// the whole matrix).
+    pub fn pack_releasing(w: &QMatrix, done: &(dyn Fn(&[u8]) + Sync)) -> Option<Interleaved> {
+        /// Groups per batch: 1024 rows.
+        const BATCH: usize = 64;
+        let tile = tile_bytes(w.dtype)?;
+        let (groups, blocks) = (w.rows / ROWS, w.cols / QK);
+        if groups == 0 {
+            return None;
+        }
+        let bb = w.dtype.block_bytes();
+        let mut data = vec![0u8; groups * blocks * tile];
+        for (i, batch) in data.chunks_mut(BATCH * blocks * tile).enumerate() {
+            batch
+                .par_chunks_mut(blocks * tile)
+                .enumerate()
+                .for_each(|(j, out)| {
+                    let g = i * BATCH + j;
+                    let rows: [&[u8]; ROWS] = std::array::from_fn(|r| w.row(g * ROWS + r));
+                    for (b, t) in out.chunks_exact_mut(tile).enumerate() {
+                        let src: [&[u8]; ROWS] = std::array::from_fn(|r| &rows[r][b * bb..][..bb]);
+                        pack_tile(w.dtype, &src, t);
+                    }
+                });
+            let rows = i * BATCH * ROWS..(i * BATCH * ROWS + batch.len() / (blocks * tile) * ROWS);
+            done(&w.data[rows.start * w.row_bytes()..rows.end * w.row_bytes()]);
+        }
+        Some(Interleaved {
+            dtype: w.dtype,
+            groups,
+            blocks,
+            tile,
+            data,
+        })
+    }
+
+    /// The tiles of group `g` (all blocks, in order).
+    pub fn group(&self, g: usize) -> &[u8] {
+        let n = self.blocks * self.tile;
+        &self.data[g * n..(g + 1) * n]
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
+/// time: packing runs once per matrix, on the first token).
+fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
+    let mut masks = [0u64; 8];
+    for (r, s) in src.iter().enumerate() {
+        let (d, chunks, qh): (_, &[u8], u32) = match dtype {
+            DType::Q8_0 => {
+                let b: &BlockQ8_0 = bytemuck::from_bytes(s);
+                (b.d, bytemuck::cast_slice(&b.qs), 0)
+            }
+            DType::Q5_0 => {
+                let b: &BlockQ5_0 = bytemuck::from_bytes(s);
+                (b.d, &s[6..], u32::from_le_bytes(b.qh))
+            }
+            DType::Q4_0 => {
+                let b: &BlockQ4_0 = bytemuck::from_bytes(s);
+                (b.d, &s[2..], 0)
+            }
+            _ => unreachable!("pack_tile: {dtype} has no interleaved layout"),
+        };
+        tile[2 * r..2 * r + 2].copy_from_slice(&d);
+        let at = if dtype == DType::Q5_0 { Q5_QS } else { D_BYTES };
+        for (k, c) in chunks.chunks_exact(4).enumerate() {
+            let dst = &mut tile[at + 64 * k + 4 * r..][..4];
+            dst.copy_from_slice(c);
+            if dtype == DType::Q8_0 {
+                dst.iter_mut().for_each(|v| *v ^= 0x80);
+            }
+        }
+        for (g, m) in masks.iter_mut().enumerate() {
+            *m |= (((qh >> (4 * g)) & 0xF) as u64) << (4 * r);
+        }
+    }
+    if dtype == DType::Q5_0 {
+        for (g, m) in masks.iter().enumerate() {
+            tile[Q5_HM + 8 * g..][..8].copy_from_slice(&m.to_le_bytes());
+        }
+    }
+}
+
+/// A tile back to per-row scales and unsigned bytes (`u[r][e]`, weight = `u - offset`).
+pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; ROWS]) {
+    let d = std::array::from_fn(|r| f16_le([tile[2 * r], tile[2 * r + 1]]));
+    let mut u = [[0u8; QK]; ROWS];
+    for (r, ur) in u.iter_mut().enumerate() {
+        for (e, v) in ur.iter_mut().enumerate() {
+            let (g, i) = (e / 4, e % 4);
+            *v = match dtype {
+                DType::Q8_0 => tile[D_BYTES + 64 * g + 4 * r + i],
+                DType::Q4_0 | DType::Q5_0 => {
+                    let qs_at = if dtype == DType::Q5_0 { Q5_QS } else { D_BYTES };
+                    let byte = tile[qs_at + 64 * (g % 4) + 4 * r + i];
+                    let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
+                    let high = dtype == DType::Q5_0 && {
+                        let bit = 4 * r + i;
+                        tile[Q5_HM + 8 * g + bit / 8] >> (bit % 8) & 1 == 1
+                    };
+                    nib | (high as u8) << 4
+                }
+                _ => unreachable!("unpack_tile_ref: {dtype} has no interleaved layout"),
+            };
+        }
+    }
+    (d, u)
+}
+
+/// The scalar specification of [`Rows16Dot`] for one activation row.
+pub fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let tile = tile_bytes(dtype).expect("rows16_ref: a type with a layout");
+    let off = offset(dtype);
+    let mut acc = [0f32; ROWS];
+    for (t, a) in tiles.chunks_exact(tile).zip(x) {
+        let (d, u) = unpack_tile_ref(dtype, t);
+        let corr = off * (a.sums[0] as i32 + a.sums[1] as i32);
+        for r in 0..ROWS {
+            let isum: i32 = u[r]
+                .iter()
+                .zip(&a.qs)
+                .map(|(&w, &q)| w as i32 * q as i32)
+                .sum();
+            let tmp = (isum - corr) as f32 * a.d;
+            acc[r] = d[r].mul_add(tmp, acc[r]);
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{random_row, random_x, Rng};
+    use super::super::*;
+    use super::*;
+
+    fn matrix(dtype: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+        (0..rows)
+            .flat_map(|_| random_row(dtype, cols, rng))
+            .collect()
+    }
+
+    fn quantized(cols: usize, rng: &mut Rng) -> Vec<BlockQ8A> {
+        let mut xq = Vec::new();
+        quantize_q8a(&random_x(cols, rng), &mut xq);
+        xq
+    }
+
+    /// Packing keeps every weight: the unpacked tiles dequantize to the source rows' values.
+    #[test]
+    fn tiles_hold_the_source_weights() {
+        let mut rng = Rng::new(5);
+        for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+            let (rows, cols) = (40, 96);
+            let data = matrix(dtype, rows, cols, &mut rng);
+            let w = QMatrix::new(dtype, rows, cols, &data).unwrap();
+            let p = Interleaved::pack(&w).unwrap();
+            assert_eq!((p.groups, p.blocks), (2, 3));
+            assert_eq!(
+                p.bytes(),
+                32 * w.row_bytes(),
+                "{dtype}: same bytes as 32 rows"
+            );
+            let off = offset(dtype) as f32;
+            for g in 0..p.groups {
+                for (b, tile) in p.group(g).chunks_exact(p.tile).enumerate() {
+                    let (d, u) = unpack_tile_ref(dtype, tile);
+                    for r in 0..ROWS {
+                        let mut want = [0f32; QK];
+                        dequantize_row(
+                            dtype,
+                            &w.row(g * ROWS + r)[b * dtype.block_bytes()..][..dtype.block_bytes()],
+                            &mut want,
+                        );
+                        let got: Vec<f32> = u[r].iter().map(|&v| d[r] * (v as f32 - off)).collect();
+                        assert_eq!(got, want, "{dtype} group {g} block {b} row {r}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The specification agrees with the per-row reference dot (same integer sums; only the
+    /// f32 association differs).
+    #[test]
+    fn rows16_ref_matches_the_block_reference() {
+        let mut rng = Rng::new(9);
+        let scalar = Kernels::for_isa(Isa::Scalar).unwrap();
+        for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+            for cols in [32usize, 96, 896] {
+                let data = matrix(dtype, ROWS, cols, &mut rng);
+                let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
+                let p = Interleaved::pack(&w).unwrap();
+                let x = quantized(cols, &mut rng);
+                let got = rows16_ref(dtype, p.group(0), &x);
+                let Dot::Quant(one) = scalar.dot(dtype) else {
+                    panic!("{dtype}: not quantized")
+                };
+                for (r, g) in got.iter().enumerate() {
+                    let want = one(w.row(r), &x);
+                    assert!(
+                        (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "{dtype} cols {cols} row {r}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The SIMD kernels give the specification's bits, for 1..=8 tokens per call.
+    #[test]
+    fn simd_kernels_match_the_specification_bit_for_bit() {
+        let k = kernels();
+        let mut rng = Rng::new(21);
+        for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+            let Some(dot) = k.rows16(dtype) else {
+                eprintln!("{dtype}: no 16-row kernel on {:?}: skipped", k.isa);
+                continue;
+            };
+            for cols in [32usize, 96, 896] {
+                let data = matrix(dtype, ROWS, cols, &mut rng);
+                let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
+                let p = Interleaved::pack(&w).unwrap();
+                let xs: Vec<Vec<BlockQ8A>> = (0..8).map(|_| quantized(cols, &mut rng)).collect();
+                for n in 1..=8 {
+                    let x: Vec<&[BlockQ8A]> = xs[..n].iter().map(|v| &v[..]).collect();
+                    let mut out = vec![[0f32; ROWS]; n];
+                    dot(p.group(0), &x, &mut out);
+                    for t in 0..n {
+                        let want = rows16_ref(dtype, p.group(0), &xs[t]);
+                        assert_eq!(
+                            out[t].map(f32::to_bits),
+                            want.map(f32::to_bits),
+                            "{dtype} cols {cols} n {n} token {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
