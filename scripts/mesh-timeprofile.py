@@ -51,11 +51,12 @@ def main():
         for item in r.getheader("x-chain-trace", "").split(","):
             node, rest = item.split("=", 1)
             rng, ms, seal = rest.split(":")
-            d = per.setdefault(node, {"layers": rng, "compute": [], "seal": []})
+            # Keyed by node and range: stations started without --node-id all say `station`.
+            d = per.setdefault((node, rng), {"node": node, "layers": rng, "compute": [], "seal": []})
             d["compute"].append(float(ms))
             d["seal"].append(float(seal))
     med = statistics.median
-    rows = [{"node": n, "layers": d["layers"], "compute_ms": round(med(d["compute"]), 3), "seal_ms": round(med(d["seal"]), 4)} for n, d in per.items()]
+    rows = [{"node": d["node"], "layers": d["layers"], "compute_ms": round(med(d["compute"]), 3), "seal_ms": round(med(d["seal"]), 4)} for d in per.values()]
     wall = med(walls)
     other = wall - sum(x["compute_ms"] + x["seal_ms"] for x in rows)
     if a.json:
