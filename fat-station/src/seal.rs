@@ -24,8 +24,8 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use chacha20poly1305::aead::{AeadCore, AeadInPlace, KeyInit, OsRng};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce, Tag};
 
 /// Associated-data domain of a sealed residual.
 pub const SEAL_DOMAIN: &[u8] = b"aeon-mesh seal v1\0";
@@ -171,24 +171,22 @@ impl MeshKey {
         Ok(MeshKey::from_bytes(&raw))
     }
 
-    /// Seals `plain` under a fresh random nonce.
+    /// Seals `plain` under a fresh random nonce (one copy of the body: encrypted in place in
+    /// the output buffer).
     pub fn seal(&self, plain: &[u8], ctx: &SealContext) -> Vec<u8> {
         let nonce = ChaCha20Poly1305::generate_nonce(&mut OsRng);
         let aad = ctx.aad();
-        // Encryption with a valid key and nonce cannot fail for in-memory buffers.
-        let ct = self
-            .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: plain,
-                    aad: &aad,
-                },
-            )
-            .unwrap_or_default();
-        let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
+        let mut out = Vec::with_capacity(NONCE_LEN + plain.len() + TAG_LEN);
         out.extend_from_slice(&nonce);
-        out.extend_from_slice(&ct);
+        out.extend_from_slice(plain);
+        // Fails only for bodies over 256 GiB; the truncated result is refused as short.
+        match self
+            .cipher
+            .encrypt_in_place_detached(&nonce, &aad, &mut out[NONCE_LEN..])
+        {
+            Ok(tag) => out.extend_from_slice(&tag),
+            Err(_) => out.truncate(NONCE_LEN),
+        }
         out
     }
 
@@ -201,11 +199,12 @@ impl MeshKey {
         if sealed.len() < NONCE_LEN + TAG_LEN {
             return Err(SealError::Short(sealed.len()));
         }
-        let (n, ct) = sealed.split_at(NONCE_LEN);
+        let (n, rest) = sealed.split_at(NONCE_LEN);
+        let (ct, tag) = rest.split_at(rest.len() - TAG_LEN);
         let aad = ctx.aad();
-        let plain = self
-            .cipher
-            .decrypt(Nonce::from_slice(n), Payload { msg: ct, aad: &aad })
+        let mut plain = ct.to_vec();
+        self.cipher
+            .decrypt_in_place_detached(Nonce::from_slice(n), &aad, &mut plain, Tag::from_slice(tag))
             .map_err(|_| SealError::Tampered)?;
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(n);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use fat_station::beacon;
 use fat_station::engine::Model;
 use fat_station::replicas::{ChainsFile, MeshChain, ReplicaSet};
-use fat_station::seal::{self, MeshKey, SealContext};
+use fat_station::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use knot_format::{Knot, LayerRange};
 use support::*;
@@ -158,8 +158,13 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     );
 
     // Generate 16 tokens, killing chain 0's middle node after the 5th.
+    // The client holds the mesh key too: it seals its requests and opens the answers.
+    let key = MeshKey::from_bytes(&key_bytes);
     let mut rs =
         ReplicaSet::from_file(&formed, Duration::from_secs(120), "gen1").expect("replicas");
+    for c in rs.chains_mut() {
+        c.mesh_key = Some(key.clone());
+    }
     let mut hops_seen = 0;
     let t0 = Instant::now();
     let got = rs
@@ -193,7 +198,9 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     eprintln!("16 tokens with one failover in {:.1} s", wall.as_secs_f64());
 
     // Without a replica the failure is reported, naming node and range, promptly.
-    let chain0 = MeshChain::new(formed.chains[0].clone(), Duration::from_secs(30)).expect("chain");
+    let mut chain0 =
+        MeshChain::new(formed.chains[0].clone(), Duration::from_secs(30)).expect("chain");
+    chain0.mesh_key = Some(key.clone());
     let mut lone = ReplicaSet::new(vec![chain0], "gen2").expect("one chain");
     let t = Instant::now();
     let e = lone
@@ -214,15 +221,16 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
         .forward(&mut sess, &mut x, LayerRange::new(0, 16))
         .expect("forward 0-16");
     let plain = wire::encode_f32(&x);
-    let key = MeshKey::from_bytes(&key_bytes);
     let ts = seal::now_ms();
     let ctx = SealContext {
+        dir: SealDir::Hop,
         request_id: "t-1",
         from_layer: 16,
         session: "",
         pos: 0,
         ts_ms: ts,
         route: "",
+        ret: "token",
     };
     let sealed = key.seal(&plain, &ctx);
     let agent = ureq::AgentBuilder::new()
@@ -245,9 +253,31 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
             Err(e) => panic!("transport: {e}"),
         }
     };
-    let (st, body) = post(&sealed, true);
-    assert_eq!(st, 200, "{body}");
-    let tok: wire::ChainToken = serde_json::from_str(&body).expect("token json");
+    // The answer travels sealed for the requester, under the request id it chose.
+    let r = agent
+        .post(&format!("{exit}/chain"))
+        .set(wire::H_REQUEST_ID, "t-1")
+        .set(wire::H_FROM_LAYER, "16")
+        .set(wire::H_RETURN, "token")
+        .set(wire::H_SEAL, "v1")
+        .set(wire::H_SEAL_TS, &ts.to_string())
+        .send_bytes(&sealed)
+        .expect("a valid sealed residual is accepted");
+    assert_eq!(r.header(wire::H_SEAL), Some("v1"));
+    let answer_ts: u64 = r
+        .header(wire::H_SEAL_TS)
+        .and_then(|t| t.parse().ok())
+        .expect("X-Seal-Ts on the answer");
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut r.into_reader(), &mut answer).expect("answer");
+    let answer_ctx = SealContext {
+        dir: SealDir::Response,
+        from_layer: 24,
+        ts_ms: answer_ts,
+        ..ctx.clone()
+    };
+    let (tok, _) = key.open(&answer, &answer_ctx).expect("the answer opens");
+    let tok: wire::ChainToken = serde_json::from_slice(&tok).expect("token json");
     assert_eq!(tok.token, 12095);
     let (st, body) = post(&sealed, true);
     assert_eq!(st, 409, "a replay is refused: {body}");

@@ -115,6 +115,11 @@ enum MeshCmd {
         /// A monster-guard grant file to present to the entry (X-Grant).
         #[arg(long)]
         grant: Option<PathBuf>,
+        /// The mesh key of a sealed mesh (the stations' `--mesh-key` file): seal each token
+        /// request to the entry and open the sealed answer (a keyed entry refuses unsealed
+        /// requests with 401).
+        #[arg(long, value_name = "FILE")]
+        mesh_key: Option<PathBuf>,
     },
 }
 
@@ -304,6 +309,7 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
             max_tokens,
             step_timeout,
             grant,
+            mesh_key,
         } => {
             let formed: ChainsFile = match (mesh, discover) {
                 (Some(p), false) => {
@@ -323,6 +329,12 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
                 for c in rs.chains_mut() {
                     c.grant_hex = Some(hex.clone());
+                }
+            }
+            if let Some(k) = mesh_key {
+                let key = fat_station::seal::MeshKey::load(&k)?;
+                for c in rs.chains_mut() {
+                    c.mesh_key = Some(key.clone());
                 }
             }
             let entry = StationClient::new(&rs.chains()[0].hops[0].url, timeout);
