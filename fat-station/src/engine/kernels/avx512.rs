@@ -346,6 +346,41 @@ legacy_kernels!(q8_0_n, dot_q8_0, toks4_q8_0);
 // k-quants (256-element super-blocks): tile kernels generic over the token count
 // ---------------------------------------------------------------------------------------------
 
+/// `xa[0].d` in lanes 0..8 and `xa[1].d` in lanes 8..16 with one load and one permute: the
+/// 64 bytes from `xa[0]` end inside `xa[1]` (44-byte blocks, `d` first).
+#[inline(always)]
+unsafe fn dx2(xa: &[BlockQ8A]) -> __m512 {
+    const _: () = assert!(std::mem::offset_of!(BlockQ8A, d) == 0 && size_of::<BlockQ8A>() == 44);
+    assert!(xa.len() >= 2);
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 11, 11, 11, 11, 11, 11, 11, 11);
+    _mm512_permutexvar_ps(idx, _mm512_loadu_ps(xa.as_ptr() as *const f32))
+}
+
+/// `$body` for `$t` = 0, 1, .., `$n - 1` (`$n` at most 4), written out: with constant
+/// indices the per-row accumulator arrays stay in registers (a `for t in 0..T` loop over a
+/// body this large is not unrolled, and its accumulators round-trip through the stack).
+macro_rules! for_rows {
+    ($n:expr, |$t:ident| $body:block) => {{
+        const { assert!($n <= 4) };
+        if $n > 0 {
+            let $t = 0;
+            $body
+        }
+        if $n > 1 {
+            let $t = 1;
+            $body
+        }
+        if $n > 2 {
+            let $t = 2;
+            $body
+        }
+        if $n > 3 {
+            let $t = 3;
+            $body
+        }
+    }};
+}
+
 /// Shared Q4_K / Q5_K body for `T` activation rows: `high(b, j, q)` adds the fifth bit to the
 /// bytes of 64-chunk `j`. Each super-block's nibbles, high bits, scales and mins are unpacked
 /// once for all `T` rows; each row then runs exactly the `T = 1` sequence of float operations
@@ -375,25 +410,28 @@ unsafe fn k4_n<B: Pod, const T: usize>(
             let z = _mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1);
             high(b, j, _mm512_and_si512(z, mask))
         });
-        let dsc: [f32; 8] = std::array::from_fn(|k| d * sc[k] as f32);
-        for t in 0..T {
+        // (d * sc) * d_x lane for lane, as the single dot computes it.
+        let dsc: [__m512; 4] =
+            std::array::from_fn(|j| fv(d * sc[2 * j] as f32, d * sc[2 * j + 1] as f32));
+        let mn: [f32; 8] = std::array::from_fn(|k| mn[k] as f32);
+        for_rows!(T, |t| {
             let xa = x[t].get_unchecked(8 * i..8 * i + 8);
             let mut ms = 0f32;
             for k in 0..8 {
-                ms += mn[k] as f32 * xa[k].s;
+                ms += mn[k] * xa[k].s;
             }
             sum[t] -= dmin * ms;
             for (j, &z) in z.iter().enumerate() {
                 let (a0, a1) = (xa.get_unchecked(2 * j), xa.get_unchecked(2 * j + 1));
                 let p = _mm512_cvtepi32_ps(dpbusd(z, ld2(a0, a1)));
-                let f = fv(dsc[2 * j] * a0.d, dsc[2 * j + 1] * a1.d);
+                let f = _mm512_mul_ps(dsc[j], fv(a0.d, a1.d));
                 if j & 1 == 0 {
                     acc0[t] = _mm512_fmadd_ps(f, p, acc0[t]);
                 } else {
                     acc1[t] = _mm512_fmadd_ps(f, p, acc1[t]);
                 }
             }
-        }
+        });
     }
     std::array::from_fn(|t| _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + sum[t])
 }
@@ -448,7 +486,7 @@ unsafe fn q6_k_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
         let d = f16c(b.d);
         let scales = _mm_loadu_si128(b.scales.as_ptr() as *const __m128i);
         // Chunk c = 2n + pair covers elements 64c..64c + 64 (activation blocks 2c, 2c + 1):
-        // its quants as u8 (q + 32) and, per i32 lane (4 elements), its scale as f32.
+        // its quants as u8 (q + 32) and, per i32 lane (4 elements), d * its scale.
         let mut q = [_mm512_setzero_si512(); 4];
         for n in 0..2 {
             let ql = _mm512_loadu_si512(b.ql.as_ptr().add(64 * n) as *const _);
@@ -467,23 +505,24 @@ unsafe fn q6_k_n<const T: usize>(w: &[u8], x: [&[BlockQ8A]; T]) -> [f32; T] {
                 s, s, s, s, s + 1, s + 1, s + 1, s + 1,
                 s + 2, s + 2, s + 2, s + 2, s + 3, s + 3, s + 3, s + 3,
             );
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(scales, shuf)))
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(scales, shuf)));
+            _mm512_mul_ps(sc, _mm512_set1_ps(d))
         });
-        for t in 0..T {
+        for_rows!(T, |t| {
             let xa = x[t].get_unchecked(8 * i..8 * i + 8);
             for c in 0..4 {
                 let (a0, a1) = (xa.get_unchecked(2 * c), xa.get_unchecked(2 * c + 1));
                 let xv = ld2(a0, a1);
                 // sum (q - 32) q_x per i32 lane (4 elements), exact.
                 let p = _mm512_sub_epi32(dpbusd(q[c], xv), dpbusd(c32, xv));
-                let f = _mm512_mul_ps(sc[c], fv(d * a0.d, d * a1.d));
+                let f = _mm512_mul_ps(sc[c], dx2(xa.get_unchecked(2 * c..)));
                 if c & 1 == 0 {
                     acc0[t] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc0[t]);
                 } else {
                     acc1[t] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(p), acc1[t]);
                 }
             }
-        }
+        });
     }
     std::array::from_fn(|t| _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])))
 }
