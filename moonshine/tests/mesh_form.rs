@@ -224,3 +224,67 @@ fn elector_assigns_ranges_by_ram_and_the_formed_mesh_matches_one_station() {
         "assigned mesh (stations forwarding) equals one station\n{err}"
     );
 }
+
+/// `scripts/mesh-shootout.py --launch` starts its own six 1-thread stations, runs the three
+/// configurations and reports each with every token counted; throughput itself is not
+/// asserted (the machine is shared), only that the table is complete and consistent.
+#[test]
+fn shootout_launch_measures_chain_and_replicas() {
+    let Some((knot, bin)) = setup() else { return };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mesh-shootout.py");
+    let o = match Command::new("python3")
+        .arg(&script)
+        .args(["--launch", knot.to_str().expect("utf-8"), "--station-bin"])
+        .arg(&bin)
+        .args(["--repeat", "1", "--tokens", "4", "--json"])
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipping: python3: {e}");
+            return;
+        }
+    };
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "shootout failed:\n{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim()).expect("json report");
+    assert_eq!(r["threads_per_station"], 1);
+    let rows = r["rows"].as_array().expect("rows");
+    let got: Vec<(String, u64, u64, u64)> = rows
+        .iter()
+        .map(|x| {
+            (
+                x["config"].as_str().expect("config").to_string(),
+                x["stations"].as_u64().expect("stations"),
+                x["clients"].as_u64().expect("clients"),
+                x["tokens"].as_u64().expect("tokens"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("1 chain x 1 client".to_string(), 3, 1, 4),
+            ("1 chain x 2 clients".to_string(), 3, 2, 8),
+            ("2 replicas x 2 clients".to_string(), 6, 2, 8),
+        ]
+    );
+    for x in rows {
+        assert!(x["tokens_per_s"].as_f64().expect("tok/s") > 0.0, "{x}");
+        assert!(x["p50_ms"].as_f64().expect("p50") <= x["p95_ms"].as_f64().expect("p95"));
+    }
+    let ratio = r["ratio_replicas_vs_chain_2_clients"]
+        .as_f64()
+        .expect("ratio");
+    let by = |c: &str| {
+        rows.iter()
+            .find(|x| x["config"] == c)
+            .and_then(|x| x["tokens_per_s"].as_f64())
+            .expect("row")
+    };
+    let want = by("2 replicas x 2 clients") / by("1 chain x 2 clients");
+    assert!((ratio - want).abs() < 0.01, "{ratio} vs {want}");
+}
