@@ -384,8 +384,8 @@ macro_rules! for_rows {
 /// Shared Q4_K / Q5_K body for `T` activation rows: `high(b, j, q)` adds the fifth bit to the
 /// bytes of 64-chunk `j`. Each super-block's nibbles, high bits, scales and mins are unpacked
 /// once for all `T` rows; each row then runs exactly the `T = 1` sequence of float operations
-/// on its own accumulators (mins term, then chunks 0..4 alternating between two
-/// accumulators), so every output has the bits of the single dot.
+/// on its own accumulators (the mins term into 8 lanes, one per sub-block, then chunks 0..4
+/// alternating between two accumulators), so every output has the bits of the single dot.
 #[inline(always)]
 unsafe fn k4_n<B: Pod, const T: usize>(
     w: &[u8],
@@ -398,7 +398,11 @@ unsafe fn k4_n<B: Pod, const T: usize>(
     let mask = _mm512_set1_epi8(0x0F);
     let mut acc0 = [_mm512_setzero_ps(); T];
     let mut acc1 = [_mm512_setzero_ps(); T];
-    let mut sum = [0f32; T];
+    // Per row, lane k: sum over super-blocks of dmin * m_k * s (sub-block k's mins term).
+    let mut mins = [_mm256_setzero_ps(); T];
+    // Float offsets of `s` in 8 consecutive activation blocks (11 floats each).
+    const _: () = assert!(std::mem::offset_of!(BlockQ8A, s) == 4 && size_of::<BlockQ8A>() == 44);
+    let s_idx = _mm256_setr_epi32(1, 12, 23, 34, 45, 56, 67, 78);
     for (i, b) in w.iter().enumerate() {
         let (d, dmin, scales, qs) = parts(b);
         let (d, dmin) = (f16c(d), f16c(dmin));
@@ -413,14 +417,15 @@ unsafe fn k4_n<B: Pod, const T: usize>(
         // (d * sc) * d_x lane for lane, as the single dot computes it.
         let dsc: [__m512; 4] =
             std::array::from_fn(|j| fv(d * sc[2 * j] as f32, d * sc[2 * j + 1] as f32));
-        let mn: [f32; 8] = std::array::from_fn(|k| mn[k] as f32);
+        let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            mn.as_ptr() as *const __m128i
+        )));
+        let dmn = _mm256_mul_ps(_mm256_set1_ps(dmin), mn);
         for_rows!(T, |t| {
             let xa = x[t].get_unchecked(8 * i..8 * i + 8);
-            let mut ms = 0f32;
-            for k in 0..8 {
-                ms += mn[k] * xa[k].s;
-            }
-            sum[t] -= dmin * ms;
+            // The 8 blocks' `s` (the last one ends 4 bytes + 40 bytes before `xa`'s end).
+            let s = _mm256_i32gather_ps::<4>(xa.as_ptr() as *const f32, s_idx);
+            mins[t] = _mm256_fmadd_ps(dmn, s, mins[t]);
             for (j, &z) in z.iter().enumerate() {
                 let (a0, a1) = (xa.get_unchecked(2 * j), xa.get_unchecked(2 * j + 1));
                 let p = _mm512_cvtepi32_ps(dpbusd(z, ld2(a0, a1)));
@@ -433,7 +438,10 @@ unsafe fn k4_n<B: Pod, const T: usize>(
             }
         });
     }
-    std::array::from_fn(|t| _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + sum[t])
+    std::array::from_fn(|t| {
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]))
+            - _mm512_reduce_add_ps(_mm512_zextps256_ps512(mins[t]))
+    })
 }
 
 // Target features here too, so that the closures inside inherit them (and inline).
