@@ -19,8 +19,8 @@ stations would oversubscribe it), and measures, --repeat times interleaved:
 
   1 chain x 1 client, 1 chain x 2 clients, 2 replicas x 2 clients
 
-then prints a table (median run of each: aggregate tok/s, decode p50/p95) and the ratio
-replicas / one chain, with the load average before and after. With one client a chain keeps one
+then prints a table (median run of each: aggregate tok/s, decode p50/p95, cores the stations
+kept busy) and the ratio replicas / one chain, with the load average before and after. With one client a chain keeps one
 station busy at a time; two clients on one chain overlap on different stations but queue at the
 slowest one (the exit, with the LM head); two replicas give each client its own stations.
 
@@ -95,6 +95,18 @@ def run(chains, clients, n, vary):
     }
 
 
+def cpu_seconds(pids):
+    """User + system CPU seconds the processes have used so far (Linux /proc; 0 elsewhere)."""
+    tick, total = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100, 0
+    for pid in pids:
+        try:
+            f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick
+
+
 def loadavg():
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -136,9 +148,13 @@ def launch(a):
                    ("2 replicas x 2 clients", chains, 2)]
         load_before = loadavg()
         runs = {name: [] for name, _, _ in configs}
+        pids = [p.pid for p in procs]
         for _ in range(a.repeat):
             for name, cs, k in configs:
-                runs[name].append(run(cs, k, a.tokens, a.vary))
+                c0 = cpu_seconds(pids)
+                r = run(cs, k, a.tokens, a.vary)
+                r["cores_busy"] = round((cpu_seconds(pids) - c0) / r["wall_s"], 2)
+                runs[name].append(r)
         load_after = loadavg()
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         print(f"mesh-shootout: {e}", file=sys.stderr)
@@ -170,10 +186,11 @@ def launch(a):
         return 0
     print(f"{len(ranges)}-hop chains {','.join(ranges)}, {a.threads} thread(s) per station, {a.tokens} tokens per client, "
           f"median of {a.repeat} interleaved runs; {os.cpu_count()} CPUs, load average {load_before} before, {load_after} after")
-    print(f"{'configuration':<24} {'stations':>8} {'tok/s':>7} {'(min-max)':>13} {'p50 ms':>7} {'p95 ms':>7}")
+    print(f"{'configuration':<24} {'stations':>8} {'tok/s':>7} {'(min-max)':>13} {'p50 ms':>7} {'p95 ms':>7} {'cores busy':>10}")
     for r in rows:
         print(f"{r['config']:<24} {r['stations']:>8} {r['tokens_per_s']:>7.2f} {'(' + str(r['tps_min']) + '-' + str(r['tps_max']) + ')':>13} "
-              f"{r['p50_ms']:>7} {r['p95_ms']:>7}")
+              f"{r['p50_ms']:>7} {r['p95_ms']:>7} {r['cores_busy']:>10}")
+    print("(cores busy: the stations' CPU seconds / wall seconds of that run)")
     print(f"replicas / one chain: {ratio2:.2f}x with 2 clients on both, {ratio1:.2f}x against one client")
     return 0
 
