@@ -550,34 +550,42 @@ fn a_keyed_chain_seals_request_and_answer_and_matches_the_open_chain() {
     }
 
     // The cost of sealing per hop, the return path included: decode steps in one session
-    // (varying tokens), open vs sealed, both answer kinds.
+    // (varying tokens), open and sealed chains interleaved step by step (so both see the same
+    // load on shared cores), both answer kinds.
     let steps = 16;
     let mut report = Vec::new();
     for want_logits in [false, true] {
-        let mut row = Vec::new();
-        for (nodes, k) in [(&open, None), (&sealed, Some(&key))] {
-            let c = chain_of(nodes, k);
-            let sess = format!("cost{}{}", want_logits as u8, k.is_some() as u8);
-            c.step(&PROMPT, Some((&sess, 0)), want_logits)
-                .expect("prefill");
-            let (mut walls, mut seal_node) = (Vec::new(), vec![Vec::new(); 3]);
-            let mut tok = 100u32;
-            for i in 0..steps {
-                let s = c
-                    .step(&[tok], Some((&sess, PROMPT.len() + i)), want_logits)
+        let chains = [chain_of(&open, None), chain_of(&sealed, Some(&key))];
+        let sess: Vec<String> = (0..2)
+            .map(|k| format!("cost{}{k}", want_logits as u8))
+            .collect();
+        for (c, s) in chains.iter().zip(&sess) {
+            c.step(&PROMPT, Some((s, 0)), want_logits).expect("prefill");
+        }
+        let mut walls = [Vec::new(), Vec::new()];
+        let mut seal_node = vec![Vec::new(); 3];
+        let mut tok = [100u32; 2];
+        for i in 0..steps {
+            for k in 0..2 {
+                let s = chains[k]
+                    .step(&[tok[k]], Some((&sess[k], PROMPT.len() + i)), want_logits)
                     .expect("decode");
-                tok = (s.token + 7) % 150_000;
-                walls.push(s.wall_ms);
-                for (j, t) in s.trace.iter().enumerate() {
-                    seal_node[j].push(t.3);
+                tok[k] = (s.token + 7) % 150_000;
+                walls[k].push(s.wall_ms);
+                if k == 1 {
+                    for (j, t) in s.trace.iter().enumerate() {
+                        seal_node[j].push(t.3);
+                    }
                 }
             }
-            row.push((
-                median(walls),
-                seal_node.into_iter().map(median).collect::<Vec<_>>(),
-            ));
         }
-        report.push((want_logits, row));
+        let [wo, ws] = walls;
+        report.push((
+            want_logits,
+            median(wo),
+            median(ws),
+            seal_node.into_iter().map(median).collect::<Vec<_>>(),
+        ));
     }
     // Client-side seal + open for the same bodies, and the raw cipher cost per size.
     let bench = |n: usize| -> f64 {
@@ -603,16 +611,14 @@ fn a_keyed_chain_seals_request_and_answer_and_matches_the_open_chain() {
     eprintln!(
         "sealing cost ({steps} decode steps, median; 3-node chain 0-8/8-16/16-24, Qwen2.5-0.5B):"
     );
-    for (want_logits, row) in &report {
+    for (want_logits, ow, sw, seals) in &report {
         let kind = if *want_logits {
             "logits (607744 B answer)"
         } else {
             "token (JSON answer)"
         };
-        let (ow, _) = &row[0];
-        let (sw, seals) = &row[1];
         eprintln!(
-            "  {kind}: wall open {ow:.2} ms, sealed {sw:.2} ms (+{:.2}); per node seal+open ms: entry {:.4} (request open + residual seal), mid {:.4}, exit {:.4} (residual open + answer seal)",
+            "  {kind}: wall open {ow:.2} ms, sealed {sw:.2} ms ({:+.2}); per node seal+open ms: entry {:.4} (request open + residual seal), mid {:.4}, exit {:.4} (residual open + answer seal)",
             sw - ow,
             seals[0],
             seals[1],
