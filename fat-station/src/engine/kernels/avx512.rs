@@ -423,7 +423,7 @@ unsafe fn k4_n<B: Pod, const T: usize>(
         let dmn = _mm256_mul_ps(_mm256_set1_ps(dmin), mn);
         for_rows!(T, |t| {
             let xa = x[t].get_unchecked(8 * i..8 * i + 8);
-            // The 8 blocks' `s` (the last one ends 4 bytes + 40 bytes before `xa`'s end).
+            // The 8 blocks' `s`: floats 1 + 11k of `xa` (8 blocks, 88 floats), all in bounds.
             let s = _mm256_i32gather_ps::<4>(xa.as_ptr() as *const f32, s_idx);
             mins[t] = _mm256_fmadd_ps(dmn, s, mins[t]);
             for (j, &z) in z.iter().enumerate() {
