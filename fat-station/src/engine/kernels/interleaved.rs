@@ -22,11 +22,15 @@
 //! Rust; the SIMD kernels must give its bits exactly, and every token of a multi-token call
 //! gets the bits of a one-token call (prefill == token by token).
 //!
+//! Q4_K and Q6_K use the same design with one tile per 256-element super-block and per-row
+//! scales in byte planes; their layouts and specification are in [`kquants`].
+//!
 //! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
 //! [`super::Linear`] does it on first use, so loading a model stays a few milliseconds.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
+pub mod kquants;
 
 use super::blocks::f16_le;
 use super::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8A, BlockQ8_0};
@@ -46,10 +50,13 @@ pub(super) const D_BYTES: usize = 2 * ROWS;
 pub(super) const Q5_HM: usize = D_BYTES;
 pub(super) const Q5_QS: usize = D_BYTES + 8 * 8;
 
-/// Bytes of one tile (16 rows x one block) of `dtype`, for the types with a layout.
+/// Bytes of one tile (16 rows x one block; a super-block for Q4_K and Q6_K) of `dtype`, for
+/// the types with a layout.
 pub fn tile_bytes(dtype: DType) -> Option<usize> {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(ROWS * dtype.block_bytes()),
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K => {
+            Some(ROWS * dtype.block_bytes())
+        }
         _ => None,
     }
 }
@@ -70,8 +77,10 @@ pub struct Interleaved {
     pub dtype: DType,
     /// Full groups of [`ROWS`] rows.
     pub groups: usize,
-    /// 32-element blocks per row.
+    /// 32-element blocks per row (the activation blocks a kernel call takes per token).
     pub blocks: usize,
+    /// Tiles per group: `blocks` for the 32-element types, `blocks / 8` for the k-quants.
+    tiles: usize,
     tile: usize,
     data: Vec<u8>,
 }
@@ -104,11 +113,12 @@ impl Interleaved {
         if groups == 0 {
             return None;
         }
+        let tiles = w.cols / w.dtype.block_elems();
         let bb = w.dtype.block_bytes();
-        let mut data = vec![0u8; groups * blocks * tile];
-        for (i, batch) in data.chunks_mut(BATCH * blocks * tile).enumerate() {
+        let mut data = vec![0u8; groups * tiles * tile];
+        for (i, batch) in data.chunks_mut(BATCH * tiles * tile).enumerate() {
             batch
-                .par_chunks_mut(blocks * tile)
+                .par_chunks_mut(tiles * tile)
                 .enumerate()
                 .for_each(|(j, out)| {
                     let g = i * BATCH + j;
@@ -118,13 +128,14 @@ impl Interleaved {
                         pack_tile(w.dtype, &src, t);
                     }
                 });
-            let rows = i * BATCH * ROWS..(i * BATCH * ROWS + batch.len() / (blocks * tile) * ROWS);
+            let rows = i * BATCH * ROWS..(i * BATCH * ROWS + batch.len() / (tiles * tile) * ROWS);
             done(&w.data[rows.start * w.row_bytes()..rows.end * w.row_bytes()]);
         }
         Some(Interleaved {
             dtype: w.dtype,
             groups,
             blocks,
+            tiles,
             tile,
             data,
         })
@@ -132,7 +143,7 @@ impl Interleaved {
 
     /// The tiles of group `g` (all blocks, in order).
     pub fn group(&self, g: usize) -> &[u8] {
-        let n = self.blocks * self.tile;
+        let n = self.tiles * self.tile;
         &self.data[g * n..(g + 1) * n]
     }
 
@@ -145,6 +156,9 @@ impl Interleaved {
 /// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
 /// time: packing runs once per matrix, on the first token).
 fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
+    if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+        return kquants::pack_tile(dtype, src, tile);
+    }
     let mut masks = [0u64; 8];
     for (r, s) in src.iter().enumerate() {
         let (d, chunks, qh): (_, &[u8], u32) = match dtype {
@@ -211,6 +225,9 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; RO
 /// The scalar specification of [`Rows16Dot`] for one activation row.
 pub fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let tile = tile_bytes(dtype).expect("rows16_ref: a type with a layout");
+    if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+        return kquants::rows16_ref(dtype, tiles, x);
+    }
     let off = offset(dtype);
     let mut acc = [0f32; ROWS];
     for (t, a) in tiles.chunks_exact(tile).zip(x) {
@@ -247,34 +264,64 @@ mod tests {
         xq
     }
 
+    /// The types with a layout, each with the column counts its tests use (Qwen2.5-0.5B's
+    /// ffn_down has 4864 columns: 19 super-blocks).
+    const TYPES: [(DType, [usize; 3]); 5] = [
+        (DType::Q4_0, [32, 96, 896]),
+        (DType::Q5_0, [32, 96, 896]),
+        (DType::Q8_0, [32, 96, 896]),
+        (DType::Q4_K, [256, 512, 4864]),
+        (DType::Q6_K, [256, 512, 4864]),
+    ];
+
+    /// A tile's weights per row, read back through [`unpack_tile_ref`] or
+    /// [`kquants::unpack_tile_ref`] and dequantized as the source format does.
+    fn tile_values(dtype: DType, tile: &[u8]) -> Vec<Vec<f32>> {
+        if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+            let k = kquants::unpack_tile_ref(dtype, tile);
+            return (0..ROWS)
+                .map(|r| {
+                    (0..k.u[r].len())
+                        .map(|e| {
+                            let (sc, m) = (k.sc[r][e / 16], k.m[r][e / 16]);
+                            (k.d[r] * sc as f32) * (k.u[r][e] as i32 - k.off) as f32
+                                - k.dmin[r] * m as f32
+                        })
+                        .collect()
+                })
+                .collect();
+        }
+        let off = offset(dtype) as f32;
+        let (d, u) = unpack_tile_ref(dtype, tile);
+        (0..ROWS)
+            .map(|r| u[r].iter().map(|&v| d[r] * (v as f32 - off)).collect())
+            .collect()
+    }
+
     /// Packing keeps every weight: the unpacked tiles dequantize to the source rows' values.
     #[test]
     fn tiles_hold_the_source_weights() {
         let mut rng = Rng::new(5);
-        for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-            let (rows, cols) = (40, 96);
+        for (dtype, cols) in TYPES {
+            let (rows, cols) = (40, cols[1]);
             let data = matrix(dtype, rows, cols, &mut rng);
             let w = QMatrix::new(dtype, rows, cols, &data).unwrap();
             let p = Interleaved::pack(&w).unwrap();
-            assert_eq!((p.groups, p.blocks), (2, 3));
+            assert_eq!((p.groups, p.blocks), (2, cols / QK));
             assert_eq!(
                 p.bytes(),
                 32 * w.row_bytes(),
                 "{dtype}: same bytes as 32 rows"
             );
-            let off = offset(dtype) as f32;
+            let (be, bb) = (dtype.block_elems(), dtype.block_bytes());
+            assert_eq!(p.group(0).len(), cols / be * p.tile);
             for g in 0..p.groups {
                 for (b, tile) in p.group(g).chunks_exact(p.tile).enumerate() {
-                    let (d, u) = unpack_tile_ref(dtype, tile);
-                    for r in 0..ROWS {
-                        let mut want = [0f32; QK];
-                        dequantize_row(
-                            dtype,
-                            &w.row(g * ROWS + r)[b * dtype.block_bytes()..][..dtype.block_bytes()],
-                            &mut want,
-                        );
-                        let got: Vec<f32> = u[r].iter().map(|&v| d[r] * (v as f32 - off)).collect();
-                        assert_eq!(got, want, "{dtype} group {g} block {b} row {r}");
+                    let got = tile_values(dtype, tile);
+                    for (r, got) in got.iter().enumerate() {
+                        let mut want = vec![0f32; be];
+                        dequantize_row(dtype, &w.row(g * ROWS + r)[b * bb..][..bb], &mut want);
+                        assert_eq!(got, &want, "{dtype} group {g} block {b} row {r}");
                     }
                 }
             }
@@ -287,8 +334,8 @@ mod tests {
     fn rows16_ref_matches_the_block_reference() {
         let mut rng = Rng::new(9);
         let scalar = Kernels::for_isa(Isa::Scalar).unwrap();
-        for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-            for cols in [32usize, 96, 896] {
+        for (dtype, cols) in TYPES {
+            for cols in cols {
                 let data = matrix(dtype, ROWS, cols, &mut rng);
                 let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
                 let p = Interleaved::pack(&w).unwrap();
@@ -313,12 +360,12 @@ mod tests {
     fn simd_kernels_match_the_specification_bit_for_bit() {
         let k = kernels();
         let mut rng = Rng::new(21);
-        for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+        for (dtype, cols) in TYPES {
             let Some(dot) = k.rows16(dtype) else {
                 eprintln!("{dtype}: no 16-row kernel on {:?}: skipped", k.isa);
                 continue;
             };
-            for cols in [32usize, 96, 896] {
+            for cols in cols {
                 let data = matrix(dtype, ROWS, cols, &mut rng);
                 let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
                 let p = Interleaved::pack(&w).unwrap();

@@ -5,13 +5,20 @@
 //! integer offset correction and one FMA into that token's 16-row accumulator. The sequence
 //! per token is the same for any token count, so every token gets [`super::rows16_ref`]'s bits.
 //!
+//! Q4_K and Q6_K tiles go one 32-element sub-block at a time: its 8 weight vectors are
+//! unpacked once for all tokens, the per-row scales come from the tile's byte planes
+//! (`vpmovzxbd` / `vpmovsxbd`), and each token gets the integer sums and FMAs of
+//! [`super::kquants`]' specification, in its order.
+//!
 //! Only [`kernels`] exposes these, and only after the caller checked
 //! [`super::super::Isa::Avx512`] is available.
 
 use super::super::blocks::BlockQ8A;
+use super::kquants::{K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_QH, K6_QL, K6_SC};
 use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 /// The 16-row kernels by type (callers must have checked `Isa::Avx512.available()`).
 pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
@@ -19,7 +26,15 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q4_0, rows16_q4_0 as Rows16Dot),
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
+        (DType::Q4_K, rows16_q4_k as Rows16Dot),
+        (DType::Q6_K, rows16_q6_k as Rows16Dot),
     ]
+}
+
+/// One type's kernel for `T` activation rows at once.
+trait Kernel {
+    /// SAFETY (callers): AVX-512 F/BW/VNNI, FMA and F16C are enabled.
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
 }
 
 /// How one type's tile becomes 8 vectors of unsigned weight bytes.
@@ -117,42 +132,215 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
     out
 }
 
+/// The 32-element types' kernel, [`rows16`] over a [`Tile`].
+struct Blocks<L>(PhantomData<L>);
+
+impl<L: Tile> Kernel for Blocks<L> {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        rows16::<L, T>(tiles, x)
+    }
+}
+
+/// One plane of 16 unsigned scale bytes as i32 lanes.
+#[inline(always)]
+unsafe fn plane_u8(p: *const u8) -> __m512i {
+    _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// Q4_K tiles: per sub-block s, 8 vectors of 4-bit quants (low or high nibbles of the
+/// granules of qs chunk s / 2), `d * sc` and `dmin * m` as row vectors, then per token one
+/// sub-block dot, its scale FMA and its min FMA.
+struct Q4K;
+
+impl Kernel for Q4K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K4_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m6 = _mm512_set1_epi32(63);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K4_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
+            let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
+            for s in 0..8 {
+                // get_scale_min_k4, 16 rows at once.
+                let (sc, m) = if s < 4 {
+                    (
+                        _mm512_and_si512(plane(s), m6),
+                        _mm512_and_si512(plane(s + 4), m6),
+                    )
+                } else {
+                    let (lo, hi_sc, hi_m) = (plane(s + 4), plane(s - 4), plane(s));
+                    (
+                        _mm512_or_si512(
+                            _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
+                            _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_srli_epi32(lo, 4),
+                            _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
+                        ),
+                    )
+                };
+                let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+                let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+                let qs = p.add(K4_QS + 512 * (s / 2));
+                let w: [__m512i; 8] = std::array::from_fn(|k| {
+                    let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+                    let v = if s % 2 == 1 {
+                        _mm512_srli_epi16(v, 4)
+                    } else {
+                        v
+                    };
+                    _mm512_and_si512(v, m4)
+                });
+                for t in 0..T {
+                    let a = x[t].get_unchecked(8 * b + s);
+                    let q = a.qs.as_ptr() as *const i32;
+                    // Two chains of four; integer sums are exact, so the split changes no bit.
+                    let mut s0 = _mm512_setzero_si512();
+                    let mut s1 = _mm512_setzero_si512();
+                    for g in (0..8).step_by(2) {
+                        s0 = _mm512_dpbusd_epi32(
+                            s0,
+                            w[g],
+                            _mm512_set1_epi32(q.add(g).read_unaligned()),
+                        );
+                        s1 = _mm512_dpbusd_epi32(
+                            s1,
+                            w[g + 1],
+                            _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
+                        );
+                    }
+                    let isum = _mm512_add_epi32(s0, s1);
+                    let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+                    acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+                    // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
+                    acc[t] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(a.s), acc[t]);
+                }
+            }
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+        }
+        out
+    }
+}
+
+/// Q6_K tiles: per Q8A block `4n + k` of the super-block, 8 vectors of 6-bit quants (a nibble
+/// of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`), the two
+/// 16-element groups' `d * sc`, then per token two half dots, each corrected for the offset
+/// 32 and scaled by one FMA.
+struct Q6K;
+
+impl Kernel for Q6K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K6_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m30 = _mm512_set1_epi8(0x30);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K6_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K6_D) as *const __m256i));
+            for qb in 0..8 {
+                let (n, k) = (qb / 4, qb % 4);
+                let dsc: [__m512; 2] = std::array::from_fn(|h| {
+                    let sc = _mm_loadu_si128(p.add(K6_SC + ROWS * (2 * qb + h)) as *const __m128i);
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)))
+                });
+                let ql = p.add(K6_QL + 64 * (16 * n + 8 * (k & 1)));
+                let qh = p.add(K6_QH + 64 * 8 * n);
+                let w: [__m512i; 8] = std::array::from_fn(|g| {
+                    let l = _mm512_loadu_si512(ql.add(64 * g) as *const _);
+                    let l = if k >= 2 { _mm512_srli_epi16(l, 4) } else { l };
+                    let h = _mm512_loadu_si512(qh.add(64 * g) as *const _);
+                    // Bits 2k, 2k + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only
+                    // move bits that the 0x30 mask drops across byte edges).
+                    let h = match k {
+                        0 => _mm512_slli_epi16(h, 4),
+                        1 => _mm512_slli_epi16(h, 2),
+                        2 => h,
+                        _ => _mm512_srli_epi16(h, 2),
+                    };
+                    _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h, m30))
+                });
+                for t in 0..T {
+                    let a = x[t].get_unchecked(8 * b + qb);
+                    let q = a.qs.as_ptr() as *const i32;
+                    let half = |h: usize| {
+                        let mut s = _mm512_setzero_si512();
+                        for g in 4 * h..4 * h + 4 {
+                            s = _mm512_dpbusd_epi32(
+                                s,
+                                w[g],
+                                _mm512_set1_epi32(q.add(g).read_unaligned()),
+                            );
+                        }
+                        _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
+                    };
+                    let (i0, i1) = (half(0), half(1));
+                    let xd = _mm512_set1_ps(a.d);
+                    acc[t] =
+                        _mm512_fmadd_ps(dsc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(i0), xd), acc[t]);
+                    acc[t] =
+                        _mm512_fmadd_ps(dsc[1], _mm512_mul_ps(_mm512_cvtepi32_ps(i1), xd), acc[t]);
+                }
+            }
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+        }
+        out
+    }
+}
+
 /// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk).
 #[inline(always)]
-unsafe fn rows16_any<L: Tile>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
     assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
     let mut t = 0;
     while t + 8 <= x.len() {
-        let o = rows16::<L, 8>(tiles, std::array::from_fn(|i| x[t + i]));
+        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
         out[t..t + 8].copy_from_slice(&o);
         t += 8;
     }
     while t + 4 <= x.len() {
-        let o = rows16::<L, 4>(tiles, std::array::from_fn(|i| x[t + i]));
+        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
         out[t..t + 4].copy_from_slice(&o);
         t += 4;
     }
     while t < x.len() {
-        out[t] = rows16::<L, 1>(tiles, [x[t]])[0];
+        out[t] = K::run::<1>(tiles, [x[t]])[0];
         t += 1;
     }
 }
 
 macro_rules! entry {
-    ($name:ident, $imp:ident, $tile:ty) => {
+    ($name:ident, $imp:ident, $kernel:ty) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
         unsafe fn $imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            rows16_any::<$tile>(tiles, x, out)
+            rows16_any::<$kernel>(tiles, x, out)
         }
         fn $name(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: only reachable through `kernels`, used after `Isa::Avx512.available()`
             // confirmed avx512f/bw/vl/dq/vnni, avx2, fma and f16c; `rows16` bounds-checks the
             // activation rows against the tile count and reads only whole tiles.
+            // (Q4_K and Q6_K: 8 activation blocks per tile.)
             unsafe { $imp(tiles, x, out) }
         }
     };
 }
 
-entry!(rows16_q4_0, imp_q4_0, Q4_0);
-entry!(rows16_q5_0, imp_q5_0, Q5_0);
-entry!(rows16_q8_0, imp_q8_0, Q8_0);
+entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
+entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
+entry!(rows16_q8_0, imp_q8_0, Blocks<Q8_0>);
+entry!(rows16_q4_k, imp_q4_k, Q4K);
+entry!(rows16_q6_k, imp_q6_k, Q6K);

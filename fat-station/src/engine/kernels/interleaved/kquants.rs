@@ -1,0 +1,186 @@
+//! Row-interleaved Q4_K and Q6_K tiles: 16 rows x one 256-element super-block.
+//!
+//! A tile holds exactly the bytes of the 16 source blocks, reordered so that one 512-bit
+//! register holds 4 consecutive quant bytes of each of 16 rows (lane r = row r), and each
+//! per-row scale byte sits in a *plane* (16 bytes, byte r = row r's copy), which
+//! `vpmovzxbd` / `vpmovsxbd` turns into a row vector of i32.
+//!
+//! | type | bytes | layout                                                                    |
+//! |------|-------|---------------------------------------------------------------------------|
+//! | Q4_K | 2304  | `d[16]`, `dmin[16]` f16, 12 planes of `scales`, `qs[32][16][4]`: granule k lane r = `qs[4k..4k+4]` of row r |
+//! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), `ql[32][16][4]`, `qh[16][16][4]` (granules as Q4_K) |
+//!
+//! Q4_K: granules 8j..8j+8 hold qs bytes 32j..32j+32; their low nibbles are sub-block 2j
+//! (elements 64j..64j+32), the high nibbles sub-block 2j+1. Per (row, sub-block s, token),
+//! with `a` the token's Q8A block s of the super-block:
+//! `isum = sum(q * a.qs)` (exact i32), `(sc, m) = scale_min_k4(s)`,
+//! `acc = fma(d * sc, f32(isum) * a.d, acc)`, then `acc = fma(-(dmin * m), a.s, acc)`.
+//! `d * sc` and `dmin * m` are exact in f32 (11-bit x 6-bit).
+//!
+//! Q6_K: Q8A block `4n + k` of a super-block (elements `128n + 32k + l`, l in 0..32) takes
+//! its low 4 bits from `ql[64n + 32(k & 1) + l]` (low nibble for k < 2, high for k >= 2) and
+//! its high 2 bits from `qh[32n + l] >> 2k`; weight = `q - 32`. It spans two 16-element scale
+//! groups `2(4n + k) + h`; per half h: `isum = sum(q * a.qs) - 32 * a.sums[h]` (exact), then
+//! `acc = fma(d * sc, f32(isum) * a.d, acc)`, halves in order (`d * sc` exact: 11 x 8 bits).
+//!
+//! [`rows16_ref`] is that in scalar Rust; the SIMD kernels give its bits exactly.
+
+use super::super::blocks::{f16_le, scale_min_k4, BlockQ4K, BlockQ6K, BlockQ8A};
+use super::ROWS;
+use knot_format::dtype::{DType, QK, QK_K};
+
+/// Q4_K tile offsets: super-scales, mins, 12 scale planes, 32 qs granules.
+pub(super) const K4_D: usize = 0;
+pub(super) const K4_DMIN: usize = 2 * ROWS;
+pub(super) const K4_SC: usize = 4 * ROWS;
+pub(super) const K4_QS: usize = K4_SC + 12 * ROWS;
+pub(super) const K4_BYTES: usize = K4_QS + QK_K / 2 * ROWS;
+const _: () = assert!(K4_BYTES == ROWS * DType::Q4_K.block_bytes());
+
+/// Q6_K tile offsets: super-scales, 16 scale planes, 32 ql granules, 16 qh granules.
+pub(super) const K6_D: usize = 0;
+pub(super) const K6_SC: usize = 2 * ROWS;
+pub(super) const K6_QL: usize = K6_SC + 16 * ROWS;
+pub(super) const K6_QH: usize = K6_QL + QK_K / 2 * ROWS;
+pub(super) const K6_BYTES: usize = K6_QH + QK_K / 4 * ROWS;
+const _: () = assert!(K6_BYTES == ROWS * DType::Q6_K.block_bytes());
+
+/// Byte `i` of a row's quant array laid out as 4-byte granules at `at` (granule `i / 4`
+/// holds 16 rows of 4 bytes).
+#[inline(always)]
+fn granule_byte(at: usize, r: usize, i: usize) -> usize {
+    at + 64 * (i / 4) + 4 * r + i % 4
+}
+
+/// Copies `src` (one row's quant bytes) into granules at `at`, 4 bytes at a time.
+#[inline(always)]
+fn put_granules(tile: &mut [u8], at: usize, r: usize, src: &[u8]) {
+    for (k, c) in src.chunks_exact(4).enumerate() {
+        tile[at + 64 * k + 4 * r..][..4].copy_from_slice(c);
+    }
+}
+
+/// One Q4_K or Q6_K tile from the same super-block of 16 rows.
+pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
+    for (r, s) in src.iter().enumerate() {
+        match dtype {
+            DType::Q4_K => {
+                let b: &BlockQ4K = bytemuck::from_bytes(s);
+                tile[K4_D + 2 * r..][..2].copy_from_slice(&b.d);
+                tile[K4_DMIN + 2 * r..][..2].copy_from_slice(&b.dmin);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K4_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K4_QS, r, &b.qs);
+            }
+            DType::Q6_K => {
+                let b: &BlockQ6K = bytemuck::from_bytes(s);
+                tile[K6_D + 2 * r..][..2].copy_from_slice(&b.d);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K6_SC + ROWS * p + r] = v as u8;
+                }
+                put_granules(tile, K6_QL, r, &b.ql);
+                put_granules(tile, K6_QH, r, &b.qh);
+            }
+            _ => unreachable!("kquants::pack_tile: {dtype} is not Q4_K or Q6_K"),
+        }
+    }
+}
+
+/// A k-quant tile read back per row: element e of row r is
+/// `(d[r] * sc[r][e / 16]) * (u[r][e] - off) - dmin[r] * m[r][e / 16]`, off 0 (Q4_K) or 32
+/// (Q6_K); Q6_K has no mins (`dmin` and `m` are 0).
+pub struct KTile {
+    /// Super-block scale per row.
+    pub d: [f32; ROWS],
+    /// Super-block min scale per row (Q4_K).
+    pub dmin: [f32; ROWS],
+    /// Scale per row and 16-element group (a Q4_K sub-block's scale appears twice).
+    pub sc: [[i32; QK_K / 16]; ROWS],
+    /// Min per row and 16-element group (Q4_K).
+    pub m: [[i32; QK_K / 16]; ROWS],
+    /// Unsigned quants per row.
+    pub u: [[u8; QK_K]; ROWS],
+    /// The unsigned-quant offset.
+    pub off: i32,
+}
+
+/// Reads a tile back through the layout (independently of [`pack_tile`]).
+pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
+    let mut k = Box::new(KTile {
+        d: [0.0; ROWS],
+        dmin: [0.0; ROWS],
+        sc: [[0; QK_K / 16]; ROWS],
+        m: [[0; QK_K / 16]; ROWS],
+        u: [[0; QK_K]; ROWS],
+        off: 0,
+    });
+    for r in 0..ROWS {
+        match dtype {
+            DType::Q4_K => {
+                k.d[r] = f16_le([tile[K4_D + 2 * r], tile[K4_D + 2 * r + 1]]);
+                k.dmin[r] = f16_le([tile[K4_DMIN + 2 * r], tile[K4_DMIN + 2 * r + 1]]);
+                let planes: [u8; 12] = std::array::from_fn(|p| tile[K4_SC + ROWS * p + r]);
+                for s in 0..8 {
+                    let (sc, m) = scale_min_k4(s, &planes);
+                    k.sc[r][2 * s..2 * s + 2].fill(sc as i32);
+                    k.m[r][2 * s..2 * s + 2].fill(m as i32);
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (s, l) = (e / QK, e % QK);
+                    let byte = tile[granule_byte(K4_QS, r, 32 * (s / 2) + l)];
+                    *u = if s % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                }
+            }
+            DType::Q6_K => {
+                k.off = 32;
+                k.d[r] = f16_le([tile[K6_D + 2 * r], tile[K6_D + 2 * r + 1]]);
+                for (g, sc) in k.sc[r].iter_mut().enumerate() {
+                    *sc = tile[K6_SC + ROWS * g + r] as i8 as i32;
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (n, kk, l) = (e / 128, e % 128 / 32, e % 32);
+                    let ql = tile[granule_byte(K6_QL, r, 64 * n + 32 * (kk & 1) + l)];
+                    let qh = tile[granule_byte(K6_QH, r, 32 * n + l)];
+                    let lo = if kk < 2 { ql & 0xF } else { ql >> 4 };
+                    *u = lo | ((qh >> (2 * kk)) & 3) << 4;
+                }
+            }
+            _ => unreachable!("kquants::unpack_tile_ref: {dtype} is not Q4_K or Q6_K"),
+        }
+    }
+    k
+}
+
+/// The scalar specification of a Q4_K / Q6_K [`super::Rows16Dot`] for one activation row
+/// (8 Q8A blocks per tile).
+pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let bytes = ROWS * dtype.block_bytes();
+    let mut acc = [0f32; ROWS];
+    for (t, xa) in tiles.chunks_exact(bytes).zip(x.chunks_exact(QK_K / QK)) {
+        let k = unpack_tile_ref(dtype, t);
+        for (s, a) in xa.iter().enumerate() {
+            for r in 0..ROWS {
+                let u = &k.u[r][QK * s..QK * (s + 1)];
+                let isum = |h: usize| -> i32 {
+                    (16 * h..16 * h + 16)
+                        .map(|l| u[l] as i32 * a.qs[l] as i32)
+                        .sum()
+                };
+                if dtype == DType::Q4_K {
+                    let (sc, m) = (k.sc[r][2 * s], k.m[r][2 * s]);
+                    let tmp = (isum(0) + isum(1)) as f32 * a.d;
+                    acc[r] = (k.d[r] * sc as f32).mul_add(tmp, acc[r]);
+                    acc[r] = (-(k.dmin[r] * m as f32)).mul_add(a.s, acc[r]);
+                } else {
+                    for h in 0..2 {
+                        let sc = k.sc[r][2 * s + h];
+                        let tmp = (isum(h) - k.off * a.sums[h] as i32) as f32 * a.d;
+                        acc[r] = (k.d[r] * sc as f32).mul_add(tmp, acc[r]);
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
