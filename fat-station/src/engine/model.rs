@@ -2,10 +2,10 @@
 
 use std::cell::RefCell;
 
-use super::kernels::{dequantize_row, linear};
+use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
-    add_inplace, attention, matmul_shared, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
-    rope_rotate, swiglu, AttnShape,
+    add_inplace, attention, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate,
+    swiglu, AttnShape,
 };
 use super::{Config, EngineError, Holdings, Session, Weights};
 use knot_format::{Knot, LayerRange, Role};
@@ -205,7 +205,7 @@ impl<'a> Model<'a> {
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
         }
-        matmul_shared(
+        linears(
             &mut [
                 (&w.wq, &mut s.q[..]),
                 (&w.wk, &mut s.k[..]),
@@ -255,7 +255,7 @@ impl<'a> Model<'a> {
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
-        matmul_shared(
+        linears(
             &mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])],
             &s.xb,
             seq,

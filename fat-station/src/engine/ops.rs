@@ -4,8 +4,6 @@
 use knot_format::RopeStyle;
 use rayon::prelude::*;
 
-use super::kernels::{linear, Linear};
-
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
@@ -253,19 +251,6 @@ pub fn attention_with(
     }
 }
 
-/// Several matmuls over the same input `x` (`n_tok` rows of `cols`): `outs[i].1 = W_i x`,
-/// laid out `(n_tok, W_i.rows)`: q/k/v, and gate/up.
-///
-/// Today one [`matmul`] per output, so each gets the kernels' tiled paths (4 rows per call at
-/// decode, 4 tokens per weight block at prefill). Sharing one activation quantization and one
-/// rayon dispatch across the outputs (3 quantizations and 3 fork-joins fewer per block) belongs
-/// in the kernels' matmul, next to the tiling; this is the one place the forward pass calls it.
-pub fn matmul_shared(outs: &mut [(&Linear<'_>, &mut [f32])], x: &[f32], n_tok: usize) {
-    for (w, y) in outs.iter_mut() {
-        linear(w, x, n_tok, y);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,12 +345,12 @@ mod tests {
     }
 
     #[test]
-    fn matmul_shared_equals_separate_matmuls_bit_for_bit() {
-        use super::super::kernels::QMatrix;
+    fn fused_linears_equal_separate_ones_bit_for_bit() {
+        use super::super::kernels::{linear, linears, Linear, QMatrix};
         use knot_format::DType;
         let mut seed = 7u64;
         let cols = 256;
-        let shapes = [(DType::Q5_0, 96usize), (DType::Q5_0, 16), (DType::Q8_0, 16)];
+        let shapes = [(DType::Q5_0, 96usize), (DType::Q5_0, 40), (DType::Q8_0, 16)];
         let data: Vec<Vec<u8>> = shapes
             .iter()
             .map(|&(d, r)| blocks(d, r * cols / 32, &mut seed))
@@ -394,7 +379,7 @@ mod tests {
                     let [a, b, c] = &mut ys[..] else {
                         unreachable!()
                     };
-                    matmul_shared(
+                    linears(
                         &mut [
                             (&mats[0], &mut a[..]),
                             (&mats[1], &mut b[..]),

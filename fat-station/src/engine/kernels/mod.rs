@@ -498,62 +498,125 @@ pub fn linear(w: &Linear, x: &[f32], n_tok: usize, y: &mut [f32]) {
 
 /// [`linear`] with an explicit kernel table.
 pub fn linear_with(k: &Kernels, w: &Linear, x: &[f32], n_tok: usize, y: &mut [f32]) {
-    let (Some(dot), Some(p), Dot::Quant(one)) =
-        (k.rows16(w.dtype), w.interleaved(k), k.dot(w.dtype))
-    else {
-        return matmul_with(k, w, x, n_tok, y);
+    linears_with(k, &mut [(w, y)], x, n_tok)
+}
+
+/// Several [`linear`]s over the same input `x` (`n_tok` rows of `cols`): `outs[i].1 = W_i x`,
+/// laid out `(n_tok, W_i.rows)` (q/k/v, gate/up). Where every matrix has a 16-row kernel, one
+/// activation quantization and one parallel pass cover all their groups (one fork-join, not
+/// one per matrix); otherwise each is a [`linear`]. Same bits either way.
+pub fn linears(outs: &mut [(&Linear, &mut [f32])], x: &[f32], n_tok: usize) {
+    linears_with(kernels(), outs, x, n_tok)
+}
+
+/// [`linears`] with an explicit kernel table.
+pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], n_tok: usize) {
+    const MAX: usize = 4;
+    let outs_len = outs.len();
+    let cols = outs.first().map_or(0, |(w, _)| w.cols);
+    let fusable = |w: &Linear| {
+        w.cols == cols
+            && k.rows16(w.dtype).is_some()
+            && matches!(k.dot(w.dtype), Dot::Quant(_))
+            && w.interleaved(k).is_some()
     };
-    assert_eq!(x.len(), n_tok * w.cols, "linear: x is not n_tok x cols");
-    assert_eq!(y.len(), n_tok * w.rows, "linear: y is not n_tok x rows");
+    if outs.len() > MAX || !outs.iter().all(|(w, _)| fusable(w)) {
+        for (w, y) in outs.iter_mut() {
+            if outs_len > 1 && fusable(w) {
+                linears_with(k, &mut [(*w, &mut **y)], x, n_tok);
+            } else {
+                matmul_with(k, w, x, n_tok, y);
+            }
+        }
+        return;
+    }
+    for (w, y) in outs.iter() {
+        assert_eq!(x.len(), n_tok * w.cols, "linear: x is not n_tok x cols");
+        assert_eq!(y.len(), n_tok * w.rows, "linear: y is not n_tok x rows");
+    }
     if n_tok == 0 {
         return;
     }
     with_q8a(x, |xq| {
-        let nb = w.cols / QK;
-        run_groups(p, dot, xq, n_tok, w.rows, y);
-        for r in p.groups * interleaved::ROWS..w.rows {
-            for t in 0..n_tok {
-                y[t * w.rows + r] = one(w.row(r), &xq[t * nb..(t + 1) * nb]);
+        let mut targets = [None; MAX];
+        for (t, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
+            *t = match (w.interleaved(k), k.rows16(w.dtype)) {
+                (Some(p), Some(dot)) => Some(GroupTarget {
+                    p,
+                    dot,
+                    out: OutPtr(y.as_mut_ptr()),
+                    rows: w.rows,
+                }),
+                _ => None,
+            };
+        }
+        run_groups(&targets[..outs.len()], xq, n_tok);
+        // Rows past the last full group: the block kernel, serially (at most 15 per matrix).
+        let nb = cols / QK;
+        for (w, y) in outs.iter_mut() {
+            let (Some(p), Dot::Quant(one)) = (w.interleaved(k), k.dot(w.dtype)) else {
+                continue;
+            };
+            for r in p.groups * interleaved::ROWS..w.rows {
+                for t in 0..n_tok {
+                    y[t * w.rows + r] = one(w.row(r), &xq[t * nb..(t + 1) * nb]);
+                }
             }
         }
     })
 }
 
-/// The interleaved groups of a [`linear_with`] call, in parallel chunks of groups; tokens go
-/// to the kernel 8 at a time.
-fn run_groups(
-    p: &Interleaved,
+/// One matrix of a [`linears_with`] pass on the 16-row kernels.
+#[derive(Clone, Copy)]
+struct GroupTarget<'p> {
+    p: &'p Interleaved,
     dot: Rows16Dot,
-    xq: &[BlockQ8A],
-    n_tok: usize,
+    out: OutPtr,
     rows: usize,
-    y: &mut [f32],
-) {
+}
+
+/// The 16-row groups of every target, as one parallel pass in equal chunks of groups; tokens
+/// go to the kernel 8 at a time.
+fn run_groups(targets: &[Option<GroupTarget>], xq: &[BlockQ8A], n_tok: usize) {
     use interleaved::ROWS;
-    let nb = p.blocks;
-    let out = OutPtr(y.as_mut_ptr());
-    let chunk = chunk_rows(p.groups * ROWS, n_tok).div_ceil(ROWS);
-    let n_chunks = p.groups.div_ceil(chunk);
+    let total: usize = targets.iter().flatten().map(|t| t.p.groups).sum();
+    if total == 0 {
+        return;
+    }
+    let chunk = chunk_rows(total * ROWS, n_tok).div_ceil(ROWS);
+    let n_chunks = total.div_ceil(chunk);
     let body = |c: usize| {
-        #[allow(clippy::redundant_locals)]
-        let out = out;
         let mut res = [[0f32; ROWS]; 8];
-        for g in c * chunk..((c + 1) * chunk).min(p.groups) {
-            let tiles = p.group(g);
+        // Global group index -> (target, group): targets are laid end to end.
+        let mut base = 0;
+        let mut tgt = targets.iter().flatten();
+        let mut cur = tgt.next();
+        for gi in c * chunk..((c + 1) * chunk).min(total) {
+            while let Some(t) = cur {
+                if gi < base + t.p.groups {
+                    break;
+                }
+                base += t.p.groups;
+                cur = tgt.next();
+            }
+            let Some(t) = cur else { break };
+            let g = gi - base;
+            let nb = t.p.blocks;
+            let tiles = t.p.group(g);
             for t0 in (0..n_tok).step_by(8) {
                 let n = (n_tok - t0).min(8);
                 let xs: [&[BlockQ8A]; 8] = std::array::from_fn(|i| {
                     xq.get((t0 + i) * nb..(t0 + i + 1) * nb).unwrap_or(&[])
                 });
-                dot(tiles, &xs[..n], &mut res[..n]);
+                (t.dot)(tiles, &xs[..n], &mut res[..n]);
                 for (i, v) in res[..n].iter().enumerate() {
                     // SAFETY: t0 + i < n_tok and g * ROWS + ROWS <= rows, so the 16 floats are
-                    // inside y (n_tok x rows, asserted by the caller); group g belongs to one
-                    // chunk, so no two tasks write them.
+                    // inside this target's y (n_tok x rows, asserted by the caller); group g of
+                    // its target belongs to one chunk, so no two tasks write them.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
                             v.as_ptr(),
-                            out.0.add((t0 + i) * rows + g * ROWS),
+                            t.out.0.add((t0 + i) * t.rows + g * ROWS),
                             ROWS,
                         )
                     };
