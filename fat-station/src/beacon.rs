@@ -457,7 +457,9 @@ struct Candidate<'a> {
 /// elector decides the chains.
 ///
 /// Nodes are ordered by (held start, embedding first, head last, node id) and dealt to the
-/// chains round-robin. A chain's boundaries start at the RAM-proportional ideal
+/// chains round-robin; when every node holds the whole model, they are dealt to balance the
+/// chains' RAM instead (largest first, to the chain with the least), each chain in node-id
+/// order. A chain's boundaries start at the RAM-proportional ideal
 /// (`round(n_layers * cumulative RAM / chain RAM)`), each moved the least needed to keep
 /// every range non-empty and inside its node's holdings; when no boundary can, the error
 /// names the two nodes.
@@ -519,8 +521,33 @@ pub fn assign(heard: &[Heard], req: &AssignRequest) -> Result<Assignment, FormEr
         ))
     });
     let mut groups: Vec<Vec<&Candidate>> = vec![Vec::new(); replicas];
-    for (i, c) in cands.iter().enumerate() {
-        groups[i % replicas].push(c);
+    if cands
+        .iter()
+        .all(|c| c.embed && c.head && c.held.len() == n_layers)
+    {
+        // Full-model nodes can go anywhere: balance the chains' RAM (largest node first, to
+        // the chain with the least so far), then order each chain by node id.
+        let mut by_ram: Vec<&Candidate> = cands.iter().collect();
+        by_ram.sort_by(|x, y| {
+            y.ram
+                .cmp(&x.ram)
+                .then(x.heard.ann.node_id.cmp(&y.heard.ann.node_id))
+        });
+        let mut total = vec![0u128; replicas];
+        for c in by_ram {
+            let to = (0..replicas)
+                .min_by_key(|&i| (total[i], groups[i].len(), i))
+                .unwrap_or(0);
+            total[to] += c.ram as u128;
+            groups[to].push(c);
+        }
+        for g in &mut groups {
+            g.sort_by(|x, y| x.heard.ann.node_id.cmp(&y.heard.ann.node_id));
+        }
+    } else {
+        for (i, c) in cands.iter().enumerate() {
+            groups[i % replicas].push(c);
+        }
     }
     let mut chains = Vec::with_capacity(replicas);
     for (ci, g) in groups.iter().enumerate() {
@@ -768,6 +795,18 @@ mod tests {
             vec![vec!["n0=0-12", "n2=12-24"], vec!["n1=0-12", "n3=12-24"]]
         );
         assert_eq!(a.chains_file().chains.len(), 2);
+        // Full nodes of different budgets: the chains get equal RAM (4 GB each).
+        let nodes = [
+            full("n0", Some("1G")),
+            full("n1", Some("3G")),
+            full("n2", Some("2G")),
+            full("n3", Some("2G")),
+        ];
+        let a = assign(&nodes, &two).unwrap();
+        assert_eq!(
+            layout(&a),
+            vec![vec!["n0=0-6", "n1=6-24"], vec!["n2=0-12", "n3=12-24"]]
+        );
         assert!(assign(&nodes[..1], &two)
             .unwrap_err()
             .to_string()
