@@ -315,7 +315,7 @@ fn proxy(target: String, mode: Arc<Mutex<Mitm>>) -> String {
     let url = format!("http://{}", l.local_addr().expect("addr"));
     std::thread::spawn(move || {
         let agent = agent();
-        let mut last: Option<(u16, Vec<(String, String)>, Vec<u8>)> = None;
+        let mut last: Option<Answer> = None;
         for s in l.incoming() {
             let Ok(s) = s else { continue };
             let m = *mode.lock().unwrap_or_else(|p| p.into_inner());
