@@ -104,15 +104,31 @@ impl From<EngineError> for Refusal {
 
 impl Station {
     /// Wraps a loaded model. The knot must live for the process (stations never unload).
+    /// The kernels' weight copies are built on a background thread, so the station answers
+    /// at once and a request that comes early waits only for the matrices it needs.
     pub fn new(model: Model<'static>, limits: Limits) -> Arc<Station> {
-        Arc::new(Station {
+        let st = Arc::new(Station {
             model,
             tokenizer: OnceLock::new(),
             sessions: Mutex::new(HashMap::new()),
             limits,
             started: Instant::now(),
             mesh: OnceLock::new(),
-        })
+        });
+        let bg = Arc::clone(&st);
+        let spawned = std::thread::Builder::new()
+            .name("prepare-weights".into())
+            .spawn(move || {
+                let t = Instant::now();
+                bg.model.prepare();
+                tracing::debug!(ms = t.elapsed().as_millis() as u64, "weights prepared");
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "could not start the weight preparation thread ({e}); first use builds them"
+            );
+        }
+        st
     }
 
     /// Opens `knot` for the rest of the process and loads the held part of the model.

@@ -88,6 +88,8 @@ def main(argv):
         checks.append(("station start-to-ready < 50 ms", s["start_to_ready_ms"] < 50, f"{s['start_to_ready_ms']:.1f} ms"))
         checks.append(("decode hop < 1 ms over compute", s["hop_overhead_ms"] < 1.0, f"{s['hop_overhead_ms'] * 1e3:.0f} us"))
     print(f"bench peak RSS (incl. touched mmapped weights): {ours['peak_rss_mib']:.0f} MiB")
+    if "first_prefill_ms" in ours:
+        print(f"first prefill after load (pages weights in, builds interleaved copies): {ours['first_prefill_ms']:.0f} ms")
     load = ours.get("loadavg")
     if load:
         busy = max(load) > 0.5

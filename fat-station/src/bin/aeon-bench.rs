@@ -96,6 +96,9 @@ struct Report {
     station: Option<StationFigures>,
     /// VmHWM of this process, MiB (includes the mmapped weights it touched).
     peak_rss_mib: f64,
+    /// The first prefill of the freshly loaded model at the first thread count, ms: it also
+    /// pages the weights in and builds the interleaved copies the kernels use (one-time).
+    first_prefill_ms: f64,
     /// 1-minute load average before and after the run (/proc/loadavg): above ~0.5 other
     /// processes shared the CPUs and the wall-clock rates are pessimistic.
     loadavg: [f64; 2],
@@ -509,6 +512,12 @@ fn run(args: Args) -> Result<()> {
     let load0 = loadavg();
     let prompt = prompt_tokens(&knot, args.prompt_len)?;
     let bpt = bytes_per_token(&knot);
+    let first_prefill_ms = pool(args.threads[0])?.install(|| -> Result<f64> {
+        let mut s = m.new_session(prompt.len() + 1);
+        let t = Instant::now();
+        m.logits(&mut s, &prompt).context("first prefill")?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    })?;
 
     let mut speeds = Vec::new();
     for &t in &args.threads {
@@ -573,6 +582,7 @@ fn run(args: Args) -> Result<()> {
         runs,
         station,
         peak_rss_mib: peak_rss,
+        first_prefill_ms,
         loadavg: [load0, loadavg()],
     };
     if args.json {
@@ -630,8 +640,9 @@ fn print_summary(r: &Report) {
         );
     }
     println!(
-        "peak RSS (this process, incl. mmapped weights): {:.0} MiB",
-        r.peak_rss_mib
+        "peak RSS (this process, incl. mmapped weights): {:.0} MiB; first prefill after load \
+         (pages weights in, builds the interleaved copies) {:.0} ms",
+        r.peak_rss_mib, r.first_prefill_ms
     );
     println!(
         "load average before/after: {:.2} / {:.2}",

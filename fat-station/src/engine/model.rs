@@ -86,6 +86,20 @@ impl<'a> Model<'a> {
         self.weights.holdings
     }
 
+    /// Builds the kernels' interleaved weight copies now instead of on first use (a station
+    /// does it in the background once it is ready, so the first token does not pay for it).
+    pub fn prepare(&self) {
+        let k = super::kernels::kernels();
+        for l in &self.weights.layers {
+            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                w.interleaved(k);
+            }
+        }
+        if let Some(out) = &self.weights.output {
+            out.interleaved(k);
+        }
+    }
+
     /// A fresh session over the held blocks.
     pub fn new_session(&self, max_positions: usize) -> Session {
         Session::new(&self.weights.holdings, max_positions)
