@@ -321,7 +321,6 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
                 layers: pool[i].0.layers.clone(),
             })
             .collect();
-        let mut hops = hops;
         hops.sort_unstable_by(|a, b| b.cmp(a));
         for i in hops {
             pool.remove(i);
