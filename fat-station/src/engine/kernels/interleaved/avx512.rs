@@ -14,7 +14,7 @@
 //! [`super::super::Isa::Avx512`] is available.
 
 use super::super::blocks::BlockQ8A;
-use super::kquants::{K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_QH, K6_QL, K6_SC};
+use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
 use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
@@ -153,76 +153,91 @@ unsafe fn plane_u8(p: *const u8) -> __m512i {
 /// sub-block dot, its scale FMA and its min FMA.
 struct Q4K;
 
+/// Sub-block `S` of a Q4_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of this
+/// super-block). `S` is a constant so the nibble shift and the scale unpacking are fixed.
+#[inline(always)]
+unsafe fn q4k_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    d: __m512,
+    dmin: __m512,
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [__m512; T],
+) {
+    let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
+    let m6 = _mm512_set1_epi32(63);
+    // get_scale_min_k4, 16 rows at once.
+    let (sc, m) = if S < 4 {
+        (
+            _mm512_and_si512(plane(S), m6),
+            _mm512_and_si512(plane(S + 4), m6),
+        )
+    } else {
+        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+        (
+            _mm512_or_si512(
+                _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
+                _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
+            ),
+            _mm512_or_si512(
+                _mm512_srli_epi32(lo, 4),
+                _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
+            ),
+        )
+    };
+    let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+    let qs = p.add(K4_QS + 512 * (S / 2));
+    let m4 = _mm512_set1_epi8(0x0F);
+    let w: [__m512i; 8] = std::array::from_fn(|k| {
+        let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+        let v = if S % 2 == 1 {
+            _mm512_srli_epi16(v, 4)
+        } else {
+            v
+        };
+        _mm512_and_si512(v, m4)
+    });
+    for t in 0..T {
+        let a = &*xb[t].add(S);
+        let q = a.qs.as_ptr() as *const i32;
+        // Two chains of four; integer sums are exact, so the split changes no bit.
+        let mut s0 = _mm512_setzero_si512();
+        let mut s1 = _mm512_setzero_si512();
+        for g in (0..8).step_by(2) {
+            s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
+            s1 = _mm512_dpbusd_epi32(
+                s1,
+                w[g + 1],
+                _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
+            );
+        }
+        let isum = _mm512_add_epi32(s0, s1);
+        let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+        acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+        // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
+        acc[t] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(a.s), acc[t]);
+    }
+}
+
 impl Kernel for Q4K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         let nt = tiles.len() / K4_BYTES;
         assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let m4 = _mm512_set1_epi8(0x0F);
-        let m6 = _mm512_set1_epi32(63);
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K4_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
-            let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
-            for s in 0..8 {
-                // get_scale_min_k4, 16 rows at once.
-                let (sc, m) = if s < 4 {
-                    (
-                        _mm512_and_si512(plane(s), m6),
-                        _mm512_and_si512(plane(s + 4), m6),
-                    )
-                } else {
-                    let (lo, hi_sc, hi_m) = (plane(s + 4), plane(s - 4), plane(s));
-                    (
-                        _mm512_or_si512(
-                            _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
-                            _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_srli_epi32(lo, 4),
-                            _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
-                        ),
-                    )
-                };
-                let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
-                let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
-                let qs = p.add(K4_QS + 512 * (s / 2));
-                let w: [__m512i; 8] = std::array::from_fn(|k| {
-                    let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
-                    let v = if s % 2 == 1 {
-                        _mm512_srli_epi16(v, 4)
-                    } else {
-                        v
-                    };
-                    _mm512_and_si512(v, m4)
-                });
-                for t in 0..T {
-                    let a = x[t].get_unchecked(8 * b + s);
-                    let q = a.qs.as_ptr() as *const i32;
-                    // Two chains of four; integer sums are exact, so the split changes no bit.
-                    let mut s0 = _mm512_setzero_si512();
-                    let mut s1 = _mm512_setzero_si512();
-                    for g in (0..8).step_by(2) {
-                        s0 = _mm512_dpbusd_epi32(
-                            s0,
-                            w[g],
-                            _mm512_set1_epi32(q.add(g).read_unaligned()),
-                        );
-                        s1 = _mm512_dpbusd_epi32(
-                            s1,
-                            w[g + 1],
-                            _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
-                        );
-                    }
-                    let isum = _mm512_add_epi32(s0, s1);
-                    let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
-                    acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
-                    // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
-                    acc[t] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(a.s), acc[t]);
-                }
-            }
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            q4k_sub::<0, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<1, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<2, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<3, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<4, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<5, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<6, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<7, T>(p, d, dmin, &xb, &mut acc);
         }
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
@@ -238,61 +253,72 @@ impl Kernel for Q4K {
 /// 32 and scaled by one FMA.
 struct Q6K;
 
+/// Q8A block `4 * N + K` of a Q6_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of
+/// this super-block). `N` and `K` are constants so every shift is fixed.
+#[inline(always)]
+unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
+    p: *const u8,
+    d: __m512,
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [__m512; T],
+) {
+    let qb = 4 * N + K;
+    let dsc: [__m512; 2] = std::array::from_fn(|h| {
+        let sc = _mm_loadu_si128(p.add(K6_SC + ROWS * (2 * qb + h)) as *const __m128i);
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)))
+    });
+    let ql = p.add(k6_ql(2 * N + (K & 1)));
+    let qh = p.add(k6_qh(N));
+    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    let w: [__m512i; 8] = std::array::from_fn(|g| {
+        let l = _mm512_loadu_si512(ql.add(64 * g) as *const _);
+        let l = if K >= 2 { _mm512_srli_epi16(l, 4) } else { l };
+        let h = _mm512_loadu_si512(qh.add(64 * g) as *const _);
+        // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
+        // that the 0x30 mask drops across byte edges).
+        let h = match K {
+            0 => _mm512_slli_epi16(h, 4),
+            1 => _mm512_slli_epi16(h, 2),
+            2 => h,
+            _ => _mm512_srli_epi16(h, 2),
+        };
+        _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h, m30))
+    });
+    for t in 0..T {
+        let a = &*xb[t].add(qb);
+        let q = a.qs.as_ptr() as *const i32;
+        let half = |h: usize| {
+            let mut s = _mm512_setzero_si512();
+            for g in 4 * h..4 * h + 4 {
+                s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
+            }
+            _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
+        };
+        let (i0, i1) = (half(0), half(1));
+        let xd = _mm512_set1_ps(a.d);
+        acc[t] = _mm512_fmadd_ps(dsc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(i0), xd), acc[t]);
+        acc[t] = _mm512_fmadd_ps(dsc[1], _mm512_mul_ps(_mm512_cvtepi32_ps(i1), xd), acc[t]);
+    }
+}
+
 impl Kernel for Q6K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         let nt = tiles.len() / K6_BYTES;
         assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let m4 = _mm512_set1_epi8(0x0F);
-        let m30 = _mm512_set1_epi8(0x30);
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K6_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K6_D) as *const __m256i));
-            for qb in 0..8 {
-                let (n, k) = (qb / 4, qb % 4);
-                let dsc: [__m512; 2] = std::array::from_fn(|h| {
-                    let sc = _mm_loadu_si128(p.add(K6_SC + ROWS * (2 * qb + h)) as *const __m128i);
-                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)))
-                });
-                let ql = p.add(K6_QL + 64 * (16 * n + 8 * (k & 1)));
-                let qh = p.add(K6_QH + 64 * 8 * n);
-                let w: [__m512i; 8] = std::array::from_fn(|g| {
-                    let l = _mm512_loadu_si512(ql.add(64 * g) as *const _);
-                    let l = if k >= 2 { _mm512_srli_epi16(l, 4) } else { l };
-                    let h = _mm512_loadu_si512(qh.add(64 * g) as *const _);
-                    // Bits 2k, 2k + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only
-                    // move bits that the 0x30 mask drops across byte edges).
-                    let h = match k {
-                        0 => _mm512_slli_epi16(h, 4),
-                        1 => _mm512_slli_epi16(h, 2),
-                        2 => h,
-                        _ => _mm512_srli_epi16(h, 2),
-                    };
-                    _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h, m30))
-                });
-                for t in 0..T {
-                    let a = x[t].get_unchecked(8 * b + qb);
-                    let q = a.qs.as_ptr() as *const i32;
-                    let half = |h: usize| {
-                        let mut s = _mm512_setzero_si512();
-                        for g in 4 * h..4 * h + 4 {
-                            s = _mm512_dpbusd_epi32(
-                                s,
-                                w[g],
-                                _mm512_set1_epi32(q.add(g).read_unaligned()),
-                            );
-                        }
-                        _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
-                    };
-                    let (i0, i1) = (half(0), half(1));
-                    let xd = _mm512_set1_ps(a.d);
-                    acc[t] =
-                        _mm512_fmadd_ps(dsc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(i0), xd), acc[t]);
-                    acc[t] =
-                        _mm512_fmadd_ps(dsc[1], _mm512_mul_ps(_mm512_cvtepi32_ps(i1), xd), acc[t]);
-                }
-            }
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            q6k_block::<0, 0, T>(p, d, &xb, &mut acc);
+            q6k_block::<0, 1, T>(p, d, &xb, &mut acc);
+            q6k_block::<0, 2, T>(p, d, &xb, &mut acc);
+            q6k_block::<0, 3, T>(p, d, &xb, &mut acc);
+            q6k_block::<1, 0, T>(p, d, &xb, &mut acc);
+            q6k_block::<1, 1, T>(p, d, &xb, &mut acc);
+            q6k_block::<1, 2, T>(p, d, &xb, &mut acc);
+            q6k_block::<1, 3, T>(p, d, &xb, &mut acc);
         }
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {

@@ -8,7 +8,12 @@
 //! | type | bytes | layout                                                                    |
 //! |------|-------|---------------------------------------------------------------------------|
 //! | Q4_K | 2304  | `d[16]`, `dmin[16]` f16, 12 planes of `scales`, `qs[32][16][4]`: granule k lane r = `qs[4k..4k+4]` of row r |
-//! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), `ql[32][16][4]`, `qh[16][16][4]` (granules as Q4_K) |
+//! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), then per 128-element half n: ql granules 16n..16n+8, qh granules 8n..8n+8, ql granules 16n+8..16n+16 (granules as Q4_K) |
+//!
+//! Both orders are the kernels' order of first touch, so a tile streams front to back (the
+//! Q6_K kernel reads qh between the two ql runs it pairs them with: with ql then qh in two
+//! separate regions, the jumps defeated the hardware prefetcher and the kernel ran slower than
+//! the single-row one).
 //!
 //! Q4_K: granules 8j..8j+8 hold qs bytes 32j..32j+32; their low nibbles are sub-block 2j
 //! (elements 64j..64j+32), the high nibbles sub-block 2j+1. Per (row, sub-block s, token),
@@ -37,18 +42,32 @@ pub(super) const K4_QS: usize = K4_SC + 12 * ROWS;
 pub(super) const K4_BYTES: usize = K4_QS + QK_K / 2 * ROWS;
 const _: () = assert!(K4_BYTES == ROWS * DType::Q4_K.block_bytes());
 
-/// Q6_K tile offsets: super-scales, 16 scale planes, 32 ql granules, 16 qh granules.
+/// Q6_K tile offsets: super-scales, 16 scale planes, then two 128-element halves of
+/// `K6_HALF` bytes: ql granules (8 of them, 512 bytes), qh granules, ql granules.
 pub(super) const K6_D: usize = 0;
 pub(super) const K6_SC: usize = 2 * ROWS;
-pub(super) const K6_QL: usize = K6_SC + 16 * ROWS;
-pub(super) const K6_QH: usize = K6_QL + QK_K / 2 * ROWS;
-pub(super) const K6_BYTES: usize = K6_QH + QK_K / 4 * ROWS;
+pub(super) const K6_Q: usize = K6_SC + 16 * ROWS;
+pub(super) const K6_HALF: usize = 3 * 8 * 64;
+pub(super) const K6_BYTES: usize = K6_Q + 2 * K6_HALF;
 const _: () = assert!(K6_BYTES == ROWS * DType::Q6_K.block_bytes());
 
-/// Byte `i` of a row's quant array laid out as 4-byte granules at `at` (granule `i / 4`
+/// Where the 8 granules of 32-byte ql chunk `c` (0..4) of a Q6_K tile start.
+#[inline(always)]
+pub(super) const fn k6_ql(c: usize) -> usize {
+    K6_Q + K6_HALF * (c / 2) + 2 * 512 * (c % 2)
+}
+
+/// Where the 8 granules of 32-byte qh chunk `c` (0..2) of a Q6_K tile start.
+#[inline(always)]
+pub(super) const fn k6_qh(c: usize) -> usize {
+    K6_Q + K6_HALF * c + 512
+}
+
+/// Byte `i` (0..32) of a row's 32-byte chunk laid out as 8 granules at `at` (granule `i / 4`
 /// holds 16 rows of 4 bytes).
 #[inline(always)]
 fn granule_byte(at: usize, r: usize, i: usize) -> usize {
+    debug_assert!(i < 32);
     at + 64 * (i / 4) + 4 * r + i % 4
 }
 
@@ -79,8 +98,12 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 for (p, &v) in b.scales.iter().enumerate() {
                     tile[K6_SC + ROWS * p + r] = v as u8;
                 }
-                put_granules(tile, K6_QL, r, &b.ql);
-                put_granules(tile, K6_QH, r, &b.qh);
+                for (c, chunk) in b.ql.chunks_exact(32).enumerate() {
+                    put_granules(tile, k6_ql(c), r, chunk);
+                }
+                for (c, chunk) in b.qh.chunks_exact(32).enumerate() {
+                    put_granules(tile, k6_qh(c), r, chunk);
+                }
             }
             _ => unreachable!("kquants::pack_tile: {dtype} is not Q4_K or Q6_K"),
         }
@@ -128,7 +151,7 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                 }
                 for (e, u) in k.u[r].iter_mut().enumerate() {
                     let (s, l) = (e / QK, e % QK);
-                    let byte = tile[granule_byte(K4_QS, r, 32 * (s / 2) + l)];
+                    let byte = tile[granule_byte(K4_QS + 512 * (s / 2), r, l)];
                     *u = if s % 2 == 0 { byte & 0xF } else { byte >> 4 };
                 }
             }
@@ -140,8 +163,9 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                 }
                 for (e, u) in k.u[r].iter_mut().enumerate() {
                     let (n, kk, l) = (e / 128, e % 128 / 32, e % 32);
-                    let ql = tile[granule_byte(K6_QL, r, 64 * n + 32 * (kk & 1) + l)];
-                    let qh = tile[granule_byte(K6_QH, r, 32 * n + l)];
+                    // ql[64n + 32(kk & 1) + l], qh[32n + l].
+                    let ql = tile[granule_byte(k6_ql(2 * n + (kk & 1)), r, l)];
+                    let qh = tile[granule_byte(k6_qh(n), r, l)];
                     let lo = if kk < 2 { ql & 0xF } else { ql >> 4 };
                     *u = lo | ((qh >> (2 * kk)) & 3) << 4;
                 }
