@@ -1,12 +1,15 @@
 //! Quantized compute kernels: dequantization and matrix products on GGML blocks.
 //!
-//! Weights stay in their GGML blocks (straight from the mmap). Activations are quantized
-//! once per [`matmul`] call to [`BlockQ8A`] (one f32 scale per 32 values, i8 quants) and
-//! every quantized format does integer dot products against them, as llama.cpp does with
-//! Q8_0 / Q8_K, but with a per-32 scale for the k-quants too (see [`BlockQ8A`]).
+//! Weights stay in their GGML blocks (straight from the mmap), except where the kernel table
+//! has 16-row kernels for a type: then a [`Linear`] keeps an [`Interleaved`] copy (same bytes,
+//! 16 rows regrouped per block, built once; the mmapped pages are released). Activations are
+//! quantized once per call to [`BlockQ8A`] (one f32 scale per 32 values, i8 quants) and every
+//! quantized format does integer dot products against them, as llama.cpp does with Q8_0 /
+//! Q8_K, but with a per-32 scale for the k-quants too (see [`BlockQ8A`]).
 //! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
+//! [`interleaved`] (the 16-row layout, its specification and AVX-512 kernels),
 //! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 VNNI), `neon` (aarch64, `sdot` where the
 //! CPU has dotprod), one dispatch point ([`Kernels`]) chosen once per process.
 //!
