@@ -226,27 +226,19 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 None => None,
             };
             let heard = hear(&l)?;
-            let anns: Vec<Announcement> = heard.iter().map(|h| h.ann.clone()).collect();
-            let formed = if assign {
+            let result = if assign {
                 let req = AssignRequest {
-                    model_hash: model.clone(),
+                    model_hash: model,
                     replicas,
                     default_ram,
                 };
-                beacon::assign(&heard, &req).map(Some)
+                beacon::assign(&heard, &req).map(|a| (a.chains_file(), Some(a)))
             } else {
-                Ok(None)
+                let anns: Vec<Announcement> = heard.into_iter().map(|h| h.ann).collect();
+                beacon::form(&anns, model.as_deref()).map(|f| (f, None))
             };
-            let (assigned, formed) = match formed {
-                Ok(Some(a)) => {
-                    let f = a.chains_file();
-                    (Some(a), Ok(f))
-                }
-                Ok(None) => (None, beacon::form(&anns, model.as_deref())),
-                Err(e) => (None, Err(e)),
-            };
-            let formed = match formed {
-                Ok(f) => f,
+            let (formed, assigned) = match result {
+                Ok(r) => r,
                 Err(e) => {
                     eprintln!("moonshine mesh: {e}");
                     return Ok(ExitCode::from(1));
