@@ -386,4 +386,42 @@ mod tests {
             }
         }
     }
+
+    /// Weight-streaming GB/s of each 16-row kernel at 1 and 8 tokens over 96 MiB matrices
+    /// of 4864 columns (larger than the last-level cache, so decode-like):
+    /// `cargo test --release -p fat-station --lib rows16_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn rows16_throughput() {
+        let k = kernels();
+        let mut rng = Rng::new(3);
+        let cols = 4864;
+        let xs: Vec<Vec<BlockQ8A>> = (0..8).map(|_| quantized(cols, &mut rng)).collect();
+        for (dtype, _) in TYPES {
+            let Some(dot) = k.rows16(dtype) else { continue };
+            let row: Vec<u8> = random_row(dtype, cols, &mut rng);
+            let mib: usize = std::env::var("ROWS16_MIB").map_or(96, |v| v.parse().unwrap());
+            let rows = (mib << 20) / row.len() / ROWS * ROWS;
+            let data: Vec<u8> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+            let w = QMatrix::new(dtype, rows, cols, &data).unwrap();
+            let p = Interleaved::pack(&w).unwrap();
+            for n in [1usize, 8] {
+                let x: Vec<&[BlockQ8A]> = xs[..n].iter().map(|v| &v[..]).collect();
+                let mut out = vec![[0f32; ROWS]; n];
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t0 = std::time::Instant::now();
+                    for g in 0..p.groups {
+                        dot(p.group(g), &x, &mut out);
+                    }
+                    best = best.min(t0.elapsed().as_secs_f64());
+                    std::hint::black_box(&out);
+                }
+                eprintln!(
+                    "{dtype} tokens {n}: {:.1} GB/s of weights",
+                    p.bytes() as f64 / best / 1e9
+                );
+            }
+        }
+    }
 }
