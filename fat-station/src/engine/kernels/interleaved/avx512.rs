@@ -103,6 +103,9 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let p = tiles.as_ptr().add(b * L::BYTES);
+        // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took Q4_0/Q5_0/Q8_0
+        // from 6/6/8 to 10/10/15 GB/s of weights (one token: 17-19 to 20-22).
+        prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
         let w = L::unpack(p);
         for t in 0..T {
@@ -151,8 +154,10 @@ const AHEAD: usize = 8;
 /// Why: a k-quant tile is 2-3 KiB and hundreds of instructions (which LLVM schedules partly
 /// back to front), so the out-of-order window no longer runs ahead into the next tiles the way
 /// it does for the 32-element types. Without it the one-token kernels streamed 6-9 GB/s from
-/// DRAM against 18-20 for Q4_0/Q5_0/Q8_0 (and 50 from cache); with it 20 (Q4_K) and 15 (Q6_K).
-/// Into L1 (`T0`) was no better than none; 4 tiles ahead gave 16 and 12, 16 tiles no gain.
+/// DRAM against 18-20 for Q4_0/Q5_0/Q8_0 (and 50 from cache); with it, an eighth of a tile per
+/// sub-block, 25 (Q4_K) and 14-15 (Q6_K), and at 8 tokens 10 and 12 (from 6 and 5). Into L1
+/// (`T0`) was no better than none; 4 tiles ahead was slower, 16 no faster; the whole tile at
+/// once (LLVM keeps such a burst together) left Q6_K at 8 GB/s for 8 tokens.
 #[inline(always)]
 unsafe fn prefetch(p: *const u8, bytes: usize) {
     for i in (0..bytes).step_by(64) {
@@ -176,11 +181,15 @@ struct Q4K;
 #[inline(always)]
 unsafe fn q4k_sub<const S: usize, const T: usize>(
     p: *const u8,
+    ahead: *const u8,
     d: __m512,
     dmin: __m512,
     xb: &[*const BlockQ8A; T],
     acc: &mut [__m512; T],
 ) {
+    // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
+    // buffers to the demand loads.
+    prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
     let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
     let m6 = _mm512_set1_epi32(63);
     // get_scale_min_k4, 16 rows at once.
@@ -245,18 +254,18 @@ impl Kernel for Q4K {
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K4_BYTES);
-            prefetch(p.wrapping_add(AHEAD * K4_BYTES), K4_BYTES);
+            let ahead = p.wrapping_add(AHEAD * K4_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
             let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            q4k_sub::<0, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<1, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<2, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<3, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<4, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<5, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<6, T>(p, d, dmin, &xb, &mut acc);
-            q4k_sub::<7, T>(p, d, dmin, &xb, &mut acc);
+            q4k_sub::<0, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<1, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<2, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<3, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<4, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<5, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
+            q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
         }
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
@@ -277,11 +286,14 @@ struct Q6K;
 #[inline(always)]
 unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
     p: *const u8,
+    ahead: *const u8,
     d: __m512,
     xb: &[*const BlockQ8A; T],
     acc: &mut [__m512; T],
 ) {
     let qb = 4 * N + K;
+    // An eighth of a tile ahead per block, as Q4_K.
+    prefetch(ahead.wrapping_add(qb * K6_BYTES / 8), K6_BYTES / 8);
     let dsc: [__m512; 2] = std::array::from_fn(|h| {
         let sc = _mm_loadu_si128(p.add(K6_SC + ROWS * (2 * qb + h)) as *const __m128i);
         _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)))
@@ -328,17 +340,17 @@ impl Kernel for Q6K {
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K6_BYTES);
-            prefetch(p.wrapping_add(AHEAD * K6_BYTES), K6_BYTES);
+            let ahead = p.wrapping_add(AHEAD * K6_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K6_D) as *const __m256i));
             let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            q6k_block::<0, 0, T>(p, d, &xb, &mut acc);
-            q6k_block::<0, 1, T>(p, d, &xb, &mut acc);
-            q6k_block::<0, 2, T>(p, d, &xb, &mut acc);
-            q6k_block::<0, 3, T>(p, d, &xb, &mut acc);
-            q6k_block::<1, 0, T>(p, d, &xb, &mut acc);
-            q6k_block::<1, 1, T>(p, d, &xb, &mut acc);
-            q6k_block::<1, 2, T>(p, d, &xb, &mut acc);
-            q6k_block::<1, 3, T>(p, d, &xb, &mut acc);
+            q6k_block::<0, 0, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<0, 1, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<0, 2, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<0, 3, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<1, 0, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<1, 1, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<1, 2, T>(p, ahead, d, &xb, &mut acc);
+            q6k_block::<1, 3, T>(p, ahead, d, &xb, &mut acc);
         }
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
