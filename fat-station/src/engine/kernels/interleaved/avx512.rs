@@ -320,8 +320,8 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         let q = a.qs.as_ptr() as *const i32;
         let half = |h: usize| {
             let mut s = _mm512_setzero_si512();
-            for g in 4 * h..4 * h + 4 {
-                s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
+            for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
+                s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
             }
             _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
         };

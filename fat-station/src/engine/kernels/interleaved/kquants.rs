@@ -184,7 +184,7 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     for (t, xa) in tiles.chunks_exact(bytes).zip(x.chunks_exact(QK_K / QK)) {
         let k = unpack_tile_ref(dtype, t);
         for (s, a) in xa.iter().enumerate() {
-            for r in 0..ROWS {
+            for (r, acc) in acc.iter_mut().enumerate() {
                 let u = &k.u[r][QK * s..QK * (s + 1)];
                 let isum = |h: usize| -> i32 {
                     (16 * h..16 * h + 16)
@@ -194,13 +194,13 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
                 if dtype == DType::Q4_K {
                     let (sc, m) = (k.sc[r][2 * s], k.m[r][2 * s]);
                     let tmp = (isum(0) + isum(1)) as f32 * a.d;
-                    acc[r] = (k.d[r] * sc as f32).mul_add(tmp, acc[r]);
-                    acc[r] = (-(k.dmin[r] * m as f32)).mul_add(a.s, acc[r]);
+                    *acc = (k.d[r] * sc as f32).mul_add(tmp, *acc);
+                    *acc = (-(k.dmin[r] * m as f32)).mul_add(a.s, *acc);
                 } else {
                     for h in 0..2 {
                         let sc = k.sc[r][2 * s + h];
                         let tmp = (isum(h) - k.off * a.sums[h] as i32) as f32 * a.d;
-                        acc[r] = (k.d[r] * sc as f32).mul_add(tmp, acc[r]);
+                        *acc = (k.d[r] * sc as f32).mul_add(tmp, *acc);
                     }
                 }
             }
