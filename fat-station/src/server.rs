@@ -549,11 +549,14 @@ pub(crate) fn with_session<T>(
     }
 }
 
+/// A request's session (none: stateless) and its `X-Pos`.
+pub(crate) type SessionAt = (Option<Arc<Mutex<Session>>>, Option<usize>);
+
 pub(crate) fn session_of(
     st: &Station,
     session: Option<&str>,
     pos: Option<&str>,
-) -> Result<(Option<Arc<Mutex<Session>>>, Option<usize>), Refusal> {
+) -> Result<SessionAt, Refusal> {
     let pos = match pos {
         Some(p) => Some(p.trim().parse::<usize>().map_err(|_| {
             refuse(

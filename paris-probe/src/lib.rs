@@ -17,9 +17,9 @@ use serde::Serialize;
 /// Where the logits come from.
 pub enum Source<'a> {
     /// A model file run in this process.
-    Dense(&'a Model<'a>, Option<Tokenizer>),
+    Dense(&'a Model<'a>, Option<Box<Tokenizer>>),
     /// A chain of stations.
-    Chain(Chain),
+    Chain(Box<Chain>),
 }
 
 /// What to ask.

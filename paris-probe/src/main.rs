@@ -93,10 +93,13 @@ fn run(args: Args) -> Result<bool> {
         Some(path) => {
             let knot = Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
             let (model, tok) = open_dense(&knot)?;
-            probe(&Source::Dense(&model, tok), &q)?
+            probe(&Source::Dense(&model, tok.map(Box::new)), &q)?
         }
         None => probe(
-            &Source::Chain(open_chain(args.station.as_deref(), args.mesh.as_deref())?),
+            &Source::Chain(Box::new(open_chain(
+                args.station.as_deref(),
+                args.mesh.as_deref(),
+            )?)),
             &q,
         )?,
     };
