@@ -6,7 +6,7 @@
 #   scripts/equip.sh --manifest plan/n1.json --to dir:/srv/aeon/n1 [--key mesh.key] [--beacon 255.255.255.255:7979]
 #   scripts/equip.sh --manifest plan/n1.json --to adb:SERIAL        [--key mesh.key] [--ram 2.4G]
 #
-# --ram SIZE  the RAM budget the station announces in its beacons (AEON_NODE_RAM), which
+# --ram SIZE  the RAM budget the station announces in its beacons (fat-station --ram), which
 #             `moonshine mesh form --assign` splits the layers by.
 # dir:PATH   a local simulated node: copies into PATH and writes PATH/aeon-station.service
 #            (systemd unit; `systemctl link PATH/aeon-station.service` to install) and
@@ -51,13 +51,11 @@ flags=(--manifest node.json)
 [ -n "$beacon" ] && flags+=(--beacon "$beacon")
 if [ -n "$ram" ]; then
   [[ "$ram" =~ ^[0-9]+(\.[0-9]+)?([KMGT]i?)?B?$ ]] || die "--ram $ram: expected e.g. 2.4G, 512M or bytes"
-  envset="AEON_NODE_RAM=$ram "
-else
-  envset=
+  flags+=(--ram "$ram")
 fi
 
 write_run() { # $1 = directory the files live in on the node
-  printf '#!/bin/sh\n# Starts mesh node %s from its manifest.\ncd %s && %sexec ./fat-station %s\n' "$node" "$1" "$envset" "${flags[*]}" > "$tmp/run.sh"
+  printf '#!/bin/sh\n# Starts mesh node %s from its manifest.\ncd %s && exec ./fat-station %s\n' "$node" "$1" "${flags[*]}" > "$tmp/run.sh"
   chmod +x "$tmp/run.sh"
 }
 

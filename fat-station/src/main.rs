@@ -59,6 +59,10 @@ struct Args {
     /// Milliseconds between beacons.
     #[arg(long, default_value_t = 1000)]
     beacon_interval_ms: u64,
+    /// RAM budget this node announces in its beacons (`2.4G`, `512M`, `1Gi`), which
+    /// `moonshine mesh form --assign` splits layers by. Default: $AEON_NODE_RAM, else none.
+    #[arg(long, value_name = "SIZE", value_parser = parse_ram)]
+    ram: Option<u64>,
     /// URL others reach this station at (default http://LISTEN-ADDRESS).
     #[arg(long)]
     advertise: Option<String>,
@@ -257,9 +261,13 @@ fn run(args: Args) -> Result<()> {
                     chain,
                     mesh: health.mesh.clone().unwrap_or_default(),
                 };
+                let ram_bytes = match args.ram {
+                    Some(r) => Some(r),
+                    None => beacon::ram_from_env().context("the RAM budget")?,
+                };
                 Some(
-                    Beacon::spawn(
-                        &ann,
+                    Beacon::spawn_heard(
+                        &beacon::Heard { ann, ram_bytes },
                         target,
                         Duration::from_millis(args.beacon_interval_ms.max(10)),
                     )
@@ -298,4 +306,11 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// `--ram`: a positive byte count with an optional K/M/G/T (or Ki/Mi/Gi/Ti) suffix.
+fn parse_ram(s: &str) -> Result<u64, String> {
+    beacon::parse_size(s)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("{s:?}: expected bytes with an optional K, M, G or T suffix"))
 }

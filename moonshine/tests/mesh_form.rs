@@ -89,28 +89,34 @@ fn elector_assigns_ranges_by_ram_and_the_formed_mesh_matches_one_station() {
         .expect("udp port")
         .port();
     let beacon_to = format!("127.0.0.1:{port}");
-    let budgets = [("n0", "1G"), ("n1", "2G"), ("n2", "1G")];
+    // n1 announces 2G by `--ram`, which must win over its environment's 1G; n0 and n2 by
+    // the environment alone.
+    let budgets = [
+        ("n0", "1G", None),
+        ("n1", "1G", Some("2G")),
+        ("n2", "1G", None),
+    ];
     let mut nodes: Vec<Proc> = budgets
         .iter()
-        .map(|(id, ram)| {
-            start(
-                &bin,
-                &[
-                    "--knot",
-                    knot_s,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--node-id",
-                    id,
-                    "--beacon",
-                    &beacon_to,
-                    "--beacon-interval-ms",
-                    "100",
-                    "--threads",
-                    "1",
-                ],
-                &[("AEON_NODE_RAM", ram)],
-            )
+        .map(|(id, env_ram, flag_ram)| {
+            let mut args = vec![
+                "--knot",
+                knot_s,
+                "--listen",
+                "127.0.0.1:0",
+                "--node-id",
+                id,
+                "--beacon",
+                &beacon_to,
+                "--beacon-interval-ms",
+                "100",
+                "--threads",
+                "1",
+            ];
+            if let Some(r) = flag_ram {
+                args.extend(["--ram", r]);
+            }
+            start(&bin, &args, &[("AEON_NODE_RAM", env_ram)])
         })
         .collect();
     for n in &nodes {
