@@ -110,24 +110,37 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         let w = L::unpack(p);
         for t in 0..T {
             let a = x[t].get_unchecked(b);
-            let q = a.qs.as_ptr() as *const i32;
-            // Two chains of four; integer sums are exact, so the split changes no bit.
-            let mut s0 = _mm512_setzero_si512();
-            let mut s1 = _mm512_setzero_si512();
-            for g in (0..8).step_by(2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
-                s1 = _mm512_dpbusd_epi32(
-                    s1,
-                    w[g + 1],
-                    _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
-                );
-            }
             let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(corr));
+            let isum = _mm512_sub_epi32(dot_block(&w, a), _mm512_set1_epi32(corr));
             let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
             acc[t] = _mm512_fmadd_ps(dw, tmp, acc[t]);
         }
     }
+    rows_out(&acc)
+}
+
+/// The exact i32 sums `sum(u * q_x)` of 16 rows (lanes) against one activation block: vector g
+/// of `w` holds elements 4g..4g+4 of each row, matched by dword g of the block's quants.
+#[inline(always)]
+unsafe fn dot_block(w: &[__m512i; 8], a: &BlockQ8A) -> __m512i {
+    let q = a.qs.as_ptr() as *const i32;
+    // Two chains of four; integer sums are exact, so the split changes no bit.
+    let mut s0 = _mm512_setzero_si512();
+    let mut s1 = _mm512_setzero_si512();
+    for g in (0..8).step_by(2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
+        s1 = _mm512_dpbusd_epi32(
+            s1,
+            w[g + 1],
+            _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
+        );
+    }
+    _mm512_add_epi32(s0, s1)
+}
+
+/// Each token's 16-row accumulator as floats.
+#[inline(always)]
+unsafe fn rows_out<const T: usize>(acc: &[__m512; T]) -> [[f32; ROWS]; T] {
     let mut out = [[0f32; ROWS]; T];
     for t in 0..T {
         _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
@@ -226,19 +239,7 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     });
     for t in 0..T {
         let a = &*xb[t].add(S);
-        let q = a.qs.as_ptr() as *const i32;
-        // Two chains of four; integer sums are exact, so the split changes no bit.
-        let mut s0 = _mm512_setzero_si512();
-        let mut s1 = _mm512_setzero_si512();
-        for g in (0..8).step_by(2) {
-            s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
-            s1 = _mm512_dpbusd_epi32(
-                s1,
-                w[g + 1],
-                _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
-            );
-        }
-        let isum = _mm512_add_epi32(s0, s1);
+        let isum = dot_block(&w, a);
         let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
         acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
         // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
@@ -267,11 +268,7 @@ impl Kernel for Q4K {
             q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
             q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
         }
-        let mut out = [[0f32; ROWS]; T];
-        for t in 0..T {
-            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
-        }
-        out
+        rows_out(&acc)
     }
 }
 
@@ -352,11 +349,7 @@ impl Kernel for Q6K {
             q6k_block::<1, 2, T>(p, ahead, d, &xb, &mut acc);
             q6k_block::<1, 3, T>(p, ahead, d, &xb, &mut acc);
         }
-        let mut out = [[0f32; ROWS]; T];
-        for t in 0..T {
-            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
-        }
-        out
+        rows_out(&acc)
     }
 }
 
