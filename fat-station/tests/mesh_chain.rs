@@ -6,10 +6,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fat_station::beacon;
@@ -20,19 +18,6 @@ use fat_station::wire;
 use knot_format::{Knot, LayerRange};
 use support::*;
 
-/// A station process, killed on drop.
-struct Node {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -40,22 +25,8 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-fn start(args: &[&str]) -> Node {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn fat-station");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read ready line");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no url in {line:?}"))
-        .to_string();
-    Node { child, url }
+fn start(args: &[&str]) -> StationProc {
+    spawn_station(args)
 }
 
 const PROMPT: [u32; 5] = [785, 6722, 315, 9625, 374];
@@ -114,7 +85,7 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
         .expect("udp port")
         .port();
     let beacon_to = format!("127.0.0.1:{beacon_port}");
-    let mut nodes: Vec<Option<Node>> = Vec::new();
+    let mut nodes: Vec<Option<StationProc>> = Vec::new();
     for c in 0..2 {
         for i in 0..3 {
             let m = dir.path().join(format!("c{c}n{i}.json"));

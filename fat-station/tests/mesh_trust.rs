@@ -10,7 +10,7 @@ mod support;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,36 +22,8 @@ use fat_station::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use support::*;
 
-/// A station process, killed on drop.
-struct Node {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(args: &[&str]) -> Node {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
-        .args(args)
-        .args(["--listen", "127.0.0.1:0", "--threads", "1"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn fat-station");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read ready line");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no url in {line:?}"))
-        .to_string();
-    Node { child, url }
+fn start(args: &[&str]) -> StationProc {
+    spawn_station(&[args, &["--listen", "127.0.0.1:0", "--threads", "1"]].concat())
 }
 
 fn agent() -> ureq::Agent {
@@ -406,7 +378,7 @@ fn relay_one(
 
 const RANGES: [(&str, &str); 3] = [("entry", "0..8"), ("mid", "8..16"), ("exit", "16..24")];
 
-fn chain_of(nodes: &[Node], key: Option<&MeshKey>) -> MeshChain {
+fn chain_of(nodes: &[StationProc], key: Option<&MeshKey>) -> MeshChain {
     let hops = nodes
         .iter()
         .zip(RANGES)
@@ -437,7 +409,7 @@ fn a_keyed_chain_seals_request_and_answer_and_matches_the_open_chain() {
     std::fs::write(&key_path, key_bytes).expect("key");
     let key = MeshKey::from_bytes(&key_bytes);
     let k = key_path.to_str().expect("utf-8");
-    let start_chain = |keyed: bool| -> Vec<Node> {
+    let start_chain = |keyed: bool| -> Vec<StationProc> {
         RANGES
             .iter()
             .map(|(role, layers)| {

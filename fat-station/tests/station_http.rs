@@ -2,47 +2,17 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fat_station::client::StationClient;
 use knot_format::LayerRange;
 use support::*;
 
-/// A station process, killed on drop.
-struct Station {
-    child: Child,
-    url: String,
+fn start(args: &[&str]) -> StationProc {
+    spawn_station(&[args, &["--listen", "127.0.0.1:0"]].concat())
 }
 
-impl Drop for Station {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(args: &[&str]) -> Station {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
-        .args(args)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn fat-station");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read ready line");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no url in {line:?}"))
-        .to_string();
-    Station { child, url }
-}
-
-fn client(s: &Station) -> StationClient {
+fn client(s: &StationProc) -> StationClient {
     StationClient::new(&s.url, Duration::from_secs(120))
 }
 

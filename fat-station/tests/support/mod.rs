@@ -1,7 +1,9 @@
 //! Shared by the integration tests: where the real models are, and the rule for their absence.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 
 /// The model cache (`AEON_MODELS_DIR`, default `~/.cache/aeon-shell/models`).
 pub fn models_dir() -> PathBuf {
@@ -75,4 +77,37 @@ pub fn rms_max(a: &[f32], b: &[f32]) -> (f64, f64) {
         mx = mx.max(d);
     }
     ((ss / a.len() as f64).sqrt(), mx)
+}
+
+/// A fat-station process, killed on drop.
+pub struct StationProc {
+    pub child: Child,
+    /// Its base URL, from the ready line.
+    pub url: String,
+}
+
+impl Drop for StationProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts this crate's fat-station with `args` and waits for its ready line.
+pub fn spawn_station(args: &[&str]) -> StationProc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn fat-station");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read ready line");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no url in {line:?}"))
+        .to_string();
+    StationProc { child, url }
 }
