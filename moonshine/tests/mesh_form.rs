@@ -10,33 +10,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use support::*;
 
 const PROMPT: &str = "785,6722,315,9625,374";
-
-/// A station process with `env` set, waiting for its ready line.
-fn start(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut child = Command::new(bin)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read ready line");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no url in {line:?}"))
-        .to_string();
-    Proc { child, url }
-}
 
 /// Greedy token ids from `moonshine --json ARGS --tokens PROMPT -n 16`.
 fn greedy_json(target: &[&str]) -> Vec<u64> {
@@ -116,7 +94,7 @@ fn elector_assigns_ranges_by_ram_and_the_formed_mesh_matches_one_station() {
             if let Some(r) = flag_ram {
                 args.extend(["--ram", r]);
             }
-            start(&bin, &args, &[("AEON_NODE_RAM", env_ram)])
+            spawn_with_env(&bin, &args, &[("AEON_NODE_RAM", env_ram)])
         })
         .collect();
     for n in &nodes {
@@ -209,7 +187,7 @@ fn elector_assigns_ranges_by_ram_and_the_formed_mesh_matches_one_station() {
         .iter()
         .map(|id| {
             let m = mdir.join(format!("{id}.json"));
-            start(
+            spawn_with_env(
                 &bin,
                 &["--manifest", m.to_str().expect("utf-8"), "--threads", "1"],
                 &[],
@@ -237,7 +215,8 @@ fn elector_assigns_ranges_by_ram_and_the_formed_mesh_matches_one_station() {
 #[test]
 fn shootout_launch_measures_chain_and_replicas() {
     let Some((knot, bin)) = setup() else { return };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mesh-shootout.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mesh-shootout.py");
     let o = match Command::new("python3")
         .arg(&script)
         .args(["--launch", knot.to_str().expect("utf-8"), "--station-bin"])

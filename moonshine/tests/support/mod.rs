@@ -78,9 +78,14 @@ impl Drop for Proc {
 
 /// Starts `bin args --listen 127.0.0.1:0` and waits for the line with its `http://` URL.
 pub fn spawn_listening(bin: &std::path::Path, args: &[&str]) -> Proc {
+    spawn_with_env(bin, &[args, &["--listen", "127.0.0.1:0"]].concat(), &[])
+}
+
+/// Starts `bin args` with `env` added and waits for the line with its `http://` URL.
+pub fn spawn_with_env(bin: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut child = Command::new(bin)
         .args(args)
-        .args(["--listen", "127.0.0.1:0"])
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
