@@ -178,6 +178,20 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
     let mut seal_ms = 0.0;
 
     let ret = seal::ret_tag(want_token);
+    // The body's seal binds the direction and the layer it starts at, besides the request.
+    let open_body = |dir: SealDir, from_layer: u32| {
+        let ctx = SealContext {
+            dir,
+            request_id: &request_id,
+            from_layer,
+            session: &session_name,
+            pos: pos_n,
+            ts_ms: 0,
+            route: &route,
+            ret,
+        };
+        unseal(node, &body, seal_h.as_deref(), ts_h.as_deref(), ctx)
+    };
     let input = if held.embed {
         if let Some(v) = &node.grant {
             let g = grant_h.ok_or_else(|| {
@@ -200,17 +214,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 "a sealed request needs the X-Request-Id its seal binds",
             ));
         }
-        let ctx = SealContext {
-            dir: SealDir::Request,
-            request_id: &request_id,
-            from_layer: held.layers.start,
-            session: &session_name,
-            pos: pos_n,
-            ts_ms: 0,
-            route: &route,
-            ret,
-        };
-        let (plain, ms) = unseal(node, &body, seal_h.as_deref(), ts_h.as_deref(), ctx)?;
+        let (plain, ms) = open_body(SealDir::Request, held.layers.start)?;
         seal_ms += ms;
         let r: wire::ChainRequest = serde_json::from_slice(&plain).map_err(|e| {
             refuse(
@@ -249,17 +253,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 ),
             ));
         }
-        let ctx = SealContext {
-            dir: SealDir::Hop,
-            request_id: &request_id,
-            from_layer: from,
-            session: &session_name,
-            pos: pos_n,
-            ts_ms: 0,
-            route: &route,
-            ret,
-        };
-        let (plain, ms) = unseal(node, &body, seal_h.as_deref(), ts_h.as_deref(), ctx)?;
+        let (plain, ms) = open_body(SealDir::Hop, from)?;
         seal_ms += ms;
         let hidden = st.model().cfg.hidden;
         if plain.is_empty() || !plain.len().is_multiple_of(hidden * 4) {
