@@ -627,11 +627,7 @@ fn run_groups(targets: &[Option<GroupTarget>], xq: &[BlockQ8A], n_tok: usize) {
             }
         }
     };
-    if n_chunks == 1 || rayon::current_num_threads() == 1 {
-        (0..n_chunks).for_each(body);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(body);
-    }
+    for_chunks(n_chunks, body);
 }
 
 /// `y` as a raw pointer that rayon tasks may share: each task writes a disjoint set of rows.
@@ -665,11 +661,7 @@ where
             }
         }
     };
-    if n_chunks == 1 || rayon::current_num_threads() == 1 {
-        (0..n_chunks).for_each(body);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(body);
-    }
+    for_chunks(n_chunks, body);
 }
 
 /// [`run_rows`] for a quantized type with a 4-token kernel (prefill): each weight row is
@@ -708,6 +700,12 @@ fn run_rows_toks4(
             }
         }
     };
+    for_chunks(n_chunks, body);
+}
+
+/// Runs `body(c)` for every chunk `c < n_chunks`: on this thread when there is one chunk or
+/// one thread (no fork-join), else over rayon's pool.
+fn for_chunks(n_chunks: usize, body: impl Fn(usize) + Sync + Send) {
     if n_chunks == 1 || rayon::current_num_threads() == 1 {
         (0..n_chunks).for_each(body);
     } else {
