@@ -405,6 +405,19 @@ mod tests {
             let data: Vec<u8> = (0..rows).flat_map(|_| row.iter().copied()).collect();
             let w = QMatrix::new(dtype, rows, cols, &data).unwrap();
             let p = Interleaved::pack(&w).unwrap();
+            let read = |touch| {
+                let best = (0..5).fold(f64::MAX, |best, _| {
+                    let t0 = std::time::Instant::now();
+                    std::hint::black_box(stream_read(&p.data, touch));
+                    best.min(t0.elapsed().as_secs_f64())
+                });
+                p.bytes() as f64 / best / 1e9
+            };
+            eprintln!(
+                "{dtype} plain read: {:.1} GB/s, touching pages ahead {:.1} (the ceilings)",
+                read(false),
+                read(true)
+            );
             for n in [1usize, 8] {
                 let x: Vec<&[BlockQ8A]> = xs[..n].iter().map(|v| &v[..]).collect();
                 let mut out = vec![[0f32; ROWS]; n];
@@ -423,5 +436,41 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// XOR of every 64-byte line of `buf` (the tail past whole lines ignored): a plain
+    /// streaming read, the ceiling for a kernel over the same bytes; with `touch`, touching
+    /// pages ahead as the AVX-512 kernels do.
+    fn stream_read(buf: &[u8], touch: bool) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512 F (checked just above).
+            return unsafe { stream_read_avx512(buf, touch) };
+        }
+        let _ = touch; // no page touch without AVX-512
+        buf.iter().fold(0, |a, &b| a ^ b as u64)
+    }
+
+    /// [`stream_read`] with 4 independent 512-bit chains (target_feature, so the intrinsics
+    /// are inlined).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stream_read_avx512(buf: &[u8], touch: bool) -> u64 {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_setzero_si512(); 4];
+        for c in buf.chunks_exact(256) {
+            if touch {
+                let q = c.as_ptr().wrapping_add(super::avx512::PAGE_AHEAD);
+                _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
+            }
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_xor_si512(*a, _mm512_loadu_si512(c.as_ptr().add(64 * k) as *const _));
+            }
+        }
+        let v = _mm512_xor_si512(
+            _mm512_xor_si512(acc[0], acc[1]),
+            _mm512_xor_si512(acc[2], acc[3]),
+        );
+        _mm512_reduce_or_epi64(v) as u64
     }
 }

@@ -103,9 +103,14 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let p = tiles.as_ptr().add(b * L::BYTES);
-        // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took Q4_0/Q5_0/Q8_0
-        // from 6/6/8 to 10/10/15 GB/s of weights (one token: 17-19 to 20-22).
-        prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
+        touch_page(p, L::BYTES);
+        if T > 1 {
+            // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took
+            // Q4_0/Q5_0/Q8_0 from 6/6/8 to 10/10/15 GB/s of weights (12/13/22 with
+            // `touch_page`). One token keeps pace with the hardware prefetchers once the
+            // pages are touched, and there these cost it: 22-24 GB/s with, 28-30 without.
+            prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
+        }
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
         let w = L::unpack(p);
         for t in 0..T {
@@ -158,8 +163,15 @@ impl<L: Tile> Kernel for Blocks<L> {
     }
 }
 
-/// Tiles ahead that the k-quant kernels prefetch (see [`prefetch`]): 18-26 KiB.
+/// Tiles ahead that the k-quant kernels prefetch (see [`prefetch`]) for several tokens:
+/// 18-26 KiB.
 const AHEAD: usize = 8;
+
+/// Tiles ahead that Q6_K prefetches for one token: 6.6 KiB, about one DRAM latency of its
+/// compute. From DRAM this was 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17
+/// with no line prefetch at all. (Q4_K's one-token stream does best with none: 26 against
+/// 21-24 at any distance.)
+const AHEAD_ONE: usize = 2;
 
 /// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
 /// faults, and the next group's tiles follow in memory).
@@ -171,11 +183,42 @@ const AHEAD: usize = 8;
 /// sub-block, 25 (Q4_K) and 14-15 (Q6_K), and at 8 tokens 10 and 12 (from 6 and 5). Into L1
 /// (`T0`) was no better than none; 4 tiles ahead was slower, 16 no faster; the whole tile at
 /// once (LLVM keeps such a burst together) left Q6_K at 8 GB/s for 8 tokens.
+///
+/// An asm `prefetcht1` rather than `_mm_prefetch`: LLVM gathers the intrinsic's prefetches
+/// into bursts all the same (the one-token Q6_K kernel had the 56 of a tile together at its
+/// end: 14 GB/s from DRAM, against 25 with the asm, which stays where the source puts it;
+/// Q4_K at 8 tokens 10 against 11).
 #[inline(always)]
 unsafe fn prefetch(p: *const u8, bytes: usize) {
     for i in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(i) as *const i8);
+        // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the
+        // address; it writes no register, memory or flag.
+        std::arch::asm!(
+            "prefetcht1 [{}]",
+            in(reg) p.wrapping_add(i),
+            options(nostack, preserves_flags, readonly)
+        );
     }
+}
+
+/// How far ahead [`touch_page`] reaches: 64 pages of 4 KiB.
+pub(super) const PAGE_AHEAD: usize = 256 << 10;
+
+/// Touches (prefetch into L1) the 4 KiB page that holds `p + PAGE_AHEAD + bytes`, the page the
+/// stream enters `PAGE_AHEAD` bytes after the `bytes` at `p`. Called once per tile, so every
+/// page gets a few touches (the repeats hit the line in flight).
+///
+/// Why: the weights sit on 4 KiB pages, and a plain streaming read of them reached only
+/// 19-23 GB/s on this KVM guest, against 32-37 over the same bytes on 2 MiB pages. The
+/// hardware prefetchers stop at each 4 KiB edge, and each new page needs a TLB walk, nested
+/// under virtualization, before the stream goes on. One touch far ahead starts both early,
+/// while the lines themselves are left to the hardware prefetchers (each line prefetched
+/// into L1 that far ahead was slower; the same touch into L2, `T1`, gained half as much).
+/// From DRAM at one token this took Q4_0/Q5_0/Q8_0 from 19-21 to 27-30 GB/s of weights.
+#[inline(always)]
+unsafe fn touch_page(p: *const u8, bytes: usize) {
+    let q = p.wrapping_add(PAGE_AHEAD + bytes);
+    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
 }
 
 /// One plane of 16 unsigned scale bytes as i32 lanes.
@@ -201,8 +244,10 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     acc: &mut [__m512; T],
 ) {
     // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
-    // buffers to the demand loads.
-    prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+    // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
+    if T > 1 {
+        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+    }
     let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
     let m6 = _mm512_set1_epi32(63);
     // get_scale_min_k4, 16 rows at once.
@@ -256,6 +301,7 @@ impl Kernel for Q4K {
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K4_BYTES);
             let ahead = p.wrapping_add(AHEAD * K4_BYTES);
+            touch_page(p, K4_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
             let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
@@ -337,7 +383,8 @@ impl Kernel for Q6K {
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K6_BYTES);
-            let ahead = p.wrapping_add(AHEAD * K6_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K6_BYTES);
+            touch_page(p, K6_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K6_D) as *const __m256i));
             let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
             q6k_block::<0, 0, T>(p, ahead, d, &xb, &mut acc);
