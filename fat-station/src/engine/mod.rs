@@ -9,6 +9,7 @@ pub mod kernels;
 mod model;
 pub mod ops;
 mod session;
+mod team;
 pub mod tokenizer;
 mod weights;
 

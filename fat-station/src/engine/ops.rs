@@ -1,8 +1,9 @@
 //! Small numeric building blocks of the forward pass. All are deterministic: each output
 //! depends only on its own inputs, in a fixed summation order.
 
+use super::team;
 use knot_format::RopeStyle;
-use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
@@ -170,8 +171,8 @@ pub fn attend_head(
 }
 
 /// Below this many multiply-adds (rows x heads x positions x head_dim) [`attention`] runs on
-/// the calling thread: a decode step's 14 heads take microseconds, less than a fork-join.
-pub const ATTN_PAR_MIN_MACS: usize = 1 << 18;
+/// the calling thread: 32k take ~5 µs, a few fork-joins on a spinning team.
+pub const ATTN_PAR_MIN_MACS: usize = 1 << 15;
 
 /// Shapes of one [`attention`] call.
 #[derive(Clone, Copy, Debug)]
@@ -240,9 +241,18 @@ pub fn attention_with(
     };
     let out = &mut out[..a.seq * q_dim];
     if parallel {
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(|| vec![0.0f32; max_pos], head);
+        thread_local! {
+            /// Scores scratch of the threads that run heads in parallel.
+            static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+        }
+        team::for_each_chunk_mut(out, hd, |i, o| {
+            SCORES.with_borrow_mut(|scores| {
+                if scores.len() < max_pos {
+                    scores.resize(max_pos, 0.0);
+                }
+                head(scores, (i, o))
+            })
+        });
     } else {
         scores.resize(max_pos, 0.0);
         out.chunks_mut(hd)

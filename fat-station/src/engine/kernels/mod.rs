@@ -28,10 +28,10 @@ pub mod avx512;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 
+use super::team;
 use blocks::BlockQ8A;
 use interleaved::{Interleaved, Rows16Dot};
 use knot_format::dtype::{DType, QK};
-use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
@@ -387,13 +387,13 @@ thread_local! {
     static XQ: RefCell<Vec<BlockQ8A>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Rows per rayon task: small enough to balance 2+ threads on a 896-row matvec, large enough
+/// Rows per parallel task: small enough to balance 2+ threads on a 896-row matvec, large enough
 /// that scheduling costs nothing next to the dot products.
 const MIN_ROWS_PER_TASK: usize = 16;
 
 /// `y[t * w.rows + r] = dot(W row r, x[t * w.cols ..][..w.cols])` for `t in 0..n_tok`.
 ///
-/// Parallel over output rows with rayon; each weight row is read once for all `n_tok`
+/// Parallel over output rows (see [`team`]); each weight row is read once for all `n_tok`
 /// activation rows. Deterministic: each output depends only on (W row r, x row t).
 ///
 /// Panics when `x.len() != n_tok * w.cols` or `y.len() != n_tok * w.rows`.
@@ -627,10 +627,10 @@ fn run_groups(targets: &[Option<GroupTarget>], xq: &[BlockQ8A], n_tok: usize) {
             }
         }
     };
-    for_chunks(n_chunks, body);
+    team::for_each_chunk(n_chunks, body);
 }
 
-/// `y` as a raw pointer that rayon tasks may share: each task writes a disjoint set of rows.
+/// `y` as a raw pointer that parallel tasks may share: each task writes a disjoint set of rows.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: tasks only write disjoint indices (distinct output rows r), and the pointer is not
@@ -661,7 +661,7 @@ where
             }
         }
     };
-    for_chunks(n_chunks, body);
+    team::for_each_chunk(n_chunks, body);
 }
 
 /// [`run_rows`] for a quantized type with a 4-token kernel (prefill): each weight row is
@@ -700,17 +700,7 @@ fn run_rows_toks4(
             }
         }
     };
-    for_chunks(n_chunks, body);
-}
-
-/// Runs `body(c)` for every chunk `c < n_chunks`: on this thread when there is one chunk or
-/// one thread (no fork-join), else over rayon's pool.
-fn for_chunks(n_chunks: usize, body: impl Fn(usize) + Sync + Send) {
-    if n_chunks == 1 || rayon::current_num_threads() == 1 {
-        (0..n_chunks).for_each(body);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(body);
-    }
+    team::for_each_chunk(n_chunks, body);
 }
 
 /// Rows per task: ~4 tasks per thread for balance, at least [`MIN_ROWS_PER_TASK`] rows (fewer
