@@ -1,5 +1,8 @@
 //! kernel-bench: weight-streaming throughput of the matmul kernels on Qwen-sized matrices.
 //!
+//! Matrices go through [`linear_with`] as the engine's do: the 16-row interleaved kernels where
+//! the CPU and type have them (`--blocks`: the block kernels only).
+//!
 //! Prints, per dtype and shape, GB/s of weight bytes streamed by a matvec (decode) at 1 and 2
 //! threads next to the machine's measured read bandwidth (sum over a large buffer), and for an
 //! 8-row matmul (prefill chunk) the weight GB/s times rows ("per-token equivalent").
@@ -10,7 +13,7 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use fat_station::engine::kernels::{kernels, matmul_with, Kernels, QMatrix};
+use fat_station::engine::kernels::{kernels, linear_with, Kernels, Linear, QMatrix};
 use knot_format::DType;
 use std::time::{Duration, Instant};
 
@@ -33,9 +36,13 @@ struct Args {
     /// Only measure this dtype (GGML name, e.g. `q5_0`).
     #[arg(long)]
     only: Option<String>,
-    /// Use only the single-row, single-token dot kernels (no multi-row / multi-token tiles).
+    /// Use only the single-row, single-token dot kernels (no multi-row / multi-token tiles;
+    /// implies --blocks).
     #[arg(long)]
     no_tiles: bool,
+    /// Use the block kernels on the stored rows, not the 16-row interleaved copies.
+    #[arg(long)]
+    blocks: bool,
 }
 
 /// SplitMix64 for reproducible random weights.
@@ -129,14 +136,22 @@ fn run(args: Args) -> Result<()> {
         .collect::<Result<_>>()?;
     let kern = Kernels::for_isa(kernels().isa).context("kernel table")?;
     let kern = if args.no_tiles {
-        kern.without_tiles()
+        kern.without_tiles().without_rows16()
+    } else if args.blocks {
+        kern.without_rows16()
     } else {
         kern
     };
     println!(
         "kernels: {:?}{}",
         kern.isa,
-        if args.no_tiles { " (no tiles)" } else { "" }
+        if args.no_tiles {
+            " (block kernels, no tiles)"
+        } else if args.blocks {
+            " (block kernels)"
+        } else {
+            ""
+        }
     );
     let buf: Vec<u64> = (0..args.bw_mib * 1024 * 1024 / 8)
         .map(|i| i as u64)
@@ -186,9 +201,14 @@ fn run(args: Args) -> Result<()> {
         let one = dtype.bytes_for((rows * cols) as u64).context("size")? as usize;
         let copies = (args.cold_mib * 1024 * 1024).div_ceil(one).clamp(1, 256);
         let data = random_weights(dtype, rows * cols, &mut rng).repeat(copies);
-        let ws: Vec<QMatrix> = data
+        let ws: Vec<Linear> = data
             .chunks_exact(one)
-            .map(|d| QMatrix::new(dtype, rows, cols, d).context("weight geometry"))
+            .map(|d| {
+                let w = Linear::new(QMatrix::new(dtype, rows, cols, d).context("weight geometry")?);
+                // Build the interleaved copy now, not inside the timing.
+                w.interleaved(&kern);
+                Ok(w)
+            })
             .collect::<Result<_>>()?;
         let bytes = one as f64;
         let mut gbs = Vec::new();
@@ -200,7 +220,7 @@ fn run(args: Args) -> Result<()> {
                 let t = p.install(|| {
                     time_it(args.secs, || {
                         k = (k + 1) % ws.len();
-                        matmul_with(&kern, &ws[k], &x, n_tok, &mut y)
+                        linear_with(&kern, &ws[k], &x, n_tok, &mut y)
                     })
                 });
                 gbs.push(bytes * n_tok as f64 / t / 1e9);
