@@ -167,10 +167,11 @@ impl<L: Tile> Kernel for Blocks<L> {
 /// 18-26 KiB.
 const AHEAD: usize = 8;
 
-/// Tiles ahead that Q6_K prefetches for one token: 6.6 KiB, about one DRAM latency of its
-/// compute. From DRAM this was 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17
-/// with no line prefetch at all. (Q4_K's one-token stream does best with none: 26 against
-/// 21-24 at any distance.)
+/// Tiles ahead that the k-quants prefetch for one token: about one DRAM latency of their
+/// compute. From DRAM Q6_K ran 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17 with
+/// no line prefetch at all. Q4_K on the model's 896-row matrices (2.5 MB, a fresh stream
+/// every call) ran 23-24 against 12-13 with none (kernel-bench), and decode went from 61-62 to
+/// 65-66 tok/s at 1 thread; only one huge matrix streams a little faster without (24 vs 21).
 const AHEAD_ONE: usize = 2;
 
 /// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
@@ -245,9 +246,7 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
 ) {
     // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
     // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
-    if T > 1 {
-        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    }
+    prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
     let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
     let m6 = _mm512_set1_epi32(63);
     // get_scale_min_k4, 16 rows at once.
@@ -300,7 +299,7 @@ impl Kernel for Q4K {
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K4_BYTES);
-            let ahead = p.wrapping_add(AHEAD * K4_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K4_BYTES);
             touch_page(p, K4_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
