@@ -141,7 +141,7 @@ impl Drop for Close<'_> {
             // A helper is finishing its last chunk; if the VM descheduled it, let it run (the
             // clock is read every 64 spins: a read per spin showed up at 1% of decode).
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && t0.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && t0.elapsed() > SPIN {
                 thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -238,7 +238,7 @@ fn wait_for_epoch(s: &Shared, i: usize, seen: u64) -> u64 {
             return st;
         }
         spins = spins.wrapping_add(1);
-        if spins % 64 != 0 {
+        if !spins.is_multiple_of(64) {
             std::hint::spin_loop();
             continue;
         }
