@@ -273,6 +273,27 @@ pub async fn serve(
     station: Arc<Station>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    serve_connections(listener, station, handle, shutdown).await
+}
+
+/// The accept loop shared by the station and moonshine's gateway: accepts on `listener` until
+/// `shutdown` resolves (then logs "shutting down" and returns; connections already spawned
+/// keep running). Each connection gets `TCP_NODELAY` and its own task serving HTTP/1.1 with
+/// keep-alive, every request going to `handle(state.clone(), req)`; a failed accept is logged
+/// at warn and skipped, a connection error at debug.
+pub async fn serve_connections<S, H, F, B>(
+    listener: TcpListener,
+    state: Arc<S>,
+    handle: H,
+    shutdown: impl std::future::Future<Output = ()>,
+) where
+    S: Send + Sync + 'static,
+    H: Fn(Arc<S>, Request<Incoming>) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -282,7 +303,8 @@ pub async fn serve(
                     Err(e) => { warn!("accept failed: {e}"); continue; }
                 };
                 let _ = stream.set_nodelay(true);
-                let st = station.clone();
+                let st = state.clone();
+                let handle = handle.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle(st.clone(), req));
                     if let Err(e) = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc).await {

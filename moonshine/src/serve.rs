@@ -28,10 +28,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -293,32 +290,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Serves on `listener` until `shutdown` resolves.
+/// Serves on `listener` until `shutdown` resolves (the station's accept loop,
+/// [`fat_station::server::serve_connections`]).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => { warn!("accept failed: {e}"); continue; }
-                };
-                let _ = stream.set_nodelay(true);
-                let st = state.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(st.clone(), req));
-                    if let Err(e) = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc).await {
-                        debug!("connection {peer}: {e}");
-                    }
-                });
-            }
-            _ = &mut shutdown => { info!("shutting down"); break; }
-        }
-    }
+    fat_station::server::serve_connections(listener, state, handle, shutdown).await
 }
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
