@@ -259,29 +259,36 @@ fn wait_for_epoch(s: &Shared, i: usize, seen: u64) -> u64 {
     }
 }
 
-/// The team for `threads`, made on first use (`None` if its threads cannot be spawned).
+/// The team for `threads`, made on first use; `None` (remembered, so the hot path does not
+/// retry) when its threads cannot be spawned.
 fn team(threads: usize) -> Option<&'static Team> {
-    static TEAMS: Mutex<Vec<(usize, &'static Team)>> = Mutex::new(Vec::new());
+    type Entry = (usize, Option<&'static Team>);
+    static TEAMS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
     thread_local! {
-        static CACHED: std::cell::Cell<Option<(usize, &'static Team)>> =
-            const { std::cell::Cell::new(None) };
+        static CACHED: std::cell::Cell<Option<Entry>> = const { std::cell::Cell::new(None) };
     }
     if let Some((n, t)) = CACHED.get() {
         if n == threads {
-            return Some(t);
+            return t;
         }
     }
     let mut teams = TEAMS.lock().unwrap_or_else(|e| e.into_inner());
     let t = match teams.iter().find(|(n, _)| *n == threads) {
         Some(&(_, t)) => t,
         None => {
-            let t: &'static Team = Box::leak(Box::new(Team::new(threads).ok()?));
+            let t = match Team::new(threads) {
+                Ok(t) => Some(&*Box::leak(Box::new(t))),
+                Err(e) => {
+                    tracing::warn!("no fork-join team of {threads} threads ({e}); using rayon");
+                    None
+                }
+            };
             teams.push((threads, t));
             t
         }
     };
     CACHED.set(Some((threads, t)));
-    Some(t)
+    t
 }
 
 /// Whether loops go to a team (`FAT_TEAM=off` keeps them on rayon, for A/B measurements).
@@ -300,9 +307,11 @@ pub fn for_each_chunk(chunks: usize, body: impl Fn(usize) + Sync + Send) {
         return;
     }
     // Ranges hold chunk indices in 32 bits.
-    if let Some(t) = team(threads).filter(|_| enabled() && chunks < u32::MAX as usize) {
-        if t.run(chunks, &body) {
-            return;
+    if enabled() && chunks < u32::MAX as usize {
+        if let Some(t) = team(threads) {
+            if t.run(chunks, &body) {
+                return;
+            }
         }
     }
     (0..chunks).into_par_iter().for_each(body);
