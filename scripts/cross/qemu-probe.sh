@@ -33,7 +33,9 @@ while [[ $# -gt 0 ]]; do
 done
 
 say() { printf 'qemu-probe: %s\n' "$*" >&2; }
-command -v qemu-aarch64 >/dev/null || { say "qemu-aarch64 not found (Debian: apt-get install qemu-user)"; exit 2; }
+# qemu-user's qemu-aarch64, or qemu-user-static's qemu-aarch64-static (scripts/test.sh installs one).
+QEMU="$(command -v qemu-aarch64 || command -v qemu-aarch64-static || true)"
+[[ -n "$QEMU" ]] || { say "qemu-aarch64 not found (Debian: apt-get install qemu-user)"; exit 2; }
 for b in paris-probe fat-station foil-control; do
     [[ -x "$BIN/$b" ]] || { say "missing $BIN/$b: run scripts/cross/build-aarch64.sh"; exit 2; }
 done
@@ -55,7 +57,7 @@ trap cleanup EXIT
 # Sets URL. $1 = name (for log files); the rest = the command.
 start_server() {
     local name="$1"; shift
-    qemu-aarch64 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    "$QEMU" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     pids+=($!)
     local pid=$! t=0
     URL=""
@@ -81,7 +83,7 @@ say "foil-control (aarch64) on $FOIL"
 # 1. In-process probe.
 t0=$(date +%s)
 rc=0
-GNOSIS_FOIL_CACHE_URL="$FOIL" timeout "$STEP_TIMEOUT" qemu-aarch64 "$BIN/paris-probe" \
+GNOSIS_FOIL_CACHE_URL="$FOIL" timeout "$STEP_TIMEOUT" "$QEMU" "$BIN/paris-probe" \
     --dense "$MODEL" --tokens "$TOKENS" --expected "$EXPECTED" >"$WORK/probe.out" 2>"$WORK/probe.err" || rc=$?
 cat "$WORK/probe.out"; grep -h 'foil-cache-admit' "$WORK/probe.err" || true
 say "paris-probe --dense under qemu: exit $rc in $(( $(date +%s) - t0 ))s"
@@ -93,7 +95,7 @@ t0=$(date +%s)
 rc=0
 if start_server station "$BIN/fat-station" --knot "$MODEL" --listen 127.0.0.1:0; then
     say "fat-station (aarch64) on $URL after $(( $(date +%s) - t0 ))s"
-    timeout "$STEP_TIMEOUT" qemu-aarch64 "$BIN/paris-probe" --station "$URL" --tokens "$TOKENS" \
+    timeout "$STEP_TIMEOUT" "$QEMU" "$BIN/paris-probe" --station "$URL" --tokens "$TOKENS" \
         --expected "$EXPECTED" >"$WORK/sprobe.out" 2>"$WORK/sprobe.err" || rc=$?
     cat "$WORK/sprobe.out"
     [[ $rc -eq 0 ]] || tail -5 "$WORK/sprobe.err" >&2
