@@ -5,12 +5,14 @@
 //! - [`cert`]: node key, signed admission certificates and their store.
 //! - [`plan`]: the validated request and its fixed-order list of setup operations.
 //! - [`sliver`]: executes a plan (clone, PID 1 init, pivot_root, drop privileges, exec).
+//! - [`mounts`]: recursive mount flags, read-only and masked paths (mountinfo).
 //! - [`cgroup`], [`netdev`]: cgroup limits and network setup.
 
 pub mod cert;
 pub mod cgroup;
 pub mod error;
 pub mod manifest;
+pub mod mounts;
 pub mod netdev;
 pub mod plan;
 pub mod sliver;

@@ -55,9 +55,12 @@ enum Cmd {
     ///
     /// The rootfs is re-hashed first; a rootfs that does not match its certificate (or has none)
     /// is refused, naming the first differing path. Inside: new mount, UTS, IPC, PID and network
-    /// namespaces (plus a user namespace when not root), a read-only rootfs, fresh /proc, /sys,
-    /// a tmpfs /tmp, a tmpfs /dev with null, zero, full, random, urandom and tty bound in, no
-    /// capabilities unless --cap asks, and no_new_privs.
+    /// namespaces (plus a user namespace when not root), a new session (no controlling
+    /// terminal), only fds 0-2 (and --pass-fd ones), a fresh session keyring, a read-only
+    /// nosuid+nodev rootfs, fresh /proc (runc's read-only and masked paths applied), /sys, a
+    /// tmpfs /tmp, a tmpfs /dev with null, zero, full, random, urandom and tty bound in, no
+    /// capabilities unless --cap asks, no_new_privs, keyctl/add_key/request_key denied by
+    /// seccomp. The sliver dies with swerve.
     Cline {
         /// The base, as base:NAME.
         base: String,
@@ -67,10 +70,17 @@ enum Cmd {
         /// Hostname inside the sliver (default: sliver-NAME).
         #[arg(long)]
         hostname: Option<String>,
-        /// Bind a host path into the sliver: SRC:DST[:ro]. DST must exist in the rootfs, or lie
-        /// under /tmp or /dev (swerve's tmpfs mounts), where it is created.
-        #[arg(long = "bind", value_name = "SRC:DST[:ro]")]
+        /// Bind a host path (and every mount under it) into the sliver: SRC:DST[:OPTS], OPTS a
+        /// comma-separated list of `ro` (read-only, every submount included), `rw` (default)
+        /// and `dev` (device nodes under it may be opened; default nodev). Always nosuid. DST
+        /// must exist in the rootfs, or lie under /tmp or /dev (swerve's tmpfs mounts), where it
+        /// is created.
+        #[arg(long = "bind", value_name = "SRC:DST[:ro,dev]")]
         binds: Vec<String>,
+        /// Keep this open file descriptor (above 2) open, at the same number, in the command;
+        /// repeatable. Every other fd above 2 is closed.
+        #[arg(long = "pass-fd", value_name = "N", value_parser = parse_pass_fd)]
+        pass_fds: Vec<i32>,
         /// Networking: `loopback` (default: a new namespace with only lo up), `host` (share the
         /// host's), or `veth:IP/PREFIX[,HOSTIP]` (a veth pair: eth0 inside with IP, sw<PID> on
         /// the host with HOSTIP, default the network's first address). veth shells out to the
@@ -135,6 +145,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--pass-fd N`: N above 2 and open in this process.
+fn parse_pass_fd(s: &str) -> Result<i32, String> {
+    let fd: i32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a file descriptor number"))?;
+    if fd <= 2 {
+        return Err("fds 0-2 are always passed".into());
+    }
+    nix::fcntl::fcntl(fd, nix::fcntl::F_GETFD).map_err(|e| format!("fd {fd} is not open ({e})"))?;
+    Ok(fd)
+}
+
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
         e.downcast_ref::<std::io::Error>()
@@ -173,6 +195,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             rootfs,
             hostname,
             binds,
+            pass_fds,
             net,
             mem,
             pids,
@@ -222,15 +245,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     .map(|c| parse_cap(c))
                     .collect::<Result<_, _>>()?,
                 seccomp_deny: seccomp_deny.into_iter().filter(|s| !s.is_empty()).collect(),
+                pass_fds,
                 rw,
                 user_ns: !nix::unistd::geteuid().is_root(),
                 argv: cmd,
             };
             let plan = Plan::new(spec);
             if dry_run {
-                if !plan.spec.seccomp_deny.is_empty() {
-                    swerve::sliver::compile_seccomp(&plan.spec.seccomp_deny)?;
-                }
+                swerve::sliver::compile_seccomp(&plan.seccomp_deny())?;
                 let mut out = std::io::stdout().lock();
                 writeln!(
                     out,

@@ -10,6 +10,42 @@ use crate::error::{Result, SwerveError};
 /// Device nodes bind-mounted from the host into the sliver's `/dev` tmpfs.
 pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
+/// /proc paths made read-only (bound onto themselves, then remounted read-only): runc's default
+/// `readonlyPaths`. Writing a sysctl such as `kernel/core_pattern` (a `|prog` pattern runs as
+/// host root) or `sysrq-trigger` would reach the host.
+pub const READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// Paths hidden inside: a file gets a read-only bind of `/dev/null`, a directory an empty
+/// read-only tmpfs; absent ones are skipped. runc's default `maskedPaths`, plus `/proc/interrupts`
+/// and `/sys/devices/virtual/powercap` (moby's additions: interrupt counts and RAPL energy
+/// counters are side channels).
+pub const MASKED_PATHS: [&str; 13] = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/interrupts",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+    "/sys/devices/virtual/tpm",
+];
+
+/// Syscalls every sliver is denied (EPERM), whatever `--seccomp-deny` adds: the kernel keyrings
+/// are not namespaced, and uid 0 in the host's user namespace reaches root's user keyring
+/// (`@u`) from a fresh session keyring too (Docker's default profile denies these three).
+pub const SECCOMP_DENY_ALWAYS: [&str; 3] = ["keyctl", "add_key", "request_key"];
+
 /// PATH given to the command inside the sliver.
 pub const SLIVER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -90,19 +126,22 @@ impl NetMode {
     }
 }
 
-/// One `--bind SRC:DST[:ro]`.
+/// One `--bind SRC:DST[:OPTS]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {
     /// Host path.
     pub src: PathBuf,
     /// Absolute path inside the sliver.
     pub dst: PathBuf,
-    /// Remount read-only.
+    /// Read-only, every mount under DST included.
     pub ro: bool,
+    /// Device nodes under DST may be opened (default: nodev).
+    pub dev: bool,
 }
 
 impl Bind {
-    /// Parses `SRC:DST[:ro|:rw]`; SRC must exist, DST must be absolute without `..`.
+    /// Parses `SRC:DST[:OPTS]`, OPTS a comma-separated list of `ro`, `rw`, `dev`; SRC must
+    /// exist, DST must be absolute without `..`.
     pub fn parse(s: &str) -> Result<Bind> {
         let bad = |reason: &str| SwerveError::BadArg {
             what: "--bind",
@@ -110,12 +149,20 @@ impl Bind {
             reason: reason.to_string(),
         };
         let parts: Vec<&str> = s.split(':').collect();
-        let (src, dst, ro) = match parts.as_slice() {
-            [src, dst] => (*src, *dst, false),
-            [src, dst, "ro"] => (*src, *dst, true),
-            [src, dst, "rw"] => (*src, *dst, false),
-            _ => return Err(bad("expected SRC:DST or SRC:DST:ro")),
+        let (src, dst, opts) = match parts.as_slice() {
+            [src, dst] => (*src, *dst, ""),
+            [src, dst, opts] => (*src, *dst, *opts),
+            _ => return Err(bad("expected SRC:DST or SRC:DST:OPTS (OPTS: ro, rw, dev)")),
         };
+        let (mut ro, mut dev) = (false, false);
+        for o in opts.split(',').filter(|o| !o.is_empty()) {
+            match o {
+                "ro" => ro = true,
+                "rw" => ro = false,
+                "dev" => dev = true,
+                _ => return Err(bad(&format!("unknown option {o:?} (ro, rw, dev)"))),
+            }
+        }
         let dst = PathBuf::from(dst);
         if !dst.is_absolute()
             || dst
@@ -128,7 +175,7 @@ impl Bind {
             ));
         }
         let src = std::fs::canonicalize(src).map_err(|e| bad(&format!("SRC: {e}")))?;
-        Ok(Bind { src, dst, ro })
+        Ok(Bind { src, dst, ro, dev })
     }
 }
 
@@ -153,8 +200,11 @@ pub struct SliverSpec {
     pub cpu_secs: Option<u64>,
     /// Capabilities kept (all others are dropped from every set, bounding included).
     pub caps_keep: Vec<caps::Capability>,
-    /// Syscalls that fail with EPERM.
+    /// Syscalls that fail with EPERM (besides [`SECCOMP_DENY_ALWAYS`]).
     pub seccomp_deny: Vec<String>,
+    /// File descriptors above 2 passed into the sliver on purpose (`--pass-fd`); every other
+    /// one is closed.
+    pub pass_fds: Vec<i32>,
     /// Leave the rootfs writable (default: read-only).
     pub rw: bool,
     /// Create a user namespace (when not root).
@@ -178,16 +228,29 @@ pub enum Op {
     CgroupAttach,
     /// Host: create the veth pair (`ip link add ... netns PID`), address and raise the host end.
     VethHost,
+    /// Init: `setsid()`: a new session without a controlling terminal (no TIOCSTI into the
+    /// caller's terminal, no signals from it except those swerve forwards).
+    NewSession,
+    /// Init: close every fd above 2 except `--pass-fd` ones (`close_range`, or one `close` per
+    /// open fd on kernels before 5.9); the command inherits only those.
+    CloseFds,
+    /// Init: join a fresh, empty session keyring (`keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)`).
+    SessionKeyring,
     /// Init: `mount(/, MS_REC|MS_PRIVATE)` so nothing propagates to the host.
     MakeRootPrivate,
     /// Init: bind the rootfs onto itself (pivot_root needs a mount point).
     BindRootfs,
-    /// Init: remount that bind read-only (unless `--rw`).
-    RootfsReadOnly,
+    /// Init: nosuid+nodev (and read-only unless `--rw`) on the rootfs bind and every mount
+    /// under it.
+    RootfsFlags,
     /// Init: fresh procfs at /proc (we are in the new PID namespace already).
     MountProc,
+    /// Init: [`READONLY_PATHS`] read-only.
+    ProcReadOnly,
     /// Init: read-only sysfs at /sys (shows only this network namespace's interfaces).
     MountSys,
+    /// Init: [`MASKED_PATHS`] hidden.
+    MaskPaths,
     /// Init: tmpfs at /tmp.
     MountTmp,
     /// Init: tmpfs at /dev.
@@ -214,7 +277,7 @@ pub enum Op {
     Rlimits,
     /// Command: drop capabilities (bounding, inheritable, ambient, effective, permitted).
     DropCaps,
-    /// Command: install the seccomp deny-list.
+    /// Command: install the seccomp deny-list ([`SECCOMP_DENY_ALWAYS`] plus `--seccomp-deny`).
     Seccomp,
     /// Command: `execvp`.
     Exec,
@@ -246,9 +309,10 @@ impl Op {
         match self {
             NoNewPrivs | CgroupCreate | Clone => Phase::Host,
             IdMaps | CgroupAttach | VethHost => Phase::HostAfterClone,
-            MakeRootPrivate | BindRootfs | RootfsReadOnly | MountProc | MountSys | MountTmp
-            | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot
-            | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
+            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | BindRootfs | RootfsFlags
+            | MountProc | ProcReadOnly | MountSys | MaskPaths | MountTmp | MountDev
+            | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot | SetHostname
+            | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
             Rlimits | DropCaps | Seccomp | Exec => Phase::Command,
             Reap | CgroupRemove => Phase::Teardown,
         }
@@ -282,11 +346,20 @@ impl Plan {
         if matches!(spec.net, NetMode::Veth { .. }) {
             ops.push(Op::VethHost);
         }
-        ops.extend([Op::MakeRootPrivate, Op::BindRootfs]);
-        if !spec.rw {
-            ops.push(Op::RootfsReadOnly);
-        }
-        ops.extend([Op::MountProc, Op::MountSys, Op::MountTmp, Op::MountDev]);
+        ops.extend([
+            Op::NewSession,
+            Op::CloseFds,
+            Op::SessionKeyring,
+            Op::MakeRootPrivate,
+            Op::BindRootfs,
+            Op::RootfsFlags,
+            Op::MountProc,
+            Op::ProcReadOnly,
+            Op::MountSys,
+            Op::MaskPaths,
+            Op::MountTmp,
+            Op::MountDev,
+        ]);
         ops.extend(DEV_NODES.iter().map(|n| Op::DevNode(n)));
         ops.push(Op::DevLinks);
         ops.extend(spec.binds.iter().cloned().map(Op::Bind));
@@ -297,15 +370,30 @@ impl Plan {
         if matches!(spec.net, NetMode::Veth { .. }) {
             ops.push(Op::VethSliver);
         }
-        ops.extend([Op::ForkCommand, Op::Rlimits, Op::DropCaps]);
-        if !spec.seccomp_deny.is_empty() {
-            ops.push(Op::Seccomp);
-        }
-        ops.extend([Op::Exec, Op::Reap]);
+        ops.extend([
+            Op::ForkCommand,
+            Op::Rlimits,
+            Op::DropCaps,
+            Op::Seccomp,
+            Op::Exec,
+            Op::Reap,
+        ]);
         if cgroup {
             ops.push(Op::CgroupRemove);
         }
         Plan { spec, ops }
+    }
+
+    /// Every syscall the seccomp filter denies: [`SECCOMP_DENY_ALWAYS`], then `--seccomp-deny`'s
+    /// others.
+    pub fn seccomp_deny(&self) -> Vec<String> {
+        let mut v: Vec<String> = SECCOMP_DENY_ALWAYS.iter().map(|s| s.to_string()).collect();
+        for s in &self.spec.seccomp_deny {
+            if !v.contains(s) {
+                v.push(s.clone());
+            }
+        }
+        v
     }
 
     /// Namespaces `clone()` creates, by name.
@@ -336,7 +424,7 @@ impl Plan {
                 }
                 format!("cgroup create swerve-<pid> ({}; v1 or v2, whichever the host has)", l.join(", "))
             }
-            Op::Clone => format!("clone(new {} namespaces) -> PID 1 of the sliver", self.namespaces().join(", ")),
+            Op::Clone => format!("clone(new {} namespaces) -> PID 1 of the sliver; it first sets prctl(PR_SET_PDEATHSIG, SIGKILL), so it dies with swerve", self.namespaces().join(", ")),
             Op::IdMaps => "write /proc/PID/{uid_map,setgroups,gid_map}: 0 -> caller".into(),
             Op::CgroupAttach => "cgroup attach PID 1 (cgroup.procs)".into(),
             Op::VethHost => match &s.net {
@@ -345,20 +433,41 @@ impl Plan {
                 ),
                 _ => "veth (unused)".into(),
             },
+            Op::NewSession => "setsid() (no controlling terminal)".into(),
+            Op::CloseFds => {
+                let keep: Vec<String> = s.pass_fds.iter().map(|f| f.to_string()).collect();
+                format!(
+                    "close_range(3, ~0) (fallback: close each fd in /proc/self/fd){}",
+                    if keep.is_empty() { String::new() } else { format!(" except --pass-fd {}", keep.join(",")) }
+                )
+            }
+            Op::SessionKeyring => "keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) (a fresh, empty session keyring)".into(),
             Op::MakeRootPrivate => "mount(none, /, MS_REC|MS_PRIVATE)".into(),
             Op::BindRootfs => format!("mount({root}, {root}, MS_BIND|MS_REC)"),
-            Op::RootfsReadOnly => format!("mount({root}, MS_REMOUNT|MS_BIND|MS_RDONLY)"),
+            Op::RootfsFlags => format!(
+                "mount_setattr({root}, AT_RECURSIVE, {}NOSUID|NODEV) (fallback: MS_REMOUNT|MS_BIND each mount under it)",
+                if s.rw { "" } else { "RDONLY|" }
+            ),
             Op::MountProc => format!("mount(proc, {root}/proc, proc, MS_NOSUID|MS_NODEV|MS_NOEXEC)"),
+            Op::ProcReadOnly => format!(
+                "read-only (bind onto itself, then RDONLY) if present: {}",
+                READONLY_PATHS.join(" ")
+            ),
             Op::MountSys => format!("mount(sysfs, {root}/sys, sysfs, MS_RDONLY|MS_NOSUID|MS_NODEV|MS_NOEXEC) if /sys exists"),
+            Op::MaskPaths => format!(
+                "mask (file: read-only bind of /dev/null; dir: read-only empty tmpfs) if present: {}",
+                MASKED_PATHS.join(" ")
+            ),
             Op::MountTmp => format!("mount(tmpfs, {root}/tmp, tmpfs, MS_NOSUID|MS_NODEV, mode=1777)"),
             Op::MountDev => format!("mount(tmpfs, {root}/dev, tmpfs, MS_NOSUID|MS_NOEXEC, mode=0755)"),
             Op::DevNode(n) => format!("mount(/dev/{n}, {root}/dev/{n}, MS_BIND)"),
             Op::DevLinks => "symlink /dev/{fd,stdin,stdout,stderr} -> /proc/self/fd/..., mkdir /dev/shm".into(),
             Op::Bind(b) => format!(
-                "mount({}, {root}{}, MS_BIND|MS_REC){}",
+                "mount({}, {root}{}, MS_BIND|MS_REC); mount_setattr(AT_RECURSIVE, {}NOSUID{})",
                 b.src.display(),
                 b.dst.display(),
-                if b.ro { " + remount MS_RDONLY" } else { "" }
+                if b.ro { "RDONLY|" } else { "" },
+                if b.dev { "" } else { "|NODEV" }
             ),
             Op::PivotRoot => format!("chdir({root}); pivot_root(., .) (fallback: MS_MOVE + chroot, with a warning)"),
             Op::DetachOldRoot => "umount2(old root, MNT_DETACH); chdir(/)".into(),
@@ -396,7 +505,7 @@ impl Plan {
                     format!("drop all capabilities except {}", keep.join(","))
                 }
             }
-            Op::Seccomp => format!("seccomp deny-list (EPERM): {}", s.seccomp_deny.join(",")),
+            Op::Seccomp => format!("seccomp deny-list (EPERM): {}", self.seccomp_deny().join(",")),
             Op::Exec => format!("execvp({:?}) with PATH={SLIVER_PATH}", s.argv),
             Op::Reap => "init: wait for the command, exit with its status (128+N if killed by signal N)".into(),
             Op::CgroupRemove => "cgroup rmdir".into(),
@@ -492,6 +601,7 @@ mod tests {
             cpu_secs: None,
             caps_keep: vec![],
             seccomp_deny: vec![],
+            pass_fds: vec![],
             rw: false,
             user_ns: false,
             argv: vec!["sh".into()],
@@ -513,7 +623,31 @@ mod tests {
         assert_eq!(p.ops.last(), Some(&Op::CgroupRemove));
         let text = p.to_string();
         assert!(text.contains("pivot_root"), "{text}");
-        assert!(!p.ops.contains(&Op::Seccomp));
+        // Off the caller's terminal, its fds and its keyring before anything else happens.
+        let init = pos(&Op::NewSession);
+        assert_eq!(
+            p.ops[init..init + 4],
+            [
+                Op::NewSession,
+                Op::CloseFds,
+                Op::SessionKeyring,
+                Op::MakeRootPrivate
+            ]
+        );
+        assert!(p.ops[..init].iter().all(|o| o.phase() != Phase::Init));
+        assert!(pos(&Op::BindRootfs) < pos(&Op::RootfsFlags));
+        assert!(pos(&Op::RootfsFlags) < pos(&Op::MountProc));
+        assert!(pos(&Op::MountProc) < pos(&Op::ProcReadOnly));
+        assert!(pos(&Op::MountSys) < pos(&Op::MaskPaths));
+        assert!(pos(&Op::MaskPaths) < pos(&Op::PivotRoot));
+        assert!(pos(&Op::DropCaps) < pos(&Op::Seccomp));
+        assert_eq!(p.seccomp_deny(), ["keyctl", "add_key", "request_key"]);
+        let mut s = spec();
+        s.seccomp_deny = vec!["ptrace".into(), "keyctl".into()];
+        assert_eq!(
+            Plan::new(s).seccomp_deny(),
+            ["keyctl", "add_key", "request_key", "ptrace"]
+        );
     }
 
     #[test]
@@ -552,7 +686,11 @@ mod tests {
         );
         assert!(parse_cap("CAP_TELEPORT").is_err());
         let b = Bind::parse("/tmp:/mnt/x:ro").unwrap();
-        assert!(b.ro && b.dst == Path::new("/mnt/x"));
+        assert!(b.ro && !b.dev && b.dst == Path::new("/mnt/x"));
+        let b = Bind::parse("/tmp:/mnt/x:rw,dev").unwrap();
+        assert!(!b.ro && b.dev);
+        assert!(!Bind::parse("/tmp:/mnt/x").unwrap().dev);
+        assert!(Bind::parse("/tmp:/mnt/x:suid").is_err());
         assert!(Bind::parse("/tmp:relative").is_err());
         assert!(Bind::parse("/tmp:/a/../b").is_err());
         assert!(Bind::parse("/does/not/exist:/x").is_err());

@@ -10,7 +10,6 @@
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -23,8 +22,9 @@ use nix::unistd::{chdir, chroot, fork, pivot_root, sethostname, ForkResult, Pid}
 
 use crate::cgroup::Cgroups;
 use crate::error::{Result, SwerveError};
+use crate::mounts::{self, Attrs};
 use crate::netdev;
-use crate::plan::{NetMode, Op, Phase, Plan, SLIVER_PATH};
+use crate::plan::{NetMode, Op, Phase, Plan, MASKED_PATHS, READONLY_PATHS, SLIVER_PATH};
 
 /// Exit code when the sliver could not be set up.
 pub const EXIT_SETUP: i32 = 125;
@@ -58,6 +58,13 @@ fn waited_set() -> SigSet {
     s
 }
 
+/// SWERVE_FORCE_FALLBACKS=1 takes the paths kernels before 5.9/5.12 take (one close per fd
+/// instead of close_range, remounting each mount instead of mount_setattr), so the tests cover
+/// them on a newer kernel too.
+fn force_fallbacks() -> bool {
+    std::env::var_os("SWERVE_FORCE_FALLBACKS").is_some_and(|v| v == "1")
+}
+
 /// Compiles the seccomp deny-list (each listed syscall fails with EPERM) for this architecture.
 pub fn compile_seccomp(names: &[String]) -> Result<seccompiler::BpfProgram> {
     let filter = serde_json::json!({
@@ -85,11 +92,7 @@ pub fn compile_seccomp(names: &[String]) -> Result<seccompiler::BpfProgram> {
 /// Runs the plan; returns the exit code swerve should exit with.
 pub fn run(plan: &Plan) -> Result<i32> {
     let spec = &plan.spec;
-    let seccomp = if spec.seccomp_deny.is_empty() {
-        None
-    } else {
-        Some(compile_seccomp(&spec.seccomp_deny)?)
-    };
+    let seccomp = Some(compile_seccomp(&plan.seccomp_deny())?);
     // Block the signals we forward (and SIGCHLD) before cloning, so none is lost or acted on
     // by default in the window before each process starts waiting for them.
     let waited = waited_set();
@@ -342,42 +345,6 @@ fn need_dir(root: &Path, inside: &str) -> Result<PathBuf> {
     }
 }
 
-/// Flags the kernel will not let us clear on a remount (relevant in a user namespace).
-fn locked_flags(path: &Path) -> MsFlags {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return MsFlags::empty();
-    };
-    // SAFETY: statvfs fills the struct we own; c is a valid NUL-terminated path.
-    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut sv) } != 0 {
-        return MsFlags::empty();
-    }
-    // musl's libc crate lacks ST_RELATIME; the kernel's value (statvfs.h) is the same on both.
-    const ST_RELATIME: libc::c_ulong = 0x1000;
-    let mut f = MsFlags::empty();
-    for (st, ms) in [
-        (libc::ST_NOSUID, MsFlags::MS_NOSUID),
-        (libc::ST_NODEV, MsFlags::MS_NODEV),
-        (libc::ST_NOEXEC, MsFlags::MS_NOEXEC),
-        (libc::ST_NOATIME, MsFlags::MS_NOATIME),
-        (libc::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (ST_RELATIME, MsFlags::MS_RELATIME),
-    ] {
-        if sv.f_flag & st != 0 {
-            f |= ms;
-        }
-    }
-    f
-}
-
-fn remount_ro(path: &Path) -> Result<()> {
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | locked_flags(path);
-    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(step(format!(
-        "mount({}, MS_REMOUNT|MS_BIND|MS_RDONLY)",
-        path.display()
-    )))
-}
-
 /// One PID 1 setup step.
 fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
     let spec = &plan.spec;
@@ -399,13 +366,64 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
             "mount({0}, {0}, MS_BIND|MS_REC)",
             root.display()
         ))),
-        // The certified tree stays as certified.
-        Op::RootfsReadOnly => remount_ro(root),
+        // Leave the caller's session: a command without a controlling terminal cannot push
+        // input into it (TIOCSTI) and gets no signals from it but those swerve forwards.
+        Op::NewSession => nix::unistd::setsid().map(drop).map_err(step("setsid()")),
+        // Nothing the caller had open reaches the command, unless passed on purpose.
+        Op::CloseFds => close_fds(&spec.pass_fds, force_fallbacks()),
+        // The caller's session keyring (inherited through clone) is not ours to search.
+        Op::SessionKeyring => {
+            // SAFETY: keyctl with an integer command and a NULL name.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_keyctl,
+                    libc::KEYCTL_JOIN_SESSION_KEYRING,
+                    std::ptr::null::<libc::c_char>(),
+                )
+            };
+            match Errno::result(r) {
+                Ok(_) => Ok(()),
+                // A kernel without keyrings has nothing to leak.
+                Err(Errno::ENOSYS) => {
+                    tracing::debug!("keyctl: ENOSYS (kernel without keyrings)");
+                    Ok(())
+                }
+                Err(errno) => Err(SwerveError::Step {
+                    step: "keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)".into(),
+                    errno,
+                }),
+            }
+        }
+        // The certified tree stays as certified, and no device node or setuid file in it
+        // (nor in anything mounted under it) works.
+        Op::RootfsFlags => mounts::set_recursive(
+            root,
+            Attrs {
+                rdonly: !spec.rw,
+                nosuid: true,
+                nodev: true,
+            },
+            force_fallbacks(),
+        ),
         Op::MountProc => {
             let p = need_dir(root, "/proc")?;
             let fl = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
             mount(Some("proc"), &p, Some("proc"), fl, none)
                 .map_err(step(format!("mount(proc, {})", p.display())))
+        }
+        // runc's readonlyPaths: sysctls and sysrq-trigger act on the host.
+        Op::ProcReadOnly => {
+            for inside in READONLY_PATHS {
+                mounts::read_only(&rootfs_path(root, inside), force_fallbacks())?;
+            }
+            Ok(())
+        }
+        // runc's maskedPaths: kernel memory, keys, timers and firmware stay out of sight.
+        Op::MaskPaths => {
+            for inside in MASKED_PATHS {
+                mounts::mask(&rootfs_path(root, inside), Path::new("/dev/null"))?;
+            }
+            Ok(())
         }
         Op::MountSys => {
             let p = rootfs_path(root, "/sys");
@@ -507,10 +525,16 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
                 b.src.display(),
                 dst.display()
             )))?;
-            if b.ro {
-                remount_ro(&dst)?;
-            }
-            Ok(())
+            // Every mount under SRC came along (MS_REC): the flags go on each of them.
+            mounts::set_recursive(
+                &dst,
+                Attrs {
+                    rdonly: b.ro,
+                    nosuid: true,
+                    nodev: !b.dev,
+                },
+                force_fallbacks(),
+            )
         }
         // pivot_root(".", ".") stacks the old root on top of the new one; fall back to
         // MS_MOVE + chroot where pivot_root is impossible (e.g. the host root is an initramfs).
@@ -548,6 +572,75 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
         },
         _ => Ok(()),
     }
+}
+
+/// Closes every fd above 2 except `keep` (whose close-on-exec flag is cleared, so they reach the
+/// command): `close_range` where the kernel has it (5.9+), else one `close` per fd listed in
+/// /proc/self/fd (or, without /proc, per fd below RLIMIT_NOFILE).
+fn close_fds(keep: &[RawFd], fallback: bool) -> Result<()> {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&f| f > 2).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    for &fd in &keep {
+        nix::fcntl::fcntl(fd, nix::fcntl::F_SETFD(nix::fcntl::FdFlag::empty()))
+            .map_err(step(format!("fcntl({fd}, F_SETFD, 0) (--pass-fd)")))?;
+    }
+    // The ranges to close: [3, k1-1], [k1+1, k2-1], ..., [kn+1, max].
+    let mut ranges = Vec::new();
+    let mut first: libc::c_uint = 3;
+    for &k in &keep {
+        let k = k as libc::c_uint;
+        if k > first {
+            ranges.push((first, k - 1));
+        }
+        first = k + 1;
+    }
+    ranges.push((first, libc::c_uint::MAX));
+    if !fallback {
+        let mut done = true;
+        for &(lo, hi) in &ranges {
+            // SAFETY: close_range only closes descriptors; nothing in this process uses them
+            // afterwards (those it needs were opened before and are not in these ranges, or are
+            // opened again later).
+            let r = unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0) };
+            match Errno::result(r) {
+                Ok(_) => {}
+                Err(Errno::ENOSYS) => {
+                    done = false;
+                    break;
+                }
+                Err(errno) => {
+                    return Err(SwerveError::Step {
+                        step: format!("close_range({lo}, {hi})"),
+                        errno,
+                    })
+                }
+            }
+        }
+        if done {
+            return Ok(());
+        }
+    }
+    let open: Vec<RawFd> = match fs::read_dir("/proc/self/fd") {
+        // Collected first: the directory's own fd is closed when the iterator is dropped.
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(_) => {
+            let max = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map(|(_, hard)| hard.min(1 << 20))
+                .unwrap_or(1 << 16);
+            (3..max as RawFd).collect()
+        }
+    };
+    for fd in open {
+        if fd > 2 && !keep.contains(&fd) {
+            // SAFETY: as above; EBADF (the listing's own, already closed fd) is harmless.
+            unsafe { libc::close(fd) };
+        }
+    }
+    Ok(())
 }
 
 /// The command's process: restores signal defaults, applies the Command-phase ops, execs.
