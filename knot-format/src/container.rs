@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use crate::error::KnotError;
-use crate::header::{ArchConfig, Header, SectionRef, ShardRecord, TensorEntry, TokenizerData};
+use crate::header::{
+    ArchConfig, Header, LayerRange, SectionRef, ShardRecord, TensorEntry, TokenizerData,
+};
 
 /// First four bytes of every KNOT file.
 pub const MAGIC: [u8; 4] = *b"KNOT";
@@ -16,6 +18,8 @@ pub const MAGIC: [u8; 4] = *b"KNOT";
 pub const VERSION: u32 = 1;
 /// Size of the fixed preamble; the header JSON starts right after it.
 pub const PREAMBLE_LEN: u64 = 128;
+/// Preamble bytes no field uses yet: readers require them zero (no hash covers them).
+pub const RESERVED: std::ops::Range<usize> = 64..PREAMBLE_LEN as usize;
 /// Every section and tensor starts at a multiple of this (one page).
 pub const ALIGN: u64 = 4096;
 /// Largest header accepted (the Qwen header is ~60 KiB).
@@ -85,6 +89,16 @@ impl Preamble {
             return Err(KnotError::UnsupportedVersion {
                 path: path.into(),
                 version,
+            });
+        }
+        if let Some(i) = b[RESERVED].iter().position(|&x| x != 0) {
+            return Err(KnotError::CorruptHeader {
+                path: path.into(),
+                reason: format!(
+                    "reserved preamble byte {} is {:#04x}, must be zero",
+                    RESERVED.start + i,
+                    b[RESERVED.start + i]
+                ),
             });
         }
         let mut header_hash = [0u8; 32];
@@ -460,6 +474,47 @@ pub(crate) fn check_tensor_shape(
     }
 }
 
+/// The header's counts and layer ranges, which readers size buffers and loops from:
+/// [`ArchConfig::check`]'s caps; a shard's range is non-empty, inside `0..n_layers`, and its
+/// `parent_layers` is `n_layers`; every `blk.N` tensor is a block the file holds. Shared by the
+/// reader ([`Knot::open`]) and the writer, so no writer produces a file readers refuse.
+pub(crate) fn check_values(h: &Header) -> Result<(), String> {
+    h.arch.check()?;
+    let n = h.arch.n_layers;
+    let held = match &h.shard {
+        Some(s) => {
+            if s.parent_layers != n {
+                return Err(format!(
+                    "shard.parent_layers {} differs from arch.n_layers {n}",
+                    s.parent_layers
+                ));
+            }
+            if s.layers.is_empty() || s.layers.end > n {
+                return Err(format!(
+                    "shard layers {} are not a non-empty range inside 0..{n}",
+                    s.layers
+                ));
+            }
+            if !is_hex64(&s.parent_hash) {
+                return Err("shard.parent_hash is not 64 lowercase hex digits".into());
+            }
+            s.layers
+        }
+        None => LayerRange::new(0, n),
+    };
+    if let Some((t, l)) = h.tensors.iter().find_map(|t| {
+        layer_of(&t.name)
+            .filter(|l| !(held.start..held.end).contains(l))
+            .map(|l| (t, l))
+    }) {
+        return Err(format!(
+            "tensor {:?} belongs to block {l}, outside the blocks {held} this file holds",
+            t.name
+        ));
+    }
+    Ok(())
+}
+
 /// Every header rule of the spec that is not JSON syntax.
 fn validate(h: &Header, header_len: u64, file_len: u64, path: &Path) -> Result<(), KnotError> {
     let corrupt = |reason: String| KnotError::CorruptHeader {
@@ -472,6 +527,7 @@ fn validate(h: &Header, header_len: u64, file_len: u64, path: &Path) -> Result<(
             h.tensors.len()
         )));
     }
+    check_values(h).map_err(corrupt)?;
     let data_start = align_up(PREAMBLE_LEN + header_len)
         .ok_or_else(|| corrupt("header_len overflows".into()))?;
     // (start, end, what) of every byte range, for the overlap check.

@@ -75,6 +75,10 @@ pub enum KnotError {
     /// [`crate::KnotWriter::add_tensor`] was given an invalid tensor.
     #[error("tensor {tensor:?}: {reason}")]
     InvalidTensor { tensor: String, reason: String },
+    /// [`crate::KnotWriter::write`] was given a header readers would refuse (counts out of
+    /// range, a shard range outside the model, ...); nothing was written.
+    #[error("{path}: refusing to write an invalid header: {reason}")]
+    InvalidHeader { path: PathBuf, reason: String },
     /// The GGUF file is malformed at `offset`.
     #[error("{path}: malformed GGUF at byte {offset}: {reason}")]
     Gguf {
@@ -113,6 +117,7 @@ impl KnotError {
             self,
             KnotError::Io { .. }
                 | KnotError::InvalidTensor { .. }
+                | KnotError::InvalidHeader { .. }
                 | KnotError::UnsupportedArch { .. }
                 | KnotError::UnsupportedDType { .. }
                 | KnotError::UnsupportedVersion { .. }

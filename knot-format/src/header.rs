@@ -45,6 +45,47 @@ pub struct ArchConfig {
     pub qkv_bias: bool,
 }
 
+/// Most transformer blocks a header may claim (the largest released models have under 200).
+pub const MAX_LAYERS: u32 = 1 << 16;
+/// Largest width a header may give `hidden`, `ffn`, `vocab`, the head counts or `head_dim`.
+pub const MAX_DIM: u32 = 1 << 20;
+/// Largest trained context length a header may claim.
+pub const MAX_CONTEXT: u32 = 1 << 24;
+/// Longest architecture name.
+pub const MAX_ARCH_NAME: usize = 64;
+
+impl ArchConfig {
+    /// Checks every count against its cap, so a reader can size buffers from the header
+    /// without trusting it: `n_layers` in `1..=`[`MAX_LAYERS`], the widths in
+    /// `1..=`[`MAX_DIM`], `context_len` in `1..=`[`MAX_CONTEXT`], an architecture name of
+    /// 1..=[`MAX_ARCH_NAME`] bytes. [`crate::Knot::open`] and [`crate::KnotWriter::write`]
+    /// call it; the error names the field.
+    pub fn check(&self) -> Result<(), String> {
+        if self.arch.is_empty() || self.arch.len() > MAX_ARCH_NAME {
+            return Err(format!(
+                "arch name of {} bytes (1..={MAX_ARCH_NAME} allowed)",
+                self.arch.len()
+            ));
+        }
+        let caps = [
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            ("hidden", self.hidden, MAX_DIM),
+            ("n_heads", self.n_heads, MAX_DIM),
+            ("n_kv_heads", self.n_kv_heads, MAX_DIM),
+            ("head_dim", self.head_dim, MAX_DIM),
+            ("ffn", self.ffn, MAX_DIM),
+            ("vocab", self.vocab, MAX_DIM),
+            ("context_len", self.context_len, MAX_CONTEXT),
+        ];
+        for (name, v, max) in caps {
+            if v == 0 || v > max {
+                return Err(format!("arch.{name} = {v} is outside 1..={max}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -199,7 +199,9 @@ fn shard_record_round_trips() {
         parent_layers: 24,
     };
     let b = tensor_bytes(DType::F32, &[64], 1);
-    let mut w = KnotWriter::new("shard", test_arch());
+    let mut arch = test_arch();
+    arch.n_layers = 24; // a shard's arch is its parent's
+    let mut w = KnotWriter::new("shard", arch);
     w.shard(rec.clone())
         .add_tensor("blk.8.attn_norm.weight", DType::F32, vec![64], &b)
         .unwrap();
@@ -516,4 +518,123 @@ fn random_header_mutations_never_panic() {
         }
     }
     assert!(opened < 1500, "some mutations must be rejected");
+}
+
+/// `good` with its header JSON rewritten by `edit` and the preamble re-sealed (length and
+/// hash), so only the header validation stands between the edit and the reader.
+pub(crate) fn reseal(good: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let hlen = u64::from_le_bytes(good[16..24].try_into().unwrap()) as usize;
+    let start = PREAMBLE_LEN as usize;
+    let mut v: serde_json::Value = serde_json::from_slice(&good[start..start + hlen]).unwrap();
+    edit(&mut v);
+    let j = serde_json::to_vec(&v).unwrap();
+    let data_start = (start + hlen).div_ceil(ALIGN as usize) * ALIGN as usize;
+    assert!(
+        start + j.len() <= data_start,
+        "edited header must fit its page"
+    );
+    let mut f = good.to_vec();
+    f[start..data_start].fill(0);
+    f[start..start + j.len()].copy_from_slice(&j);
+    set_u64(&mut f, 16, j.len() as u64);
+    f[32..64].copy_from_slice(blake3::hash(&j).as_bytes());
+    f
+}
+
+fn small_shard_bytes() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.knot");
+    write_small(&path);
+    let good = std::fs::read(&path).unwrap();
+    reseal(&good, |h| {
+        h["shard"] = serde_json::json!({
+            "role": "mid", "layers": {"start": 1, "end": 2},
+            "parent_hash": "a".repeat(64), "parent_layers": 2
+        });
+        let t = h["tensors"].as_array_mut().unwrap();
+        t.retain(|t| t["name"] != "blk.0.attn_q.weight");
+    })
+}
+
+/// Issue 17 item 11: a header claiming 2^31 layers, or a shard of layers 7..u32::MAX, opened
+/// fine (and `shard-knot inspect` then allocated 68 GB). The reader refuses both now.
+#[test]
+fn absurd_layer_counts_and_ranges_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.knot");
+    write_small(&path);
+    let good = std::fs::read(&path).unwrap();
+    open_bytes(&reseal(&good, |_| {})).expect("re-sealing alone keeps the file valid");
+    open_bytes(&small_shard_bytes()).expect("a well-formed shard opens");
+
+    let f = reseal(&good, |h| h["arch"]["n_layers"] = (1u64 << 31).into());
+    expect_err(&f, "arch.n_layers = 2147483648 is outside 1..=65536");
+    let f = reseal(&good, |h| h["arch"]["n_layers"] = 1.into());
+    expect_err(
+        &f,
+        "\"blk.1.attn_q.weight\" belongs to block 1, outside the blocks 0..1",
+    );
+    let f = reseal(&small_shard_bytes(), |h| {
+        h["shard"]["layers"] = serde_json::json!({"start": 7, "end": u32::MAX})
+    });
+    expect_err(
+        &f,
+        "shard layers 7..4294967295 are not a non-empty range inside 0..2",
+    );
+    let f = reseal(&small_shard_bytes(), |h| {
+        h["shard"]["layers"] = serde_json::json!({"start": 2, "end": 1})
+    });
+    expect_err(&f, "not a non-empty range");
+    let f = reseal(&small_shard_bytes(), |h| {
+        h["shard"]["parent_layers"] = 9.into()
+    });
+    expect_err(&f, "parent_layers 9 differs from arch.n_layers 2");
+    for (field, v) in [
+        ("hidden", 0u64),
+        ("vocab", u64::from(u32::MAX)),
+        ("head_dim", 1 << 21),
+        ("context_len", 1 << 30),
+    ] {
+        let f = reseal(&good, |h| h["arch"][field] = v.into());
+        expect_err(&f, &format!("arch.{field} = {v} is outside"));
+    }
+}
+
+/// Issue 17 item 14: the reserved preamble bytes 64..128 are covered by no hash; a reader
+/// now requires them zero (every writer so far wrote zeros, so existing files still open).
+#[test]
+fn nonzero_reserved_preamble_bytes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.knot");
+    write_small(&path);
+    let good = std::fs::read(&path).unwrap();
+    assert!(good[64..128].iter().all(|&b| b == 0), "writers zero them");
+    for at in [64, 100, 127] {
+        let mut f = good.clone();
+        f[at] = 0x5a;
+        expect_err(
+            &f,
+            &format!("reserved preamble byte {at} is 0x5a, must be zero"),
+        );
+    }
+}
+
+#[test]
+fn writer_refuses_a_header_readers_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut arch = test_arch();
+    arch.n_layers = u32::MAX;
+    let mut w = KnotWriter::new("bad", arch);
+    w.add_tensor_owned("blk.0.x", DType::F32, vec![4], vec![0; 16])
+        .unwrap();
+    let out = dir.path().join("bad.knot");
+    let e = w.write(&out, &mut |_| {}).unwrap_err();
+    assert!(matches!(e, KnotError::InvalidHeader { .. }), "{e}");
+    assert!(e.to_string().contains("arch.n_layers"), "{e}");
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no temp file left"
+    );
 }

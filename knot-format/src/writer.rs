@@ -177,6 +177,10 @@ impl<'a> KnotWriter<'a> {
                 .collect(),
             shard: self.shard.clone(),
         };
+        crate::container::check_values(&header).map_err(|reason| KnotError::InvalidHeader {
+            path: path.into(),
+            reason,
+        })?;
         let overflow = || {
             KnotError::io(
                 "lay out",

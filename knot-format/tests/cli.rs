@@ -104,3 +104,57 @@ fn inspect_verify_and_exit_codes() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nope.gguf"));
 }
+
+/// `path`'s header JSON rewritten by `edit`, the preamble re-sealed (length and BLAKE3).
+fn reseal(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut f = std::fs::read(path).unwrap();
+    let hlen = u64::from_le_bytes(f[16..24].try_into().unwrap()) as usize;
+    let mut v: serde_json::Value = serde_json::from_slice(&f[128..128 + hlen]).unwrap();
+    edit(&mut v);
+    let j = serde_json::to_vec(&v).unwrap();
+    let data_start = (128 + hlen).div_ceil(4096) * 4096;
+    assert!(
+        128 + j.len() <= data_start,
+        "edited header must fit its page"
+    );
+    f[128..data_start].fill(0);
+    f[128..128 + j.len()].copy_from_slice(&j);
+    f[16..24].copy_from_slice(&(j.len() as u64).to_le_bytes());
+    f[32..64].copy_from_slice(blake3::hash(&j).as_bytes());
+    std::fs::write(path, f).unwrap();
+}
+
+/// Issue 17 items 11 and 14: `knot verify` said OK to a header claiming 2^31 layers (which
+/// made shard-knot allocate 68 GB) and to non-zero reserved preamble bytes. Both are
+/// corruption now: exit 1, one line naming the field.
+#[test]
+fn verify_refuses_absurd_header_values_and_reserved_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("tiny.knot");
+    write_model(&m);
+    reseal(&m, |_| {});
+    assert_eq!(
+        knot(&["verify"], &m).status.code(),
+        Some(0),
+        "re-sealing alone is fine"
+    );
+
+    reseal(&m, |h| h["arch"]["n_layers"] = (1u64 << 31).into());
+    let o = knot(&["verify"], &m);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("arch.n_layers = 2147483648 is outside 1..=65536"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    write_model(&m);
+    let mut b = std::fs::read(&m).unwrap();
+    b[90] = 1;
+    std::fs::write(&m, &b).unwrap();
+    let o = knot(&["verify"], &m);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("reserved preamble byte 90"), "{err}");
+}

@@ -351,3 +351,77 @@ fn smollm2_shards_verify_and_cover_the_model() {
         "the shards hold every tensor"
     );
 }
+
+/// `path`'s header JSON rewritten by `edit`, the preamble re-sealed (length and BLAKE3), so
+/// only header validation stands between the edit and a reader.
+fn reseal(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut f = std::fs::read(path).unwrap();
+    let hlen = u64::from_le_bytes(f[16..24].try_into().unwrap()) as usize;
+    let mut v: serde_json::Value = serde_json::from_slice(&f[128..128 + hlen]).unwrap();
+    edit(&mut v);
+    let j = serde_json::to_vec(&v).unwrap();
+    let data_start = (128 + hlen).div_ceil(4096) * 4096;
+    assert!(
+        128 + j.len() <= data_start,
+        "edited header must fit its page"
+    );
+    f[128..data_start].fill(0);
+    f[128..128 + j.len()].copy_from_slice(&j);
+    f[16..24].copy_from_slice(&(j.len() as u64).to_le_bytes());
+    f[32..64].copy_from_slice(blake3::hash(&j).as_bytes());
+    std::fs::write(path, f).unwrap();
+}
+
+/// Runs shard-knot with its address space capped at 2 GiB, so a reader that trusts a
+/// hostile header dies (exit 134) instead of taking the machine's memory.
+fn run_capped(args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 2097152 && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .args(args)
+        .output()
+        .expect("spawn sh")
+}
+
+/// Issue 17 item 11: `inspect` and `plan` aborted (68 GB allocation) on a KNOT claiming
+/// 2^31 layers or a shard of layers 7..u32::MAX, which `Knot::open` accepted. Now the
+/// reader refuses the header: one line, exit 2.
+#[test]
+fn absurd_layer_counts_are_refused_not_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synthetic(dir.path(), true);
+    let out = dir.path().join("shards");
+    ok(&["split", s(&m), "--nodes", "2", "-o", s(&out)]);
+    let shard = out.join("tied.L02-04.knot");
+    reseal(&m, |h| h["arch"]["n_layers"] = (1u64 << 31).into());
+    reseal(&shard, |h| {
+        h["shard"]["layers"] = serde_json::json!({"start": 7, "end": u32::MAX})
+    });
+    for (args, needle) in [
+        (
+            vec!["inspect", s(&m)],
+            "arch.n_layers = 2147483648 is outside",
+        ),
+        (
+            vec!["inspect", "--json", s(&m)],
+            "arch.n_layers = 2147483648",
+        ),
+        (
+            vec!["plan", s(&m), "--node-ram", "1G"],
+            "arch.n_layers = 2147483648",
+        ),
+        (
+            vec!["inspect", s(&shard)],
+            "shard layers 7..4294967295 are not a non-empty range inside 0..4",
+        ),
+    ] {
+        let o = run_capped(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in {err}"
+        );
+    }
+}

@@ -38,9 +38,6 @@ pub struct Config {
     pub tied_embeddings: bool,
 }
 
-/// Upper bounds that keep a hostile header from asking for absurd allocations.
-const MAX_DIM: u32 = 1 << 20;
-
 impl Config {
     /// Width of all query heads together (`n_heads * head_dim`).
     pub fn q_dim(&self) -> usize {
@@ -67,22 +64,9 @@ impl TryFrom<&ArchConfig> for Config {
                 )))
             }
         };
-        let dims = [
-            ("n_layers", a.n_layers),
-            ("hidden", a.hidden),
-            ("n_heads", a.n_heads),
-            ("n_kv_heads", a.n_kv_heads),
-            ("head_dim", a.head_dim),
-            ("ffn", a.ffn),
-            ("vocab", a.vocab),
-        ];
-        for (name, v) in dims {
-            if v == 0 || v > MAX_DIM {
-                return Err(EngineError::BadConfig(format!(
-                    "{name} = {v} is out of range 1..={MAX_DIM}"
-                )));
-            }
-        }
+        // Counts and caps: knot-format's one check (the reader already ran it; an ArchConfig
+        // built in memory goes through it here).
+        a.check().map_err(EngineError::BadConfig)?;
         if !a.n_heads.is_multiple_of(a.n_kv_heads) {
             return Err(EngineError::BadConfig(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
