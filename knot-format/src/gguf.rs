@@ -22,6 +22,15 @@ use crate::DType;
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// Deepest array nesting accepted (arrays of arrays of ...).
 const MAX_DEPTH: u32 = 3;
+/// Most metadata key/values accepted (models carry about 30 to 60).
+pub const MAX_KV: u64 = 1 << 16;
+/// Most tensor infos accepted (the largest released models have a few thousand).
+pub const MAX_TENSORS: u64 = 1 << 16;
+/// Longest metadata key or tensor name (GGUF's limit for keys).
+pub const MAX_NAME_LEN: u64 = (1 << 16) - 1;
+/// Most arrays nested inside other arrays, over the whole file. An inner array costs ~56
+/// bytes in memory but only 12 on disk, so this is what keeps nesting from amplifying.
+pub const MAX_NESTED_ARRAYS: usize = 1 << 16;
 
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +44,7 @@ pub enum GgufValue {
     F32(f32),
     Bool(bool),
     String(String),
-    Array(Vec<GgufValue>),
+    Array(GgufArray),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -54,8 +63,10 @@ impl GgufValue {
             GgufValue::I32(v) => u64::try_from(v).ok(),
             GgufValue::I64(v) => u64::try_from(v).ok(),
             GgufValue::Array(ref a) => {
-                let first = a.first()?.as_u64()?;
-                a.iter().all(|x| x.as_u64() == Some(first)).then_some(first)
+                let first = a.u64_at(0)?;
+                (1..a.len())
+                    .all(|i| a.u64_at(i) == Some(first))
+                    .then_some(first)
             }
             _ => None,
         }
@@ -95,7 +106,7 @@ impl GgufValue {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[GgufValue]> {
+    pub fn as_array(&self) -> Option<&GgufArray> {
         match self {
             GgufValue::Array(a) => Some(a),
             _ => None,
@@ -118,6 +129,143 @@ impl GgufValue {
             GgufValue::U64(_) => "u64",
             GgufValue::I64(_) => "i64",
             GgufValue::F64(_) => "f64",
+        }
+    }
+}
+
+/// A metadata array, held compactly: numbers in a plain vector of their own type (an
+/// element costs in memory what it costs in the file), strings in one buffer. A hostile
+/// file therefore cannot make the parser hold much more than the file's own size (a
+/// `Vec<GgufValue>` spent 32 bytes per `u8` element: a 64 MiB GGUF took 2.17 GB).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(StrArray),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+    /// Arrays of arrays (at most [`MAX_NESTED_ARRAYS`] inner arrays per file).
+    Array(Vec<GgufArray>),
+}
+
+/// Strings of an array, concatenated: element `i` is `text[ends[i-1]..ends[i]]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StrArray {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl StrArray {
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Element `i`.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    /// The elements in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+}
+
+impl GgufArray {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            GgufArray::U8(v) => v.len(),
+            GgufArray::I8(v) => v.len(),
+            GgufArray::U16(v) => v.len(),
+            GgufArray::I16(v) => v.len(),
+            GgufArray::U32(v) => v.len(),
+            GgufArray::I32(v) => v.len(),
+            GgufArray::F32(v) => v.len(),
+            GgufArray::Bool(v) => v.len(),
+            GgufArray::String(v) => v.len(),
+            GgufArray::U64(v) => v.len(),
+            GgufArray::I64(v) => v.len(),
+            GgufArray::F64(v) => v.len(),
+            GgufArray::Array(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The strings, when this is an array of strings.
+    pub fn as_strs(&self) -> Option<&StrArray> {
+        match self {
+            GgufArray::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Element `i` as an i64, when this is an array of integers and it fits.
+    pub fn i64_at(&self, i: usize) -> Option<i64> {
+        match self {
+            GgufArray::I8(v) => v.get(i).map(|&x| x.into()),
+            GgufArray::I16(v) => v.get(i).map(|&x| x.into()),
+            GgufArray::I32(v) => v.get(i).map(|&x| x.into()),
+            GgufArray::I64(v) => v.get(i).copied(),
+            _ => self.u64_at(i).and_then(|x| i64::try_from(x).ok()),
+        }
+    }
+
+    /// Element `i` as a u64, when this is an array of integers and it is non-negative.
+    pub fn u64_at(&self, i: usize) -> Option<u64> {
+        match self {
+            GgufArray::U8(v) => v.get(i).map(|&x| x.into()),
+            GgufArray::U16(v) => v.get(i).map(|&x| x.into()),
+            GgufArray::U32(v) => v.get(i).map(|&x| x.into()),
+            GgufArray::U64(v) => v.get(i).copied(),
+            GgufArray::I8(v) => v.get(i).and_then(|&x| u64::try_from(x).ok()),
+            GgufArray::I16(v) => v.get(i).and_then(|&x| u64::try_from(x).ok()),
+            GgufArray::I32(v) => v.get(i).and_then(|&x| u64::try_from(x).ok()),
+            GgufArray::I64(v) => v.get(i).and_then(|&x| u64::try_from(x).ok()),
+            _ => None,
+        }
+    }
+
+    /// The inner array `i`, when this is an array of arrays.
+    pub fn array_at(&self, i: usize) -> Option<&GgufArray> {
+        match self {
+            GgufArray::Array(v) => v.get(i),
+            _ => None,
+        }
+    }
+
+    /// GGUF's name for the element type, for error messages.
+    pub fn elem_type_name(&self) -> &'static str {
+        match self {
+            GgufArray::U8(_) => "u8",
+            GgufArray::I8(_) => "i8",
+            GgufArray::U16(_) => "u16",
+            GgufArray::I16(_) => "i16",
+            GgufArray::U32(_) => "u32",
+            GgufArray::I32(_) => "i32",
+            GgufArray::F32(_) => "f32",
+            GgufArray::Bool(_) => "bool",
+            GgufArray::String(_) => "string",
+            GgufArray::U64(_) => "u64",
+            GgufArray::I64(_) => "i64",
+            GgufArray::F64(_) => "f64",
+            GgufArray::Array(_) => "array",
         }
     }
 }
@@ -167,7 +315,12 @@ impl Gguf {
     /// Parses the header part of a GGUF file held in `b`, checking every tensor's byte range
     /// against `b.len()`.
     pub fn parse(b: &[u8], path: &Path) -> Result<Gguf, KnotError> {
-        let mut c = Cursor { b, pos: 0, path };
+        let mut c = Cursor {
+            b,
+            pos: 0,
+            path,
+            nested_left: MAX_NESTED_ARRAYS,
+        };
         let magic = c.take(4)?;
         if magic != b"GGUF" {
             return Err(c.err_at(
@@ -195,12 +348,12 @@ impl Gguf {
         let tensor_count = c.u64()?;
         let kv_count = c.u64()?;
         // Smallest kv: 8-byte empty key + u32 type + 1-byte value.
-        let kv_n = c.count(kv_count, 13, "metadata key/value count")?;
+        let kv_n = c.count(kv_count, 13, MAX_KV, "metadata key/value count")?;
         let mut metadata = Vec::with_capacity(kv_n);
         let mut index = HashMap::with_capacity(kv_n);
         for _ in 0..kv_n {
             let at = c.pos;
-            let key = c.string()?;
+            let key = c.name("metadata key")?;
             let ty = c.u32()?;
             let value = c.value(ty, 0)?;
             if index.insert(key.clone(), metadata.len()).is_some() {
@@ -208,13 +361,13 @@ impl Gguf {
             }
             metadata.push((key, value));
         }
-        // Smallest tensor info: 8-byte name + u32 n_dims + u32 type + u64 offset.
-        let t_n = c.count(tensor_count, 24, "tensor count")?;
+        // Smallest tensor info: 8-byte name + u32 n_dims + one u64 dim + u32 type + u64 offset.
+        let t_n = c.count(tensor_count, 32, MAX_TENSORS, "tensor count")?;
         let mut tensors = Vec::with_capacity(t_n);
         let mut names = std::collections::HashSet::with_capacity(t_n);
         for _ in 0..t_n {
             let at = c.pos;
-            let name = c.string()?;
+            let name = c.name("tensor name")?;
             let n_dims = c.u32()?;
             if n_dims == 0 || n_dims as usize > MAX_DIMS {
                 return Err(c.err_at(
@@ -365,6 +518,8 @@ struct Cursor<'a> {
     b: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// Inner arrays the rest of the file may still hold ([`MAX_NESTED_ARRAYS`]).
+    nested_left: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -412,7 +567,11 @@ impl<'a> Cursor<'a> {
 
     /// A count of items each at least `min_size` bytes: rejected unless they can fit in the
     /// rest of the file, so a hostile count never drives an allocation.
-    fn count(&self, n: u64, min_size: u64, what: &str) -> Result<usize, KnotError> {
+    /// `max` caps it regardless of the file's size.
+    fn count(&self, n: u64, min_size: u64, max: u64, what: &str) -> Result<usize, KnotError> {
+        if n > max {
+            return Err(self.err_at(self.pos, format!("{what} {n} is over the limit of {max}")));
+        }
         match n.checked_mul(min_size) {
             Some(need) if need <= self.remaining() as u64 => Ok(n as usize),
             _ => Err(self.err_at(
@@ -425,7 +584,28 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// A key or tensor name: a string of at most [`MAX_NAME_LEN`] bytes.
+    fn name(&mut self, what: &str) -> Result<String, KnotError> {
+        let at = self.pos;
+        let len = self.u64()?;
+        if len > MAX_NAME_LEN {
+            return Err(self.err_at(
+                at,
+                format!("{what} of {len} bytes (at most {MAX_NAME_LEN})"),
+            ));
+        }
+        self.pos = at;
+        self.string()
+    }
+
     fn string(&mut self) -> Result<String, KnotError> {
+        let mut out = String::new();
+        self.string_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Reads one string and appends it to `out` (invalid UTF-8 replaced, with a warning).
+    fn string_into(&mut self, out: &mut String) -> Result<(), KnotError> {
         let at = self.pos;
         let len = self.u64()?;
         if len > self.remaining() as u64 {
@@ -439,15 +619,16 @@ impl<'a> Cursor<'a> {
         }
         let bytes = self.take(len as usize)?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => out.push_str(s),
             Err(_) => {
                 tracing::warn!(
                     offset = at,
                     "GGUF string is not valid UTF-8; replacing invalid bytes"
                 );
-                Ok(String::from_utf8_lossy(bytes).into_owned())
+                out.push_str(&String::from_utf8_lossy(bytes));
             }
         }
+        Ok(())
     }
 
     /// Smallest encoded size of a value of type `ty` (for the array count check).
@@ -478,26 +659,92 @@ impl<'a> Cursor<'a> {
                 v => return Err(self.err_at(at, format!("bool value {v} is neither 0 nor 1"))),
             },
             8 => GgufValue::String(self.string()?),
-            9 => {
-                if depth >= MAX_DEPTH {
-                    return Err(self.err_at(at, format!("arrays nested deeper than {MAX_DEPTH}")));
-                }
-                let elem = self.u32()?;
-                if elem > 12 {
-                    return Err(self.err_at(at, format!("array of unknown value type {elem}")));
-                }
-                let n = self.u64()?;
-                let n = self.count(n, Self::min_size(elem), "array length")?;
-                let mut v = Vec::with_capacity(n);
-                for _ in 0..n {
-                    v.push(self.value(elem, depth + 1)?);
-                }
-                GgufValue::Array(v)
-            }
+            9 => GgufValue::Array(self.array_value(depth)?),
             10 => GgufValue::U64(self.u64()?),
             11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.array()?)),
             t => return Err(self.err_at(at, format!("unknown metadata value type {t}"))),
+        })
+    }
+
+    /// `n` fixed-size little-endian elements, decoded from one checked slice.
+    fn fixed<T, const N: usize>(
+        &mut self,
+        n: usize,
+        f: fn([u8; N]) -> T,
+    ) -> Result<Vec<T>, KnotError> {
+        let bytes = self.take(n * N)?;
+        Ok(bytes
+            .chunks_exact(N)
+            .map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                f(a)
+            })
+            .collect())
+    }
+
+    /// An array value (after its type tag): element type, count, elements. The count is
+    /// checked against the bytes that remain before anything is allocated.
+    fn array_value(&mut self, depth: u32) -> Result<GgufArray, KnotError> {
+        let at = self.pos;
+        if depth >= MAX_DEPTH {
+            return Err(self.err_at(at, format!("arrays nested deeper than {MAX_DEPTH}")));
+        }
+        let elem = self.u32()?;
+        if elem > 12 {
+            return Err(self.err_at(at, format!("array of unknown value type {elem}")));
+        }
+        let n = self.u64()?;
+        let n = self.count(n, Self::min_size(elem), u64::MAX, "array length")?;
+        Ok(match elem {
+            0 => GgufArray::U8(self.take(n)?.to_vec()),
+            1 => GgufArray::I8(self.fixed(n, i8::from_le_bytes)?),
+            2 => GgufArray::U16(self.fixed(n, u16::from_le_bytes)?),
+            3 => GgufArray::I16(self.fixed(n, i16::from_le_bytes)?),
+            4 => GgufArray::U32(self.fixed(n, u32::from_le_bytes)?),
+            5 => GgufArray::I32(self.fixed(n, i32::from_le_bytes)?),
+            6 => GgufArray::F32(self.fixed(n, f32::from_le_bytes)?),
+            7 => {
+                let bytes = self.take(n)?;
+                if let Some(i) = bytes.iter().position(|&b| b > 1) {
+                    return Err(self.err_at(
+                        self.pos - n + i,
+                        format!("bool value {} is neither 0 nor 1", bytes[i]),
+                    ));
+                }
+                GgufArray::Bool(bytes.iter().map(|&b| b == 1).collect())
+            }
+            8 => {
+                let mut v = StrArray {
+                    text: String::new(),
+                    ends: Vec::with_capacity(n),
+                };
+                for _ in 0..n {
+                    self.string_into(&mut v.text)?;
+                    v.ends.push(v.text.len());
+                }
+                GgufArray::String(v)
+            }
+            9 => {
+                if n > self.nested_left {
+                    return Err(self.err_at(
+                        at,
+                        format!(
+                            "{n} nested arrays: over the limit of {MAX_NESTED_ARRAYS} per file"
+                        ),
+                    ));
+                }
+                self.nested_left -= n;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.array_value(depth + 1)?);
+                }
+                GgufArray::Array(v)
+            }
+            10 => GgufArray::U64(self.fixed(n, u64::from_le_bytes)?),
+            11 => GgufArray::I64(self.fixed(n, i64::from_le_bytes)?),
+            _ => GgufArray::F64(self.fixed(n, f64::from_le_bytes)?),
         })
     }
 }
@@ -635,10 +882,9 @@ pub(crate) mod tests {
         assert_eq!(p.get("f64").unwrap().as_f32(), Some(2.25));
         assert_eq!(p.get("arr").unwrap().as_array().unwrap().len(), 2);
         let n = p.get("nested").unwrap().as_array().unwrap();
-        assert_eq!(
-            n[0],
-            GgufValue::Array(vec![GgufValue::U8(1), GgufValue::U8(2)])
-        );
+        assert_eq!(n.array_at(0), Some(&GgufArray::U8(vec![1, 2])));
+        let arr = p.get("arr").unwrap().as_array().unwrap().as_strs().unwrap();
+        assert_eq!(arr.iter().collect::<Vec<_>>(), ["a", "bc"]);
         assert_eq!(p.tensors.len(), 2);
         assert_eq!(p.alignment, 32);
         assert_eq!(p.data_offset % 32, 0);
@@ -648,6 +894,54 @@ pub(crate) mod tests {
         let n = p.tensor("n").unwrap();
         assert_eq!(n.offset, 160);
         assert_eq!(p.tensor_bytes(n, &b).unwrap().len(), 20);
+    }
+
+    #[test]
+    fn arrays_are_typed_and_compact() {
+        let arr = |elem: u32, n: u64, body: &[u8]| {
+            let mut v = elem.to_le_bytes().to_vec();
+            v.extend_from_slice(&n.to_le_bytes());
+            v.extend_from_slice(body);
+            v
+        };
+        let i32s: Vec<u8> = [-1i32, 7, 300]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let f32s: Vec<u8> = [0.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let u64s: Vec<u8> = [9u64, 9, 9].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let big = vec![3u8; 1 << 20];
+        let b = Builder::new()
+            .raw_kv("i32s", 9, &arr(5, 3, &i32s))
+            .raw_kv("f32s", 9, &arr(6, 2, &f32s))
+            .raw_kv("u64s", 9, &arr(10, 3, &u64s))
+            .raw_kv("big", 9, &arr(0, 1 << 20, &big))
+            .build();
+        let p = parse(&b).unwrap();
+        let a = p.get("i32s").unwrap().as_array().unwrap();
+        assert_eq!((a.len(), a.elem_type_name()), (3, "i32"));
+        assert_eq!(
+            (a.i64_at(0), a.u64_at(0), a.i64_at(2)),
+            (Some(-1), None, Some(300))
+        );
+        assert_eq!(p.get("i32s").unwrap().as_u64(), None, "not uniform");
+        assert_eq!(
+            p.get("f32s").unwrap().as_array(),
+            Some(&GgufArray::F32(vec![0.5, -2.0]))
+        );
+        assert_eq!(
+            p.get("u64s").unwrap().as_u64(),
+            Some(9),
+            "uniform per-layer value"
+        );
+        // One byte per u8 element in memory, as in the file.
+        match p.get("big").unwrap().as_array() {
+            Some(GgufArray::U8(v)) => assert_eq!((v.len(), v.capacity()), (1 << 20, 1 << 20)),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn expect(b: &[u8], want: &str) {
@@ -682,7 +976,20 @@ pub(crate) mod tests {
         // A string length beyond the file.
         let mut f = good.clone();
         f[24..32].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
-        expect(&f, "string length");
+        expect(
+            &f,
+            "metadata key of 18446744073709551612 bytes (at most 65535)",
+        );
+        let mut f = good.clone();
+        f[24..32].copy_from_slice(&60_000u64.to_le_bytes());
+        expect(&f, "string length 60000 exceeds");
+        // Caps that hold however large the file.
+        let mut f = good.clone();
+        f[8..16].copy_from_slice(&(MAX_TENSORS + 1).to_le_bytes());
+        expect(&f, "tensor count 65537 is over the limit of 65536");
+        let mut f = good.clone();
+        f[16..24].copy_from_slice(&(MAX_KV + 1).to_le_bytes());
+        expect(&f, "metadata key/value count 65537 is over the limit");
         // Truncated anywhere in the header or data.
         for cut in [10, 30, 60, good.len() - 1] {
             assert!(parse(&good[..cut]).is_err(), "cut at {cut} parsed");
@@ -708,6 +1015,24 @@ pub(crate) mod tests {
         expect(
             &Builder::new().raw_kv("x", 9, &deep).build(),
             "nested deeper",
+        );
+        // Inner arrays cost more in memory than on disk: capped per file.
+        let mut many = 9u32.to_le_bytes().to_vec();
+        many.extend_from_slice(&(MAX_NESTED_ARRAYS as u64 + 1).to_le_bytes());
+        for _ in 0..=MAX_NESTED_ARRAYS {
+            many.extend_from_slice(&0u32.to_le_bytes());
+            many.extend_from_slice(&0u64.to_le_bytes());
+        }
+        expect(
+            &Builder::new().raw_kv("x", 9, &many).build(),
+            "65537 nested arrays: over the limit of 65536 per file",
+        );
+        let mut bools = 7u32.to_le_bytes().to_vec();
+        bools.extend_from_slice(&3u64.to_le_bytes());
+        bools.extend_from_slice(&[1, 0, 2]);
+        expect(
+            &Builder::new().raw_kv("b", 9, &bools).build(),
+            "bool value 2",
         );
         // Duplicate keys, absurd dims, bad alignment, tensor beyond the file.
         expect(

@@ -129,17 +129,14 @@ impl<'a> Meta<'a> {
     }
     fn strings(&self, key: &str) -> Result<Option<Vec<String>>, KnotError> {
         self.typed(key, "an array of strings", |v| {
-            v.as_array()?
-                .iter()
-                .map(|x| x.as_str().map(str::to_owned))
-                .collect()
+            Some(v.as_array()?.as_strs()?.iter().map(str::to_owned).collect())
         })
     }
     fn i32s(&self, key: &str) -> Result<Option<Vec<i32>>, KnotError> {
         self.typed(key, "an array of integers", |v| {
-            v.as_array()?
-                .iter()
-                .map(|x| x.as_i64().and_then(|n| i32::try_from(n).ok()))
+            let a = v.as_array()?;
+            (0..a.len())
+                .map(|i| a.i64_at(i).and_then(|n| i32::try_from(n).ok()))
                 .collect()
         })
     }

@@ -158,3 +158,40 @@ fn verify_refuses_absurd_header_values_and_reserved_bytes() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("reserved preamble byte 90"), "{err}");
 }
+
+/// Issue 17 item 12: a 64 MiB GGUF holding one 64 M-element u8 array took 2.17 GB of RSS
+/// in `knot import` (32 bytes per element) before it failed on the missing architecture.
+/// Arrays are held compactly now: under a 1 GiB address-space cap the import gets as far
+/// as the real error (exit 2) instead of dying on an allocation.
+#[test]
+fn import_holds_a_huge_metadata_array_compactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("bigarr.gguf");
+    let n: u64 = 64 << 20;
+    let key = b"x.big";
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&1u64.to_le_bytes()); // key/values
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key);
+    b.extend_from_slice(&9u32.to_le_bytes()); // array
+    b.extend_from_slice(&0u32.to_le_bytes()); // of u8
+    b.extend_from_slice(&n.to_le_bytes());
+    b.resize(b.len() + n as usize, 0);
+    std::fs::write(&g, &b).unwrap();
+    drop(b);
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_knot"))
+        .arg("import")
+        .arg(&g)
+        .arg("-o")
+        .arg(dir.path().join("out.knot"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"general.architecture\": missing"), "{err}");
+}
