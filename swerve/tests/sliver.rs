@@ -461,3 +461,104 @@ fn veth_lets_the_host_reach_a_server_inside() {
         "exit status after a forwarded SIGTERM"
     );
 }
+
+/// Runs `swerve ARGS` as uid/gid 65534 (nobody) with `home` as SWERVE_HOME.
+fn swerve_as_nobody(home: &std::path::Path, args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(common::SWERVE);
+    c.args(args)
+        .env("SWERVE_HOME", home)
+        .env_remove("MONSTER_GUARD_HOME");
+    // SAFETY: only setgroups/setresgid/setresuid between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) < 0
+                || libc::setresgid(65534, 65534, 65534) < 0
+                || libc::setresuid(65534, 65534, 65534) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    run_bounded(c, Duration::from_secs(60))
+}
+
+/// Unprivileged slivers: a caller without root gets a user namespace (root inside is the caller
+/// outside) and the same walls: read-only nosuid+nodev rootfs, read-only /proc/sys, masked
+/// /proc/keys, no capabilities.
+#[test]
+fn an_unprivileged_caller_gets_a_user_namespace_with_the_same_walls() {
+    if !have_root("an_unprivileged_caller_gets_a_user_namespace_with_the_same_walls") {
+        return;
+    }
+    // The kernel may refuse user namespaces to unprivileged users (sysctls, AppArmor): then
+    // there is nothing to test here.
+    let allowed = {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new("true");
+        // SAFETY: as in swerve_as_nobody, plus unshare.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::setgroups(0, std::ptr::null()) < 0
+                    || libc::setresgid(65534, 65534, 65534) < 0
+                    || libc::setresuid(65534, 65534, 65534) < 0
+                    || libc::unshare(libc::CLONE_NEWUSER) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        c.status().is_ok_and(|s| s.success())
+    };
+    if !allowed {
+        eprintln!("skipped: this kernel refuses user namespaces to uid 65534");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(rootfs())
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&root)
+        .arg(&home)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let out = swerve_as_nobody(
+        &home,
+        &["admit", "base:mine", "--rootfs", root.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "admit: {}", text(&out.stderr));
+    let script = "echo UIDMAP=$(cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'); \
+                  echo ROOT=$(awk '$5 == \"/\" { print $6 }' /proc/self/mountinfo); \
+                  echo SYS=$(awk '$5 == \"/proc/sys\" { split($6, a, \",\"); print a[1] }' /proc/self/mountinfo); \
+                  echo KEYS=$(wc -c < /proc/keys); \
+                  echo CAPEFF=$(grep CapEff /proc/self/status | cut -f2);";
+    let out = swerve_as_nobody(&home, &["cline", "base:mine", "--", "sh", "-c", script]);
+    let so = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{so}", text(&out.stderr));
+    assert_eq!(field(&so, "UIDMAP"), "0 65534 1", "{so}");
+    let opts: Vec<&str> = field(&so, "ROOT").split(',').collect();
+    assert!(
+        opts[0] == "ro" && opts.contains(&"nosuid") && opts.contains(&"nodev"),
+        "{opts:?}"
+    );
+    assert_eq!(field(&so, "SYS"), "ro", "{so}");
+    assert_eq!(field(&so, "KEYS"), "0", "{so}");
+    assert_eq!(field(&so, "CAPEFF"), "0000000000000000", "{so}");
+}
