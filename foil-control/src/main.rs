@@ -58,6 +58,11 @@ struct Args {
     /// (rewrite to a temp file, fsync, rename). Suffixes K, M, G.
     #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
     compact_threshold: u64,
+    /// Seconds a client gets to send a whole request body; a slower (e.g. trickling chunked)
+    /// body gets 408 and the connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout: u64,
     /// Seconds open connections get to finish after SIGTERM/ctrl-c.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     shutdown_grace: u64,
@@ -113,6 +118,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let cfg = ServerConfig {
         max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
+        body_read_timeout: std::time::Duration::from_secs(args.body_timeout),
         ..ServerConfig::default()
     };
     let state = AppState::new(store, cfg);

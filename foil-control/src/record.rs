@@ -132,7 +132,7 @@ pub enum RecordError {
         /// "bytes" or "entries".
         unit: &'static str,
     },
-    /// The key contains a control character.
+    /// The key contains a control character (C0, DEL or C1).
     #[error("field `key` contains a control character at byte {0}")]
     ControlChar(usize),
     /// A logit is NaN or infinite.
@@ -228,7 +228,8 @@ impl ResidueRecord {
         cap("model", self.model.len(), MAX_MODEL_BYTES, "bytes")?;
         cap("tokens", self.tokens.len(), MAX_TOKENS, "entries")?;
         cap("top_k", self.top_k.len(), MAX_TOP_K, "entries")?;
-        if let Some(pos) = self.key.bytes().position(|b| b.is_ascii_control()) {
+        // C0 (U+0000..U+001F), DEL and C1 (U+0080..U+009F): `char::is_control`.
+        if let Some((pos, _)) = self.key.char_indices().find(|(_, c)| c.is_control()) {
             return Err(RecordError::ControlChar(pos));
         }
         if !self.logit.is_finite() {
@@ -297,6 +298,21 @@ mod tests {
         assert_eq!(again.logit.to_bits(), 0.1f32.to_bits());
     }
 
+    /// Issue 17 item 13: keys with C1 control characters (U+0080..U+009F, two bytes in
+    /// UTF-8) were accepted although the spec forbids control characters. Other non-ASCII
+    /// text stays allowed.
+    #[test]
+    fn c1_control_characters_in_keys_are_refused() {
+        for (key, at) in [("m:\u{85}x", 2), ("\u{80}", 0), ("é\u{9f}", 2)] {
+            let mut r = ResidueRecord::dense("m", &[1], 2, 3.0);
+            r.key = key.into();
+            assert_eq!(r.validate(), Err(RecordError::ControlChar(at)), "{key:?}");
+        }
+        let mut r = ResidueRecord::dense("m", &[1], 2, 3.0);
+        r.key = "modèle:dense:1,\u{a0}2 ✓".into();
+        assert_eq!(r.validate(), Ok(()));
+    }
+
     #[test]
     fn validate_rejects_bad_records() {
         let good = ResidueRecord::dense("m", &[1], 2, 3.0);
@@ -306,6 +322,9 @@ mod tests {
         assert_eq!(r.validate(), Err(RecordError::Empty("key")));
         let mut r = good.clone();
         r.key = "a\nb".into();
+        assert_eq!(r.validate(), Err(RecordError::ControlChar(1)));
+        let mut r = good.clone();
+        r.key = "a\u{7f}".into();
         assert_eq!(r.validate(), Err(RecordError::ControlChar(1)));
         let mut r = good.clone();
         r.residual_b64 = Some("AAA=".into()); // 2 bytes: not whole f32s

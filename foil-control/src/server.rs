@@ -2,7 +2,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | POST | `/.aeon/model-forward-cache` | 200 [`AdmitResponse`]; 400 bad JSON/record; 413 body too large |
+//! | POST | `/.aeon/model-forward-cache` | 200 [`AdmitResponse`]; 400 bad JSON/record; 408 body not sent within the body timeout; 413 body too large |
 //! | GET | `/.aeon/model-forward-cache?key=K` | 200 record + `"cache_hit": true`, or 200 `{"cache_hit": false, "key": K}`; 400 without `key` |
 //! | GET | `/.aeon/health` | 200 [`HealthResponse`] |
 //!
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 
 use crate::client::{CACHE_PATH, HEALTH_PATH};
 use crate::record::{AdmitResponse, ErrorResponse, HealthResponse, ResidueRecord};
-use crate::store::{Store, StoreError};
+use crate::store::{ErrorChain, Store, StoreError};
 
 /// Server tuning that is not part of the store.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +38,9 @@ pub struct ServerConfig {
     pub max_body: usize,
     /// Time a client has to send a request head.
     pub header_read_timeout: Duration,
+    /// Time a client has to send a whole request body (a chunked body that trickles
+    /// forever gets 408 and the connection is closed).
+    pub body_read_timeout: Duration,
     /// Time open connections get to finish after a shutdown signal.
     pub shutdown_grace: Duration,
 }
@@ -47,6 +50,7 @@ impl Default for ServerConfig {
         ServerConfig {
             max_body: 1 << 20,
             header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -184,13 +188,28 @@ async fn admit(req: Request<Incoming>, state: &Arc<AppState>) -> Resp {
             }
         }
     }
-    // Chunked bodies have no declared size: cap what is read.
-    let body = match Limited::new(req.into_body(), max).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    // Chunked bodies have no declared size: cap what is read, and how long it may take.
+    let deadline = state.cfg.body_read_timeout;
+    let read = tokio::time::timeout(deadline, Limited::new(req.into_body(), max).collect());
+    let body = match read.await {
+        Err(_elapsed) => {
+            let mut r = error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "request body not received within --body-timeout {}s",
+                    deadline.as_secs()
+                ),
+            );
+            r.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             return too_large(&format!("more than {max}"))
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             return error_response(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
@@ -235,7 +254,7 @@ async fn admit(req: Request<Incoming>, state: &Arc<AppState>) -> Resp {
             e.to_string(),
         ),
         Err(e) => {
-            tracing::error!(error = %format!("{:#}", anyhow_like(&e)), "admission failed");
+            tracing::error!(error = %ErrorChain(&e), "admission failed");
             error_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -243,18 +262,6 @@ async fn admit(req: Request<Incoming>, state: &Arc<AppState>) -> Resp {
             )
         }
     }
-}
-
-/// Formats an error with its source chain, `a: b: c`.
-fn anyhow_like(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Decodes one `application/x-www-form-urlencoded` component.

@@ -11,7 +11,8 @@
 //! acknowledged record survives `kill -9` and power loss (as far as the disk honours fsync).
 //! On start the log is replayed in order; the last frame for a key wins. A frame that is cut
 //! short or fails its checksum ends the replay: the log is truncated there with a warning (the
-//! dropped bytes are copied to `residues.log.dropped` first) and the server starts anyway.
+//! dropped bytes are copied first to a new `residues.log.dropped.N`, N = 1, 2, ..., so no
+//! earlier recovery's bytes are overwritten) and the server starts anyway.
 //! Only a file whose magic is wrong is refused, so a foreign file is never clobbered.
 //!
 //! # Bounds and eviction
@@ -20,7 +21,9 @@
 //! bound the oldest admissions are evicted first. Replaced and evicted frames stay in the log as
 //! dead bytes until they exceed `compact_threshold`; then the live records are rewritten to
 //! `residues.log.tmp`, fsynced, and renamed over the log (atomic), and the directory is fsynced.
-//! Replaying a log under the same bounds rebuilds the same set of records.
+//! A compaction that fails (e.g. ENOSPC) removes its temp file, so a full disk gets its space
+//! back, leaves the old log in place and is retried once another `compact_threshold` of dead
+//! bytes has built up. Replaying a log under the same bounds rebuilds the same set of records.
 //!
 //! # Duplicates
 //!
@@ -47,7 +50,8 @@ pub const MAX_FRAME_PAYLOAD: u64 = 64 << 20;
 pub const LOG_FILE: &str = "residues.log";
 /// File name the compactor writes before renaming over the log.
 pub const TMP_FILE: &str = "residues.log.tmp";
-/// Where bytes dropped by recovery are copied.
+/// Prefix of the files bytes dropped by recovery are copied to: `residues.log.dropped.N`,
+/// N = 1, 2, ... (each recovery takes the first free number).
 pub const DROPPED_FILE: &str = "residues.log.dropped";
 /// Lock file that keeps two collectors off one data directory.
 pub const LOCK_FILE: &str = "LOCK";
@@ -193,6 +197,9 @@ pub struct Store {
     log_bytes: u64,
     evicted: u64,
     compactions: u64,
+    /// Dead bytes that trigger the next compaction: `compact_threshold`, raised by another
+    /// threshold after a failed compaction so a full disk is not rewritten on every admit.
+    compact_at: u64,
 }
 
 fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -237,6 +244,39 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("fsync directory", dir))
+}
+
+/// Creates `dir/PREFIX.N` for the first N from 1 that does not exist yet (`create_new`, so
+/// an existing file is never truncated).
+fn create_numbered(dir: &Path, prefix: &str) -> Result<(PathBuf, File), StoreError> {
+    for n in 1u32.. {
+        let path = dir.join(format!("{prefix}.{n}"));
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io("create", &path)(e)),
+        }
+    }
+    Err(StoreError::Io {
+        step: "create",
+        path: dir.join(prefix),
+        source: std::io::Error::other("every numbered name is taken"),
+    })
+}
+
+/// Formats an error with its source chain, `a: b: c`.
+pub struct ErrorChain<'a>(pub &'a dyn std::error::Error);
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cur = self.0.source();
+        while let Some(c) = cur {
+            write!(f, ": {c}")?;
+            cur = c.source();
+        }
+        Ok(())
+    }
 }
 
 fn encode_frame(record: &ResidueRecord) -> Result<Vec<u8>, StoreError> {
@@ -317,14 +357,10 @@ impl Store {
             log_bytes: 0,
             evicted: 0,
             compactions: 0,
+            compact_at: cfg.compact_threshold,
         };
         let report = store.replay()?;
-        if store.dead_bytes > store.cfg.compact_threshold {
-            // A failed compaction leaves the old log valid: serve anyway, retry on a later admit.
-            if let Err(e) = store.compact() {
-                tracing::warn!(error = %e, "log compaction at start failed; continuing with the full log");
-            }
-        }
+        store.maybe_compact();
         Ok((store, report))
     }
 
@@ -396,13 +432,14 @@ impl Store {
 
         if let Some(reason) = cut {
             let dropped = len - offset;
-            self.save_dropped(offset)?;
+            let saved = self.save_dropped(offset)?;
             tracing::warn!(
                 path = %path.display(),
                 offset,
                 dropped_bytes = dropped,
                 reason = %reason,
-                "torn or corrupt log tail: truncating (dropped bytes copied to {DROPPED_FILE})"
+                saved_to = %saved.display(),
+                "torn or corrupt log tail: truncating (dropped bytes copied first)"
             );
             self.log.set_len(offset).map_err(io("truncate", &path))?;
             self.log.sync_all().map_err(io("fsync", &path))?;
@@ -418,18 +455,19 @@ impl Store {
         Ok(report)
     }
 
-    /// Copies the log from `offset` to the end into [`DROPPED_FILE`] (best effort, bounded
-    /// by the log size), so a truncation never destroys bytes without a trace.
-    fn save_dropped(&self, offset: u64) -> Result<(), StoreError> {
+    /// Copies the log from `offset` to the end into a new `DROPPED_FILE.N` (the first free
+    /// N from 1; bounded by the log size), so a truncation never destroys bytes without a
+    /// trace and a later recovery never overwrites an earlier one's bytes.
+    fn save_dropped(&self, offset: u64) -> Result<PathBuf, StoreError> {
         use std::io::{Seek, SeekFrom};
-        let dropped_path = self.dir.join(DROPPED_FILE);
         let mut src = File::open(&self.log_path).map_err(io("open", &self.log_path))?;
         src.seek(SeekFrom::Start(offset))
             .map_err(io("seek", &self.log_path))?;
-        let mut dst = File::create(&dropped_path).map_err(io("create", &dropped_path))?;
+        let (dropped_path, mut dst) = create_numbered(&self.dir, DROPPED_FILE)?;
         std::io::copy(&mut src, &mut dst).map_err(io("write", &dropped_path))?;
         dst.sync_all().map_err(io("fsync", &dropped_path))?;
-        Ok(())
+        sync_dir(&self.dir)?;
+        Ok(dropped_path)
     }
 
     /// Puts a record into the index as the newest and evicts past the bounds.
@@ -515,12 +553,7 @@ impl Store {
             Disposition::Stored
         };
         let evicted = self.apply(stored.clone(), frame_len);
-        if self.dead_bytes > self.cfg.compact_threshold {
-            if let Err(e) = self.compact() {
-                // The old log is still valid (the rename is the commit point): go on.
-                tracing::warn!(error = %format!("{e:#}"), "log compaction failed; will retry later");
-            }
-        }
+        self.maybe_compact();
         Ok(Admitted {
             disposition,
             record: stored,
@@ -528,28 +561,40 @@ impl Store {
         })
     }
 
-    /// Rewrites the log with only the live records (oldest first), atomically.
+    /// Compacts when the dead bytes have reached the trigger. A failure is logged, not
+    /// returned: the old log is still valid (the rename is the commit point), so the store
+    /// goes on serving and tries again after another `compact_threshold` of dead bytes.
+    fn maybe_compact(&mut self) {
+        if self.dead_bytes <= self.compact_at {
+            return;
+        }
+        match self.compact() {
+            Ok(()) => self.compact_at = self.cfg.compact_threshold,
+            Err(e) => {
+                self.compact_at = self.dead_bytes.saturating_add(self.cfg.compact_threshold);
+                tracing::warn!(
+                    error = %ErrorChain(&e),
+                    retry_at_dead_bytes = self.compact_at,
+                    "log compaction failed; serving from the old log"
+                );
+            }
+        }
+    }
+
+    /// Rewrites the log with only the live records (oldest first), atomically. On failure
+    /// the temp file is removed (a half-written copy must not keep a full disk full) and the
+    /// old log stays in place.
     pub fn compact(&mut self) -> Result<(), StoreError> {
         let tmp_path = self.dir.join(TMP_FILE);
-        let tmp = File::create(&tmp_path).map_err(io("create", &tmp_path))?;
-        let mut w = BufWriter::with_capacity(1 << 16, tmp);
-        w.write_all(LOG_MAGIC).map_err(io("write", &tmp_path))?;
-        let mut bytes = LOG_MAGIC.len() as u64;
-        for key in self.order.values() {
-            let entry = &self.entries[key];
-            let frame = encode_frame(&entry.record)?;
-            w.write_all(&frame).map_err(io("write", &tmp_path))?;
-            bytes += frame.len() as u64;
+        let written = self.write_compacted(&tmp_path);
+        if written.is_err() {
+            if let Err(e) = std::fs::remove_file(&tmp_path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::error!(path = %tmp_path.display(), error = %e, "cannot remove the failed compaction's temp file");
+                }
+            }
         }
-        let tmp = w.into_inner().map_err(|e| StoreError::Io {
-            step: "write",
-            path: tmp_path.clone(),
-            source: e.into_error(),
-        })?;
-        tmp.sync_all().map_err(io("fsync", &tmp_path))?;
-        drop(tmp);
-        std::fs::rename(&tmp_path, &self.log_path).map_err(io("rename over log", &tmp_path))?;
-        sync_dir(&self.dir)?;
+        let bytes = written?;
         self.log = OpenOptions::new()
             .read(true)
             .append(true)
@@ -568,6 +613,31 @@ impl Store {
         self.dead_bytes = 0;
         self.compactions += 1;
         Ok(())
+    }
+
+    /// Writes the live records to `tmp_path`, fsyncs it and renames it over the log (then
+    /// fsyncs the directory); returns the new log's length.
+    fn write_compacted(&self, tmp_path: &Path) -> Result<u64, StoreError> {
+        let tmp = File::create(tmp_path).map_err(io("create", tmp_path))?;
+        let mut w = BufWriter::with_capacity(1 << 16, tmp);
+        w.write_all(LOG_MAGIC).map_err(io("write", tmp_path))?;
+        let mut bytes = LOG_MAGIC.len() as u64;
+        for key in self.order.values() {
+            let entry = &self.entries[key];
+            let frame = encode_frame(&entry.record)?;
+            w.write_all(&frame).map_err(io("write", tmp_path))?;
+            bytes += frame.len() as u64;
+        }
+        let tmp = w.into_inner().map_err(|e| StoreError::Io {
+            step: "write",
+            path: tmp_path.to_path_buf(),
+            source: e.into_error(),
+        })?;
+        tmp.sync_all().map_err(io("fsync", tmp_path))?;
+        drop(tmp);
+        std::fs::rename(tmp_path, &self.log_path).map_err(io("rename over log", tmp_path))?;
+        sync_dir(&self.dir)?;
+        Ok(bytes)
     }
 
     /// The record stored under `key`, if any.
@@ -676,7 +746,7 @@ mod tests {
         assert_eq!(rep.dropped_bytes, 18);
         assert_eq!(std::fs::metadata(&log).unwrap().len(), good_len);
         assert_eq!(
-            std::fs::metadata(dir.path().join(DROPPED_FILE))
+            std::fs::metadata(dir.path().join(format!("{DROPPED_FILE}.1")))
                 .unwrap()
                 .len(),
             18
@@ -686,6 +756,72 @@ mod tests {
         drop(s);
         let (_s, rep) = Store::open(dir.path(), StoreConfig::default()).unwrap();
         assert_eq!((rep.records, rep.dropped_bytes), (6, 0));
+    }
+
+    /// Issue 17 item 13: each recovery overwrote `residues.log.dropped`, so an earlier torn
+    /// tail was lost. Each recovery now keeps its own numbered copy.
+    #[test]
+    fn each_recovery_keeps_its_own_dropped_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(LOG_FILE);
+        for (round, tail) in [&b"first torn tail"[..], b"second, longer torn tail"]
+            .into_iter()
+            .enumerate()
+        {
+            let (mut s, _) = Store::open(dir.path(), StoreConfig::default()).unwrap();
+            s.admit(&rec(round as u32), 1).unwrap();
+            drop(s);
+            let mut f = OpenOptions::new().append(true).open(&log).unwrap();
+            f.write_all(&1000u32.to_le_bytes()).unwrap();
+            f.write_all(&0u32.to_le_bytes()).unwrap();
+            f.write_all(tail).unwrap();
+        }
+        let (_s, rep) = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        assert_eq!(rep.records, 2);
+        let dropped = |n: u32| std::fs::read(dir.path().join(format!("{DROPPED_FILE}.{n}")));
+        assert_eq!(&dropped(1).unwrap()[8..], b"first torn tail");
+        assert_eq!(&dropped(2).unwrap()[8..], b"second, longer torn tail");
+        assert!(dropped(3).is_err());
+    }
+
+    /// Issue 17 item 13: a compaction that failed with ENOSPC left `residues.log.tmp`
+    /// behind, keeping the disk full (every later admit failed) until a restart. The temp
+    /// file is removed on failure and the store keeps serving from the old log. ENOSPC comes
+    /// from `/dev/full`: the temp path is a symlink to it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn failed_compaction_removes_its_temp_file_and_keeps_serving() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join(TMP_FILE);
+        let (mut s, _) = Store::open(dir.path(), cfg(4, 1024)).unwrap();
+        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+        // Past the 1024 dead bytes that trigger a compaction (each frame is ~120 bytes,
+        // four live), but short of the next try.
+        let i = 16;
+        for j in 0..i {
+            s.admit(&rec(j), 1)
+                .expect("admits go on while compaction fails");
+        }
+        let st = s.stats();
+        assert!(
+            st.log_bytes > st.live_bytes + 1024,
+            "a compaction was due: {st:?}"
+        );
+        assert_eq!(st.compactions, 0, "the compaction hit ENOSPC");
+        assert!(
+            std::fs::symlink_metadata(&tmp).is_err(),
+            "the failed compaction's temp file is gone"
+        );
+        // With the space back, a later compaction succeeds and nothing was lost.
+        for j in i..i + 40 {
+            s.admit(&rec(j), 2).unwrap();
+        }
+        assert!(s.stats().compactions > 0);
+        assert_eq!(s.stats().records, 4);
+        let last = rec(i + 39).key;
+        drop(s);
+        let (s, _) = Store::open(dir.path(), cfg(4, 1024)).unwrap();
+        assert!(s.get(&last).is_some());
     }
 
     #[test]

@@ -528,3 +528,76 @@ fn bad_arguments_exit_2_and_foreign_log_exits_1() {
         b"something else entirely"
     );
 }
+
+/// Issue 17 item 13: a chunked body that trickles forever (a byte every 200 ms, never the
+/// last chunk) was held open indefinitely. With `--body-timeout 1` it gets 408 and the
+/// connection is closed, while other clients are served meanwhile.
+#[test]
+fn trickling_chunked_body_gets_408_and_the_connection_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("data"), &["--body-timeout", "1"]);
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(
+        b"POST /.aeon/model-forward-cache HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+    )
+    .unwrap();
+    let mut w = s.try_clone().unwrap();
+    let stop = Arc::new(Mutex::new(false));
+    let stop2 = Arc::clone(&stop);
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..75 {
+            if *stop2.lock().unwrap() || w.write_all(b"1\r\n \r\n").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    assert_eq!(
+        client::health(&srv.url).unwrap().records,
+        0,
+        "others are served"
+    );
+    let mut buf = Vec::new();
+    let read = s.read_to_end(&mut buf);
+    *stop.lock().unwrap() = true;
+    trickle.join().unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(
+        read.is_ok(),
+        "the server closes the connection: {read:?}, got {text:?}"
+    );
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    // A body that arrives in time still goes in.
+    client::admit(&srv.url, &record("m", 1)).unwrap();
+    assert_eq!(client::health(&srv.url).unwrap().records, 1);
+}
+
+/// Issue 17 item 13: a key carrying a C1 control character (U+0085, NEL) was stored; the
+/// spec forbids control characters in keys. Now 400, nothing stored.
+#[test]
+fn key_with_c1_control_character_is_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("data"), &[]);
+    let mut r = record("m", 1);
+    r.key = "m:dense:1\u{85}2".into();
+    let body = serde_json::to_string(&r).unwrap();
+    let (status, reply) = raw(
+        &srv.addr,
+        format!(
+            "POST /.aeon/model-forward-cache HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["detail"]
+            .as_str()
+            .unwrap()
+            .contains("control character at byte 9"),
+        "{reply}"
+    );
+    assert_eq!(client::health(&srv.url).unwrap().records, 0);
+}
