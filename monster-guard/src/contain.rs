@@ -22,13 +22,16 @@
 //! command and everything it started, never more than the command's own lifetime.
 //!
 //! The command then runs with (in this order, in the reaper, inherited by the command): a new
-//! session (`setsid`: no controlling terminal, no TIOCSTI into the caller's), the read-only
-//! root without `fs` (private mount namespace, `MS_REMOUNT|MS_BIND|MS_RDONLY`), no_new_privs,
-//! the capability sets reduced to what its caps map to ([`crate::linux_caps`]), and, without
-//! `net`, either a new network namespace or, where none can be made, a seccomp filter denying
-//! every socket family but AF_UNIX (and io_uring). Without `fs` and no mount namespace
-//! possible, the command does not start (there is no unprivileged read-only root on these
-//! kernels).
+//! session (`setsid`: no controlling terminal, no TIOCSTI into the caller's); a private mount
+//! namespace in which the kernel's tunables (`/proc/sys`, `/proc/sysrq-trigger`, `/sys`) are
+//! read-only (uid 0 writes them by file mode alone, without any capability: `core_pattern` is
+//! a host escape) and, without `fs`, every mount is read-only (`mount_setattr(AT_RECURSIVE)`,
+//! else a remount of each); no_new_privs; the capability sets reduced to what its caps map to
+//! ([`crate::linux_caps`]); and, without `net`, either a new network namespace or, where none
+//! can be made, a seccomp filter denying every socket family but AF_UNIX (and io_uring).
+//! Without `fs` and no mount namespace possible, the command does not start (there is no
+//! unprivileged read-only filesystem on these kernels); with `fs` it runs, and says that the
+//! tunables keep the caller's mount flags.
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -188,12 +191,10 @@ struct Attempt {
 
 /// The ways to try, strongest first.
 fn attempts(spec: &Spec<'_>) -> Vec<Attempt> {
-    let mut ns = CloneFlags::empty();
+    // Always a mount namespace (kernel tunables read-only; without `fs`, every mount).
+    let mut ns = CloneFlags::CLONE_NEWNS;
     if spec.isolate_net {
         ns |= CloneFlags::CLONE_NEWNET;
-    }
-    if spec.isolate_fs {
-        ns |= CloneFlags::CLONE_NEWNS;
     }
     let pid = CloneFlags::CLONE_NEWPID;
     let user = CloneFlags::CLONE_NEWUSER;
@@ -209,13 +210,11 @@ fn attempts(spec: &Spec<'_>) -> Vec<Attempt> {
     }
     if spec.want != Want::Pidns {
         v.push(a(ns, false, false));
-        if !ns.is_empty() {
-            v.push(a(user | ns, false, true));
-            // No namespace at all: only possible when a read-only root is not required (the
-            // network is then withheld by seccomp).
-            if !spec.isolate_fs {
-                v.push(a(CloneFlags::empty(), false, false));
-            }
+        v.push(a(user | ns, false, true));
+        // No namespace at all: only when a read-only filesystem is not required (the network
+        // is then withheld by seccomp, and kernel tunables keep the caller's mount flags).
+        if !spec.isolate_fs {
+            v.push(a(CloneFlags::empty(), false, false));
         }
     }
     v
@@ -295,15 +294,16 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
                 } else {
                     Tree::Subreaper { userns: at.userns }
                 };
-                if !failures.is_empty() {
+                // Said when it is weaker than a PID namespace (a user namespace is the normal
+                // way for a caller without CAP_SYS_ADMIN, and as strong).
+                if !at.pidns && !failures.is_empty() {
                     eprintln!(
-                        "monster-guard: {} failed here ({}); the lease contains the command with {tree}{}",
-                        if at.pidns { "the first try" } else { "a PID namespace" },
+                        "monster-guard: a PID namespace failed here ({}); the lease contains the command with {tree}{}",
                         failures.join("; "),
-                        if net == NetIsolation::SocketsDenied {
-                            ", and without a network namespace its IP sockets are denied by seccomp"
-                        } else {
-                            ""
+                        match (net, at.flags.contains(CloneFlags::CLONE_NEWNS)) {
+                            (NetIsolation::SocketsDenied, _) => ", its IP sockets denied by seccomp (no network namespace), and /proc/sys and /sys with the caller's mount flags (no mount namespace)",
+                            (_, false) => ", and /proc/sys and /sys with the caller's mount flags (no mount namespace)",
+                            _ => "",
                         }
                     );
                 }
@@ -346,8 +346,9 @@ fn spawn(p: &Prepared, at: &Attempt, program: &str) -> std::result::Result<Pid, 
         err_w.as_raw_fd(),
     ];
     let pidns = at.pidns;
+    let mountns = at.flags.contains(CloneFlags::CLONE_NEWNS);
     let mut stack = vec![0u8; 256 << 10];
-    let cb = Box::new(move || reaper_main(p, fds, pidns));
+    let cb = Box::new(move || reaper_main(p, fds, pidns, mountns));
     // SAFETY: monster-guard is single-threaded here; the child runs on its own copy of the
     // address space (no CLONE_VM) and never returns into the parent's frames: reaper_main ends
     // in _exit().
@@ -403,7 +404,7 @@ fn report(fd: RawFd, msg: &str) -> ! {
 }
 
 /// The reaper: set up, fork the command, then reap and relay until the command exits.
-fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool) -> isize {
+fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isize {
     let [go_r, go_w, err_r, err_w] = fds;
     // SAFETY: closing our copies of the parent's pipe ends.
     unsafe {
@@ -436,26 +437,12 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool) -> isize {
     if let Err(e) = nix::unistd::setsid() {
         fail("setsid", e.into());
     }
-    // 5. Without `fs`: keep mount changes private, then make the root read-only.
-    if p.isolate_fs {
-        use nix::mount::{mount, MsFlags};
-        if let Err(e) = mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        ) {
-            fail("mount(/, MS_REC|MS_PRIVATE)", e.into());
-        }
-        if let Err(e) = mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
-            None::<&str>,
-        ) {
-            fail("remount / read-only", e.into());
+    // 5. In the private mount namespace: kernel tunables (/proc/sys, /proc/sysrq-trigger,
+    //    /sys) read-only, since uid 0 writes them by file mode alone, with no capability;
+    //    without `fs`, every mount read-only.
+    if mountns {
+        if let Err(e) = readonly_mounts(p.isolate_fs) {
+            report(err_w, &e);
         }
     }
     // 6. Outside a PID namespace, orphans of the tree come to the reaper.
@@ -487,6 +474,139 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool) -> isize {
     // SAFETY: closing our copy: monster-guard sees end of file once the command has exec'd.
     unsafe { libc::close(err_w) };
     reap(cmd, pidns)
+}
+
+/// `mount_setattr(2)` arguments (`linux/mount.h`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_RDONLY: u64 = 1;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// Makes the mount at `path` and every mount under it read-only: one `mount_setattr` where the
+/// kernel has it (5.12+), else a read-only remount of each mount from /proc/self/mountinfo,
+/// keeping its nosuid/nodev/noexec flags (which a user namespace may not clear).
+fn readonly_tree(path: &str) -> std::result::Result<(), String> {
+    let c = CString::new(path).map_err(|e| e.to_string())?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes from `attr`, which we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(format!("mount_setattr({path}, AT_RECURSIVE, RDONLY): {e}"));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (Some(point), Some(opts)) = (f.get(4), f.get(5)) else {
+            continue;
+        };
+        let point = unescape(point);
+        let under = path == "/" || point == path || point.starts_with(&format!("{path}/"));
+        if !under {
+            continue;
+        }
+        use nix::mount::MsFlags;
+        let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+        for (o, fl) in [
+            ("nosuid", MsFlags::MS_NOSUID),
+            ("nodev", MsFlags::MS_NODEV),
+            ("noexec", MsFlags::MS_NOEXEC),
+            ("noatime", MsFlags::MS_NOATIME),
+            ("nodiratime", MsFlags::MS_NODIRATIME),
+            ("relatime", MsFlags::MS_RELATIME),
+        ] {
+            if opts.split(',').any(|x| x == o) {
+                flags |= fl;
+            }
+        }
+        match nix::mount::mount(
+            None::<&str>,
+            point.as_str(),
+            None::<&str>,
+            flags,
+            None::<&str>,
+        ) {
+            // Hidden under another mount, or gone: not reachable by path either.
+            Ok(()) | Err(Errno::ENOENT) | Err(Errno::EINVAL) => {}
+            Err(e) => return Err(format!("remount {point} read-only: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            let oct = std::str::from_utf8(&b[i + 1..i + 4]).ok();
+            if let Some(v) = oct.and_then(|o| u8::from_str_radix(o, 8).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The mount steps of the reaper in its own mount namespace (see [`reaper_main`], step 5).
+fn readonly_mounts(everything: bool) -> std::result::Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    // Keep every change here out of the caller's namespace.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("mount(/, MS_REC|MS_PRIVATE): {e}"))?;
+    if everything {
+        return readonly_tree("/");
+    }
+    for path in ["/proc/sys", "/proc/sysrq-trigger", "/sys"] {
+        if !std::path::Path::new(path).exists() {
+            continue;
+        }
+        // A bind of the path onto itself makes it a mount of its own, then read-only.
+        mount(
+            Some(path),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind {path}: {e}"))?;
+        readonly_tree(path)?;
+    }
+    Ok(())
 }
 
 /// Reaps children and relays signals until the command exits; then ends the rest of the tree

@@ -1069,6 +1069,17 @@ fn leased_command_keeps_only_the_capabilities_its_caps_map_to() {
     assert!(both.contains("CapEff:\t000000000000241b"), "{both}");
     let fs_only = status_of_leased(&e, "fs");
     assert!(fs_only.contains("CapBnd:\t000000000000001b"), "{fs_only}");
+    // Kernel tunables are read-only whatever the caps (uid 0 writes them by file mode alone:
+    // before, `--caps ""` rewrote core_pattern). The value written is the one read back.
+    for caps in ["", "fs", "net,fs"] {
+        let out = e.mg(&[
+            "run", "--name", "qwen", "--caps", caps, "--lease", "10", "--", "sh", "-c",
+            "v=$(cat /proc/sys/kernel/core_pattern); echo \"$v\" > /proc/sys/kernel/core_pattern 2>/dev/null && echo WROTE; grep -E ' /sys (ro|rw),' /proc/self/mountinfo",
+        ]);
+        let so = String::from_utf8_lossy(&out.stdout);
+        assert!(!so.contains("WROTE"), "--caps {caps:?}: {}", text(&out));
+        assert!(so.contains(" /sys ro,"), "--caps {caps:?}: {}", text(&out));
+    }
     // Without CAP_SYS_ADMIN the read-only root cannot be made writable again.
     let out = e.mg(&[
         "run", "--name", "qwen", "--caps", "", "--lease", "10", "--", "sh", "-c",
@@ -1263,4 +1274,40 @@ fn older_revocation_list_during_a_lease_stops_it() {
     };
     assert_eq!(out.status.code(), Some(125), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("older than the newest seen"));
+}
+
+/// The command gets a session of its own (no controlling terminal to type into, issue 16's
+/// TIOCSTI concern for leases too): its session id is not monster-guard's.
+#[test]
+fn leased_command_runs_in_a_session_of_its_own() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let out = e
+        .cmd(&[
+            "run",
+            "--name",
+            "qwen",
+            "--caps",
+            "net,fs",
+            "--lease",
+            "10",
+            "--",
+            "cat",
+            "/proc/self/stat",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stat = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |s: &str, n: usize| -> i64 {
+        let rest = &s[s.rfind(')').unwrap() + 1..];
+        rest.split_whitespace().nth(n).unwrap().parse().unwrap()
+    };
+    // After the name: state(0) ppid(1) pgrp(2) session(3).
+    let ours = field(&fs::read_to_string("/proc/self/stat").unwrap(), 3);
+    assert_ne!(
+        field(&stat, 3),
+        ours,
+        "the command shares monster-guard's session"
+    );
 }
