@@ -48,10 +48,17 @@ struct Args {
     require_grant: Option<String>,
     /// The issuer's signed revocation list (monster-guard's `revoked.json`): a grant on it,
     /// or attenuated from one on it, is refused with 403 `grant_revoked`. Re-read whenever the
-    /// file changes, so `monster-guard revoke` takes effect at the next request; a missing file
-    /// is an empty list, one that does not verify refuses every grant (503) until it does.
+    /// file changes, so `monster-guard revoke` takes effect at the next request. A list that
+    /// does not verify, is older than the newest one seen, or is missing after one was seen,
+    /// refuses every grant (503) until a valid list is back; a missing file is an empty list
+    /// only while none was ever seen.
     #[arg(long, value_name = "FILE", requires = "require_grant")]
     revocations: Option<std::path::PathBuf>,
+    /// Where the station keeps state that must outlive it: the highest revocation-list
+    /// sequence seen per issuer (`revocation-seq/ISSUER`). Default: $AEON_STATE_DIR, else
+    /// $XDG_STATE_HOME/aeon-shell/fat-station, else ~/.local/state/aeon-shell/fat-station.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
     /// Announce this station by UDP beacon to ADDR (e.g. 127.255.255.255:7979 for simulated
     /// nodes on one host, 255.255.255.255:7979 on a LAN) for `moonshine mesh discover`.
     #[arg(long, value_name = "ADDR")]
@@ -116,6 +123,26 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("fat-station: error: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `--state-dir`, else the default documented there.
+fn state_dir(arg: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = arg
+        .map(|d| d.to_path_buf())
+        .or_else(|| env("AEON_STATE_DIR").map(Into::into))
+    {
+        return Ok(d);
+    }
+    if let Some(x) = env("XDG_STATE_HOME") {
+        return Ok(std::path::PathBuf::from(x).join("aeon-shell/fat-station"));
+    }
+    match env("HOME") {
+        Some(h) => Ok(std::path::PathBuf::from(h).join(".local/state/aeon-shell/fat-station")),
+        None => {
+            bail!("--revocations needs a state directory: give --state-dir DIR (HOME is unset)")
         }
     }
 }
@@ -193,7 +220,7 @@ fn run(args: Args) -> Result<()> {
         Some(g) => {
             let v = GrantVerifier::from_arg(g)?;
             match &args.revocations {
-                Some(p) => Some(v.with_revocations(p)?),
+                Some(p) => Some(v.with_revocations(p, &state_dir(args.state_dir.as_deref())?)?),
                 None => Some(v),
             }
         }

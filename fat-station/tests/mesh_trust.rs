@@ -171,6 +171,8 @@ fn a_running_entry_refuses_a_grant_once_it_is_revoked() {
         &issuer,
         "--revocations",
         list.to_str().expect("utf-8"),
+        "--state-dir",
+        dir.path().join("station-state").to_str().expect("utf-8"),
     ]);
     for g in [&parent, &child, &other] {
         let (s, b) = chain_with_grant(&st.url, g);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::error::{GuardError, Result};
 use crate::fsutil::{self, Home};
 use crate::grant::{
-    self, human_secs, short, Caps, GrantPayload, Revocation, RevocationList, SignedGrant,
+    self, human_secs, short, Caps, GrantPayload, Revocation, SignedGrant, WatchedList,
 };
 use crate::identity::{self, hex};
 use crate::lease;
@@ -51,7 +51,13 @@ pub struct DelegateArgs<'a> {
 /// `delegate`: runs the quality spec and, only if every probe passes, mints a signed grant.
 pub fn delegate(home: &Home, a: &DelegateArgs<'_>, out: &mut dyn Write) -> Result<SignedGrant> {
     grant::check_name(a.name)?;
-    let key = identity::load_signing(home)?;
+    // A fresh home gets its node key at the first delegation (no `init` needed); a key that
+    // exists but is unusable (insecure mode, damaged) is still an error, before any probing.
+    let key = match identity::load_signing(home) {
+        Ok(k) => Some(k),
+        Err(GuardError::NoKey(_)) => None,
+        Err(e) => return Err(e),
+    };
     let spec = LoadedSpec::load(a.qspec)?;
     let knot = match a.knot {
         Some(k) => k.to_path_buf(),
@@ -103,6 +109,10 @@ pub fn delegate(home: &Home, a: &DelegateArgs<'_>, out: &mut dyn Write) -> Resul
             knot.display()
         )));
     }
+    let key = match key {
+        Some(k) => k,
+        None => first_key(home)?,
+    };
     let now = fsutil::now_secs();
     let payload = GrantPayload {
         v: 1,
@@ -120,7 +130,7 @@ pub fn delegate(home: &Home, a: &DelegateArgs<'_>, out: &mut dyn Write) -> Resul
     let g = SignedGrant::sign(payload, &key, None);
     fsutil::private_dir(&home.grants_dir())?;
     let path = home.grant_path(a.name);
-    g.save(&path)?;
+    grant::save(&g, &path)?;
     w(out, "quality spec passed -> delegated");
     w(
         out,
@@ -136,11 +146,27 @@ pub fn delegate(home: &Home, a: &DelegateArgs<'_>, out: &mut dyn Write) -> Resul
     Ok(g)
 }
 
+/// Creates the node key of a fresh home (saying so on stderr) and returns it; if another
+/// process created it meanwhile, that one is used.
+fn first_key(home: &Home) -> Result<ed25519_dalek::SigningKey> {
+    match identity::init(home, false) {
+        Ok(public) => eprintln!(
+            "monster-guard: no node key in {}: created {} (public key {})",
+            home.dir.display(),
+            home.key_path().display(),
+            hex(public.as_bytes())
+        ),
+        Err(GuardError::KeyExists(_)) => {}
+        Err(e) => return Err(e),
+    }
+    identity::load_signing(home)
+}
+
 /// Loads the grant for `run`/`verify`/`revoke`: an explicit file, or the stored grant of a name.
 pub fn load_grant(home: &Home, name: Option<&str>, file: Option<&Path>) -> Result<SignedGrant> {
     match (name, file) {
         (_, Some(f)) => {
-            let g = SignedGrant::load(f)?;
+            let g = grant::load(f)?;
             if let Some(n) = name {
                 if g.grant.name != n {
                     return Err(GuardError::GrantRefused(format!(
@@ -161,7 +187,7 @@ pub fn load_grant(home: &Home, name: Option<&str>, file: Option<&Path>) -> Resul
                     p.display()
                 )));
             }
-            SignedGrant::load(&p)
+            grant::load(&p)
         }
         (None, None) => Err(GuardError::Invalid(
             "give --name NAME or --grant FILE".into(),
@@ -181,6 +207,8 @@ pub struct RunArgs<'a> {
     pub lease: Duration,
     /// Grace between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// How to contain the process tree.
+    pub contain: crate::contain::Want,
     /// The command.
     pub cmd: &'a [String],
 }
@@ -191,8 +219,12 @@ pub fn run(home: &Home, a: &RunArgs<'_>) -> Result<u8> {
     let issuer = identity::load_public(&home.pub_path())?;
     let g = load_grant(home, a.name, a.grant)?;
     let now = fsutil::now_secs();
-    let revoked = RevocationList::load(&home.revoked_path(), &issuer)?;
-    g.verify(&issuer, now, &revoked)?;
+    let revocations = WatchedList::open(
+        &home.revoked_path(),
+        issuer,
+        Some(grant::watermark(home, &issuer)),
+    )?;
+    g.verify(&issuer, now, &*revocations.current()?)?;
     let missing = a.caps.missing_from(&g.grant.caps());
     if !missing.is_empty() {
         return Err(GuardError::GrantRefused(format!(
@@ -210,8 +242,8 @@ pub fn run(home: &Home, a: &RunArgs<'_>) -> Result<u8> {
             lease: a.lease,
             grace: a.grace,
             cmd: a.cmd,
-            revoked_path: &home.revoked_path(),
-            issuer: &issuer,
+            revocations: &revocations,
+            contain: a.contain,
         },
         now,
     )
@@ -246,7 +278,7 @@ pub fn revoke(home: &Home, name: &str, out: &mut dyn Write) -> Result<()> {
     let key = identity::load_signing(home)?;
     let g = load_grant(home, Some(name), None)?;
     let path = home.revoked_path();
-    let mut list = RevocationList::load(&path, &key.verifying_key())?;
+    let mut list = grant::load_revocations(home, &path, &key.verifying_key())?;
     let id = g.grant.id();
     if list.entries.iter().any(|r| r.id == id) {
         w(
@@ -260,11 +292,11 @@ pub fn revoke(home: &Home, name: &str, out: &mut dyn Write) -> Result<()> {
         name: name.to_string(),
         at: fsutil::now_secs(),
     });
-    list.save(&path, &key)?;
+    let seq = grant::save_revocations(home, &list, &key)?;
     w(
         out,
         format!(
-            "revoked grant {name} ({}); running leases under it stop within a second",
+            "revoked grant {name} ({}); revocation list sequence {seq}; running leases under it stop within a second",
             short(&id)
         ),
     );
@@ -284,7 +316,7 @@ pub struct ListRow {
 /// `list`: every stored grant with its status (valid, expired, revoked, or why it is invalid).
 pub fn list(home: &Home, json: bool, out: &mut dyn Write) -> Result<()> {
     let issuer = identity::load_public(&home.pub_path())?;
-    let revoked = RevocationList::load(&home.revoked_path(), &issuer)?;
+    let revoked = grant::load_revocations(home, &home.revoked_path(), &issuer)?;
     let now = fsutil::now_secs();
     let mut rows = Vec::new();
     let dir = home.grants_dir();
@@ -298,13 +330,13 @@ pub fn list(home: &Home, json: bool, out: &mut dyn Write) -> Result<()> {
         .into_iter()
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
     {
-        let row = match SignedGrant::load(&p) {
+        let row = match grant::load(&p) {
             Ok(g) => {
                 let status = match g.verify(&issuer, now, &revoked) {
                     Ok(()) => format!("valid ({} left)", human_secs(g.grant.expires - now)),
                     Err(_) if revoked.revokes(&g) => "revoked".into(),
                     Err(_) if now >= g.grant.expires => "expired".into(),
-                    Err(e) => format!("invalid: {}", e.full()),
+                    Err(e) => format!("invalid: {e}"),
                 };
                 ListRow {
                     name: g.grant.name.clone(),
@@ -389,8 +421,8 @@ pub fn verify(home: &Home, a: &VerifyArgs<'_>, out: &mut dyn Write) -> Result<()
             std::io::ErrorKind::NotFound.into(),
         ));
     }
-    let revoked = RevocationList::load(&rev_path, &issuer)?;
-    let g = SignedGrant::load(a.grant)?;
+    let revoked = grant::load_revocations(home, &rev_path, &issuer)?;
+    let g = grant::load(a.grant)?;
     let now = fsutil::now_secs();
     g.verify(&issuer, now, &revoked)?;
     if a.check_model {
@@ -425,8 +457,8 @@ pub fn attenuate(
     out: &mut dyn Write,
 ) -> Result<SignedGrant> {
     let key = identity::load_signing(home)?;
-    let p = SignedGrant::load(parent)?;
-    let revoked = RevocationList::load(&home.revoked_path(), &key.verifying_key())?;
+    let p = grant::load(parent)?;
+    let revoked = grant::load_revocations(home, &home.revoked_path(), &key.verifying_key())?;
     let child = grant::attenuate(
         &p,
         caps,
@@ -437,7 +469,7 @@ pub fn attenuate(
     )?;
     match dest {
         Some(d) => {
-            child.save(d)?;
+            grant::save(&child, d)?;
             w(
                 out,
                 format!(

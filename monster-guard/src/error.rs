@@ -85,5 +85,17 @@ impl GuardError {
     }
 }
 
+impl From<aeon_grant::GrantError> for GuardError {
+    /// Bad arguments stay errors (exit 2); everything the format refuses is a refusal (exit 3).
+    fn from(e: aeon_grant::GrantError) -> Self {
+        use aeon_grant::GrantError as G;
+        match e {
+            G::Invalid(m) => GuardError::Invalid(m),
+            G::BadIssuer(m) => GuardError::Invalid(format!("issuer key: {m}")),
+            other => GuardError::GrantRefused(other.to_string()),
+        }
+    }
+}
+
 /// Result alias for the crate.
 pub type Result<T, E = GuardError> = std::result::Result<T, E>;

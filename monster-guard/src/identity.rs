@@ -60,39 +60,19 @@ pub fn load_public(path: &std::path::Path) -> Result<VerifyingKey> {
 
 /// Parses a hex public key.
 pub fn parse_public(text: &[u8]) -> std::result::Result<VerifyingKey, String> {
-    let bytes = parse_hex32(text)?;
-    VerifyingKey::from_bytes(&bytes).map_err(|e| format!("not an ed25519 public key: {e}"))
+    let s = std::str::from_utf8(text).map_err(|_| "not UTF-8".to_string())?;
+    aeon_grant::encoding::parse_public(s)
 }
 
 fn parse_hex32(text: &[u8]) -> std::result::Result<[u8; 32], String> {
     let s = std::str::from_utf8(text)
         .map_err(|_| "not UTF-8".to_string())?
         .trim();
-    let v = unhex(s).ok_or_else(|| "expected 64 hex digits".to_string())?;
-    v.try_into()
-        .map_err(|_| "expected 64 hex digits (32 bytes)".to_string())
+    aeon_grant::encoding::unhex_array(s)
+        .ok_or_else(|| "expected 64 lowercase hex digits (32 bytes)".to_string())
 }
 
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Parses lowercase hex (the only form monster-guard writes, so an encoding is unique);
-/// `None` on odd length or any other character.
-pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() & 1 == 1
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|p| u8::from_str_radix(p, 16).ok()))
-        .collect()
-}
+pub use aeon_grant::encoding::{hex, unhex};
 
 #[cfg(test)]
 mod tests {

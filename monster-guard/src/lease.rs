@@ -1,22 +1,26 @@
-//! Running a command under a grant: capability isolation, a lease, revocation watch.
+//! Running a command under a grant: containment, a lease, revocation watch.
 //!
-//! The command runs in its own process group. monster-guard polls every 50 ms: when the child
-//! exits, its status is passed through; when the lease (or the grant) expires, or the grant is
-//! revoked (the signed revocation list is re-read every poll), or monster-guard itself gets
-//! SIGINT/SIGTERM, the whole group gets SIGTERM, then SIGKILL after the grace period, and
-//! monster-guard exits with [`EXIT_LEASE_EXPIRED`], [`EXIT_REVOKED`] or [`EXIT_INTERRUPTED`].
+//! The command and every process it starts are contained ([`crate::contain`]: a PID namespace
+//! whose pid 1 is monster-guard's reaper, else a subreaper) and start with only what the run's
+//! caps allow (no_new_privs, capability sets reduced to `specs/caps.md`'s mapping, no network
+//! without `net`, a read-only root without `fs`). monster-guard polls every 50 ms: when the
+//! command exits, its status is passed through and whatever it left running is killed; when
+//! the lease (or the grant) expires, or the grant is revoked (the signed revocation list is
+//! re-checked every poll), or monster-guard itself gets SIGINT/SIGTERM/SIGHUP, the whole tree
+//! gets SIGTERM, then SIGKILL after the grace period, and monster-guard exits with
+//! [`EXIT_LEASE_EXPIRED`], [`EXIT_REVOKED`] or [`EXIT_INTERRUPTED`]. If monster-guard itself is
+//! killed, the tree dies with it.
 
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::contain::{self, NetIsolation, Tree, Want};
 use crate::error::{GuardError, Result};
-use crate::grant::{Caps, RevocationList, SignedGrant};
+use crate::grant::{Caps, SignedGrant, WatchedList};
 
 /// Exit status when the lease (or the grant's expiry) ended the command.
 pub const EXIT_LEASE_EXPIRED: u8 = 124;
@@ -39,10 +43,10 @@ pub struct LeaseRequest<'a> {
     pub grace: Duration,
     /// The command and its arguments.
     pub cmd: &'a [String],
-    /// Revocation list to watch, and the key it must be signed with.
-    pub revoked_path: &'a Path,
-    /// The issuer key that signs the revocation list.
-    pub issuer: &'a ed25519_dalek::VerifyingKey,
+    /// The issuer's revocation list (with the home's watermark), re-checked every poll.
+    pub revocations: &'a WatchedList,
+    /// The containment asked for (`--contain`).
+    pub contain: Want,
 }
 
 static GOT_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -61,55 +65,43 @@ enum Stop {
 
 /// Runs the command under the lease and returns monster-guard's exit status.
 pub fn run(req: &LeaseRequest<'_>, now_unix: u64) -> Result<u8> {
-    let (program, args) = req
-        .cmd
-        .split_first()
-        .ok_or_else(|| GuardError::Invalid("no command given after --".into()))?;
     // The lease never outlives the grant.
     let grant_left = Duration::from_secs(req.grant.grant.expires.saturating_sub(now_unix));
     let lease = req.lease.min(grant_left);
-    let isolate_net = !req.caps.has("net");
-    let isolate_fs = !req.caps.has("fs");
-    let root = nix::unistd::geteuid().is_root();
-
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .process_group(0)
-        .env("MONSTER_GUARD_GRANT", &req.grant.grant.name)
-        .env("MONSTER_GUARD_CAPS", req.caps.to_string())
-        .env(
-            "MONSTER_GUARD_LEASE_SECS",
-            format!("{}", lease.as_secs_f64()),
-        );
-    // SAFETY: the closure runs in the forked child before exec; it only makes raw syscalls
-    // (prctl, unshare, mount) with static arguments and allocates nothing.
-    unsafe {
-        command.pre_exec(move || isolate(isolate_net, isolate_fs, root));
-    }
+    let spec = contain::Spec {
+        cmd: req.cmd,
+        env: vec![
+            ("MONSTER_GUARD_GRANT".into(), req.grant.grant.name.clone()),
+            ("MONSTER_GUARD_CAPS".into(), req.caps.to_string()),
+            (
+                "MONSTER_GUARD_LEASE_SECS".into(),
+                format!("{}", lease.as_secs_f64()),
+            ),
+        ],
+        isolate_net: !req.caps.has("net"),
+        isolate_fs: !req.caps.has("fs"),
+        allowed_caps: crate::linux_caps::allowed_mask(req.caps),
+        want: req.contain,
+    };
     install_signal_handlers();
     let started = Instant::now();
-    let mut child = command.spawn().map_err(|e| {
-        GuardError::Lease(format!(
-            "cannot start {program:?}{}: {e}",
-            if isolate_net || isolate_fs {
-                format!(
-                    " with isolation (net: {}, read-only fs: {})",
-                    isolate_net, isolate_fs
-                )
-            } else {
-                String::new()
-            }
-        ))
-    })?;
-    let pgid = Pid::from_raw(child.id() as i32);
-    tracing::info!(pid = child.id(), lease_s = lease.as_secs_f64(), caps = %req.caps, "command started");
+    let child = contain::start(&spec)?;
+    let reaper = child.reaper;
+    tracing::info!(pid = reaper.as_raw(), lease_s = lease.as_secs_f64(), caps = %req.caps, tree = %child.tree, "command started");
 
     let stop = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Ok(exit_of(status)),
-            Ok(None) => {}
-            Err(e) => return Err(GuardError::Lease(format!("wait for {program:?}: {e}"))),
+        match waitpid(reaper, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(WaitStatus::Exited(_, code)) => {
+                sweep();
+                return Ok(code.clamp(0, 255) as u8);
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                sweep();
+                return Ok((128 + sig as i32).clamp(0, 255) as u8);
+            }
+            Ok(_) => {}
+            Err(e) => return Err(GuardError::Lease(format!("wait for the command: {e}"))),
         }
         if GOT_SIGNAL.load(Ordering::SeqCst) != 0 {
             break Stop::Interrupted;
@@ -117,18 +109,18 @@ pub fn run(req: &LeaseRequest<'_>, now_unix: u64) -> Result<u8> {
         if started.elapsed() >= lease {
             break Stop::Expired;
         }
-        match RevocationList::load(req.revoked_path, req.issuer) {
+        match req.revocations.current() {
             Ok(list) if list.revokes(req.grant) => break Stop::Revoked,
             Ok(_) => {}
             Err(e) => {
                 // Fail closed: a revocation list that cannot be trusted ends the lease.
-                eprintln!("monster-guard: {}", e.full());
+                eprintln!("monster-guard: {e}");
                 break Stop::Revoked;
             }
         }
         std::thread::sleep(POLL);
     };
-    let how = terminate(&mut child, pgid, req.grace);
+    let how = terminate(reaper, child.tree, req.grace);
     let (what, code) = match stop {
         Stop::Expired => (
             format!("lease of {:.1}s expired", lease.as_secs_f64()),
@@ -140,55 +132,16 @@ pub fn run(req: &LeaseRequest<'_>, now_unix: u64) -> Result<u8> {
         ),
         Stop::Interrupted => ("interrupted".to_string(), EXIT_INTERRUPTED),
     };
+    let net = match child.net {
+        NetIsolation::SocketsDenied => "; IP sockets were denied",
+        _ => "",
+    };
     eprintln!(
-        "monster-guard: {what} after {:.2}s; stopped process group {pgid} ({how}); exit {code}",
-        started.elapsed().as_secs_f64()
+        "monster-guard: {what} after {:.2}s; stopped the command and every process it started ({how}; contained by {}{net}); exit {code}",
+        started.elapsed().as_secs_f64(),
+        child.tree,
     );
     Ok(code)
-}
-
-/// In the child, before exec: die with the parent, then drop what the caps do not grant.
-fn isolate(net: bool, fs: bool, root: bool) -> std::io::Result<()> {
-    use nix::mount::{mount, MsFlags};
-    use nix::sched::{unshare, CloneFlags};
-    let err = |e: nix::errno::Errno| std::io::Error::from_raw_os_error(e as i32);
-    // If monster-guard dies, the command must not outlive its lease unsupervised.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(err)?;
-    let mut flags = CloneFlags::empty();
-    if net {
-        flags |= CloneFlags::CLONE_NEWNET;
-    }
-    if fs {
-        flags |= CloneFlags::CLONE_NEWNS;
-    }
-    if flags.is_empty() {
-        return Ok(());
-    }
-    if !root {
-        // Unprivileged: a user namespace makes the others possible (where the kernel allows it).
-        flags |= CloneFlags::CLONE_NEWUSER;
-    }
-    unshare(flags).map_err(err)?;
-    if fs {
-        // Keep our mount changes out of the parent namespace, then make the root read-only.
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .map_err(err)?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .map_err(err)?;
-    }
-    Ok(())
 }
 
 fn install_signal_handlers() {
@@ -203,33 +156,55 @@ fn install_signal_handlers() {
     }
 }
 
-/// SIGTERM to the group; SIGKILL to whatever is left after `grace`. Returns what it took.
-fn terminate(child: &mut Child, pgid: Pid, grace: Duration) -> &'static str {
-    let _ = signal::killpg(pgid, Signal::SIGTERM);
+/// Whether the reaper has exited (and is reaped now).
+fn gone(reaper: Pid) -> bool {
+    !matches!(
+        waitpid(reaper, Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::StillAlive)
+    )
+}
+
+fn wait_gone(reaper: Pid, limit: Duration) -> bool {
     let t = Instant::now();
-    let mut reaped = false;
-    while t.elapsed() < grace {
-        if !reaped {
-            reaped = matches!(child.try_wait(), Ok(Some(_)));
-        }
-        // After the leader is reaped, an empty group answers ESRCH.
-        if reaped && signal::killpg(pgid, None).is_err() {
-            return "SIGTERM";
+    while t.elapsed() < limit {
+        if gone(reaper) {
+            return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = signal::killpg(pgid, Signal::SIGKILL);
-    let _ = child.wait();
-    "SIGKILL after grace"
+    gone(reaper)
 }
 
-fn exit_of(status: std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => c.clamp(0, 255) as u8,
-        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
-        _ => crate::EXIT_ERROR,
-    }
+/// SIGTERM to the tree (the reaper relays it); after `grace`, SIGKILL to all of it. Returns
+/// what it took.
+fn terminate(reaper: Pid, tree: Tree, grace: Duration) -> &'static str {
+    let _ = signal::kill(reaper, Signal::SIGTERM);
+    let how = if wait_gone(reaper, grace) {
+        "SIGTERM"
+    } else {
+        match tree {
+            // pid 1 killed: the kernel kills the rest of the namespace and waits for them.
+            Tree::PidNamespace { .. } => {
+                let _ = signal::kill(reaper, Signal::SIGKILL);
+            }
+            // The reaper kills its descendants, then exits; if it cannot, it is killed.
+            Tree::Subreaper { .. } => {
+                let _ = signal::kill(reaper, Signal::SIGUSR2);
+                if !wait_gone(reaper, Duration::from_secs(5)) {
+                    let _ = signal::kill(reaper, Signal::SIGKILL);
+                }
+            }
+        }
+        let _ = waitpid(reaper, None);
+        "SIGKILL after grace"
+    };
+    sweep();
+    how
+}
+
+/// Kills whatever was orphaned to monster-guard (a subreaper) because the reaper died first.
+fn sweep() {
+    contain::kill_descendants(std::process::id() as i32, Duration::from_secs(5));
 }
 
 /// Parses a duration: `2`, `2s`, `1.5`, `90s`, `5m`, `2h`, `1d`.

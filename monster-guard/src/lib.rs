@@ -3,8 +3,11 @@
 //! A model is admitted only because it proved its quality: `delegate` runs a quality spec
 //! (`specs/qspec.md`) through `paris-probe` child processes and mints an ed25519-signed grant
 //! only when every probe passes. `run` starts a command under a grant: it checks the signature
-//! chain, expiry, revocation and that the model file still hashes the same, drops the
-//! capabilities the run does not request, and ends the command at lease expiry or revocation.
+//! chain, expiry, revocation and that the model file still hashes the same, starts the command
+//! contained (its whole process tree in a PID namespace, else under a subreaper) with only the
+//! capabilities its caps map to (`specs/caps.md`), and ends the whole tree at lease expiry,
+//! revocation, the command's exit or monster-guard's own death. The grant format and its
+//! verifier live in the `aeon-grant` crate, shared with the station.
 //!
 //! This is a control-plane tool: it never links the engine.
 //!
@@ -16,11 +19,13 @@
 //! monster-guard was interrupted and stopped it.
 
 pub mod commands;
+pub mod contain;
 pub mod error;
 pub mod fsutil;
 pub mod grant;
 pub mod identity;
 pub mod lease;
+pub mod linux_caps;
 pub mod qspec;
 
 pub use error::{GuardError, Result};

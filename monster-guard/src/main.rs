@@ -18,8 +18,11 @@ use monster_guard::GuardError;
 /// under a grant's capabilities for a bounded lease (`run`). State lives in
 /// $MONSTER_GUARD_HOME (default ~/.monster-guard).
 ///
-/// Capabilities: `net` = network access (absent: a new, empty network namespace);
-/// `fs` = writable filesystem (absent: a private mount namespace with the root mount read-only).
+/// Capabilities: `net` = network access (absent: a new, empty network namespace, else IP
+/// sockets denied); `fs` = writable filesystem (absent: a private mount namespace with the root
+/// mount read-only). A grant's caps are a ceiling: the leased command keeps at most the Linux
+/// capabilities they map to (specs/caps.md), under no_new_privs, and its whole process tree
+/// ends with the lease.
 ///
 /// Exit status: 0 ok (`run`: the command's status, 128+N for signal N), 2 error, 3 refused
 /// (quality failed; grant invalid, expired, revoked, caps not covered, model changed),
@@ -41,14 +44,17 @@ enum Cmd {
     },
     /// Run a quality spec; only if every probe passes, mint a signed grant NAME with CAPS.
     ///
+    /// The first delegation of a fresh home creates the node key (as `init` would) and says so
+    /// on stderr.
+    ///
     /// Example: monster-guard delegate qwen net,fs --ttl 1h --qspec specs/qwen-facts.json
     Delegate {
         /// Grant name (1-64 of A-Z a-z 0-9 . _ -).
         name: String,
         /// Comma-separated capabilities: net, fs (or `none`).
         caps: String,
-        /// Grant lifetime: seconds, or with s, m, h, d (e.g. 3600, 1h).
-        #[arg(long)]
+        /// Grant lifetime: seconds, or with s, m, h, d (e.g. 3600, 1h). Default: 1h.
+        #[arg(long, default_value = "1h")]
         ttl: String,
         /// The quality spec (JSON, see specs/qspec.md).
         #[arg(long)]
@@ -79,6 +85,12 @@ enum Cmd {
         /// Seconds between SIGTERM and SIGKILL when the lease ends.
         #[arg(long, default_value = "2")]
         grace: String,
+        /// How the command's whole process tree is contained: `auto` (a PID namespace whose
+        /// pid 1 is monster-guard's reaper; where none can be made, e.g. inside a sliver
+        /// without CAP_SYS_ADMIN or user namespaces, a subreaper, said on stderr), `pidns`
+        /// (a PID namespace or refuse), `subreaper`.
+        #[arg(long, default_value = "auto")]
+        contain: String,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -171,6 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             caps,
             lease,
             grace,
+            contain,
             cmd,
         } => {
             let caps = Caps::parse(&caps)?;
@@ -183,6 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 caps: &caps,
                 lease,
                 grace,
+                contain: contain.parse()?,
                 cmd: &cmd,
             };
             return Ok(commands::run(&home, &a)?);

@@ -364,70 +364,7 @@ pub struct ProbeOutput {
     pub pass: Option<bool>,
 }
 
-/// The outcome of one probe, as recorded in the grant.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProbeSummary {
-    /// The probe's name.
-    pub name: String,
-    /// Whether every check of the probe held.
-    pub pass: bool,
-    /// Expected token id and text.
-    pub expected: u32,
-    pub expected_text: Option<String>,
-    /// Rank of the expected id (0 = argmax).
-    pub expected_rank: u32,
-    /// The model's argmax and its text.
-    pub argmax: u32,
-    pub argmax_text: Option<String>,
-    /// Logits of the argmax and of the expected id.
-    pub logit: f64,
-    pub expected_logit: f64,
-    /// Expected logit minus the best other logit.
-    pub margin: f64,
-    /// Mean NLL of the perplexity passage, when asked.
-    pub nll: Option<f64>,
-    /// Why it failed (empty when it passed).
-    pub failures: Vec<String>,
-}
-
-impl ProbeSummary {
-    /// One line for people: `PASS paris: " Paris" (12095) is the argmax (logit 14.557), margin +4.162`.
-    pub fn line(&self) -> String {
-        let exp = fmt_tok(self.expected, &self.expected_text);
-        let verdict = if self.pass { "PASS" } else { "FAIL" };
-        let mut s = if self.argmax == self.expected {
-            format!(
-                "{verdict} {}: {exp} is the argmax (logit {:.3}), margin {:+.3}",
-                self.name, self.expected_logit, self.margin
-            )
-        } else {
-            format!(
-                "{verdict} {}: expected {exp} (logit {:.3}, rank {}) but argmax {} (logit {:.3}); margin {:+.3}",
-                self.name,
-                self.expected_logit,
-                self.expected_rank,
-                fmt_tok(self.argmax, &self.argmax_text),
-                self.logit,
-                self.margin
-            )
-        };
-        if let Some(n) = self.nll {
-            s.push_str(&format!(", nll {n:.3}"));
-        }
-        if !self.failures.is_empty() {
-            s.push_str(&format!(" [{}]", self.failures.join("; ")));
-        }
-        s
-    }
-}
-
-fn fmt_tok(id: u32, text: &Option<String>) -> String {
-    match text {
-        Some(t) => format!("{t:?} ({id})"),
-        None => format!("id {id}"),
-    }
-}
+pub use aeon_grant::ProbeSummary;
 
 /// Judges one probe's output against its spec.
 pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeOutput) -> Result<ProbeSummary> {
@@ -438,10 +375,12 @@ pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeOutput) -> Result<ProbeSum
             reason: "reported a non-finite logit or NLL".into(),
         });
     }
+    // With both given, `expect` names the id for people (the seed writes "Paris" for " Paris"):
+    // leading whitespace is ignored on both sides, a different word is still an error.
     if let (Some(id), Some(text), Some(decoded)) =
         (spec.expect_token, &spec.expect, &out.expected_text)
     {
-        if !text.starts_with(decoded.as_str()) {
+        if !text.trim_start().starts_with(decoded.trim_start()) {
             return Err(GuardError::Probe {
                 probe: name.into(),
                 reason: format!("expect_token {id} decodes to {decoded:?}, which does not begin `expect` {text:?}"),

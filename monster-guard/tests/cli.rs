@@ -20,12 +20,16 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let e = Env {
-            dir: tempfile::tempdir().unwrap(),
-        };
+        let e = Env::bare();
         let out = e.mg(&["init"]);
         assert!(out.status.success(), "init failed: {}", text(&out));
         e
+    }
+    /// A home that does not exist yet (no `init`).
+    fn bare() -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
     fn home(&self) -> PathBuf {
         self.dir.path().join("home")
@@ -197,6 +201,93 @@ fn delegate_refuses_argmax_mismatch_and_mints_nothing() {
     assert!(t.contains("1 of 1 probes failed (main)"), "{t}");
     assert!(!t.contains("delegated"), "{t}");
     assert!(!e.home().join("grants/qwen.json").exists());
+}
+
+/// Issue 18.1: the seed's qspec labels 12095 (" Paris") as "Paris"; that must not refuse the
+/// golden star, while a different word stays an error in the spec.
+#[test]
+fn delegate_takes_expect_as_a_label_of_expect_token() {
+    let e = Env::new();
+    let spec = e.fake_spec(&json_probe(12095, 12095, 0, 3.5, 0), "");
+    let seed = e.path("paris.json");
+    let body = fs::read_to_string(&spec).unwrap();
+    fs::write(&seed, body.replace("\" Paris\"", "\"Paris\"")).unwrap();
+    let out = e
+        .cmd(&[
+            "delegate",
+            "qwen-0.5b-agent",
+            "net,fs",
+            "--ttl",
+            "3600",
+            "--qspec",
+        ])
+        .arg(&seed)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("quality spec passed -> delegated"),
+        "{}",
+        text(&out)
+    );
+    let wrong = e.path("lyon.json");
+    fs::write(&wrong, body.replace("\" Paris\"", "\"Lyon\"")).unwrap();
+    let out = e
+        .cmd(&["delegate", "lyon", "net", "--qspec"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("does not begin"), "{}", text(&out));
+    assert!(!e.home().join("grants/lyon.json").exists());
+}
+
+/// Issue 18.2: the seed never runs `init`, and its step 4 gives no `--ttl`.
+#[test]
+fn first_delegate_creates_the_node_key_and_ttl_defaults_to_an_hour() {
+    let e = Env::bare();
+    assert!(!e.home().exists());
+    let spec = e.fake_spec(&json_probe(12095, 12095, 0, 3.5, 0), "");
+    let out = e
+        .cmd(&["delegate", "qwen", "net,fs", "--qspec"])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no node key") && err.contains("created"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        fs::metadata(e.home().join("node.key"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let g: serde_json::Value =
+        serde_json::from_slice(&fs::read(e.home().join("grants/qwen.json")).unwrap()).unwrap();
+    let (issued, expires) = (
+        g["grant"]["issued"].as_u64().unwrap(),
+        g["grant"]["expires"].as_u64().unwrap(),
+    );
+    assert_eq!(expires - issued, 3600, "default --ttl");
+    // The second delegation uses that key and says nothing about it.
+    let out = e
+        .cmd(&["delegate", "qwen2", "net", "--qspec"])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("created"));
+    let v = e.mg(&[
+        "verify",
+        e.home().join("grants/qwen.json").to_str().unwrap(),
+    ]);
+    assert!(v.status.success(), "{}", text(&v));
 }
 
 #[test]
@@ -663,6 +754,41 @@ fn real_qwen_is_admitted_by_facts_suite() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// Issue 18.1/18.2 with the real probe: the seed's qspec verbatim (prompt tokens, expect_token
+/// 12095, `"expect": "Paris"`), delegated on a fresh home exactly as the seed's step 4 does.
+#[test]
+fn real_seed_qspec_delegates_on_a_fresh_home() {
+    let Some((probe, m)) = real_setup(&[QWEN]) else {
+        return;
+    };
+    let e = Env::bare();
+    let spec = e.path("paris.json");
+    let seed = serde_json::json!({
+        "probe": probe,
+        "knot": m[0],
+        "prompt_tokens": [785, 6722, 315, 9625, 374],
+        "expect_token": 12095,
+        "expect": "Paris"
+    });
+    fs::write(&spec, seed.to_string()).unwrap();
+    let out = e
+        .cmd(&[
+            "delegate",
+            "qwen-0.5b-agent",
+            "net,fs",
+            "--ttl",
+            "3600",
+            "--qspec",
+        ])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    eprintln!("{}", text(&out));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("quality spec passed -> delegated"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("created"));
+}
+
 #[test]
 fn real_smollm2_is_refused_naming_failed_probes() {
     let Some((probe, m)) = real_setup(&[SMOL]) else {
@@ -737,4 +863,451 @@ fn write_damaged_copy(src: &Path, dst: &Path, layer: u32) {
     let d = knot_format::Knot::open(dst).unwrap();
     d.verify(&mut |_| {}).unwrap();
     assert_ne!(d.model_hash(), k.model_hash());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 16: the lease contains the whole process tree, caps are a ceiling, revocation sticks.
+
+/// A sleep argument no other process has (`sleep 301.<unique>`), to find the process later.
+fn marker() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "301.{}{:03}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Pids of live processes with `arg` among their arguments.
+fn alive_with(arg: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rfind(')')
+            .is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !zombie && cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
+            v.push(pid);
+        }
+    }
+    v
+}
+
+/// Waits up to `limit` for no process with `arg` to be alive; kills leftovers so a failing
+/// test leaves nothing behind. Returns the pids that were still alive.
+fn none_alive_within(arg: &str, limit: Duration) -> Vec<u32> {
+    let t = Instant::now();
+    loop {
+        let left = alive_with(arg);
+        if left.is_empty() {
+            return left;
+        }
+        if t.elapsed() > limit {
+            for p in &left {
+                let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+            }
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+const CONTAINMENTS: [&str; 2] = ["auto", "subreaper"];
+
+/// Issue 16.8: `sh -c 'sleep 301 &'` returned at once and the sleep outlived the lease.
+#[test]
+fn lease_kills_background_children_when_the_command_exits() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    for contain in CONTAINMENTS {
+        let m = marker();
+        let out = e.mg(&[
+            "run",
+            "--name",
+            "qwen",
+            "--caps",
+            "net,fs",
+            "--lease",
+            "30",
+            "--contain",
+            contain,
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep {m} & sleep {m} & exit 3"),
+        ]);
+        assert_eq!(out.status.code(), Some(3), "{contain}: {}", text(&out));
+        let left = none_alive_within(&m, Duration::from_secs(2));
+        assert!(
+            left.is_empty(),
+            "{contain}: background sleeps {left:?} outlived the command"
+        );
+    }
+}
+
+/// Issue 16.8: a `setsid sleep &` survived the lease's exit 124.
+#[test]
+fn lease_expiry_kills_setsid_and_double_forked_descendants() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    for contain in CONTAINMENTS {
+        let m = marker();
+        let script = format!("setsid sleep {m} & (sh -c 'sleep {m} &' &) ; sleep 100");
+        let out = e.mg(&[
+            "run",
+            "--name",
+            "qwen",
+            "--caps",
+            "net,fs",
+            "--lease",
+            "1",
+            "--contain",
+            contain,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        assert_eq!(out.status.code(), Some(124), "{contain}: {}", text(&out));
+        let left = none_alive_within(&m, Duration::from_secs(2));
+        assert!(left.is_empty(), "{contain}: {left:?} survived the lease");
+    }
+}
+
+/// Issue 16.8: `kill -9` of monster-guard left the grandchildren running past the lease.
+#[test]
+fn killing_the_guard_kills_every_descendant() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    for contain in CONTAINMENTS {
+        let m = marker();
+        let script = format!("sleep {m} & setsid sleep {m} & sleep {m}");
+        let mut guard = e
+            .cmd(&[
+                "run",
+                "--name",
+                "qwen",
+                "--caps",
+                "net,fs",
+                "--lease",
+                "60",
+                "--contain",
+                contain,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while alive_with(&m).len() < 3 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{contain}: sleeps never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        guard.kill().unwrap();
+        guard.wait().unwrap();
+        let left = none_alive_within(&m, Duration::from_secs(3));
+        assert!(
+            left.is_empty(),
+            "{contain}: {left:?} outlived monster-guard"
+        );
+    }
+}
+
+/// The capability lines and NoNewPrivs of `/proc/self/status`, as the leased command sees them.
+fn status_of_leased(e: &Env, caps: &str) -> String {
+    let out = e.mg(&[
+        "run",
+        "--name",
+        "qwen",
+        "--caps",
+        caps,
+        "--lease",
+        "10",
+        "--",
+        "grep",
+        "-E",
+        "^(Cap|NoNewPrivs)",
+        "/proc/self/status",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 16.7: `--caps ""` still had CapEff 000001fffeffffff, and `mount -o remount,rw /`
+/// worked.
+#[test]
+fn leased_command_keeps_only_the_capabilities_its_caps_map_to() {
+    if !nix_is_root() {
+        eprintln!("skipping: capability test needs root");
+        return;
+    }
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let none = status_of_leased(&e, "");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            none.contains(&format!("{set}:\t0000000000000000")),
+            "{set} not empty: {none}"
+        );
+    }
+    assert!(none.contains("NoNewPrivs:\t1"), "{none}");
+    // net -> NET_BIND_SERVICE, NET_RAW; fs -> CHOWN, DAC_OVERRIDE, FOWNER, FSETID (specs/caps.md).
+    let both = status_of_leased(&e, "net,fs");
+    assert!(both.contains("CapBnd:\t000000000000241b"), "{both}");
+    assert!(both.contains("CapEff:\t000000000000241b"), "{both}");
+    let fs_only = status_of_leased(&e, "fs");
+    assert!(fs_only.contains("CapBnd:\t000000000000001b"), "{fs_only}");
+    // Kernel tunables are read-only whatever the caps (uid 0 writes them by file mode alone:
+    // before, `--caps ""` rewrote core_pattern). The value written is the one read back.
+    for caps in ["", "fs", "net,fs"] {
+        let out = e.mg(&[
+            "run", "--name", "qwen", "--caps", caps, "--lease", "10", "--", "sh", "-c",
+            "v=$(cat /proc/sys/kernel/core_pattern); echo \"$v\" > /proc/sys/kernel/core_pattern 2>/dev/null && echo WROTE; grep -E ' /sys (ro|rw),' /proc/self/mountinfo",
+        ]);
+        let so = String::from_utf8_lossy(&out.stdout);
+        assert!(!so.contains("WROTE"), "--caps {caps:?}: {}", text(&out));
+        assert!(so.contains(" /sys ro,"), "--caps {caps:?}: {}", text(&out));
+    }
+    // Without CAP_SYS_ADMIN the read-only root cannot be made writable again.
+    let out = e.mg(&[
+        "run", "--name", "qwen", "--caps", "", "--lease", "10", "--", "sh", "-c",
+        "mount -o remount,rw / 2>/dev/null && echo REMOUNTED; touch /mg-rw-probe 2>/dev/null && echo WROTE; true",
+    ]);
+    let _ = fs::remove_file("/mg-rw-probe");
+    assert!(out.status.success(), "{}", text(&out));
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !so.contains("REMOUNTED") && !so.contains("WROTE"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// A seccomp filter that makes every namespace-creating call fail, as inside a sliver without
+/// CAP_SYS_ADMIN and without user namespaces.
+fn no_namespaces_filter() -> [seccompiler::BpfProgram; 2] {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+    let ns = [
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+        libc::CLONE_NEWNS,
+    ];
+    let rule = |f: i32| {
+        SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(f as u64),
+            f as u64,
+        )
+        .unwrap()])
+        .unwrap()
+    };
+    let rules: std::collections::BTreeMap<i64, Vec<SeccompRule>> = [
+        (libc::SYS_clone, ns.iter().map(|f| rule(*f)).collect()),
+        (libc::SYS_unshare, vec![]),
+        (libc::SYS_setns, vec![]),
+    ]
+    .into_iter()
+    .collect();
+    let f: seccompiler::BpfProgram = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    // clone3 cannot be filtered by its flags (they sit in memory): ENOSYS makes libc use clone.
+    let clone3: seccompiler::BpfProgram = SeccompFilter::new(
+        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    [f, clone3]
+}
+
+/// The interplay with swerve: inside a sliver that cannot create namespaces, `run --caps fs`
+/// (the golden star's step 5) still runs the command, contained by a subreaper, with its IP
+/// sockets denied instead of a network namespace, and says so; `--caps ""` (which needs a
+/// read-only root) is refused rather than run with a writable one.
+#[test]
+fn without_namespace_rights_the_lease_falls_back_and_says_so() {
+    if !nix_is_root() {
+        eprintln!("skipping: needs root to install the test's seccomp filter");
+        return;
+    }
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let filter = no_namespaces_filter();
+    let confined = |caps: &str, script: &str| {
+        let mut c = e.cmd(&[
+            "run", "--name", "qwen", "--caps", caps, "--lease", "20", "--", "sh", "-c", script,
+        ]);
+        let f = filter.clone();
+        // SAFETY: between fork and exec: prctl and one seccomp syscall on a prepared program.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(move || {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                for p in &f {
+                    seccompiler::apply_filter(p)
+                        .map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))?;
+                }
+                Ok(())
+            });
+        }
+        c.output().unwrap()
+    };
+    let m = marker();
+    let probe = format!(
+        "echo RAN; sleep {m} & (exec 3<>/dev/tcp/127.0.0.1/{port}) && echo CONNECTED; true"
+    );
+    let out = confined("fs", &format!("bash -c '{probe}'"));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("RAN") && !t.contains("CONNECTED"), "{t}");
+    assert!(t.contains("a subreaper") && t.contains("seccomp"), "{t}");
+    assert!(
+        none_alive_within(&m, Duration::from_secs(2)).is_empty(),
+        "{t}"
+    );
+    let out = confined("", "echo RAN");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(!t.contains("RAN") && t.contains("read-only root"), "{t}");
+}
+
+/// Issue 16.9: putting back an older signed list re-validated a grant revoked later, and
+/// deleting the list re-validated every revoked grant.
+#[test]
+fn older_or_deleted_revocation_list_is_refused() {
+    let e = Env::new();
+    e.delegate_ok("a", "net", "1h");
+    e.delegate_ok("b", "net", "1h");
+    let list = e.home().join("revoked.json");
+    let b = e.home().join("grants/b.json");
+    assert!(e.mg(&["revoke", "a"]).status.success());
+    let old = fs::read(&list).unwrap();
+    let out = e.mg(&["revoke", "b"]);
+    assert!(text(&out).contains("sequence 2"), "{}", text(&out));
+    let v = e.mg(&["verify", b.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    // The older copy put back.
+    fs::write(&list, &old).unwrap();
+    let v = e.mg(&["verify", b.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    assert!(
+        text(&v).contains("older than the newest seen (2)"),
+        "{}",
+        text(&v)
+    );
+    let r = e.mg(&[
+        "run", "--name", "b", "--caps", "net", "--lease", "5", "--", "true",
+    ]);
+    assert_eq!(r.status.code(), Some(3), "{}", text(&r));
+    // Revoking on top of an old list must not restart the sequence either.
+    let r = e.mg(&["revoke", "a"]);
+    assert_ne!(r.status.code(), Some(0), "{}", text(&r));
+    // The list deleted.
+    fs::remove_file(&list).unwrap();
+    let a = e.home().join("grants/a.json");
+    let v = e.mg(&["verify", a.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    assert!(text(&v).contains("is missing"), "{}", text(&v));
+    let l = e.mg(&["list"]);
+    assert_ne!(l.status.code(), Some(0), "{}", text(&l));
+}
+
+/// The same during a lease: an older list put back ends the lease (fail closed).
+#[test]
+fn older_revocation_list_during_a_lease_stops_it() {
+    let e = Env::new();
+    e.delegate_ok("a", "net", "1h");
+    e.delegate_ok("b", "net,fs", "1h");
+    let list = e.home().join("revoked.json");
+    assert!(e.mg(&["revoke", "a"]).status.success());
+    let old = fs::read(&list).unwrap();
+    e.delegate_ok("c", "net", "1h");
+    assert!(e.mg(&["revoke", "c"]).status.success());
+    let mut child = e
+        .cmd(&[
+            "run", "--name", "b", "--caps", "net,fs", "--lease", "60", "--", "sleep", "100",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "run ended early");
+    let tmp = e.path("old.json");
+    fs::write(&tmp, &old).unwrap();
+    fs::rename(&tmp, &list).unwrap();
+    let t0 = Instant::now();
+    let out = loop {
+        if child.try_wait().unwrap().is_some() {
+            break child.wait_with_output().unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "lease not stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("older than the newest seen"));
+}
+
+/// The command gets a session of its own (no controlling terminal to type into, issue 16's
+/// TIOCSTI concern for leases too): its session id is not monster-guard's.
+#[test]
+fn leased_command_runs_in_a_session_of_its_own() {
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let out = e
+        .cmd(&[
+            "run",
+            "--name",
+            "qwen",
+            "--caps",
+            "net,fs",
+            "--lease",
+            "10",
+            "--",
+            "cat",
+            "/proc/self/stat",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stat = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |s: &str, n: usize| -> i64 {
+        let rest = &s[s.rfind(')').unwrap() + 1..];
+        rest.split_whitespace().nth(n).unwrap().parse().unwrap()
+    };
+    // After the name: state(0) ppid(1) pgrp(2) session(3).
+    let ours = field(&fs::read_to_string("/proc/self/stat").unwrap(), 3);
+    assert_ne!(
+        field(&stat, 3),
+        ours,
+        "the command shares monster-guard's session"
+    );
 }

@@ -1,0 +1,726 @@
+//! Containing a leased command's whole process tree, and starting it with only what its caps
+//! allow.
+//!
+//! monster-guard starts a *reaper* (a clone of itself, never exec'd) that sets the command up
+//! and forks it. The reaper is, in order of preference (`--contain auto`):
+//!
+//! 1. **pid 1 of a new PID namespace** (`clone(CLONE_NEWPID)`, or with `CLONE_NEWUSER` where
+//!    the caller lacks CAP_SYS_ADMIN but user namespaces are allowed). When pid 1 exits the
+//!    kernel kills every other process of the namespace, double-forked and setsid'd ones
+//!    included, and waits for them before pid 1 is reaped. The reaper dies with monster-guard
+//!    (`PR_SET_PDEATHSIG=SIGKILL`), so `kill -9` of monster-guard kills the whole tree. A
+//!    process inside cannot signal pid 1 with SIGKILL.
+//! 2. **a subreaper** (`PR_SET_CHILD_SUBREAPER`, needs no privilege): every orphaned
+//!    descendant is re-parented to the reaper instead of the host's init, so the tree under it
+//!    is the whole tree; to stop it the reaper walks `/proc` for its descendants and kills them
+//!    until none is left. It dies with monster-guard through a catchable death signal
+//!    (`PR_SET_PDEATHSIG=SIGUSR2`) on which it kills the tree first. Weaker than 1: a command
+//!    that kills the reaper (same user) while monster-guard is itself killed could escape;
+//!    monster-guard is a subreaper too, and sweeps its own descendants at the end.
+//!
+//! Either way, when the command exits, what it left running is killed: the lease covers the
+//! command and everything it started, never more than the command's own lifetime.
+//!
+//! The command then runs with (in this order, in the reaper, inherited by the command): a new
+//! session (`setsid`: no controlling terminal, no TIOCSTI into the caller's); a private mount
+//! namespace in which the kernel's tunables (`/proc/sys`, `/proc/sysrq-trigger`, `/sys`) are
+//! read-only (uid 0 writes them by file mode alone, without any capability: `core_pattern` is
+//! a host escape) and, without `fs`, every mount is read-only (`mount_setattr(AT_RECURSIVE)`,
+//! else a remount of each); no_new_privs; the capability sets reduced to what its caps map to
+//! ([`crate::linux_caps`]); and, without `net`, either a new network namespace or, where none
+//! can be made, a seccomp filter denying every socket family but AF_UNIX (and io_uring).
+//! Without `fs` and no mount namespace possible, the command does not start (there is no
+//! unprivileged read-only filesystem on these kernels); with `fs` it runs, and says that the
+//! tunables keep the caller's mount flags.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::error::{GuardError, Result};
+
+/// Which containment `run --contain` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// The strongest that works here: a PID namespace, else a subreaper.
+    Auto,
+    /// A PID namespace or nothing.
+    Pidns,
+    /// A subreaper (no PID namespace), e.g. to test the fallback.
+    Subreaper,
+}
+
+impl std::str::FromStr for Want {
+    type Err = GuardError;
+    fn from_str(s: &str) -> Result<Want> {
+        match s {
+            "auto" => Ok(Want::Auto),
+            "pidns" => Ok(Want::Pidns),
+            "subreaper" => Ok(Want::Subreaper),
+            _ => Err(GuardError::Invalid(format!(
+                "--contain {s:?}: use auto, pidns or subreaper"
+            ))),
+        }
+    }
+}
+
+/// How the started tree is contained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tree {
+    /// The reaper is pid 1 of a new PID namespace (`userns`: inside a new user namespace).
+    PidNamespace { userns: bool },
+    /// The reaper is a subreaper in the caller's PID namespace.
+    Subreaper { userns: bool },
+}
+
+impl std::fmt::Display for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, userns) = match self {
+            Tree::PidNamespace { userns } => ("a PID namespace", userns),
+            Tree::Subreaper { userns } => ("a subreaper", userns),
+        };
+        f.write_str(what)?;
+        if *userns {
+            f.write_str(" (in a user namespace)")?;
+        }
+        Ok(())
+    }
+}
+
+/// How the network is withheld from a command without `net`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetIsolation {
+    /// The command has `net`.
+    None,
+    /// A new network namespace (only a down loopback).
+    Namespace,
+    /// seccomp: socket() of any family but AF_UNIX, and io_uring, fail with EPERM.
+    SocketsDenied,
+}
+
+/// What to start.
+pub struct Spec<'a> {
+    /// Program and arguments.
+    pub cmd: &'a [String],
+    /// Variables added to the environment.
+    pub env: Vec<(String, String)>,
+    /// Withhold the network.
+    pub isolate_net: bool,
+    /// Make the root mount read-only.
+    pub isolate_fs: bool,
+    /// Capability mask the command may keep.
+    pub allowed_caps: u64,
+    /// The containment asked for.
+    pub want: Want,
+}
+
+/// A started, contained command.
+pub struct Started {
+    /// The reaper's pid (monster-guard's child).
+    pub reaper: Pid,
+    /// How the tree is contained.
+    pub tree: Tree,
+    /// How the network is withheld.
+    pub net: NetIsolation,
+}
+
+/// What the reaper needs, prepared before the clone (the child only makes syscalls and small
+/// allocations on its own copy of this single-threaded process).
+struct Prepared {
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    isolate_fs: bool,
+    allowed_caps: u64,
+    seccomp: Option<seccompiler::BpfProgram>,
+}
+
+fn cstr(s: &OsStr) -> Result<CString> {
+    CString::new(s.as_bytes())
+        .map_err(|_| GuardError::Invalid(format!("{s:?}: contains a NUL byte")))
+}
+
+/// The seccomp program that denies every socket family but AF_UNIX, and io_uring (whose
+/// socket operations would bypass it).
+fn deny_ip_sockets() -> Result<seccompiler::BpfProgram> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+    let fail = |e: String| GuardError::Lease(format!("building the socket filter: {e}"));
+    let not_unix = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Ne,
+        libc::AF_UNIX as u64,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let rules = vec![
+        (
+            libc::SYS_socket,
+            vec![SeccompRule::new(vec![not_unix]).map_err(|e| fail(e.to_string()))?],
+        ),
+        (libc::SYS_io_uring_setup, vec![]),
+    ];
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| fail(e.to_string()))?;
+    let filter = SeccompFilter::new(
+        rules.into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| fail(e.to_string()))
+}
+
+/// One way to clone the reaper.
+struct Attempt {
+    flags: CloneFlags,
+    pidns: bool,
+    userns: bool,
+}
+
+/// The ways to try, strongest first.
+fn attempts(spec: &Spec<'_>) -> Vec<Attempt> {
+    // Always a mount namespace (kernel tunables read-only; without `fs`, every mount).
+    let mut ns = CloneFlags::CLONE_NEWNS;
+    if spec.isolate_net {
+        ns |= CloneFlags::CLONE_NEWNET;
+    }
+    let pid = CloneFlags::CLONE_NEWPID;
+    let user = CloneFlags::CLONE_NEWUSER;
+    let mut v = Vec::new();
+    let a = |flags, pidns, userns| Attempt {
+        flags,
+        pidns,
+        userns,
+    };
+    if spec.want != Want::Subreaper {
+        v.push(a(pid | ns, true, false));
+        v.push(a(user | pid | ns, true, true));
+    }
+    if spec.want != Want::Pidns {
+        v.push(a(ns, false, false));
+        v.push(a(user | ns, false, true));
+        // No namespace at all: only when a read-only filesystem is not required (the network
+        // is then withheld by seccomp, and kernel tunables keep the caller's mount flags).
+        if !spec.isolate_fs {
+            v.push(a(CloneFlags::empty(), false, false));
+        }
+    }
+    v
+}
+
+fn describe(flags: CloneFlags) -> String {
+    let names = [
+        (CloneFlags::CLONE_NEWUSER, "NEWUSER"),
+        (CloneFlags::CLONE_NEWPID, "NEWPID"),
+        (CloneFlags::CLONE_NEWNET, "NEWNET"),
+        (CloneFlags::CLONE_NEWNS, "NEWNS"),
+    ];
+    let v: Vec<&str> = names
+        .iter()
+        .filter(|(f, _)| flags.contains(*f))
+        .map(|(_, n)| *n)
+        .collect();
+    if v.is_empty() {
+        "fork".into()
+    } else {
+        format!("clone({})", v.join("|"))
+    }
+}
+
+/// Starts the reaper and, under it, the command. Reports on stderr which containment it fell
+/// back to when the strongest one cannot be had here.
+pub fn start(spec: &Spec<'_>) -> Result<Started> {
+    let (program, _) = spec
+        .cmd
+        .split_first()
+        .ok_or_else(|| GuardError::Invalid("no command given after --".into()))?;
+    let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !spec.env.iter().any(|(x, _)| OsStr::new(x) == k))
+        .collect();
+    env.extend(spec.env.iter().map(|(k, v)| (k.into(), v.into())));
+    let mut prepared = Prepared {
+        argv: spec
+            .cmd
+            .iter()
+            .map(|a| cstr(OsStr::new(a)))
+            .collect::<Result<_>>()?,
+        envp: env
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = k.clone();
+                kv.push("=");
+                kv.push(v);
+                cstr(&kv)
+            })
+            .collect::<Result<_>>()?,
+        isolate_fs: spec.isolate_fs,
+        allowed_caps: spec.allowed_caps,
+        seccomp: None,
+    };
+    // monster-guard is a subreaper too: if the reaper dies first, orphans come here, and the
+    // final sweep finds them.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+
+    let mut failures = Vec::new();
+    for at in attempts(spec) {
+        let net = if !spec.isolate_net {
+            NetIsolation::None
+        } else if at.flags.contains(CloneFlags::CLONE_NEWNET) {
+            NetIsolation::Namespace
+        } else {
+            NetIsolation::SocketsDenied
+        };
+        prepared.seccomp = match net {
+            NetIsolation::SocketsDenied => Some(deny_ip_sockets()?),
+            _ => None,
+        };
+        match spawn(&prepared, &at, program) {
+            Ok(reaper) => {
+                let tree = if at.pidns {
+                    Tree::PidNamespace { userns: at.userns }
+                } else {
+                    Tree::Subreaper { userns: at.userns }
+                };
+                // Said when it is weaker than a PID namespace (a user namespace is the normal
+                // way for a caller without CAP_SYS_ADMIN, and as strong).
+                if !at.pidns && !failures.is_empty() {
+                    eprintln!(
+                        "monster-guard: a PID namespace failed here ({}); the lease contains the command with {tree}{}",
+                        failures.join("; "),
+                        match (net, at.flags.contains(CloneFlags::CLONE_NEWNS)) {
+                            (NetIsolation::SocketsDenied, _) => ", its IP sockets denied by seccomp (no network namespace), and /proc/sys and /sys with the caller's mount flags (no mount namespace)",
+                            (_, false) => ", and /proc/sys and /sys with the caller's mount flags (no mount namespace)",
+                            _ => "",
+                        }
+                    );
+                }
+                return Ok(Started { reaper, tree, net });
+            }
+            Err(Spawn::Clone(errno)) => failures.push(format!("{}: {errno}", describe(at.flags))),
+            Err(Spawn::Setup(msg)) => return Err(GuardError::Lease(msg)),
+        }
+    }
+    let need = match (spec.want, spec.isolate_fs) {
+        (Want::Pidns, _) => "a PID namespace (--contain pidns)",
+        (_, true) => "a private mount namespace for the read-only root the caps require (no `fs`)",
+        _ => "a reaper",
+    };
+    Err(GuardError::Lease(format!(
+        "cannot contain {program:?}: {need} cannot be created here ({}); refusing to run it less \
+         contained than its grant requires",
+        failures.join("; ")
+    )))
+}
+
+enum Spawn {
+    /// The clone itself failed (try the next way).
+    Clone(Errno),
+    /// The reaper could not set the command up, or exec failed.
+    Setup(String),
+}
+
+fn pipe() -> std::result::Result<(OwnedFd, OwnedFd), Spawn> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Spawn::Setup(format!("pipe: {e}")))
+}
+
+fn spawn(p: &Prepared, at: &Attempt, program: &str) -> std::result::Result<Pid, Spawn> {
+    let (go_r, go_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let fds = [
+        go_r.as_raw_fd(),
+        go_w.as_raw_fd(),
+        err_r.as_raw_fd(),
+        err_w.as_raw_fd(),
+    ];
+    let pidns = at.pidns;
+    let mountns = at.flags.contains(CloneFlags::CLONE_NEWNS);
+    let mut stack = vec![0u8; 256 << 10];
+    let cb = Box::new(move || reaper_main(p, fds, pidns, mountns));
+    // SAFETY: monster-guard is single-threaded here; the child runs on its own copy of the
+    // address space (no CLONE_VM) and never returns into the parent's frames: reaper_main ends
+    // in _exit().
+    let reaper = unsafe { nix::sched::clone(cb, &mut stack, at.flags, Some(libc::SIGCHLD)) }
+        .map_err(Spawn::Clone)?;
+    drop(go_r);
+    drop(err_w);
+    // Release the reaper, then read its setup report: empty (EOF) when the command exec'd.
+    let _ = nix::unistd::write(&go_w, b"g");
+    drop(go_w);
+    let mut report = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        match nix::unistd::read(err_r.as_raw_fd(), &mut buf) {
+            Ok(0) => break,
+            Ok(n) => report.extend_from_slice(&buf[..n]),
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    if report.is_empty() {
+        return Ok(reaper);
+    }
+    let _ = kill(reaper, Signal::SIGKILL);
+    let _ = waitpid(reaper, None);
+    Err(Spawn::Setup(format!(
+        "cannot start {program:?}: {}",
+        String::from_utf8_lossy(&report)
+    )))
+}
+
+/// The signals the reaper handles synchronously.
+fn handled() -> SigSet {
+    let mut s = SigSet::empty();
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGUSR2,
+        Signal::SIGCHLD,
+    ] {
+        s.add(sig);
+    }
+    s
+}
+
+fn report(fd: RawFd, msg: &str) -> ! {
+    // SAFETY: writes a buffer we own to a descriptor we own, then exits without unwinding.
+    unsafe {
+        libc::write(fd, msg.as_ptr().cast(), msg.len());
+        libc::_exit(126)
+    }
+}
+
+/// The reaper: set up, fork the command, then reap and relay until the command exits.
+fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isize {
+    let [go_r, go_w, err_r, err_w] = fds;
+    // SAFETY: closing our copies of the parent's pipe ends.
+    unsafe {
+        libc::close(go_w);
+        libc::close(err_r);
+    }
+    let fail = |step: &str, e: std::io::Error| -> ! { report(err_w, &format!("{step}: {e}")) };
+    let errno = std::io::Error::last_os_error;
+    // 1. Die with monster-guard: at once in a PID namespace (the kernel then kills the rest);
+    //    as a subreaper, with a signal it catches to kill its tree first.
+    let death = if pidns { libc::SIGKILL } else { libc::SIGUSR2 };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, death, 0, 0, 0) } != 0 {
+        fail("prctl(PR_SET_PDEATHSIG)", errno());
+    }
+    // 2. Handled signals stay pending until the loop takes them.
+    if let Err(e) = handled().thread_block() {
+        fail("sigprocmask", e.into());
+    }
+    // 3. Wait for monster-guard's go; end of file means it is already gone.
+    let mut b = [0u8; 1];
+    // SAFETY: reads one byte into a buffer we own.
+    if unsafe { libc::read(go_r, b.as_mut_ptr().cast(), 1) } != 1 {
+        // SAFETY: exit without unwinding into the parent's frames.
+        unsafe { libc::_exit(126) };
+    }
+    // SAFETY: closing our own descriptor.
+    unsafe { libc::close(go_r) };
+    // 4. A new session: no controlling terminal to push keystrokes into.
+    if let Err(e) = nix::unistd::setsid() {
+        fail("setsid", e.into());
+    }
+    // 5. In the private mount namespace: kernel tunables (/proc/sys, /proc/sysrq-trigger,
+    //    /sys) read-only, since uid 0 writes them by file mode alone, with no capability;
+    //    without `fs`, every mount read-only.
+    if mountns {
+        if let Err(e) = readonly_mounts(p.isolate_fs) {
+            report(err_w, &e);
+        }
+    }
+    // 6. Outside a PID namespace, orphans of the tree come to the reaper.
+    // SAFETY: prctl with integer arguments only.
+    if !pidns && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        fail("prctl(PR_SET_CHILD_SUBREAPER)", errno());
+    }
+    // 7. no_new_privs and the capability sets reduced to the grant's ceiling.
+    if let Err(e) = crate::linux_caps::drop_to(p.allowed_caps) {
+        fail("dropping capabilities", e);
+    }
+    // 8. Without `net` and without a network namespace: no IP sockets.
+    if let Some(prog) = &p.seccomp {
+        if let Err(e) = seccompiler::apply_filter(prog) {
+            report(err_w, &format!("seccomp socket filter: {e}"));
+        }
+    }
+    // 9. The command.
+    // SAFETY: the reaper is single-threaded; the child only resets its signal mask and execs.
+    let cmd = match unsafe { nix::unistd::fork() } {
+        Err(e) => fail("fork", e.into()),
+        Ok(nix::unistd::ForkResult::Child) => {
+            let _ = SigSet::empty().thread_set_mask();
+            let e = nix::unistd::execvpe(&p.argv[0], &p.argv, &p.envp).unwrap_err();
+            report(err_w, &format!("exec: {}", std::io::Error::from(e)));
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+    };
+    // SAFETY: closing our copy: monster-guard sees end of file once the command has exec'd.
+    unsafe { libc::close(err_w) };
+    reap(cmd, pidns)
+}
+
+/// `mount_setattr(2)` arguments (`linux/mount.h`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_RDONLY: u64 = 1;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// Makes the mount at `path` and every mount under it read-only: one `mount_setattr` where the
+/// kernel has it (5.12+), else a read-only remount of each mount from /proc/self/mountinfo,
+/// keeping its nosuid/nodev/noexec flags (which a user namespace may not clear).
+fn readonly_tree(path: &str) -> std::result::Result<(), String> {
+    let c = CString::new(path).map_err(|e| e.to_string())?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes from `attr`, which we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(format!("mount_setattr({path}, AT_RECURSIVE, RDONLY): {e}"));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (Some(point), Some(opts)) = (f.get(4), f.get(5)) else {
+            continue;
+        };
+        let point = unescape(point);
+        let under = path == "/" || point == path || point.starts_with(&format!("{path}/"));
+        if !under {
+            continue;
+        }
+        use nix::mount::MsFlags;
+        let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+        for (o, fl) in [
+            ("nosuid", MsFlags::MS_NOSUID),
+            ("nodev", MsFlags::MS_NODEV),
+            ("noexec", MsFlags::MS_NOEXEC),
+            ("noatime", MsFlags::MS_NOATIME),
+            ("nodiratime", MsFlags::MS_NODIRATIME),
+            ("relatime", MsFlags::MS_RELATIME),
+        ] {
+            if opts.split(',').any(|x| x == o) {
+                flags |= fl;
+            }
+        }
+        match nix::mount::mount(
+            None::<&str>,
+            point.as_str(),
+            None::<&str>,
+            flags,
+            None::<&str>,
+        ) {
+            // Hidden under another mount, or gone: not reachable by path either.
+            Ok(()) | Err(Errno::ENOENT) | Err(Errno::EINVAL) => {}
+            Err(e) => return Err(format!("remount {point} read-only: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            let oct = std::str::from_utf8(&b[i + 1..i + 4]).ok();
+            if let Some(v) = oct.and_then(|o| u8::from_str_radix(o, 8).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The mount steps of the reaper in its own mount namespace (see [`reaper_main`], step 5).
+fn readonly_mounts(everything: bool) -> std::result::Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    // Keep every change here out of the caller's namespace.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("mount(/, MS_REC|MS_PRIVATE): {e}"))?;
+    if everything {
+        return readonly_tree("/");
+    }
+    for path in ["/proc/sys", "/proc/sysrq-trigger", "/sys"] {
+        if !std::path::Path::new(path).exists() {
+            continue;
+        }
+        // A bind of the path onto itself makes it a mount of its own, then read-only.
+        mount(
+            Some(path),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind {path}: {e}"))?;
+        readonly_tree(path)?;
+    }
+    Ok(())
+}
+
+/// Reaps children and relays signals until the command exits; then ends the rest of the tree
+/// and exits with the command's status (128+N for signal N).
+fn reap(cmd: Pid, pidns: bool) -> ! {
+    let set = handled();
+    let timeout = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    loop {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == cmd => finish(pidns, code),
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == cmd => {
+                    finish(pidns, 128 + sig as i32)
+                }
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+        // SAFETY: sigtimedwait on a set of blocked signals, with a timeout we own.
+        let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
+        match sig {
+            libc::SIGTERM | libc::SIGINT | libc::SIGHUP => {
+                if let Ok(s) = Signal::try_from(sig) {
+                    signal_tree(pidns, s);
+                }
+            }
+            // monster-guard died, or its grace ran out: kill everything now.
+            libc::SIGUSR2 => finish(pidns, 128 + libc::SIGKILL),
+            _ => {}
+        }
+    }
+}
+
+/// Sends `sig` to every process of the tree but the reaper.
+fn signal_tree(pidns: bool, sig: Signal) {
+    if pidns {
+        // From pid 1, -1 is every other process of the namespace.
+        let _ = kill(Pid::from_raw(-1), sig);
+    } else {
+        for pid in descendants(std::process::id() as i32) {
+            let _ = kill(Pid::from_raw(pid), sig);
+        }
+    }
+}
+
+/// Ends the tree and exits with `code`. In a PID namespace the kernel kills the others when
+/// pid 1 exits; a subreaper kills its descendants until none is left.
+fn finish(pidns: bool, code: i32) -> ! {
+    if !pidns {
+        kill_descendants(std::process::id() as i32, Duration::from_secs(5));
+    }
+    // SAFETY: exit without unwinding into the parent's frames.
+    unsafe { libc::_exit(code.clamp(0, 255)) }
+}
+
+/// SIGKILLs every descendant of `root` and reaps them, until none is left (new ones forked
+/// meanwhile are orphaned by their killed parent and found again) or `limit` passes.
+pub fn kill_descendants(root: i32, limit: Duration) {
+    let t = Instant::now();
+    loop {
+        let d = descendants(root);
+        for &pid in &d {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        while let Ok(s) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            if s == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if d.is_empty() || t.elapsed() > limit {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Every live descendant of `root`, from `/proc/*/stat` (zombies excluded: they are dead).
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut kids: Vec<(i32, i32)> = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the command name (which may hold spaces and parentheses): state, ppid, ...
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next().unwrap_or("");
+        if let Some(ppid) = f.next().and_then(|s| s.parse::<i32>().ok()) {
+            if state != "Z" && state != "X" {
+                kids.push((ppid, pid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(pp, c) in &kids {
+            if pp == p && !out.contains(&c) {
+                out.push(c);
+                frontier.push(c);
+            }
+        }
+    }
+    out
+}
