@@ -735,7 +735,7 @@ mod tests {
         ];
         let a = assign(&nodes, &one).unwrap();
         assert_eq!(layout(&a), vec![vec!["n0=0-5", "n1=5-19", "n2=19-24"]]);
-        assert!(!a.chains[0][2].ram_announced && a.chains[0][2].ram_bytes == 1_000_000_000);
+        assert!(!a.chains[0][2].ram_announced && a.chains[0][2].ram_bytes == 1 << 30);
         let nodes = [full("n0", None), full("n1", None), full("n2", None)];
         let a = assign(&nodes, &one).unwrap();
         assert_eq!(layout(&a), vec![vec!["n0=0-8", "n1=8-16", "n2=16-24"]]);
