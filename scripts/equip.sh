@@ -50,7 +50,8 @@ flags=(--manifest node.json)
 [ -n "$key" ] && { [ -f "$key" ] || die "no key $key"; flags+=(--mesh-key mesh.key); }
 [ -n "$beacon" ] && flags+=(--beacon "$beacon")
 if [ -n "$ram" ]; then
-  [[ "$ram" =~ ^[0-9]+(\.[0-9]+)?([KMGT]i?)?B?$ ]] || die "--ram $ram: expected e.g. 2.4G, 512M or bytes"
+  # The size rule of knot_format::size: K/M/G/T binary, KB/MB/GB/TB decimal, a unit required.
+  [[ "$ram" =~ ^[0-9]*\.?[0-9]+([KMGTkmgt]([iI]?[Bb]?)|[Bb])$ ]] || die "--ram $ram: expected a size with a unit, e.g. 2.4G, 512M or 2400MB"
   flags+=(--ram "$ram")
 fi
 

@@ -68,46 +68,18 @@ pub const RAM_ENV: &str = "AEON_NODE_RAM";
 pub struct Heard {
     #[serde(flatten)]
     pub ann: Announcement,
-    /// RAM budget in bytes (decimal units), from the station's [`RAM_ENV`].
+    /// RAM budget in bytes (`knot_format::size`), from the station's [`RAM_ENV`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_bytes: Option<u64>,
-}
-
-/// Parses `2.4G`, `512M`, `1Gi`, `123` into bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary), as
-/// `shard-knot plan --node-ram` does.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        None => (t, 1f64),
-        Some((i, _)) => {
-            let m = match &t[i..].to_ascii_lowercase()[..] {
-                "k" => 1e3,
-                "m" => 1e6,
-                "g" => 1e9,
-                "t" => 1e12,
-                "ki" => 1024f64,
-                "mi" => 1024f64.powi(2),
-                "gi" => 1024f64.powi(3),
-                "ti" => 1024f64.powi(4),
-                _ => return None,
-            };
-            (&t[..i], m)
-        }
-    };
-    let v: f64 = num.trim().parse().ok()?;
-    (v.is_finite() && v >= 0.0 && v * mult < u64::MAX as f64).then(|| (v * mult).round() as u64)
 }
 
 /// The RAM budget from [`RAM_ENV`]: `None` when unset, an error when it does not parse.
 pub fn ram_from_env() -> std::io::Result<Option<u64>> {
     match std::env::var(RAM_ENV) {
         Err(_) => Ok(None),
-        Ok(v) => parse_size(&v).filter(|&b| b > 0).map(Some).ok_or_else(|| {
-            std::io::Error::other(format!(
-                "{RAM_ENV}={v:?}: expected bytes with an optional K, M, G or T suffix"
-            ))
-        }),
+        Ok(v) => knot_format::size::parse_size_nonzero(&v)
+            .map(Some)
+            .map_err(|e| std::io::Error::other(format!("{RAM_ENV}: {e}"))),
     }
 }
 
@@ -704,7 +676,7 @@ mod tests {
         a.role = "full".into();
         Heard {
             ann: a,
-            ram_bytes: ram.map(|r| parse_size(r).unwrap()),
+            ram_bytes: ram.map(|r| knot_format::size::parse_size(r).unwrap()),
         }
     }
 
@@ -763,7 +735,7 @@ mod tests {
         ];
         let a = assign(&nodes, &one).unwrap();
         assert_eq!(layout(&a), vec![vec!["n0=0-5", "n1=5-19", "n2=19-24"]]);
-        assert!(!a.chains[0][2].ram_announced && a.chains[0][2].ram_bytes == 1_000_000_000);
+        assert!(!a.chains[0][2].ram_announced && a.chains[0][2].ram_bytes == 1 << 30);
         let nodes = [full("n0", None), full("n1", None), full("n2", None)];
         let a = assign(&nodes, &one).unwrap();
         assert_eq!(layout(&a), vec![vec!["n0=0-8", "n1=8-16", "n2=16-24"]]);
@@ -852,13 +824,7 @@ mod tests {
 
     #[test]
     fn ram_budget_on_the_wire_is_backward_compatible() {
-        assert_eq!(parse_size("2.4G"), Some(2_400_000_000));
-        assert_eq!(parse_size("1Gi"), Some(1 << 30));
-        assert_eq!(parse_size("512M"), Some(512_000_000));
-        assert_eq!(parse_size("12"), Some(12));
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size("-1G"), None);
-        let h = full("n0", Some("2.4G"));
+        let h = full("n0", Some("2.4GB"));
         let wire = serde_json::to_string(&h).unwrap();
         assert!(wire.contains(r#""ram_bytes":2400000000"#), "{wire}");
         // An older listener reads the announcement and ignores the budget.

@@ -335,9 +335,7 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// `--ram`: a positive byte count with an optional K/M/G/T (or Ki/Mi/Gi/Ti) suffix.
-fn parse_ram(s: &str) -> Result<u64, String> {
-    beacon::parse_size(s)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| format!("{s:?}: expected bytes with an optional K, M, G or T suffix"))
+/// `--ram`: a positive size (`2.4G`, `1GiB`; the workspace's rule, `knot_format::size`).
+fn parse_ram(s: &str) -> Result<u64, knot_format::size::SizeError> {
+    knot_format::size::parse_size_nonzero(s)
 }

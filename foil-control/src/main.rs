@@ -48,15 +48,15 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_records: u64,
-    /// Most bytes of records kept (log frames of live records); suffixes K, M, G (binary).
-    #[arg(long, value_name = "BYTES", default_value = "256M", value_parser = parse_size)]
+    /// Most bytes of records kept (log frames of live records), e.g. 256MiB or 1G.
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_size)]
     max_bytes: u64,
-    /// Largest request body accepted; larger requests get 413. Suffixes K, M, G.
-    #[arg(long, value_name = "BYTES", default_value = "1M", value_parser = parse_size)]
+    /// Largest request body accepted; larger requests get 413 (e.g. 1MiB, 64K).
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_size)]
     max_body: u64,
     /// Dead bytes (evicted or replaced records) in the log that trigger a compaction
-    /// (rewrite to a temp file, fsync, rename). Suffixes K, M, G.
-    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    /// (rewrite to a temp file, fsync, rename), e.g. 16MiB.
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_size)]
     compact_threshold: u64,
     /// Seconds a client gets to send a whole request body; a slower (e.g. trickling chunked)
     /// body gets 408 and the connection is closed.
@@ -68,23 +68,9 @@ struct Args {
     shutdown_grace: u64,
 }
 
-/// Parses `123`, `64K`, `4M`, `1G` (binary multiples).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 1u64 << 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 4096, 64K, 4M or 1G"))?;
-    match n.checked_mul(mult) {
-        Some(0) => Err("size must be at least 1".into()),
-        Some(v) => Ok(v),
-        None => Err(format!("{s:?} is too large")),
-    }
+/// Parses a size (`64K`, `4MiB`, `4096B`; the workspace's size rule, `knot_format::size`).
+fn parse_size(s: &str) -> Result<u64, knot_format::size::SizeError> {
+    knot_format::size::parse_size_nonzero(s)
 }
 
 fn default_data_dir() -> anyhow::Result<PathBuf> {

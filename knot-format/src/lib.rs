@@ -15,6 +15,7 @@ pub mod error;
 pub mod gguf;
 pub mod header;
 pub mod import;
+pub mod size;
 pub mod writer;
 
 pub use container::{layer_of, Knot, TensorView};

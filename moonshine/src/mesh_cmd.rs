@@ -218,11 +218,7 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
             shard,
         } => {
             let default_ram = match default_ram.as_deref() {
-                Some(s) => Some(
-                    beacon::parse_size(s)
-                        .filter(|&b| b > 0)
-                        .with_context(|| format!("--default-ram {s:?}: expected e.g. 2.4G"))?,
-                ),
+                Some(s) => Some(knot_format::size::parse_size_nonzero(s).context("--default-ram")?),
                 None => None,
             };
             let heard = hear(&l)?;

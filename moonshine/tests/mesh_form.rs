@@ -70,9 +70,9 @@ fn elector_assigns_ranges_by_ram_and_the_formed_mesh_matches_one_station() {
     // n1 announces 2G by `--ram`, which must win over its environment's 1G; n0 and n2 by
     // the environment alone.
     let budgets = [
-        ("n0", "1G", None),
-        ("n1", "1G", Some("2G")),
-        ("n2", "1G", None),
+        ("n0", "1GB", None),
+        ("n1", "1GB", Some("2GB")),
+        ("n2", "1GB", None),
     ];
     let mut nodes: Vec<Proc> = budgets
         .iter()

@@ -2,6 +2,8 @@
 //! The collector is an observer: it never changes the verdict, and an unreachable one is a
 //! warning.
 
+use std::path::Path;
+
 use foil_control::client;
 use foil_control::record::{ResidueRecord, TopK};
 
@@ -11,7 +13,8 @@ use crate::Report;
 pub const FOIL_URL_ENV: &str = "GNOSIS_FOIL_CACHE_URL";
 
 /// Admits `report` to the collector named by the environment, logging the outcome on stderr.
-pub fn admit_if_configured(report: &Report) {
+/// `file` is the model file the probe ran (`--dense`), `None` for a station or a mesh.
+pub fn admit_if_configured(report: &Report, file: Option<&Path>) {
     let Ok(url) = std::env::var(FOIL_URL_ENV) else {
         return;
     };
@@ -19,7 +22,7 @@ pub fn admit_if_configured(report: &Report) {
         return;
     }
     let mut rec = ResidueRecord::dense(
-        &model_slug(&report.model_id),
+        &collector_model(file, &report.model_id),
         &report.tokens,
         report.argmax,
         report.logit,
@@ -38,6 +41,16 @@ pub fn admit_if_configured(report: &Report) {
             eprintln!("foil-cache-admit: warning: collector {url} unreachable or refused: {e}")
         }
     }
+}
+
+/// The MODEL part of the collector key `MODEL:dense:TOKENS`: the model file's stem when the
+/// probe ran a file (`qwen05-dense.knot` -> `qwen05-dense`, as the seed report's lookups
+/// expect), else the slug of the model id the station reports.
+pub fn collector_model(file: Option<&Path>, model_id: &str) -> String {
+    file.and_then(Path::file_stem)
+        .map(|s| s.to_string_lossy().into_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| model_slug(model_id))
 }
 
 /// The model id as a URL-safe key part: `Qwen2.5 Coder 0.5B` -> `qwen2.5-coder-0.5b`.
@@ -67,5 +80,24 @@ mod tests {
             "qwen2.5-coder-0.5b-instruct-awq"
         );
         assert_eq!(super::model_slug("  a//b "), "a-b");
+    }
+
+    /// Issue 18 item 6: the seed's probe of `qwen05-dense.knot` logs
+    /// `key=qwen05-dense:dense:785,...`, the file's stem, not the model id.
+    #[test]
+    fn collector_key_names_the_model_file() {
+        use std::path::Path;
+        let id = "Qwen2.5 Coder 0.5B Instruct AWQ";
+        let m = super::collector_model(Some(Path::new("/models/qwen05-dense.knot")), id);
+        assert_eq!(m, "qwen05-dense");
+        assert_eq!(
+            foil_control::record::ResidueRecord::dense_key(&m, &[785, 6722, 315, 9625, 374]),
+            "qwen05-dense:dense:785,6722,315,9625,374"
+        );
+        // Over a station or a mesh there is no file: the model id's slug.
+        assert_eq!(
+            super::collector_model(None, id),
+            "qwen2.5-coder-0.5b-instruct-awq"
+        );
     }
 }

@@ -103,7 +103,7 @@ fn run(args: Args) -> Result<bool> {
             &q,
         )?,
     };
-    paris_probe::foil::admit_if_configured(&report);
+    paris_probe::foil::admit_if_configured(&report, args.dense.as_deref());
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

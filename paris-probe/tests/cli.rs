@@ -135,3 +135,76 @@ fn errors_exit_2() {
     ]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// A one-shot collector: answers one admit and hands back the record it was sent.
+fn fake_collector() -> (String, std::thread::JoinHandle<serde_json::Value>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    let h = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().expect("accept");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            let n = c.read(&mut chunk).expect("read");
+            assert!(n > 0, "connection closed before the head ended");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .expect("content-length")
+            .trim()
+            .parse()
+            .expect("length");
+        while buf.len() < head_end + len {
+            let n = c.read(&mut chunk).expect("read body");
+            assert!(n > 0, "connection closed inside the body");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let rec: serde_json::Value =
+            serde_json::from_slice(&buf[head_end..head_end + len]).expect("record JSON");
+        let body = serde_json::json!({"ok": true, "key": rec["key"], "disposition": "stored", "created": 1})
+            .to_string();
+        write!(
+            c,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("answer");
+        rec
+    });
+    (url, h)
+}
+
+/// Issue 18 item 6: the seed probes `qwen05-dense.knot` and looks up
+/// `qwen05-dense:dense:785,...`: the collector key names the file, not the model id.
+#[test]
+fn collector_key_is_the_model_files_stem() {
+    let Some(m) = qwen() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("qwen05-dense.knot");
+    std::os::unix::fs::symlink(&m, &file).expect("symlink");
+    let (url, collector) = fake_collector();
+    let o = Command::new(env!("CARGO_BIN_EXE_paris-probe"))
+        .args(["--dense", file.to_str().expect("utf-8"), "--dense-only"])
+        .args(["--tokens", "785,6722,315,9625,374", "--expected", "12095"])
+        .args(["--threads", "2"])
+        .env("GNOSIS_FOIL_CACHE_URL", &url)
+        .output()
+        .expect("run paris-probe");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let key = "qwen05-dense:dense:785,6722,315,9625,374";
+    assert!(
+        err.contains(&format!("foil-cache-admit: status=200 key={key}")),
+        "{err}"
+    );
+    let rec = collector.join().expect("collector thread");
+    assert_eq!(rec["key"], key);
+    assert_eq!(rec["argmax"], 12095);
+}

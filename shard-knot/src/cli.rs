@@ -62,12 +62,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Plan contiguous layer ranges by node RAM (weights + KV budget + entry/exit extras),
+    /// Plan contiguous layer ranges by node size (a weight budget with --node-ram, as the R1
+    /// Mesh Scaling Plan counts; free RAM less a reserve and the KV budget with --node-free),
     /// report how many nodes the model needs and why, and with -o DIR write one node
     /// manifest per node plus the shards (see specs/mesh.md). Refuses a plan that does not
     /// fit unless --disk-paged.
     ///
     ///   shard-knot plan M.knot --node-ram 2.4G -o mesh/
+    ///   shard-knot plan M.knot --node-free 2.95G --kv-tokens 2048
     ///   shard-knot plan M.knot --node phone=2.4G --node pi=1.6G
     ///   shard-knot plan --model-bytes 7G --layers 32 --node-ram 2.4G
     Plan(shard_knot::plan::PlanArgs),

@@ -1,16 +1,21 @@
 //! The RAM-aware mesh planner: which node holds which contiguous layer range.
 //!
-//! Costs, per node (all in bytes, decimal units: `2.4G` = 2.4e9):
+//! A node's size (`knot_format::size`: `2.4G` = 2.4 GiB) is read one of two ways ([`Budget`]):
 //!
-//! - usable RAM = node RAM - [`RESERVE_BYTES`] (kernel, system services, the station binary,
-//!   its runtime and activation scratch);
-//! - each layer costs its tensor bytes (from the tensor table) plus its KV budget,
-//!   `2 (K and V) * kv_dim * 4 (f32) * kv_tokens`;
-//! - the entry node also holds the token embedding, the exit node the output head and final
-//!   norm (for a tied head, its own copy of the embedding).
+//! - **weights** (`--node-ram`, the R1 Mesh Scaling Plan's "2.4 GB per node"): the RAM the node
+//!   can give to resident weights, KV cache, activations and OS headroom already taken off.
+//!   Each layer costs its tensor bytes; the exit node also holds the final norm and output head
+//!   (for a tied head, the embedding). The token embedding is not resident: the entry reads one
+//!   row of it per token from the mapped file (`Model::embed`), so only the rows it touches
+//!   are paged in.
+//! - **free** (`--node-free`, the planner before issue 18): the node's free RAM. Usable =
+//!   free RAM - [`RESERVE_BYTES`] (kernel, system services, the station binary, its runtime
+//!   and activation scratch); each layer also costs its KV budget,
+//!   `2 (K and V) * kv_dim * 4 (f32) * kv_tokens`, and the entry node holds the whole token
+//!   embedding.
 //!
-//! The rule of thumb for how many nodes a model needs is `ceil(model bytes / usable RAM)`
-//! where model bytes = all tensors + the KV budget of every layer; the planner then assigns
+//! The rule of thumb for how many nodes a model needs is `ceil(model bytes / usable)` where
+//! model bytes = all tensors (+ the KV budget of every layer when free); the planner then assigns
 //! whole layers contiguously (a greedy fill gives the node count, which is at least the
 //! rule's; the layers are then balanced over that many nodes so that the largest node is as
 //! small as possible). A plan that does not fit is refused, naming what is missing, unless
@@ -21,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 
-use knot_format::{layer_of, Knot, LayerRange, Role};
+use knot_format::{layer_of, ArchConfig, DType, Knot, LayerRange, Role};
 use serde::{Deserialize, Serialize};
 
 /// RAM a node keeps for itself: ~250 MB kernel and system services on a minimal Linux or
@@ -37,12 +42,51 @@ pub const SYNTHETIC_KV_DIM: u64 = 1024;
 /// Default first listen port of a plan's nodes.
 pub const DEFAULT_BASE_PORT: u16 = 7700;
 
+/// What a node's size means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Budget {
+    /// The bytes of weights the node keeps resident (KV, activations and OS headroom already
+    /// taken off, as the R1 Mesh Scaling Plan counts); the token embedding is not charged.
+    #[default]
+    Weights,
+    /// The node's free RAM: [`RESERVE_BYTES`] and the KV budget come off, and the entry holds
+    /// the whole embedding.
+    Free,
+}
+
+/// How a plan charges a node: the KV positions budgeted per layer (0 for a weights budget)
+/// and whether the token embedding counts as resident.
+#[derive(Clone, Copy, Debug)]
+struct Cost {
+    kv_tokens: u64,
+    embed: bool,
+}
+
+impl Cost {
+    fn of(req: &PlanRequest) -> Cost {
+        match req.budget {
+            Budget::Weights => Cost {
+                kv_tokens: 0,
+                embed: false,
+            },
+            Budget::Free => Cost {
+                kv_tokens: req.kv_tokens,
+                embed: true,
+            },
+        }
+    }
+}
+
 /// Why a plan could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    /// A size such as `2.4G` did not parse.
-    #[error("bad size {0:?}: expected bytes with an optional K, M, G or T suffix (decimal; Ki/Mi/Gi/Ti binary)")]
-    BadSize(String),
+    /// A size such as `2.4G` did not parse (`knot_format::size`).
+    #[error("{flag}: {source}")]
+    BadSize {
+        flag: &'static str,
+        source: knot_format::size::SizeError,
+    },
     /// `--node name=RAM` did not parse.
     #[error("bad --node {0:?}: expected NAME=RAM, e.g. phone1=2.4G")]
     BadNode(String),
@@ -71,46 +115,22 @@ pub enum PlanError {
     Shard(#[from] crate::ShardError),
 }
 
-/// Parses `2.4G`, `512M`, `1Gi`, `123` into bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary).
-pub fn parse_size(s: &str) -> Result<u64, PlanError> {
-    let t = s.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        None => (t, 1f64),
-        Some((i, _)) => {
-            let m = match &t[i..].to_ascii_lowercase()[..] {
-                "k" => 1e3,
-                "m" => 1e6,
-                "g" => 1e9,
-                "t" => 1e12,
-                "ki" => 1024f64,
-                "mi" => 1024f64.powi(2),
-                "gi" => 1024f64.powi(3),
-                "ti" => 1024f64.powi(4),
-                _ => return Err(PlanError::BadSize(s.into())),
-            };
-            (&t[..i], m)
-        }
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| PlanError::BadSize(s.into()))?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(PlanError::BadSize(s.into()));
-    }
-    Ok((v * mult).round() as u64)
+/// Parses the size given to `flag` (the workspace's rule, `knot_format::size`: `2.4G` =
+/// 2.4e9 bytes, `1GiB` = 2^30; a bare `2.4` is refused with a hint).
+pub fn parse_size(flag: &'static str, s: &str) -> Result<u64, PlanError> {
+    knot_format::size::parse_size_nonzero(s).map_err(|source| PlanError::BadSize { flag, source })
 }
 
-/// `1.23 GB` style (decimal, as the plan's inputs).
+/// `1.23 GiB` style (binary, as `--node-ram 2.4G` reads and the R1 plan counts).
 pub fn human(b: u64) -> String {
+    const KI: f64 = 1024.0;
     let b = b as f64;
-    if b >= 1e9 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
+    if b >= KI * KI * KI {
+        format!("{:.2} GiB", b / (KI * KI * KI))
+    } else if b >= KI * KI {
+        format!("{:.1} MiB", b / (KI * KI))
     } else {
-        format!("{:.0} KB", b / 1e3)
+        format!("{:.0} KiB", b / KI)
     }
 }
 
@@ -124,10 +144,16 @@ pub struct ModelCosts {
     pub layer_bytes: Vec<u64>,
     /// Token embedding (+ anything outside the blocks that is not the head).
     pub entry_bytes: u64,
+    /// Of `entry_bytes`, the token embedding (read one row per token, not resident under a
+    /// weights budget).
+    pub embed_bytes: u64,
     /// Final norm + output head (the embedding again when tied).
     pub exit_bytes: u64,
     /// `n_kv_heads * head_dim`.
     pub kv_dim: u64,
+    /// The head is the embedding: `exit_bytes` holds a copy of `embed_bytes` that the file
+    /// stores once.
+    pub tied: bool,
 }
 
 impl ModelCosts {
@@ -149,7 +175,8 @@ impl ModelCosts {
                 _ => entry += len,
             }
         }
-        if a.tied_embeddings && knot.tensor("output.weight").is_none() {
+        let tied = a.tied_embeddings && knot.tensor("output.weight").is_none();
+        if tied {
             exit += embed;
         }
         ModelCosts {
@@ -157,9 +184,49 @@ impl ModelCosts {
             model_hash: knot.model_hash().to_string(),
             layer_bytes,
             entry_bytes: entry,
+            embed_bytes: embed,
             exit_bytes: exit,
             kv_dim: a.n_kv_heads as u64 * a.head_dim as u64,
+            tied,
         }
+    }
+
+    /// What a llama-family file of header `a`'s shape holds when every matrix is stored as
+    /// `dtype` and norms and biases as F32 (as llama.cpp's `Q8_0` files are written): the
+    /// planner's view of a model known by its shape only (no weights), per tensor as
+    /// [`ModelCosts::from_knot`] reads a file. `None` when a matrix is not whole blocks of
+    /// `dtype` or a size overflows.
+    pub fn from_arch(model_id: &str, a: &ArchConfig, dtype: DType) -> Option<ModelCosts> {
+        let (h, ffn, vocab) = (a.hidden as u64, a.ffn as u64, a.vocab as u64);
+        let q = a.n_heads as u64 * a.head_dim as u64;
+        let kv = a.n_kv_heads as u64 * a.head_dim as u64;
+        let f32s = |n: u64| n.checked_mul(4);
+        let matrices = [h * q, h * kv, h * kv, q * h, h * ffn, h * ffn, ffn * h];
+        let mut layer = 0u64;
+        for n in matrices {
+            layer = layer.checked_add(dtype.bytes_for(n)?)?;
+        }
+        // attn_norm, ffn_norm; q/k/v biases (qwen2); q/k head norms (qwen3).
+        let mut vectors = 2 * h;
+        if a.qkv_bias {
+            vectors += q + 2 * kv;
+        }
+        if a.qk_norm {
+            vectors += 2 * a.head_dim as u64;
+        }
+        layer = layer.checked_add(f32s(vectors)?)?;
+        let embed = dtype.bytes_for(vocab.checked_mul(h)?)?;
+        Some(ModelCosts {
+            model_id: model_id.into(),
+            model_hash: "synthetic".into(),
+            layer_bytes: vec![layer; a.n_layers as usize],
+            entry_bytes: embed,
+            embed_bytes: embed,
+            // output_norm + the head (the embedding again when tied, as `from_knot` counts it).
+            exit_bytes: f32s(h)?.checked_add(embed)?,
+            kv_dim: kv,
+            tied: a.tied_embeddings,
+        })
     }
 
     /// A synthetic model of `bytes` spread evenly over `layers` blocks (no separate
@@ -173,14 +240,23 @@ impl ModelCosts {
             model_hash: "synthetic".into(),
             layer_bytes,
             entry_bytes: 0,
+            embed_bytes: 0,
             exit_bytes: 0,
             kv_dim,
+            tied: false,
         }
     }
 
-    /// Tensor bytes of the whole model.
+    /// Tensor bytes of the whole model, a tied head counted twice (entry and exit each hold
+    /// the embedding).
     pub fn weight_bytes(&self) -> u64 {
         self.layer_bytes.iter().sum::<u64>() + self.entry_bytes + self.exit_bytes
+    }
+
+    /// Tensor bytes as the file stores them (a tied head once): what the R1 plan's rule of
+    /// thumb divides by the budget.
+    pub fn file_bytes(&self) -> u64 {
+        self.weight_bytes() - if self.tied { self.embed_bytes } else { 0 }
     }
 }
 
@@ -194,8 +270,10 @@ pub struct NodeSpec {
 /// What to plan for.
 #[derive(Clone, Debug)]
 pub struct PlanRequest {
-    /// RAM of every node when `nodes` is not a list.
+    /// Size of every node when `nodes` is not a list.
     pub node_ram: Option<u64>,
+    /// What the node sizes (`node_ram`, `node_list`) mean.
+    pub budget: Budget,
     /// Exactly this many identical nodes (else as many as needed).
     pub nodes: Option<u32>,
     /// Named nodes with their own RAM, in chain order.
@@ -204,7 +282,7 @@ pub struct PlanRequest {
     pub replicas: u32,
     /// Allow nodes to hold more than their RAM through demand paging.
     pub disk_paged: bool,
-    /// KV positions budgeted per layer.
+    /// KV positions budgeted per layer (free budgets only).
     pub kv_tokens: u64,
 }
 
@@ -236,8 +314,10 @@ pub struct Plan {
     /// KV budget of all layers.
     pub kv_bytes: u64,
     pub kv_tokens: u64,
+    /// What the node sizes meant.
+    pub budget: Budget,
     pub reserve_bytes: u64,
-    /// The rule: `ceil((weights + KV) / usable RAM)` (per chain; identical nodes only).
+    /// The rule: `ceil((weights + KV) / usable)` (per chain; identical nodes only).
     pub nodes_needed: Option<u32>,
     /// Nodes per chain actually planned.
     pub nodes_per_chain: u32,
@@ -249,22 +329,26 @@ pub struct Plan {
     pub nodes: Vec<PlannedNode>,
 }
 
-fn layer_cost(m: &ModelCosts, l: usize, kv_tokens: u64) -> u64 {
-    m.layer_bytes[l] + kv_layer(m, kv_tokens)
+fn layer_cost(m: &ModelCosts, l: usize, cost: Cost) -> u64 {
+    m.layer_bytes[l] + kv_layer(m, cost)
 }
 
-fn kv_layer(m: &ModelCosts, kv_tokens: u64) -> u64 {
-    2 * m.kv_dim * 4 * kv_tokens
+fn kv_layer(m: &ModelCosts, cost: Cost) -> u64 {
+    2 * m.kv_dim * 4 * cost.kv_tokens
 }
 
 /// Bytes a node holding `r` costs.
-fn range_cost(m: &ModelCosts, r: LayerRange, kv_tokens: u64) -> u64 {
+fn range_cost(m: &ModelCosts, r: LayerRange, cost: Cost) -> u64 {
     let n = m.layer_bytes.len() as u32;
     let mut c: u64 = (r.start..r.end)
-        .map(|l| layer_cost(m, l as usize, kv_tokens))
+        .map(|l| layer_cost(m, l as usize, cost))
         .sum();
     if r.start == 0 {
-        c += m.entry_bytes;
+        c += if cost.embed {
+            m.entry_bytes
+        } else {
+            m.entry_bytes - m.embed_bytes
+        };
     }
     if r.end == n {
         c += m.exit_bytes;
@@ -274,7 +358,7 @@ fn range_cost(m: &ModelCosts, r: LayerRange, kv_tokens: u64) -> u64 {
 
 /// Greedy contiguous fill of `caps` (usable bytes per node, in order); returns the ranges
 /// and, when layers are left over, the first unplaced layer.
-fn greedy(m: &ModelCosts, caps: &[u64], kv_tokens: u64) -> (Vec<LayerRange>, Option<u32>) {
+fn greedy(m: &ModelCosts, caps: &[u64], kv_tokens: Cost) -> (Vec<LayerRange>, Option<u32>) {
     let n = m.layer_bytes.len() as u32;
     let mut out = Vec::new();
     let mut next = 0u32;
@@ -297,7 +381,7 @@ fn greedy(m: &ModelCosts, caps: &[u64], kv_tokens: u64) -> (Vec<LayerRange>, Opt
 
 /// Contiguous split of the layers into exactly `k` non-empty ranges minimising the largest
 /// node cost (binary search on the bound, greedy check).
-fn balanced(m: &ModelCosts, k: u32, kv_tokens: u64) -> Vec<LayerRange> {
+fn balanced(m: &ModelCosts, k: u32, kv_tokens: Cost) -> Vec<LayerRange> {
     let n = m.layer_bytes.len() as u32;
     let k = k.clamp(1, n.max(1));
     let fits = |bound: u64| -> Option<Vec<LayerRange>> {
@@ -344,10 +428,25 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
     if req.replicas == 0 {
         return Err(PlanError::Invalid("--replicas must be at least 1".into()));
     }
-    let kv = req.kv_tokens;
+    let kv = Cost::of(req);
+    let free = req.budget == Budget::Free;
     let kv_total = kv_layer(m, kv) * n as u64;
-    let total = m.weight_bytes() + kv_total;
-    let usable_of = |ram: u64| ram.saturating_sub(RESERVE_BYTES);
+    let weights = if free {
+        m.weight_bytes()
+    } else {
+        m.file_bytes()
+    };
+    let total = weights + kv_total;
+    let reserve = if free { RESERVE_BYTES } else { 0 };
+    let usable_of = |ram: u64| ram.saturating_sub(reserve);
+    // What a node needs to hold `bytes`, in the units it was given.
+    let size_for = |bytes: u64| {
+        if free {
+            format!("at least {} free RAM", human(bytes + reserve))
+        } else {
+            format!("a weight budget of at least {}", human(bytes))
+        }
+    };
 
     // Per-node RAM, in chain order (a list) or identical nodes.
     let (ranges, rams, nodes_needed, why): (Vec<LayerRange>, Vec<u64>, Option<u32>, String) =
@@ -363,11 +462,11 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 if !req.disk_paged {
                     let missing = range_cost(m, LayerRange::new(first, n), kv);
                     return Err(PlanError::DoesNotFit(format!(
-                    "{} nodes ({}) hold layers 0-{first}; layers {first}-{n} ({}) are left over: add a node with at least {} RAM, or pass --disk-paged",
+                    "{} nodes ({}) hold layers 0-{first}; layers {first}-{n} ({}) are left over: add a node with {}, or pass --disk-paged",
                     req.node_list.len(),
                     req.node_list.iter().map(|s| format!("{}={}", s.name, human(s.ram))).collect::<Vec<_>>().join(", "),
                     human(missing),
-                    human(missing + RESERVE_BYTES),
+                    size_for(missing),
                 )));
                 }
                 // Disk-paged: spread what is left by RAM share over all the nodes.
@@ -384,16 +483,19 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 }
             }
             let why = format!(
-                "{} named nodes with {} usable in all for {} of weights + KV",
+                "{} named nodes with {} usable in all for {} of {}",
                 req.node_list.len(),
                 human(caps.iter().sum()),
-                human(total)
+                human(total),
+                if free { "weights + KV" } else { "weights" }
             );
             let rams = req.node_list.iter().map(|s| s.ram).collect();
             (ranges, rams, None, why)
         } else {
             let ram = req.node_ram.ok_or_else(|| {
-                PlanError::Invalid("give --node-ram SIZE (or --node NAME=RAM ...)".into())
+                PlanError::Invalid(
+                    "give --node-ram SIZE, --node-free SIZE or --node NAME=SIZE ...".into(),
+                )
             })?;
             let usable = usable_of(ram);
             if usable == 0 {
@@ -409,14 +511,23 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 .map(|l| range_cost(m, LayerRange::new(l, l + 1), kv))
                 .max()
                 .unwrap_or(0);
-            let mut why = format!(
-            "ceil(({} weights + {} KV for {kv} tokens) / {} usable per node ({} RAM - {} reserve)) = {rule}",
-            human(m.weight_bytes()),
-            human(kv_total),
-            human(usable),
-            human(ram),
-            human(RESERVE_BYTES)
-        );
+            let mut why = if free {
+                format!(
+                    "ceil(({} weights + {} KV for {} tokens) / {} usable per node ({} RAM - {} reserve)) = {rule}",
+                    human(weights),
+                    human(kv_total),
+                    kv.kv_tokens,
+                    human(usable),
+                    human(ram),
+                    human(RESERVE_BYTES)
+                )
+            } else {
+                format!(
+                    "ceil({} weights / {} weight budget per node) = {rule}",
+                    human(weights),
+                    human(usable),
+                )
+            };
             let k = match req.nodes {
                 Some(0) => return Err(PlanError::Invalid("--nodes must be at least 1".into())),
                 Some(k) if k > n => {
@@ -431,7 +542,7 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                         let (g, left) = greedy(m, &vec![usable; n as usize], kv);
                         let need = if left.is_some() { None } else { Some(g.len()) };
                         return Err(PlanError::DoesNotFit(format!(
-                        "{k} nodes of {} RAM: the largest node needs {} but has {} usable ({} short){}; pass --disk-paged to page from disk",
+                        "{k} nodes of {}: the largest node needs {} but has {} usable ({} short){}; pass --disk-paged to page from disk",
                         human(ram),
                         human(worst),
                         human(usable),
@@ -451,11 +562,12 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                         let c = range_cost(m, LayerRange::new(l, l + 1), kv);
                         if !req.disk_paged {
                             return Err(PlanError::DoesNotFit(format!(
-                            "layer {l} alone needs {} (weights + KV{}) but a node has {} usable: use nodes with at least {} RAM, or pass --disk-paged",
+                            "layer {l} alone needs {} ({}{}) but a node has {} usable: use nodes with {}, or pass --disk-paged",
                             human(c),
-                            if l == 0 { " + embedding" } else if l + 1 == n { " + head" } else { "" },
+                            if free { "weights + KV" } else { "weights" },
+                            if l == 0 && free { " + embedding" } else if l + 1 == n { " + head" } else { "" },
                             human(usable),
-                            human(c + RESERVE_BYTES)
+                            size_for(c)
                         )));
                         }
                         why.push_str(
@@ -515,10 +627,11 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
         model_id: m.model_id.clone(),
         model_hash: m.model_hash.clone(),
         n_layers: n,
-        weight_bytes: m.weight_bytes(),
+        weight_bytes: weights,
         kv_bytes: kv_total,
-        kv_tokens: kv,
-        reserve_bytes: RESERVE_BYTES,
+        kv_tokens: kv.kv_tokens,
+        budget: req.budget,
+        reserve_bytes: reserve,
         nodes_needed,
         nodes_per_chain: per_chain,
         replicas: req.replicas,
@@ -628,15 +741,24 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, v: &T) -> Result<(), PlanErr
 pub struct PlanArgs {
     /// The whole model (.knot). Omit with --model-bytes for a synthetic model.
     pub knot: Option<PathBuf>,
-    /// RAM of every node (e.g. 2.4G; decimal K/M/G/T, binary Ki/Mi/Gi).
-    #[arg(long)]
+    /// Weight budget of every node: the RAM it keeps for resident weights, with KV cache,
+    /// activations and OS headroom already taken off (the R1 Mesh Scaling Plan's "2.4 GB per
+    /// node": --node-ram 2.4G). Sizes: K/M/G/T binary, KB/MB/GB/TB decimal.
+    #[arg(long, value_name = "SIZE", conflicts_with = "node_free")]
     pub node_ram: Option<String>,
+    /// Free RAM of every node: the planner takes off a 400 MB reserve and the KV budget
+    /// (--kv-tokens) itself, and counts the whole embedding on the entry node.
+    #[arg(long, value_name = "SIZE")]
+    pub node_free: Option<String>,
     /// Use exactly N identical nodes per chain (default: as few as fit).
     #[arg(long)]
     pub nodes: Option<u32>,
-    /// A named node and its RAM, NAME=RAM, in chain order (repeat for each node).
-    #[arg(long = "node", value_name = "NAME=RAM")]
+    /// A named node and its weight budget, NAME=SIZE, in chain order (repeat for each node).
+    #[arg(long = "node", value_name = "NAME=SIZE")]
     pub node: Vec<String>,
+    /// Read the --node sizes as free RAM (as --node-free does), not weight budgets.
+    #[arg(long, requires = "node")]
+    pub free: bool,
     /// Independent chains (replicas) for throughput and failover.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
@@ -644,7 +766,7 @@ pub struct PlanArgs {
     /// each token re-reads.
     #[arg(long)]
     pub disk_paged: bool,
-    /// KV positions budgeted per layer (each costs 2 * kv_dim * 4 bytes).
+    /// KV positions budgeted per layer with free-RAM sizes (each costs 2 * kv_dim * 4 bytes).
     #[arg(long, default_value_t = DEFAULT_KV_TOKENS)]
     pub kv_tokens: u64,
     /// Synthetic model size instead of a file (e.g. 7G), spread evenly over --layers.
@@ -690,12 +812,19 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
             }
             Ok(NodeSpec {
                 name: name.into(),
-                ram: parse_size(ram)?,
+                ram: parse_size("--node", ram)?,
             })
         })
         .collect::<Result<Vec<_>, PlanError>>()?;
+    let (node_ram, budget) = match (&args.node_ram, &args.node_free) {
+        (Some(s), _) => (Some(parse_size("--node-ram", s)?), Budget::Weights),
+        (None, Some(s)) => (Some(parse_size("--node-free", s)?), Budget::Free),
+        (None, None) if args.free => (None, Budget::Free),
+        (None, None) => (None, Budget::Weights),
+    };
     let req = PlanRequest {
-        node_ram: args.node_ram.as_deref().map(parse_size).transpose()?,
+        node_ram,
+        budget,
         nodes: args.nodes,
         node_list,
         replicas: args.replicas,
@@ -715,9 +844,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let costs = match (&knot, &args.model_bytes) {
         (Some(k), _) => ModelCosts::from_knot(k),
-        (None, Some(b)) => {
-            ModelCosts::synthetic(parse_size(b)?, args.layers.unwrap_or(0), args.kv_dim)
-        }
+        (None, Some(b)) => ModelCosts::synthetic(
+            parse_size("--model-bytes", b)?,
+            args.layers.unwrap_or(0),
+            args.kv_dim,
+        ),
         _ => unreachable!("checked above"),
     };
     let p = plan(&costs, &req)?;
@@ -759,15 +890,24 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
 }
 
 fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::io::Result<()> {
-    writeln!(
-        o,
-        "{}: {} layers, {} weights + {} KV ({} tokens)",
-        p.model_id,
-        p.n_layers,
-        human(p.weight_bytes),
-        human(p.kv_bytes),
-        p.kv_tokens
-    )?;
+    match p.budget {
+        Budget::Free => writeln!(
+            o,
+            "{}: {} layers, {} weights + {} KV ({} tokens)",
+            p.model_id,
+            p.n_layers,
+            human(p.weight_bytes),
+            human(p.kv_bytes),
+            p.kv_tokens
+        )?,
+        Budget::Weights => writeln!(
+            o,
+            "{}: {} layers, {} weights (weight budgets: KV, activations and headroom are outside them)",
+            p.model_id,
+            p.n_layers,
+            human(p.weight_bytes),
+        )?,
+    }
     if let Some(r) = p.nodes_needed {
         writeln!(o, "nodes needed: {r} ({})", p.why)?;
     } else {
@@ -822,9 +962,11 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
 mod tests {
     use super::*;
 
+    /// Identical nodes of `ram` free RAM (the planner's semantics before issue 18).
     fn req(ram: &str) -> PlanRequest {
         PlanRequest {
-            node_ram: Some(parse_size(ram).unwrap()),
+            node_ram: Some(parse_size("--node-free", ram).unwrap()),
+            budget: Budget::Free,
             nodes: None,
             node_list: vec![],
             replicas: 1,
@@ -835,18 +977,16 @@ mod tests {
 
     #[test]
     fn sizes_parse_decimal_and_binary() {
-        assert_eq!(parse_size("2.4G").unwrap(), 2_400_000_000);
-        assert_eq!(parse_size("512M").unwrap(), 512_000_000);
-        assert_eq!(parse_size("1Gi").unwrap(), 1 << 30);
-        assert_eq!(parse_size("7GB").unwrap(), 7_000_000_000);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1G").is_err());
+        assert_eq!(parse_size("--node-ram", "2.4GB").unwrap(), 2_400_000_000);
+        assert_eq!(parse_size("--node-ram", "2.4G").unwrap(), 2_576_980_378);
+        assert_eq!(parse_size("--node-ram", "1Gi").unwrap(), 1 << 30);
+        assert!(parse_size("--node-ram", "lots").is_err());
     }
 
-    /// The scaling table of specs/mesh.md: nodes at 2.4 GB each.
+    /// The free-RAM table of specs/mesh.md (`--node-free 2.4GB`): today's figures stay reachable.
     #[test]
-    fn scaling_table_node_counts() {
-        let r = req("2.4G");
+    fn free_ram_table_node_counts() {
+        let r = req("2.4GB");
         let cases = [
             (4_000_000_000u64, 32u32, 3u32, 3u32),
             (7_000_000_000, 32, 4, 4),
@@ -885,7 +1025,7 @@ mod tests {
         let mut m = ModelCosts::synthetic(360_000_000, 24, 128);
         m.entry_bytes = 70_000_000;
         m.exit_bytes = 60_000_000;
-        let p = plan(&m, &req("2.4G")).unwrap();
+        let p = plan(&m, &req("2.4GB")).unwrap();
         assert_eq!((p.nodes_needed, p.nodes_per_chain), (Some(1), 1));
         assert_eq!(p.nodes[0].role, Role::Full);
     }
@@ -893,7 +1033,7 @@ mod tests {
     #[test]
     fn refuses_what_does_not_fit_and_pages_when_asked() {
         let m = ModelCosts::synthetic(7_000_000_000, 32, SYNTHETIC_KV_DIM);
-        let mut r = req("2.4G");
+        let mut r = req("2.4GB");
         r.nodes = Some(2);
         let e = plan(&m, &r).unwrap_err().to_string();
         assert!(
@@ -911,7 +1051,7 @@ mod tests {
     #[test]
     fn a_layer_bigger_than_a_node_is_named() {
         let m = ModelCosts::synthetic(70_000_000_000, 32, SYNTHETIC_KV_DIM);
-        let e = plan(&m, &req("2.4G")).unwrap_err().to_string();
+        let e = plan(&m, &req("2.4GB")).unwrap_err().to_string();
         assert!(e.contains("layer 0 alone needs"), "{e}");
     }
 
@@ -920,6 +1060,7 @@ mod tests {
         let m = ModelCosts::synthetic(3_000_000_000, 30, SYNTHETIC_KV_DIM);
         let r = PlanRequest {
             node_ram: None,
+            budget: Budget::Free,
             nodes: None,
             node_list: vec![
                 NodeSpec {

@@ -294,6 +294,42 @@ fn bad_input_is_refused_with_exit_2() {
     assert!(stray.is_empty(), "temp files left: {stray:?}");
 }
 
+/// Issue 21: `--node-ram 2.4` was read as 2 bytes ("0 KB"); a size needs a unit.
+#[test]
+fn plan_refuses_a_size_without_a_unit() {
+    let o = run(&[
+        "plan",
+        "--model-bytes",
+        "7G",
+        "--layers",
+        "32",
+        "--node-ram",
+        "2.4",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--node-ram") && err.contains("did you mean 2.4G?"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    let o = run(&[
+        "plan",
+        "--model-bytes",
+        "7",
+        "--layers",
+        "32",
+        "--node-ram",
+        "2.4G",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--model-bytes") && err.contains("did you mean 7G?"),
+        "{err}"
+    );
+}
+
 fn models_dir() -> PathBuf {
     match std::env::var_os("AEON_MODELS_DIR") {
         Some(d) => PathBuf::from(d),

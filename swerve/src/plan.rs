@@ -537,29 +537,13 @@ impl fmt::Display for Plan {
     }
 }
 
-/// Parses a size like `512M`, `2G`, `1048576`, `64k` (powers of 1024).
+/// Parses `--mem` (`512MiB`, `2G`; the workspace's size rule, `knot_format::size`).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let bad = || SwerveError::BadArg {
+    let v = knot_format::size::parse_size(s).map_err(|e| SwerveError::BadArg {
         what: "--mem",
         value: s.to_string(),
-        reason: "expected a byte count like 512M, 2G or 1048576".into(),
-    };
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(bad()),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let v = n.checked_mul(mult).ok_or_else(bad)?;
+        reason: e.to_string(),
+    })?;
     if v < (1 << 20) {
         return Err(SwerveError::BadArg {
             what: "--mem",
@@ -676,7 +660,7 @@ mod tests {
 
     #[test]
     fn sizes_caps_and_binds_parse() {
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_size("2g").unwrap(), 2 << 30);
         assert!(parse_size("12").is_err());
         assert!(parse_size("lots").is_err());
