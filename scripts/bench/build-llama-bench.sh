@@ -57,15 +57,20 @@ sdist=$(ls "$tmp"/llama_cpp_python-*.tar.gz 2>/dev/null | head -n1)
 version=$(basename "$sdist" .tar.gz); version=${version#llama_cpp_python-}
 dir=$cache/$version
 if [ ! -x "$dir/build/bin/llama-bench" ]; then
-  rm -rf "$dir.partial" && mkdir -p "$dir.partial"
-  tar -xzf "$sdist" -C "$dir.partial" --strip-components=1 || die "untar $sdist failed"
   src=$dir.partial/vendor/llama.cpp
-  [ -f "$src/CMakeLists.txt" ] || die "no vendored llama.cpp in $sdist"
-  echo "build-llama-bench: cmake llama.cpp (llama-cpp-python $version), target llama-bench" >&2
-  cmake -S "$src" -B "$dir.partial/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF >"$dir.partial/cmake.log" 2>&1 \
-    || { tail -n 20 "$dir.partial/cmake.log" >&2; die "cmake configure failed"; }
+  if [ -f "$dir.partial/build/CMakeCache.txt" ]; then
+    # An interrupted build of this version: carry on where it stopped.
+    echo "build-llama-bench: resuming the build in $dir.partial" >&2
+  else
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial"
+    tar -xzf "$sdist" -C "$dir.partial" --strip-components=1 || die "untar $sdist failed"
+    [ -f "$src/CMakeLists.txt" ] || die "no vendored llama.cpp in $sdist"
+    echo "build-llama-bench: cmake llama.cpp (llama-cpp-python $version), target llama-bench" >&2
+    cmake -S "$src" -B "$dir.partial/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+      -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF >"$dir.partial/cmake.log" 2>&1 \
+      || { tail -n 20 "$dir.partial/cmake.log" >&2; die "cmake configure failed"; }
+  fi
   cmake --build "$dir.partial/build" --target llama-bench -j "${AEON_BUILD_JOBS:-$(nproc)}" \
     >"$dir.partial/build.log" 2>&1 \
     || { tail -n 20 "$dir.partial/build.log" >&2; die "building llama-bench failed"; }
