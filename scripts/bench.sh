@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Issue 9's benchmark, in ONE run on this machine:
+# The benchmark, in ONE run on this machine:
 #   - builds fat-station (release) and runs aeon-bench on the Qwen KNOT: streaming read
 #     bandwidth, roofline tok/s, prefill (64-token prompt) and decode (64 greedy tokens)
 #     tok/s at 1 and 2 threads, station hop cost, start-to-ready, peak RSS;
-#   - runs llama.cpp (PyPI llama-cpp-python) on the same GGUF with the same prompt ids,
-#     greedy, same thread counts (skipped with a note when llama_cpp is not installed);
-#   - prints the table with ours/llama.cpp and ours/roofline ratios and the issue's targets.
+#   - builds llama.cpp's own llama-bench natively (scripts/bench/build-llama-bench.sh: the
+#     llama.cpp tree inside the llama-cpp-python sdist, -DGGML_NATIVE=ON, cached under
+#     ~/.cache/aeon-shell/llama-bench) and runs it on the same GGUF: pp64, and tg64 at depth 64,
+#     same thread counts (scripts/bench/llama_bench_run.py);
+#   - prints the table with ours/llama.cpp and ours/roofline ratios, and the spreads of both
+#     (every repetition: this is a shared 2-core VM whose bandwidth moves minute to minute).
 #
-# Usage: scripts/bench.sh [--no-build] [--no-llama] [--out DIR] [-- extra aeon-bench args]
-# Env:   AEON_MODELS_DIR (model cache, default ~/.cache/aeon-shell/models), PYTHON (python3).
+# Usage: scripts/bench.sh [--no-build] [--no-llama] [--llama-reps N] [--out DIR] [-- aeon-bench args]
+# Env:   AEON_MODELS_DIR (model cache, default ~/.cache/aeon-shell/models), PYTHON (python3),
+#        LLAMA_BENCH (a llama-bench binary to use instead of building one).
 # Files: DIR (default target/bench) gets aeon.json, llama.json and table.txt.
 # Exit:  0 when the measurements ran (the table reports PASS/FAIL; it is not a gate),
-#        2 on a missing model or a failed build/measurement.
+#        2 on a missing model or a failed build/measurement of ours.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -23,14 +27,16 @@ py=${PYTHON:-python3}
 out=$root/target/bench
 build=1
 llama=1
+llama_reps=5
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=0 ;;
     --no-llama) llama=0 ;;
+    --llama-reps) llama_reps=$2; shift ;;
     --out) out=$2; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -55,20 +61,23 @@ if [ "$llama" = 0 ]; then
 elif [ ! -f "$gguf" ]; then
   echo "bench.sh: NOTE: $gguf missing; llama.cpp side skipped" >&2
 else
-  echo "bench.sh: llama.cpp on the same GGUF and prompt..." >&2
-  set +e
-  "$py" "$here/bench/llama_cpp_bench.py" --gguf "$gguf" --aeon-json "$out/aeon.json" --json > "$out/llama.json.tmp"
-  rc=$?
-  set -e
-  if [ $rc = 0 ]; then
-    mv "$out/llama.json.tmp" "$out/llama.json"
-    peer=("$out/llama.json")
-  elif [ $rc = 3 ]; then
-    echo "bench.sh: NOTE: llama_cpp is not installed (pip install llama-cpp-python); comparing with the roofline only" >&2
-    rm -f "$out/llama.json.tmp"
+  lb=${LLAMA_BENCH:-}
+  if [ -z "$lb" ]; then
+    echo "bench.sh: llama-bench (built once from the llama-cpp-python sdist, cached)..." >&2
+    lb=$(bash "$here/bench/build-llama-bench.sh") || lb=""
+  fi
+  if [ -z "$lb" ] || [ ! -x "$lb" ]; then
+    echo "bench.sh: NOTE: no llama-bench (see above); comparing with the roofline only" >&2
   else
-    echo "bench.sh: llama.cpp side failed (exit $rc); comparing with the roofline only" >&2
-    rm -f "$out/llama.json.tmp"
+    echo "bench.sh: $lb on the same GGUF, prompt length and threads..." >&2
+    if "$py" "$here/bench/llama_bench_run.py" "$lb" "$gguf" --aeon-json "$out/aeon.json" \
+        --reps "$llama_reps" > "$out/llama.json.tmp"; then
+      mv "$out/llama.json.tmp" "$out/llama.json"
+      peer=("$out/llama.json")
+    else
+      echo "bench.sh: llama-bench failed; comparing with the roofline only" >&2
+      rm -f "$out/llama.json.tmp"
+    fi
   fi
 fi
 "$py" "$here/bench/table.py" "$out/aeon.json" "${peer[@]}" | tee "$out/table.txt"

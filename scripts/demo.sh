@@ -9,7 +9,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export AEON_MODELS_DIR=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
-bins=(fat-station paris-probe monster-guard moonshine foil-control swerve knot)
 
 echo "== fetch: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (cached in $AEON_MODELS_DIR)"
 scripts/fetch-model.sh qwen
@@ -22,22 +21,12 @@ if [ "$(id -u)" -eq 0 ] && unshare --mount --net --pid --fork true 2>/dev/null; 
   sliver=${AEON_SLIVER_DIR:-$HOME/.cache/aeon-shell/slivers/scratch}
   echo "== rootfs: $sliver"
   [ -x "$sliver/bin/bash" ] || scripts/make-rootfs.sh "$sliver"
-  # The stack goes into the rootfs before admission, so the certificate covers it.
-  mkdir -p "$sliver/opt/aeon/bin" "$sliver/opt/aeon/specs" "$sliver/models"
-  for b in "${bins[@]}"; do
-    install -m 0755 "$bin/$b" "$sliver/opt/aeon/bin/$b"
-    # Shared libraries the (glibc) binaries need, at the paths the loader expects.
-    ldd "$bin/$b" | grep -o '/[^ ]*' | while read -r lib; do
-      [ -e "$sliver$lib" ] || { mkdir -p "$sliver$(dirname "$lib")"; cp -L "$lib" "$sliver$lib"; }
-    done
-  done
-  cp specs/*.json "$sliver/opt/aeon/specs/"
-  install -m 0755 scripts/r1/foothold.sh "$sliver/opt/aeon/foothold.sh"
+  # The stack and the model go into the rootfs before admission, so the certificate covers them.
+  scripts/r1/sliver-install.sh "$sliver"
   echo "== admit base:scratch"
   "$bin/swerve" admit base:scratch --rootfs "$sliver"
-  echo "== foothold inside the sliver"
-  exec "$bin/swerve" cline base:scratch --rootfs "$sliver" --hostname r1-sliver \
-    --bind "$AEON_MODELS_DIR:/models:ro" -- env AEON_MODELS_DIR=/models bash /opt/aeon/foothold.sh
+  echo "== foothold inside the sliver: swerve cline base:scratch -- bash /opt/aeon/foothold.sh"
+  exec "$bin/swerve" cline base:scratch --hostname r1-sliver -- bash /opt/aeon/foothold.sh
 else
   echo "== not root (or no namespaces here): running the foothold OUTSIDE a sliver"
   AEON_BIN=$bin AEON_SPECS=$root/specs exec bash scripts/r1/foothold.sh

@@ -200,7 +200,7 @@ def main():
     ap.add_argument("--chain", action="append", default=[], help="comma-separated hop URLs of one chain (repeat for replicas)")
     ap.add_argument("--chains", help="chains file from `moonshine mesh form`")
     ap.add_argument("--launch", metavar="MODEL.knot", help="start the stations and run the three configurations")
-    ap.add_argument("--station-bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "fat-station"))
+    ap.add_argument("--station-bin", default=os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "target", "release", "fat-station"))
     ap.add_argument("--ranges", default="0-8,8-16,16-24", help="with --launch: the layer ranges of one chain")
     ap.add_argument("--threads", type=int, default=1, help="with --launch: compute threads per station")
     ap.add_argument("--repeat", type=int, default=3, help="with --launch: runs of each configuration (median reported)")

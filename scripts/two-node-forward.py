@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 
-_here = os.path.dirname(os.path.abspath(__file__))
+_here = os.path.dirname(os.path.realpath(__file__))
 _spec = importlib.util.spec_from_file_location(
     "three_node_forward", os.path.join(_here, "three-node-forward.py"))
 driver = importlib.util.module_from_spec(_spec)

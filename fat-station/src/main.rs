@@ -89,6 +89,12 @@ struct Args {
     /// Layers to serve, `a..b` or `a-b` (half-open, original indices).
     #[arg(long)]
     layers: Option<String>,
+    /// A mesh node's promise (the seed report's `fat-station --sharded`): this station serves
+    /// one part of a split model (a shard file from `shard-knot split`, a --manifest, or
+    /// --layers of a full file) and refuses to start if it would hold the whole model.
+    /// A station always maps only the tensors it serves; this makes the split a checked fact.
+    #[arg(long)]
+    sharded: bool,
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -246,6 +252,16 @@ fn run(args: Args) -> Result<()> {
         ..Limits::default()
     };
     let station = Station::open(knot, held, limits).context("loading the model")?;
+    if args.sharded {
+        let n = station.health_report().n_layers;
+        if station.model().holdings() == Holdings::full(n as usize) {
+            bail!(
+                "--sharded: {} would hold the whole model (layers 0-{n}, embedding and head); \
+                 give a shard file (shard-knot split), --manifest, or --layers a..b",
+                knot_path.display()
+            );
+        }
+    }
     let successor = manifest.as_ref().and_then(|(m, _)| m.successor.clone());
     let chain = manifest.as_ref().map(|(m, _)| m.chain);
     station.set_mesh(MeshNode::new(
@@ -303,14 +319,22 @@ fn run(args: Args) -> Result<()> {
             }
             None => None,
         };
-        println!(
-            "fat-station: serving {} layers {}-{}{}{} on http://{addr} (ready in {:.1} ms)",
-            station.model().knot().header().model_id,
-            h.layers.start,
-            h.layers.end,
-            if h.embed { " +embed" } else { "" },
-            if h.head { " +lm-head" } else { "" },
-            t0.elapsed().as_secs_f64() * 1e3
+        // Two lines in one write (a reader that takes the first line and closes the pipe
+        // must not make a second write fail): the URL line, then the seed report's
+        // `pipeline ready in N ms` (process start to accepting).
+        let ready_ms = t0.elapsed().as_secs_f64() * 1e3;
+        print!(
+            "{}",
+            format!(
+                "fat-station: serving {} layers {}-{}{}{} on http://{addr} (ready in {ready_ms:.1} ms)\n\
+                 pipeline ready in {} ms ({ready_ms:.2} ms: model mapped, nothing copied)\n",
+                station.model().knot().header().model_id,
+                h.layers.start,
+                h.layers.end,
+                if h.embed { " +embed" } else { "" },
+                if h.head { " +lm-head" } else { "" },
+                ready_ms.round() as u64,
+            )
         );
         server::serve(listener, station, shutdown_signal()).await;
         Ok(())

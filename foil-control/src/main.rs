@@ -158,7 +158,7 @@ fn init_logging() {
     }
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
     match run(args) {

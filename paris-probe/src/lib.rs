@@ -155,6 +155,18 @@ pub fn neg_log_softmax(logits: &[f32], target: u32) -> f64 {
     -(l - max - sum.ln())
 }
 
+/// The largest finite logit and its id (lowest id on ties); `None` when no logit is finite.
+/// NaN and infinities are skipped, so a broken row cannot hide behind them.
+pub fn max_finite(logits: &[f32]) -> Option<(u32, f32)> {
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i as u32, l));
+        }
+    }
+    best
+}
+
 /// Indices of the `k` largest logits, best first (ties: lower id first).
 pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
@@ -280,6 +292,16 @@ pub fn open_chain(station: Option<&str>, mesh: Option<&std::path::Path>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_finite_skips_nan_and_infinities() {
+        assert_eq!(
+            max_finite(&[1.0, f32::NAN, f32::INFINITY, 3.5, 3.5, f32::NEG_INFINITY]),
+            Some((3, 3.5))
+        );
+        assert_eq!(max_finite(&[f32::NAN, f32::INFINITY]), None);
+        assert_eq!(max_finite(&[]), None);
+    }
 
     #[test]
     fn top_k_orders_and_breaks_ties_by_id() {

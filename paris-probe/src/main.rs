@@ -57,7 +57,7 @@ struct Args {
     json: bool,
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -136,11 +136,20 @@ fn print_text(r: &Report) {
             (nll as f64).exp()
         );
     }
+    // The verdict line as the seed report prints it, so scripts that grep it work:
+    // `max finite logit +14.34 at token_id 12095 -> PASS: argmax 12095 matches`.
+    let best = match paris_probe::max_finite(&r.logits) {
+        Some((id, l)) => format!("max finite logit {l:+.2} at token_id {id}"),
+        None => "no finite logit".to_string(),
+    };
     if r.pass {
-        println!("PASS: argmax {} matches (margin {:.4})", r.argmax, r.margin);
+        println!(
+            "{best} -> PASS: argmax {} matches (margin {:.4})",
+            r.argmax, r.margin
+        );
     } else {
         println!(
-            "FAIL: expected {}{} (logit {:.4}, rank {}), got argmax {}{} (logit {:.4})",
+            "{best} -> FAIL: expected {}{} (logit {:.4}, rank {}), got argmax {}{} (logit {:.4})",
             r.expected,
             show(&r.expected_text),
             r.expected_logit,

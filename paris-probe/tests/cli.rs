@@ -72,6 +72,44 @@ fn paris_passes_by_ids_and_by_text() {
     assert!(v["margin"].as_f64().expect("margin") > 3.0);
 }
 
+/// The seed report's verdict line, `max finite logit +14.34 at token_id 12095 -> PASS: argmax
+/// 12095 matches`, with the real logit of this run (the same one --json reports).
+#[test]
+fn prints_the_seed_verdict_line_with_the_real_logit() {
+    let Some(m) = qwen() else { return };
+    let m = m.to_str().expect("utf-8");
+    let args = [
+        "--dense",
+        m,
+        "--dense-only",
+        "--tokens",
+        "785,6722,315,9625,374",
+        "--expected",
+        "12095",
+    ];
+    // Under the seed's name for the probe, `paris-probe-rknot` (the same program).
+    let o = Command::new(env!("CARGO_BIN_EXE_paris-probe-rknot"))
+        .args(args)
+        .output()
+        .expect("run paris-probe-rknot");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (_, json, _) = probe(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+    let logit = v["logit"].as_f64().expect("logit");
+    let want =
+        format!("max finite logit {logit:+.2} at token_id 12095 -> PASS: argmax 12095 matches");
+    assert!(
+        out.lines().any(|l| l.starts_with(&want)),
+        "no line starting {want:?} in:\n{out}"
+    );
+}
+
 #[test]
 fn wrong_expectation_fails_with_exit_1_and_says_why() {
     let Some(m) = qwen() else { return };

@@ -61,6 +61,16 @@ fn qwen_midpoint_split_is_bit_identical() {
         t.contains("tokens [785, 6722, 315, 9625,"),
         "the default tokens start with the Paris prompt: {t}"
     );
+    // The seed report's lines, at the start of a line, so scripts that grep them work.
+    for want in [
+        "TEST 1 (4 tokens): cos=1.000000 max-abs-delta=0.000000 -> PASS",
+        "TEST 2 (8 tokens, 4+4): cos=1.000000 max-abs-delta=0.000000 -> PASS",
+    ] {
+        assert!(
+            t.lines().any(|l| l.starts_with(want)),
+            "no {want:?} in:\n{t}"
+        );
+    }
     assert!(
         String::from_utf8_lossy(&o.stdout)
             .trim_end()

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Prints the issue-9 table from aeon-bench's JSON and (optionally) llama_cpp_bench.py's JSON.
+"""Prints the bench table from aeon-bench's JSON and (optionally) llama_bench_run.py's JSON.
 
 Usage: table.py AEON.json [LLAMA.json]
+
+Ours: the best repetition (prefill), the best decode against the bandwidth read around it, and
+the spread (min-max) of every repetition. llama.cpp (llama-bench): the mean and standard
+deviation of its repetitions, and their min-max.
 
 Columns per thread count: our prefill and decode tok/s, llama.cpp's, the ratios ours/llama.cpp,
 the bandwidth roofline and ours/roofline; then the targets of issue 9 with PASS/FAIL, the
@@ -43,9 +47,11 @@ def main(argv):
         f"weights read per decoded token {ours['bytes_per_token'] / 1e6:.1f} MB"
     )
     if peer:
-        print(f"llama.cpp: llama-cpp-python {peer.get('llama_cpp_version', '?')}")
+        print(f"llama.cpp: {peer.get('llama_cpp_version', '?')}")
+        for c in peer.get("commands", []):
+            print(f"  {c}")
     else:
-        print("llama.cpp: not measured (pip install llama-cpp-python to compare)")
+        print("llama.cpp: not measured (scripts/bench/build-llama-bench.sh builds llama-bench)")
     print()
     hdr = (
         f"{'thr':>3} | {'bw GB/s':>7} {'roof t/s':>8} | {'prefill':>8} {'llama':>7} {'ratio':>6} | "
@@ -76,6 +82,28 @@ def main(argv):
         if p.get("greedy") and r.get("greedy"):
             same = sum(1 for a, b in zip(p["greedy"], r["greedy"]) if a == b)
             print(f"    greedy ids agree with llama.cpp on {same}/{min(len(p['greedy']), len(r['greedy']))} of the first tokens")
+    print()
+    print("spreads over repetitions (tok/s): ours min-max | llama.cpp mean +- sd (min-max)")
+    for r in ours["runs"]:
+        t = r["threads"]
+        p = peer_runs.get(t, {})
+        reps = r.get("reps") or []
+        def mm(vals):
+            return f"{min(vals):.1f}-{max(vals):.1f}" if vals else "-"
+        def peer_spread(kind):
+            if not p:
+                return "-"
+            sd = p.get(f"{kind}_stddev")
+            return f"{p[f'{kind}_tok_s']:.1f} +- {fmt(sd)} ({mm(p.get(f'{kind}_samples') or [])})"
+        ours_p = [x["prefill_tok_s"] for x in reps]
+        ours_d = [x["decode_tok_s"] for x in reps]
+        ratio_lo = ratio(min(ours_d), max(p.get("decode_samples") or [0]) or None) if ours_d and p else None
+        ratio_hi = ratio(max(ours_d), min(p.get("decode_samples") or [0]) or None) if ours_d and p else None
+        print(
+            f"{t:>3} thr: prefill {mm(ours_p)} | {peer_spread('prefill')};  "
+            f"decode {mm(ours_d)} | {peer_spread('decode')}"
+            + (f";  decode ratio range {ratio_lo:.2f}-{ratio_hi:.2f}" if ratio_lo and ratio_hi else "")
+        )
     print()
     s = ours.get("station")
     if s:

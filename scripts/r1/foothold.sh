@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The foothold: the whole stack in one invocation, as it runs on the device inside a sliver:
-#   swerve cline base:scratch --rootfs DIR --bind MODELS:/models:ro -- bash /opt/aeon/foothold.sh
-# It prints the three verdict lines:
+#   swerve cline base:scratch -- bash /opt/aeon/foothold.sh
+# (scripts/r1/sliver-install.sh puts the binaries, specs and the model into the rootfs before
+# admission; no --bind is needed.) It prints the seed report's header
+#   === aeon-shell foothold inside a swerve sliver: x86_64 / "Debian GNU/Linux 12 (bookworm)" ===
+# (machine from uname -m, OS from the rootfs's /etc/os-release) and the three verdict lines:
 #   1) monster-guard: quality spec passed -> delegated
 #   2) The capital of France is ->  Paris          (a station + moonshine)
 #   3) cache_hit:true argmax 12095 logit <L>       (the foil collector holds the residue)
@@ -9,23 +12,35 @@
 # Environment (defaults are the sliver layout that scripts/demo.sh builds):
 #   AEON_BIN         directory of the binaries          (/opt/aeon/bin)
 #   AEON_SPECS       directory of the qspecs            (/opt/aeon/specs)
-#   AEON_MODELS_DIR  directory holding the Qwen .knot   (/models)
+#   AEON_MODELS_DIR  directory holding the Qwen .knot   (first of $AEON_MODELS_DIR, /models,
+#                                                        ~/.cache/aeon-shell/models that holds it)
 #   AEON_STATE       scratch state (grants, logs, data) (${TMPDIR:-/tmp}/aeon-foothold)
 #   AEON_PORT, AEON_FOIL_PORT   station and collector ports (8080, 8886)
 set -euo pipefail
 
 bin=${AEON_BIN:-/opt/aeon/bin}
 specs=${AEON_SPECS:-/opt/aeon/specs}
-export AEON_MODELS_DIR=${AEON_MODELS_DIR:-/models}
 state=${AEON_STATE:-${TMPDIR:-/tmp}/aeon-foothold}
 port=${AEON_PORT:-8080}
 foil_port=${AEON_FOIL_PORT:-8886}
-knot=$AEON_MODELS_DIR/qwen2.5-coder-0.5b-instruct-q4_k_m.knot
+model=qwen2.5-coder-0.5b-instruct-q4_k_m.knot
 prompt="The capital of France is"
 
 die() { echo "foothold: $*" >&2; exit 1; }
 [ -x "$bin/fat-station" ] || die "no binaries in $bin (set AEON_BIN)"
-[ -f "$knot" ] || die "model $knot missing (run scripts/fetch-model.sh; set AEON_MODELS_DIR)"
+# The model: an AEON_MODELS_DIR inherited from the host may not exist inside the sliver.
+models=""
+for d in "${AEON_MODELS_DIR:-}" /models "${HOME:-/nonexistent}/.cache/aeon-shell/models"; do
+  if [ -n "$d" ] && [ -f "$d/$model" ]; then models=$d; break; fi
+done
+[ -n "$models" ] || die "model $model not in \$AEON_MODELS_DIR, /models or ~/.cache/aeon-shell/models (run scripts/fetch-model.sh, then scripts/r1/sliver-install.sh ROOTFS)"
+export AEON_MODELS_DIR=$models
+knot=$AEON_MODELS_DIR/$model
+
+# The seed report's header: where this runs. Inside swerve, PID 1 is swerve's own init.
+os=$( (. /etc/os-release 2>/dev/null && printf '%s' "${PRETTY_NAME:-${NAME:-unknown}}") || echo unknown)
+if [ "$(cat /proc/1/comm 2>/dev/null)" = swerve ]; then where="inside a swerve sliver"; else where="OUTSIDE a sliver"; fi
+echo "=== aeon-shell foothold $where: $(uname -m) / \"$os\" ==="
 rm -rf "$state" && mkdir -p "$state"
 export MONSTER_GUARD_HOME=$state/guard PARIS_PROBE=$bin/paris-probe
 

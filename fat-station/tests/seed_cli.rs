@@ -1,0 +1,66 @@
+//! The station as the seed report uses it: its `pipeline ready in N ms` line and
+//! `fat-station --sharded`.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use support::*;
+
+/// The first two stdout lines of a station started with `args` (killed afterwards).
+fn first_two_lines(args: &[&str]) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
+        .args(args)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn fat-station");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let (mut a, mut b) = (String::new(), String::new());
+    out.read_line(&mut a).expect("first line");
+    out.read_line(&mut b).expect("second line");
+    let _ = child.kill();
+    let _ = child.wait();
+    (a, b)
+}
+
+#[test]
+fn station_prints_pipeline_ready_after_its_url_line() {
+    let Some(path) = model(QWEN) else { return };
+    let (url_line, ready) = first_two_lines(&["--knot", path.to_str().expect("utf-8")]);
+    assert!(url_line.contains("http://127.0.0.1:"), "{url_line:?}");
+    let n = ready
+        .strip_prefix("pipeline ready in ")
+        .and_then(|r| r.split_once(" ms"))
+        .map(|(n, _)| n)
+        .unwrap_or_else(|| panic!("not the seed's line: {ready:?}"));
+    assert!(
+        n.parse::<u64>().is_ok(),
+        "N is whole milliseconds: {ready:?}"
+    );
+}
+
+#[test]
+fn sharded_station_refuses_the_whole_model_and_serves_a_range() {
+    let Some(path) = model(QWEN) else { return };
+    let p = path.to_str().expect("utf-8");
+    let o = Command::new(env!("CARGO_BIN_EXE_fat-station"))
+        .args(["--knot", p, "--sharded", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("run fat-station");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--sharded") && err.contains("whole model"),
+        "{err}"
+    );
+
+    let (url_line, ready) = first_two_lines(&["--knot", p, "--sharded", "--layers", "0..12"]);
+    assert!(
+        url_line.contains("layers 0-12 +embed on http://"),
+        "{url_line:?}"
+    );
+    assert!(ready.starts_with("pipeline ready in "), "{ready:?}");
+}

@@ -1,0 +1,1 @@
+../three-node-forward.py

@@ -1,0 +1,1 @@
+../two-node-forward.py
