@@ -187,6 +187,13 @@ impl StationClient {
                 ..Default::default()
             },
         )?;
+        if t.tokens.is_empty() && parts.iter().any(|p| !p.0.is_empty()) {
+            // A station older than `parts` reads only the (empty) `text`.
+            return Err(ClientError::BadResponse {
+                url: format!("{}{}", self.base, wire::ROUTE_TOKENIZE),
+                why: "no tokens for non-empty parts: the station predates /tokenize parts".into(),
+            });
+        }
         Ok(t.tokens)
     }
 
