@@ -157,8 +157,43 @@ impl StationClient {
             &wire::TokenizeRequest {
                 text: text.into(),
                 add_bos,
+                ..Default::default()
             },
         )?;
+        Ok(t.tokens)
+    }
+
+    /// `POST /tokenize` with `parts`: `(text, parse_special)` pieces encoded as one text, with
+    /// special tokens only where `parse_special` is true (a chat template's markup, never a
+    /// user's content).
+    pub fn tokenize_parts(
+        &self,
+        parts: &[(&str, bool)],
+        add_bos: Option<bool>,
+    ) -> Result<Vec<u32>, ClientError> {
+        let t: wire::Tokens = self.post_json(
+            wire::ROUTE_TOKENIZE,
+            &wire::TokenizeRequest {
+                add_bos,
+                parts: Some(
+                    parts
+                        .iter()
+                        .map(|&(text, parse_special)| wire::TextPart {
+                            text: text.into(),
+                            parse_special,
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        )?;
+        if t.tokens.is_empty() && parts.iter().any(|p| !p.0.is_empty()) {
+            // A station older than `parts` reads only the (empty) `text`.
+            return Err(ClientError::BadResponse {
+                url: format!("{}{}", self.base, wire::ROUTE_TOKENIZE),
+                why: "no tokens for non-empty parts: the station predates /tokenize parts".into(),
+            });
+        }
         Ok(t.tokens)
     }
 

@@ -470,10 +470,13 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             let body: wire::TokenizeRequest = read_json(&st, req).await?;
             let tok = st.tokenizer()?;
             let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
+            let pieces = body
+                .pieces()
+                .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
             Ok(json(
                 StatusCode::OK,
                 &wire::Tokens {
-                    tokens: tok.encode(&body.text, add_bos),
+                    tokens: tok.encode_parts(&pieces, add_bos),
                 },
             ))
         }

@@ -75,13 +75,50 @@ pub struct EmbedRequest {
     pub tokens: Vec<u32>,
 }
 
-/// `POST /tokenize` body.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// `POST /tokenize` body: `text`, or `parts` whose texts are encoded as one text.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TokenizeRequest {
+    #[serde(default)]
     pub text: String,
     /// Prepend BOS (when the model has one); default: the model's own `add_bos`.
     #[serde(default)]
     pub add_bos: Option<bool>,
+    /// Whether special-token text in `text` (`<|im_start|>`) becomes its id; default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parse_special: Option<bool>,
+    /// Instead of `text`: pieces encoded as their concatenation, with special tokens matched
+    /// only inside pieces whose `parse_special` is true (a chat template's markup) and never
+    /// inside the others (message content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<Vec<TextPart>>,
+}
+
+/// One piece of a `POST /tokenize` `parts` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TextPart {
+    pub text: String,
+    /// Match special-token text in this piece; default false (plain text).
+    #[serde(default)]
+    pub parse_special: bool,
+}
+
+impl TokenizeRequest {
+    /// The text as `(piece, parse_special)` pieces, or why the body is contradictory.
+    pub fn pieces(&self) -> Result<Vec<(&str, bool)>, &'static str> {
+        match &self.parts {
+            None => Ok(vec![(
+                self.text.as_str(),
+                self.parse_special.unwrap_or(true),
+            )]),
+            Some(_) if !self.text.is_empty() || self.parse_special.is_some() => {
+                Err("give either text (with parse_special) or parts, not both")
+            }
+            Some(parts) => Ok(parts
+                .iter()
+                .map(|p| (p.text.as_str(), p.parse_special))
+                .collect()),
+        }
+    }
 }
 
 /// `POST /tokenize` response, and `POST /detokenize` body.
@@ -197,6 +234,23 @@ mod tests {
     fn f16_codec_is_close() {
         let x = [1.5f32, -2.25, 1000.0];
         assert_eq!(decode_f16(&encode_f16(&x)).unwrap(), x);
+    }
+
+    #[test]
+    fn tokenize_bodies_old_and_new() {
+        let r: TokenizeRequest = serde_json::from_str(r#"{"text": "a<|x|>"}"#).unwrap();
+        assert_eq!(r.pieces(), Ok(vec![("a<|x|>", true)]));
+        let r: TokenizeRequest =
+            serde_json::from_str(r#"{"text": "a", "parse_special": false}"#).unwrap();
+        assert_eq!(r.pieces(), Ok(vec![("a", false)]));
+        let r: TokenizeRequest = serde_json::from_str(
+            r#"{"parts": [{"text": "<|x|>", "parse_special": true}, {"text": "b"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.pieces(), Ok(vec![("<|x|>", true), ("b", false)]));
+        let r: TokenizeRequest =
+            serde_json::from_str(r#"{"text": "a", "parts": [{"text": "b"}]}"#).unwrap();
+        assert!(r.pieces().is_err());
     }
 
     #[test]

@@ -5,14 +5,16 @@
 //!
 //! Shape (hyper 1.x, house style "Servers"): accept loop, one task per connection, an async
 //! handler matching `(method, path)`, state in `Arc<AppState>`, generation on the blocking
-//! pool. Admission: at most `--max-concurrent` generations run; up to `--max-queue` more wait;
-//! beyond that 429. Each running generation leases one station KV session from a pool of
+//! pool. Admission, before any station call: at most `--max-concurrent` generations run; up to
+//! `--max-queue` more wait; beyond that 429 (RAII guards give back the queue place and the slot
+//! on every exit path, a queued client leaving included). Each running generation leases one station KV session from a pool of
 //! `--max-concurrent` ids; the lease goes back when the generation ends, is cancelled or
 //! fails, and the next request on that id rewinds or reuses it (the pool prefers the id whose
 //! cached tokens share the longest prefix with the new prompt, so a multi-turn chat re-sent
 //! whole only prefills its new turn). Cancellation: when the client goes away, the response
-//! body (or the handler future) is dropped, the generation loop sees it at its next token and
-//! stops.
+//! body (or the handler future) is dropped, and the generation sees it at its next chain step
+//! (prefill runs in steps of [`crate::generate::PREFILL_STEP`] tokens) and stops. Reaching
+//! the stations' context limit while decoding ends the answer with `finish_reason: "length"`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -78,6 +80,7 @@ pub struct Metrics {
     cancelled: AtomicU64,
     prompt_tokens: AtomicU64,
     prompt_tokens_reused: AtomicU64,
+    prefill_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     /// Station compute, microseconds, summed over hops.
     compute_us: AtomicU64,
@@ -178,6 +181,12 @@ impl Metrics {
                 .prompt_tokens_reused
                 .load(Ordering::Relaxed)
                 .to_string()),
+        );
+        metric(
+            "moonshine_prefill_tokens_total",
+            "counter",
+            "Prompt tokens sent to the stations by completed or cancelled generations.",
+            one(self.prefill_tokens.load(Ordering::Relaxed).to_string()),
         );
         metric(
             "moonshine_completion_tokens_total",
@@ -339,6 +348,10 @@ impl From<GenError> for ApiError {
     fn from(e: GenError) -> ApiError {
         match e {
             GenError::Template(_) | GenError::EmptyPrompt => bad(Some("messages"), e.to_string()),
+            GenError::ContextFull { .. } => ApiError {
+                code: Some("context_length_exceeded"),
+                ..bad(Some("messages"), e.to_string())
+            },
             GenError::Station(fat_station::client::ClientError::Refused {
                 status: 400 | 413,
                 ..
@@ -672,6 +685,52 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// A place in the admission queue, given back on drop whatever way the wait ends: a slot
+/// was granted, the client went away (the handler future is dropped), or shutdown.
+struct QueuePlace<'a>(&'a Metrics);
+
+impl<'a> QueuePlace<'a> {
+    /// Takes a place when fewer than `max` requests wait.
+    fn take(m: &'a Metrics, max: usize) -> Option<QueuePlace<'a>> {
+        m.waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w < max).then_some(w + 1)
+            })
+            .ok()
+            .map(|_| QueuePlace(m))
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Admission: a free generation slot, else a place in the queue until one frees, else 429.
+/// Runs before any station work, so a refused request costs the stations nothing.
+async fn admit(st: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError> {
+    if let Ok(p) = st.gate.clone().try_acquire_owned() {
+        return Ok(p);
+    }
+    let Some(place) = QueuePlace::take(&st.metrics, st.args.max_queue) else {
+        st.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "rate_limit_exceeded",
+            code: Some("queue_full"),
+            param: None,
+            message: format!(
+                "{} generations running and {} waiting; retry later",
+                st.args.max_concurrent, st.args.max_queue
+            ),
+        });
+    };
+    let permit = st.gate.clone().acquire_owned().await;
+    drop(place);
+    permit.map_err(|_| internal("gateway is shutting down".into()))
+}
+
 /// A leased station session and generation slot; returned to the pool on drop, whatever
 /// way the generation ended.
 struct Lease {
@@ -680,6 +739,42 @@ struct Lease {
     _permit: OwnedSemaphorePermit,
     finish: &'static str,
     tokens: usize,
+}
+
+impl Lease {
+    /// Leases the pooled session whose cache shares the longest prefix with `prompt`.
+    fn new(
+        st: &Arc<AppState>,
+        permit: OwnedSemaphorePermit,
+        prompt: &[u32],
+    ) -> Result<Lease, ApiError> {
+        let session = {
+            let mut pool = st
+                .pool
+                .lock()
+                .map_err(|_| internal("session pool poisoned".into()))?;
+            let lcp = |s: &KvSession| {
+                s.cached
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            };
+            match (0..pool.len()).max_by_key(|&i| lcp(&pool[i])) {
+                Some(best) => pool.swap_remove(best),
+                // Only after a generation thread panicked and lost its lease.
+                None => KvSession::new("gw"),
+            }
+        };
+        st.metrics.active.fetch_add(1, Ordering::Relaxed);
+        Ok(Lease {
+            st: st.clone(),
+            session: Some(session),
+            _permit: permit,
+            finish: "error",
+            tokens: 0,
+        })
+    }
 }
 
 impl Drop for Lease {
@@ -710,6 +805,10 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
         return Err(GenError::NoTokenizer.into());
     }
 
+    // Admission before any station call; the slot is held from here on (RAII).
+    let permit = admit(st).await?;
+    let queue_ms = t0.elapsed().as_secs_f64() * 1e3;
+
     // Render and tokenize (station calls: blocking pool).
     let st2 = st.clone();
     let messages = job.messages.clone();
@@ -719,59 +818,8 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     })
     .await
     .map_err(|e| internal(format!("tokenize task: {e}")))??;
-    let tokenize_ms = t0.elapsed().as_secs_f64() * 1e3;
-
-    // Admission: a free slot, or a place in the queue, or 429.
-    let permit = match st.gate.clone().try_acquire_owned() {
-        Ok(p) => p,
-        Err(_) => {
-            if st.metrics.waiting.fetch_add(1, Ordering::SeqCst) >= st.args.max_queue {
-                st.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
-                st.metrics.rejected.fetch_add(1, Ordering::Relaxed);
-                return Err(ApiError {
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    kind: "rate_limit_exceeded",
-                    code: Some("queue_full"),
-                    param: None,
-                    message: format!(
-                        "{} generations running and {} waiting; retry later",
-                        st.args.max_concurrent, st.args.max_queue
-                    ),
-                });
-            }
-            let p = st.gate.clone().acquire_owned().await;
-            st.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
-            p.map_err(|_| internal("gateway is shutting down".into()))?
-        }
-    };
-    let queue_ms = t0.elapsed().as_secs_f64() * 1e3 - tokenize_ms;
-    let session = {
-        let mut pool = st
-            .pool
-            .lock()
-            .map_err(|_| internal("session pool poisoned".into()))?;
-        // The session whose cache shares the longest prefix with this prompt.
-        let lcp = |s: &KvSession| {
-            s.cached
-                .iter()
-                .zip(&prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
-        };
-        match (0..pool.len()).max_by_key(|&i| lcp(&pool[i])) {
-            Some(best) => pool.swap_remove(best),
-            // Only after a generation thread panicked and lost its lease.
-            None => KvSession::new("gw"),
-        }
-    };
-    st.metrics.active.fetch_add(1, Ordering::Relaxed);
-    let lease = Lease {
-        st: st.clone(),
-        session: Some(session),
-        _permit: permit,
-        finish: "error",
-        tokens: 0,
-    };
+    let tokenize_ms = t0.elapsed().as_secs_f64() * 1e3 - queue_ms;
+    let lease = Lease::new(st, permit, &prompt)?;
 
     let id = format!(
         "chatcmpl-{:x}{:x}",
@@ -798,73 +846,68 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
         let mut lease = lease;
         let st = st3;
         let t = Instant::now();
-        let mut session = lease
+        let is_cancelled = || cancel.load(Ordering::Relaxed);
+        let session = lease
             .session
-            .take()
+            .as_mut()
             .ok_or_else(|| internal("lease without session".into()))?;
-        let result = (|| {
-            let g = match Generation::start(&st.backend, &mut session, &gen) {
-                Ok(g) => g,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.into()));
-                    return None;
-                }
-            };
-            let _ = ready_tx.send(Ok(Started {
-                timing: g.timing().clone(),
-                prompt_tokens: gen.prompt.len(),
-            }));
-            let chunk = |delta: Value, finish: Value| {
-                sse(
-                    &json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-                )
-            };
-            if stream
-                && tx
-                    .blocking_send(chunk(
-                        json!({"role": "assistant", "content": ""}),
-                        Value::Null,
-                    ))
-                    .is_err()
-            {
-                return Some(Ok(None));
+        let g = match Generation::start(&st.backend, session, &gen, &is_cancelled) {
+            Ok(g) => g,
+            Err(GenError::Cancelled { prefilled }) => {
+                lease.finish = "cancelled";
+                st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                st.metrics
+                    .prompt_tokens
+                    .fetch_add(gen.prompt.len() as u64, Ordering::Relaxed);
+                st.metrics
+                    .prefill_tokens
+                    .fetch_add(prefilled as u64, Ordering::Relaxed);
+                info!(id = %id2, prefilled, prompt = gen.prompt.len(), "client went away during prefill: generation cancelled");
+                return Err(internal("cancelled".into()));
             }
-            let out = g.run(|text| {
-                if cancel.load(Ordering::Relaxed) {
-                    return false;
-                }
-                !stream
-                    || tx
-                        .blocking_send(chunk(json!({"content": text}), Value::Null))
-                        .is_ok()
-            });
-            Some(out.map(Some))
-        })();
-        let out = match result {
-            None => {
-                lease.session = Some(session);
+            Err(e) => {
+                warn!(id = %id2, "prefill failed: {e}");
+                let _ = ready_tx.send(Err(e.into()));
                 return Err(internal("prefill failed".into()));
             }
-            Some(Ok(None)) => None,
-            Some(Ok(Some(o))) => Some(o),
-            Some(Err(e)) => {
-                warn!(session = %session.id, "generation failed: {e}");
+        };
+        let _ = ready_tx.send(Ok(Started {
+            timing: g.timing().clone(),
+            prompt_tokens: gen.prompt.len(),
+        }));
+        let chunk = |delta: Value, finish: Value| {
+            sse(
+                &json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+            )
+        };
+        let gone = stream
+            && tx
+                .blocking_send(chunk(
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                ))
+                .is_err();
+        let out = g.run(|text| {
+            !gone
+                && !is_cancelled()
+                && (!stream
+                    || tx
+                        .blocking_send(chunk(json!({"content": text}), Value::Null))
+                        .is_ok())
+        });
+        st.metrics
+            .generation_us
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let o = match out {
+            Ok(o) => o,
+            Err(e) => {
+                warn!(id = %id2, "generation failed: {e}");
                 if stream {
                     let _ = tx.blocking_send(sse(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": "station_error"}})));
                     let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
                 }
-                lease.session = Some(session);
                 return Err(e.into());
             }
-        };
-        lease.session = Some(session);
-        st.metrics
-            .generation_us
-            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-        let Some(o) = out else {
-            lease.finish = "cancelled";
-            st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            return Err(internal("cancelled".into()));
         };
         let completion = o.completion_tokens(&st.backend);
         lease.tokens = completion;
@@ -875,26 +918,24 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
             .prompt_tokens_reused
             .fetch_add((o.prompt_tokens - o.prompt_sent) as u64, Ordering::Relaxed);
         st.metrics
+            .prefill_tokens
+            .fetch_add(o.prompt_sent as u64, Ordering::Relaxed);
+        st.metrics
             .completion_tokens
             .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
         st.metrics.timing(&o.timing);
-        if o.finish == Finish::Cancelled {
-            lease.finish = "cancelled";
-            st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            info!(id = %id2, tokens = completion, "client went away: generation cancelled");
-            return Ok(o);
-        }
-        lease.finish = if o.finish == Finish::Stop {
-            "stop"
-        } else {
-            "length"
+        let reason = match o.finish {
+            Finish::Cancelled => {
+                lease.finish = "cancelled";
+                st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                info!(id = %id2, tokens = completion, "client went away: generation cancelled");
+                return Ok(o);
+            }
+            Finish::Stop => "stop",
+            Finish::Length => "length",
         };
+        lease.finish = reason;
         if stream {
-            let reason = if o.finish == Finish::Stop {
-                "stop"
-            } else {
-                "length"
-            };
             let mut done = tx.blocking_send(sse(&json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))).is_ok();
             if done && include_usage {
                 let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion, "total_tokens": o.prompt_tokens + completion});
@@ -906,7 +947,6 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
         }
         Ok(o)
     });
-
     let started = match ready_rx.await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(e),

@@ -6,7 +6,10 @@
 //!
 //! Encoding, in order:
 //! 1. Special tokens (GGUF types 3 control and 4 user-defined, e.g. `<|im_start|>`) are found
-//!    whole, leftmost-longest, and emitted as their ids; the text between them goes on.
+//!    whole, leftmost-longest, and emitted as their ids; the text between them goes on. Only
+//!    text the caller marks `parse_special` is searched ([`Tokenizer::encode_parts`]): text from
+//!    a user (chat message content) is encoded as plain bytes, so `<|im_end|>` typed by a user
+//!    never becomes a control token (llama.cpp's `parse_special` discipline).
 //! 2. The pre-tokenizer named by `pre` cuts that text into words ([`pretokenize`]).
 //! 3. Each word's UTF-8 bytes start as one-byte tokens and are merged by rank ([`bpe`]).
 //!
@@ -277,6 +280,28 @@ impl Tokenizer {
     /// Encodes `text` to token ids. Special-token text (`<|im_start|>`) becomes its id.
     /// `add_bos` prepends the bos token, and is ignored if the model has none.
     pub fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        self.encode_parts(&[(text, true)], add_bos)
+    }
+
+    /// Encodes the concatenation of `parts`, each `(text, parse_special)`: special tokens are
+    /// found only inside parts with `parse_special` (a match never spans two parts); every
+    /// other byte is plain text. Plain text is pre-tokenized across part boundaries, so the
+    /// ids equal [`Tokenizer::encode`]'s on the joined text whenever the plain parts hold no
+    /// special-token text.
+    pub fn encode_parts(&self, parts: &[(&str, bool)], add_bos: bool) -> Vec<u32> {
+        let text: String = parts.iter().map(|p| p.0).collect();
+        let mut specials = Vec::new();
+        let mut at = 0;
+        for &(part, parse_special) in parts {
+            if parse_special {
+                specials.extend(
+                    self.specials
+                        .find_all(part.as_bytes())
+                        .map(|(start, len, id)| (at + start, len, id)),
+                );
+            }
+            at += part.len();
+        }
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             out.extend(self.bos);
@@ -285,7 +310,7 @@ impl Tokenizer {
         let mut pass = Vec::new();
         let mut scratch = Scratch::default();
         let mut rest = 0;
-        for (start, len, id) in self.specials.find_all(text.as_bytes()) {
+        for (start, len, id) in specials {
             self.encode_plain(
                 &text[rest..start],
                 &mut out,
