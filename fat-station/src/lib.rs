@@ -4,6 +4,7 @@
 //! [`server`] (hyper station) -> [`wire`] (the contract) and [`client`] (what tools call).
 
 pub mod client;
+pub mod conn;
 pub mod engine;
 pub mod server;
 pub mod wire;

@@ -12,7 +12,7 @@ use fat_station::grant::GrantVerifier;
 use fat_station::manifest::NodeManifest;
 use fat_station::relay::MeshNode;
 use fat_station::seal::MeshKey;
-use fat_station::server::{self, Limits, Station};
+use fat_station::server::{self, ConnLimits, Limits, Station};
 use knot_format::{Knot, LayerRange};
 
 /// Serve a KNOT model over HTTP: /embed, /forward (X-Layer-Range: a-b), /lm-head,
@@ -107,6 +107,38 @@ struct Args {
     /// Seconds an idle session is kept.
     #[arg(long, default_value_t = 600)]
     session_idle_s: u64,
+    /// Most KV-cache memory of all sessions together (`4Gi`, `512M`); the least recently used
+    /// idle sessions are evicted beyond it.
+    #[arg(long, value_name = "SIZE", default_value = "4Gi", value_parser = parse_ram)]
+    max_session_memory: u64,
+    /// Most open connections. At the bound a new connection closes the one idle the longest;
+    /// when all are busy it is answered 503 with Retry-After. Default: 1024, lowered to leave
+    /// 64 file descriptors under the open-file limit (`ulimit -n`).
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers, from the connection's start or the
+    /// request's first byte (nginx client_header_timeout).
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_secs)]
+    header_timeout: Duration,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_secs)]
+    idle_timeout: Duration,
+    /// Seconds to wait for the next piece of a request body before answering 408
+    /// (nginx client_body_timeout).
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_secs)]
+    body_timeout: Duration,
+    /// Largest request body (`64Mi`, `1G`): a larger Content-Length is refused with 413 before
+    /// reading, a chunked body as soon as it grows past it.
+    #[arg(long, value_name = "SIZE", default_value = "64Mi", value_parser = parse_ram)]
+    max_body: u64,
+    /// Most compute requests (and tokenizer calls) running at once; the rest wait in turn.
+    /// Default: one per core.
+    #[arg(long)]
+    max_compute: Option<usize>,
+    /// A next hop `X-Route` may name on POST /chain besides the manifest successor (base URL;
+    /// repeat or comma-separate). Any other route is refused with 403 `route_refused`.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    route_to: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -245,11 +277,24 @@ fn run(args: Args) -> Result<()> {
             .with_context(|| format!("manifest listen {:?}", m.listen))?,
         (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
     };
+    let defaults = Limits::default();
     let limits = Limits {
         max_sessions: args.max_sessions,
         session_idle: Duration::from_secs(args.session_idle_s),
         max_positions: args.max_positions,
-        ..Limits::default()
+        max_session_bytes: usize::try_from(args.max_session_memory).unwrap_or(usize::MAX),
+        max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),
+        body_timeout: args.body_timeout,
+        max_compute: args.max_compute.unwrap_or(defaults.max_compute).max(1),
+        conn: ConnLimits {
+            max_connections: args
+                .max_connections
+                .unwrap_or(defaults.conn.max_connections)
+                .max(1),
+            header_timeout: args.header_timeout,
+            idle_timeout: args.idle_timeout,
+        },
+        ..defaults
     };
     let station = Station::open(knot, held, limits).context("loading the model")?;
     if args.sharded {
@@ -264,14 +309,22 @@ fn run(args: Args) -> Result<()> {
     }
     let successor = manifest.as_ref().and_then(|(m, _)| m.successor.clone());
     let chain = manifest.as_ref().map(|(m, _)| m.chain);
-    station.set_mesh(MeshNode::new(
-        node_id.clone(),
-        successor,
-        key,
-        grant,
-        Duration::from_secs(args.hop_timeout_s.max(1)),
-        Duration::from_secs(args.replay_window_s.max(1)),
-    ));
+    for r in &args.route_to {
+        if !r.starts_with("http://") {
+            bail!("--route-to {r:?}: expected a base URL http://HOST:PORT");
+        }
+    }
+    station.set_mesh(
+        MeshNode::new(
+            node_id.clone(),
+            successor,
+            key,
+            grant,
+            Duration::from_secs(args.hop_timeout_s.max(1)),
+            Duration::from_secs(args.replay_window_s.max(1)),
+        )
+        .with_routes(args.route_to.clone()),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -357,6 +410,15 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// A duration in seconds (decimals allowed), more than zero.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{s:?}: expected seconds, more than 0"))
 }
 
 /// `--ram`: a positive size (`2.4G`, `1GiB`; the workspace's rule, `knot_format::size`).

@@ -5,7 +5,11 @@
 //! residual. A node that holds the head answers logits (or `X-Return: token`: the argmax as
 //! JSON); any other forwards to the first URL of `X-Route` (passing on the rest) or, without a
 //! route, to its manifest successor, and relays the answer back with its own timing prepended
-//! to `X-Chain-Trace`. A hop that cannot be reached within the hop timeout gives a 502 that
+//! to `X-Chain-Trace`. The first URL of a route must be the manifest successor or one of the
+//! next hops allowed at start (`--route-to`), else 403 `route_refused`; redirects are never
+//! followed. The hop runs after this node's compute, on its own bounded set of blocking threads
+//! ([`DEFAULT_MAX_HOPS`]), so hops that never answer hold no compute permit and cannot starve
+//! `/embed` or `/forward`. A hop that cannot be reached within the hop timeout gives a 502 that
 //! names the node, its range and its URL (also in `X-Failed-Hop`). With a mesh key everything
 //! that carries model data is sealed ([`crate::seal`]): the client's token request (the entry
 //! refuses an unsealed one with 401), every residual between nodes, and the exit's answer,
@@ -19,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
+use tokio::sync::Semaphore;
 
 use crate::grant::GrantError;
 use crate::grant::GrantVerifier;
@@ -35,6 +40,9 @@ use crate::wire;
 pub const DEFAULT_HOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default replay window either side of this station's clock.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
+/// Most hops a node has in flight at once; a step waits for one up to the hop timeout, then
+/// gets 503 `hops_busy`.
+pub const DEFAULT_MAX_HOPS: usize = 64;
 
 /// A station's place in a mesh.
 pub struct MeshNode {
@@ -48,8 +56,14 @@ pub struct MeshNode {
     pub grant: Option<GrantVerifier>,
     /// Nonces accepted recently.
     pub replay: ReplayWindow,
-    /// Keep-alive client to the next hops.
+    /// Next hops an `X-Route` may name besides the successor (`--route-to`), without a
+    /// trailing `/`.
+    routes: Vec<String>,
+    /// Keep-alive client to the next hops (no redirects).
     agent: ureq::Agent,
+    /// One permit per hop in flight.
+    hops: Arc<Semaphore>,
+    hop_timeout: Duration,
     counter: AtomicU64,
 }
 
@@ -66,6 +80,7 @@ impl MeshNode {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5).min(hop_timeout))
             .timeout(hop_timeout)
+            .redirects(0)
             .build();
         MeshNode {
             node_id,
@@ -73,9 +88,52 @@ impl MeshNode {
             key,
             grant,
             replay: ReplayWindow::new(replay_window),
+            routes: Vec::new(),
             agent,
+            hops: Arc::new(Semaphore::new(DEFAULT_MAX_HOPS)),
+            hop_timeout,
             counter: AtomicU64::new(0),
         }
+    }
+
+    /// Also allows `X-Route` to name these next hops (base URLs).
+    pub fn with_routes(mut self, routes: Vec<String>) -> MeshNode {
+        self.routes = routes
+            .into_iter()
+            .map(|r| r.trim().trim_end_matches('/').to_string())
+            .collect();
+        self
+    }
+
+    /// Refuses an `X-Route` whose next hop is neither the successor nor allowed at start.
+    fn check_route(&self, route: &str) -> Result<(), Refusal> {
+        let Some(next) = route
+            .split(',')
+            .next()
+            .map(|u| u.trim().trim_end_matches('/'))
+        else {
+            return Ok(());
+        };
+        if route.is_empty() {
+            return Ok(());
+        }
+        let successor = self.successor.as_ref().map(|s| s.url.trim_end_matches('/'));
+        if successor == Some(next) || self.routes.iter().any(|r| r == next) {
+            return Ok(());
+        }
+        Err(refuse(
+            StatusCode::FORBIDDEN,
+            "route_refused",
+            format!(
+                "node {} forwards only to its successor{}; X-Route names {next:?}",
+                self.node_id,
+                if self.routes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" or {}", self.routes.join(", "))
+                }
+            ),
+        ))
     }
 
     /// `open` or `sealed`, as `/health` reports it.
@@ -120,6 +178,25 @@ pub(crate) fn guard_direct(st: &Station, route: &str) -> Result<(), Refusal> {
 enum Input {
     Tokens(Vec<u32>),
     Residual(Vec<f32>),
+}
+
+/// What this node's compute leaves to do: answer, or forward to the next hop.
+enum Step {
+    Answer(Resp),
+    Forward(HopCall),
+}
+
+/// A forward prepared by the compute step, sent outside the compute pool.
+struct HopCall {
+    url: String,
+    /// Names the next hop in errors.
+    name: String,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+    /// This node's `X-Chain-Trace` entry.
+    me: String,
+    /// Who forwards, for errors: `node N (layers a-b)`.
+    from: String,
 }
 
 /// Handles `POST /chain`.
@@ -268,8 +345,12 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         }
         Input::Residual(wire::decode_f32(&plain).unwrap_or_default())
     };
+    // After the grant and the seal: only then may the route be trusted this far.
+    if !held.head {
+        node.check_route(&route)?;
+    }
 
-    compute(move || {
+    let step = compute(st.clone(), move |st| {
         let t = Instant::now();
         let node = st.mesh_node();
         let mut x = match input {
@@ -278,7 +359,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         };
         let range = held.layers;
         if !range.is_empty() {
-            with_session(&st, session, pos, range.start as usize, |m, s| {
+            with_session(st, session, pos, range.start as usize, |m, s| {
                 m.forward(s, &mut x, range)
             })?;
         }
@@ -351,7 +432,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
             };
             set(&mut r, wire::H_CHAIN_TRACE, mine(ms, seal_ms));
             set(&mut r, wire::H_REQUEST_ID, request_id);
-            return Ok(r);
+            return Ok(Step::Answer(r));
         }
         let compute_ms = t.elapsed().as_secs_f64() * 1e3;
         // The next hop: the route's first URL, else the manifest successor.
@@ -386,22 +467,20 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         };
         let next_url = next_url.trim_end_matches('/').to_string();
         let plain = wire::encode_f32(&x);
-        let mut req = node
-            .agent
-            .post(&format!("{next_url}{}", wire::ROUTE_CHAIN))
-            .set("content-type", "application/octet-stream")
-            .set(wire::H_REQUEST_ID, &request_id)
-            .set(wire::H_FROM_LAYER, &range.end.to_string());
+        let mut headers = vec![
+            ("content-type", "application/octet-stream".to_string()),
+            (wire::H_REQUEST_ID, request_id.clone()),
+            (wire::H_FROM_LAYER, range.end.to_string()),
+        ];
         if let Some(s) = &session_h {
-            req = req
-                .set(wire::H_SESSION, s)
-                .set(wire::H_POS, &pos_n.to_string());
+            headers.push((wire::H_SESSION, s.clone()));
+            headers.push((wire::H_POS, pos_n.to_string()));
         }
         if want_token {
-            req = req.set(wire::H_RETURN, "token");
+            headers.push((wire::H_RETURN, "token".into()));
         }
         if !rest.is_empty() {
-            req = req.set(wire::H_ROUTE, &rest);
+            headers.push((wire::H_ROUTE, rest.clone()));
         }
         let body = match &node.key {
             Some(key) => {
@@ -419,71 +498,134 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 };
                 let b = key.seal(&plain, &ctx);
                 seal_ms += ts0.elapsed().as_secs_f64() * 1e3;
-                req = req
-                    .set(wire::H_SEAL, "v1")
-                    .set(wire::H_SEAL_TS, &ts.to_string());
+                headers.push((wire::H_SEAL, "v1".into()));
+                headers.push((wire::H_SEAL_TS, ts.to_string()));
                 b
             }
             None => plain,
         };
-        let me = mine(compute_ms, seal_ms);
-        let relay = |status: u16, r: ureq::Response| -> Resp {
-            let ct = r
-                .header("content-type")
-                .unwrap_or("application/octet-stream")
-                .to_string();
-            let trace = r
-                .header(wire::H_CHAIN_TRACE)
-                .map(|t| format!("{me},{t}"))
-                .unwrap_or_else(|| me.clone());
-            let failed = r.header(wire::H_FAILED_HOP).map(str::to_string);
-            // A sealed answer travels back unchanged, with what its seal binds.
-            let passed: Vec<(&'static str, String)> =
-                [wire::H_SEAL, wire::H_SEAL_TS, wire::H_REQUEST_ID]
-                    .into_iter()
-                    .filter_map(|h| r.header(h).map(|v| (h, v.to_string())))
-                    .collect();
-            let mut b = Vec::new();
-            let read = r.into_reader().take(256 << 20).read_to_end(&mut b);
-            let mut out = binary(b);
-            if read.is_err() {
-                *out.status_mut() = StatusCode::BAD_GATEWAY;
-            } else {
-                *out.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            }
-            if let Ok(v) = hyper::header::HeaderValue::from_str(&ct) {
-                out.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-            }
-            set(&mut out, wire::H_CHAIN_TRACE, trace);
-            if let Some(f) = failed {
-                set(&mut out, wire::H_FAILED_HOP, f);
-            }
-            for (h, v) in passed {
-                set(&mut out, h, v);
-            }
-            out
-        };
-        match req.send_bytes(&body) {
-            Ok(r) => Ok(relay(200, r)),
-            Err(ureq::Error::Status(code, r)) => Ok(relay(code, r)),
-            Err(e) => {
-                let mut r = json(
-                    StatusCode::BAD_GATEWAY,
-                    &wire::ErrorBody {
-                        error: "hop_failed".into(),
-                        message: format!(
-                            "{next_name} at {next_url} failed after node {} (layers {}-{}): {e}",
-                            node.node_id, range.start, range.end
-                        ),
-                    },
-                );
-                set(&mut r, wire::H_FAILED_HOP, next_url);
-                set(&mut r, wire::H_CHAIN_TRACE, me);
-                Ok(r)
-            }
-        }
+        Ok(Step::Forward(HopCall {
+            url: next_url,
+            name: next_name,
+            headers,
+            body,
+            me: mine(compute_ms, seal_ms),
+            from: format!(
+                "node {} (layers {}-{})",
+                node.node_id, range.start, range.end
+            ),
+        }))
+    })
+    .await?;
+    match step {
+        Step::Answer(r) => Ok(r),
+        Step::Forward(call) => hop(st, call).await,
+    }
+}
+
+/// Sends a prepared forward on one of the node's hop threads (waiting up to the hop timeout
+/// for one) and relays the answer.
+async fn hop(st: Arc<Station>, call: HopCall) -> Result<Resp, Refusal> {
+    let node = st.mesh_node();
+    let permit = tokio::time::timeout(node.hop_timeout, node.hops.clone().acquire_owned())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| {
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "hops_busy",
+                format!(
+                    "node {} has {DEFAULT_MAX_HOPS} hops in flight; try again",
+                    node.node_id
+                ),
+            )
+        })?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        send_hop(st.mesh_node(), call)
     })
     .await
+    .map_err(|e| {
+        refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("hop task failed: {e}"),
+        )
+    })
+}
+
+/// Posts `call` to the next hop and relays its answer (a transport failure or a redirect is
+/// a 502 naming the hop).
+fn send_hop(node: &MeshNode, call: HopCall) -> Resp {
+    let HopCall {
+        url,
+        name,
+        headers,
+        body,
+        me,
+        from,
+    } = call;
+    let mut req = node.agent.post(&format!("{url}{}", wire::ROUTE_CHAIN));
+    for (h, v) in &headers {
+        req = req.set(h, v);
+    }
+    let failed = |why: String| {
+        let mut r = json(
+            StatusCode::BAD_GATEWAY,
+            &wire::ErrorBody {
+                error: "hop_failed".into(),
+                message: format!("{name} at {url} failed after {from}: {why}"),
+            },
+        );
+        set(&mut r, wire::H_FAILED_HOP, url.clone());
+        set(&mut r, wire::H_CHAIN_TRACE, me.clone());
+        r
+    };
+    let r = match req.send_bytes(&body) {
+        Ok(r) if (300..400).contains(&r.status()) => {
+            return failed(format!(
+                "answered a redirect ({}), not followed",
+                r.status()
+            ))
+        }
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => return failed(e.to_string()),
+    };
+    let status = r.status();
+    let ct = r
+        .header("content-type")
+        .unwrap_or("application/octet-stream")
+        .to_string();
+    let trace = r
+        .header(wire::H_CHAIN_TRACE)
+        .map(|t| format!("{me},{t}"))
+        .unwrap_or_else(|| me.clone());
+    let failed_hop = r.header(wire::H_FAILED_HOP).map(str::to_string);
+    // A sealed answer travels back unchanged, with what its seal binds.
+    let passed: Vec<(&'static str, String)> = [wire::H_SEAL, wire::H_SEAL_TS, wire::H_REQUEST_ID]
+        .into_iter()
+        .filter_map(|h| r.header(h).map(|v| (h, v.to_string())))
+        .collect();
+    let mut b = Vec::new();
+    let read = r.into_reader().take(256 << 20).read_to_end(&mut b);
+    let mut out = binary(b);
+    *out.status_mut() = match read {
+        Ok(_) => StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        Err(_) => StatusCode::BAD_GATEWAY,
+    };
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&ct) {
+        out.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    set(&mut out, wire::H_CHAIN_TRACE, trace);
+    if let Some(f) = failed_hop {
+        set(&mut out, wire::H_FAILED_HOP, f);
+    }
+    for (h, v) in passed {
+        set(&mut out, h, v);
+    }
+    out
 }
 
 /// Opens a sealed body (request at the entry, residual elsewhere) or passes an open one

@@ -1,7 +1,9 @@
 //! The HTTP station: hyper 1.x over the engine. Routes and encodings come from [`crate::wire`].
 //!
-//! One task per connection; compute runs on the blocking pool (rayon inside), so a long
-//! prefill never stalls `/health` or other sessions.
+//! One task per connection ([`crate::conn`]: connection bound, header/idle timeouts, bodies
+//! read under a size bound and a timeout); compute and tokenizer work run on the blocking pool
+//! (rayon inside), at most `max_compute` at once with the rest waiting their turn, so a long
+//! prefill or a big `/tokenize` never stalls `/health` or other sessions.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -10,16 +12,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use knot_format::{Knot, LayerRange};
 use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tokio::sync::Semaphore;
+use tracing::debug;
+
+use crate::conn::BodyError;
+pub use crate::conn::{serve_connections, serve_connections_with, ConnLimits};
 
 use crate::engine::tokenizer::Tokenizer;
 use crate::engine::{EngineError, Model, Session};
@@ -34,8 +37,33 @@ pub struct Limits {
     pub session_idle: Duration,
     /// Most positions one session (or one stateless request) may hold.
     pub max_positions: usize,
-    /// Largest request body accepted.
+    /// Most bytes of KV cache all sessions together may hold; the least recently used idle
+    /// sessions are evicted beyond it.
+    pub max_session_bytes: usize,
+    /// Largest request body accepted (refused before reading when `Content-Length` says so).
     pub max_body: usize,
+    /// Longest wait for the next piece of a request body (then `408 body_timeout`).
+    pub body_timeout: Duration,
+    /// Largest `/tokenize` text, in bytes (tokenizing costs more than linear time).
+    pub max_text: usize,
+    /// Most compute requests (and tokenizer calls) running at once; the rest wait in turn.
+    pub max_compute: usize,
+    /// Connection bound and header/idle timeouts.
+    pub conn: ConnLimits,
+}
+
+/// Default `--max-body`.
+pub const DEFAULT_MAX_BODY: usize = 64 << 20;
+/// Default `--max-session-memory`.
+pub const DEFAULT_MAX_SESSION_BYTES: usize = 4 << 30;
+/// Largest `/tokenize` text: 256 KiB, tens of thousands of tokens.
+pub const DEFAULT_MAX_TEXT: usize = 256 << 10;
+
+/// Default `--max-compute`: one per core.
+pub fn default_max_compute() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(4)
 }
 
 impl Default for Limits {
@@ -44,7 +72,12 @@ impl Default for Limits {
             max_sessions: 64,
             session_idle: Duration::from_secs(600),
             max_positions: 4096,
-            max_body: 64 << 20,
+            max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
+            max_body: DEFAULT_MAX_BODY,
+            body_timeout: crate::conn::DEFAULT_BODY_TIMEOUT,
+            max_text: DEFAULT_MAX_TEXT,
+            max_compute: default_max_compute(),
+            conn: ConnLimits::default(),
         }
     }
 }
@@ -52,6 +85,8 @@ impl Default for Limits {
 struct SessionSlot {
     session: Arc<Mutex<Session>>,
     last_used: Instant,
+    /// KV bytes the session held after its last request.
+    bytes: usize,
 }
 
 /// Everything a request handler shares.
@@ -60,6 +95,8 @@ pub struct Station {
     tokenizer: OnceLock<Result<Tokenizer, String>>,
     sessions: Mutex<HashMap<String, SessionSlot>>,
     limits: Limits,
+    /// One permit per compute request running ([`Limits::max_compute`]).
+    compute_gate: Arc<Semaphore>,
     started: Instant,
     /// Mesh identity, successor, key and grant check (`--manifest`, `--mesh-key`); set once
     /// before serving, else an open mesh node named after nothing.
@@ -111,6 +148,7 @@ impl Station {
             model,
             tokenizer: OnceLock::new(),
             sessions: Mutex::new(HashMap::new()),
+            compute_gate: Arc::new(Semaphore::new(limits.max_compute.max(1))),
             limits,
             started: Instant::now(),
             mesh: OnceLock::new(),
@@ -237,34 +275,62 @@ impl Station {
         let now = Instant::now();
         map.retain(|_, s| now.duration_since(s.last_used) < self.limits.session_idle);
         if !map.contains_key(id) && map.len() >= self.limits.max_sessions {
-            // Evict the least recently used session nobody is using right now.
-            let victim = map
-                .iter()
-                .filter(|(_, s)| Arc::strong_count(&s.session) == 1)
-                .min_by_key(|(_, s)| s.last_used)
-                .map(|(k, _)| k.clone());
-            match victim {
-                Some(k) => {
-                    map.remove(&k);
-                }
-                None => {
-                    return Err(refuse(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "too_many_sessions",
-                        "all sessions are busy",
-                    ))
-                }
+            if evict_lru(&mut map, id).is_none() {
+                return Err(refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too_many_sessions",
+                    "all sessions are busy",
+                ));
             }
         }
+        self.trim_sessions(&mut map, id);
         let slot = map.entry(id.to_string()).or_insert_with(|| SessionSlot {
             session: Arc::new(Mutex::new(
                 self.model.new_session(self.limits.max_positions),
             )),
             last_used: now,
+            bytes: 0,
         });
         slot.last_used = now;
         Ok(Some(slot.session.clone()))
     }
+}
+
+impl Station {
+    /// Keeps the sessions' KV bytes within [`Limits::max_session_bytes`]: the least recently
+    /// used idle sessions other than `keep` go first.
+    fn trim_sessions(&self, map: &mut HashMap<String, SessionSlot>, keep: &str) {
+        for slot in map.values_mut() {
+            if let Ok(s) = slot.session.try_lock() {
+                slot.bytes = s.kv_bytes();
+            }
+        }
+        let mut total: usize = map.values().map(|s| s.bytes).sum();
+        while total > self.limits.max_session_bytes {
+            match evict_lru(map, keep) {
+                Some(freed) => total -= freed,
+                None => break,
+            }
+        }
+    }
+
+    /// [`Station::trim_sessions`] after a request grew a session.
+    fn trim_sessions_now(&self) {
+        if let Ok(mut map) = self.sessions.lock() {
+            self.trim_sessions(&mut map, "");
+        }
+    }
+}
+
+/// Drops the least recently used session nobody is using, other than `keep`; returns the KV
+/// bytes it held, `None` when every other session is busy.
+fn evict_lru(map: &mut HashMap<String, SessionSlot>, keep: &str) -> Option<usize> {
+    let victim = map
+        .iter()
+        .filter(|(k, s)| k.as_str() != keep && Arc::strong_count(&s.session) == 1)
+        .min_by_key(|(_, s)| s.last_used)
+        .map(|(k, _)| k.clone())?;
+    map.remove(&victim).map(|s| s.bytes)
 }
 
 /// Serves on `listener` until `shutdown` resolves.
@@ -273,48 +339,8 @@ pub async fn serve(
     station: Arc<Station>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    serve_connections(listener, station, handle, shutdown).await
-}
-
-/// The accept loop shared by the station and moonshine's gateway: accepts on `listener` until
-/// `shutdown` resolves (then logs "shutting down" and returns; connections already spawned
-/// keep running). Each connection gets `TCP_NODELAY` and its own task serving HTTP/1.1 with
-/// keep-alive, every request going to `handle(state.clone(), req)`; a failed accept is logged
-/// at warn and skipped, a connection error at debug.
-pub async fn serve_connections<S, H, F, B>(
-    listener: TcpListener,
-    state: Arc<S>,
-    handle: H,
-    shutdown: impl std::future::Future<Output = ()>,
-) where
-    S: Send + Sync + 'static,
-    H: Fn(Arc<S>, Request<Incoming>) -> F + Clone + Send + 'static,
-    F: std::future::Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => { warn!("accept failed: {e}"); continue; }
-                };
-                let _ = stream.set_nodelay(true);
-                let st = state.clone();
-                let handle = handle.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(st.clone(), req));
-                    if let Err(e) = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc).await {
-                        debug!("connection {peer}: {e}");
-                    }
-                });
-            }
-            _ = &mut shutdown => { info!("shutting down"); break; }
-        }
-    }
+    let limits = station.limits.conn.clone();
+    serve_connections_with(listener, station, handle, limits, shutdown).await
 }
 
 /// Binds `addr`; returns the listener and the address actually bound (port 0 picks one).
@@ -332,13 +358,18 @@ async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infall
         Ok(r) => r,
         Err(e) => {
             debug!("{method} {path} -> {} {}", e.status, e.message);
-            json(
+            let mut r = json(
                 e.status,
                 &ErrorBody {
                     error: e.code.into(),
                     message: e.message,
                 },
-            )
+            );
+            if e.status == StatusCode::SERVICE_UNAVAILABLE {
+                r.headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            r
         }
     })
 }
@@ -375,7 +406,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
                     ),
                 ));
             }
-            compute(move || {
+            compute(st, move |st| {
                 let t = Instant::now();
                 let x = st.model.embed(&body.tokens)?;
                 Ok(residual_response(&x, st.model.cfg.hidden, t, false))
@@ -419,9 +450,9 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             }
             let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
             let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
-            compute(move || {
+            compute(st, move |st| {
                 let t = Instant::now();
-                let start = with_session(&st, session, pos, range.start as usize, |model, s| {
+                let start = with_session(st, session, pos, range.start as usize, |model, s| {
                     model.forward(s, &mut x, range)
                 })?;
                 let mut r = residual_response(&x, st.model.cfg.hidden, t, f16);
@@ -434,7 +465,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
             let bytes = read_body(&st, req).await?;
             let x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
-            compute(move || {
+            compute(st, move |st| {
                 let t = Instant::now();
                 let logits = st.model.lm_head(&x)?;
                 let mut r = binary(wire::encode_f32(&logits));
@@ -444,65 +475,75 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             .await
         }
         (&Method::GET, wire::ROUTE_TOKENIZER) => {
-            let tok = st.tokenizer()?;
-            let template = st
-                .model
-                .knot()
-                .tokenizer()
-                .ok()
-                .flatten()
-                .and_then(|d| d.chat_template);
-            Ok(json(
-                StatusCode::OK,
-                &wire::TokenizerInfo {
-                    vocab: tok.vocab_size() as u32,
-                    bos_id: tok.bos_id(),
-                    eos_id: tok.eos_id(),
-                    eog_ids: (0..tok.vocab_size() as u32)
-                        .filter(|&i| tok.is_eog(i))
-                        .collect(),
-                    add_bos: tok.add_bos_default(),
-                    chat_template: template,
-                },
-            ))
+            compute(st, move |st| {
+                let tok = st.tokenizer()?;
+                let template = st
+                    .model
+                    .knot()
+                    .tokenizer()
+                    .ok()
+                    .flatten()
+                    .and_then(|d| d.chat_template);
+                Ok(json(
+                    StatusCode::OK,
+                    &wire::TokenizerInfo {
+                        vocab: tok.vocab_size() as u32,
+                        bos_id: tok.bos_id(),
+                        eos_id: tok.eos_id(),
+                        eog_ids: (0..tok.vocab_size() as u32)
+                            .filter(|&i| tok.is_eog(i))
+                            .collect(),
+                        add_bos: tok.add_bos_default(),
+                        chat_template: template,
+                    },
+                ))
+            })
+            .await
         }
         (&Method::POST, wire::ROUTE_TOKENIZE) => {
             let body: wire::TokenizeRequest = read_json(&st, req).await?;
-            let tok = st.tokenizer()?;
-            let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
-            let pieces = body
-                .pieces()
-                .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
-            Ok(json(
-                StatusCode::OK,
-                &wire::Tokens {
-                    tokens: tok.encode_parts(&pieces, add_bos),
-                },
-            ))
+            check_text(&st, &body)?;
+            compute(st, move |st| {
+                let tok = st.tokenizer()?;
+                let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
+                let pieces = body
+                    .pieces()
+                    .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
+                Ok(json(
+                    StatusCode::OK,
+                    &wire::Tokens {
+                        tokens: tok.encode_parts(&pieces, add_bos),
+                    },
+                ))
+            })
+            .await
         }
         (&Method::POST, wire::ROUTE_DETOKENIZE) => {
             let body: wire::Tokens = read_json(&st, req).await?;
-            let tok = st.tokenizer()?;
-            if let Some(bad) = body
-                .tokens
-                .iter()
-                .find(|&&t| t as usize >= tok.vocab_size())
-            {
-                return Err(refuse(
-                    StatusCode::BAD_REQUEST,
-                    "bad_token",
-                    format!(
-                        "token id {bad} is outside the vocabulary ({})",
-                        tok.vocab_size()
-                    ),
-                ));
-            }
-            Ok(json(
-                StatusCode::OK,
-                &wire::Text {
-                    text: tok.decode(&body.tokens),
-                },
-            ))
+            compute(st, move |st| {
+                let tok = st.tokenizer()?;
+                if let Some(bad) = body
+                    .tokens
+                    .iter()
+                    .find(|&&t| t as usize >= tok.vocab_size())
+                {
+                    return Err(refuse(
+                        StatusCode::BAD_REQUEST,
+                        "bad_token",
+                        format!(
+                            "token id {bad} is outside the vocabulary ({})",
+                            tok.vocab_size()
+                        ),
+                    ));
+                }
+                Ok(json(
+                    StatusCode::OK,
+                    &wire::Text {
+                        text: tok.decode(&body.tokens),
+                    },
+                ))
+            })
+            .await
         }
         (
             _,
@@ -569,7 +610,11 @@ pub(crate) fn with_session<T>(
                     s.truncate(p, kv_dim);
                 }
             }
-            Ok(f(&st.model, &mut s)?)
+            let out = f(&st.model, &mut s);
+            drop(s);
+            // This session is still held by the caller, so only others can go.
+            st.trim_sessions_now();
+            Ok(out?)
         }
     }
 }
@@ -595,16 +640,48 @@ pub(crate) fn session_of(
     Ok((st.session(session)?, pos))
 }
 
-pub(crate) async fn compute(
-    f: impl FnOnce() -> Result<Resp, Refusal> + Send + 'static,
-) -> Result<Resp, Refusal> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
+/// Runs `f` on the blocking pool once one of the `max_compute` permits is free (waiting in
+/// turn; a client that leaves while waiting leaves the queue).
+pub(crate) async fn compute<T: Send + 'static>(
+    st: Arc<Station>,
+    f: impl FnOnce(&Station) -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
+    let permit = st.compute_gate.clone().acquire_owned().await.map_err(|_| {
+        refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the compute pool is closed",
+        )
+    })?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f(&st)
+    })
+    .await
+    .map_err(|e| {
         refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             format!("compute task failed: {e}"),
         )
     })?
+}
+
+/// Refuses a `/tokenize` body whose text (all parts together) is over [`Limits::max_text`].
+fn check_text(st: &Station, body: &wire::TokenizeRequest) -> Result<(), Refusal> {
+    let len = body.text.len()
+        + body.parts.iter().flatten().map(|p| p.text.len()).sum::<usize>();
+    if len > st.limits.max_text {
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "text of {len} bytes exceeds this station's limit of {} for /tokenize",
+                st.limits.max_text
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
@@ -614,34 +691,19 @@ pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The request's body within `--max-body` and `--body-timeout` ([`crate::conn::read_body`]).
 pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<Bytes, Refusal> {
-    let max = st.limits.max_body;
-    let too_large = || {
-        refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("body exceeds {max} bytes"),
-        )
-    };
-    if let Some(len) = req
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > max {
-            return Err(too_large());
-        }
-    }
-    match Limited::new(req.into_body(), max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("reading body: {e}"),
-        )),
-    }
+    crate::conn::read_body(req, st.limits.max_body, st.limits.body_timeout)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge { .. } => {
+                refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
+            }
+            BodyError::Timeout { .. } => {
+                refuse(StatusCode::REQUEST_TIMEOUT, "body_timeout", e.to_string())
+            }
+            BodyError::Read(_) => refuse(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        })
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(

@@ -411,17 +411,22 @@ fn a_keyed_chain_seals_request_and_answer_and_matches_the_open_chain() {
     std::fs::write(&key_path, key_bytes).expect("key");
     let key = MeshKey::from_bytes(&key_bytes);
     let k = key_path.to_str().expect("utf-8");
+    // Exit first, so each node can be told its next hop (X-Route may name only that).
     let start_chain = |keyed: bool| -> Vec<StationProc> {
-        RANGES
-            .iter()
-            .map(|(role, layers)| {
-                let mut a = vec!["--knot", m, "--role", role, "--layers", layers];
-                if keyed {
-                    a.extend(["--mesh-key", k]);
-                }
-                start(&a)
-            })
-            .collect()
+        let mut nodes: Vec<StationProc> = Vec::new();
+        for (role, layers) in RANGES.iter().rev() {
+            let mut a = vec!["--knot", m, "--role", role, "--layers", layers];
+            if keyed {
+                a.extend(["--mesh-key", k]);
+            }
+            let next = nodes.last().map(|n| n.url.clone());
+            if let Some(next) = &next {
+                a.extend(["--route-to", next.as_str()]);
+            }
+            nodes.push(start(&a));
+        }
+        nodes.reverse();
+        nodes
     };
     let open = start_chain(false);
     let sealed = start_chain(true);

@@ -15,7 +15,7 @@ mod weights;
 
 pub use config::{Arch, Config};
 pub use model::Model;
-pub use session::{LayerCache, Scratch, Session};
+pub use session::{LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use weights::{Holdings, LayerWeights, Weights};
 
 use knot_format::LayerRange;

@@ -196,7 +196,9 @@ impl<'a> Model<'a> {
             self.block(w, cache, &mut scratch, &mut fwd, x, seq, pos);
         }
         FWD.with(|f| *f.borrow_mut() = fwd);
-        session.scratch = scratch;
+        if scratch.bytes() <= super::session::SCRATCH_KEEP_BYTES {
+            session.scratch = scratch;
+        }
         result
     }
 

@@ -11,7 +11,13 @@ pub struct LayerCache {
     pub v: Vec<f32>,
 }
 
-/// Activations for a chunk of `seq` tokens; grown on demand, reused across calls.
+/// Scratch a session keeps between calls: enough for decode steps and short chunks. A larger
+/// forward (a long prefill) allocates its scratch for that call only, so a session is not left
+/// holding its peak (a 4096-row forward of a 0.5B model needs about 230 MB).
+pub const SCRATCH_KEEP_BYTES: usize = 8 << 20;
+
+/// Activations for a chunk of `seq` tokens; grown on demand, reused across calls up to
+/// [`SCRATCH_KEEP_BYTES`].
 #[derive(Default)]
 pub struct Scratch {
     /// (seq, hidden) normed input of the current sub-block
@@ -43,6 +49,16 @@ impl Scratch {
         fit(&mut self.att, seq * cfg.q_dim());
         fit(&mut self.hb, seq * cfg.ffn);
         fit(&mut self.hb2, seq * cfg.ffn);
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        [
+            &self.xb, &self.xb2, &self.q, &self.k, &self.v, &self.att, &self.hb, &self.hb2,
+        ]
+        .iter()
+        .map(|v| v.capacity() * 4)
+        .sum()
     }
 }
 
@@ -101,6 +117,11 @@ impl Session {
             .iter()
             .map(|c| (c.k.capacity() + c.v.capacity()) * 4)
             .sum()
+    }
+
+    /// Bytes held by the scratch buffers (at most [`SCRATCH_KEEP_BYTES`] between calls).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.bytes()
     }
 
     /// Forgets positions from `pos` on in every block (rewind for a retried or edited turn).

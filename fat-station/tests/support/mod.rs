@@ -93,9 +93,17 @@ impl Drop for StationProc {
     }
 }
 
+/// The fat-station binary: this crate's, or `$AEON_STATION_BIN` (to run a test against
+/// another build, e.g. to see a regression test fail on the old code).
+pub fn station_bin() -> PathBuf {
+    std::env::var_os("AEON_STATION_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fat-station")))
+}
+
 /// Starts this crate's fat-station with `args` and waits for its ready line.
 pub fn spawn_station(args: &[&str]) -> StationProc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fat-station"))
+    let mut child = Command::new(station_bin())
         .args(args)
         .stdout(Stdio::piped())
         .spawn()
