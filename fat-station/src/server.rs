@@ -274,14 +274,15 @@ impl Station {
         })?;
         let now = Instant::now();
         map.retain(|_, s| now.duration_since(s.last_used) < self.limits.session_idle);
-        if !map.contains_key(id) && map.len() >= self.limits.max_sessions {
-            if evict_lru(&mut map, id).is_none() {
-                return Err(refuse(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too_many_sessions",
-                    "all sessions are busy",
-                ));
-            }
+        if !map.contains_key(id)
+            && map.len() >= self.limits.max_sessions
+            && evict_lru(&mut map, id).is_none()
+        {
+            return Err(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_sessions",
+                "all sessions are busy",
+            ));
         }
         self.trim_sessions(&mut map, id);
         let slot = map.entry(id.to_string()).or_insert_with(|| SessionSlot {
