@@ -158,13 +158,13 @@ def streamer(i, gateway, stop):
                 time.sleep(0.5)
                 continue
             if leave:
-                r.fp.readline()
+                r.readline()
                 c.sock.close()
                 count("stream left early")
                 continue
             done = False
             while True:
-                line = r.fp.readline()
+                line = r.readline()
                 if not line:
                     break
                 if line.strip() == b"data: [DONE]":
@@ -215,8 +215,10 @@ def main():
         for k, pid in enumerate(pids):
             peak[k] = max(peak[k], rss_kib(pid))
     stop.set()
+    # Clients blocked in a long read are left behind (daemon threads) after 20 s.
+    deadline = time.monotonic() + 20
     for t in threads:
-        t.join(timeout=15)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
     with lock:
         c = dict(counts)
     out = {
