@@ -82,10 +82,11 @@ impl Cost {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     /// A size such as `2.4G` did not parse (`knot_format::size`).
-    #[error("{flag}: {source}")]
+    #[error("{flag}: {why}")]
     BadSize {
         flag: &'static str,
-        source: knot_format::size::SizeError,
+        /// Not `source`: the message already says it, once.
+        why: knot_format::size::SizeError,
     },
     /// `--node name=RAM` did not parse.
     #[error("bad --node {0:?}: expected NAME=RAM, e.g. phone1=2.4G")]
@@ -118,7 +119,7 @@ pub enum PlanError {
 /// Parses the size given to `flag` (the workspace's rule, `knot_format::size`: `2.4G` =
 /// 2.4e9 bytes, `1GiB` = 2^30; a bare `2.4` is refused with a hint).
 pub fn parse_size(flag: &'static str, s: &str) -> Result<u64, PlanError> {
-    knot_format::size::parse_size_nonzero(s).map_err(|source| PlanError::BadSize { flag, source })
+    knot_format::size::parse_size_nonzero(s).map_err(|why| PlanError::BadSize { flag, why })
 }
 
 /// `1.23 GiB` style (binary, as `--node-ram 2.4G` reads and the R1 plan counts).

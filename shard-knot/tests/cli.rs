@@ -313,6 +313,11 @@ fn plan_refuses_a_size_without_a_unit() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert_eq!(
+        err.matches("did you mean").count(),
+        1,
+        "the cause once: {err}"
+    );
     let o = run(&[
         "plan",
         "--model-bytes",
