@@ -773,8 +773,8 @@ pub struct PlanArgs {
     /// Synthetic model size instead of a file (e.g. 7G), spread evenly over --layers.
     #[arg(long, requires = "layers")]
     pub model_bytes: Option<String>,
-    /// Layers of the synthetic model.
-    #[arg(long)]
+    /// Layers of the synthetic model (1..=65536, KNOT's cap on `n_layers`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(knot_format::header::MAX_LAYERS)))]
     pub layers: Option<u32>,
     /// KV width (n_kv_heads * head_dim) of the synthetic model.
     #[arg(long, default_value_t = SYNTHETIC_KV_DIM)]

@@ -441,6 +441,18 @@ fn absurd_layer_counts_are_refused_not_allocated() {
     });
     for (args, needle) in [
         (
+            vec![
+                "plan",
+                "--model-bytes",
+                "1G",
+                "--layers",
+                "4294967295",
+                "--node-ram",
+                "1G",
+            ],
+            "4294967295 is not in 1..=65536",
+        ),
+        (
             vec!["inspect", s(&m)],
             "arch.n_layers = 2147483648 is outside",
         ),
