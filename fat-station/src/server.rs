@@ -671,7 +671,12 @@ pub(crate) async fn compute<T: Send + 'static>(
 /// Refuses a `/tokenize` body whose text (all parts together) is over [`Limits::max_text`].
 fn check_text(st: &Station, body: &wire::TokenizeRequest) -> Result<(), Refusal> {
     let len = body.text.len()
-        + body.parts.iter().flatten().map(|p| p.text.len()).sum::<usize>();
+        + body
+            .parts
+            .iter()
+            .flatten()
+            .map(|p| p.text.len())
+            .sum::<usize>();
     if len > st.limits.max_text {
         return Err(refuse(
             StatusCode::PAYLOAD_TOO_LARGE,
