@@ -114,9 +114,13 @@ def loadavg():
         return "?"
 
 
-def start_station(bin_, knot, layers, threads, node_id, log):
-    p = subprocess.Popen([bin_, "--knot", knot, "--layers", layers, "--threads", str(threads), "--node-id", node_id,
-                          "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=log, text=True)
+def start_station(bin_, knot, layers, threads, node_id, log, next_hop=None):
+    argv = [bin_, "--knot", knot, "--layers", layers, "--threads", str(threads), "--node-id", node_id,
+            "--listen", "127.0.0.1:0"]
+    if next_hop:
+        # A station forwards X-Route only to a hop it was told at start (no open relay).
+        argv += ["--route-to", next_hop]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
     line = p.stdout.readline()
     url = next((w for w in line.split() if w.startswith("http://")), None)
     if url is None:
@@ -135,11 +139,13 @@ def launch(a):
     log = open(os.devnull, "w") if not a.station_log else open(a.station_log, "a")
     try:
         for c in range(2):
+            # Last hop first: each station learns its successor's URL before it starts.
             hops = []
-            for i, r in enumerate(ranges):
-                p, url = start_station(bin_, a.launch, r, a.threads, f"c{c}n{i}", log)
+            for i in reversed(range(len(ranges))):
+                p, url = start_station(bin_, a.launch, ranges[i], a.threads, f"c{c}n{i}", log,
+                                       hops[0] if hops else None)
                 procs.append(p)
-                hops.append(url)
+                hops.insert(0, url)
             chains.append(hops)
         # Warm-up: page the weights in on every station.
         for c in chains:
