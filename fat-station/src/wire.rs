@@ -165,6 +165,9 @@ pub struct Health {
     pub serves_lm_head: bool,
     pub has_tokenizer: bool,
     pub sessions: usize,
+    /// KV-cache bytes the live sessions hold (as of their last request).
+    #[serde(default)]
+    pub session_bytes: usize,
     pub uptime_s: f64,
     /// `open` (no mesh key: residuals travel in clear, anyone may call) or `sealed`.
     #[serde(default)]

@@ -428,6 +428,41 @@ fn sessions_beyond_the_memory_bound_are_evicted() {
     }
 }
 
+// 3. Abandoned sessions expire on the station's timer, with no other session request to
+// trigger the sweep (the soak's 160 abandoned sessions stayed until one arrived).
+#[test]
+fn idle_sessions_expire_without_another_request() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let st = start(&path, &["--session-idle-s", "1"]);
+    let c = fat_station::client::StationClient::new(&st.url, Duration::from_secs(60));
+    let h = c.health().expect("health");
+    let x = c.embed(&[100, 101, 102, 103]).expect("embed").residual;
+    let all = LayerRange::new(0, h.n_layers);
+    for id in ["a", "b", "c"] {
+        c.forward(&x, all, Some((id, 0)), false).expect("session");
+    }
+    let h = c.health().expect("health");
+    assert_eq!(h.sessions, 3);
+    assert!(
+        h.session_bytes > 0,
+        "the live sessions' KV bytes are reported"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let h = c.health().expect("health");
+        if h.sessions == 0 {
+            assert_eq!(h.session_bytes, 0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "idle sessions still held: {}",
+            h.sessions
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A listener that counts the connections it gets (and answers each with `answer`).
 fn listener(answer: &'static [u8]) -> (String, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
