@@ -171,7 +171,11 @@ def streamer(i, gateway, stop):
                     done = True
                     break
                 if b'"error"' in line:
-                    count("stream error event")
+                    try:
+                        msg = json.loads(line.decode()[len("data: "):])["error"].get("message", "")
+                    except (ValueError, KeyError, AttributeError):
+                        msg = line.decode(errors="replace")
+                    count(f"stream error event: {msg[:120]}")
             c.close()
             count("stream finished" if done else "stream cut short")
         except Exception as e:  # noqa: BLE001

@@ -345,20 +345,9 @@ impl Station {
             Err(_) => 0,
         };
         if gone > 0 {
-            return_free_heap();
+            crate::conn::return_free_heap();
         }
         gone
-    }
-}
-
-/// Asks the allocator to give freed pages back: glibc keeps a dropped session's KV cache in its
-/// per-thread arenas otherwise (the soak's RSS stayed ~80% above its start). musl returns large
-/// frees by itself.
-fn return_free_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks glibc's own heap under its locks; no pointer of ours.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

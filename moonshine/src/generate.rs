@@ -466,6 +466,7 @@ impl<'a> Generation<'a> {
         let mut tokens = Vec::new();
         let t1 = Instant::now();
         let mut finish = Finish::Length;
+        let mut context = req.prompt.clone();
         while tokens.len() < req.max_tokens {
             let id = sampler.sample(&mut logits);
             tokens.push(id);
@@ -492,18 +493,21 @@ impl<'a> Generation<'a> {
                 finish = Finish::Cancelled;
                 break;
             }
-            let pos = session.cached.len();
-            let mut trace = StepTrace::default();
-            logits = match b.chain.step(&[id], Some((&session.id, pos)), &mut trace) {
-                Ok(l) => l,
-                Err(e) if is_context_full(&e) => {
-                    tracing::debug!(session = %session.id, pos, "context full: generation ends");
+            // One token through `feed`: it sends only what the stations lack, and re-fills
+            // the whole context when a busy station evicted the session between two steps.
+            context.push(id);
+            logits = match session.feed(&b.chain, &context, &mut timing, cancelled) {
+                Ok((l, _)) => l,
+                Err(GenError::ContextFull { .. }) => {
+                    tracing::debug!(session = %session.id, "context full: generation ends");
                     break; // finish stays Length
                 }
-                Err(e) => return Err(e.into()),
+                Err(GenError::Cancelled { .. }) => {
+                    finish = Finish::Cancelled;
+                    break;
+                }
+                Err(e) => return Err(e),
             };
-            timing.add(&trace);
-            session.cached.push(id);
         }
         if finish != Finish::Cancelled {
             let tail = stream.finish(&mut detok)?;

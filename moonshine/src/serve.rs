@@ -785,7 +785,9 @@ impl Drop for Lease {
                 p.push(s);
             }
         }
-        self.st.metrics.active.fetch_sub(1, Ordering::Relaxed);
+        if self.st.metrics.active.fetch_sub(1, Ordering::Relaxed) == 1 {
+            fat_station::conn::return_free_heap();
+        }
     }
 }
 

@@ -321,3 +321,47 @@ fn oneoff_builds_its_chain_from_beacons_with_discover() {
         "two hops expected: {err}"
     );
 }
+
+/// A busy station may evict a generation's session between two decode steps (LRU beyond
+/// `--max-sessions`); the generation re-fills its context and goes on with the same tokens
+/// (the soak saw `409 session_mismatch` end a stream instead).
+#[test]
+fn a_session_evicted_mid_generation_is_refilled_and_the_tokens_are_unchanged() {
+    use moonshine::generate::{generate, Backend, GenRequest, KvSession, Target};
+    use moonshine::sampling::SamplingParams;
+    use std::time::Duration;
+
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &["--max-sessions", "1"]);
+    let b = Backend::connect(&Target::Station(st.url.clone()), Duration::from_secs(120))
+        .expect("connect");
+    let req = GenRequest {
+        prompt: vec![785, 6722, 315, 9625, 374],
+        max_tokens: 10,
+        sampling: SamplingParams::default(),
+        stops: vec![],
+    };
+    let plain = generate(&b, &mut KvSession::new("plain"), &req, |_| true).expect("plain");
+
+    // Another client's session takes the only slot after each piece of text.
+    let intruder = fat_station::client::StationClient::new(&st.url, Duration::from_secs(120));
+    let row = intruder.embed(&[100]).expect("embed").residual;
+    let all = knot_format::LayerRange::new(0, 24);
+    let mut evictions = 0;
+    let evicted = generate(&b, &mut KvSession::new("evicted"), &req, |_| {
+        intruder
+            .forward(
+                &row,
+                all,
+                Some((&format!("intruder-{evictions}"), 0)),
+                false,
+            )
+            .expect("intruder forward");
+        evictions += 1;
+        true
+    })
+    .expect("generation survives the evictions");
+    assert!(evictions >= 3, "the session was evicted {evictions} times");
+    assert_eq!(evicted.tokens, plain.tokens);
+    assert_eq!(evicted.text, plain.text);
+}
