@@ -9,6 +9,11 @@
 //! Weights are random blocks with sane scales; several copies are cycled so they come from
 //! DRAM, not the cache.
 //!
+//! `--forward MODEL.knot` instead runs the engine itself on one thread: a `--prefill`-token
+//! prompt in one batch, then `--decode` greedy tokens, and prints the greedy ids and a BLAKE3
+//! of the last logits' bits (`scripts/arm-proxy.sh` counts its instructions under qemu-aarch64
+//! at two sizes and divides the difference; two machines compare the hash for bit identity).
+//!
 //! Exit codes: 0 success, 2 bad arguments or a failed setup.
 
 use anyhow::{Context, Result};
@@ -43,6 +48,67 @@ struct Args {
     /// Use the block kernels on the stored rows, not the 16-row interleaved copies.
     #[arg(long)]
     blocks: bool,
+    /// Run the whole model (a .knot file) instead: prefill, greedy decode, one thread.
+    #[arg(long)]
+    forward: Option<std::path::PathBuf>,
+    /// With --forward: prompt tokens, prefilled in one batch (a fixed English prompt's ids,
+    /// repeated).
+    #[arg(long, default_value_t = 8)]
+    prefill: usize,
+    /// With --forward: greedy tokens decoded one at a time after the prompt.
+    #[arg(long, default_value_t = 0)]
+    decode: usize,
+}
+
+/// "The capital of France is Paris. The" in Qwen2.5's vocabulary: the --forward prompt.
+const PROMPT: [u32; 8] = [785, 6722, 315, 9625, 374, 12095, 13, 576];
+
+/// `--forward`: prefill + greedy decode on one thread; prints the ids and the logits' hash.
+fn forward(path: &std::path::Path, prefill: usize, decode: usize) -> Result<()> {
+    use fat_station::engine::Model;
+    if prefill == 0 {
+        anyhow::bail!("--prefill must be at least 1");
+    }
+    let knot =
+        knot_format::Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let m = Model::load(&knot, None).context("loading the model")?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .context("building thread pool")?;
+    let prompt: Vec<u32> = (0..prefill).map(|i| PROMPT[i % PROMPT.len()]).collect();
+    let (ids, logits) = pool.install(|| -> Result<(Vec<u32>, Vec<f32>)> {
+        let mut s = m.new_session(prefill + decode + 1);
+        let mut logits = m.logits(&mut s, &prompt).context("prefill")?;
+        let mut ids = Vec::with_capacity(decode + 1);
+        for i in 0..=decode {
+            let next = argmax(&logits);
+            ids.push(next);
+            if i < decode {
+                logits = m.logits(&mut s, &[next]).context("decode")?;
+            }
+        }
+        Ok((ids, logits))
+    })?;
+    let mut h = blake3::Hasher::new();
+    for v in &logits {
+        h.update(&v.to_bits().to_le_bytes());
+    }
+    println!("kernels: {:?}", kernels().isa);
+    println!("greedy ids: {ids:?}");
+    println!("last logits blake3: {}", h.finalize().to_hex());
+    Ok(())
+}
+
+/// Index of the largest value (the first on ties).
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// SplitMix64 for reproducible random weights.
@@ -125,6 +191,9 @@ fn bandwidth(pool: &rayon::ThreadPool, buf: &[u64], secs: f64) -> f64 {
 }
 
 fn run(args: Args) -> Result<()> {
+    if let Some(path) = &args.forward {
+        return forward(path, args.prefill, args.decode);
+    }
     let pools: Vec<rayon::ThreadPool> = [1, 2]
         .iter()
         .map(|&n| {

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# ARM cost proxies without ARM hardware: how our aarch64 kernels compare with llama.cpp's on the
+# in-order cores the devices have (Cortex-A53: the R1; Cortex-A55: a dotprod in-order core).
+# Two proxies, neither a wall-clock figure:
+#
+#   1. static cycle model (llvm-mca, LLVM's in-order Cortex-A53 / A55 scheduling models) of each
+#      hot one-token dot's inner loop: ours from the aarch64 build of fat-station (rustc
+#      --emit asm), llama.cpp's from ggml-cpu's arch/arm/quants.c compiled with zig cc
+#      -mcpu=cortex_a53 (no dotprod) and -mcpu=cortex_a55 (dotprod). Cycles per block (32
+#      weights; 256 for the k-quants). Ours: plain NEON on the A53 model, the `sdot` flavour on
+#      the A55 model; llama.cpp: the a53 build on the A53 model, the a55 build on the A55 model.
+#   2. exact instruction counts under qemu-aarch64 with a TCG counting plugin
+#      (scripts/arm-proxy/insn-count.c) of `kernel-bench --forward` on the real Qwen, one thread,
+#      per prefill token and per decoded token (difference of two runs of different lengths, so
+#      loading the model cancels out), on `-cpu cortex-a53` (plain NEON) and `-cpu max`
+#      (dotprod). Ours only: llama.cpp would need a whole aarch64 llama.cpp build.
+#
+# Usage: scripts/arm-proxy.sh [--no-count] [--model FILE.knot]
+#   --no-count   only the static model (no aarch64 link, no model, no qemu)
+#
+# Needs (installed when missing and root, else named and exit 2): llvm-mca (Debian llvm),
+# qemu-aarch64 (Debian qemu-user), a host C compiler (gcc/cc) for the plugin; zig, cargo-zigbuild
+# and the rust aarch64 target come from scripts/cross/build-aarch64.sh's installer. llama.cpp's
+# source: the llama-cpp-python sdist (LLAMA_CPP_PYTHON_VERSION, default 0.3.36) that
+# scripts/bench/build-llama-bench.sh unpacks under ~/.cache/aeon-shell/llama-bench, else
+# `pip download` of that sdist.
+# Env: AEON_CROSS_DEV_DIR (cargo target dir of the release-profile aarch64 builds for
+# tests and proxies, default target/cross-test), AEON_MODELS_DIR.
+# Prints the table on stdout (the committed copy: scripts/arm-proxy/table.txt).
+# Exit codes: 0 table printed; 1 a step failed; 2 bad usage or a missing tool.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+TARGET=aarch64-unknown-linux-musl
+DEV="${AEON_CROSS_DEV_DIR:-$ROOT/target/cross-test}"
+MODEL="${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}/qwen2.5-coder-0.5b-instruct-q4_k_m.knot"
+LLAMA_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+count=1
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --no-count) count=0; shift ;;
+        --model) [[ $# -ge 2 ]] || { echo "arm-proxy: --model needs a file" >&2; exit 2; }; MODEL="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "arm-proxy: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+say() { printf 'arm-proxy: %s\n' "$*" >&2; }
+die() { say "$*"; exit "${2:-1}"; }
+
+# --- tools ------------------------------------------------------------------------------------
+apt_need() { # $1 command, $2 Debian package
+    command -v "$1" >/dev/null && return 0
+    [[ "$(id -u)" -eq 0 ]] || die "missing $1 (apt-get install $2)" 2
+    say "apt-get install $2"
+    { apt-get install -y -qq "$2" >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq "$2" >/dev/null; }; } \
+        || die "apt-get install $2 failed" 2
+}
+apt_need llvm-mca llvm
+PY="$(command -v python3 || true)"
+[[ -n "$PY" ]] || die "python3 not found" 2
+ZIG=(zig)
+command -v zig >/dev/null || ZIG=("$PY" -m ziglang)
+if ! "${ZIG[@]}" version >/dev/null 2>&1 || ! command -v cargo-zigbuild >/dev/null \
+    || ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
+    say "installing the cross tools (scripts/cross/build-aarch64.sh's installer)"
+    # The installer runs before the build; --package of a tiny crate keeps the build short.
+    bash scripts/cross/build-aarch64.sh -p knot-format >/dev/null || die "cross tools missing" 2
+    command -v zig >/dev/null || ZIG=("$PY" -m ziglang)
+fi
+if [[ $count -eq 1 ]]; then
+    apt_need qemu-aarch64 qemu-user
+    command -v cc >/dev/null || apt_need cc gcc
+fi
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+# --- llama.cpp source -------------------------------------------------------------------------
+cache="${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}"
+GGML=""
+for d in "$cache/$LLAMA_VERSION" "$cache/$LLAMA_VERSION.partial" "$cache/src-$LLAMA_VERSION"; do
+    [[ -f "$d/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c" ]] && { GGML="$d/vendor/llama.cpp/ggml"; break; }
+done
+if [[ -z "$GGML" ]]; then
+    say "pip download llama-cpp-python==$LLAMA_VERSION (sdist) for ggml-cpu's source"
+    "$PY" -m pip download --no-binary llama-cpp-python --no-deps --disable-pip-version-check -q \
+        -d "$WORK/dl" "llama-cpp-python==$LLAMA_VERSION" >&2 || die "pip download failed"
+    mkdir -p "$cache/src-$LLAMA_VERSION"
+    tar -xzf "$WORK"/dl/llama_cpp_python-*.tar.gz -C "$cache/src-$LLAMA_VERSION" --strip-components=1 \
+        --wildcards '*/vendor/llama.cpp/ggml/*' || die "untar failed"
+    GGML="$cache/src-$LLAMA_VERSION/vendor/llama.cpp/ggml"
+fi
+
+# --- 1. static model --------------------------------------------------------------------------
+say "llama.cpp ggml-cpu arm quants.c -> asm (zig cc -O3, -mcpu=cortex_a53 / cortex_a55)"
+for cpu in cortex_a53 cortex_a55; do
+    "${ZIG[@]}" cc -target aarch64-linux-musl -mcpu=$cpu -O3 -g0 -S -DNDEBUG \
+        -I"$GGML/include" -I"$GGML/src" -I"$GGML/src/ggml-cpu" \
+        "$GGML/src/ggml-cpu/arch/arm/quants.c" -o "$WORK/llama-$cpu.s" 2>"$WORK/zig.log" \
+        || { tail -5 "$WORK/zig.log" >&2; die "zig cc failed on quants.c"; }
+done
+say "fat-station (aarch64, release) -> asm"
+rm -f "$DEV/$TARGET/release/deps/fat_station-"*.s
+CARGO_TARGET_DIR="$DEV" cargo-zigbuild rustc --release --target "$TARGET" -p fat-station --lib \
+    -- --emit asm -C codegen-units=1 >"$WORK/rustc.log" 2>&1 \
+    || { tail -20 "$WORK/rustc.log" >&2; die "cargo rustc --emit asm failed"; }
+OURS="$(ls -t "$DEV/$TARGET/release/deps/fat_station-"*.s | head -1)"
+[[ -f "$OURS" ]] || die "no fat_station .s emitted"
+
+# kernel, ours (symbol, loop, blocks/iter), llama.cpp (symbol, loop, blocks/iter). Each loop is
+# the function's first outer loop unless said; blocks per iteration read off the source.
+KERNELS=(
+    "Q4_0  neon10q4_0_plain 0 8  neon7q4_0_tf 0 8  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
+    "Q5_0  neon10q5_0_plain 0 8  neon7q5_0_tf 0 8  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
+    "Q8_0  neon10q8_0_plain 0 8  neon7q8_0_tf 0 8  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
+    "Q4_K  neon10q4_k_plain 0 1  neon7q4_k_tf 0 1  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
+    "Q6_K  neon10q6_k_plain 0 1  neon7q6_k_tf 0 1  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
+)
+mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
+    "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \
+        | "$PY" -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["cycles_per_unit"])'
+}
+echo "llvm-mca in-order model, cycles per block (32 weights; k-quants 256), one-token dots"
+echo "(a proxy: LLVM's scheduling model of the hot loop, steady state; not a measurement)"
+printf '%-5s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
+for row in "${KERNELS[@]}"; do
+    read -r k sym lp per tsym tlp tper lsym llp lper <<<"$row"
+    a53=$(mca "$OURS" "$sym" "$lp" "$per" cortex-a53) || die "$k: no model of ours (A53)"
+    l53=$(mca "$WORK/llama-cortex_a53.s" "$lsym" "$llp" "$lper" cortex-a53) || die "$k: no model of llama.cpp (A53)"
+    a55=$(mca "$OURS" "$tsym" "$tlp" "$tper" cortex-a55 +dotprod) || die "$k: no model of ours (A55)"
+    l55=$(mca "$WORK/llama-cortex_a55.s" "$lsym" "$llp" "$lper" cortex-a55 +dotprod) || die "$k: no model of llama.cpp (A55)"
+    printf '%-5s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$a53" "$l53" "$(awk -v a="$a53" -v b="$l53" 'BEGIN { print a / b }')" \
+        "$a55" "$l55" "$(awk -v a="$a55" -v b="$l55" 'BEGIN { print a / b }')"
+done
+
+[[ $count -eq 1 ]] || exit 0
+
+# --- 2. instruction counts --------------------------------------------------------------------
+if [[ ! -f "$MODEL" ]]; then
+    say "SKIP instruction counts: $MODEL not found (scripts/fetch-model.sh)"
+    exit 0
+fi
+say "insn-count plugin (host cc) and kernel-bench (aarch64) "
+cc -O2 -shared -fPIC -o "$WORK/insn-count.so" scripts/arm-proxy/insn-count.c || die "building the plugin failed"
+CARGO_TARGET_DIR="$DEV" cargo-zigbuild build --release --target "$TARGET" -p fat-station --bin kernel-bench \
+    >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log" >&2; die "building kernel-bench failed"; }
+KB="$DEV/$TARGET/release/kernel-bench"
+QEMU="$(command -v qemu-aarch64)"
+insns() { # cpu prefill decode -> instructions
+    "$QEMU" -cpu "$1" -plugin "$WORK/insn-count.so,out=$WORK/count" "$KB" --forward "$MODEL" \
+        --prefill "$2" --decode "$3" >"$WORK/fwd.out" 2>"$WORK/fwd.err" \
+        || { tail -5 "$WORK/fwd.err" >&2; die "kernel-bench --forward under qemu failed"; }
+    sed -n 's/^insns //p' "$WORK/count"
+}
+echo
+echo "qemu-aarch64 + insn-count plugin: guest instructions, real Qwen (Q4_K_M), one thread"
+echo "(a proxy: executed instructions, not cycles)"
+printf '%-12s %-12s %16s %16s  %s\n' "-cpu" kernels "per prefill tok" "per decode tok" "greedy ids / logits"
+for cpu in cortex-a53 max; do
+    base=$(insns "$cpu" 8 0)
+    pre=$(insns "$cpu" 16 0)
+    dec=$(insns "$cpu" 8 8)
+    isa=$(sed -n 's/^kernels: //p' "$WORK/fwd.out")
+    ids=$(sed -n 's/^greedy ids: //p' "$WORK/fwd.out")
+    hash=$(sed -n 's/^last logits blake3: //p' "$WORK/fwd.out")
+    printf '%-12s %-12s %16d %16d  %s %s\n' "$cpu" "$isa" $(( (pre - base) / 8 )) $(( (dec - base) / 8 )) "$ids" "${hash:0:16}"
+done
