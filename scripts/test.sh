@@ -52,4 +52,7 @@ if [ "${AEON_SKIP_CROSS:-0}" != 1 ]; then
   echo "== aarch64 under qemu"
   scripts/cross/build-aarch64.sh -p fat-station -p paris-probe -p foil-control
   scripts/cross/qemu-probe.sh
+  # The NEON kernels' spec tests (bit identity with the scalar reference) on -cpu cortex-a53
+  # (plain NEON) and -cpu max (dotprod).
+  scripts/cross/qemu-kernels.sh
 fi

@@ -3,19 +3,29 @@
 //! Two flavours of every quantized kernel, one body each (a `const SDOT: bool` parameter):
 //!
 //! - plain NEON (ARMv8.0, e.g. the Cortex-A53): per 16 weight/activation byte pairs
-//!   `smull` (low 8) + `smlal2` (high 8) into i16 lanes, then `sadalp` into i32 lanes:
-//!   3 instructions per 16 products. An i16 lane holds two products, at most
-//!   `2 * 128 * 127 = 32512 < 32767` in magnitude, so it cannot overflow (Q8_0 weights reach
-//!   -128, activations are clamped to +-127);
+//!   `smull` (low 8) + `smlal2` (high 8) into i16 lanes, then pairwise adds into i32 lanes.
+//!   An i16 lane holds at most `32512 < 32767` in magnitude: two products of Q8_0 weights
+//!   (down to -128) with activations (clamped to +-127), more of smaller weights (each place
+//!   that adds more says how many);
 //! - `dotprod` (ARMv8.2+, chosen at runtime): one `sdot` per 16 products.
 //!
 //! Weights are unpacked to *signed* i8 with their offset already removed (`q - 8`, `q - 16`,
-//! `q - 32`), so each block's integer sum is exactly the reference's `isum`; the i32 lanes
-//! are reduced to one i32 (`addv`) and scaled in f32 with the reference's own expression in
-//! the reference's order. Integer sums are exact and f32 steps are the same operations in the
-//! same order, so every quantized kernel here is bit-identical to the scalar reference, and
-//! the plain and dotprod flavours are bit-identical to each other (a device with or without
-//! dotprod computes the same logits). The tests assert exactly that.
+//! `q - 32`), so each block's integer sum is exactly the reference's `isum`, and scaled in f32
+//! with the reference's own expression in the reference's order. Integer sums are exact and f32
+//! steps are the same operations in the same order, so every quantized kernel here is
+//! bit-identical to the scalar reference, and the plain and dotprod flavours are bit-identical
+//! to each other (a device with or without dotprod computes the same logits). The tests assert
+//! exactly that (`scripts/cross/qemu-kernels.sh` runs them under qemu-aarch64 for both).
+//!
+//! Shaped for in-order cores (the A53 issues in program order, so a dependent instruction
+//! stalls everything behind it). The hot types (Q4_0, Q5_0, Q8_0: four blocks per step; Q4_K,
+//! Q6_K: a super-block per step) reduce several blocks' integer sums together (pairwise i16
+//! adds while the lanes cannot overflow, then one widening add: fewer instructions than a
+//! horizontal add per block), do the f32 products on four lanes, and leave only the
+//! reference's serial adds scalar, issued next to the following step's arithmetic (a software
+//! pipeline, `pipelined!`). `scripts/arm-proxy.sh` models each hot loop with llvm-mca's
+//! Cortex-A53 / A55 models next to llama.cpp's and prints the table. Q4_1, Q5_1 and Q5_K keep
+//! the simpler one-block-at-a-time bodies.
 //!
 //! Float weights (F32, F16, BF16) use four f32x4 FMA accumulators (fixed order, so
 //! deterministic, but not the reference's serial order: those match within 1e-5 of the
@@ -92,18 +102,43 @@ macro_rules! entries {
     };
 }
 
-entries!(dot_q4_0, q4_0_plain, q4_0_sdot, q4_0_tf);
+entries!(dot4_q4_0, q4_0_plain, q4_0_sdot, q4_0_tf);
 entries!(dot_q4_1, q4_1_plain, q4_1_sdot, q4_1_tf);
-entries!(dot_q5_0, q5_0_plain, q5_0_sdot, q5_0_tf);
+entries!(dot4_q5_0, q5_0_plain, q5_0_sdot, q5_0_tf);
 entries!(dot_q5_1, q5_1_plain, q5_1_sdot, q5_1_tf);
-entries!(dot_q8_0, q8_0_plain, q8_0_sdot, q8_0_tf);
-entries!(dot_q4_k, q4_k_plain, q4_k_sdot, q4_k_tf);
+entries!(dot4_q8_0, q8_0_plain, q8_0_sdot, q8_0_tf);
+entries!(dot2_q4_k, q4_k_plain, q4_k_sdot, q4_k_tf);
 entries!(dot_q5_k, q5_k_plain, q5_k_sdot, q5_k_tf);
-entries!(dot_q6_k, q6_k_plain, q6_k_sdot, q6_k_tf);
+entries!(dot2_q6_k, q6_k_plain, q6_k_sdot, q6_k_tf);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
+
+/// `[e(0), e(1), e(2), e(3)]` written out (`std::array::from_fn` is not always inlined, and a
+/// call inside a kernel's loop costs more than the loop).
+macro_rules! arr4 {
+    (|$k:ident| $e:expr) => {
+        [
+            {
+                let $k = 0usize;
+                $e
+            },
+            {
+                let $k = 1usize;
+                $e
+            },
+            {
+                let $k = 2usize;
+                $e
+            },
+            {
+                let $k = 3usize;
+                $e
+            },
+        ]
+    };
+}
 
 /// `acc + ` the 16 products `a[i] * b[i]`, grouped into 4 i32 lanes.
 ///
@@ -115,8 +150,11 @@ unsafe fn idot<const SDOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> 
     if SDOT {
         let mut acc = acc;
         // SAFETY: register-only instruction; reached only from `dotprod` functions (see above).
+        // The directive lets the assembler take `sdot` even where LLVM did not inline this
+        // into the `dotprod` function (a closure body is its own function).
         unsafe {
             asm!(
+                ".arch_extension dotprod",
                 "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
                 acc = inout(vreg) acc,
                 a = in(vreg) a,
@@ -285,6 +323,354 @@ unsafe fn dot_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Legacy quants, four blocks per step (Q4_0, Q5_0, Q8_0)
+// ---------------------------------------------------------------------------------------------
+//
+// The reference adds one term per block, `sum += d_w * d_x * isum`, in block order. Here a step
+// computes the terms of four blocks as one f32x4 (their integer sums reduced together, the two
+// products on four lanes at once: the same roundings as the scalar expression) and the serial
+// adds of the *previous* step's four terms are interleaved with it (a software pipeline: the
+// in-order core has independent work while each add waits for the one before). Blocks past the
+// last group of four take the one-block kernel's expression. Same operations in the same order
+// as the reference, so the same bits.
+
+/// `sum += t[0]; sum += t[1]; sum += t[2]; sum += t[3]` (the reference's order).
+#[inline(always)]
+fn add4(sum: f32, t: float32x4_t) -> f32 {
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let s = sum + vgetq_lane_f32::<0>(t);
+        let s = s + vgetq_lane_f32::<1>(t);
+        let s = s + vgetq_lane_f32::<2>(t);
+        s + vgetq_lane_f32::<3>(t)
+    }
+}
+
+/// The f16 scales at `p`, `p + stride`, `p + 2 stride`, `p + 3 stride` as f32 lanes (`fcvtl`).
+#[inline(always)]
+unsafe fn f16_gather4(p: *const u8, stride: usize) -> float32x4_t {
+    // SAFETY: callers pass four readable, possibly unaligned 2-byte fields.
+    let h = unsafe {
+        let h = vdup_n_u16(std::ptr::read_unaligned(p as *const u16));
+        let h = vset_lane_u16::<1>(std::ptr::read_unaligned(p.add(stride) as *const u16), h);
+        let h = vset_lane_u16::<2>(std::ptr::read_unaligned(p.add(2 * stride) as *const u16), h);
+        vset_lane_u16::<3>(std::ptr::read_unaligned(p.add(3 * stride) as *const u16), h)
+    };
+    let out: float32x4_t;
+    // SAFETY: register-only, baseline AdvSIMD instruction.
+    unsafe {
+        asm!(
+            "fcvtl {o:v}.4s, {h:v}.4h",
+            h = in(vreg) h,
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
+/// Two f16 fields as the f32 lanes of a pair (`fcvtl`).
+#[inline(always)]
+fn f16x4_low2(a: [u8; 2], b: [u8; 2]) -> float32x2_t {
+    let packed = u16::from_le_bytes(a) as u64 | (u16::from_le_bytes(b) as u64) << 16;
+    let out: float32x4_t;
+    // SAFETY: register-only, baseline AdvSIMD instructions.
+    unsafe {
+        asm!(
+            "fcvtl {o:v}.4s, {h:v}.4h",
+            h = in(vreg) vcreate_u16(packed),
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        vget_low_f32(out)
+    }
+}
+
+/// Of the four activation blocks from `a`: `d` as f32 lanes and `sums[0] + sums[1]` as i32
+/// lanes, from one 16-byte load of each block's head (`d`, `s`, `sums`, `qs[0..4]`) and four
+/// permutes (cheaper on an in-order core than eight lane inserts and their address arithmetic).
+#[inline(always)]
+unsafe fn act_head4(a: *const BlockQ8A) -> (float32x4_t, int32x4_t) {
+    // SAFETY: the caller passes four readable blocks of 44 bytes; each load reads 0..16 of one.
+    let h: [uint32x4_t; 4] =
+        arr4!(|k| unsafe { vreinterpretq_u32_u8(vld1q_u8(a.add(k) as *const u8)) });
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let (ab, cd) = (vtrn1q_u32(h[0], h[1]), vtrn1q_u32(h[2], h[3]));
+        let d = vreinterpretq_f32_u64(vzip1q_u64(
+            vreinterpretq_u64_u32(ab),
+            vreinterpretq_u64_u32(cd),
+        ));
+        let sums = vreinterpretq_s16_u64(vzip2q_u64(
+            vreinterpretq_u64_u32(ab),
+            vreinterpretq_u64_u32(cd),
+        ));
+        (d, vpaddlq_s16(sums))
+    }
+}
+
+/// `d` of four activation blocks as f32 lanes.
+#[inline(always)]
+fn act_d4(a: &[BlockQ8A; 4]) -> float32x4_t {
+    // SAFETY: four blocks.
+    unsafe { act_head4(a.as_ptr()).0 }
+}
+
+/// `p`, hidden from the optimiser by an empty `asm!`: loads at small offsets from it stay one
+/// instruction each (LLVM would otherwise fold them back onto the row's base pointer, with
+/// offsets too large for `ldur`, and spend an `add` per load).
+#[inline(always)]
+fn opaque<T>(p: *const T) -> *const T {
+    let mut p = p;
+    // SAFETY: an empty instruction template; `p` is passed through unchanged.
+    unsafe { asm!("/* {p} */", p = inout(reg) p, options(pure, nomem, nostack, preserves_flags)) };
+    p
+}
+
+/// An activation block's 32 quants as two vectors.
+#[inline(always)]
+fn act_qs(a: &BlockQ8A) -> (int8x16_t, int8x16_t) {
+    // SAFETY: `qs` is 32 bytes: the loads read 0..16 and 16..32.
+    unsafe { (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16))) }
+}
+
+/// The 32 products of (w0, w1) with (x0, x1), four per i16 lane: only for weights of magnitude
+/// at most 16 (then a lane is at most `4 * 16 * 127 = 8128`; [`isum4_small`] adds four such
+/// vectors per lane pair, `32512 < 32767`).
+#[inline(always)]
+fn i16_products(w0: int8x16_t, w1: int8x16_t, x0: int8x16_t, x1: int8x16_t) -> int16x8_t {
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let p = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
+        let p = vmlal_high_s8(p, w0, x0);
+        let p = vmlal_s8(p, vget_low_s8(w1), vget_low_s8(x1));
+        vmlal_high_s8(p, w1, x1)
+    }
+}
+
+/// The exact integer dots of four blocks of 32 small weights (|w| <= 16: Q4_0, Q5_0) with their
+/// activation blocks, as i32 lanes. Plain: [`i16_products`], two pairwise i16 adds (a lane then
+/// holds 16 products, at most 32512) and one widening pairwise add; dotprod: two `sdot` per block.
+#[inline(always)]
+unsafe fn isum4_small<const SDOT: bool>(
+    w: [(int8x16_t, int8x16_t); 4],
+    a: &[BlockQ8A; 4],
+) -> int32x4_t {
+    let x = [act_qs(&a[0]), act_qs(&a[1]), act_qs(&a[2]), act_qs(&a[3])];
+    if SDOT {
+        // SAFETY: reached only from `dotprod` functions (see `idot`).
+        unsafe { isum4_sdot(w, x) }
+    } else {
+        let p: [int16x8_t; 4] = arr4!(|k| i16_products(w[k].0, w[k].1, x[k].0, x[k].1));
+        // SAFETY: register-only NEON (baseline).
+        unsafe { vpaddlq_s16(vpaddq_s16(vpaddq_s16(p[0], p[1]), vpaddq_s16(p[2], p[3]))) }
+    }
+}
+
+/// Four blocks' dots with `sdot` (any weights), reduced to one i32 lane per block.
+#[inline(always)]
+unsafe fn isum4_sdot(w: [(int8x16_t, int8x16_t); 4], x: [(int8x16_t, int8x16_t); 4]) -> int32x4_t {
+    // SAFETY: the caller is a `dotprod` function (see `idot`).
+    let s: [int32x4_t; 4] = arr4!(|k| unsafe {
+        idot::<true>(idot::<true>(vdupq_n_s32(0), w[k].0, x[k].0), w[k].1, x[k].1)
+    });
+    // SAFETY: register-only NEON (baseline).
+    unsafe { vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3])) }
+}
+
+/// The exact integer dots of four Q8_0 blocks (weights down to -128: two products per i16 lane,
+/// then widened per block) with their activation blocks, as i32 lanes.
+#[inline(always)]
+unsafe fn isum4_q8<const SDOT: bool>(
+    w: [(int8x16_t, int8x16_t); 4],
+    a: &[BlockQ8A; 4],
+) -> int32x4_t {
+    let x = [act_qs(&a[0]), act_qs(&a[1]), act_qs(&a[2]), act_qs(&a[3])];
+    if SDOT {
+        // SAFETY: reached only from `dotprod` functions (see `idot`).
+        unsafe { isum4_sdot(w, x) }
+    } else {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let s: [int32x4_t; 4] = arr4!(|k| {
+                let (w0, w1, x0, x1) = (w[k].0, w[k].1, x[k].0, x[k].1);
+                let p0 = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
+                let p1 = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
+                vpadalq_s16(vpaddlq_s16(p0), p1)
+            });
+            vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]))
+        }
+    }
+}
+
+/// The software pipeline every kernel here runs: `$step` (with `$i` the step index) computes a
+/// step's terms, the bulk of the work, independent between steps; `$finish(sum, terms)` adds
+/// them to `sum` in the reference's order, the serial part. Step i's adds are issued next to
+/// step i + 1's arithmetic, so an in-order core has independent work while each add waits for
+/// the one before; two steps per iteration, so the pending terms need no register copy.
+/// A macro, not a function taking closures: `$step` is written out at each use, so a step
+/// made of `#[inline(always)]` functions is always inlined (LLVM declines to inline a large
+/// closure called twice per iteration, and a call in the loop costs more than the loop).
+macro_rules! pipelined {
+    ($steps:expr, |$i:ident| $step:expr, $finish:expr) => {{
+        let steps: usize = $steps;
+        let mut sum = 0f32;
+        if steps > 0 {
+            let mut pending = {
+                let $i = 0usize;
+                $step
+            };
+            let mut next = 1usize;
+            while next + 2 <= steps {
+                let a = {
+                    let $i = next;
+                    $step
+                };
+                sum = $finish(sum, pending);
+                pending = {
+                    let $i = next + 1;
+                    $step
+                };
+                sum = $finish(sum, a);
+                next += 2;
+            }
+            if next < steps {
+                let a = {
+                    let $i = next;
+                    $step
+                };
+                sum = $finish(sum, pending);
+                pending = a;
+            }
+            sum = $finish(sum, pending);
+        }
+        sum
+    }};
+}
+
+/// The legacy driver: `terms(g)` gives the f32 terms of blocks 4g..4g + 4, `one(i)` the term
+/// of block i (the tail), both with the reference's expression; added in block order.
+#[inline(always)]
+fn sum_terms4(nb: usize, terms: impl Fn(usize) -> float32x4_t, one: impl Fn(usize) -> f32) -> f32 {
+    let groups = nb / 4;
+    let mut sum = pipelined!(groups, |g| terms(g), add4);
+    for i in groups * 4..nb {
+        sum += one(i);
+    }
+    sum
+}
+
+/// `d_w * d_x * isum` on four lanes (the reference's left-to-right products).
+#[inline(always)]
+fn scale4(dw: float32x4_t, a: &[BlockQ8A; 4], isum: int32x4_t) -> float32x4_t {
+    // SAFETY: register-only NEON (baseline).
+    unsafe { vmulq_f32(vmulq_f32(dw, act_d4(a)), vcvtq_f32_s32(isum)) }
+}
+
+#[inline(always)]
+unsafe fn dot4_q4_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ4_0] = bytemuck::cast_slice(w);
+    let nb = w.len().min(x.len());
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let terms = |g: usize| {
+        // SAFETY: g < nb / 4, so blocks 4g..4g + 4 are inside `w` (and `x`, below).
+        let b: &[BlockQ4_0; 4] = unsafe { &*(wp.add(4 * g) as *const [BlockQ4_0; 4]) };
+        let ws = b.each_ref().map(|b| {
+            // SAFETY: `b.qs` is 16 bytes.
+            let (lo, hi) = unsafe { nibbles(b.qs.as_ptr()) };
+            (signed(lo, 8), signed(hi, 8))
+        });
+        let a: &[BlockQ8A; 4] = unsafe { &*(xp.add(4 * g) as *const [BlockQ8A; 4]) };
+        // SAFETY: blocks of 18 bytes: the four `d` fields lie at 0, 18, 36, 54 of `b`.
+        let dw = unsafe { f16_gather4(b.as_ptr() as *const u8, 18) };
+        // SAFETY: weights of magnitude <= 8 (see `isum4_small`); `SDOT` as the caller's.
+        scale4(dw, a, unsafe { isum4_small::<SDOT>(ws, a) })
+    };
+    // SAFETY: the one-block kernel of the same flavour.
+    sum_terms4(nb, terms, |i| unsafe {
+        dot_q4_0::<SDOT>(bytemuck::bytes_of(&w[i]), &x[i..i + 1])
+    })
+}
+
+#[inline(always)]
+unsafe fn dot4_q5_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ5_0] = bytemuck::cast_slice(w);
+    let nb = w.len().min(x.len());
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let terms = |g: usize| {
+        // SAFETY: g < nb / 4, so blocks 4g..4g + 4 are inside `w` (and `x`, below).
+        let b: &[BlockQ5_0; 4] = unsafe { &*(wp.add(4 * g) as *const [BlockQ5_0; 4]) };
+        let ws = b.each_ref().map(|b| {
+            // SAFETY: `b.qs` is 16 bytes; the rest is register-only NEON.
+            unsafe {
+                let (lo, hi) = nibbles(b.qs.as_ptr());
+                let (m0, m1) = q5_high_mask(b.qh);
+                // q | h << 4 - 16 = q - 16 where the bit is clear, q where it is set.
+                let sixteen = vdupq_n_u8(16);
+                (
+                    vreinterpretq_s8_u8(vsubq_u8(lo, vbicq_u8(sixteen, m0))),
+                    vreinterpretq_s8_u8(vsubq_u8(hi, vbicq_u8(sixteen, m1))),
+                )
+            }
+        });
+        let a: &[BlockQ8A; 4] = unsafe { &*(xp.add(4 * g) as *const [BlockQ8A; 4]) };
+        // SAFETY: blocks of 22 bytes: the four `d` fields lie at 0, 22, 44, 66 of `b`.
+        let dw = unsafe { f16_gather4(b.as_ptr() as *const u8, 22) };
+        // SAFETY: weights of magnitude <= 16 (see `isum4_small`); `SDOT` as the caller's.
+        scale4(dw, a, unsafe { isum4_small::<SDOT>(ws, a) })
+    };
+    // SAFETY: the one-block kernel of the same flavour.
+    sum_terms4(nb, terms, |i| unsafe {
+        dot_q5_0::<SDOT>(bytemuck::bytes_of(&w[i]), &x[i..i + 1])
+    })
+}
+
+#[inline(always)]
+unsafe fn dot4_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ8_0] = bytemuck::cast_slice(w);
+    let nb = w.len().min(x.len());
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let terms = |g: usize| {
+        // SAFETY: g < nb / 4, so blocks 4g..4g + 4 are inside `w` (and `x`, below).
+        let b: &[BlockQ8_0; 4] = unsafe { &*(wp.add(4 * g) as *const [BlockQ8_0; 4]) };
+        // SAFETY: `qs` is 32 bytes: the loads read 0..16 and 16..32.
+        let ws = b
+            .each_ref()
+            .map(|b| unsafe { (vld1q_s8(b.qs.as_ptr()), vld1q_s8(b.qs.as_ptr().add(16))) });
+        let a: &[BlockQ8A; 4] = unsafe { &*(xp.add(4 * g) as *const [BlockQ8A; 4]) };
+        // SAFETY: blocks of 34 bytes: the four `d` fields lie at 0, 34, 68, 102 of `b`.
+        let dw = unsafe { f16_gather4(b.as_ptr() as *const u8, 34) };
+        // SAFETY: `SDOT` as the caller's.
+        scale4(dw, a, unsafe { isum4_q8::<SDOT>(ws, a) })
+    };
+    // SAFETY: the one-block kernel of the same flavour.
+    sum_terms4(nb, terms, |i| unsafe {
+        dot_q8_0::<SDOT>(bytemuck::bytes_of(&w[i]), &x[i..i + 1])
+    })
+}
+
+/// The 32 bits of a Q5_0 / Q5_1 `qh` as byte masks (0xFF where set): (elements 0..16, 16..32).
+#[inline(always)]
+unsafe fn q5_high_mask(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
+    const IDX0: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+    const IDX1: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let v = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes(qh)));
+    // SAFETY: the constants are 16-byte arrays.
+    let (i0, i1, bit) = unsafe {
+        (
+            vld1q_u8(IDX0.as_ptr()),
+            vld1q_u8(IDX1.as_ptr()),
+            vld1q_u8(BIT.as_ptr()),
+        )
+    };
+    (
+        vtstq_u8(vqtbl1q_u8(v, i0), bit),
+        vtstq_u8(vqtbl1q_u8(v, i1), bit),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
 // k-quants: one super-block of 256 against eight Q8A blocks
 // ---------------------------------------------------------------------------------------------
 
@@ -332,13 +718,6 @@ fn vorrq_u8_(a: uint8x16_t, b: uint8x16_t) -> uint8x16_t {
 }
 
 #[inline(always)]
-unsafe fn dot_q4_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    // SAFETY: register-only NEON (baseline).
-    let z = unsafe { vdupq_n_u8(0) };
-    unsafe { dot_k4::<SDOT, BlockQ4K>(w, x, |b| (b.d, b.dmin, &b.scales, &b.qs), |_, _| [z; 4]) }
-}
-
-#[inline(always)]
 unsafe fn dot_q5_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     // SAFETY: `qh` is 32 bytes (loads at 0 and 16); the rest is register-only NEON.
     unsafe {
@@ -361,45 +740,296 @@ unsafe fn dot_q5_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// k-quants, whole super-blocks on vectors (Q4_K, Q6_K)
+// ---------------------------------------------------------------------------------------------
+//
+// The integer sums of a super-block's eight 32-groups come out as two i32x4 (pairwise adds of
+// the products, then one widening step), the scales are multiplied in on four lanes, the
+// per-group f32 products `d_x * (sc * isum) as f32` are four-lane multiplies, and only the
+// reference's serial adds (`sd += ...`, group order) stay scalar: they are those of the previous
+// super-block, interleaved with this one's arithmetic. Same operations, same order, same bits.
+
+/// The eight 6-bit scales and mins of a Q4_K / Q5_K block, as bytes 0..8 of two u64
+/// (the same values as [`scale_min_k4`] for j = 0..8).
 #[inline(always)]
-unsafe fn dot_q6_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
-    let w: &[BlockQ6K] = bytemuck::cast_slice(w);
+fn scales_mins_k4(q: &[u8; 12]) -> (u64, u64) {
+    let w = |i: usize| u32::from_le_bytes([q[i], q[i + 1], q[i + 2], q[i + 3]]);
+    let (a0, a1, a2) = (w(0), w(4), w(8));
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const TOP2: u32 = 0x0303_0303;
+    let sc = (a0 & LOW6) as u64 | (((a2 & LOW4) | (((a0 >> 6) & TOP2) << 4)) as u64) << 32;
+    let m = (a1 & LOW6) as u64 | ((((a2 >> 4) & LOW4) | (((a1 >> 6) & TOP2) << 4)) as u64) << 32;
+    (sc, m)
+}
+
+/// Eight u8 values (bytes of `v`) as two i32x4.
+#[inline(always)]
+fn widen8(v: u64) -> (int32x4_t, int32x4_t) {
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let h = vmovl_u8(vcreate_u8(v));
+        (
+            vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(h))),
+            vreinterpretq_s32_u32(vmovl_high_u16(h)),
+        )
+    }
+}
+
+/// Per-group integer dots of four 32-groups of small unsigned weights (<= 15: Q4_K) as i32
+/// lanes. Plain: four products per i16 lane per group, two pairwise adds (16 products, at most
+/// `16 * 15 * 127 = 30480`), one widening add.
+#[inline(always)]
+unsafe fn isum4_groups<const SDOT: bool>(
+    w: [(int8x16_t, int8x16_t); 4],
+    x: [(int8x16_t, int8x16_t); 4],
+) -> int32x4_t {
+    if SDOT {
+        // SAFETY: reached only from `dotprod` functions (see `idot`).
+        unsafe { isum4_sdot(w, x) }
+    } else {
+        let p: [int16x8_t; 4] = arr4!(|k| i16_products(w[k].0, w[k].1, x[k].0, x[k].1));
+        // SAFETY: register-only NEON (baseline).
+        unsafe { vpaddlq_s16(vpaddq_s16(vpaddq_s16(p[0], p[1]), vpaddq_s16(p[2], p[3]))) }
+    }
+}
+
+/// What one Q4_K super-block leaves for the serial part: its terms as (`sd` term, `sm` term)
+/// lane pairs in order, `[t0, u0, t1, u1]` and `[t2, u2, t3, u3]` (one pair per 64 weights, as
+/// the reference forms them), and `[d, -dmin]`.
+#[derive(Clone, Copy)]
+struct KTerms {
+    t01: float32x4_t,
+    t23: float32x4_t,
+    scale: float32x2_t,
+}
+
+/// The reference's tail of a Q4_K super-block, `sum += d * sd - dmin * sm` with `sd` and `sm`
+/// each summed in order, both chains on the two lanes of one vector. `d * sd - dmin * sm` is
+/// computed as `d * sd + (-dmin) * sm` (the same number: negation is exact).
+///
+/// The reference starts `sd` and `sm` at 0.0; here the chains start at the first term. The two
+/// differ only when every term so far is -0.0 (0.0 + -0.0 is +0.0), so only in the sign of a
+/// zero `sd` / `sm`, then of a zero `d * sd - dmin * sm`; and that value is added to `sum`,
+/// which is never -0.0 (it starts at +0.0, and x + y is -0.0 only when both are), so the sum
+/// has the same bits either way.
+#[inline(always)]
+fn k4_finish(sum: f32, t: KTerms) -> f32 {
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let v = vget_low_f32(t.t01);
+        let v = vadd_f32(v, vget_high_f32(t.t01));
+        let v = vadd_f32(v, vget_low_f32(t.t23));
+        let v = vadd_f32(v, vget_high_f32(t.t23));
+        sum + vpadds_f32(vmul_f32(t.scale, v))
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_k_terms<const SDOT: bool>(b: &BlockQ4K, xa: *const BlockQ8A) -> KTerms {
+    // Blocks addressed from the fourth: every load is one `ldur` (offsets within +-256).
+    // SAFETY: the caller passes eight readable blocks.
+    let mid = opaque(unsafe { xa.add(4) });
+    let blk = |g: usize| unsafe { &*mid.offset(g as isize - 4) };
+    let x: [(int8x16_t, int8x16_t); 8] = [
+        act_qs(blk(0)),
+        act_qs(blk(1)),
+        act_qs(blk(2)),
+        act_qs(blk(3)),
+        act_qs(blk(4)),
+        act_qs(blk(5)),
+        act_qs(blk(6)),
+        act_qs(blk(7)),
+    ];
+    // Groups 2j (low nibbles of bytes 32j..32j+32) and 2j + 1 (high nibbles).
+    let mut w = [(vdupq_n_s8(0), vdupq_n_s8(0)); 8];
+    for j in 0..4 {
+        // SAFETY: `qs` is 128 bytes; 32j + 32 <= 128.
+        let (l0, h0) = unsafe { nibbles(b.qs.as_ptr().add(32 * j)) };
+        let (l1, h1) = unsafe { nibbles(b.qs.as_ptr().add(32 * j + 16)) };
+        w[2 * j] = (signed(l0, 0), signed(l1, 0));
+        w[2 * j + 1] = (signed(h0, 0), signed(h1, 0));
+    }
+    // SAFETY: weights <= 15 (see `isum4_groups`); `SDOT` as the caller's.
+    let (i_lo, i_hi) = unsafe {
+        (
+            isum4_groups::<SDOT>([w[0], w[1], w[2], w[3]], [x[0], x[1], x[2], x[3]]),
+            isum4_groups::<SDOT>([w[4], w[5], w[6], w[7]], [x[4], x[5], x[6], x[7]]),
+        )
+    };
+    let (sc, m) = scales_mins_k4(&b.scales);
+    let ((sc_lo, sc_hi), (m_lo, m_hi)) = (widen8(sc), widen8(m));
+    // SAFETY: blocks 0..4 and 4..8 of the eight.
+    let ((d_lo, s_lo), (d_hi, s_hi)) = unsafe { (act_head4(mid.sub(4)), act_head4(mid)) };
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        // d_x * (sc * isum) as f32 per group; pairs (2j, 2j + 1) added as the reference does.
+        let pd_lo = vmulq_f32(d_lo, vcvtq_f32_s32(vmulq_s32(sc_lo, i_lo)));
+        let pd_hi = vmulq_f32(d_hi, vcvtq_f32_s32(vmulq_s32(sc_hi, i_hi)));
+        let pm_lo = vmulq_f32(d_lo, vcvtq_f32_s32(vmulq_s32(m_lo, s_lo)));
+        let pm_hi = vmulq_f32(d_hi, vcvtq_f32_s32(vmulq_s32(m_hi, s_hi)));
+        let (sd, sm) = (vpaddq_f32(pd_lo, pd_hi), vpaddq_f32(pm_lo, pm_hi));
+        // `d` and `dmin` are the block's first four bytes: one load, one widening, one negation.
+        let dd = f16x4_low2(b.d, b.dmin);
+        KTerms {
+            t01: vzip1q_f32(sd, sm),
+            t23: vzip2q_f32(sd, sm),
+            scale: vmul_f32(dd, vld1_f32([1.0f32, -1.0].as_ptr())),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn dot2_q4_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ4K] = bytemuck::cast_slice(w);
+    let nb = w.len().min(x.len() / 8);
+    let xp = x.as_ptr();
+    // One super-block per iteration (two would not fit the registers): the pipeline of
+    // `pipelined!` with a register copy of the pending terms.
     let mut sum = 0f32;
-    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
-        let mut sd = 0f32;
-        for n in 0..2 {
-            let sc = &b.scales[8 * n..8 * n + 8];
-            // isum[k]: group 4n + k (elements 128n + 32k ..), scale sc[2k + h] on half h.
-            let mut isum = [0i32; 4];
-            for h in 0..2 {
-                // SAFETY: ql is 128 bytes (64n + 32 + 16h + 16 <= 128), qh 64 bytes
-                // (32n + 16h + 16 <= 64), each activation block 32 bytes (16h + 16 <= 32);
-                // the rest is register-only NEON.
-                unsafe {
-                    let ql = b.ql.as_ptr().add(64 * n + 16 * h);
-                    let (ql0, ql1) = (vld1q_u8(ql), vld1q_u8(ql.add(32)));
-                    let qh = vld1q_u8(b.qh.as_ptr().add(32 * n + 16 * h));
-                    let (m4, m30) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x30));
-                    let q = [
-                        vorrq_u8(vandq_u8(ql0, m4), vandq_u8(vshlq_n_u8(qh, 4), m30)),
-                        vorrq_u8(vandq_u8(ql1, m4), vandq_u8(vshlq_n_u8(qh, 2), m30)),
-                        vorrq_u8(vshrq_n_u8(ql0, 4), vandq_u8(qh, m30)),
-                        vorrq_u8(vshrq_n_u8(ql1, 4), vandq_u8(vshrq_n_u8(qh, 2), m30)),
-                    ];
-                    for k in 0..4 {
-                        let xq = vld1q_s8(xa[4 * n + k].qs.as_ptr().add(16 * h));
-                        let p = idot::<SDOT>(vdupq_n_s32(0), signed(q[k], 32), xq);
-                        isum[k] += sc[2 * k + h] as i32 * vaddvq_s32(p);
-                    }
-                }
-            }
-            for k in 0..4 {
-                sd += xa[4 * n + k].d * isum[k] as f32;
+    if nb == 0 {
+        return sum;
+    }
+    // SAFETY: `SDOT` as the caller's; super-block i < nb has activation blocks 8i..8i + 8.
+    let mut pending = unsafe { q4_k_terms::<SDOT>(&w[0], xp) };
+    for i in 1..nb {
+        let next = unsafe { q4_k_terms::<SDOT>(&w[i], xp.add(8 * i)) };
+        sum = k4_finish(sum, pending);
+        pending = next;
+    }
+    k4_finish(sum, pending)
+}
+
+/// What one Q6_K super-block leaves for the serial part: its eight per-group terms
+/// `d_x * isum as f32` (group order) and `d`.
+#[derive(Clone, Copy)]
+struct K6Terms {
+    lo: float32x4_t,
+    hi: float32x4_t,
+    d: f32,
+}
+
+#[inline(always)]
+fn k6_finish(sum: f32, t: K6Terms) -> f32 {
+    let sd = add4(add4(0.0, t.lo), t.hi);
+    sum + t.d * sd
+}
+
+/// The 16-weight dots of one Q6_K super-block, in scale order (`scales[i]` belongs to lane i),
+/// as four i32x4. Lane i covers half h = i % 2 of group 4n + k, n = i / 8, k = (i % 8) / 2.
+#[inline(always)]
+unsafe fn q6_k_dots16<const SDOT: bool>(b: &BlockQ6K, mid: *const BlockQ8A) -> [int32x4_t; 4] {
+    // d[n][h][k]: the 16 six-bit weights (minus 32) of half h of group 4n + k.
+    let mut w = [[[vdupq_n_s8(0); 4]; 2]; 2];
+    for (n, wn) in w.iter_mut().enumerate() {
+        for (h, wh) in wn.iter_mut().enumerate() {
+            // SAFETY: ql is 128 bytes (64n + 32 + 16h + 16 <= 128), qh 64 bytes
+            // (32n + 16h + 16 <= 64); the rest is register-only NEON.
+            unsafe {
+                let ql = b.ql.as_ptr().add(64 * n + 16 * h);
+                let (ql0, ql1) = (vld1q_u8(ql), vld1q_u8(ql.add(32)));
+                let qh = vld1q_u8(b.qh.as_ptr().add(32 * n + 16 * h));
+                let m6 = vdupq_n_u8(0x3F);
+                let qh2 = vshrq_n_u8(qh, 2);
+                // Shift-and-insert: the nibble and the two high bits in one op, then 6 bits kept.
+                let q = [
+                    vandq_u8(vsliq_n_u8(ql0, qh, 4), m6),
+                    vandq_u8(vsliq_n_u8(ql1, qh2, 4), m6),
+                    vandq_u8(vsriq_n_u8(qh, ql0, 4), m6),
+                    vandq_u8(vsriq_n_u8(qh2, ql1, 4), m6),
+                ];
+                *wh = q.map(|q| signed(q, 32));
             }
         }
-        sum += f16(b.d) * sd;
     }
-    sum
+    // x[n][h][k]: the matching 16 activations.
+    let xs = |n: usize, h: usize, k: usize| -> int8x16_t {
+        // SAFETY: `mid` is block 4 of eight; `qs` is 32 bytes, 16h + 16 <= 32.
+        unsafe {
+            vld1q_s8(
+                (*mid.offset((4 * n + k) as isize - 4))
+                    .qs
+                    .as_ptr()
+                    .add(16 * h),
+            )
+        }
+    };
+    // Scale order i = 8n + 2k + h, four per output vector.
+    let at = |i: usize| (i / 8, i % 2, (i % 8) / 2);
+    if SDOT {
+        arr4!(|v| {
+            let s: [int32x4_t; 4] = arr4!(|j| {
+                let (n, h, k) = at(4 * v + j);
+                // SAFETY: reached only from `dotprod` functions (see `idot`).
+                unsafe { idot::<true>(vdupq_n_s32(0), w[n][h][k], xs(n, h, k)) }
+            });
+            // SAFETY: register-only NEON (baseline).
+            unsafe { vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3])) }
+        })
+    } else {
+        arr4!(|v| {
+            // Two products per i16 lane (|w| <= 32: at most 8128), then two pairwise adds
+            // (8 products, at most 32512), then widened.
+            let p: [int16x8_t; 4] = arr4!(|j| {
+                let (n, h, k) = at(4 * v + j);
+                let (a, x) = (w[n][h][k], xs(n, h, k));
+                // SAFETY: register-only NEON (baseline).
+                unsafe { vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(x)), a, x) }
+            });
+            // SAFETY: register-only NEON (baseline).
+            unsafe { vpaddlq_s16(vpaddq_s16(vpaddq_s16(p[0], p[1]), vpaddq_s16(p[2], p[3]))) }
+        })
+    }
+}
+
+#[inline(always)]
+unsafe fn q6_k_terms<const SDOT: bool>(b: &BlockQ6K, xa: *const BlockQ8A) -> K6Terms {
+    // Blocks addressed from the fourth: every load is one `ldur` (offsets within +-256).
+    // SAFETY: the caller passes eight readable blocks; `SDOT` as the caller's.
+    let mid = opaque(unsafe { xa.add(4) });
+    let dots = unsafe { q6_k_dots16::<SDOT>(b, mid) };
+    // SAFETY: `scales` is 16 bytes; the rest is register-only NEON.
+    unsafe {
+        let sc = vld1q_s8(b.scales.as_ptr());
+        let (s0, s1) = (vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc));
+        let sc32 = [
+            vmovl_s16(vget_low_s16(s0)),
+            vmovl_high_s16(s0),
+            vmovl_s16(vget_low_s16(s1)),
+            vmovl_high_s16(s1),
+        ];
+        let p: [int32x4_t; 4] = arr4!(|v| vmulq_s32(sc32[v], dots[v]));
+        // isum of group g: its two halves' scaled dots (adjacent lanes).
+        let (i_lo, i_hi) = (vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+        let ((d_lo, _), (d_hi, _)) = (act_head4(mid.sub(4)), act_head4(mid));
+        K6Terms {
+            lo: vmulq_f32(d_lo, vcvtq_f32_s32(i_lo)),
+            hi: vmulq_f32(d_hi, vcvtq_f32_s32(i_hi)),
+            d: f16(b.d),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn dot2_q6_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockQ6K] = bytemuck::cast_slice(w);
+    let nb = w.len().min(x.len() / 8);
+    let xp = x.as_ptr();
+    // One super-block per iteration (two would not fit the registers): the pipeline of
+    // `pipelined!` with a register copy of the pending terms.
+    let mut sum = 0f32;
+    if nb == 0 {
+        return sum;
+    }
+    // SAFETY: `SDOT` as the caller's; super-block i < nb has activation blocks 8i..8i + 8.
+    let mut pending = unsafe { q6_k_terms::<SDOT>(&w[0], xp) };
+    for i in 1..nb {
+        let next = unsafe { q6_k_terms::<SDOT>(&w[i], xp.add(8 * i)) };
+        sum = k6_finish(sum, pending);
+        pending = next;
+    }
+    k6_finish(sum, pending)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -519,16 +1149,17 @@ mod tests {
         }
     }
 
-    /// Every NEON kernel (both flavours) against the scalar reference on random rows (lengths
-    /// with tails, Qwen's outlier activations): quantized kernels bit for bit, float kernels
-    /// within the avx2 tests' 1e-5 of the magnitude.
+    /// Every NEON kernel (both flavours) against the scalar reference on random rows (1 to 3
+    /// super-blocks; legacy rows of 1 to 7 blocks, so groups of four with and without a tail;
+    /// Qwen's outlier activations): quantized kernels bit for bit, float kernels within the avx2
+    /// tests' 1e-5 of the magnitude.
     #[test]
     fn neon_matches_reference() {
         let reference = Kernels::for_isa(Isa::Scalar).unwrap();
         let mut rng = Rng::new(11);
         for sdot in flavours() {
             for (dtype, dot) in super::kernels(sdot) {
-                for cols in [256usize, 512, 768, 4864, 96, 32, 36, 7] {
+                for cols in [256usize, 512, 768, 4864, 96, 160, 224, 32, 36, 7] {
                     if cols % dtype.block_elems() != 0 {
                         continue;
                     }
@@ -588,6 +1219,49 @@ mod tests {
             for (dtype, dot) in super::kernels(sdot) {
                 if let (DType::Q8_0, Dot::Quant(f)) = (dtype, dot) {
                     assert_eq!(f(&w, &xq), want, "sdot {sdot}");
+                }
+            }
+        }
+    }
+
+    /// The i16 lanes at their limits: every weight at its most negative or largest value
+    /// (Q4_0 -8, Q5_0 -16, Q8_0 -128, Q4_K 15, Q6_K -32) against activations all -127 or +127,
+    /// where the pairwise i16 adds hold 16 (Q4_0, Q5_0, Q4_K) or 8 (Q6_K) products: 32512 at
+    /// most. A wrapped lane would move the result by 65536 units; the reference is exact.
+    #[test]
+    fn integer_lanes_hold_the_extremes() {
+        let reference = Kernels::for_isa(Isa::Scalar).unwrap();
+        for sdot in flavours() {
+            for (dtype, dot) in super::kernels(sdot) {
+                let Dot::Quant(f) = dot else { continue };
+                let Dot::Quant(r) = reference.dot(dtype) else {
+                    panic!("{dtype}: kernel kinds differ")
+                };
+                let cols = 4 * 256;
+                let bb = dtype.block_bytes();
+                for fill in [0x00u8, 0xFF, 0x80, 0x88] {
+                    let mut w = vec![fill; cols / dtype.block_elems() * bb];
+                    for blk in w.chunks_exact_mut(bb) {
+                        match dtype {
+                            DType::Q6_K => blk[192..208].fill(0x7F),
+                            DType::Q4_K | DType::Q5_K => blk[4..16].fill(0xFF),
+                            _ => {}
+                        }
+                        for &off in super::super::tests::f16_fields(dtype) {
+                            blk[off..off + 2]
+                                .copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+                        }
+                    }
+                    for xv in [-1.0f32, 1.0] {
+                        let mut xq = Vec::new();
+                        quantize_q8a(&vec![xv; cols], &mut xq);
+                        let (got, want) = (f(&w, &xq), r(&w, &xq));
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{dtype} fill {fill:#04x} x {xv} sdot {sdot}: neon {got} vs reference {want}"
+                        );
+                    }
                 }
             }
         }

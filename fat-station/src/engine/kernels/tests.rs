@@ -30,7 +30,7 @@ impl Rng {
 }
 
 /// Byte offsets of the f16 scale fields in one block of `dtype`.
-fn f16_fields(dtype: DType) -> &'static [usize] {
+pub(crate) fn f16_fields(dtype: DType) -> &'static [usize] {
     match dtype {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
