@@ -421,10 +421,11 @@ fn act_d4(a: &[BlockQ8A; 4]) -> float32x4_t {
 /// offsets too large for `ldur`, and spend an `add` per load).
 #[inline(always)]
 fn opaque<T>(p: *const T) -> *const T {
-    let mut p = p;
-    // SAFETY: an empty instruction template; `p` is passed through unchanged.
-    unsafe { asm!("/* {p} */", p = inout(reg) p, options(pure, nomem, nostack, preserves_flags)) };
-    p
+    // Through an integer (exposed provenance): a `nomem` block may not be handed pointers.
+    let mut a = p as usize;
+    // SAFETY: an empty instruction template; the value is passed through unchanged.
+    unsafe { asm!("/* {a} */", a = inout(reg) a, options(pure, nomem, nostack, preserves_flags)) };
+    a as *const T
 }
 
 /// An activation block's 32 quants as two vectors.
@@ -893,6 +894,8 @@ unsafe fn dot2_q4_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     }
     // SAFETY: `SDOT` as the caller's; super-block i < nb has activation blocks 8i..8i + 8.
     let mut pending = unsafe { q4_k_terms::<SDOT>(&w[0], xp) };
+    // `i` also places the activation blocks (8i..8i + 8).
+    #[allow(clippy::needless_range_loop)]
     for i in 1..nb {
         let next = unsafe { q4_k_terms::<SDOT>(&w[i], xp.add(8 * i)) };
         sum = k4_finish(sum, pending);
@@ -1024,6 +1027,8 @@ unsafe fn dot2_q6_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     }
     // SAFETY: `SDOT` as the caller's; super-block i < nb has activation blocks 8i..8i + 8.
     let mut pending = unsafe { q6_k_terms::<SDOT>(&w[0], xp) };
+    // `i` also places the activation blocks (8i..8i + 8).
+    #[allow(clippy::needless_range_loop)]
     for i in 1..nb {
         let next = unsafe { q6_k_terms::<SDOT>(&w[i], xp.add(8 * i)) };
         sum = k6_finish(sum, pending);
