@@ -28,7 +28,8 @@ pub enum Command {
     /// Convert a GGUF (v2/v3) model into a KNOT file, copying tensors bit-for-bit.
     ///
     /// Writes atomically (temp file + rename), so an interrupted import never leaves a
-    /// half-written .knot behind.
+    /// half-written .knot behind. Warns (stderr, exit 0) when the engine cannot run the
+    /// model's architecture.
     Import {
         /// The source GGUF file.
         gguf: PathBuf,
@@ -36,7 +37,8 @@ pub enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
-    /// Print a KNOT's architecture, shard record, model hash and tensor table.
+    /// Print a KNOT's architecture (and whether the engine runs it), shard record, model hash
+    /// and tensor table.
     Inspect {
         /// The KNOT file.
         knot: PathBuf,
@@ -110,6 +112,13 @@ fn import(gguf: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
         s.elapsed.as_secs_f64(),
         s.model_hash
     )?;
+    if !s.runs_here {
+        eprintln!(
+            "warning: the engine cannot run architecture {:?} (it runs {}); the KNOT is written for inspection and sharding only",
+            s.arch,
+            knot_format::RUNNABLE_ARCHS.join(", ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -126,6 +135,7 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             "tensor_count": h.tensors.len(),
             "tensor_bytes": k.tensor_bytes(),
             "arch": h.arch,
+            "runs_here": h.arch.runs_here(),
             "shard": h.shard,
             "tokenizer": h.tokenizer,
             "tensors": h.tensors,
@@ -150,6 +160,18 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     )?;
     writeln!(
         o,
+        "runs here   {}",
+        if a.runs_here() {
+            "yes".to_string()
+        } else {
+            format!(
+                "no (the engine runs {})",
+                knot_format::RUNNABLE_ARCHS.join(", ")
+            )
+        }
+    )?;
+    writeln!(
+        o,
         "attention   {} heads, {} kv heads, head dim {}, rope base {}, norm eps {:e}",
         a.n_heads, a.n_kv_heads, a.head_dim, a.rope_base, a.norm_eps
     )?;
@@ -158,6 +180,22 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         "flags       tied_embeddings={} qk_norm={} qkv_bias={}",
         a.tied_embeddings, a.qk_norm, a.qkv_bias
     )?;
+    if let Some(w) = a.sliding_window {
+        let local = a
+            .swa_layers
+            .as_ref()
+            .map(|l| l.iter().filter(|&&b| b).count().to_string())
+            .unwrap_or_else(|| "the architecture's default".into());
+        writeln!(
+            o,
+            "sliding     window {w}, local layers: {local}, local rope base {}",
+            a.rope_base_swa
+                .map_or_else(|| "default".to_string(), |b| b.to_string())
+        )?;
+    }
+    if let Some(c) = a.final_logit_softcap {
+        writeln!(o, "softcap     final logits {c}")?;
+    }
     if let Some(s) = &a.rope_scaling {
         writeln!(
             o,

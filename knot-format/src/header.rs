@@ -43,7 +43,27 @@ pub struct ArchConfig {
     pub qk_norm: bool,
     /// q, k, v projections carry biases (qwen2).
     pub qkv_bias: bool,
+    /// Sliding-window attention span (`attention.sliding_window`, gemma3: 512): on a local
+    /// layer, position `p` sees positions `p0` with `p - p0 < window`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u32>,
+    /// Which layers are local (sliding-window), one flag per layer, when the file says
+    /// (`attention.sliding_window_pattern`, a period `n`: layer `l` is local unless
+    /// `l % n == n - 1`; or a per-layer array). `None`: the architecture's default applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swa_layers: Option<Vec<bool>>,
+    /// RoPE base of the local layers (`rope.freq_base_swa`); `None`: the architecture's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_base_swa: Option<f32>,
+    /// Final logit soft-capping `cap * tanh(logit / cap)` (`final_logit_softcapping`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcap: Option<f32>,
 }
+
+/// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
+/// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
+/// a test that its own list is exactly this one.
+pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3"];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
 pub const MAX_LAYERS: u32 = 1 << 16;
@@ -82,7 +102,38 @@ impl ArchConfig {
                 return Err(format!("arch.{name} = {v} is outside 1..={max}"));
             }
         }
+        if let Some(w) = self.sliding_window {
+            if w == 0 || w > MAX_CONTEXT {
+                return Err(format!(
+                    "arch.sliding_window = {w} is outside 1..={MAX_CONTEXT}"
+                ));
+            }
+        }
+        if let Some(l) = &self.swa_layers {
+            if l.len() != self.n_layers as usize {
+                return Err(format!(
+                    "arch.swa_layers has {} flags for {} layers",
+                    l.len(),
+                    self.n_layers
+                ));
+            }
+        }
+        for (name, v) in [
+            ("rope_base_swa", self.rope_base_swa),
+            ("final_logit_softcap", self.final_logit_softcap),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(format!("arch.{name} = {v} is not a positive number"));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the engine can run this architecture ([`RUNNABLE_ARCHS`]).
+    pub fn runs_here(&self) -> bool {
+        RUNNABLE_ARCHS.contains(&self.arch.as_str())
     }
 }
 
@@ -106,7 +157,7 @@ pub struct RopeScaling {
     pub original_context: u32,
 }
 
-/// Everything a byte-level BPE tokenizer needs, as GGUF's `tokenizer.ggml.*` carries it.
+/// Everything a tokenizer (byte-level BPE or SentencePiece) needs, as GGUF's `tokenizer.ggml.*` carries it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenizerData {
     /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece).
@@ -119,6 +170,13 @@ pub struct TokenizerData {
     pub token_types: Vec<i32>,
     /// BPE merges `"a b"`, in rank order.
     pub merges: Vec<String>,
+    /// SentencePiece piece scores (`tokenizer.ggml.scores`), index = id; empty for BPE.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<f32>,
+    /// SentencePiece: prefix the text with a space (`tokenizer.ggml.add_space_prefix`);
+    /// `None` when the file does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_space_prefix: Option<bool>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     pub pad_id: Option<u32>,

@@ -132,6 +132,36 @@ impl<'a> Meta<'a> {
             Some(v.as_array()?.as_strs()?.iter().map(str::to_owned).collect())
         })
     }
+    fn f32s(&self, key: &str) -> Result<Option<Vec<f32>>, KnotError> {
+        self.typed(key, "an array of f32", |v| match v.as_array()? {
+            crate::gguf::GgufArray::F32(a) => Some(a.clone()),
+            _ => None,
+        })
+    }
+    /// `attention.sliding_window_pattern` as one flag per layer (true: local). GGUF holds a
+    /// period `n` (layer `l` is local unless `l % n == n - 1`, llama.cpp's
+    /// `set_swa_pattern`) or an array of bools.
+    fn swa_layers(&self, key: &str, n_layers: u32) -> Result<Option<Vec<bool>>, KnotError> {
+        let Some(v) = self.g.get(key) else {
+            return Ok(None);
+        };
+        if let Some(n) = v.as_u64() {
+            let n = u32::try_from(n).map_err(|_| self.err(key, "period out of range"))?;
+            return Ok(Some(
+                (0..n_layers).map(|l| n == 0 || l % n < n - 1).collect(),
+            ));
+        }
+        match v.as_array() {
+            Some(crate::gguf::GgufArray::Bool(b)) if b.len() == n_layers as usize => {
+                Ok(Some(b.clone()))
+            }
+            Some(a) => Err(self.err(key, format!("{} entries for {n_layers} layers", a.len()))),
+            None => Err(self.err(
+                key,
+                format!("expected a period or bools, found {}", v.type_name()),
+            )),
+        }
+    }
     fn i32s(&self, key: &str) -> Result<Option<Vec<i32>>, KnotError> {
         self.typed(key, "an array of integers", |v| {
             let a = v.as_array()?;
@@ -231,6 +261,11 @@ impl ArchConfig {
                     original_context: 0,
                 }),
         };
+        // Gemma-style attention: local (sliding-window) layers with their own RoPE base.
+        let sliding_window = m.u32(&k("attention.sliding_window"))?.filter(|&w| w > 0);
+        let swa_layers = m.swa_layers(&k("attention.sliding_window_pattern"), n_layers)?;
+        let rope_base_swa = m.f32(&k("rope.freq_base_swa"))?;
+        let final_logit_softcap = m.f32(&k("final_logit_softcapping"))?.filter(|&c| c > 0.0);
         Ok(ArchConfig {
             arch,
             n_layers,
@@ -248,6 +283,10 @@ impl ArchConfig {
             tied_embeddings: g.tensor("output.weight").is_none(),
             qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+            sliding_window,
+            swa_layers,
+            rope_base_swa,
+            final_logit_softcap,
         })
     }
 }
@@ -268,6 +307,13 @@ impl TokenizerData {
                 format!("{} entries for {n} tokens", token_types.len()),
             ));
         }
+        let scores = m.f32s("tokenizer.ggml.scores")?.unwrap_or_default();
+        if !scores.is_empty() && scores.len() != n {
+            return Err(m.err(
+                "tokenizer.ggml.scores",
+                format!("{} entries for {n} tokens", scores.len()),
+            ));
+        }
         let id = |key: &str| -> Result<Option<u32>, KnotError> {
             match m.u32(key)? {
                 Some(i) if i as usize >= n => {
@@ -283,6 +329,8 @@ impl TokenizerData {
                 .to_string(),
             pre: m.str("tokenizer.ggml.pre")?.unwrap_or_default().to_string(),
             merges: m.strings("tokenizer.ggml.merges")?.unwrap_or_default(),
+            scores,
+            add_space_prefix: m.bool("tokenizer.ggml.add_space_prefix")?,
             bos_id: id("tokenizer.ggml.bos_token_id")?,
             eos_id: id("tokenizer.ggml.eos_token_id")?,
             pad_id: id("tokenizer.ggml.padding_token_id")?,
@@ -301,6 +349,9 @@ impl TokenizerData {
 pub struct ImportSummary {
     /// `general.architecture`.
     pub arch: String,
+    /// Whether the engine can run it ([`crate::RUNNABLE_ARCHS`]); a KNOT of any known
+    /// architecture is still written, for inspection and sharding.
+    pub runs_here: bool,
     pub n_layers: u32,
     pub tensors: usize,
     /// Sum of tensor bytes.
@@ -353,6 +404,7 @@ pub fn import_gguf(
     let k = Knot::open(out)?;
     Ok(ImportSummary {
         arch: k.arch().arch.clone(),
+        runs_here: k.arch().runs_here(),
         n_layers: k.arch().n_layers,
         tensors: k.header().tensors.len(),
         tensor_bytes: k.tensor_bytes(),
@@ -469,6 +521,69 @@ mod tests {
             })
         );
         assert_eq!(k.tokenizer().unwrap(), None);
+    }
+
+    /// A GGUF array of f32 as `raw_kv` takes it.
+    fn f32_array(v: &[f32]) -> Vec<u8> {
+        let mut b = 6u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        b
+    }
+
+    fn gemma_like(scores: &[f32]) -> Builder {
+        let mut g = Builder::new();
+        g.string("general.architecture", "gemma3")
+            .u32("gemma3.block_count", 6)
+            .u32("gemma3.context_length", 64)
+            .u32("gemma3.embedding_length", 32)
+            .u32("gemma3.feed_forward_length", 64)
+            .u32("gemma3.attention.head_count", 2)
+            .f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+            .u32("gemma3.attention.sliding_window", 16)
+            .u32("gemma3.attention.sliding_window_pattern", 3)
+            .f32("gemma3.rope.freq_base_swa", 20_000.0)
+            .f32("gemma3.final_logit_softcapping", 30.0)
+            .string("tokenizer.ggml.model", "llama")
+            .strings("tokenizer.ggml.tokens", &["<pad>", "\u{2581}a", "b"])
+            .raw_kv("tokenizer.ggml.scores", 9, &f32_array(scores))
+            .raw_kv("tokenizer.ggml.add_space_prefix", 7, &[0]);
+        g
+    }
+
+    #[test]
+    fn gemma3_keeps_sliding_window_softcap_and_sentencepiece_fields() {
+        let (_dir, k) = import(&gemma_like(&[0.0, -1.5, -2.0])).unwrap();
+        let a = k.arch();
+        assert_eq!(a.sliding_window, Some(16));
+        // Period 3: every third layer (2, 5) is global.
+        assert_eq!(
+            a.swa_layers.as_deref(),
+            Some(&[true, true, false, true, true, false][..])
+        );
+        assert_eq!(
+            (a.rope_base_swa, a.final_logit_softcap),
+            (Some(20_000.0), Some(30.0))
+        );
+        assert!(a.runs_here());
+        let t = k.tokenizer().unwrap().unwrap();
+        assert_eq!(t.scores, [0.0, -1.5, -2.0]);
+        assert_eq!(t.add_space_prefix, Some(false));
+
+        // A model without these keys serializes none of them (model hashes of files imported
+        // before they existed stay the same).
+        let (_dir, k) = import(&qwen_like()).unwrap();
+        let json = serde_json::to_string(k.arch()).unwrap();
+        assert!(
+            !json.contains("sliding") && !json.contains("softcap"),
+            "{json}"
+        );
+        let t = serde_json::to_string(&k.tokenizer().unwrap().unwrap()).unwrap();
+        assert!(!t.contains("scores") && !t.contains("space_prefix"), "{t}");
+
+        // Scores that do not match the vocabulary are refused by name.
+        let e = import(&gemma_like(&[0.0])).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.ggml.scores"), "{e}");
     }
 
     #[test]

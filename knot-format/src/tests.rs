@@ -23,6 +23,10 @@ pub(crate) fn test_arch() -> ArchConfig {
         tied_embeddings: true,
         qk_norm: false,
         qkv_bias: false,
+        sliding_window: None,
+        swa_layers: None,
+        rope_base_swa: None,
+        final_logit_softcap: None,
     }
 }
 
@@ -33,6 +37,8 @@ fn test_tokenizer() -> TokenizerData {
         tokens: vec!["a".into(), "b".into(), "ab".into(), "<|end|>".into()],
         token_types: vec![1, 1, 1, 3],
         merges: vec!["a b".into()],
+        scores: vec![],
+        add_space_prefix: None,
         bos_id: None,
         eos_id: Some(3),
         pad_id: Some(3),

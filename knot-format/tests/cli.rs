@@ -32,6 +32,10 @@ fn write_model(path: &Path) {
         tied_embeddings: true,
         qk_norm: false,
         qkv_bias: false,
+        sliding_window: None,
+        swa_layers: None,
+        rope_base_swa: None,
+        final_logit_softcap: None,
     };
     let mut w = KnotWriter::new("tiny", arch);
     w.add_tensor_owned(

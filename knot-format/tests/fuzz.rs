@@ -138,6 +138,10 @@ fn arch(n_layers: u32) -> ArchConfig {
         tied_embeddings: true,
         qk_norm: false,
         qkv_bias: false,
+        sliding_window: None,
+        swa_layers: None,
+        rope_base_swa: None,
+        final_logit_softcap: None,
     }
 }
 

@@ -50,6 +50,10 @@ fn synthetic(dir: &Path, tied: bool) -> PathBuf {
         tied_embeddings: tied,
         qk_norm: false,
         qkv_bias: false,
+        sliding_window: None,
+        swa_layers: None,
+        rope_base_swa: None,
+        final_logit_softcap: None,
     };
     let mut w = KnotWriter::new("synthetic", arch);
     w.tokenizer(TokenizerData {

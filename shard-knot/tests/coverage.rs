@@ -79,6 +79,10 @@ fn header(s: &Shape) -> ArchConfig {
         tied_embeddings: s.tied,
         qk_norm: false,
         qkv_bias: s.qkv_bias,
+        sliding_window: None,
+        swa_layers: None,
+        rope_base_swa: None,
+        final_logit_softcap: None,
     }
 }
 
