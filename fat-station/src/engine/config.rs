@@ -4,7 +4,8 @@ use knot_format::{ArchConfig, RopeStyle};
 
 use super::EngineError;
 
-/// Architectures the forward pass implements.
+/// Architectures the forward pass implements (`knot_format::RUNNABLE_ARCHS` names them for
+/// tools that do not link the engine; a test keeps the two lists equal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// Qwen2 / Qwen2.5: q, k, v biases, NeoX RoPE.
@@ -13,6 +14,89 @@ pub enum Arch {
     Llama,
     /// Qwen3: per-head RMSNorm on q and k, `n_heads * head_dim` may differ from `hidden`.
     Qwen3,
+    /// Gemma 3: see [`Recipe::GEMMA3`].
+    Gemma3,
+}
+
+impl Arch {
+    /// Every architecture, with its `general.architecture` name.
+    pub const ALL: [(Arch, &'static str); 4] = [
+        (Arch::Qwen2, "qwen2"),
+        (Arch::Llama, "llama"),
+        (Arch::Qwen3, "qwen3"),
+        (Arch::Gemma3, "gemma3"),
+    ];
+
+    /// The architecture named `name` in GGUF's `general.architecture`.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.iter().find(|(_, n)| *n == name).map(|&(a, _)| a)
+    }
+
+    /// What the block does beyond the llama/qwen2 baseline. Everything an architecture
+    /// changes in the forward pass is in this table; weights (biases, q/k norms) are
+    /// detected from the file.
+    pub fn recipe(self) -> Recipe {
+        match self {
+            Arch::Qwen2 | Arch::Llama | Arch::Qwen3 => Recipe::BASELINE,
+            Arch::Gemma3 => Recipe::GEMMA3,
+        }
+    }
+}
+
+/// FFN activation of the gated unit `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(g) = g * sigmoid(g)` (llama, qwen).
+    Silu,
+    /// GeGLU: GELU, tanh approximation (gemma; llama.cpp `LLM_FFN_GELU`).
+    GeluTanh,
+}
+
+/// How one architecture's block differs from the llama/qwen2 baseline.
+///
+/// Baseline block: `x += Wo·attn(rope(q), rope(k), v)` over `rmsnorm(x)`, then
+/// `x += Wdown·(silu(Wgate·n) * Wup·n)` with `n = rmsnorm(x)`; logits = `Wout·rmsnorm(x)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recipe {
+    /// Embedding rows are multiplied by `sqrt(hidden)` (gemma). Applied in `embed`, so a
+    /// residual passed between stations already carries it.
+    pub scale_embedding: bool,
+    /// The attention and FFN outputs are RMSNormed (`post_attention_norm`,
+    /// `post_ffw_norm`) before they are added to the residual (gemma2/3 "sandwich" norms).
+    pub post_norms: bool,
+    pub activation: Activation,
+    /// When the file has a sliding window but no per-layer pattern: every `n`th layer
+    /// (`l % n == n - 1`) is global, the others local (llama.cpp's gemma3 default, 6).
+    pub default_swa_period: Option<u32>,
+    /// RoPE base of local layers when the file has no `rope.freq_base_swa` (gemma3: 10k,
+    /// while the global layers use `rope.freq_base`, 1M).
+    pub default_rope_base_swa: Option<f32>,
+}
+
+impl Recipe {
+    /// qwen2, llama, qwen3.
+    pub const BASELINE: Recipe = Recipe {
+        scale_embedding: false,
+        post_norms: false,
+        activation: Activation::Silu,
+        default_swa_period: None,
+        default_rope_base_swa: None,
+    };
+    /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
+    /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
+    /// 5 local layers (window from the file, RoPE base 10k) to 1 global (RoPE base from the
+    /// file); optional final logit soft-capping; tied output.
+    ///
+    /// Trap: Gemma's RMSNorm multiplies by `1 + w`, but llama.cpp's converter already added
+    /// the 1 to every `*norm.weight` in the GGUF, so the stored weights are used as they are
+    /// (adding 1 again roughly doubles every normed activation and the output is garbage).
+    pub const GEMMA3: Recipe = Recipe {
+        scale_embedding: true,
+        post_norms: true,
+        activation: Activation::GeluTanh,
+        default_swa_period: Some(6),
+        default_rope_base_swa: Some(10_000.0),
+    };
 }
 
 /// Hyper-parameters, checked once so the forward pass can index without surprises.
@@ -36,6 +120,20 @@ pub struct Config {
     pub qk_norm: bool,
     /// The output head is the token embedding.
     pub tied_embeddings: bool,
+    /// What the block does beyond the baseline ([`Arch::recipe`]).
+    pub recipe: Recipe,
+    /// Multiplier of embedding rows: `sqrt(hidden)` or 1.
+    pub embed_scale: f32,
+    /// Attention logit scale, `1 / sqrt(head_dim)`.
+    pub attn_scale: f32,
+    /// Sliding-window span of local layers (positions a row sees, itself included).
+    pub sliding_window: Option<usize>,
+    /// (n_layers) true for a local (sliding-window) layer; all false without a window.
+    pub swa_layers: Vec<bool>,
+    /// RoPE base of local layers (equals `rope_base` without a window).
+    pub rope_base_swa: f32,
+    /// `cap * tanh(logit / cap)` on the output logits, when set.
+    pub final_logit_softcap: Option<f32>,
 }
 
 impl Config {
@@ -48,22 +146,29 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+
+    /// The attention window of layer `l`: `Some(span)` on a local layer, `None` when it
+    /// sees every earlier position.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match self.swa_layers.get(l) {
+            Some(true) => self.sliding_window,
+            _ => None,
+        }
+    }
 }
 
 impl TryFrom<&ArchConfig> for Config {
     type Error = EngineError;
 
     fn try_from(a: &ArchConfig) -> Result<Self, EngineError> {
-        let arch = match a.arch.as_str() {
-            "qwen2" => Arch::Qwen2,
-            "llama" => Arch::Llama,
-            "qwen3" => Arch::Qwen3,
-            other => {
-                return Err(EngineError::Unsupported(format!(
-                    "architecture {other:?} (supported: qwen2, llama, qwen3)"
-                )))
-            }
-        };
+        let arch = Arch::from_name(&a.arch).ok_or_else(|| {
+            EngineError::Unsupported(format!(
+                "architecture {:?} (supported: {})",
+                a.arch,
+                knot_format::RUNNABLE_ARCHS.join(", ")
+            ))
+        })?;
+        let recipe = arch.recipe();
         // Counts and caps: knot-format's one check (the reader already ran it; an ArchConfig
         // built in memory goes through it here).
         a.check().map_err(EngineError::BadConfig)?;
@@ -89,8 +194,46 @@ impl TryFrom<&ArchConfig> for Config {
                 a.norm_eps, a.rope_base
             )));
         }
+        let n_layers = a.n_layers as usize;
+        let sliding_window = a.sliding_window.map(|w| w as usize);
+        let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
+            (None, _, _) => vec![false; n_layers],
+            (Some(_), Some(flags), _) => flags.clone(),
+            (Some(_), None, Some(n)) => (0..n_layers as u32).map(|l| l % n < n - 1).collect(),
+            // A window the architecture has no pattern for: every layer local.
+            (Some(_), None, None) => vec![true; n_layers],
+        };
+        if swa_layers.len() != n_layers {
+            return Err(EngineError::BadConfig(format!(
+                "{} sliding-window flags for {n_layers} layers",
+                swa_layers.len()
+            )));
+        }
+        let rope_base_swa = match sliding_window {
+            None => a.rope_base,
+            Some(_) => a
+                .rope_base_swa
+                .or(recipe.default_rope_base_swa)
+                .unwrap_or(a.rope_base),
+        };
+        if !(rope_base_swa.is_finite() && rope_base_swa > 1.0) {
+            return Err(EngineError::BadConfig(format!(
+                "rope_base_swa {rope_base_swa} invalid"
+            )));
+        }
         Ok(Config {
             arch,
+            recipe,
+            embed_scale: if recipe.scale_embedding {
+                (a.hidden as f32).sqrt()
+            } else {
+                1.0
+            },
+            attn_scale: 1.0 / (a.head_dim as f32).sqrt(),
+            sliding_window,
+            swa_layers,
+            rope_base_swa,
+            final_logit_softcap: a.final_logit_softcap,
             n_layers: a.n_layers as usize,
             hidden: a.hidden as usize,
             n_heads: a.n_heads as usize,
@@ -105,5 +248,77 @@ impl TryFrom<&ArchConfig> for Config {
             qk_norm: a.qk_norm,
             tied_embeddings: a.tied_embeddings,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gemma3_270m() -> ArchConfig {
+        ArchConfig {
+            arch: "gemma3".into(),
+            n_layers: 18,
+            hidden: 640,
+            n_heads: 4,
+            n_kv_heads: 1,
+            head_dim: 256,
+            ffn: 2048,
+            vocab: 262144,
+            context_len: 32768,
+            norm_eps: 1e-6,
+            rope_base: 1e6,
+            rope_style: RopeStyle::Neox,
+            rope_scaling: None,
+            tied_embeddings: true,
+            qk_norm: true,
+            qkv_bias: false,
+            sliding_window: Some(512),
+            swa_layers: None,
+            rope_base_swa: None,
+            final_logit_softcap: None,
+        }
+    }
+
+    #[test]
+    fn runnable_architectures_are_the_ones_the_engine_implements() {
+        let ours: Vec<&str> = Arch::ALL.iter().map(|&(_, n)| n).collect();
+        assert_eq!(ours, knot_format::RUNNABLE_ARCHS);
+        for (arch, name) in Arch::ALL {
+            assert_eq!(Arch::from_name(name), Some(arch));
+        }
+        let mut a = gemma3_270m();
+        a.arch = "gemma2".into();
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("\"gemma2\"") && e.contains("gemma3"), "{e}");
+    }
+
+    #[test]
+    fn gemma3_defaults_five_local_layers_to_one_global_with_two_rope_bases() {
+        let c = Config::try_from(&gemma3_270m()).unwrap();
+        let global: Vec<usize> = (0..18).filter(|&l| c.window(l).is_none()).collect();
+        assert_eq!(global, [5, 11, 17]);
+        assert_eq!(c.window(0), Some(512));
+        assert_eq!((c.rope_base, c.rope_base_swa), (1e6, 10_000.0));
+        assert_eq!(c.embed_scale, 640f32.sqrt());
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        assert!(c.recipe.post_norms && c.recipe.activation == Activation::GeluTanh);
+
+        // The file's own pattern and local base win over the defaults.
+        let mut a = gemma3_270m();
+        a.swa_layers = Some((0..18).map(|l| l % 2 == 0).collect());
+        a.rope_base_swa = Some(5e4);
+        let c = Config::try_from(&a).unwrap();
+        assert_eq!((c.window(0), c.window(1)), (Some(512), None));
+        assert_eq!(c.rope_base_swa, 5e4);
+
+        // No window: every layer global, one RoPE base; qwen2 keeps the baseline.
+        a.sliding_window = None;
+        let c = Config::try_from(&a).unwrap();
+        assert!((0..18).all(|l| c.window(l).is_none()));
+        assert_eq!(c.rope_base_swa, c.rope_base);
+        a.arch = "qwen2".into();
+        let c = Config::try_from(&a).unwrap();
+        assert_eq!((c.recipe, c.embed_scale), (Recipe::BASELINE, 1.0));
     }
 }

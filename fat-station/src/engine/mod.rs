@@ -13,7 +13,7 @@ mod team;
 pub mod tokenizer;
 mod weights;
 
-pub use config::{Arch, Config};
+pub use config::{Activation, Arch, Config, Recipe};
 pub use model::Model;
 pub use session::{LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use weights::{Holdings, LayerWeights, Weights};

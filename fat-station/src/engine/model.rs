@@ -4,10 +4,10 @@ use std::cell::RefCell;
 
 use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
-    add_inplace, attention, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate,
-    swiglu, AttnShape,
+    add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
+    rope_rotate, softcap, swiglu, AttnShape,
 };
-use super::{Config, EngineError, Holdings, Session, Weights};
+use super::{Activation, Config, EngineError, Holdings, Session, Weights};
 use knot_format::{Knot, LayerRange, Role};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
@@ -17,6 +17,8 @@ pub struct Model<'a> {
     knot: &'a Knot,
     /// (head_dim / 2) RoPE inverse frequencies, computed once (see [`rope_inv_freq`]).
     inv_freq: Vec<f64>,
+    /// (head_dim / 2) the same for local (sliding-window) layers, from `rope_base_swa`.
+    inv_freq_swa: Vec<f64>,
 }
 
 /// Forward-pass scratch that is not per session: reused by every call on this thread.
@@ -24,6 +26,8 @@ pub struct Model<'a> {
 struct FwdScratch {
     /// (seq, head_dim) RoPE cosines then sines of each row's position
     rope: Vec<f32>,
+    /// (seq, head_dim) the same at the local layers' RoPE base (sliding-window models)
+    rope_swa: Vec<f32>,
     /// (positions) attention scores of one head when attention runs on this thread
     scores: Vec<f32>,
     /// (hidden) the normed last row for the output head
@@ -68,11 +72,13 @@ impl<'a> Model<'a> {
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
         let inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
+        let inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
         Ok(Model {
             cfg,
             weights,
             knot,
             inv_freq,
+            inv_freq_swa,
         })
     }
 
@@ -105,7 +111,7 @@ impl<'a> Model<'a> {
         Session::new(&self.weights.holdings, max_positions)
     }
 
-    /// Token ids -> residual rows `(tokens.len(), hidden)`.
+    /// Token ids -> residual rows `(tokens.len(), hidden)`, scaled by `embed_scale` (gemma).
     pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let emb = self.weights.embed.as_ref().ok_or(EngineError::NotHeld {
             what: "the token embedding".into(),
@@ -121,6 +127,9 @@ impl<'a> Model<'a> {
                 });
             }
             dequantize_row(emb.dtype, emb.row(t as usize), row);
+            if self.cfg.embed_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= self.cfg.embed_scale);
+            }
         }
         Ok(x)
     }
@@ -181,6 +190,12 @@ impl<'a> Model<'a> {
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
         }
+        if (range.start..range.end).any(|l| cfg.window(l as usize).is_some()) {
+            fwd.rope_swa.resize(seq * hd, 0.0);
+            for (t, cs) in fwd.rope_swa.chunks_exact_mut(hd).enumerate() {
+                rope_angles(cs, &self.inv_freq_swa, pos + t);
+            }
+        }
         let mut result = Ok(pos);
         for l in range.start..range.end {
             let (Some(w), Some(cache)) = (
@@ -193,7 +208,7 @@ impl<'a> Model<'a> {
                 });
                 break;
             };
-            self.block(w, cache, &mut scratch, &mut fwd, x, seq, pos);
+            self.block(l as usize, w, cache, &mut scratch, &mut fwd, x, seq, pos);
         }
         FWD.with(|f| *f.borrow_mut() = fwd);
         if scratch.bytes() <= super::session::SCRATCH_KEEP_BYTES {
@@ -202,10 +217,11 @@ impl<'a> Model<'a> {
         result
     }
 
-    /// One transformer block over `seq` rows starting at position `pos`.
+    /// Transformer block `layer` over `seq` rows starting at position `pos`.
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
+        layer: usize,
         w: &super::LayerWeights<'_>,
         cache: &mut super::session::LayerCache,
         s: &mut super::session::Scratch,
@@ -216,6 +232,13 @@ impl<'a> Model<'a> {
     ) {
         let cfg = &self.cfg;
         let (h, hd, q_dim, kv_dim) = (cfg.hidden, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        // A local layer sees the last `window` positions, rotated at its own RoPE base.
+        let window = cfg.window(layer);
+        let rope = if window.is_some() {
+            &f.rope_swa
+        } else {
+            &f.rope
+        };
 
         // Attention: normed input -> q, k, v projections (+ biases), one shared quantization.
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
@@ -241,14 +264,14 @@ impl<'a> Model<'a> {
                 add_inplace(k, bk);
                 add_inplace(v, bv);
             }
-            // Per-head QK RMSNorm (qwen3) comes before RoPE.
+            // Per-head QK RMSNorm (qwen3, gemma3) comes before RoPE.
             if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
                 q.chunks_exact_mut(hd)
                     .for_each(|hq| rmsnorm_inplace(hq, qn, cfg.norm_eps));
                 k.chunks_exact_mut(hd)
                     .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
-            let cs = &f.rope[t * hd..(t + 1) * hd];
+            let cs = &rope[t * hd..(t + 1) * hd];
             rope_rotate(q, cs, cfg.rope_style);
             rope_rotate(k, cs, cfg.rope_style);
         }
@@ -262,12 +285,16 @@ impl<'a> Model<'a> {
             n_heads: cfg.n_heads,
             n_kv_heads: cfg.n_kv_heads,
             head_dim: hd,
+            scale: cfg.attn_scale,
+            window,
         };
         attention(&mut s.att, &s.q, &cache.k, &cache.v, shape, &mut f.scores);
         linear(&w.wo, &s.att, seq, &mut s.xb2);
+        post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
         add_inplace(x, &s.xb2[..seq * h]);
 
-        // FFN: SwiGLU, gate and up sharing one quantization of the normed input.
+        // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
+        // input.
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
@@ -276,8 +303,13 @@ impl<'a> Model<'a> {
             &s.xb,
             seq,
         );
-        swiglu(&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
+        let (gate, up) = (&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
+        match cfg.recipe.activation {
+            Activation::Silu => swiglu(gate, up),
+            Activation::GeluTanh => geglu_tanh(gate, up),
+        }
         linear(&w.w_down, &s.hb, seq, &mut s.xb2);
+        post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
         add_inplace(x, &s.xb2[..seq * h]);
     }
 
@@ -311,6 +343,9 @@ impl<'a> Model<'a> {
         rmsnorm(&mut f.xn, last, norm, self.cfg.norm_eps);
         logits.resize(self.cfg.vocab, 0.0);
         linear(out, &f.xn, 1, logits);
+        if let Some(cap) = self.cfg.final_logit_softcap {
+            softcap(logits, cap);
+        }
         FWD.with(|c| *c.borrow_mut() = f);
         Ok(())
     }
@@ -321,6 +356,15 @@ impl<'a> Model<'a> {
         let mut x = self.embed(tokens)?;
         self.forward(session, &mut x, self.weights.holdings.layers)?;
         self.lm_head(&x)
+    }
+}
+
+/// RMSNorm of each `h`-wide row of a sub-block's output, when the architecture has a
+/// post-norm there (gemma3's `post_attention_norm`, `post_ffw_norm`).
+fn post_norm(rows: &mut [f32], norm: Option<&[f32]>, h: usize, eps: f32) {
+    if let Some(w) = norm {
+        rows.chunks_exact_mut(h)
+            .for_each(|r| rmsnorm_inplace(r, w, eps));
     }
 }
 

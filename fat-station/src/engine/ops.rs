@@ -102,6 +102,25 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = gelu(gate) * up`, the GeGLU activation with GELU's tanh approximation
+/// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))` (gemma; llama.cpp's `ggml_gelu`, which
+/// on CPU reads the same curve from an f16 table).
+pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let gelu = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh());
+        *g = gelu * u;
+    }
+}
+
+/// `x = cap * tanh(x / cap)` (gemma's final logit soft-capping).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 /// `x += y`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
@@ -138,31 +157,34 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     acc[0] + tail
 }
 
-/// Causal attention of one query head over `n_pos` cached positions.
+/// Attention of one query head over the cached positions `span` (`0..n` causal; a later
+/// start on a sliding-window layer).
 ///
-/// `k`, `v`: (n_pos, kv_dim); this head reads kv head `kv_head`. `scores` is scratch of
-/// at least `n_pos`. Writes the weighted sum of values into `out` (head_dim).
+/// `k`, `v`: (span.end, kv_dim); this head reads kv head `kv_head`. Scores are
+/// `q·k * scale`. `scores` is scratch of at least `span.len()`. Writes the weighted sum of
+/// values into `out` (head_dim).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head(
     out: &mut [f32],
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    n_pos: usize,
+    span: std::ops::Range<usize>,
     kv_dim: usize,
     kv_head: usize,
+    scale: f32,
     scores: &mut [f32],
 ) {
     let hd = q.len();
-    let scale = 1.0 / (hd as f32).sqrt();
     let off = kv_head * hd;
-    for (p, s) in scores[..n_pos].iter_mut().enumerate() {
+    let n = span.len();
+    for (p, s) in span.clone().zip(scores[..n].iter_mut()) {
         let kr = &k[p * kv_dim + off..p * kv_dim + off + hd];
         *s = dot_f32(q, kr) * scale;
     }
-    softmax(&mut scores[..n_pos]);
+    softmax(&mut scores[..n]);
     out.fill(0.0);
-    for (p, &w) in scores[..n_pos].iter().enumerate() {
+    for (p, &w) in span.zip(scores[..n].iter()) {
         let vr = &v[p * kv_dim + off..p * kv_dim + off + hd];
         for (o, &vv) in out.iter_mut().zip(vr) {
             *o += w * vv;
@@ -184,9 +206,26 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Score multiplier, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Sliding window: row at position `p` sees only `p0` with `p - p0 < window`
+    /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`); `None`: every earlier position.
+    pub window: Option<usize>,
 }
 
-/// Causal GQA for `seq` query rows: row t sees positions `0..=pos + t`; query head j reads
+impl AttnShape {
+    /// The cached positions the row at position `p` attends to.
+    pub fn span(&self, p: usize) -> std::ops::Range<usize> {
+        let end = p + 1;
+        match self.window {
+            Some(w) => end.saturating_sub(w)..end,
+            None => 0..end,
+        }
+    }
+}
+
+/// Causal GQA for `seq` query rows: row t sees positions `0..=pos + t` (the last `window`
+/// of them on a sliding-window layer); query head j reads
 /// kv head `j / (n_heads / n_kv_heads)`. `q`, `out`: (seq, n_heads * head_dim); `k`, `v`:
 /// (pos + seq, n_kv_heads * head_dim). `scores` is scratch (grown to fit) for the serial path.
 ///
@@ -237,7 +276,8 @@ pub fn attention_with(
     let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
         let (t, head) = (i / a.n_heads, i % a.n_heads);
         let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
-        attend_head(o, qh, k, v, a.pos + t + 1, kv_dim, head / group, scores);
+        let span = a.span(a.pos + t);
+        attend_head(o, qh, k, v, span, kv_dim, head / group, a.scale, scores);
     };
     let out = &mut out[..a.seq * q_dim];
     if parallel {
@@ -417,6 +457,8 @@ mod tests {
             n_heads: 14,
             n_kv_heads: 2,
             head_dim: 64,
+            scale: 1.0 / 8.0,
+            window: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 14);
         let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -442,6 +484,73 @@ mod tests {
             "causal mask leaked a future position"
         );
         assert_ne!(moved[4 * q_dim..], serial[4 * q_dim..]);
+    }
+
+    #[test]
+    fn sliding_window_sees_only_the_last_window_positions() {
+        let mut seed = 5u64;
+        let a = AttnShape {
+            seq: 3,
+            pos: 7,
+            n_heads: 4,
+            n_kv_heads: 1,
+            head_dim: 16,
+            scale: 0.25,
+            window: Some(4),
+        };
+        let (q_dim, kv_dim, n) = (4 * 16, 16, 10);
+        let q = floats(a.seq * q_dim, &mut seed, 2.0);
+        let k = floats(n * kv_dim, &mut seed, 2.0);
+        let v = floats(n * kv_dim, &mut seed, 2.0);
+        let mut out = vec![0.0; a.seq * q_dim];
+        let mut scores = Vec::new();
+        attention_with(&mut out, &q, &k, &v, a, &mut scores, false);
+        // Row 0 (position 7) sees 4..=7: changing position 3 must not move it, and it must
+        // equal a head attending over exactly those positions.
+        let mut k2 = k.clone();
+        k2[3 * kv_dim..4 * kv_dim]
+            .iter_mut()
+            .for_each(|x| *x += 50.0);
+        let mut moved = vec![0.0; a.seq * q_dim];
+        attention_with(&mut moved, &q, &k2, &v, a, &mut scores, false);
+        assert_eq!(moved, out, "a position outside the window leaked in");
+        let mut one = vec![0.0; 16];
+        attend_head(
+            &mut one,
+            &q[..16],
+            &k,
+            &v,
+            4..8,
+            kv_dim,
+            0,
+            0.25,
+            &mut [0.0; 4],
+        );
+        assert_eq!(one, out[..16]);
+        // Without the window, position 3 matters.
+        let full = AttnShape { window: None, ..a };
+        attention_with(&mut moved, &q, &k2, &v, full, &mut scores, false);
+        assert_ne!(moved[..16], out[..16]);
+        // Serial and parallel agree with a window too.
+        let mut par = vec![0.0; a.seq * q_dim];
+        pool(2).install(|| attention_with(&mut par, &q, &k, &v, a, &mut Vec::new(), true));
+        assert_eq!(par, out);
+    }
+
+    #[test]
+    fn geglu_uses_the_tanh_gelu() {
+        // GELU-tanh(1) = 0.8411920, GELU-tanh(-1) = -0.1588080, GELU(0) = 0.
+        let mut g = vec![1.0f32, -1.0, 0.0, 3.0];
+        geglu_tanh(&mut g, &[2.0, 1.0, 5.0, 1.0]);
+        assert!((g[0] - 2.0 * 0.841_192).abs() < 1e-5, "{g:?}");
+        assert!((g[1] + 0.158_808).abs() < 1e-5, "{g:?}");
+        assert_eq!(g[2], 0.0);
+        assert!((g[3] - 2.996_363).abs() < 1e-5, "{g:?}");
+        let mut l = vec![0.0f32, 10.0, -1000.0];
+        softcap(&mut l, 30.0);
+        assert_eq!(l[0], 0.0);
+        assert!((l[1] - 30.0 * (1.0f32 / 3.0).tanh()).abs() < 1e-5);
+        assert!((l[2] + 30.0).abs() < 1e-4);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct LayerWeights<'a> {
     pub k_norm: Option<&'a [f32]>,
     /// (hidden rows, q_dim cols)
     pub wo: Linear<'a>,
+    /// (hidden) RMSNorm of the attention output before the residual add (gemma3).
+    pub post_attn_norm: Option<&'a [f32]>,
     /// (hidden)
     pub ffn_norm: &'a [f32],
     /// (ffn rows, hidden cols)
@@ -54,6 +56,8 @@ pub struct LayerWeights<'a> {
     pub w_up: Linear<'a>,
     /// (hidden rows, ffn cols)
     pub w_down: Linear<'a>,
+    /// (hidden) RMSNorm of the FFN output before the residual add (gemma3).
+    pub post_ffn_norm: Option<&'a [f32]>,
 }
 
 /// The tensors a station holds, at their original layer indices.
@@ -102,6 +106,14 @@ impl<'a> Weights<'a> {
                     opt_vec("attn_k_norm.weight", cfg.head_dim)?,
                 )
             };
+            let (post_attn_norm, post_ffn_norm) = if cfg.recipe.post_norms {
+                (
+                    Some(vector(knot, &name("post_attention_norm.weight"), h)?),
+                    Some(vector(knot, &name("post_ffw_norm.weight"), h)?),
+                )
+            } else {
+                (None, None)
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(knot, &name("attn_norm.weight"), h)?,
                 wq: Linear::mapped(matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?, knot),
@@ -116,10 +128,12 @@ impl<'a> Weights<'a> {
                     matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
                     knot,
                 ),
+                post_attn_norm,
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
                 w_gate: Linear::mapped(matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?, knot),
                 w_up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
                 w_down: Linear::mapped(matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?, knot),
+                post_ffn_norm,
             });
         }
         let embed = if holdings.embed {

@@ -18,6 +18,8 @@ pub fn models_dir() -> PathBuf {
 pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.knot";
 /// The SmolLM2-135M KNOT.
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.knot";
+/// The Gemma-3-270M KNOT (`scripts/fetch-model.sh gemma`).
+pub const GEMMA: &str = "gemma-3-270m-q4_k_m.knot";
 
 /// The path of a cached model, or `None` (test skips) when it is absent and CI does not
 /// require it. With `AEON_REQUIRE_MODELS=1` a missing model fails the test.
