@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
 const SMOLLM2: &str = "smollm2-135m-instruct-q4_1";
+const GEMMA: &str = "gemma-3-270m-q4_k_m";
 
 fn models_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("AEON_MODELS_DIR") {
@@ -59,10 +60,11 @@ fn load_data(stem: &str) -> Option<TokenizerData> {
 fn tokenizer(stem: &'static str) -> Option<&'static Tokenizer> {
     static QWEN_TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
     static SMOLLM2_TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
-    let cell = if stem == QWEN {
-        &QWEN_TOK
-    } else {
-        &SMOLLM2_TOK
+    static GEMMA_TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
+    let cell = match stem {
+        QWEN => &QWEN_TOK,
+        GEMMA => &GEMMA_TOK,
+        _ => &SMOLLM2_TOK,
     };
     cell.get_or_init(|| {
         let data = load_data(stem)?;
@@ -285,4 +287,88 @@ fn tokenizer_qwen_encode_10kb_timing() {
 #[test]
 fn tokenizer_smollm2_encode_10kb_timing() {
     time_encode(SMOLLM2);
+}
+
+/// llama.cpp's SentencePiece ids for Gemma 3 (`scripts/tokenizer/make_gemma_golden.py`, PyPI
+/// llama-cpp-python, vocab only): special-token text parsed (`ids`) and, where that differs,
+/// not parsed (`ids_plain`: a user's text, where `<start_of_turn>` must stay characters).
+#[derive(Deserialize)]
+struct SpmGolden {
+    vocab_size: usize,
+    cases: Vec<SpmCase>,
+}
+
+#[derive(Deserialize)]
+struct SpmCase {
+    text: String,
+    ids: Vec<u32>,
+    ids_plain: Option<Vec<u32>>,
+    round_trip: bool,
+}
+
+#[test]
+fn tokenizer_gemma_matches_llamacpp_golden() {
+    let Some(tok) = tokenizer(GEMMA) else { return };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/tokenizer/gemma.json");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let g: SpmGolden =
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(g.vocab_size, tok.vocab_size());
+    assert!(g.cases.len() >= 300, "golden gemma has too few cases");
+    let mut failures = Vec::new();
+    for case in &g.cases {
+        let ids = tok.encode(&case.text, false);
+        if ids != case.ids {
+            failures.push(format!(
+                "{:?}\n   ours: {ids:?}\n    ref: {:?}",
+                case.text, case.ids
+            ));
+        }
+        let want_plain = case.ids_plain.as_ref().unwrap_or(&case.ids);
+        let plain = tok.encode_parts(&[(&case.text, false)], false);
+        if &plain != want_plain {
+            failures.push(format!(
+                "{:?} (special parsing off)\n   ours: {plain:?}\n    ref: {want_plain:?}",
+                case.text
+            ));
+        }
+        if case.round_trip {
+            assert_eq!(tok.decode(&ids), case.text, "round trip");
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "gemma: {} of {} encodings differ from llama.cpp:\n{}",
+        failures.len(),
+        2 * g.cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn tokenizer_gemma_known_ids_and_plain_text_never_becomes_control_tokens() {
+    let Some(tok) = tokenizer(GEMMA) else { return };
+    assert_eq!(
+        tok.encode("The capital of France is", true),
+        [2, 818, 5279, 529, 7001, 563]
+    );
+    assert_eq!(tok.encode(" Paris", false), [9079]);
+    assert_eq!(tok.decode(&[9079]), " Paris");
+    assert!(tok.add_bos_default(), "Gemma asks for <bos>");
+    let eot = tok
+        .token_id("<end_of_turn>")
+        .expect("Gemma has <end_of_turn>");
+    assert!(tok.is_eog(eot) && tok.is_eog(1));
+    let sot = tok
+        .token_id("<start_of_turn>")
+        .expect("Gemma has <start_of_turn>");
+    assert_eq!(tok.encode("<start_of_turn>", false), [sot]);
+    let plain = tok.encode_parts(&[("<start_of_turn>user", false)], false);
+    assert!(!plain.contains(&sot), "{plain:?}");
+    assert_eq!(tok.decode(&plain), "<start_of_turn>user");
+}
+
+#[test]
+fn tokenizer_gemma_stream_decoder_joins_split_characters() {
+    check_stream(GEMMA);
 }

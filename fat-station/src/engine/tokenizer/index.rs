@@ -49,11 +49,16 @@ fn hash(key: &[u8]) -> usize {
 impl VocabIndex {
     /// Indexes every token of `arena`; where two tokens have the same bytes, the lower id wins.
     pub(crate) fn new(arena: Arena<'_>) -> VocabIndex {
+        Self::new_filtered(arena, |_| true)
+    }
+
+    /// Indexes the tokens of `arena` for which `keep(id)` holds.
+    pub(crate) fn new_filtered(arena: Arena<'_>, keep: impl Fn(u32) -> bool) -> VocabIndex {
         let n = arena.len();
         let cap = (2 * n).next_power_of_two().max(16);
         let mask = cap - 1;
         let mut slots = vec![EMPTY; cap];
-        for id in 0..n as u32 {
+        for id in (0..n as u32).filter(|&id| keep(id)) {
             let key = arena.token(id);
             let mut i = hash(key) & mask;
             loop {

@@ -1,10 +1,16 @@
-//! Byte-level BPE tokenizer built from the model's own metadata.
+//! Tokenizers built from the model's own metadata: byte-level BPE (GGUF `tokenizer.ggml.model`
+//! `gpt2`: Qwen, SmolLM2, Llama 3) and SentencePiece (`llama`: Gemma), behind one [`Tokenizer`].
 //!
 //! Everything comes from [`TokenizerData`] (GGUF's `tokenizer.ggml.*` as the KNOT header carries
-//! it): the vocabulary, the merge list, token types, the pre-tokenizer name and the special ids.
-//! Nothing is fetched and no vocabulary is hard-coded.
+//! it): the vocabulary, the merge list or piece scores, token types, the pre-tokenizer name and
+//! the special ids. Nothing is fetched and no vocabulary is hard-coded.
 //!
-//! Encoding, in order:
+//! SentencePiece ([`spm`]) follows llama.cpp: user-defined tokens (Gemma's `\n`, whitespace
+//! runs, HTML tags) are matched whole in all text, control tokens only where special parsing
+//! is on; each fragment between them is merged by piece score, with `<0xNN>` byte fallback.
+//! Decoding turns `▁` back into spaces and byte tokens into their bytes.
+//!
+//! Byte-level BPE encoding, in order:
 //! 1. Special tokens (GGUF types 3 control and 4 user-defined, e.g. `<|im_start|>`) are found
 //!    whole, leftmost-longest, and emitted as their ids; the text between them goes on. Only
 //!    text the caller marks `parse_special` is searched ([`Tokenizer::encode_parts`]): text from
@@ -25,6 +31,7 @@ mod bpe;
 mod byte_level;
 mod index;
 mod pretokenize;
+mod spm;
 mod stream;
 
 use std::collections::HashMap;
@@ -36,13 +43,20 @@ use bpe::{MergeMap, Scratch, NONE};
 use byte_level::ByteLevel;
 use index::{Arena, VocabIndex};
 use pretokenize::{PreKind, PreTokenizer};
+use spm::{Spm, SpmScratch};
 
 pub use stream::StreamDecoder;
 
+/// GGUF token type of an ordinary vocabulary token.
+const TYPE_NORMAL: i32 = 1;
+/// GGUF token type of the unknown token (`<unk>`).
+const TYPE_UNKNOWN: i32 = 2;
 /// GGUF token type of a control token (`<|im_start|>`, `<|endoftext|>`).
 const TYPE_CONTROL: i32 = 3;
-/// GGUF token type of a user-defined token (Qwen's `<tool_call>`).
+/// GGUF token type of a user-defined token (Qwen's `<tool_call>`, Gemma's `\n`).
 const TYPE_USER_DEFINED: i32 = 4;
+/// GGUF token type of a byte-fallback token (`<0x0A>`).
+const TYPE_BYTE: i32 = 6;
 
 /// Texts of control tokens that end generation besides the model's eos (llama.cpp keeps the
 /// same kind of list). Only tokens typed control or user-defined are considered.
@@ -64,11 +78,14 @@ const MAX_VOCAB: usize = 1 << 24;
 /// Why a tokenizer could not be built from its metadata.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    /// `tokenizer.ggml.model` is not `gpt2` (byte-level BPE); e.g. `llama` (SentencePiece).
+    /// `tokenizer.ggml.model` is neither `gpt2` (byte-level BPE) nor `llama` (SentencePiece).
     #[error(
-        "unsupported tokenizer model {model:?}: only byte-level BPE (\"gpt2\") is implemented"
+        "unsupported tokenizer model {model:?}: byte-level BPE (\"gpt2\") and SentencePiece (\"llama\") are implemented"
     )]
     UnsupportedModel { model: String },
+    /// SentencePiece scores are neither empty nor as long as `tokens`.
+    #[error("{scores} piece scores for {tokens} tokens")]
+    Scores { tokens: usize, scores: usize },
     /// The vocabulary is empty or larger than [`MAX_VOCAB`].
     #[error("vocabulary size {size} is out of range (1..={MAX_VOCAB})")]
     VocabSize { size: usize },
@@ -98,22 +115,37 @@ pub enum TokenizerError {
     },
 }
 
-/// A byte-level BPE tokenizer. Cheap to share (`Arc<Tokenizer>`); `encode` takes `&self`.
+/// How plain text (no special tokens) becomes ids.
+enum Model {
+    /// Byte-level BPE (`gpt2`).
+    Bpe {
+        /// Id of the single-byte token for each byte. (256,)
+        byte_ids: [u32; 256],
+        /// `(left, right) -> (rank, merged)`.
+        merges: MergeMap,
+        /// Splits text into words.
+        pre: PreTokenizer,
+    },
+    /// SentencePiece (`llama`).
+    Spm(Spm),
+}
+
+/// A tokenizer (byte-level BPE or SentencePiece). Cheap to share (`Arc<Tokenizer>`);
+/// `encode` takes `&self`.
 pub struct Tokenizer {
-    /// All tokens' bytes, concatenated in id order.
+    /// All tokens' bytes (what each decodes to), concatenated in id order.
     bytes: Vec<u8>,
     /// Token `i` is `bytes[offsets[i]..offsets[i + 1]]`. (vocab + 1,)
     offsets: Vec<u32>,
-    /// Token bytes -> id; the lowest id wins when two tokens share their bytes.
+    /// Token bytes -> id; the lowest id wins when two tokens share their bytes (SentencePiece
+    /// byte tokens are left out: `token_id("A")` is the piece `A`, not `<0x41>`).
     index: VocabIndex,
-    /// Id of the single-byte token for each byte. (256,)
-    byte_ids: [u32; 256],
-    /// `(left, right) -> (rank, merged)`.
-    merges: MergeMap,
-    /// Control and user-defined tokens, matched whole before pre-tokenization.
+    model: Model,
+    /// Control and user-defined tokens, matched whole where special parsing is on.
     specials: SpecialMatcher,
-    /// Splits text into words.
-    pre: PreTokenizer,
+    /// Tokens matched whole even where special parsing is off: SentencePiece's user-defined
+    /// tokens (llama.cpp does so); empty for BPE.
+    always: SpecialMatcher,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
@@ -123,11 +155,15 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (model, merges) = match &self.model {
+            Model::Bpe { merges, pre, .. } => (format!("bpe {:?}", pre.kind()), merges.len()),
+            Model::Spm(_) => ("sentencepiece".to_string(), 0),
+        };
         f.debug_struct("Tokenizer")
             .field("vocab", &self.vocab_size())
-            .field("merges", &self.merges.len())
+            .field("model", &model)
+            .field("merges", &merges)
             .field("specials", &self.specials.tokens.len())
-            .field("pre", &self.pre.kind())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .finish()
@@ -137,14 +173,19 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer from a model's metadata.
     ///
-    /// Fails on a model other than byte-level BPE, a malformed merge, or out-of-range special
-    /// ids. An unknown pre-tokenizer name only warns and falls back to GPT-2's pattern.
+    /// Fails on a model other than byte-level BPE or SentencePiece, a malformed merge, scores
+    /// or token types that do not match the vocabulary, or out-of-range special ids. An
+    /// unknown pre-tokenizer name only warns and falls back to GPT-2's pattern.
     pub fn from_data(data: &TokenizerData) -> Result<Tokenizer, TokenizerError> {
-        if data.model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel {
-                model: data.model.clone(),
-            });
-        }
+        let spm = match data.model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
+            _ => {
+                return Err(TokenizerError::UnsupportedModel {
+                    model: data.model.clone(),
+                })
+            }
+        };
         let n = data.tokens.len();
         if n == 0 || n > MAX_VOCAB {
             return Err(TokenizerError::VocabSize { size: n });
@@ -155,24 +196,39 @@ impl Tokenizer {
                 types: data.token_types.len(),
             });
         }
-        let token_type = |id: usize| data.token_types.get(id).copied().unwrap_or(1);
+        if !data.scores.is_empty() && data.scores.len() != n {
+            return Err(TokenizerError::Scores {
+                tokens: n,
+                scores: data.scores.len(),
+            });
+        }
+        let token_type = |id: usize| data.token_types.get(id).copied().unwrap_or(TYPE_NORMAL);
         let is_special = |id: usize| matches!(token_type(id), TYPE_CONTROL | TYPE_USER_DEFINED);
+        // SentencePiece byte-fallback tokens and the byte each stands for.
+        let spm_byte = |id: usize| {
+            (spm && token_type(id) == TYPE_BYTE)
+                .then(|| spm::byte_token(&data.tokens[id]))
+                .flatten()
+        };
 
-        let pre_kind = PreKind::from_name(&data.pre).unwrap_or_else(|| {
-            tracing::warn!(pre = %data.pre, "unknown pre-tokenizer name; using GPT-2 splitting");
-            PreKind::Gpt2
-        });
-        let pre = PreTokenizer::new(pre_kind)?;
-
-        // Token bytes. Special tokens are raw text; the rest are in GPT-2's alphabet, except
-        // the odd token that is not (kept as its raw UTF-8).
+        // Token bytes. BPE: special tokens are raw text, the rest are in GPT-2's alphabet,
+        // except the odd token that is not (kept as its raw UTF-8). SentencePiece: `▁` is a
+        // space in normal pieces, `<0xNN>` is its byte, other types are their text.
         let bl = ByteLevel::new();
         let total: usize = data.tokens.iter().map(String::len).sum();
         let mut bytes = Vec::with_capacity(total);
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0u32);
         for (id, tok) in data.tokens.iter().enumerate() {
-            if is_special(id) || !bl.decode_into(tok, &mut bytes) {
+            if spm {
+                match (spm_byte(id), token_type(id)) {
+                    (Some(b), _) => bytes.push(b),
+                    (None, TYPE_NORMAL) => {
+                        bytes.extend_from_slice(tok.replace(spm::SPACE, " ").as_bytes())
+                    }
+                    _ => bytes.extend_from_slice(tok.as_bytes()),
+                }
+            } else if is_special(id) || !bl.decode_into(tok, &mut bytes) {
                 bytes.extend_from_slice(tok.as_bytes());
             }
             offsets.push(
@@ -183,8 +239,103 @@ impl Tokenizer {
             bytes: &bytes,
             offsets: &offsets,
         };
-        let index = VocabIndex::new(arena);
+        let index = VocabIndex::new_filtered(arena, |id| spm_byte(id as usize).is_none());
 
+        let model = if spm {
+            let mut byte_ids = [NONE; 256];
+            for id in 0..n {
+                if let Some(b) = spm_byte(id) {
+                    if byte_ids[usize::from(b)] == NONE {
+                        byte_ids[usize::from(b)] = id as u32;
+                    }
+                }
+            }
+            // Like llama.cpp, a byte without a `<0xNN>` token falls back to a piece that is
+            // that single byte.
+            for (b, slot) in byte_ids.iter_mut().enumerate() {
+                if *slot == NONE && b < 0x80 {
+                    *slot = index.get(arena, &[b as u8]).unwrap_or(NONE);
+                }
+            }
+            Model::Spm(Spm::new(
+                &data.tokens,
+                &data.scores,
+                byte_ids,
+                data.add_space_prefix.unwrap_or(false),
+            ))
+        } else {
+            Self::bpe_model(data, &bl, arena, &index, &is_special)?
+        };
+
+        let check = |which, id: Option<u32>| match id {
+            Some(id) if id as usize >= n => Err(TokenizerError::SpecialId {
+                which,
+                id,
+                vocab: n,
+            }),
+            _ => Ok(id),
+        };
+        let bos = check("bos", data.bos_id)?;
+        let eos = check("eos", data.eos_id)?;
+        check("pad", data.pad_id)?;
+        check("unk", data.unk_id)?;
+
+        let special_ids: Vec<u32> = (0..n)
+            .filter(|&id| is_special(id) || (spm && token_type(id) == TYPE_UNKNOWN))
+            .map(|id| id as u32)
+            .collect();
+        let mut eog: Vec<u32> = special_ids
+            .iter()
+            .copied()
+            .filter(|&id| {
+                token_type(id as usize) == TYPE_CONTROL
+                    || token_type(id as usize) == TYPE_USER_DEFINED
+            })
+            .filter(|&id| {
+                END_OF_GENERATION
+                    .iter()
+                    .any(|t| t.as_bytes() == arena.token(id))
+            })
+            .chain(eos)
+            .collect();
+        eog.sort_unstable();
+        eog.dedup();
+
+        let specials = SpecialMatcher::new(special_ids.iter().map(|&id| (arena.token(id), id)));
+        let always = SpecialMatcher::new(
+            special_ids
+                .iter()
+                .filter(|&&id| spm && token_type(id as usize) == TYPE_USER_DEFINED)
+                .map(|&id| (arena.token(id), id)),
+        );
+        Ok(Tokenizer {
+            bytes,
+            offsets,
+            index,
+            model,
+            specials,
+            always,
+            bos,
+            eos,
+            add_bos: data.add_bos,
+            eog,
+        })
+    }
+
+    /// The byte-level BPE parts: single-byte tokens and the merge table.
+    fn bpe_model(
+        data: &TokenizerData,
+        bl: &ByteLevel,
+        arena: Arena<'_>,
+        index: &VocabIndex,
+        is_special: &dyn Fn(usize) -> bool,
+    ) -> Result<Model, TokenizerError> {
+        let pre_kind = PreKind::from_name(&data.pre).unwrap_or_else(|| {
+            tracing::warn!(pre = %data.pre, "unknown pre-tokenizer name; using GPT-2 splitting");
+            PreKind::Gpt2
+        });
+        let pre = PreTokenizer::new(pre_kind)?;
+        let n = data.tokens.len();
         let mut byte_ids = [NONE; 256];
         for id in 0..n {
             if let ([b], false) = (arena.token(id as u32), is_special(id)) {
@@ -230,50 +381,10 @@ impl Tokenizer {
             // A pair listed twice keeps its first (best) rank.
             merges.entry((ia, ib)).or_insert((rank as u32, iab));
         }
-
-        let check = |which, id: Option<u32>| match id {
-            Some(id) if id as usize >= n => Err(TokenizerError::SpecialId {
-                which,
-                id,
-                vocab: n,
-            }),
-            _ => Ok(id),
-        };
-        let bos = check("bos", data.bos_id)?;
-        let eos = check("eos", data.eos_id)?;
-        check("pad", data.pad_id)?;
-        check("unk", data.unk_id)?;
-
-        let special_ids: Vec<u32> = (0..n)
-            .filter(|&id| is_special(id))
-            .map(|id| id as u32)
-            .collect();
-        let mut eog: Vec<u32> = special_ids
-            .iter()
-            .copied()
-            .filter(|&id| {
-                END_OF_GENERATION
-                    .iter()
-                    .any(|t| t.as_bytes() == arena.token(id))
-            })
-            .chain(eos)
-            .collect();
-        eog.sort_unstable();
-        eog.dedup();
-
-        let specials = SpecialMatcher::new(special_ids.iter().map(|&id| (arena.token(id), id)));
-        Ok(Tokenizer {
-            bytes,
-            offsets,
-            index,
+        Ok(Model::Bpe {
             byte_ids,
             merges,
-            specials,
             pre,
-            bos,
-            eos,
-            add_bos: data.add_bos,
-            eog,
         })
     }
 
@@ -285,67 +396,83 @@ impl Tokenizer {
 
     /// Encodes the concatenation of `parts`, each `(text, parse_special)`: special tokens are
     /// found only inside parts with `parse_special` (a match never spans two parts); every
-    /// other byte is plain text. Plain text is pre-tokenized across part boundaries, so the
-    /// ids equal [`Tokenizer::encode`]'s on the joined text whenever the plain parts hold no
-    /// special-token text.
+    /// other byte is plain text (SentencePiece's user-defined tokens excepted, which
+    /// llama.cpp matches everywhere). Plain text is pre-tokenized across part boundaries, so
+    /// the ids equal [`Tokenizer::encode`]'s on the joined text whenever the plain parts hold
+    /// no special-token text.
     pub fn encode_parts(&self, parts: &[(&str, bool)], add_bos: bool) -> Vec<u32> {
         let text: String = parts.iter().map(|p| p.0).collect();
         let mut specials = Vec::new();
         let mut at = 0;
         for &(part, parse_special) in parts {
-            if parse_special {
-                specials.extend(
-                    self.specials
-                        .find_all(part.as_bytes())
-                        .map(|(start, len, id)| (at + start, len, id)),
-                );
-            }
+            let matcher = if parse_special {
+                &self.specials
+            } else {
+                &self.always
+            };
+            specials.extend(
+                matcher
+                    .find_all(part.as_bytes())
+                    .map(|(start, len, id)| (at + start, len, id)),
+            );
             at += part.len();
         }
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             out.extend(self.bos);
         }
-        let mut words = Vec::new();
-        let mut pass = Vec::new();
-        let mut scratch = Scratch::default();
+        let mut scratch = PlainScratch::default();
         let mut rest = 0;
+        // SentencePiece's space prefix goes on text at the start or after a special token.
+        let mut after_special = true;
         for (start, len, id) in specials {
-            self.encode_plain(
-                &text[rest..start],
-                &mut out,
-                &mut words,
-                &mut pass,
-                &mut scratch,
-            );
+            if start > rest {
+                self.encode_plain(&text[rest..start], after_special, &mut out, &mut scratch);
+            }
             out.push(id);
+            after_special = true;
             rest = start + len;
         }
-        self.encode_plain(&text[rest..], &mut out, &mut words, &mut pass, &mut scratch);
+        if rest < text.len() {
+            self.encode_plain(&text[rest..], after_special, &mut out, &mut scratch);
+        }
         out
     }
 
-    /// Encodes text that holds no special token.
-    fn encode_plain<'t>(
+    /// Encodes text that holds no special token (`after_special`: it starts the text or
+    /// follows a special token).
+    fn encode_plain(
         &self,
-        text: &'t str,
+        text: &str,
+        after_special: bool,
         out: &mut Vec<u32>,
-        words: &mut Vec<&'t str>,
-        pass: &mut Vec<&'t str>,
-        scratch: &mut Scratch,
+        scratch: &mut PlainScratch,
     ) {
-        words.clear();
-        self.pre.split(text, words, pass);
-        let whole_words = self.pre.kind() == PreKind::Llama3;
-        for word in words.iter() {
-            // Llama 3 takes a word the vocabulary holds whole as it is, without merging.
-            if whole_words {
-                if let Some(id) = self.lookup(word.as_bytes()) {
-                    out.push(id);
-                    continue;
+        match &self.model {
+            Model::Bpe {
+                byte_ids,
+                merges,
+                pre,
+            } => {
+                let mut words = Vec::new();
+                let mut pass = Vec::new();
+                pre.split(text, &mut words, &mut pass);
+                let whole_words = pre.kind() == PreKind::Llama3;
+                for word in words.iter() {
+                    // Llama 3 takes a word the vocabulary holds whole as it is, without merging.
+                    if whole_words {
+                        if let Some(id) = self.lookup(word.as_bytes()) {
+                            out.push(id);
+                            continue;
+                        }
+                    }
+                    bpe::merge_word(word.as_bytes(), byte_ids, merges, &mut scratch.bpe, out);
                 }
             }
-            bpe::merge_word(word.as_bytes(), &self.byte_ids, &self.merges, scratch, out);
+            Model::Spm(spm) => {
+                let prefix = spm.add_space_prefix && after_special;
+                spm.encode(text, prefix, &mut scratch.spm, out);
+            }
         }
     }
 
@@ -414,6 +541,13 @@ impl Tokenizer {
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.lookup(text.as_bytes())
     }
+}
+
+/// Buffers of one `encode` call.
+#[derive(Default)]
+struct PlainScratch {
+    bpe: Scratch,
+    spm: SpmScratch,
 }
 
 /// Finds special tokens in text, leftmost first and longest at a position.

@@ -220,7 +220,7 @@ fn unknown_pre_name_falls_back_to_gpt2() {
 #[test]
 fn malformed_metadata_is_an_error() {
     let mut d = data("gpt-2");
-    d.model = "llama".into();
+    d.model = "bert".into();
     assert!(matches!(
         Tokenizer::from_data(&d),
         Err(TokenizerError::UnsupportedModel { .. })
@@ -287,4 +287,133 @@ fn tokenizer_is_shareable_across_threads() {
     fn shareable<T: Send + Sync>() {}
     shareable::<Tokenizer>();
     shareable::<StreamDecoder>();
+}
+
+/// A small SentencePiece vocabulary laid out like Gemma's: specials, user-defined `\n` and
+/// `  `, 256 byte tokens, then scored pieces.
+fn spm_data(add_space_prefix: bool) -> TokenizerData {
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut token_types = vec![3, 3, 3, 2, 3];
+    let mut scores = vec![0.0; 5];
+    for t in ["\n", "  "] {
+        tokens.push(t.into());
+        token_types.push(4);
+        scores.push(0.0);
+    }
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        token_types.push(6);
+        scores.push(0.0);
+    }
+    for (t, s) in [
+        ("h", -10.0),
+        ("e", -10.0),
+        ("l", -10.0),
+        ("o", -10.0),
+        ("\u{2581}", -5.0),
+        ("he", -3.0),
+        ("ll", -2.0),
+        ("hell", -4.0),
+        ("hello", -1.0),
+        ("\u{2581}hello", -0.5),
+        ("A", -9.0),
+        ("<", -9.0),
+        ("s", -9.0),
+    ] {
+        tokens.push(t.into());
+        token_types.push(1);
+        scores.push(s);
+    }
+    TokenizerData {
+        model: "llama".into(),
+        tokens,
+        token_types,
+        scores,
+        bos_id: Some(2),
+        eos_id: Some(1),
+        unk_id: Some(3),
+        add_bos: true,
+        add_space_prefix: Some(add_space_prefix),
+        ..Default::default()
+    }
+}
+
+/// Id of the first scored piece (after 5 specials, 2 user-defined, 256 bytes).
+const SPM_PIECES: u32 = 263;
+
+#[test]
+fn sentencepiece_merges_by_score_and_marks_spaces() {
+    let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
+    let id = |s: &str| t.token_id(s).unwrap_or_else(|| panic!("{s:?} in vocab"));
+    assert_eq!(t.encode("hello hello", false), [id("hello"), id(" hello")]);
+    assert_eq!(id("hello"), SPM_PIECES + 8);
+    assert_eq!(t.decode(&t.encode("hello hello", false)), "hello hello");
+    // "A" decodes from both the piece and <0x41>; the piece is the one looked up.
+    assert_eq!(id("A"), SPM_PIECES + 10);
+    assert_eq!(t.encode("A", false), [SPM_PIECES + 10]);
+    // A character the vocabulary lacks falls back to its bytes, and decodes back.
+    let e = t.encode("hé", false);
+    assert_eq!(e, [SPM_PIECES, 7 + 0xC3, 7 + 0xA9]);
+    assert_eq!(t.decode(&e), "hé");
+    // bos on request; the model asks for it.
+    assert_eq!(t.encode("o", true), [2, SPM_PIECES + 3]);
+    assert!(t.add_bos_default());
+    assert!(t.is_eog(1) && !t.is_eog(2));
+}
+
+#[test]
+fn sentencepiece_user_defined_tokens_match_everywhere_control_tokens_only_when_asked() {
+    let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
+    // "\n" and "  " are user-defined: whole tokens even in plain text (llama.cpp does so).
+    assert_eq!(
+        t.encode_parts(&[("hello\nhello  o", false)], false),
+        [SPM_PIECES + 8, 5, SPM_PIECES + 8, 6, SPM_PIECES + 3]
+    );
+    // A control token is one id only where special parsing is on.
+    assert_eq!(t.encode("<start_of_turn>hello", false), [4, SPM_PIECES + 8]);
+    let plain = t.encode_parts(&[("<start_of_turn>", false)], false);
+    assert!(!plain.contains(&4) && plain.len() > 1, "{plain:?}");
+    assert_eq!(t.decode(&plain), "<start_of_turn>");
+}
+
+#[test]
+fn sentencepiece_space_prefix_goes_at_the_start_and_after_specials() {
+    let t = Tokenizer::from_data(&spm_data(true)).expect("spm builds");
+    assert_eq!(t.encode("hello", false), [SPM_PIECES + 9]);
+    assert_eq!(
+        t.encode("hello<start_of_turn>hello", false),
+        [SPM_PIECES + 9, 4, SPM_PIECES + 9]
+    );
+    let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
+    assert_eq!(t.encode("hello", false), [SPM_PIECES + 8]);
+}
+
+#[test]
+fn sentencepiece_stream_decoder_joins_byte_tokens() {
+    let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
+    let ids = t.encode("hello 😀", false);
+    let mut sd = StreamDecoder::new();
+    let mut out = String::new();
+    let mut held = 0;
+    for &id in &ids {
+        match sd.push(&t, id) {
+            Some(s) => out.push_str(&s),
+            None => held += 1,
+        }
+    }
+    assert_eq!(held, 3, "the emoji's first three bytes wait for the fourth");
+    assert_eq!(out, "hello 😀");
+}
+
+#[test]
+fn sentencepiece_scores_must_match_the_vocabulary() {
+    let mut d = spm_data(false);
+    d.scores.pop();
+    assert!(matches!(
+        Tokenizer::from_data(&d),
+        Err(TokenizerError::Scores { .. })
+    ));
 }
