@@ -367,8 +367,3 @@ fn tokenizer_gemma_known_ids_and_plain_text_never_becomes_control_tokens() {
     assert!(!plain.contains(&sot), "{plain:?}");
     assert_eq!(tok.decode(&plain), "<start_of_turn>user");
 }
-
-#[test]
-fn tokenizer_gemma_stream_decoder_joins_split_characters() {
-    check_stream(GEMMA);
-}
