@@ -116,11 +116,13 @@ assemble_gemma() { # TMPDIR OUT
 }
 
 ensure_knot_bin() {
-  if [ ! -x "$knot_bin" ]; then
-    log "building knot ($knot_bin absent)"
-    (cd "$repo_root" && cargo build --release -p knot-format) || die "cargo build of knot failed"
-    [ -x "$knot_bin" ] || die "$knot_bin still missing after the build"
+  # The repo's own importer, rebuilt when its sources changed (a stale binary would stamp a
+  # .knot with KNOT_REV while lacking what the new importer carries). KNOT_BIN: used as given.
+  if [ -z "${KNOT_BIN:-}" ] && command -v cargo >/dev/null; then
+    (cd "$repo_root" && cargo build --release -q -p knot-format --bin knot) >&2 \
+      || die "cargo build of knot failed"
   fi
+  [ -x "$knot_bin" ] || die "no knot importer at $knot_bin (cargo build --release -p knot-format)"
 }
 
 # fetch NAME SHA SIZE ASSEMBLER

@@ -16,6 +16,7 @@
 #                                                        ~/.cache/aeon-shell/models that holds it)
 #   AEON_STATE       scratch state (grants, logs, data) (${TMPDIR:-/tmp}/aeon-foothold)
 #   AEON_PORT, AEON_FOIL_PORT   station and collector ports (8080, 8886)
+#   AEON_WAIT_S      seconds to wait for the station and the collector to answer (120)
 set -euo pipefail
 
 bin=${AEON_BIN:-/opt/aeon/bin}
@@ -61,13 +62,15 @@ http_get() {
 }
 
 # Waits until an HTTP endpoint answers.
+# AEON_WAIT_S (default 120): an emulated aarch64 station on a busy host needs well over 20 s.
 wait_http() {
-  local i
-  for i in $(seq 1 400); do
+  local deadline=$((SECONDS + ${AEON_WAIT_S:-120}))
+  while [ $SECONDS -lt $deadline ]; do
     if http_get 127.0.0.1 "$1" "$2" >/dev/null; then return 0; fi
-    sleep 0.05
+    sleep 0.1
   done
-  die "127.0.0.1:$1$2 did not come up (logs in $state)"
+  tail -n 5 "$state"/*.log >&2 2>/dev/null || true
+  die "127.0.0.1:$1$2 did not come up in ${AEON_WAIT_S:-120} s (logs in $state)"
 }
 
 # 1) The gate: the model earns its grant by passing the quality spec.
