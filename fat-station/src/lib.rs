@@ -1,18 +1,14 @@
 //! fat-station: the inference engine and the HTTP station that serves it.
 //!
-//! Layers, bottom up: [`engine`] (kernels, forward pass, KV cache, tokenizer) ->
-//! [`server`] (hyper station) -> [`wire`] (the contract) and [`client`] (what tools call).
+//! Rooms, bottom up (`specs/architecture.md`):
+//! - [`engine`]: kernels, weights, the forward pass, KV sessions, the tokenizer.
+//! - [`wire`]: the contract between a station and its callers (routes, headers, bodies).
+//! - [`station`]: the hyper server over the engine (connections, state, route table).
+//! - [`mesh`]: manifests, discovery, the `/chain` relay, sealing, admission, replica chains.
+//! - [`client`]: the blocking client that moonshine, paris-probe and the tools call.
 
 pub mod client;
-pub mod conn;
 pub mod engine;
-pub mod server;
+pub mod mesh;
+pub mod station;
 pub mod wire;
-
-// The mesh (specs/mesh.md).
-pub mod beacon;
-pub mod grant;
-pub mod manifest;
-pub mod relay;
-pub mod replicas;
-pub mod seal;

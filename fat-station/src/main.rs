@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use fat_station::beacon::{self, Announcement, Beacon};
 use fat_station::engine::Holdings;
-use fat_station::grant::GrantVerifier;
-use fat_station::manifest::NodeManifest;
-use fat_station::relay::MeshNode;
-use fat_station::seal::MeshKey;
-use fat_station::server::{self, ConnLimits, Limits, Station};
+use fat_station::mesh::beacon::{self, Announcement, Beacon};
+use fat_station::mesh::grant::GrantVerifier;
+use fat_station::mesh::manifest::NodeManifest;
+use fat_station::mesh::seal::MeshKey;
+use fat_station::mesh::MeshNode;
+use fat_station::station::{self, ConnLimits, Limits, Station};
 use knot_format::{Knot, LayerRange};
 
 /// Serve a KNOT model over HTTP: /embed, /forward (X-Layer-Range: a-b), /lm-head,
@@ -330,7 +330,7 @@ fn run(args: Args) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let (listener, addr) = server::bind(listen)
+        let (listener, addr) = station::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
         let h = station.model().holdings();
@@ -389,7 +389,7 @@ fn run(args: Args) -> Result<()> {
                 ready_ms.round() as u64,
             )
         );
-        server::serve(listener, station, shutdown_signal()).await;
+        station::serve(listener, station, shutdown_signal()).await;
         Ok(())
     })
 }

@@ -8,10 +8,10 @@ use std::process::Command;
 
 use aeon_grant::{GrantPayload, Revocation, RevocationList, SignedGrant};
 use ed25519_dalek::SigningKey;
-use fat_station::grant::{hex, GrantError, GrantVerifier};
+use fat_station::mesh::grant::{hex, GrantError, GrantVerifier};
 
 fn mint(key: &SigningKey, name: &str) -> SignedGrant {
-    let now = fat_station::grant::now_s();
+    let now = fat_station::mesh::grant::now_s();
     SignedGrant::sign(
         GrantPayload {
             v: 1,
@@ -63,7 +63,7 @@ fn monster_guard() -> Option<PathBuf> {
 fn station_refuses_what_monster_guard_verify_refuses() {
     let key = SigningKey::from_bytes(&[7u8; 32]);
     let v = GrantVerifier::from_arg(&hex(key.verifying_key().as_bytes())).unwrap();
-    let now = fat_station::grant::now_s();
+    let now = fat_station::mesh::grant::now_s();
     let g = mint(&key, "qwen");
     assert!(v.verify(&g.to_bytes(), now).is_ok());
     assert!(v.verify_header(&hex(&g.to_bytes()), now).is_ok());
@@ -141,7 +141,7 @@ fn station_refuses_an_older_or_deleted_revocation_list() {
     let state = d.path().join("state");
     let key = SigningKey::from_bytes(&[8u8; 32]);
     let (a, b) = (mint(&key, "a"), mint(&key, "b"));
-    let now = fat_station::grant::now_s();
+    let now = fat_station::mesh::grant::now_s();
     write_list(&list, &key, 1, &[&a]);
     let old = std::fs::read(&list).unwrap();
     let v = GrantVerifier::new(key.verifying_key())

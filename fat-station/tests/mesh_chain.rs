@@ -10,10 +10,10 @@ use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fat_station::beacon;
 use fat_station::engine::Model;
-use fat_station::replicas::{ChainsFile, MeshChain, ReplicaSet};
-use fat_station::seal::{self, MeshKey, SealContext, SealDir};
+use fat_station::mesh::beacon;
+use fat_station::mesh::replicas::{ChainsFile, MeshChain, ReplicaSet};
+use fat_station::mesh::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use knot_format::{Knot, LayerRange};
 use support::*;
@@ -290,7 +290,7 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     .expect("json");
     assert_eq!(h.mesh.as_deref(), Some("open"));
     let one = MeshChain::new(
-        vec![fat_station::replicas::ChainHop {
+        vec![fat_station::mesh::replicas::ChainHop {
             node_id: "full".into(),
             url: open.url.clone(),
             layers: "0-24".into(),

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signer, SigningKey};
 use fat_station::client::SealedStep;
-use fat_station::grant::{hex, GRANT_DOMAIN, REVOCATION_DOMAIN};
-use fat_station::replicas::{ChainHop, MeshChain, MeshError, ReplicaSet, StepOut};
-use fat_station::seal::{self, MeshKey, SealContext, SealDir};
+use fat_station::mesh::grant::{hex, GRANT_DOMAIN, REVOCATION_DOMAIN};
+use fat_station::mesh::replicas::{ChainHop, MeshChain, MeshError, ReplicaSet, StepOut};
+use fat_station::mesh::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use support::*;
 
@@ -255,7 +255,7 @@ fn a_running_entry_refuses_a_grant_once_it_is_revoked() {
 }
 
 fn grant_now() -> u64 {
-    fat_station::grant::now_s()
+    fat_station::mesh::grant::now_s()
 }
 
 #[cfg(unix)]

@@ -97,10 +97,10 @@ impl Backend {
                     listen: listen.to_string(),
                     why,
                 };
-                let heard = fat_station::beacon::discover(*listen, *wait)
+                let heard = fat_station::mesh::beacon::discover(*listen, *wait)
                     .map_err(|e| err(e.to_string()))?;
-                let formed =
-                    fat_station::beacon::form(&heard, None).map_err(|e| err(e.to_string()))?;
+                let formed = fat_station::mesh::beacon::form(&heard, None)
+                    .map_err(|e| err(e.to_string()))?;
                 let mesh = MeshFile {
                     model: formed.model.clone(),
                     stations: formed

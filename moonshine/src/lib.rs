@@ -5,7 +5,7 @@
 //! Modules, bottom up: [`sampling`] (pure functions and a seeded RNG), [`textstream`]
 //! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`generate`]
 //! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
-//! [`cli`] (the command line), [`serve`] (the gateway).
+//! [`target`] (which stations to drive), [`cli`] (the command line), [`serve`] (the gateway).
 
 pub mod chat;
 pub mod cli;
@@ -13,4 +13,5 @@ pub mod generate;
 pub mod mesh_cmd;
 pub mod sampling;
 pub mod serve;
+pub mod target;
 pub mod textstream;

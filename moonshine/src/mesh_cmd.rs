@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use fat_station::beacon::{self, Announcement, AssignRequest, Heard};
 use fat_station::client::StationClient;
-use fat_station::replicas::{ChainsFile, ReplicaSet};
+use fat_station::mesh::beacon::{self, Announcement, AssignRequest, Heard};
+use fat_station::mesh::replicas::{ChainsFile, ReplicaSet};
 
 /// Mesh discovery and forming.
 ///
@@ -320,7 +320,7 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
                 }
             }
             if let Some(k) = mesh_key {
-                let key = fat_station::seal::MeshKey::load(&k)?;
+                let key = fat_station::mesh::seal::MeshKey::load(&k)?;
                 for c in rs.chains_mut() {
                     c.mesh_key = Some(key.clone());
                 }

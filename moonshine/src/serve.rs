@@ -38,11 +38,11 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::chat::{ChatTemplate, Message};
-use crate::cli::TargetArgs;
 use crate::generate::{
     Backend, Finish, GenError, GenOutcome, GenRequest, Generation, KvSession, Timing,
 };
 use crate::sampling::SamplingParams;
+use crate::target::TargetArgs;
 
 /// `moonshine serve` flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -300,7 +300,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Serves on `listener` until `shutdown` resolves (the station's accept loop,
-/// [`fat_station::server::serve_connections`]).
+/// [`fat_station::station::serve_connections`]).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -316,12 +316,12 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 if state.metrics.active.load(Ordering::Relaxed) == 0 {
-                    fat_station::conn::return_free_heap();
+                    fat_station::station::conn::return_free_heap();
                 }
             }
         })
     };
-    fat_station::server::serve_connections(listener, state, handle, shutdown).await;
+    fat_station::station::serve_connections(listener, state, handle, shutdown).await;
     trimmer.abort();
 }
 

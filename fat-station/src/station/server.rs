@@ -1,32 +1,29 @@
-//! The HTTP station: hyper 1.x over the engine. Routes and encodings come from [`crate::wire`].
+//! The station's state and the helpers every handler uses: hyper 1.x over the engine. Routes
+//! and encodings come from [`crate::wire`]; the route table is [`crate::station::routes`].
 //!
-//! One task per connection ([`crate::conn`]: connection bound, header/idle timeouts, bodies
+//! One task per connection ([`crate::station::conn`]: connection bound, header/idle timeouts, bodies
 //! read under a size bound and a timeout); compute and tokenizer work run on the blocking pool
 //! (rayon inside), at most `max_compute` at once with the rest waiting their turn, so a long
 //! prefill or a big `/tokenize` never stalls `/health` or other sessions.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use hyper::{Method, Request, Response, StatusCode};
-use knot_format::{Knot, LayerRange};
-use tokio::net::TcpListener;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use knot_format::Knot;
 use tokio::sync::Semaphore;
-use tracing::debug;
 
-use crate::conn::BodyError;
-pub use crate::conn::{serve_connections, serve_connections_with, ConnLimits};
+use crate::mesh::node::{MeshNode, DEFAULT_HOP_TIMEOUT, DEFAULT_REPLAY_WINDOW};
+use crate::station::conn::{BodyError, ConnLimits};
 
 use crate::engine::tokenizer::Tokenizer;
 use crate::engine::{EngineError, Model, Session};
-use crate::wire::{self, ErrorBody, Health};
+use crate::wire::{self, Health};
 
 /// Limits and knobs of a station.
 #[derive(Clone, Debug)]
@@ -74,7 +71,7 @@ impl Default for Limits {
             max_positions: 4096,
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             max_body: DEFAULT_MAX_BODY,
-            body_timeout: crate::conn::DEFAULT_BODY_TIMEOUT,
+            body_timeout: crate::station::conn::DEFAULT_BODY_TIMEOUT,
             max_text: DEFAULT_MAX_TEXT,
             max_compute: default_max_compute(),
             conn: ConnLimits::default(),
@@ -91,25 +88,25 @@ struct SessionSlot {
 
 /// Everything a request handler shares.
 pub struct Station {
-    model: Model<'static>,
+    pub(super) model: Model<'static>,
     tokenizer: OnceLock<Result<Tokenizer, String>>,
     sessions: Mutex<HashMap<String, SessionSlot>>,
-    limits: Limits,
+    pub(super) limits: Limits,
     /// One permit per compute request running ([`Limits::max_compute`]).
     compute_gate: Arc<Semaphore>,
     started: Instant,
     /// Mesh identity, successor, key and grant check (`--manifest`, `--mesh-key`); set once
     /// before serving, else an open mesh node named after nothing.
-    mesh: OnceLock<crate::relay::MeshNode>,
+    mesh: OnceLock<MeshNode>,
 }
 
 pub(crate) type Resp = Response<Full<Bytes>>;
 
 /// A request refused, with the status and the machine code the client sees.
 pub(crate) struct Refusal {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
+    pub(super) status: StatusCode,
+    pub(super) code: &'static str,
+    pub(super) message: String,
 }
 
 pub(crate) fn refuse(
@@ -181,26 +178,26 @@ impl Station {
         Ok(Station::new(Model::load(knot, holdings)?, limits))
     }
 
-    /// Joins a mesh (see [`crate::relay`]); only the first call takes effect.
-    pub fn set_mesh(&self, node: crate::relay::MeshNode) {
+    /// Joins a mesh (see [`crate::mesh::relay`]); only the first call takes effect.
+    pub fn set_mesh(&self, node: MeshNode) {
         let _ = self.mesh.set(node);
     }
 
     /// The mesh identity, when one was set.
-    pub fn mesh(&self) -> Option<&crate::relay::MeshNode> {
+    pub fn mesh(&self) -> Option<&MeshNode> {
         self.mesh.get()
     }
 
     /// The mesh identity, an open node named `station` when none was set.
-    pub(crate) fn mesh_node(&self) -> &crate::relay::MeshNode {
+    pub(crate) fn mesh_node(&self) -> &MeshNode {
         self.mesh.get_or_init(|| {
-            crate::relay::MeshNode::new(
+            MeshNode::new(
                 "station".into(),
                 None,
                 None,
                 None,
-                crate::relay::DEFAULT_HOP_TIMEOUT,
-                crate::relay::DEFAULT_REPLAY_WINDOW,
+                DEFAULT_HOP_TIMEOUT,
+                DEFAULT_REPLAY_WINDOW,
             )
         })
     }
@@ -210,7 +207,7 @@ impl Station {
         &self.model
     }
 
-    fn tokenizer(&self) -> Result<&Tokenizer, Refusal> {
+    pub(super) fn tokenizer(&self) -> Result<&Tokenizer, Refusal> {
         let t = self.tokenizer.get_or_init(|| {
             let data = self.model.knot().tokenizer().map_err(|e| e.to_string())?;
             let data = data.ok_or_else(|| "this model file carries no tokenizer".to_string())?;
@@ -225,7 +222,7 @@ impl Station {
         self.health()
     }
 
-    fn health(&self) -> Health {
+    pub(super) fn health(&self) -> Health {
         let h = self.model.holdings();
         let cfg = &self.model.cfg;
         let knot = self.model.knot();
@@ -345,7 +342,7 @@ impl Station {
             Err(_) => 0,
         };
         if gone > 0 {
-            crate::conn::return_free_heap();
+            crate::station::conn::return_free_heap();
         }
         gone
     }
@@ -360,256 +357,6 @@ fn evict_lru(map: &mut HashMap<String, SessionSlot>, keep: &str) -> Option<usize
         .min_by_key(|(_, s)| s.last_used)
         .map(|(k, _)| k.clone())?;
     map.remove(&victim).map(|s| s.bytes)
-}
-
-/// Serves on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    station: Arc<Station>,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    let limits = station.limits.conn.clone();
-    // Idle sessions expire on a timer too, not only when another session arrives.
-    let every = (station.limits.session_idle / 4)
-        .clamp(Duration::from_millis(250), Duration::from_secs(30));
-    let sweeper = {
-        let station = station.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                station.sweep_sessions();
-            }
-        })
-    };
-    serve_connections_with(listener, station, handle, limits, shutdown).await;
-    sweeper.abort();
-}
-
-/// Binds `addr`; returns the listener and the address actually bound (port 0 picks one).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let l = TcpListener::bind(addr).await?;
-    let a = l.local_addr()?;
-    Ok((l, a))
-}
-
-async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infallible> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let out = route(st, req).await;
-    Ok(match out {
-        Ok(r) => r,
-        Err(e) => {
-            debug!("{method} {path} -> {} {}", e.status, e.message);
-            let mut r = json(
-                e.status,
-                &ErrorBody {
-                    error: e.code.into(),
-                    message: e.message,
-                },
-            );
-            if e.status == StatusCode::SERVICE_UNAVAILABLE {
-                r.headers_mut()
-                    .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            r
-        }
-    })
-}
-
-async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
-    if let p @ (wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD) = req.uri().path() {
-        if let Err(e) = crate::relay::guard_direct(&st, p) {
-            // Read the body first so the refusal is delivered, not a reset.
-            let _ = read_body(&st, req).await;
-            return Err(e);
-        }
-    }
-    match (req.method(), req.uri().path()) {
-        (&Method::POST, wire::ROUTE_CHAIN) => crate::relay::chain(st, req).await,
-        (&Method::GET, wire::ROUTE_HEALTH) => Ok(json(StatusCode::OK, &st.health())),
-        (&Method::POST, wire::ROUTE_EMBED) => {
-            let body: wire::EmbedRequest = read_json(&st, req).await?;
-            if body.tokens.is_empty() {
-                return Err(refuse(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    "tokens must not be empty",
-                ));
-            }
-            // The residual is tokens x hidden floats: bound it like a session before allocating.
-            if body.tokens.len() > st.limits.max_positions {
-                return Err(refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "context_full",
-                    format!(
-                        "{} tokens exceed this station's limit of {}",
-                        body.tokens.len(),
-                        st.limits.max_positions
-                    ),
-                ));
-            }
-            compute(st, move |st| {
-                let t = Instant::now();
-                let x = st.model.embed(&body.tokens)?;
-                Ok(residual_response(&x, st.model.cfg.hidden, t, false))
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_FORWARD) => {
-            // Read the body before any refusal: a response sent while the client is still
-            // writing would reset the connection instead of delivering the error.
-            let range_h = header(&req, wire::H_LAYER_RANGE);
-            let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
-            let pos_h = header(&req, wire::H_POS);
-            let session_h = header(&req, wire::H_SESSION);
-            let bytes = read_body(&st, req).await?;
-            let range = range_h.ok_or_else(|| {
-                refuse(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    "missing header X-Layer-Range: a-b",
-                )
-            })?;
-            let range = LayerRange::parse(&range)
-                .filter(|r| !r.is_empty())
-                .ok_or_else(|| {
-                    refuse(
-                        StatusCode::BAD_REQUEST,
-                        "bad_range",
-                        format!("X-Layer-Range {range:?} is not a non-empty a-b"),
-                    )
-                })?;
-            let held = st.model.holdings().layers;
-            if !held.contains_range(&range) {
-                return Err(refuse(
-                    StatusCode::NOT_FOUND,
-                    "not_held",
-                    format!(
-                        "this station holds layers {}-{}, not {}-{}",
-                        held.start, held.end, range.start, range.end
-                    ),
-                ));
-            }
-            let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
-            let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
-            compute(st, move |st| {
-                let t = Instant::now();
-                let start = with_session(st, session, pos, range.start as usize, |model, s| {
-                    model.forward(s, &mut x, range)
-                })?;
-                let mut r = residual_response(&x, st.model.cfg.hidden, t, f16);
-                set(&mut r, wire::H_START_POS, start.to_string());
-                Ok(r)
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_LM_HEAD) => {
-            let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
-            let bytes = read_body(&st, req).await?;
-            let x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
-            compute(st, move |st| {
-                let t = Instant::now();
-                let logits = st.model.lm_head(&x)?;
-                let mut r = binary(wire::encode_f32(&logits));
-                set(&mut r, wire::H_COMPUTE_MS, ms(t));
-                Ok(r)
-            })
-            .await
-        }
-        (&Method::GET, wire::ROUTE_TOKENIZER) => {
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                let template = st
-                    .model
-                    .knot()
-                    .tokenizer()
-                    .ok()
-                    .flatten()
-                    .and_then(|d| d.chat_template);
-                Ok(json(
-                    StatusCode::OK,
-                    &wire::TokenizerInfo {
-                        vocab: tok.vocab_size() as u32,
-                        bos_id: tok.bos_id(),
-                        eos_id: tok.eos_id(),
-                        eog_ids: (0..tok.vocab_size() as u32)
-                            .filter(|&i| tok.is_eog(i))
-                            .collect(),
-                        add_bos: tok.add_bos_default(),
-                        chat_template: template,
-                    },
-                ))
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_TOKENIZE) => {
-            let body: wire::TokenizeRequest = read_json(&st, req).await?;
-            check_text(&st, &body)?;
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
-                let pieces = body
-                    .pieces()
-                    .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
-                Ok(json(
-                    StatusCode::OK,
-                    &wire::Tokens {
-                        tokens: tok.encode_parts(&pieces, add_bos),
-                    },
-                ))
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_DETOKENIZE) => {
-            let body: wire::Tokens = read_json(&st, req).await?;
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                if let Some(bad) = body
-                    .tokens
-                    .iter()
-                    .find(|&&t| t as usize >= tok.vocab_size())
-                {
-                    return Err(refuse(
-                        StatusCode::BAD_REQUEST,
-                        "bad_token",
-                        format!(
-                            "token id {bad} is outside the vocabulary ({})",
-                            tok.vocab_size()
-                        ),
-                    ));
-                }
-                Ok(json(
-                    StatusCode::OK,
-                    &wire::Text {
-                        text: tok.decode(&body.tokens),
-                    },
-                ))
-            })
-            .await
-        }
-        (
-            _,
-            p @ (wire::ROUTE_HEALTH
-            | wire::ROUTE_TOKENIZER
-            | wire::ROUTE_EMBED
-            | wire::ROUTE_FORWARD
-            | wire::ROUTE_LM_HEAD
-            | wire::ROUTE_TOKENIZE
-            | wire::ROUTE_DETOKENIZE
-            | wire::ROUTE_CHAIN),
-        ) => Err(refuse(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            format!("{} is not allowed on {p}", req.method()),
-        )),
-        (_, p) => Err(refuse(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no route {p}"),
-        )),
-    }
 }
 
 /// Runs `f` with the request's session (or a fresh one), honouring `X-Pos`.
@@ -711,28 +458,6 @@ pub(crate) async fn compute<T: Send + 'static>(
     })?
 }
 
-/// Refuses a `/tokenize` body whose text (all parts together) is over [`Limits::max_text`].
-fn check_text(st: &Station, body: &wire::TokenizeRequest) -> Result<(), Refusal> {
-    let len = body.text.len()
-        + body
-            .parts
-            .iter()
-            .flatten()
-            .map(|p| p.text.len())
-            .sum::<usize>();
-    if len > st.limits.max_text {
-        return Err(refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!(
-                "text of {len} bytes exceeds this station's limit of {} for /tokenize",
-                st.limits.max_text
-            ),
-        ));
-    }
-    Ok(())
-}
-
 pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
     req.headers()
         .get(name)
@@ -740,9 +465,9 @@ pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The request's body within `--max-body` and `--body-timeout` ([`crate::conn::read_body`]).
+/// The request's body within `--max-body` and `--body-timeout` ([`crate::station::conn::read_body`]).
 pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<Bytes, Refusal> {
-    crate::conn::read_body(req, st.limits.max_body, st.limits.body_timeout)
+    crate::station::conn::read_body(req, st.limits.max_body, st.limits.body_timeout)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge { .. } => {
@@ -753,46 +478,6 @@ pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<By
             }
             BodyError::Read(_) => refuse(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
         })
-}
-
-async fn read_json<T: serde::de::DeserializeOwned>(
-    st: &Station,
-    req: Request<Incoming>,
-) -> Result<T, Refusal> {
-    let b = read_body(st, req).await?;
-    serde_json::from_slice(&b).map_err(|e| {
-        refuse(
-            StatusCode::BAD_REQUEST,
-            "bad_json",
-            format!("invalid JSON body: {e}"),
-        )
-    })
-}
-
-fn decode_residual(b: &[u8], f16: bool, hidden: usize) -> Result<Vec<f32>, Refusal> {
-    let width = if f16 { 2 } else { 4 };
-    let row = hidden * width;
-    if b.is_empty() || !b.len().is_multiple_of(row) {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "bad_residual",
-            format!(
-                "residual of {} bytes is not a whole number of rows of {hidden} x {} bytes",
-                b.len(),
-                width
-            ),
-        ));
-    }
-    let x = if f16 {
-        wire::decode_f16(b)
-    } else {
-        wire::decode_f32(b)
-    };
-    x.ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad_residual", "ragged residual"))
-}
-
-fn ms(t: Instant) -> String {
-    format!("{:.3}", t.elapsed().as_secs_f64() * 1e3)
 }
 
 pub(crate) fn set(r: &mut Resp, name: &'static str, v: String) {
@@ -807,21 +492,6 @@ pub(crate) fn binary(b: Vec<u8>) -> Resp {
         CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    r
-}
-
-fn residual_response(x: &[f32], hidden: usize, t: Instant, f16: bool) -> Resp {
-    let mut r = binary(if f16 {
-        wire::encode_f16(x)
-    } else {
-        wire::encode_f32(x)
-    });
-    set(&mut r, wire::H_COMPUTE_MS, ms(t));
-    set(&mut r, wire::H_SEQ, (x.len() / hidden).to_string());
-    set(&mut r, wire::H_HIDDEN, hidden.to_string());
-    if f16 {
-        set(&mut r, wire::H_DTYPE, "f16".into());
-    }
     r
 }
 

@@ -11,148 +11,56 @@
 //! ([`DEFAULT_MAX_HOPS`]), so hops that never answer hold no compute permit and cannot starve
 //! `/embed` or `/forward`. A hop that cannot be reached within the hop timeout gives a 502 that
 //! names the node, its range and its URL (also in `X-Failed-Hop`). With a mesh key everything
-//! that carries model data is sealed ([`crate::seal`]): the client's token request (the entry
+//! that carries model data is sealed ([`crate::mesh::seal`]): the client's token request (the entry
 //! refuses an unsealed one with 401), every residual between nodes, and the exit's answer,
 //! which the nodes before it relay unchanged to the client. An entry with a grant verifier
 //! refuses a client without a valid, unrevoked `X-Grant`. Contract: `specs/mesh.md`.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
-use tokio::sync::Semaphore;
 
-use crate::grant::GrantError;
-use crate::grant::GrantVerifier;
-use crate::manifest::Successor;
-use crate::seal::{self, MeshKey, ReplayWindow, SealContext, SealDir, SealError};
-use crate::server::{
+use crate::mesh::grant::GrantError;
+use crate::mesh::node::{MeshNode, DEFAULT_MAX_HOPS};
+use crate::mesh::seal::{self, SealContext, SealDir, SealError};
+use crate::station::server::{
     binary, compute, header, json, read_body, refuse, session_of, set, with_session, Refusal, Resp,
     Station,
 };
 use crate::wire;
 
-/// Default time a hop may take (connect + compute of everything downstream) before the
-/// caller gives up with a 502.
-pub const DEFAULT_HOP_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default replay window either side of this station's clock.
-pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
-/// Most hops a node has in flight at once; a step waits for one up to the hop timeout, then
-/// gets 503 `hops_busy`.
-pub const DEFAULT_MAX_HOPS: usize = 64;
-
-/// A station's place in a mesh.
-pub struct MeshNode {
-    /// Names this node in traces and errors.
-    pub node_id: String,
-    /// Where to forward without an `X-Route`.
-    pub successor: Option<Successor>,
-    /// Seal requests, residuals and answers; refuse unsealed ones.
-    pub key: Option<MeshKey>,
-    /// Refuse entry requests without a valid grant.
-    pub grant: Option<GrantVerifier>,
-    /// Nonces accepted recently.
-    pub replay: ReplayWindow,
-    /// Next hops an `X-Route` may name besides the successor (`--route-to`), without a
-    /// trailing `/`.
-    routes: Vec<String>,
-    /// Keep-alive client to the next hops (no redirects).
-    agent: ureq::Agent,
-    /// One permit per hop in flight.
-    hops: Arc<Semaphore>,
-    hop_timeout: Duration,
-    counter: AtomicU64,
-}
-
-impl MeshNode {
-    /// A mesh node; `hop_timeout` bounds each forward.
-    pub fn new(
-        node_id: String,
-        successor: Option<Successor>,
-        key: Option<MeshKey>,
-        grant: Option<GrantVerifier>,
-        hop_timeout: Duration,
-        replay_window: Duration,
-    ) -> MeshNode {
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(5).min(hop_timeout))
-            .timeout(hop_timeout)
-            .redirects(0)
-            .build();
-        MeshNode {
-            node_id,
-            successor,
-            key,
-            grant,
-            replay: ReplayWindow::new(replay_window),
-            routes: Vec::new(),
-            agent,
-            hops: Arc::new(Semaphore::new(DEFAULT_MAX_HOPS)),
-            hop_timeout,
-            counter: AtomicU64::new(0),
-        }
+/// Refuses an `X-Route` whose next hop is neither the successor nor allowed at start.
+fn check_route(node: &MeshNode, route: &str) -> Result<(), Refusal> {
+    let Some(next) = route
+        .split(',')
+        .next()
+        .map(|u| u.trim().trim_end_matches('/'))
+    else {
+        return Ok(());
+    };
+    if route.is_empty() {
+        return Ok(());
     }
-
-    /// Also allows `X-Route` to name these next hops (base URLs).
-    pub fn with_routes(mut self, routes: Vec<String>) -> MeshNode {
-        self.routes = routes
-            .into_iter()
-            .map(|r| r.trim().trim_end_matches('/').to_string())
-            .collect();
-        self
+    let successor = node.successor.as_ref().map(|s| s.url.trim_end_matches('/'));
+    if successor == Some(next) || node.routes.iter().any(|r| r == next) {
+        return Ok(());
     }
-
-    /// Refuses an `X-Route` whose next hop is neither the successor nor allowed at start.
-    fn check_route(&self, route: &str) -> Result<(), Refusal> {
-        let Some(next) = route
-            .split(',')
-            .next()
-            .map(|u| u.trim().trim_end_matches('/'))
-        else {
-            return Ok(());
-        };
-        if route.is_empty() {
-            return Ok(());
-        }
-        let successor = self.successor.as_ref().map(|s| s.url.trim_end_matches('/'));
-        if successor == Some(next) || self.routes.iter().any(|r| r == next) {
-            return Ok(());
-        }
-        Err(refuse(
-            StatusCode::FORBIDDEN,
-            "route_refused",
-            format!(
-                "node {} forwards only to its successor{}; X-Route names {next:?}",
-                self.node_id,
-                if self.routes.is_empty() {
-                    String::new()
-                } else {
-                    format!(" or {}", self.routes.join(", "))
-                }
-            ),
-        ))
-    }
-
-    /// `open` or `sealed`, as `/health` reports it.
-    pub fn mode(&self) -> &'static str {
-        if self.key.is_some() {
-            "sealed"
-        } else {
-            "open"
-        }
-    }
-
-    fn request_id(&self) -> String {
+    Err(refuse(
+        StatusCode::FORBIDDEN,
+        "route_refused",
         format!(
-            "{:x}-{:x}-{}",
-            seal::now_ms(),
-            self.counter.fetch_add(1, Ordering::Relaxed),
-            std::process::id()
-        )
-    }
+            "node {} forwards only to its successor{}; X-Route names {next:?}",
+            node.node_id,
+            if node.routes.is_empty() {
+                String::new()
+            } else {
+                format!(" or {}", node.routes.join(", "))
+            }
+        ),
+    ))
 }
 
 /// Refuses direct compute routes (`/embed`, `/forward`, `/lm-head`) on a sealed or
@@ -281,7 +189,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                     ),
                 )
             })?;
-            v.verify_header(&g, crate::grant::now_s())
+            v.verify_header(&g, crate::mesh::grant::now_s())
                 .map_err(grant_refusal)?;
         }
         if node.key.is_some() && seal_h.is_some() && !client_chose_id {
@@ -347,7 +255,7 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
     };
     // After the grant and the seal: only then may the route be trusted this far.
     if !held.head {
-        node.check_route(&route)?;
+        check_route(node, &route)?;
     }
 
     let step = compute(st.clone(), move |st| {

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::{NodeManifest, Successor};
-use crate::replicas::{ChainHop, ChainsFile};
+use crate::mesh::manifest::{NodeManifest, Successor};
+use crate::mesh::replicas::{ChainHop, ChainsFile};
 use knot_format::Role;
 
 /// Default beacon port.

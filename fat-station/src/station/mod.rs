@@ -1,0 +1,16 @@
+//! The HTTP station: one model (or a layer range of it) served over the routes of
+//! `specs/station-wire.md`.
+//!
+//! - [`conn`]: connections (bound on count, header/idle timeouts, bounded bodies).
+//! - [`server`]: the [`Station`] state (model, sessions, limits, mesh identity) and the helpers
+//!   every handler uses (compute permits, sessions, refusals, encodings).
+//! - [`routes`]: the route table (`/health`, `/embed`, `/forward`, `/lm-head`, `/tokenize`,
+//!   `/detokenize`, and `/chain` from [`crate::mesh::relay`]) and [`serve`].
+
+pub mod conn;
+pub mod routes;
+pub mod server;
+
+pub use conn::{serve_connections, serve_connections_with, ConnLimits};
+pub use routes::{bind, serve};
+pub use server::{Limits, Station};
