@@ -56,10 +56,6 @@ struct Golden {
     tensors: Vec<GoldenTensor>,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 #[test]
 fn real_qwen_import_matches_gguf_and_golden_index() {
     let Some(gguf) = model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
@@ -150,7 +146,7 @@ fn real_qwen_import_matches_gguf_and_golden_index() {
             g.name
         );
         assert_eq!(
-            hex(&Sha256::digest(v.bytes)),
+            format!("{:x}", Sha256::digest(v.bytes)),
             g.sha256,
             "{}: sha256",
             g.name

@@ -476,104 +476,16 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isi
     reap(cmd, pidns)
 }
 
-/// `mount_setattr(2)` arguments (`linux/mount.h`).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-const MOUNT_ATTR_RDONLY: u64 = 1;
-const AT_RECURSIVE: libc::c_int = 0x8000;
-
-/// Makes the mount at `path` and every mount under it read-only: one `mount_setattr` where the
-/// kernel has it (5.12+), else a read-only remount of each mount from /proc/self/mountinfo,
-/// keeping its nosuid/nodev/noexec flags (which a user namespace may not clear).
+/// Makes the mount at `path` and every mount under it read-only (`mount_tree`: one
+/// `mount_setattr` where the kernel has it (5.12+), else a read-only remount of each mount from
+/// /proc/self/mountinfo, keeping its nosuid/nodev/noexec flags, which a user namespace may not
+/// clear).
 fn readonly_tree(path: &str) -> std::result::Result<(), String> {
-    let c = CString::new(path).map_err(|e| e.to_string())?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
+    let rdonly = mount_tree::Attrs {
+        rdonly: true,
+        ..mount_tree::Attrs::default()
     };
-    // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes from `attr`, which we own.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::ENOSYS) {
-        return Err(format!("mount_setattr({path}, AT_RECURSIVE, RDONLY): {e}"));
-    }
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
-    for line in info.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        let (Some(point), Some(opts)) = (f.get(4), f.get(5)) else {
-            continue;
-        };
-        let point = unescape(point);
-        let under = path == "/" || point == path || point.starts_with(&format!("{path}/"));
-        if !under {
-            continue;
-        }
-        use nix::mount::MsFlags;
-        let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
-        for (o, fl) in [
-            ("nosuid", MsFlags::MS_NOSUID),
-            ("nodev", MsFlags::MS_NODEV),
-            ("noexec", MsFlags::MS_NOEXEC),
-            ("noatime", MsFlags::MS_NOATIME),
-            ("nodiratime", MsFlags::MS_NODIRATIME),
-            ("relatime", MsFlags::MS_RELATIME),
-        ] {
-            if opts.split(',').any(|x| x == o) {
-                flags |= fl;
-            }
-        }
-        match nix::mount::mount(
-            None::<&str>,
-            point.as_str(),
-            None::<&str>,
-            flags,
-            None::<&str>,
-        ) {
-            // Hidden under another mount, or gone: not reachable by path either.
-            Ok(()) | Err(Errno::ENOENT) | Err(Errno::EINVAL) => {}
-            Err(e) => return Err(format!("remount {point} read-only: {e}")),
-        }
-    }
-    Ok(())
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            let oct = std::str::from_utf8(&b[i + 1..i + 4]).ok();
-            if let Some(v) = oct.and_then(|o| u8::from_str_radix(o, 8).ok()) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    mount_tree::set_recursive(std::path::Path::new(path), rdonly, false).map_err(|e| e.to_string())
 }
 
 /// The mount steps of the reaper in its own mount namespace (see [`reaper_main`], step 5).

@@ -314,9 +314,9 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
             if let Some(g) = grant {
                 let b =
                     std::fs::read(&g).with_context(|| format!("reading grant {}", g.display()))?;
-                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                let grant_hex = fat_station::mesh::grant::hex(&b);
                 for c in rs.chains_mut() {
-                    c.grant_hex = Some(hex.clone());
+                    c.grant_hex = Some(grant_hex.clone());
                 }
             }
             if let Some(k) = mesh_key {

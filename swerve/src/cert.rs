@@ -70,7 +70,11 @@ impl NodeKey {
         }
         let key = SigningKey::generate(&mut rand::rngs::OsRng);
         create_private_dir(swerve_home)?;
-        write_atomic(&p, format!("{}\n", hex(key.as_bytes())).as_bytes(), 0o600)?;
+        write_atomic(
+            &p,
+            format!("{}\n", hex::encode(key.as_bytes())).as_bytes(),
+            0o600,
+        )?;
         tracing::info!("created node key {}", p.display());
         Ok(NodeKey { key, path: p })
     }
@@ -85,7 +89,9 @@ impl NodeKey {
                 .map_err(|_| bad_key(path, "length"))?
         } else {
             let text = std::str::from_utf8(&bytes).map_err(|_| bad_key(path, "not hex"))?;
-            let v = unhex(text.trim()).ok_or_else(|| bad_key(path, "expected 64 hex digits"))?;
+            let v = hex::decode(text.trim())
+                .ok()
+                .ok_or_else(|| bad_key(path, "expected 64 hex digits"))?;
             v.as_slice()
                 .try_into()
                 .map_err(|_| bad_key(path, "expected 32 bytes (64 hex digits)"))?
@@ -115,7 +121,7 @@ impl NodeKey {
 
     /// The public key, hex.
     pub fn public_hex(&self) -> String {
-        hex(self.key.verifying_key().as_bytes())
+        hex::encode(self.key.verifying_key().as_bytes())
     }
 }
 
@@ -170,7 +176,7 @@ impl Certificate {
             signature: String::new(),
             manifest: manifest.lines.clone(),
         };
-        c.signature = hex(&key.key.sign(c.payload().as_bytes()).to_bytes());
+        c.signature = hex::encode(&key.key.sign(c.payload().as_bytes()).to_bytes());
         c
     }
 
@@ -205,7 +211,8 @@ impl Certificate {
                 node.path.display()
             )));
         }
-        let sig_bytes: [u8; 64] = unhex(&self.signature)
+        let sig_bytes: [u8; 64] = hex::decode(&self.signature)
+            .ok()
             .and_then(|v| v.try_into().ok())
             .ok_or_else(|| fail("signature is not 64 hex bytes".into()))?;
         let vk: VerifyingKey = node.key.verifying_key();
@@ -346,21 +353,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     f.sync_all().map_err(|e| SwerveError::io("sync", &tmp, e))?;
     fs::rename(&tmp, path).map_err(|e| SwerveError::io("rename into", path, e))?;
     Ok(())
-}
-
-/// Lower-case hex.
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() & 1 != 0 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect()
 }
 
 fn short(h: &str) -> &str {

@@ -99,6 +99,17 @@ pub enum SwerveError {
     },
 }
 
+impl From<mount_tree::MountError> for SwerveError {
+    fn from(e: mount_tree::MountError) -> Self {
+        match e {
+            mount_tree::MountError::Step { step, errno } => SwerveError::Step { step, errno },
+            mount_tree::MountError::Other { step, reason } => {
+                SwerveError::StepOther { step, reason }
+            }
+        }
+    }
+}
+
 impl SwerveError {
     /// Shorthand for an I/O error at a path.
     pub fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {

@@ -213,13 +213,8 @@ impl MeshKey {
 }
 
 fn unhex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 
@@ -234,12 +229,7 @@ pub fn now_ms() -> u64 {
 /// A fresh random request id (`c` + 24 hex digits), for clients that seal their requests.
 pub fn random_request_id() -> String {
     let n = ChaCha20Poly1305::generate_nonce(&mut OsRng);
-    let mut s = String::with_capacity(1 + 2 * NONCE_LEN);
-    s.push('c');
-    for b in n.iter() {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    format!("c{}", hex::encode(n))
 }
 
 /// Nonces accepted in the last `window`, per station: a repeat, or a timestamp outside the
