@@ -10,7 +10,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -190,22 +190,7 @@ fn out_of_file_descriptors_the_accept_loop_backs_off_and_health_answers() {
             args.extend(["--max-connections", b]);
         }
         let stderr = std::fs::File::create(&err_path).expect("stderr file");
-        let mut child: Child = Command::new("sh")
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("ready line");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .expect("url")
-            .to_string();
-        let st = StationProc { child, url };
+        let st = spawn_url(Command::new("sh").args(&args).stderr(stderr));
 
         let idle: Vec<TcpStream> = (0..260)
             .map(|_| TcpStream::connect(addr(&st.url)).expect("connect"))

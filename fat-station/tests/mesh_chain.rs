@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,13 +17,6 @@ use fat_station::mesh::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use knot_format::{Knot, LayerRange};
 use support::*;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
 
 fn start(args: &[&str]) -> StationProc {
     spawn_station(args)

@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use knot_format::{ArchConfig, DType, KnotWriter, RopeStyle};
+use knot_format::{ArchConfig, DType, KnotWriter};
+use test_support::{reseal, tiny_arch};
 
 fn knot(args: &[&str], file: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_knot"))
@@ -16,26 +17,9 @@ fn knot(args: &[&str], file: &Path) -> Output {
 
 fn write_model(path: &Path) {
     let arch = ArchConfig {
-        arch: "llama".into(),
-        n_layers: 1,
-        hidden: 32,
-        n_heads: 2,
         n_kv_heads: 2,
-        head_dim: 16,
-        ffn: 64,
         vocab: 8,
-        context_len: 64,
-        norm_eps: 1e-5,
-        rope_base: 10000.0,
-        rope_style: RopeStyle::Normal,
-        rope_scaling: None,
-        tied_embeddings: true,
-        qk_norm: false,
-        qkv_bias: false,
-        sliding_window: None,
-        swa_layers: None,
-        rope_base_swa: None,
-        final_logit_softcap: None,
+        ..tiny_arch(1)
     };
     let mut w = KnotWriter::new("tiny", arch);
     w.add_tensor_owned(
@@ -107,25 +91,6 @@ fn inspect_verify_and_exit_codes() {
     let o = knot(&["import"], &dir.path().join("nope.gguf"));
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nope.gguf"));
-}
-
-/// `path`'s header JSON rewritten by `edit`, the preamble re-sealed (length and BLAKE3).
-fn reseal(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut f = std::fs::read(path).unwrap();
-    let hlen = u64::from_le_bytes(f[16..24].try_into().unwrap()) as usize;
-    let mut v: serde_json::Value = serde_json::from_slice(&f[128..128 + hlen]).unwrap();
-    edit(&mut v);
-    let j = serde_json::to_vec(&v).unwrap();
-    let data_start = (128 + hlen).div_ceil(4096) * 4096;
-    assert!(
-        128 + j.len() <= data_start,
-        "edited header must fit its page"
-    );
-    f[128..data_start].fill(0);
-    f[128..128 + j.len()].copy_from_slice(&j);
-    f[16..24].copy_from_slice(&(j.len() as u64).to_le_bytes());
-    f[32..64].copy_from_slice(blake3::hash(&j).as_bytes());
-    std::fs::write(path, f).unwrap();
 }
 
 /// Issue 17 items 11 and 14: `knot verify` said OK to a header claiming 2^31 layers (which

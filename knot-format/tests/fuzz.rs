@@ -12,7 +12,8 @@ use std::sync::Mutex;
 
 use knot_format::gguf::Gguf;
 use knot_format::header::{MAX_DIM, MAX_LAYERS};
-use knot_format::{ArchConfig, DType, Knot, KnotWriter, RopeStyle, ShardRecord, TokenizerData};
+use knot_format::{ArchConfig, DType, Knot, KnotWriter, ShardRecord, TokenizerData};
+use test_support::tiny_arch;
 
 /// Largest single allocation any reader may ask for while fuzzed.
 const CAP: usize = 64 << 20;
@@ -120,34 +121,9 @@ const EXTREMES: [u64; 10] = [
 
 // ---------------------------------------------------------------- KNOT
 
-fn arch(n_layers: u32) -> ArchConfig {
-    ArchConfig {
-        arch: "llama".into(),
-        n_layers,
-        hidden: 32,
-        n_heads: 2,
-        n_kv_heads: 1,
-        head_dim: 16,
-        ffn: 64,
-        vocab: 4,
-        context_len: 64,
-        norm_eps: 1e-5,
-        rope_base: 10000.0,
-        rope_style: RopeStyle::Normal,
-        rope_scaling: None,
-        tied_embeddings: true,
-        qk_norm: false,
-        qkv_bias: false,
-        sliding_window: None,
-        swa_layers: None,
-        rope_base_swa: None,
-        final_logit_softcap: None,
-    }
-}
-
 /// A small valid model (or, with `shard`, a mid shard of layers 1..2) with a tokenizer.
 fn small_knot(path: &Path, shard: bool) {
-    let mut w = KnotWriter::new("fuzz", arch(3));
+    let mut w = KnotWriter::new("fuzz", tiny_arch(3));
     w.tokenizer(TokenizerData {
         model: "gpt2".into(),
         tokens: vec!["a".into(), "b".into(), "ab".into(), "<e>".into()],

@@ -6,36 +6,13 @@
 //! `scripts/fetch-model.sh qwen`). Skips when it is absent unless `AEON_REQUIRE_MODELS=1`.
 //! Run with `--release`.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
 use knot_format::gguf::GgufFile;
 use knot_format::{import_gguf, DType, Knot, RopeStyle};
 use sha2::{Digest, Sha256};
-
-fn model(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("AEON_MODELS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/aeon-shell/models"))
-        })?;
-    let p = dir.join(file);
-    if p.is_file() {
-        return Some(p);
-    }
-    if std::env::var("AEON_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing and AEON_REQUIRE_MODELS=1 (run scripts/fetch-model.sh)",
-            p.display()
-        );
-    }
-    eprintln!(
-        "SKIP: {} not found (run scripts/fetch-model.sh to fetch it)",
-        p.display()
-    );
-    None
-}
+use test_support::{model, QWEN_GGUF};
 
 #[derive(serde::Deserialize)]
 struct GoldenTensor {
@@ -58,7 +35,7 @@ struct Golden {
 
 #[test]
 fn real_qwen_import_matches_gguf_and_golden_index() {
-    let Some(gguf) = model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+    let Some(gguf) = model(QWEN_GGUF) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

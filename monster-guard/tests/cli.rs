@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use test_support::{models_dir, QWEN, SMOLLM2};
+
 const BIN: &str = env!("CARGO_BIN_EXE_monster-guard");
 
 struct Env {
@@ -657,14 +659,6 @@ fn nix_is_root() -> bool {
 // ---------------------------------------------------------------------------------------------
 // Real-model verdicts.
 
-fn models_dir() -> PathBuf {
-    match std::env::var_os("AEON_MODELS_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/aeon-shell/models"),
-    }
-}
-
 fn find_probe() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PARIS_PROBE").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
@@ -676,7 +670,7 @@ fn find_probe() -> Option<PathBuf> {
 
 /// The probe and the named models, or `None` (skip) when absent and not required.
 fn real_setup(models: &[&str]) -> Option<(PathBuf, Vec<PathBuf>)> {
-    let required = std::env::var("AEON_REQUIRE_MODELS").is_ok_and(|v| v == "1");
+    let required = test_support::required();
     let mut missing = Vec::new();
     let probe = find_probe();
     if probe.is_none() {
@@ -703,9 +697,6 @@ fn real_setup(models: &[&str]) -> Option<(PathBuf, Vec<PathBuf>)> {
     );
     None
 }
-
-const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.knot";
-const SMOL: &str = "smollm2-135m-instruct-q4_1.knot";
 
 fn facts_spec() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/qwen-facts.json")
@@ -791,7 +782,7 @@ fn real_seed_qspec_delegates_on_a_fresh_home() {
 
 #[test]
 fn real_smollm2_is_refused_naming_failed_probes() {
-    let Some((probe, m)) = real_setup(&[SMOL]) else {
+    let Some((probe, m)) = real_setup(&[SMOLLM2]) else {
         return;
     };
     let e = Env::new();

@@ -3,30 +3,9 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_parity-station-handoff");
+use test_support::{model, QWEN, SMOLLM2};
 
-fn model(name: &str) -> Option<PathBuf> {
-    let dir = match std::env::var_os("AEON_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/aeon-shell/models"),
-    };
-    let p = dir.join(name);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("AEON_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing and AEON_REQUIRE_MODELS=1: run scripts/fetch-model.sh",
-            p.display()
-        );
-    }
-    eprintln!(
-        "skipping: {} not found (run scripts/fetch-model.sh)",
-        p.display()
-    );
-    None
-}
+const BIN: &str = env!("CARGO_BIN_EXE_parity-station-handoff");
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN)
@@ -45,7 +24,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn qwen_midpoint_split_is_bit_identical() {
-    let Some(m) = model("qwen2.5-coder-0.5b-instruct-q4_k_m.knot") else {
+    let Some(m) = model(QWEN) else {
         return;
     };
     let o = run(&[m.to_str().unwrap()]);
@@ -81,7 +60,7 @@ fn qwen_midpoint_split_is_bit_identical() {
 
 #[test]
 fn qwen_three_way_split_from_shard_files_json() {
-    let Some(m) = model("qwen2.5-coder-0.5b-instruct-q4_k_m.knot") else {
+    let Some(m) = model(QWEN) else {
         return;
     };
     let o = run(&[
@@ -115,7 +94,7 @@ fn qwen_three_way_split_from_shard_files_json() {
 
 #[test]
 fn smollm2_tied_head_split_from_shards() {
-    let Some(m) = model("smollm2-135m-instruct-q4_1.knot") else {
+    let Some(m) = model(SMOLLM2) else {
         return;
     };
     let o = run(&[m.to_str().unwrap(), "--split", "7,23", "--from-shards"]);
@@ -132,7 +111,7 @@ fn smollm2_tied_head_split_from_shards() {
 
 #[test]
 fn bad_splits_and_shard_inputs_exit_2() {
-    let Some(m) = model("smollm2-135m-instruct-q4_1.knot") else {
+    let Some(m) = model(SMOLLM2) else {
         return;
     };
     let m = m.to_str().unwrap();

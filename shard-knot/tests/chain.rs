@@ -10,52 +10,16 @@
 //! `cargo build --release -p fat-station`) or `FAT_STATION_BIN`. Missing model or binary:
 //! the test skips, unless AEON_REQUIRE_MODELS=1, when it fails.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use fat_station::client::{Chain, ClientError, MeshFile, MeshHop, StationClient, StepTrace};
 use knot_format::{Knot, LayerRange, Role};
+use test_support::{model, spawn_url, station_bin, Proc, QWEN};
 
-const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.knot";
 const PARIS: [u32; 5] = [785, 6722, 315, 9625, 374];
 const PARIS_ID: usize = 12095;
-
-fn required() -> bool {
-    std::env::var("AEON_REQUIRE_MODELS").as_deref() == Ok("1")
-}
-
-/// Returns `Some(path)` when it exists; otherwise skips (None) or, under
-/// AEON_REQUIRE_MODELS=1, fails with `how` to get it.
-fn need(path: PathBuf, how: &str) -> Option<PathBuf> {
-    if path.exists() {
-        return Some(path);
-    }
-    if required() {
-        panic!(
-            "{} is missing and AEON_REQUIRE_MODELS=1: {how}",
-            path.display()
-        );
-    }
-    eprintln!("skipping: {} not found ({how})", path.display());
-    None
-}
-
-fn models_dir() -> PathBuf {
-    match std::env::var_os("AEON_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/aeon-shell/models"),
-    }
-}
-
-fn station_bin() -> PathBuf {
-    match std::env::var_os("FAT_STATION_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/fat-station"),
-    }
-}
 
 /// Runs a command that must succeed (namespace plumbing).
 fn sh(args: &[&str]) -> Result<(), String> {
@@ -165,15 +129,12 @@ impl NetGuard {
 }
 
 /// A station process, killed on drop.
-struct Station {
-    child: Child,
-    url: String,
-}
+struct Station(Proc);
 
-impl Drop for Station {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Station {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.0
     }
 }
 
@@ -210,30 +171,10 @@ fn start(bin: &Path, knot: &Path, ns: Option<&Netns>) -> Station {
         }
         None => Command::new(bin),
     };
-    let mut child = cmd
-        .arg("--knot")
+    cmd.arg("--knot")
         .arg(knot)
-        .args(["--listen", &listen, "--threads", "2"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read ready line");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .map(str::to_string);
-    let Some(url) = url else {
-        let _ = child.kill();
-        panic!(
-            "{} on {} did not print a URL: {line:?}",
-            bin.display(),
-            knot.display()
-        );
-    };
-    Station { child, url }
+        .args(["--listen", &listen, "--threads", "2"]);
+    Station(spawn_url(&mut cmd))
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -259,13 +200,10 @@ fn run_chain(chain: &Chain, session: &str) -> (Vec<f32>, Vec<f32>, StepTrace) {
 
 #[test]
 fn three_shard_stations_equal_one_full_station_bit_for_bit() {
-    let Some(model) = need(models_dir().join(QWEN), "run scripts/fetch-model.sh") else {
+    let Some(model) = model(QWEN) else {
         return;
     };
-    let Some(bin) = need(
-        station_bin(),
-        "build it with `cargo build --release -p fat-station` or set FAT_STATION_BIN",
-    ) else {
+    let Some(bin) = station_bin() else {
         return;
     };
 

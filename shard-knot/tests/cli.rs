@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use knot_format::{ArchConfig, Knot, KnotWriter, LayerRange, Role, RopeStyle, TokenizerData};
+use test_support::{model, reseal, SMOLLM2};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shard-knot");
 
@@ -339,14 +340,6 @@ fn plan_refuses_a_size_without_a_unit() {
     );
 }
 
-fn models_dir() -> PathBuf {
-    match std::env::var_os("AEON_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/aeon-shell/models"),
-    }
-}
-
 /// The `knot` binary beside ours, if it was built (target/<profile>/knot).
 fn knot_bin() -> Option<PathBuf> {
     let p = Path::new(BIN).with_file_name("knot");
@@ -355,17 +348,9 @@ fn knot_bin() -> Option<PathBuf> {
 
 #[test]
 fn smollm2_shards_verify_and_cover_the_model() {
-    let m = models_dir().join("smollm2-135m-instruct-q4_1.knot");
-    if !m.exists() {
-        if std::env::var("AEON_REQUIRE_MODELS").as_deref() == Ok("1") {
-            panic!("{} is missing and AEON_REQUIRE_MODELS=1", m.display());
-        }
-        eprintln!(
-            "skipping: {} not found (run scripts/fetch-model.sh)",
-            m.display()
-        );
+    let Some(m) = model(SMOLLM2) else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     ok(&["split", s(&m), "--nodes", "3", "-o", s(dir.path())]);
     let parent = Knot::open(&m).unwrap();
@@ -395,26 +380,6 @@ fn smollm2_shards_verify_and_cover_the_model() {
         names(&parent).into_iter().collect(),
         "the shards hold every tensor"
     );
-}
-
-/// `path`'s header JSON rewritten by `edit`, the preamble re-sealed (length and BLAKE3), so
-/// only header validation stands between the edit and a reader.
-fn reseal(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut f = std::fs::read(path).unwrap();
-    let hlen = u64::from_le_bytes(f[16..24].try_into().unwrap()) as usize;
-    let mut v: serde_json::Value = serde_json::from_slice(&f[128..128 + hlen]).unwrap();
-    edit(&mut v);
-    let j = serde_json::to_vec(&v).unwrap();
-    let data_start = (128 + hlen).div_ceil(4096) * 4096;
-    assert!(
-        128 + j.len() <= data_start,
-        "edited header must fit its page"
-    );
-    f[128..data_start].fill(0);
-    f[128..128 + j.len()].copy_from_slice(&j);
-    f[16..24].copy_from_slice(&(j.len() as u64).to_le_bytes());
-    f[32..64].copy_from_slice(blake3::hash(&j).as_bytes());
-    std::fs::write(path, f).unwrap();
 }
 
 /// Runs shard-knot with its address space capped at 2 GiB, so a reader that trusts a
