@@ -377,17 +377,14 @@ fn run(args: Args) -> Result<()> {
         // `pipeline ready in N ms` (process start to accepting).
         let ready_ms = t0.elapsed().as_secs_f64() * 1e3;
         print!(
-            "{}",
-            format!(
-                "fat-station: serving {} layers {}-{}{}{} on http://{addr} (ready in {ready_ms:.1} ms)\n\
-                 pipeline ready in {} ms ({ready_ms:.2} ms: model mapped, nothing copied)\n",
-                station.model().knot().header().model_id,
-                h.layers.start,
-                h.layers.end,
-                if h.embed { " +embed" } else { "" },
-                if h.head { " +lm-head" } else { "" },
-                ready_ms.round() as u64,
-            )
+            "fat-station: serving {} layers {}-{}{}{} on http://{addr} (ready in {ready_ms:.1} ms)\n\
+             pipeline ready in {} ms ({ready_ms:.2} ms: model mapped, nothing copied)\n",
+            station.model().knot().header().model_id,
+            h.layers.start,
+            h.layers.end,
+            if h.embed { " +embed" } else { "" },
+            if h.head { " +lm-head" } else { "" },
+            ready_ms.round() as u64,
         );
         station::serve(listener, station, shutdown_signal()).await;
         Ok(())

@@ -16,14 +16,6 @@ use support::*;
 /// ' a' 18.49, ' Paris' 18.32.
 const LLAMACPP_PARIS: [(usize, f32); 3] = [(506, 19.00), (496, 18.49), (9079, 18.32)];
 
-fn with_threads<T: Send>(n: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .expect("thread pool")
-        .install(f)
-}
-
 fn session(m: &Model<'_>) -> Session {
     m.new_session(1024)
 }

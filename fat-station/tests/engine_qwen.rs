@@ -10,14 +10,6 @@ use support::*;
 const PARIS_PROMPT: [u32; 5] = [785, 6722, 315, 9625, 374];
 const PARIS: usize = 12095;
 
-fn with_threads<T: Send>(n: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .expect("thread pool")
-        .install(f)
-}
-
 fn session(m: &Model<'_>) -> Session {
     m.new_session(256)
 }

@@ -105,16 +105,8 @@ impl Pcg32 {
     }
 }
 
-/// Index of the largest logit (the first one on ties); 0 for an empty slice.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Greedy decoding's pick: the engine's one definition (the first on ties).
+pub use fat_station::engine::ops::argmax;
 
 /// Applies the repetition penalty in place to every distinct id in `recent` (CTRL paper
 /// rule: positive logits are divided, negative multiplied).

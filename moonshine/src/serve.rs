@@ -316,7 +316,7 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 if state.metrics.active.load(Ordering::Relaxed) == 0 {
-                    fat_station::station::conn::return_free_heap();
+                    fat_station::station::heap::return_free_heap();
                 }
             }
         })

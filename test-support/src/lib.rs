@@ -19,6 +19,8 @@ pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.knot";
 pub const QWEN_GGUF: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 /// The SmolLM2-135M KNOT.
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.knot";
+/// The Gemma-3-270M KNOT (`scripts/fetch-model.sh gemma`).
+pub const GEMMA: &str = "gemma-3-270m-q4_k_m.knot";
 
 /// How to get a missing model.
 pub const FETCH_MODELS: &str = "run scripts/fetch-model.sh";

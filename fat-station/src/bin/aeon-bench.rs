@@ -29,6 +29,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use fat_station::client::StationClient;
 use fat_station::engine::kernels::kernels;
+use fat_station::engine::ops::argmax;
 use fat_station::engine::tokenizer::Tokenizer;
 use fat_station::engine::Model;
 use knot_format::{Knot, LayerRange};
@@ -321,16 +322,6 @@ fn bandwidth(buf: &[u64], reps: usize) -> f64 {
     }
     std::hint::black_box(sink);
     (buf.len() * 8) as f64 / best / 1e9
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// CPU seconds used so far by all threads of this process (`/proc/self/task/*/schedstat`).

@@ -19,6 +19,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use fat_station::engine::kernels::{kernels, linear_with, Kernels, Linear, QMatrix};
+use fat_station::engine::ops::argmax;
 use knot_format::DType;
 use std::time::{Duration, Instant};
 
@@ -98,17 +99,6 @@ fn forward(path: &std::path::Path, prefill: usize, decode: usize) -> Result<()> 
     println!("greedy ids: {ids:?}");
     println!("last logits blake3: {}", h.finalize().to_hex());
     Ok(())
-}
-
-/// Index of the largest value (the first on ties).
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// SplitMix64 for reproducible random weights.

@@ -5,6 +5,17 @@ use super::team;
 use knot_format::RopeStyle;
 use std::cell::RefCell;
 
+/// Index of the largest logit (the first on ties; 0 for an empty slice): greedy decoding.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();

@@ -99,17 +99,6 @@ fn open_file_limit() -> Option<usize> {
     usize::try_from(r.rlim_cur).ok()
 }
 
-/// Asks the allocator to give freed pages back, for a server that just went idle: glibc keeps
-/// what its worker threads freed in per-thread arenas otherwise (the soak's station stayed ~80%
-/// above its start RSS). musl returns large frees by itself.
-pub fn return_free_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks glibc's own heap under its locks; no pointer of ours.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// One open connection as the accept loop sees it.
 struct Conn {
     /// Requests whose handler runs or whose response body is still being sent.

@@ -4,10 +4,12 @@
 //! - [`conn`]: connections (bound on count, header/idle timeouts, bounded bodies).
 //! - [`server`]: the [`Station`] state (model, sessions, limits, mesh identity) and the helpers
 //!   every handler uses (compute permits, sessions, refusals, encodings).
+//! - [`heap`]: handing freed heap back to the kernel when the station goes idle.
 //! - [`routes`]: the route table (`/health`, `/embed`, `/forward`, `/lm-head`, `/tokenize`,
 //!   `/detokenize`, and `/chain` from [`crate::mesh::relay`]) and [`serve`].
 
 pub mod conn;
+pub mod heap;
 pub mod routes;
 pub mod server;
 

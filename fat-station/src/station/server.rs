@@ -342,7 +342,7 @@ impl Station {
             Err(_) => 0,
         };
         if gone > 0 {
-            crate::station::conn::return_free_heap();
+            crate::station::heap::return_free_heap();
         }
         gone
     }

@@ -18,15 +18,9 @@ pub fn read_f32(path: &std::path::Path) -> Vec<f32> {
         .collect()
 }
 
-/// Index of the largest value.
+/// Index of the largest value (the engine's greedy pick), as an index.
 pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
+    fat_station::engine::ops::argmax(x) as usize
 }
 
 /// Ids of the `k` largest values, best first.
@@ -61,4 +55,13 @@ pub fn station_bin() -> PathBuf {
 /// Starts this crate's fat-station with `args` and waits for its ready line.
 pub fn spawn_station(args: &[&str]) -> StationProc {
     spawn_url(Command::new(station_bin()).args(args))
+}
+
+/// Runs `f` on a rayon pool of `n` threads (the determinism tests compare thread counts).
+pub fn with_threads<T: Send>(n: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .expect("thread pool")
+        .install(f)
 }

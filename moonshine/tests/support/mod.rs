@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-pub use test_support::{models_dir, spawn_url, station_bin, Proc, QWEN};
+pub use test_support::{spawn_url, station_bin, Proc, QWEN};
 
 /// The cached Qwen KNOT and the station binary, or `None` (the test skips) when either is
 /// absent and `AEON_REQUIRE_MODELS` is not 1.
