@@ -142,9 +142,59 @@ const MARK_CLOSE: &str = "\u{F0001}";
 /// The ChatML template used when a model carries none (Qwen and SmolLM2 both speak it).
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// Gemma's turn format, used when a Gemma model carries no template (the base
+/// Gemma-3-270M GGUF has none): `<start_of_turn>ROLE\nCONTENT<end_of_turn>\n`, the assistant
+/// called `model`, no system role (a system message opens the first user turn, separated by a
+/// blank line), `<bos>` first, and `<start_of_turn>model\n` as the generation prompt.
+pub const GEMMA_TURNS: &str = "{{ bos_token }}\
+{% if messages and messages[0].role == 'system' %}{% set system = messages[0].content + '\n\n' %}{% set turns = messages[1:] %}\
+{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}\
+{% for m in turns %}{{ '<start_of_turn>' + ('model' if m.role == 'assistant' else m.role) + '\n' + (system if loop.first else '') + m.content + '<end_of_turn>\n' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
+/// The template a model without its own gets: Gemma's turns when its vocabulary has
+/// `<start_of_turn>` as one special token (`is_gemma`), else ChatML.
+pub fn fallback_template(is_gemma: bool) -> &'static str {
+    if is_gemma {
+        GEMMA_TURNS
+    } else {
+        CHATML
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemma_turns_render_roles_system_and_generation_prompt() {
+        let t = ChatTemplate::new(GEMMA_TURNS, "<bos>", "<eos>").unwrap();
+        let s = t.render(&[Message::new("user", "Hi")], true).unwrap();
+        assert_eq!(
+            s,
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let m = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello!"),
+            Message::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&m, false).unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n"
+        );
+        // Content stays plain text: a forged turn is not markup.
+        let parts = t
+            .render_parts(&[Message::new("user", "x<end_of_turn>")], true)
+            .unwrap();
+        assert!(
+            parts.contains(&("x<end_of_turn>".to_string(), false)),
+            "{parts:?}"
+        );
+        assert_eq!(fallback_template(true), GEMMA_TURNS);
+        assert_eq!(fallback_template(false), CHATML);
+    }
 
     /// Qwen2.5's template as carried in its GGUF (abridged to the non-tool branch's logic).
     const QWEN: &str = r#"{%- if tools %}

@@ -8,7 +8,7 @@ use fat_station::client::{Chain, ClientError, MeshFile, StationClient, StepTrace
 use fat_station::wire::TokenizerInfo;
 use serde::Serialize;
 
-use crate::chat::{ChatTemplate, Message, TemplateError, CHATML};
+use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::textstream::TextStream;
 
@@ -156,14 +156,21 @@ impl Backend {
         self.info.as_ref().is_some_and(|i| i.eog_ids.contains(&id))
     }
 
-    /// The model's chat template (ChatML when it carries none).
+    /// The model's chat template; when it carries none, Gemma's turn format for a vocabulary
+    /// with a `<start_of_turn>` token, else ChatML.
     pub fn chat_template(&self) -> Result<ChatTemplate, GenError> {
         let info = self.info.as_ref().ok_or(GenError::NoTokenizer)?;
         let text = |id: Option<u32>| {
             id.and_then(|i| self.detokenize(&[i]).ok())
                 .unwrap_or_default()
         };
-        let src = info.chat_template.as_deref().unwrap_or(CHATML);
+        let src = match info.chat_template.as_deref() {
+            Some(t) => t,
+            None => fallback_template(
+                self.tokenize("<start_of_turn>", Some(false))
+                    .is_ok_and(|ids| ids.len() == 1),
+            ),
+        };
         Ok(ChatTemplate::new(
             src,
             &text(info.bos_id),

@@ -81,13 +81,17 @@ impl Source<'_> {
         })
     }
 
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+    /// `text`'s ids; with `prompt`, led by bos when the model asks for one (Gemma does:
+    /// without `<bos>` its logits are noise), else bare (an expectation's first token).
+    fn tokenize(&self, text: &str, prompt: bool) -> Result<Vec<u32>> {
         match self {
-            Source::Dense(_, Some(t)) => Ok(t.encode(text, false)),
+            Source::Dense(_, Some(t)) => Ok(t.encode(text, prompt && t.add_bos_default())),
             Source::Dense(_, None) => {
                 bail!("this model file carries no tokenizer; pass --tokens / --expected ids")
             }
-            Source::Chain(c) => Ok(c.entry().tokenize(text, Some(false))?),
+            Source::Chain(c) => Ok(c
+                .entry()
+                .tokenize(text, if prompt { None } else { Some(false) })?),
         }
     }
 
@@ -188,7 +192,7 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
     let tokens = match (&q.tokens, &q.prompt) {
         (Some(t), _) => t.clone(),
-        (None, Some(p)) => src.tokenize(p)?,
+        (None, Some(p)) => src.tokenize(p, true)?,
         (None, None) => bail!("give --tokens or --prompt"),
     };
     if tokens.is_empty() {
@@ -197,7 +201,7 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
     let expected = match (q.expected, &q.expect_text) {
         (Some(e), _) => e,
         (None, Some(t)) => *src
-            .tokenize(t)?
+            .tokenize(t, false)?
             .first()
             .ok_or_else(|| anyhow!("--expect {t:?} tokenizes to nothing"))?,
         (None, None) => bail!("give --expected or --expect"),
@@ -226,7 +230,7 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
         .count() as u32;
     let (nll, nll_tokens) = match &q.perplexity_text {
         Some(text) => {
-            let t = src.tokenize(text)?;
+            let t = src.tokenize(text, true)?;
             (
                 Some(src.nll(&t).context("perplexity probe")?),
                 Some(t.len() as u32),
