@@ -123,6 +123,10 @@ struct Args {
     /// Seconds a keep-alive connection may wait for its next request.
     #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_secs)]
     idle_timeout: Duration,
+    /// Seconds a response may wait on a client that stopped reading it before the connection
+    /// is closed (nginx send_timeout).
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_secs)]
+    send_timeout: Duration,
     /// Seconds to wait for the next piece of a request body before answering 408
     /// (nginx client_body_timeout).
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_secs)]
@@ -293,6 +297,7 @@ fn run(args: Args) -> Result<()> {
                 .max(1),
             header_timeout: args.header_timeout,
             idle_timeout: args.idle_timeout,
+            send_timeout: args.send_timeout,
         },
         ..defaults
     };

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -67,6 +67,9 @@ pub struct ServeArgs {
     /// Largest request body, bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
+    /// Seconds to wait for the next piece of a request body before answering 408.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub body_timeout: u64,
 }
 
 /// Prometheus counters and gauges of the gateway.
@@ -665,29 +668,32 @@ fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
     })
 }
 
+/// The request body, bounded in size (413) and in the wait for each piece (408, `--body-timeout`),
+/// by the same reader as the station's.
 async fn read_body(st: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    use fat_station::station::conn::{self, BodyError};
     let max = st.args.max_body;
-    let too_large = || ApiError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
+    let refusal = |status, code, message| ApiError {
+        status,
         kind: "invalid_request_error",
-        code: Some("too_large"),
+        code: Some(code),
         param: None,
-        message: format!("body exceeds {max} bytes"),
+        message,
     };
-    if let Some(len) = req
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > max {
-            return Err(too_large());
-        }
-    }
-    match Limited::new(req.into_body(), max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(bad(None, format!("reading body: {e}"))),
+    let gap = Duration::from_secs(st.args.body_timeout.max(1));
+    match conn::read_body(req, max, gap).await {
+        Ok(b) => Ok(b),
+        Err(e @ BodyError::TooLarge { .. }) => Err(refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            e.to_string(),
+        )),
+        Err(e @ BodyError::Timeout { .. }) => Err(refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            e.to_string(),
+        )),
+        Err(e) => Err(bad(None, e.to_string())),
     }
 }
 
@@ -1089,6 +1095,7 @@ mod tests {
             default_max_tokens: 16,
             max_tokens_limit: 100,
             max_body: 1000,
+            body_timeout: 30,
         }
     }
 

@@ -547,3 +547,26 @@ fn a_request_refused_with_429_costs_no_station_work() {
     assert_eq!(tokenizes.load(Ordering::SeqCst), before);
     drop(busy);
 }
+
+#[test]
+fn a_withheld_request_body_is_answered_408_after_the_body_timeout() {
+    // Issue 17: the gateway read bodies without a timeout, so a client that announced a body
+    // and never sent it held a handler and its connection for as long as it liked.
+    use std::io::Write;
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &["--body-timeout", "1"]);
+    let addr = gw.url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the gateway");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\":"
+    )
+    .expect("send the head");
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("read timeout");
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head)
+        .expect("an answer within the body timeout, not a hang");
+    assert_eq!(&head, b"HTTP/1.1 408", "{}", String::from_utf8_lossy(&head));
+}

@@ -12,6 +12,11 @@ with -t THREADS -r REPS. llama-bench feeds random token ids, not our prompt: spe
 depend on which ids they are. Reported per thread count: the mean (llama-bench's avg_ts), the
 standard deviation and every sample, for prefill and decode.
 
+When llama-bench dies of a signal with its default weight repacking (llama.cpp 0.3.36's
+CPU_REPACK path segfaults on this AVX-512 VM, in llama-bench and in llama-cpp-python alike), the
+run is repeated with `--repack 0` and the JSON says so ("repack": false): those figures are
+llama.cpp without its repacked (interleaved) weights, a handicap mostly to its prefill.
+
 Exit 0 with one JSON object on stdout; 2 when llama-bench fails or prints no JSON.
 """
 
@@ -21,9 +26,15 @@ import subprocess
 import sys
 
 
+class Crashed(RuntimeError):
+    """llama-bench was killed by a signal."""
+
+
 def run(bench, gguf, threads, extra, reps):
     cmd = [bench, "-m", gguf, "-t", ",".join(map(str, threads)), "-r", str(reps), "-o", "json"] + extra
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode < 0:
+        raise Crashed(f"{' '.join(cmd)}: killed by signal {-p.returncode}")
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
     try:
@@ -45,9 +56,15 @@ def main():
     p = len(aeon["prompt_tokens"])
     d = int(aeon["decode_tokens"])
     threads = [int(t) for t in a.threads.split(",")] if a.threads else [r["threads"] for r in aeon["runs"]]
+    repack = []
     try:
-        pp, pp_cmd = run(a.bench, a.gguf, threads, ["-p", str(p), "-n", "0"], a.reps)
-        tg, tg_cmd = run(a.bench, a.gguf, threads, ["-p", "0", "-n", str(d), "-d", str(p)], a.reps)
+        try:
+            pp, pp_cmd = run(a.bench, a.gguf, threads, ["-p", str(p), "-n", "0"], a.reps)
+        except Crashed as e:
+            print(f"llama_bench_run: {e}; again with --repack 0", file=sys.stderr)
+            repack = ["--repack", "0"]
+            pp, pp_cmd = run(a.bench, a.gguf, threads, ["-p", str(p), "-n", "0"] + repack, a.reps)
+        tg, tg_cmd = run(a.bench, a.gguf, threads, ["-p", "0", "-n", str(d), "-d", str(p)] + repack, a.reps)
     except (RuntimeError, OSError) as e:
         print(f"llama_bench_run: {e}", file=sys.stderr)
         return 2
@@ -73,6 +90,7 @@ def main():
         "llama_cpp_version": f"llama-bench build {first.get('build_number', '?')} ({first.get('build_commit', '?')}), "
                              f"{first.get('cpu_info', '?')}, {first.get('backends', '?')}",
         "commands": [" ".join(pp_cmd), " ".join(tg_cmd)],
+        "repack": not repack,
         "runs": runs,
     }
     print(json.dumps(out, indent=2))

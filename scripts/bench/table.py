@@ -48,6 +48,8 @@ def main(argv):
     )
     if peer:
         print(f"llama.cpp: {peer.get('llama_cpp_version', '?')}")
+        if peer.get("repack") is False:
+            print("  NOTE: llama.cpp ran with --repack 0 (its repacked-weights path crashed here)")
         for c in peer.get("commands", []):
             print(f"  {c}")
     else:

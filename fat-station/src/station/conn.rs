@@ -8,7 +8,10 @@
 //!   and so has every later request from its first byte on (nginx `client_header_timeout`);
 //!   between requests a keep-alive connection may sit idle [`ConnLimits::idle_timeout`]
 //!   (nginx `keepalive_timeout`). A connection with a request in flight (handler running or
-//!   response body still being sent) is never timed out here.
+//!   response body still being sent) is not timed out by those two; instead, once the client
+//!   stops taking the response (a write that cannot proceed) it has
+//!   [`ConnLimits::send_timeout`] to take more before the connection is closed (nginx
+//!   `send_timeout`), so a client that never reads cannot hold a slot and its response's memory.
 //! - When `accept` fails for want of file descriptors (EMFILE, ENFILE) the loop closes the
 //!   connection idle the longest, backs off (10 ms doubling to 1 s) and reports at most once
 //!   every 5 s, so it neither spins nor floods the log.
@@ -44,6 +47,8 @@ const FD_RESERVE: usize = 64;
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `--idle-timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default `--send-timeout`: the longest a response write may wait for the client to read.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default `--body-timeout`: the longest wait for the next piece of a request body.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most connections answered `503` at once while every slot is busy; beyond it a newcomer is
@@ -62,6 +67,8 @@ pub struct ConnLimits {
     pub header_timeout: Duration,
     /// Time a keep-alive connection may wait for its next request.
     pub idle_timeout: Duration,
+    /// Time a response write may stay blocked on a client that does not read.
+    pub send_timeout: Duration,
 }
 
 impl Default for ConnLimits {
@@ -70,6 +77,7 @@ impl Default for ConnLimits {
             max_connections: default_max_connections(),
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
         }
     }
 }
@@ -108,6 +116,9 @@ struct Conn {
     /// Milliseconds (since the epoch, plus one) of the start of the head being read; 0 when
     /// no head is pending.
     head_since_ms: AtomicU64,
+    /// Milliseconds (since the epoch, plus one) since a write to the client has been blocked
+    /// (its receive window full); 0 while writes go through.
+    send_blocked_since_ms: AtomicU64,
     /// Asks the connection's task to close it.
     close: Notify,
 }
@@ -117,11 +128,19 @@ struct Conn {
 enum Expired {
     Header,
     Idle,
+    Send,
 }
 
 impl Conn {
     /// The timeout a connection has run past at `now_ms`, if any.
     fn expired(&self, limits: &ConnLimits, now_ms: u64) -> Option<Expired> {
+        let blocked = self.send_blocked_since_ms.load(Ordering::Acquire);
+        if blocked != 0 {
+            let waited = now_ms.saturating_sub(blocked - 1);
+            if waited >= limits.send_timeout.as_millis() as u64 {
+                return Some(Expired::Send);
+            }
+        }
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
@@ -174,6 +193,7 @@ impl Registry {
             idle_since_ms: AtomicU64::new(now),
             // A new connection owes its first request's headers from the start.
             head_since_ms: AtomicU64::new(now + 1),
+            send_blocked_since_ms: AtomicU64::new(0),
             close: Notify::new(),
         });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +278,8 @@ impl<B: Body> Body for Tracked<B> {
     }
 }
 
-/// The socket, noting when the bytes of a new request head start to arrive.
+/// The socket, noting when the bytes of a new request head start to arrive and since when a
+/// write has been waiting for the client to read.
 struct Watched {
     stream: TcpStream,
     conn: Arc<Conn>,
@@ -285,13 +306,31 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    /// Notes whether a write went through (clears the mark) or is blocked (starts it once).
+    fn note_write<T>(&self, r: &Poll<T>) {
+        let mark = &self.conn.send_blocked_since_ms;
+        if r.is_pending() {
+            if mark.load(Ordering::Acquire) == 0 {
+                let now = self.epoch.elapsed().as_millis() as u64;
+                mark.store(now + 1, Ordering::Release);
+            }
+        } else {
+            mark.store(0, Ordering::Release);
+        }
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.stream).poll_write(cx, buf);
+        me.note_write(&r);
+        r
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -307,7 +346,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.stream).poll_write_vectored(cx, bufs);
+        me.note_write(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -512,9 +554,13 @@ fn spawn_connection<S, H, F, B>(
     });
 }
 
-/// How often a connection checks its timeouts: a quarter of the shorter one, 10 ms to 1 s.
+/// How often a connection checks its timeouts: a quarter of the shortest, 10 ms to 1 s.
 fn watchdog_tick(limits: &ConnLimits) -> Duration {
-    (limits.header_timeout.min(limits.idle_timeout) / 4)
+    (limits
+        .header_timeout
+        .min(limits.idle_timeout)
+        .min(limits.send_timeout)
+        / 4)
         .clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
@@ -572,16 +618,18 @@ mod tests {
             in_flight: AtomicUsize::new(in_flight),
             idle_since_ms: AtomicU64::new(idle),
             head_since_ms: AtomicU64::new(head),
+            send_blocked_since_ms: AtomicU64::new(0),
             close: Notify::new(),
         }
     }
 
     #[test]
-    fn timeouts_apply_only_without_a_request_in_flight() {
+    fn idle_timeouts_spare_busy_connections_but_a_blocked_send_expires() {
         let l = ConnLimits {
             max_connections: 8,
             header_timeout: Duration::from_millis(100),
             idle_timeout: Duration::from_millis(1000),
+            send_timeout: Duration::from_millis(500),
         };
         // A head started at 50 ms: closed at 150 ms, not before.
         assert_eq!(conn(0, 0, 51).expired(&l, 149), None);
@@ -589,8 +637,62 @@ mod tests {
         // Idle since 0 with no head: closed at 1000 ms.
         assert_eq!(conn(0, 0, 0).expired(&l, 999), None);
         assert_eq!(conn(0, 0, 0).expired(&l, 1000), Some(Expired::Idle));
-        // Busy: never.
+        // Busy and its writes going through: never.
         assert_eq!(conn(1, 0, 0).expired(&l, 1_000_000), None);
+        // Busy with a write blocked since 200 ms: closed at 700 ms.
+        let c = conn(1, 0, 0);
+        c.send_blocked_since_ms.store(201, Ordering::Release);
+        assert_eq!(c.expired(&l, 699), None);
+        assert_eq!(c.expired(&l, 700), Some(Expired::Send));
+    }
+
+    /// A client that asks for a large response and never reads it: without a send timeout its
+    /// connection (and the response's memory) stays until the client goes away.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
+        use tokio::io::AsyncReadExt;
+        const BODY: usize = 64 << 20;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let limits = ConnLimits {
+            max_connections: 8,
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            send_timeout: Duration::from_millis(300),
+        };
+        let handle = |_: Arc<()>, _: Request<Incoming>| async {
+            let body = http_body_util::Full::new(Bytes::from(vec![7u8; BODY]));
+            Ok::<_, Infallible>(Response::new(body))
+        };
+        tokio::spawn(serve_connections_with(
+            listener,
+            Arc::new(()),
+            handle,
+            limits,
+            std::future::pending(),
+        ));
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            .await
+            .expect("request");
+        // Not reading: the socket buffers fill within milliseconds, then the write blocks.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        let drained = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Ok(n @ 1..) = s.read(&mut buf).await {
+                got += n;
+            }
+        })
+        .await;
+        assert!(
+            drained.is_ok(),
+            "the station kept the connection open for a client that stopped reading"
+        );
+        assert!(
+            got < BODY,
+            "the whole {BODY}-byte body was sent ({got} bytes): the connection was not cut"
+        );
     }
 
     #[test]
