@@ -10,7 +10,7 @@
 //! `cargo build --release -p fat-station`) or `FAT_STATION_BIN`. Missing model or binary:
 //! the test skips, unless AEON_REQUIRE_MODELS=1, when it fails.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 

@@ -561,7 +561,7 @@ fn watchdog_tick(limits: &ConnLimits) -> Duration {
         .min(limits.idle_timeout)
         .min(limits.send_timeout)
         / 4)
-        .clamp(Duration::from_millis(10), Duration::from_secs(1))
+    .clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Why a request body was not read.

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[allow(unused_imports)] // each test binary uses its own part of these
 pub use test_support::{
     free_port, model, models_dir, spawn_url, Proc as StationProc, GEMMA, QWEN, SMOLLM2,
 };
