@@ -380,8 +380,11 @@ fn run(args: Args) -> Result<()> {
         // Two lines in one write (a reader that takes the first line and closes the pipe
         // must not make a second write fail): the URL line, then the seed report's
         // `pipeline ready in N ms` (process start to accepting).
+        // (`print!` with arguments writes piece by piece, and a line-buffered stdout then
+        // writes each line alone: the second write failed and panicked. One buffer, one
+        // write_all; an error there is the reader's choice, not the station's.)
         let ready_ms = t0.elapsed().as_secs_f64() * 1e3;
-        print!(
+        let ready = format!(
             "fat-station: serving {} layers {}-{}{}{} on http://{addr} (ready in {ready_ms:.1} ms)\n\
              pipeline ready in {} ms ({ready_ms:.2} ms: model mapped, nothing copied)\n",
             station.model().knot().header().model_id,
@@ -391,6 +394,11 @@ fn run(args: Args) -> Result<()> {
             if h.head { " +lm-head" } else { "" },
             ready_ms.round() as u64,
         );
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(ready.as_bytes()).and_then(|()| out.flush());
+        }
         station::serve(listener, station, shutdown_signal()).await;
         Ok(())
     })
