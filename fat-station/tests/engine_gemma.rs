@@ -1,10 +1,9 @@
 //! Gemma-3-270M (gemma3: sandwich norms, GeGLU, q/k norms, 5 local : 1 global layers) against
 //! llama.cpp on the same GGUF, and the determinism properties every architecture keeps.
 //!
-//! The llama.cpp figures are the issue's (llama.cpp on the same GGUF);
-//! `scripts/reference/make-gemma-llamacpp-golden.py` is the script for full golden files
-//! (PyPI llama-cpp-python 0.3.36 crashes in `llama_decode` on this machine, so none are
-//! committed yet).
+//! Golden files in tests/golden/gemma: llama.cpp on the same GGUF
+//! (scripts/reference/make-gemma-llamacpp-golden.py, weight repacking off: that path crashes
+//! here) and a NumPy f32 forward (scripts/reference/make-golden.sh).
 
 mod support;
 
@@ -12,16 +11,18 @@ use fat_station::engine::{Model, Session};
 use knot_format::{Knot, LayerRange};
 use support::*;
 
-/// llama.cpp's logits on "<bos>The capital of France is" (issue 19): ' the' 19.00,
-/// ' a' 18.49, ' Paris' 18.32.
-const LLAMACPP_PARIS: [(usize, f32); 3] = [(506, 19.00), (496, 18.49), (9079, 18.32)];
-
 fn session(m: &Model<'_>) -> Session {
     m.new_session(1024)
 }
 
+fn golden(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/gemma")
+        .join(name)
+}
+
 #[test]
-fn gemma_paris_logits_match_llamacpp() {
+fn gemma_paris_logits_match_the_numpy_reference_and_llamacpp() {
     let Some(path) = model(GEMMA) else { return };
     let knot = Knot::open(&path).expect("open");
     let m = Model::load(&knot, None).expect("load");
@@ -29,21 +30,40 @@ fn gemma_paris_logits_match_llamacpp() {
         .logits(&mut session(&m), &[2, 818, 5279, 529, 7001, 563])
         .expect("forward");
     assert_eq!(logits.len(), 262144);
+    // NumPy f32 over gguf's dequantizers (scripts/reference/make-golden.sh) and llama.cpp on
+    // the same GGUF (scripts/reference/make-gemma-llamacpp-golden.py); both quantize nothing /
+    // their own way, so each is a bound, and llama.cpp's own distance to NumPy is the yardstick.
+    let numpy = read_f32(&golden("gemma_paris_numpy.f32"));
+    let peer = read_f32(&golden("gemma_paris_llamacpp.f32"));
+    let (rms, max) = rms_max(&logits, &numpy);
+    let (peer_rms, peer_max) = rms_max(&peer, &numpy);
+    let (to_peer, to_peer_max) = rms_max(&logits, &peer);
     eprintln!(
-        "paris: top-5 {:?}; ' the' {:.3} ' a' {:.3} ' Paris' {:.3}",
+        "paris: top-5 ours {:?} numpy {:?} llama.cpp {:?}; ' Paris' ours {:.3} numpy {:.3} llama.cpp {:.3}; \
+         vs numpy: ours rms {rms:.4} max {max:.3}, llama.cpp rms {peer_rms:.4} max {peer_max:.3}; \
+         ours vs llama.cpp rms {to_peer:.4} max {to_peer_max:.3}",
         top_ids(&logits, 5),
-        logits[506],
-        logits[496],
-        logits[9079]
+        top_ids(&numpy, 5),
+        top_ids(&peer, 5),
+        logits[9079],
+        numpy[9079],
+        peer[9079],
     );
-    assert_eq!(top_ids(&logits, 2), [506, 496]);
-    for (id, want) in LLAMACPP_PARIS {
-        assert!(
-            (logits[id] - want).abs() <= 0.2,
-            "logit of {id}: ours {}, llama.cpp {want}",
-            logits[id]
-        );
-    }
+    // ' Paris' and ' one' sit 0.004 apart in ours (0.16 in NumPy): the order of 3rd and 4th is
+    // within quantization noise, the set of the top five is not.
+    let set = |x: &[f32]| {
+        let mut v = top_ids(x, 5);
+        v.sort();
+        v
+    };
+    assert_eq!(top_ids(&logits, 2), top_ids(&numpy, 2), "top-2 vs NumPy");
+    assert_eq!(top_ids(&logits, 2), top_ids(&peer, 2), "top-2 vs llama.cpp");
+    assert_eq!(set(&logits), set(&numpy), "top-5 ids vs NumPy");
+    assert_eq!(set(&logits), set(&peer), "top-5 ids vs llama.cpp");
+    assert!(
+        rms <= 1.5 * peer_rms,
+        "ours is {rms:.4} rms from the f32 reference, llama.cpp {peer_rms:.4}"
+    );
 }
 
 /// Logits for `tokens` fed in chunks of the given sizes through one session, each chunk
@@ -136,4 +156,114 @@ fn gemma_local_layers_forget_positions_outside_the_window() {
     let c = last_row(&tokens, local);
     tokens[1] = 77;
     assert_eq!(c, last_row(&tokens, local));
+}
+
+/// Issue 19's bar against llama.cpp on the same GGUF, on eleven prompts
+/// (tests/golden/gemma/llamacpp.json, from scripts/reference/make-gemma-llamacpp-golden.py):
+/// top-5 ids equal as a set (an order swap only between logits closer than 3x the noise);
+/// the rms over llama.cpp's top-256 ids within 1.5x the noise; greedy 16 tokens equal up to the
+/// first step where llama.cpp's best two are closer than 3x the noise.
+///
+/// The noise: llama.cpp's own batched-vs-token-by-token rms for the prompt. On four short
+/// prompts both of its paths quantize the activations identically and that rms is exactly 0;
+/// there the yardstick is the median of the other prompts' (llama.cpp's typical distance
+/// between two ways of quantizing the same activations).
+#[test]
+fn gemma_agrees_with_llamacpp_on_eleven_prompts() {
+    let Some(path) = model(GEMMA) else { return };
+    let golden: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/golden/gemma/llamacpp.json"),
+        )
+        .expect("golden file"),
+    )
+    .expect("golden JSON");
+    let knot = Knot::open(&path).expect("open");
+    let m = Model::load(&knot, None).expect("load");
+    let ints = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_u64().expect("int") as u32)
+            .collect()
+    };
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect()
+    };
+    let cases = golden["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 11);
+    let mut selfs: Vec<f64> = cases
+        .iter()
+        .map(|c| c["rms_self_top"].as_f64().expect("rms"))
+        .filter(|&r| r > 0.0)
+        .collect();
+    selfs.sort_by(f64::total_cmp);
+    let typical = selfs[selfs.len() / 2];
+    let mut failures = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().expect("text");
+        let ids = ints(&c["ids"]);
+        let top = ints(&c["top_ids"]);
+        let theirs = floats(&c["top_batched"]);
+        let self_rms = c["rms_self_top"].as_f64().expect("rms");
+        let noise = if self_rms > 0.0 { self_rms } else { typical };
+        let logits = m.logits(&mut session(&m), &ids).expect("forward");
+        let ours_at: Vec<f32> = top.iter().map(|&i| logits[i as usize]).collect();
+        let (rms, max) = rms_max(&ours_at, &theirs);
+        let ours5: Vec<u32> = top_ids(&logits, 5).iter().map(|&i| i as u32).collect();
+        // Top-5 as a set must match; within it, an order swap only where llama.cpp's own
+        // two logits are closer than 3x its own noise.
+        let mut set_ours = ours5.clone();
+        let mut set_theirs = top[..5].to_vec();
+        set_ours.sort();
+        set_theirs.sort();
+        let swaps_ok = ours5.iter().zip(&top[..5]).enumerate().all(|(k, (a, b))| {
+            a == b || {
+                let ka = top.iter().position(|x| x == a).unwrap_or(usize::MAX);
+                ka < top.len() && (theirs[k] - theirs[ka]).abs() as f64 <= 3.0 * noise
+            }
+        });
+        // Greedy.
+        let want = ints(&c["greedy"]);
+        let gaps = floats(&c["greedy_gaps"]);
+        let mut s = session(&m);
+        let mut l = m.logits(&mut s, &ids).expect("forward");
+        let mut diverged = None;
+        for (k, &w) in want.iter().enumerate() {
+            let got = argmax(&l) as u32;
+            if got != w {
+                diverged = Some((k, got, w, gaps[k]));
+                break;
+            }
+            l = m.logits(&mut s, &[got]).expect("decode");
+        }
+        eprintln!(
+            "{text:?}: top-5 ours {ours5:?} llama.cpp {:?}; rms {rms:.4} (llama.cpp self {self_rms:.4}, {:.2}x) max {max:.3}; greedy {}",
+            &top[..5],
+            rms / noise,
+            match diverged {
+                None => "16/16".to_string(),
+                Some((k, got, w, gap)) => format!("diverges at {k}: ours {got} llama.cpp {w} (its gap {gap:.3})"),
+            }
+        );
+        if set_ours != set_theirs || !swaps_ok {
+            failures.push(format!("{text:?}: top-5 {ours5:?} vs {:?}", &top[..5]));
+        }
+        if rms > 1.5 * noise {
+            failures.push(format!("{text:?}: rms {rms:.4} > 1.5 x {self_rms:.4}"));
+        }
+        if let Some((k, _, _, gap)) = diverged {
+            if gap as f64 > 3.0 * noise {
+                failures.push(format!(
+                    "{text:?}: greedy diverges at {k} where llama.cpp's gap is {gap:.3}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes llama.cpp's view of Gemma-3-270M (Q4_K_M) for fat-station/tests/engine_gemma.rs.
 
-For each prompt (bos + llama.cpp's own ids), on the same GGUF, two threads:
+For each prompt (bos + llama.cpp's own ids), on the same GGUF, one thread (ggml spin-waits: two
+threads on a loaded 2-core box crawl):
 - the logits of the last position after a batched prefill, and again after feeding the
   prompt one token per decode call ("token by token"): their difference is llama.cpp's own
   noise (it quantizes activations per batch shape), the yardstick our distance is held to;
@@ -11,6 +12,10 @@ For each prompt (bos + llama.cpp's own ids), on the same GGUF, two threads:
 Full logits are 262144 floats a prompt, so the JSON keeps llama.cpp's top TOP ids with both
 logit vectors there, and llama.cpp's own full-vocabulary rms; the Paris prompt's full
 batched logits go to gemma_paris_llamacpp.f32 (1 MB) for a full-vocabulary comparison.
+
+llama.cpp's weight repacking (its extra CPU buffer types) is switched off: in 0.3.36 that path
+dies of SIGSEGV in llama_decode on this AVX-512 build box (llama-bench --repack 1 too). The
+plain ggml kernels compute the same model; the repacked ones only regroup the weights.
 
 Needs: pip install llama-cpp-python numpy; the GGUF from scripts/fetch-model.sh gemma.
 usage: make-gemma-llamacpp-golden.py [GGUF] [OUT_DIR]
@@ -43,7 +48,20 @@ here = os.path.dirname(os.path.abspath(__file__))
 gguf = sys.argv[1] if len(sys.argv) > 1 else os.path.join(models, "gemma-3-270m-q4_k_m.gguf")
 out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "../../fat-station/tests/golden/gemma")
 
-llm = llama_cpp.Llama(model_path=gguf, n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=2)
+_default_params = llama_cpp.llama_model_default_params
+
+
+def _params_without_repack():
+    p = _default_params()
+    p.use_extra_bufts = False
+    return p
+
+
+# The high-level Llama reads the defaults through the module's binding.
+llama_cpp.llama_cpp.llama_model_default_params = _params_without_repack
+llama_cpp.llama_model_default_params = _params_without_repack
+os.makedirs(out_dir, exist_ok=True)
+llm = llama_cpp.Llama(model_path=gguf, n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=1)
 
 
 def last_logits(n):

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use knot_format::{ArchConfig, Knot, KnotWriter, LayerRange, Role, RopeStyle, TokenizerData};
-use test_support::{model, reseal, SMOLLM2};
+use knot_format::{ArchConfig, Knot, KnotWriter, LayerRange, Role, TokenizerData};
+use test_support::{model, reseal, tiny_arch, SMOLLM2};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shard-knot");
 
@@ -35,26 +35,14 @@ fn s(p: &Path) -> &str {
 fn synthetic(dir: &Path, tied: bool) -> PathBuf {
     let (hidden, vocab, n_layers) = (32u32, 16u32, 4u32);
     let arch = ArchConfig {
-        arch: "llama".into(),
-        n_layers,
         hidden,
         n_heads: 4,
         n_kv_heads: 2,
         head_dim: 8,
-        ffn: 64,
         vocab,
         context_len: 128,
-        norm_eps: 1e-5,
-        rope_base: 10000.0,
-        rope_style: RopeStyle::Normal,
-        rope_scaling: None,
         tied_embeddings: tied,
-        qk_norm: false,
-        qkv_bias: false,
-        sliding_window: None,
-        swa_layers: None,
-        rope_base_swa: None,
-        final_logit_softcap: None,
+        ..tiny_arch(n_layers)
     };
     let mut w = KnotWriter::new("synthetic", arch);
     w.tokenizer(TokenizerData {
