@@ -132,6 +132,7 @@ fn sampling(g: &GenArgs) -> Result<SamplingParams> {
         repeat_penalty: g.repeat_penalty,
         repeat_last_n: g.repeat_last_n,
         seed,
+        ..Default::default()
     };
     p.validate()?;
     Ok(p)
@@ -165,6 +166,7 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
         max_tokens: g.max_tokens,
         sampling: params,
         stops: g.stops.clone(),
+        logprobs: None,
     };
     let mut session = KvSession::new("moonshine");
     let mut out = Output::new(g.json);
@@ -331,6 +333,7 @@ fn run_chat(b: &Backend, g: &GenArgs, params: SamplingParams) -> Result<ExitCode
                 ..params.clone()
             },
             stops: g.stops.clone(),
+            logprobs: None,
         };
         let o =
             generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;

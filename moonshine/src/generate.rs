@@ -9,7 +9,7 @@ use fat_station::wire::TokenizerInfo;
 use serde::Serialize;
 
 use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Sampler, SamplingParams, TokenLogprob};
 use crate::textstream::TextStream;
 
 /// Why generation failed.
@@ -72,6 +72,17 @@ pub struct Backend {
     pub info: Option<TokenizerInfo>,
     /// Model name: the mesh file's `model`, else the entry station's `model_id`.
     pub model_id: String,
+    /// Each token's text, as detokenized alone (for logprobs), filled as asked.
+    pieces: std::sync::Mutex<std::collections::HashMap<u32, String>>,
+}
+
+/// A model's fill-in-the-middle control tokens (Qwen2.5-Coder's `<|fim_prefix|>`,
+/// `<|fim_suffix|>`, `<|fim_middle|>`), found in its own vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FimTokens {
+    pub prefix: u32,
+    pub suffix: u32,
+    pub middle: u32,
 }
 
 impl Backend {
@@ -133,6 +144,7 @@ impl Backend {
             tok,
             info,
             model_id: mesh_model.or(model_id).unwrap_or_else(|| "unknown".into()),
+            pieces: Default::default(),
         })
     }
 
@@ -149,6 +161,79 @@ impl Backend {
     /// Detokenizes `ids` (lossy at an incomplete character).
     pub fn detokenize(&self, ids: &[u32]) -> Result<String, GenError> {
         Ok(self.tokenizer()?.detokenize(ids)?)
+    }
+
+    /// One token's text alone (lossy when the token is part of a character), cached.
+    pub fn token_text(&self, id: u32) -> Result<String, GenError> {
+        if let Some(t) = self.pieces.lock().ok().and_then(|m| m.get(&id).cloned()) {
+            return Ok(t);
+        }
+        let t = self.detokenize(&[id])?;
+        if let Ok(mut m) = self.pieces.lock() {
+            m.insert(id, t.clone());
+        }
+        Ok(t)
+    }
+
+    /// The id of `text` when the vocabulary holds it as one token (with special parsing).
+    pub fn special_id(&self, text: &str) -> Result<Option<u32>, GenError> {
+        let ids = self.tokenizer()?.tokenize_parts(&[(text, true)], Some(false))?;
+        Ok(match ids[..] {
+            [id] => Some(id),
+            _ => None,
+        })
+    }
+
+    /// The model's fill-in-the-middle tokens, `None` when its vocabulary lacks them. Two
+    /// spellings, as llama.cpp looks for: Qwen2.5-Coder's `<|fim_prefix|>` and StarCoder's
+    /// `<fim_prefix>` (and their `suffix`, `middle`).
+    pub fn fim_tokens(&self) -> Result<Option<FimTokens>, GenError> {
+        for (p, s, m) in [
+            ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+            ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+        ] {
+            if let (Some(prefix), Some(suffix), Some(middle)) =
+                (self.special_id(p)?, self.special_id(s)?, self.special_id(m)?)
+            {
+                return Ok(Some(FimTokens {
+                    prefix,
+                    suffix,
+                    middle,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A fill-in-the-middle prompt in the prefix-suffix-middle order Qwen2.5-Coder and
+    /// llama.cpp's infill use: `<|fim_prefix|>PREFIX<|fim_suffix|>SUFFIX<|fim_middle|>MIDDLE`,
+    /// where MIDDLE is the start of the answer the model continues. The texts are plain (a
+    /// `<|fim_suffix|>` typed in the code is text), the model's BOS rule applies.
+    pub fn fim_prompt(
+        &self,
+        fim: FimTokens,
+        prefix: &str,
+        suffix: &str,
+        middle: &str,
+    ) -> Result<Vec<u32>, GenError> {
+        let t = self.tokenizer()?;
+        let plain = |s: &str| -> Result<Vec<u32>, GenError> {
+            if s.is_empty() {
+                return Ok(Vec::new());
+            }
+            Ok(t.tokenize_parts(&[(s, false)], Some(false))?)
+        };
+        let mut ids = match self.info.as_ref() {
+            Some(i) if i.add_bos => i.bos_id.into_iter().collect(),
+            _ => Vec::new(),
+        };
+        ids.push(fim.prefix);
+        ids.extend(plain(prefix)?);
+        ids.push(fim.suffix);
+        ids.extend(plain(suffix)?);
+        ids.push(fim.middle);
+        ids.extend(plain(middle)?);
+        Ok(ids)
     }
 
     /// True when `id` ends generation.
@@ -350,6 +435,9 @@ pub struct GenRequest {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stops: Vec<String>,
+    /// Report each generated token's log-probability with this many alternatives (`None`:
+    /// none).
+    pub logprobs: Option<usize>,
 }
 
 /// One generation's outcome.
@@ -362,6 +450,8 @@ pub struct GenOutcome {
     /// Prompt tokens actually sent (the rest were already cached).
     pub prompt_sent: usize,
     pub finish: Finish,
+    /// Per generated token (end-of-generation ids excluded), when asked.
+    pub logprobs: Vec<TokenLogprob>,
     pub prefill_s: f64,
     pub decode_s: f64,
     pub timing: Timing,
@@ -449,6 +539,16 @@ impl<'a> Generation<'a> {
     /// stations' context limit ([`Finish::Length`] with the text so far), or cancellation
     /// (`on_text` returning `false`, or `cancelled()` between steps).
     pub fn run(self, mut on_text: impl FnMut(&str) -> bool) -> Result<GenOutcome, GenError> {
+        self.run_with_logprobs(|text, _| on_text(text))
+    }
+
+    /// [`Generation::run`] where `on_text` also gets the log-probabilities of the tokens
+    /// sampled since its last call (when the request asks for them; a piece of text may
+    /// span several tokens, or none when a token completes no character).
+    pub fn run_with_logprobs(
+        self,
+        mut on_text: impl FnMut(&str, &[TokenLogprob]) -> bool,
+    ) -> Result<GenOutcome, GenError> {
         let Generation {
             b,
             session,
@@ -471,20 +571,24 @@ impl<'a> Generation<'a> {
         };
         let mut text = String::new();
         let mut tokens = Vec::new();
+        let (mut lps, mut lps_sent) = (Vec::new(), 0);
         let t1 = Instant::now();
         let mut finish = Finish::Length;
         let mut context = req.prompt.clone();
         while tokens.len() < req.max_tokens {
-            let id = sampler.sample(&mut logits);
+            let (id, lp) = sampler.sample_with_logprobs(&mut logits, req.logprobs);
             tokens.push(id);
             if b.is_eog(id) {
                 finish = Finish::Stop;
                 break;
             }
+            lps.extend(lp);
             let piece = stream.push(id, &mut detok)?;
             if !piece.text.is_empty() {
                 text.push_str(&piece.text);
-                if !on_text(&piece.text) {
+                let fresh = &lps[lps_sent..];
+                lps_sent = lps.len();
+                if !on_text(&piece.text, fresh) {
                     finish = Finish::Cancelled;
                     break;
                 }
@@ -520,7 +624,7 @@ impl<'a> Generation<'a> {
             let tail = stream.finish(&mut detok)?;
             if !tail.text.is_empty() {
                 text.push_str(&tail.text);
-                on_text(&tail.text);
+                on_text(&tail.text, &lps[lps_sent..]);
             }
         }
         Ok(GenOutcome {
@@ -529,6 +633,7 @@ impl<'a> Generation<'a> {
             prompt_tokens: req.prompt.len(),
             prompt_sent: req.prompt.len() - already,
             finish,
+            logprobs: lps,
             prefill_s,
             decode_s: t1.elapsed().as_secs_f64(),
             timing,

@@ -3,10 +3,12 @@
 //! OpenAI-compatible API (`moonshine serve`).
 //!
 //! Modules, bottom up: [`sampling`] (pure functions and a seeded RNG), [`textstream`]
-//! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`generate`]
+//! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`api`]
+//! (the OpenAI API's requests, the field rule and the answers' shapes), [`generate`]
 //! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
 //! [`target`] (which stations to drive), [`cli`] (the command line), [`serve`] (the gateway).
 
+pub mod api;
 pub mod chat;
 pub mod cli;
 pub mod generate;

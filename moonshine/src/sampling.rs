@@ -1,9 +1,12 @@
-//! Choosing the next token from logits: greedy, repetition penalty, temperature, top-k,
-//! top-p, and a small seeded RNG so that the same seed gives the same text.
+//! Choosing the next token from logits: logit bias, repetition, presence and frequency
+//! penalties, greedy, temperature, top-k, min-p, top-p, the log-probabilities a client may
+//! ask for, and a small seeded RNG so that the same seed gives the same text.
 //!
-//! Order of operations (as llama.cpp's default chain): repetition penalty over the recent
-//! history -> greedy when `temperature <= 0` -> top-k -> softmax at `temperature` -> top-p ->
-//! draw. Every step is a pure function over a candidate list so it can be tested alone.
+//! Order of operations (as llama.cpp's default chain): logit bias -> repetition penalty over
+//! the recent history -> presence and frequency penalties over the generated tokens -> (the
+//! log-probabilities are taken here) -> greedy when `temperature <= 0` -> top-k -> min-p ->
+//! softmax at `temperature` -> top-p -> draw. Every step is a pure function over logits or a
+//! candidate list so it can be tested alone.
 
 /// How to sample. `temperature <= 0` is greedy (argmax after the repetition penalty).
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +23,18 @@ pub struct SamplingParams {
     pub repeat_last_n: usize,
     /// RNG seed.
     pub seed: u64,
+    /// llama.cpp's min-p: keep the tokens whose probability (at temperature 1, after top-k)
+    /// is at least `min_p` times the most likely one's; 0 disables.
+    pub min_p: f32,
+    /// OpenAI's presence penalty: subtracted once from the logit of every token generated so
+    /// far (the prompt does not count); 0 disables.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted from a token's logit once per time it was
+    /// generated so far; 0 disables.
+    pub frequency_penalty: f32,
+    /// `(token id, bias)` added to the logits before anything else; a bias of -100 (or
+    /// below) bans the token outright.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -31,6 +46,10 @@ impl Default for SamplingParams {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -44,6 +63,14 @@ pub enum SamplingError {
     TopP(f32),
     #[error("repeat penalty must be a finite number > 0, got {0}")]
     RepeatPenalty(f32),
+    #[error("min_p must be between 0 and 1, got {0}")]
+    MinP(f32),
+    #[error("presence_penalty must be between -2 and 2, got {0}")]
+    PresencePenalty(f32),
+    #[error("frequency_penalty must be between -2 and 2, got {0}")]
+    FrequencyPenalty(f32),
+    #[error("logit_bias for token {0} must be between -100 and 100, got {1}")]
+    LogitBias(u32, f32),
 }
 
 impl SamplingParams {
@@ -57,6 +84,22 @@ impl SamplingParams {
         }
         if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
             return Err(SamplingError::RepeatPenalty(self.repeat_penalty));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SamplingError::MinP(self.min_p));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(SamplingError::PresencePenalty(self.presence_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(SamplingError::FrequencyPenalty(self.frequency_penalty));
+        }
+        if let Some(&(id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(SamplingError::LogitBias(id, b));
         }
         Ok(())
     }
@@ -124,6 +167,77 @@ pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
     }
 }
 
+/// Adds each `(id, bias)` to its logit; a bias of -100 or below bans the token (its logit
+/// becomes -inf, so neither greedy nor sampling can pick it while another token is left).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l = if b <= -100.0 {
+                f32::NEG_INFINITY
+            } else {
+                *l + b
+            };
+        }
+    }
+}
+
+/// OpenAI's presence and frequency penalties: `logit[j] -= count[j] * frequency +
+/// (count[j] > 0) * presence`, where `count[j]` is how often `j` was generated so far.
+pub fn apply_presence_frequency(
+    logits: &mut [f32],
+    counts: &std::collections::HashMap<u32, u32>,
+    presence: f32,
+    frequency: f32,
+) {
+    if presence == 0.0 && frequency == 0.0 {
+        return;
+    }
+    for (&id, &n) in counts {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l -= n as f32 * frequency + if n > 0 { presence } else { 0.0 };
+        }
+    }
+}
+
+/// One sampled token's log-probability and, best first, the `n` most likely alternatives
+/// at that step (`n` as asked, the sampled token possibly among them).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-probabilities of `id` and of the `n` most likely tokens under `logits` at
+/// temperature 1 (a log-softmax over the whole vocabulary). Taken after the logit bias and
+/// the penalties and before temperature and truncation, as vLLM's processed logprobs: the
+/// distribution the sampler starts from. A banned token's is -inf.
+pub fn logprobs(logits: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    let lp = |i: u32| {
+        logits
+            .get(i as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - lse)
+    };
+    let cands = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| Candidate { id: i as u32, p: l })
+        .collect();
+    let top = if n == 0 {
+        Vec::new()
+    } else {
+        top_k(cands, n).iter().map(|c| (c.id, lp(c.id))).collect()
+    };
+    TokenLogprob {
+        id,
+        logprob: lp(id),
+        top,
+    }
+}
+
 /// A token and its logit (later, its probability).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
@@ -139,6 +253,19 @@ pub fn top_k(mut c: Vec<Candidate>, k: usize) -> Vec<Candidate> {
         c.truncate(k);
     }
     c.sort_unstable_by(by_p);
+    c
+}
+
+/// llama.cpp's min-p on logits: keeps the tokens whose probability at temperature 1 is at
+/// least `min_p` times the best one's, i.e. `logit >= max_logit + ln(min_p)` (at least one
+/// kept). `c` must be sorted best first ([`top_k`]); `min_p <= 0` keeps all.
+pub fn min_p(mut c: Vec<Candidate>, min_p: f32) -> Vec<Candidate> {
+    if min_p <= 0.0 || c.is_empty() {
+        return c;
+    }
+    let floor = c[0].p + min_p.ln();
+    let keep = c.iter().take_while(|x| x.p >= floor).count();
+    c.truncate(keep.max(1));
     c
 }
 
@@ -190,12 +317,14 @@ pub fn draw(c: &[Candidate], u: f32) -> u32 {
     c.last().map(|x| x.id).unwrap_or(0)
 }
 
-/// A sampler: parameters, RNG state and the token history for the repetition penalty.
+/// A sampler: parameters, RNG state, the token history for the repetition penalty and the
+/// generated tokens' counts for the presence and frequency penalties.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: Pcg32,
     history: Vec<u32>,
+    counts: std::collections::HashMap<u32, u32>,
 }
 
 impl Sampler {
@@ -205,6 +334,7 @@ impl Sampler {
             rng: Pcg32::new(params.seed),
             params,
             history: Vec::new(),
+            counts: Default::default(),
         }
     }
 
@@ -213,11 +343,29 @@ impl Sampler {
         self.history.extend_from_slice(tokens);
     }
 
-    /// Picks the next token from `logits` (modified in place by the penalty) and records it.
+    /// Picks the next token from `logits` (modified in place by the bias and penalties) and
+    /// records it.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.sample_with_logprobs(logits, None).0
+    }
+
+    /// [`Sampler::sample`], with the token's log-probability and its `top` best alternatives
+    /// when `top` is `Some` ([`logprobs`]).
+    pub fn sample_with_logprobs(
+        &mut self,
+        logits: &mut [f32],
+        top: Option<usize>,
+    ) -> (u32, Option<TokenLogprob>) {
         let p = &self.params;
+        apply_logit_bias(logits, &p.logit_bias);
         let recent = &self.history[self.history.len().saturating_sub(p.repeat_last_n)..];
         apply_repeat_penalty(logits, recent, p.repeat_penalty);
+        apply_presence_frequency(
+            logits,
+            &self.counts,
+            p.presence_penalty,
+            p.frequency_penalty,
+        );
         let id = if p.is_greedy() {
             argmax(logits)
         } else {
@@ -226,13 +374,15 @@ impl Sampler {
                 .enumerate()
                 .map(|(i, &l)| Candidate { id: i as u32, p: l })
                 .collect();
-            let mut c = top_k(c, p.top_k);
+            let mut c = min_p(top_k(c, p.top_k), p.min_p);
             softmax(&mut c, p.temperature);
             let c = top_p(c, p.top_p);
             draw(&c, self.rng.next_f32())
         };
+        let lp = top.map(|n| logprobs(logits, id, n));
         self.history.push(id);
-        id
+        *self.counts.entry(id).or_default() += 1;
+        (id, lp)
     }
 }
 
@@ -342,7 +492,117 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_adds_and_minus_100_bans() {
+        let mut l = [1.0, 2.0, 3.0];
+        apply_logit_bias(&mut l, &[(0, 5.0), (2, -100.0), (9, 1.0)]);
+        assert_eq!(l, [6.0, 2.0, f32::NEG_INFINITY]);
+        // Greedy and sampling never pick a banned token, however strong.
+        let ban = |temperature| SamplingParams {
+            temperature,
+            logit_bias: vec![(2, -100.0)],
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(ban(0.0)).sample(&mut [1.0, 2.0, 30.0]), 1);
+        let mut s = Sampler::new(ban(2.0));
+        for _ in 0..200 {
+            assert_ne!(s.sample(&mut [1.0, 1.0, 30.0]), 2);
+        }
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openai() {
+        // count 0 -> 2, 1 -> 1, 2 -> 0; presence 0.5, frequency 0.25:
+        // 1 - 2*0.25 - 0.5 = 0, 1 - 0.25 - 0.5 = 0.25, 1.
+        let counts = [(0, 2), (1, 1)].into_iter().collect();
+        let mut l = [1.0, 1.0, 1.0];
+        apply_presence_frequency(&mut l, &counts, 0.5, 0.25);
+        assert_eq!(l, [0.0, 0.25, 1.0]);
+        // In the sampler they count generated tokens only, not the prompt.
+        let mut s = Sampler::new(SamplingParams {
+            presence_penalty: 2.0,
+            ..Default::default()
+        });
+        s.observe(&[0, 0, 0]);
+        assert_eq!(s.sample(&mut [1.0, 0.5]), 0, "the prompt is not penalised");
+        assert_eq!(s.sample(&mut [1.0, 0.5]), 1, "1 - 2 < 0.5 once generated");
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_within_a_factor_of_the_best() {
+        // Probabilities proportional to 1, 0.5, 0.05: min_p 0.1 keeps the first two.
+        let c = top_k(cands(&[0.0, 0.5f32.ln(), 0.05f32.ln()]), 0);
+        let kept = min_p(c.clone(), 0.1);
+        assert_eq!(kept.iter().map(|x| x.id).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(min_p(c.clone(), 0.0).len(), 3);
+        assert_eq!(min_p(c, 1.0).len(), 1, "the best is always kept");
+        // In the sampler, min_p 0.6 leaves only the best of (1, 0.5, 0.05) at any temperature.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.5,
+            min_p: 0.6,
+            seed: 3,
+            ..Default::default()
+        });
+        for _ in 0..100 {
+            assert_eq!(s.sample(&mut [0.0, 0.5f32.ln(), 0.05f32.ln()]), 0);
+        }
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_best_alternatives() {
+        // softmax(0, ln 3) = (0.25, 0.75).
+        let l = [0.0, 3.0f32.ln(), f32::NEG_INFINITY];
+        let t = logprobs(&l, 0, 2);
+        assert!((t.logprob - 0.25f32.ln()).abs() < 1e-6, "{t:?}");
+        assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 0]);
+        assert!((t.top[0].1 - 0.75f32.ln()).abs() < 1e-6, "{t:?}");
+        assert_eq!(logprobs(&l, 2, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprobs(&l, 1, 0).top.is_empty());
+        // The sampler reports them after the bias: banning id 1 leaves id 0 with log 1 = 0.
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(1, -100.0)],
+            ..Default::default()
+        });
+        let (id, lp) = s.sample_with_logprobs(&mut [0.0, 3.0f32.ln()], Some(1));
+        assert_eq!(
+            (id, lp.map(|t| (t.logprob, t.top))),
+            (0, Some((0.0, vec![(0, 0.0)])))
+        );
+    }
+
+    #[test]
     fn validation_names_the_bad_parameter() {
+        for (bad, want) in [
+            (
+                SamplingParams {
+                    min_p: 1.5,
+                    ..Default::default()
+                },
+                SamplingError::MinP(1.5),
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: -3.0,
+                    ..Default::default()
+                },
+                SamplingError::PresencePenalty(-3.0),
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: 2.5,
+                    ..Default::default()
+                },
+                SamplingError::FrequencyPenalty(2.5),
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 0.0), (7, 101.0)],
+                    ..Default::default()
+                },
+                SamplingError::LogitBias(7, 101.0),
+            ),
+        ] {
+            assert_eq!(bad.validate(), Err(want));
+        }
         let bad = SamplingParams {
             top_p: 0.0,
             ..Default::default()

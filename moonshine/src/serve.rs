@@ -31,17 +31,14 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::chat::{ChatTemplate, Message};
-use crate::generate::{
-    Backend, Finish, GenError, GenOutcome, GenRequest, Generation, KvSession, Timing,
-};
-use crate::sampling::SamplingParams;
+use crate::api::{self, bad, Answer, ApiError, Job, Limits, PromptSpec, Route};
+use crate::chat::ChatTemplate;
+use crate::generate::{Backend, FimTokens, Finish, GenError, GenRequest, Generation, KvSession, Timing};
 use crate::target::TargetArgs;
 
 /// `moonshine serve` flags.
@@ -241,6 +238,10 @@ impl Metrics {
 pub struct AppState {
     backend: Backend,
     template: Option<ChatTemplate>,
+    /// The model's fill-in-the-middle tokens (`suffix`, `/infill`), when it has them.
+    fim: Option<FimTokens>,
+    /// The model's name in `/v1/models` and every answer.
+    served_name: String,
     args: ServeArgs,
     gate: Arc<Semaphore>,
     /// Free station KV sessions (ids `gw-PID-i`), with what each holds.
@@ -266,6 +267,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if template.is_none() {
         warn!("no station serves a tokenizer: chat completions will be refused");
     }
+    let fim = match backend.tok {
+        Some(_) => backend
+            .fim_tokens()
+            .context("looking up the fill-in-the-middle tokens")?,
+        None => None,
+    };
     let pool = (0..args.max_concurrent)
         .map(|i| KvSession::with_id(format!("gw-{}-{i}", std::process::id())))
         .collect();
@@ -275,6 +282,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics: Metrics::default(),
         created: now_s(),
         template,
+        fim,
+        served_name: backend.model_id.clone(),
         backend,
         args,
     });
@@ -289,7 +298,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr().context("local address")?;
         println!(
             "moonshine serve: listening on http://{addr} (model {}, {} hop(s))",
-            state.backend.model_id,
+            state.served_name,
             state.backend.chain.hops().len()
         );
         use std::io::Write;
@@ -331,26 +340,6 @@ pub async fn serve(
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 type Resp = Response<Body>;
 
-/// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    code: Option<&'static str>,
-    param: Option<&'static str>,
-    message: String,
-}
-
-fn bad(param: Option<&'static str>, message: impl Into<String>) -> ApiError {
-    ApiError {
-        status: StatusCode::BAD_REQUEST,
-        kind: "invalid_request_error",
-        code: None,
-        param,
-        message: message.into(),
-    }
-}
-
 impl ApiError {
     fn response(&self) -> Resp {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
@@ -360,36 +349,6 @@ impl ApiError {
                 .insert("retry-after", HeaderValue::from_static("1"));
         }
         r
-    }
-}
-
-impl From<GenError> for ApiError {
-    fn from(e: GenError) -> ApiError {
-        match e {
-            GenError::Template(_) | GenError::EmptyPrompt => bad(Some("messages"), e.to_string()),
-            GenError::ContextFull { .. } => ApiError {
-                code: Some("context_length_exceeded"),
-                ..bad(Some("messages"), e.to_string())
-            },
-            GenError::Station(fat_station::client::ClientError::Refused {
-                status: 400 | 413,
-                ..
-            }) => bad(Some("messages"), e.to_string()),
-            GenError::NoTokenizer => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: "server_error",
-                code: Some("no_tokenizer"),
-                param: None,
-                message: e.to_string(),
-            },
-            _ => ApiError {
-                status: StatusCode::BAD_GATEWAY,
-                kind: "server_error",
-                code: Some("station_error"),
-                param: None,
-                message: e.to_string(),
-            },
-        }
     }
 }
 
@@ -412,7 +371,14 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
             e.response()
         }
     };
-    let known = ["/v1/chat/completions", "/v1/models", "/metrics", "/health"];
+    let known = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/infill",
+        "/v1/models",
+        "/metrics",
+        "/health",
+    ];
     st.metrics.request(
         if known.contains(&path.as_str()) {
             &path
@@ -431,10 +397,12 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
 
 async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions") => chat_completions(st, req).await,
+        (&Method::POST, "/v1/chat/completions") => completion(st, req, Route::Chat).await,
+        (&Method::POST, "/v1/completions") => completion(st, req, Route::Completions).await,
+        (&Method::POST, "/infill") => completion(st, req, Route::Infill).await,
         (&Method::GET, "/v1/models") => Ok(json_resp(
             StatusCode::OK,
-            &json!({"object": "list", "data": [{"id": st.backend.model_id, "object": "model", "created": st.created, "owned_by": "aeon-shell"}]}),
+            &json!({"object": "list", "data": [{"id": st.served_name, "object": "model", "created": st.created, "owned_by": "aeon-shell"}]}),
         )),
         (&Method::GET, "/metrics") => {
             let total = st.args.max_concurrent;
@@ -447,9 +415,9 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         }
         (&Method::GET, "/health") => Ok(json_resp(
             StatusCode::OK,
-            &json!({"status": "ok", "model": st.backend.model_id}),
+            &json!({"status": "ok", "model": st.served_name}),
         )),
-        (_, p @ ("/v1/chat/completions" | "/v1/models" | "/metrics" | "/health")) => {
+        (_, p @ ("/v1/chat/completions" | "/v1/completions" | "/infill" | "/v1/models" | "/metrics" | "/health")) => {
             Err(ApiError {
                 status: StatusCode::METHOD_NOT_ALLOWED,
                 kind: "invalid_request_error",
@@ -468,208 +436,6 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
     }
 }
 
-/// `POST /v1/chat/completions` body (fields we do not use are ignored).
-#[derive(Deserialize, Debug)]
-struct ChatRequest {
-    model: Option<String>,
-    messages: Option<Vec<ApiMessage>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    /// Extension (llama.cpp, vLLM): top-k sampling.
-    top_k: Option<i64>,
-    /// Extension (llama.cpp): repetition penalty.
-    repeat_penalty: Option<f32>,
-    seed: Option<i64>,
-    stop: Option<Stop>,
-    n: Option<i64>,
-    tools: Option<Vec<Value>>,
-    logprobs: Option<bool>,
-    frequency_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-}
-
-#[derive(Deserialize, Debug)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Deserialize, Debug)]
-struct ApiMessage {
-    role: String,
-    content: Option<Content>,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize, Debug)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// A validated request.
-struct Job {
-    messages: Vec<Message>,
-    stream: bool,
-    include_usage: bool,
-    max_tokens: usize,
-    sampling: SamplingParams,
-    stops: Vec<String>,
-}
-
-fn validate(r: ChatRequest, args: &ServeArgs) -> Result<Job, ApiError> {
-    if r.model.as_deref().is_none_or(str::is_empty) {
-        return Err(bad(Some("model"), "you must provide a model parameter"));
-    }
-    let msgs = r
-        .messages
-        .ok_or_else(|| bad(Some("messages"), "messages is required"))?;
-    if msgs.is_empty() {
-        return Err(bad(
-            Some("messages"),
-            "messages must hold at least one message",
-        ));
-    }
-    let mut messages = Vec::with_capacity(msgs.len());
-    for (i, m) in msgs.into_iter().enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            "tool" => "tool",
-            other => return Err(bad(Some("messages"), format!("messages[{i}].role {other:?} is not one of system, developer, user, assistant, tool"))),
-        };
-        let content = match m.content {
-            Some(Content::Text(t)) => t,
-            Some(Content::Parts(parts)) => {
-                let mut t = String::new();
-                for p in parts {
-                    match (p.kind.as_str(), p.text) {
-                        ("text", Some(s)) => t.push_str(&s),
-                        (k, _) => return Err(bad(Some("messages"), format!("messages[{i}]: content part type {k:?} is not supported (text only)"))),
-                    }
-                }
-                t
-            }
-            None => {
-                return Err(bad(
-                    Some("messages"),
-                    format!("messages[{i}].content is required"),
-                ))
-            }
-        };
-        messages.push(Message::new(role, content));
-    }
-    if r.n.is_some_and(|n| n != 1) {
-        return Err(bad(Some("n"), "only n = 1 is supported"));
-    }
-    if r.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(bad(Some("tools"), "tools are not supported"));
-    }
-    if r.logprobs == Some(true) {
-        return Err(bad(Some("logprobs"), "logprobs are not supported"));
-    }
-    for (name, v) in [
-        ("frequency_penalty", r.frequency_penalty),
-        ("presence_penalty", r.presence_penalty),
-    ] {
-        if v.is_some_and(|v| v != 0.0) {
-            return Err(bad(
-                Some(if name == "frequency_penalty" {
-                    "frequency_penalty"
-                } else {
-                    "presence_penalty"
-                }),
-                format!("{name} is not supported (use repeat_penalty)"),
-            ));
-        }
-    }
-    let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
-        None => args.default_max_tokens.min(args.max_tokens_limit),
-        Some(n) if n >= 1 && (n as u64) <= args.max_tokens_limit as u64 => n as usize,
-        Some(n) => {
-            return Err(bad(
-                Some("max_tokens"),
-                format!(
-                    "max_tokens must be between 1 and {}, got {n}",
-                    args.max_tokens_limit
-                ),
-            ))
-        }
-    };
-    let temperature = r.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(bad(
-            Some("temperature"),
-            format!("temperature must be between 0 and 2, got {temperature}"),
-        ));
-    }
-    let top_k = match r.top_k {
-        None => 0,
-        Some(k) if k >= 0 => k as usize,
-        Some(k) => return Err(bad(Some("top_k"), format!("top_k must be >= 0, got {k}"))),
-    };
-    let sampling = SamplingParams {
-        temperature,
-        top_k,
-        top_p: r.top_p.unwrap_or(1.0),
-        repeat_penalty: r.repeat_penalty.unwrap_or(1.0),
-        repeat_last_n: 64,
-        seed: r.seed.map(|s| s as u64).unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        }),
-    };
-    sampling.validate().map_err(|e| {
-        let param = match e {
-            crate::sampling::SamplingError::Temperature(_) => "temperature",
-            crate::sampling::SamplingError::TopP(_) => "top_p",
-            crate::sampling::SamplingError::RepeatPenalty(_) => "repeat_penalty",
-        };
-        bad(Some(param), e.to_string())
-    })?;
-    let stops = match r.stop {
-        None => vec![],
-        Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) => v,
-    };
-    if stops.len() > 4 {
-        return Err(bad(Some("stop"), "at most 4 stop sequences"));
-    }
-    let stream = r.stream.unwrap_or(false);
-    Ok(Job {
-        messages,
-        stream,
-        include_usage: stream && r.stream_options.is_some_and(|o| o.include_usage),
-        max_tokens,
-        sampling,
-        stops,
-    })
-}
-
-/// The request body, bounded in size (413) and in the wait for each piece (408, `--body-timeout`),
-/// by the same reader as the station's.
 async fn read_body(st: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     use fat_station::station::conn::{self, BodyError};
     let max = st.args.max_body;
@@ -814,18 +580,110 @@ impl Drop for Lease {
 /// What the generation thread reports once the prompt is in the cache.
 struct Started {
     timing: Timing,
-    prompt_tokens: usize,
 }
 
-async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+/// The `param` a route's prompt problems name.
+fn prompt_param(route: Route) -> &'static str {
+    match route {
+        Route::Chat => "messages",
+        Route::Completions => "prompt",
+        Route::Infill => "input_prefix",
+    }
+}
+
+/// A generation error as the API answers it; prompt problems name `param`.
+fn api_error(e: GenError, param: &'static str) -> ApiError {
+    match e {
+        GenError::Template(_) | GenError::EmptyPrompt => bad(Some(param), e.to_string()),
+        GenError::ContextFull { .. } => ApiError {
+            code: Some("context_length_exceeded"),
+            ..bad(Some(param), e.to_string())
+        },
+        GenError::Station(fat_station::client::ClientError::Refused {
+            status: 400 | 413, ..
+        }) => bad(Some(param), e.to_string()),
+        GenError::NoTokenizer => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            code: Some("no_tokenizer"),
+            param: None,
+            message: e.to_string(),
+        },
+        _ => ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            kind: "server_error",
+            code: Some("station_error"),
+            param: None,
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Checks what a job needs from the model before admission: a chat template for chat, the
+/// fill-in-the-middle tokens for a suffix, a tokenizer for text.
+fn check_model(st: &AppState, route: Route, job: &Job) -> Result<(), ApiError> {
+    match &job.prompt {
+        PromptSpec::Ids(_) => Ok(()),
+        _ if st.backend.tok.is_none() => Err(api_error(GenError::NoTokenizer, "")),
+        PromptSpec::Chat(_) if st.template.is_none() => {
+            Err(api_error(GenError::NoTokenizer, ""))
+        }
+        PromptSpec::Fim { .. } if st.fim.is_none() => {
+            let param = if route == Route::Infill {
+                "input_suffix"
+            } else {
+                "suffix"
+            };
+            Err(bad(
+                Some(param),
+                format!(
+                    "{param}: model {} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>)",
+                    st.backend.model_id
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The prompt's ids and, for `echo`, its text (station calls: run on the blocking pool).
+fn prompt_tokens(st: &AppState, job: &Job) -> Result<(Vec<u32>, Option<String>), GenError> {
+    let b = &st.backend;
+    let ids = match &job.prompt {
+        PromptSpec::Chat(m) => b.chat_tokens(st.template.as_ref().ok_or(GenError::NoTokenizer)?, m)?,
+        PromptSpec::Text(t) => b.tokenize(t, None)?,
+        PromptSpec::Ids(ids) => ids.clone(),
+        PromptSpec::Fim {
+            prefix,
+            suffix,
+            middle,
+        } => b.fim_prompt(st.fim.ok_or(GenError::NoTokenizer)?, prefix, suffix, middle)?,
+    };
+    let echo = match (&job.prompt, job.echo) {
+        (_, false) => None,
+        (PromptSpec::Text(t), true) => Some(t.clone()),
+        (_, true) => Some(b.detokenize(&ids)?),
+    };
+    Ok((ids, echo))
+}
+
+/// `POST /v1/chat/completions`, `/v1/completions`, `/infill`: parse, check, admit,
+/// tokenize, generate on the blocking pool, answer whole or as server-sent events.
+async fn completion(
+    st: &Arc<AppState>,
+    req: Request<Incoming>,
+    route: Route,
+) -> Result<Resp, ApiError> {
     let t0 = Instant::now();
     let body = read_body(st, req).await?;
-    let r: ChatRequest =
-        serde_json::from_slice(&body).map_err(|e| bad(None, format!("invalid JSON body: {e}")))?;
-    let job = validate(r, &st.args)?;
-    if st.template.is_none() {
-        return Err(GenError::NoTokenizer.into());
-    }
+    let limits = Limits {
+        default_max_tokens: st.args.default_max_tokens,
+        max_tokens_limit: st.args.max_tokens_limit,
+        vocab: st.backend.info.as_ref().map(|i| i.vocab),
+    };
+    let job = api::parse(route, &body, &limits)?;
+    check_model(st, route, &job)?;
+    let pparam = prompt_param(route);
 
     // Admission before any station call; the slot is held from here on (RAII).
     let permit = admit(st).await?;
@@ -833,28 +691,28 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
 
     // Render and tokenize (station calls: blocking pool).
     let st2 = st.clone();
-    let messages = job.messages.clone();
-    let prompt = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, GenError> {
-        let t = st2.template.as_ref().ok_or(GenError::NoTokenizer)?;
-        st2.backend.chat_tokens(t, &messages)
-    })
-    .await
-    .map_err(|e| internal(format!("tokenize task: {e}")))??;
+    let job2 = job.clone();
+    let (prompt, echo) = tokio::task::spawn_blocking(move || prompt_tokens(&st2, &job2))
+        .await
+        .map_err(|e| internal(format!("tokenize task: {e}")))?
+        .map_err(|e| api_error(e, pparam))?;
     let tokenize_ms = t0.elapsed().as_secs_f64() * 1e3 - queue_ms;
     let lease = Lease::new(st, permit, &prompt)?;
 
     let id = format!(
-        "chatcmpl-{:x}{:x}",
+        "{}{:x}{:x}",
+        Answer::id_prefix(route),
         now_s(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     );
     let created = now_s();
-    let model = st.backend.model_id.clone();
+    let model = st.served_name.clone();
     let gen = GenRequest {
         prompt,
         max_tokens: job.max_tokens,
         sampling: job.sampling.clone(),
         stops: job.stops.clone(),
+        logprobs: job.logprobs,
     };
     let (ready_tx, ready_rx) = oneshot::channel::<Result<Started, ApiError>>();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -862,13 +720,16 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let stream = job.stream;
     let include_usage = job.include_usage;
+    let want_logprobs = job.logprobs.is_some();
     let st3 = st.clone();
-    let (id2, model2) = (id.clone(), model.clone());
-    let gen_task = tokio::task::spawn_blocking(move || -> Result<GenOutcome, ApiError> {
+    let id2 = id.clone();
+    let gen_task = tokio::task::spawn_blocking(move || -> Result<(Value, Timing), ApiError> {
         let mut lease = lease;
         let st = st3;
         let t = Instant::now();
         let is_cancelled = || cancel.load(Ordering::Relaxed);
+        let text_of = |tok: u32| st.backend.token_text(tok).unwrap_or_default();
+        let mut answer = Answer::new(route, id2.clone(), created, model, echo, want_logprobs, &text_of);
         let session = lease
             .session
             .as_mut()
@@ -889,32 +750,25 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
             }
             Err(e) => {
                 warn!(id = %id2, "prefill failed: {e}");
-                let _ = ready_tx.send(Err(e.into()));
+                let _ = ready_tx.send(Err(api_error(e, pparam)));
                 return Err(internal("prefill failed".into()));
             }
         };
         let _ = ready_tx.send(Ok(Started {
             timing: g.timing().clone(),
-            prompt_tokens: gen.prompt.len(),
         }));
-        let chunk = |delta: Value, finish: Value| {
-            sse(
-                &json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-            )
-        };
         let gone = stream
-            && tx
-                .blocking_send(chunk(
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                ))
-                .is_err();
-        let out = g.run(|text| {
+            && answer
+                .first_chunk()
+                .is_some_and(|c| tx.blocking_send(sse(&c)).is_err());
+        let mut sent_lps = 0;
+        let out = g.run_with_logprobs(|text, lps| {
+            sent_lps += lps.len();
             !gone
                 && !is_cancelled()
                 && (!stream
                     || tx
-                        .blocking_send(chunk(json!({"content": text}), Value::Null))
+                        .blocking_send(sse(&answer.chunk(text, lps, None)))
                         .is_ok())
         });
         st.metrics
@@ -928,7 +782,7 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
                     let _ = tx.blocking_send(sse(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": "station_error"}})));
                     let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
                 }
-                return Err(e.into());
+                return Err(api_error(e, pparam));
             }
         };
         let completion = o.completion_tokens(&st.backend);
@@ -951,23 +805,37 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
                 lease.finish = "cancelled";
                 st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 info!(id = %id2, tokens = completion, "client went away: generation cancelled");
-                return Ok(o);
+                return Ok((Value::Null, o.timing));
             }
             Finish::Stop => "stop",
             Finish::Length => "length",
         };
         lease.finish = reason;
+        let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion, "total_tokens": o.prompt_tokens + completion});
         if stream {
-            let mut done = tx.blocking_send(sse(&json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))).is_ok();
+            // The last chunk carries the logprobs of tokens that added no text (a stop
+            // string's), so the streamed logprobs are the whole answer's.
+            let rest = &o.logprobs[sent_lps.min(o.logprobs.len())..];
+            let mut done = tx
+                .blocking_send(sse(&answer.chunk("", rest, Some(reason))))
+                .is_ok();
             if done && include_usage {
-                let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion, "total_tokens": o.prompt_tokens + completion});
-                done = tx.blocking_send(sse(&json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2, "choices": [], "usage": usage}))).is_ok();
+                done = tx.blocking_send(sse(&answer.usage_chunk(&usage))).is_ok();
             }
             if done {
                 let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
             }
+            return Ok((Value::Null, o.timing));
         }
-        Ok(o)
+        let stop_type = match (o.finish, o.tokens.last()) {
+            (Finish::Length, _) => "limit",
+            (_, Some(&t)) if st.backend.is_eog(t) => "eos",
+            _ => "word",
+        };
+        Ok((
+            answer.whole(&o.text, &o.logprobs, reason, stop_type, &usage),
+            o.timing,
+        ))
     });
     let started = match ready_rx.await {
         Ok(Ok(s)) => s,
@@ -1006,24 +874,13 @@ async fn chat_completions(st: &Arc<AppState>, req: Request<Incoming>) -> Result<
     }
     drop(rx);
     let _cancel_guard = cancel_guard;
-    let o = gen_task
+    let (body, timing) = gen_task
         .await
         .map_err(|e| internal(format!("generation task: {e}")))??;
-    let completion = o.completion_tokens(&st.backend);
-    let reason = if o.finish == Finish::Stop {
-        "stop"
-    } else {
-        "length"
-    };
-    let body = json!({
-        "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": o.text}, "finish_reason": reason, "logprobs": null}],
-        "usage": {"prompt_tokens": started.prompt_tokens, "completion_tokens": completion, "total_tokens": started.prompt_tokens + completion},
-    });
     let mut r = json_resp(StatusCode::OK, &body);
-    let total = o.timing.server_timing();
     let hv = format!(
-        "tokenize;dur={tokenize_ms:.1}, queue;dur={queue_ms:.1}, {total}, total;dur={:.1}",
+        "{}, total;dur={:.1}",
+        timing_header(&timing),
         t0.elapsed().as_secs_f64() * 1e3
     );
     if let Ok(v) = HeaderValue::from_str(&hv) {
@@ -1078,117 +935,6 @@ impl hyper::body::Body for SseBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args() -> ServeArgs {
-        ServeArgs {
-            target: TargetArgs {
-                station: "http://127.0.0.1:1".into(),
-                mesh: None,
-                discover: false,
-                discover_listen: "0.0.0.0:7979".parse().unwrap(),
-                discover_timeout: 1.0,
-                timeout: 1,
-            },
-            listen: "127.0.0.1:0".parse().unwrap(),
-            max_concurrent: 1,
-            max_queue: 1,
-            default_max_tokens: 16,
-            max_tokens_limit: 100,
-            max_body: 1000,
-            body_timeout: 30,
-        }
-    }
-
-    fn parse(v: Value) -> Result<Job, ApiError> {
-        validate(
-            serde_json::from_value(v).map_err(|e| bad(None, e.to_string()))?,
-            &args(),
-        )
-    }
-
-    #[test]
-    fn a_plain_request_validates_with_openai_defaults() {
-        let j =
-            parse(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})).unwrap();
-        assert_eq!(j.messages, vec![Message::new("user", "hi")]);
-        assert_eq!(
-            (
-                j.stream,
-                j.max_tokens,
-                j.sampling.temperature,
-                j.sampling.top_p
-            ),
-            (false, 16, 1.0, 1.0)
-        );
-        let j = parse(json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}, "stop": "x", "seed": 5, "temperature": 0,
-            "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}))
-        .unwrap();
-        assert_eq!(j.messages, vec![Message::new("system", "ab")]);
-        assert!(j.stream && j.include_usage);
-        assert_eq!(
-            (j.stops, j.sampling.seed, j.sampling.temperature),
-            (vec!["x".to_string()], 5, 0.0)
-        );
-    }
-
-    #[test]
-    fn bad_requests_name_the_parameter() {
-        let cases = [
-            (
-                json!({"messages": [{"role": "user", "content": "hi"}]}),
-                "model",
-            ),
-            (json!({"model": "m"}), "messages"),
-            (json!({"model": "m", "messages": []}), "messages"),
-            (
-                json!({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}),
-                "messages",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
-                "max_tokens",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 101}),
-                "max_tokens",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}),
-                "temperature",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}),
-                "top_p",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}),
-                "n",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}),
-                "stop",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}),
-                "presence_penalty",
-            ),
-        ];
-        for (body, param) in cases {
-            let e = parse(body.clone())
-                .err()
-                .unwrap_or_else(|| panic!("{body} should be refused"));
-            assert_eq!(
-                (e.status, e.param),
-                (StatusCode::BAD_REQUEST, Some(param)),
-                "{body}: {}",
-                e.message
-            );
-        }
-        // Wrong types are caught by the JSON parser.
-        assert!(
-            serde_json::from_value::<ChatRequest>(json!({"model": "m", "messages": "hi"})).is_err()
-        );
-    }
 
     #[test]
     fn metrics_render_as_prometheus_text() {

@@ -340,6 +340,7 @@ fn a_session_evicted_mid_generation_is_refilled_and_the_tokens_are_unchanged() {
         max_tokens: 10,
         sampling: SamplingParams::default(),
         stops: vec![],
+        logprobs: None,
     };
     let plain = generate(&b, &mut KvSession::new("plain"), &req, |_| true).expect("plain");
 

@@ -51,7 +51,7 @@ fn the_official_openai_client_chats_streams_and_cancels() {
     let out = String::from_utf8_lossy(&o.stdout);
     eprintln!("{out}{}", String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "check_openai.py failed:\n{out}");
-    assert!(out.contains("5 passed, 0 failed"), "{out}");
+    assert!(out.contains("8 passed, 0 failed"), "{out}");
 }
 
 #[test]
@@ -569,4 +569,210 @@ fn a_withheld_request_body_is_answered_408_after_the_body_timeout() {
     s.read_exact(&mut head)
         .expect("an answer within the body timeout, not a hang");
     assert_eq!(&head, b"HTTP/1.1 408", "{}", String::from_utf8_lossy(&head));
+/// POSTs `body` to `route` of the gateway: (status, JSON body).
+fn call(gw: &Proc, route: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = ureq::post(&format!("{}{route}", gw.url)).send_string(&body.to_string());
+    let (status, r) = match r {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(s, r)) => (s, r),
+        Err(e) => panic!("{route}: {e}"),
+    };
+    let text = r.into_string().expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{route}: {e}: {text}")),
+    )
+}
+
+/// POSTs a streamed request: the SSE events' JSON, `[DONE]` left out (and required last).
+fn call_stream(gw: &Proc, route: &str, body: &serde_json::Value) -> Vec<serde_json::Value> {
+    let text = ureq::post(&format!("{}{route}", gw.url))
+        .send_string(&body.to_string())
+        .unwrap_or_else(|e| panic!("{route} stream: {e}"))
+        .into_string()
+        .expect("body");
+    let mut events = sse_events(&text);
+    assert_eq!(events.pop().as_deref(), Some("[DONE]"), "{text}");
+    events
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}")))
+        .collect()
+}
+
+const PARIS: &str = "What is the capital of France? Answer in one word.";
+
+fn paris(extra: serde_json::Value) -> serde_json::Value {
+    let mut body = serde_json::json!({"model": "m", "max_tokens": 6, "temperature": 0,
+        "messages": [{"role": "user", "content": PARIS}]});
+    for (k, v) in extra.as_object().expect("object") {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn content(v: &serde_json::Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no content: {v}"))
+        .to_string()
+}
+
+/// Issue 20, items 1 and 2: fields the gateway used to accept and ignore are refused by name
+/// (`response_format`, `top_logprobs`) or honoured (`logit_bias`, `min_p`, `frequency_penalty`,
+/// `logprobs`), streamed and not.
+#[test]
+fn every_accepted_field_is_honoured_and_the_rest_refused() {
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &[]);
+    let chat = "/v1/chat/completions";
+
+    // Refused by name, OpenAI's error shape.
+    for (field, value) in [
+        ("response_format", serde_json::json!({"type": "json_object"})),
+        ("tools", serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {}}}])),
+        ("top_logprobs", serde_json::json!(2)),
+        ("grammar", serde_json::json!("root ::= \"yes\"")),
+    ] {
+        let (s, e) = call(&gw, chat, &paris(serde_json::json!({ field: value })));
+        assert_eq!(s, 400, "{field}: {e}");
+        assert_eq!(e["error"]["param"], field, "{e}");
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+        assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains(field)), "{e}");
+    }
+
+    // logprobs: the chosen tokens spell the answer; greedy picks the best alternative.
+    let (s, v) = call(&gw, chat, &paris(serde_json::json!({"logprobs": true, "top_logprobs": 3})));
+    assert_eq!(s, 200, "{v}");
+    let answer = content(&v);
+    assert!(answer.contains("Paris"), "{v}");
+    let lps = v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs").clone();
+    let spelled: String = lps.iter().map(|t| t["token"].as_str().expect("token")).collect();
+    assert_eq!(spelled, answer);
+    for t in &lps {
+        let top = t["top_logprobs"].as_array().expect("top");
+        assert_eq!(top.len(), 3, "{t}");
+        assert_eq!(top[0]["token"], t["token"], "greedy takes the most likely: {t}");
+        let lp = t["logprob"].as_f64().expect("logprob");
+        assert!(lp <= 0.0 && (lp - top[0]["logprob"].as_f64().expect("lp")).abs() < 1e-6, "{t}");
+        assert!(top.windows(2).all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()), "{t}");
+        assert_eq!(
+            t["bytes"].as_array().map(|b| b.len()),
+            t["token"].as_str().map(str::len),
+            "{t}"
+        );
+    }
+    // Streamed: the same tokens, chunk by chunk.
+    let events = call_stream(&gw, chat, &paris(serde_json::json!({"stream": true, "logprobs": true, "top_logprobs": 3})));
+    let streamed: Vec<serde_json::Value> = events
+        .iter()
+        .flat_map(|e| e["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(streamed, lps);
+
+    // logit_bias -100 bans the token greedy decoding chose first.
+    let first = lps[0]["token"].as_str().expect("token").to_string();
+    let b = moonshine::generate::Backend::connect(
+        &moonshine::generate::Target::Station(st.url.clone()),
+        Duration::from_secs(60),
+    )
+    .expect("connect");
+    let id = match b.tokenize(&first, Some(false)).expect("tokenize")[..] {
+        [id] => id,
+        ref ids => panic!("{first:?} is {ids:?}"),
+    };
+    let (s, v) = call(&gw, chat, &paris(serde_json::json!({"logit_bias": {id.to_string(): -100}, "logprobs": true})));
+    assert_eq!(s, 200, "{v}");
+    assert_ne!(v["choices"][0]["logprobs"]["content"][0]["token"], first.as_str(), "{v}");
+
+    // min_p 1 leaves only the best token: temperature 2 then decodes greedily.
+    let story = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({"model": "m", "max_tokens": 24,
+            "messages": [{"role": "user", "content": "Write a sentence about a lighthouse."}]});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (s, v) = call(&gw, chat, &body);
+        assert_eq!(s, 200, "{v}");
+        content(&v)
+    };
+    let greedy = story(serde_json::json!({"temperature": 0}));
+    assert_eq!(story(serde_json::json!({"temperature": 2, "min_p": 1.0, "seed": 1})), greedy);
+    // The same seed gives the same text; the frequency penalty changes a greedy answer.
+    let hot = story(serde_json::json!({"temperature": 1, "seed": 11}));
+    assert_eq!(story(serde_json::json!({"temperature": 1, "seed": 11})), hot);
+    assert_ne!(story(serde_json::json!({"temperature": 0, "frequency_penalty": 2.0})), greedy);
+}
+
+/// Issue 20, item 3: `/v1/completions` (text or ids, echo, stop, logprobs, stream) and
+/// fill-in-the-middle with Qwen2.5-Coder's own FIM tokens, by `suffix` and by `/infill`.
+#[test]
+fn completions_and_fill_in_the_middle() {
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &[]);
+    let cmpl = "/v1/completions";
+    let prompt = "The capital of France is";
+    let (s, v) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["object"], "text_completion", "{v}");
+    let text = v["choices"][0]["text"].as_str().expect("text").to_string();
+    assert!(text.contains("Paris"), "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: String = lp["tokens"].as_array().expect("tokens").iter().map(|t| t.as_str().expect("str")).collect();
+    assert_eq!(tokens, text, "{v}");
+    assert_eq!(lp["text_offset"][0], 0, "{v}");
+    assert!(lp["top_logprobs"][0].as_object().is_some_and(|m| m.len() == 2), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+
+    // Token ids, as a list and a list of one list, and echo.
+    let b = moonshine::generate::Backend::connect(
+        &moonshine::generate::Target::Station(st.url.clone()),
+        Duration::from_secs(60),
+    )
+    .expect("connect");
+    let ids = b.tokenize(prompt, None).expect("tokenize");
+    for p in [serde_json::json!(ids), serde_json::json!([ids])] {
+        let (s, v) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": p, "max_tokens": 4, "temperature": 0, "echo": true}));
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], format!("{prompt}{text}"), "{v}");
+    }
+    // Streamed with a stop string: the same text up to the stop.
+    let events = call_stream(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": true, "stop": "is"}));
+    let streamed: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, text.split("is").next().unwrap_or_default());
+    assert_eq!(events.last().map(|e| e["choices"][0]["finish_reason"].clone()), Some(serde_json::json!(if text.contains("is") { "stop" } else { "length" })));
+
+    // Fill in the middle: the body of `add` uses its arguments.
+    let (s, v) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8, "temperature": 0}));
+    assert_eq!(s, 200, "{v}");
+    let middle = v["choices"][0]["text"].as_str().expect("text");
+    assert!(middle.contains('a') && middle.contains('b') && middle.contains('+'), "{v}");
+    let (s, v) = call(&gw, "/infill", &serde_json::json!({"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 8, "temperature": 0}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["content"].as_str(), Some(middle), "{v}");
+    assert!(v["tokens_predicted"].as_u64().is_some_and(|n| n >= 1), "{v}");
+
+    // A prompt of bad ids, two prompts: 400 naming `prompt`.
+    for p in [serde_json::json!([999_999_999]), serde_json::json!(["a", "b"])] {
+        let (s, e) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": p}));
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some("prompt")), "{e}");
+    }
+}
+
+/// A model whose vocabulary has no fill-in-the-middle tokens refuses `suffix` by name.
+#[test]
+fn a_model_without_fim_tokens_refuses_suffix() {
+    let (Some(knot), Some(bin)) = (test_support::model(test_support::GEMMA), station_bin()) else {
+        return;
+    };
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &[]);
+    let (s, e) = call(&gw, "/v1/completions", &serde_json::json!({"model": "m", "prompt": "def f(", "suffix": ")"}));
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("suffix")), "{e}");
+    let (s, e) = call(&gw, "/infill", &serde_json::json!({"input_prefix": "def f(", "input_suffix": ")"}));
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("input_suffix")), "{e}");
+    // Plain completions work.
+    let (s, v) = call(&gw, "/v1/completions", &serde_json::json!({"model": "m", "prompt": "Hello", "max_tokens": 2}));
+    assert_eq!(s, 200, "{v}");
 }

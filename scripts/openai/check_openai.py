@@ -8,7 +8,10 @@ Checks, against a gateway already running on --base-url (e.g. http://127.0.0.1:8
   4. a bad request is a 400 with an OpenAI-style error;
   5. a client that disconnects mid-stream frees its session: the gateway's /metrics shows
      moonshine_cancelled_total up by one and moonshine_sessions_busy back to 0, and the
-     cancelled generation stopped long before max_tokens.
+     cancelled generation stopped long before max_tokens;
+  6. logprobs with top_logprobs, streamed and not: the tokens spell the answer;
+  7. a field the gateway cannot honour (response_format json_object) is a 400 naming it;
+  8. /v1/completions, streamed and not, and fill-in-the-middle through `suffix`.
 Prints one line per check and exits 0 only if all pass.
 
 Used by moonshine/tests/openai.rs; run by hand as
@@ -106,7 +109,40 @@ def main():
     check("disconnect frees the session", cancelled == 1 and after.get("moonshine_sessions_busy") == 0 and generated < long_max // 4,
           f"cancelled {cancelled:.0f}, sessions busy {after.get('moonshine_sessions_busy')}, {generated:.0f} tokens generated before stopping")
 
-    print(f"{4 + 1 - len(failures)} passed, {len(failures)} failed")
+    r = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=args.max_tokens,
+                                       logprobs=True, top_logprobs=2)
+    lps = r.choices[0].logprobs.content
+    spelled = "".join(t.token for t in lps)
+    pieces = []
+    for chunk in client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=args.max_tokens,
+                                                logprobs=True, top_logprobs=2, stream=True):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                pieces.extend(c.logprobs.content)
+    check("logprobs", spelled == r.choices[0].message.content and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in lps)
+          and [t.token for t in pieces] == [t.token for t in lps] and [t.logprob for t in pieces] == [t.logprob for t in lps],
+          f"{len(lps)} tokens {spelled!r}, first {lps[0].token!r} {lps[0].logprob:.3f} (top {[(a.token, round(a.logprob, 3)) for a in lps[0].top_logprobs]}); {len(pieces)} streamed")
+
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4, response_format={"type": "json_object"})
+        check("unhonoured field refused", False, "response_format json_object was accepted")
+    except openai.BadRequestError as e:
+        check("unhonoured field refused", e.status_code == 400 and getattr(e, "param", None) == "response_format",
+              f"{e.status_code} param={getattr(e, 'param', None)}")
+
+    prompt = "The capital of France is"
+    c = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0)
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(model=model, prompt=prompt, max_tokens=4,
+                                                                             temperature=0, stream=True) if ch.choices)
+    fim = client.completions.create(model=model, prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n",
+                                    max_tokens=8, temperature=0)
+    middle = fim.choices[0].text
+    check("completions and fill-in-the-middle", "Paris" in c.choices[0].text and streamed == c.choices[0].text
+          and c.object == "text_completion" and "a" in middle and "b" in middle and "+" in middle,
+          f"{c.choices[0].text!r} streamed {streamed!r}; middle {middle!r}")
+
+    total = 8
+    print(f"{total - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 
 

@@ -1,0 +1,1049 @@
+//! The OpenAI-compatible API's requests, apart from the server: `/v1/chat/completions`,
+//! `/v1/completions` and llama-server's `/infill` bodies parsed and validated into a [`Job`],
+//! the OpenAI error shape, and the field rule: a field the gateway cannot honour is refused
+//! with a 400 naming it, never ignored.
+//!
+//! The field rule, in [`unhonoured`]: every field OpenAI defines for these routes is either
+//! honoured, or accepted only with the values that ask for nothing (`tools: []`,
+//! `response_format: {"type": "text"}`, `n: 1`, ...), or refused. The llama-server and vLLM
+//! extensions that change the output and are not built here (`grammar`, `json_schema`,
+//! `guided_json`, `typical_p`, `mirostat`, `ignore_eos`, ...) are refused the same way. Any
+//! other key is ignored, as llama-server ignores keys it does not know.
+
+use std::collections::BTreeMap;
+
+use hyper::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::chat::Message;
+use crate::sampling::{SamplingError, SamplingParams, TokenLogprob};
+
+/// An OpenAI-style error: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub param: Option<&'static str>,
+    pub message: String,
+}
+
+/// A 400 `invalid_request_error` naming `param`.
+pub fn bad(param: Option<&'static str>, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        kind: "invalid_request_error",
+        code: None,
+        param,
+        message: message.into(),
+    }
+}
+
+/// What the gateway's flags and the model bound a request by.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    /// The model's vocabulary size (token ids in `logit_bias` and prompts must be below it).
+    pub vocab: Option<u32>,
+}
+
+/// What a generation continues.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptSpec {
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<Message>),
+    /// Raw text (special-token text in it is parsed, as llama-server's `/completion` does).
+    Text(String),
+    /// Token ids as given.
+    Ids(Vec<u32>),
+    /// Fill-in-the-middle: the code before and after the hole, and the start of the middle.
+    Fim {
+        prefix: String,
+        suffix: String,
+        middle: String,
+    },
+}
+
+/// A validated request.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub prompt: PromptSpec,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stops: Vec<String>,
+    /// Alternatives per token in the logprobs (`Some(0)`: the chosen token's only); `None`:
+    /// no logprobs.
+    pub logprobs: Option<usize>,
+    /// Completions: the answer starts with the prompt's text.
+    pub echo: bool,
+}
+
+/// Most alternatives per token `top_logprobs` (chat) and `logprobs` (completions) may ask.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// The sampling fields the three routes share (OpenAI's, llama.cpp's `top_k`, `min_p`,
+/// `repeat_penalty`).
+#[derive(Deserialize, Debug, Default)]
+struct SamplingFields {
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    /// Extension (llama.cpp, vLLM): top-k sampling.
+    top_k: Option<i64>,
+    /// Extension (llama.cpp, vLLM): min-p sampling.
+    min_p: Option<f32>,
+    /// Extension (llama.cpp): repetition penalty.
+    repeat_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    /// Token id (as a string) -> bias in -100..=100.
+    logit_bias: Option<BTreeMap<String, f32>>,
+}
+
+/// `POST /v1/chat/completions` body.
+#[derive(Deserialize, Debug)]
+struct ChatRequest {
+    model: Option<String>,
+    messages: Option<Vec<ApiMessage>>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    n: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
+}
+
+/// `POST /v1/completions` body.
+#[derive(Deserialize, Debug)]
+struct CompletionRequest {
+    model: Option<String>,
+    prompt: Option<Prompt>,
+    suffix: Option<String>,
+    echo: Option<bool>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    n: Option<i64>,
+    /// Completions' form: how many alternatives per token (0..=20).
+    logprobs: Option<i64>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
+}
+
+/// llama-server's `POST /infill` body.
+#[derive(Deserialize, Debug)]
+struct InfillRequest {
+    input_prefix: Option<String>,
+    input_suffix: Option<String>,
+    input_extra: Option<Vec<Value>>,
+    /// Added after the middle marker: the start of the code to fill.
+    prompt: Option<String>,
+    n_predict: Option<i64>,
+    max_tokens: Option<i64>,
+    stream: Option<bool>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<i64>),
+    IdLists(Vec<Vec<i64>>),
+}
+
+#[derive(Deserialize, Debug)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize, Debug)]
+struct ApiMessage {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize, Debug)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The routes whose bodies [`parse`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+    Infill,
+}
+
+/// Parses and validates a body for `route`.
+pub fn parse(route: Route, body: &[u8], limits: &Limits) -> Result<Job, ApiError> {
+    let map: Map<String, Value> =
+        serde_json::from_slice(body).map_err(|e| bad(None, format!("invalid JSON body: {e}")))?;
+    for (k, v) in &map {
+        if let Some(field) = unhonoured(route, k, v) {
+            return Err(bad(
+                Some(field),
+                format!("`{field}` = {v} is not supported by this gateway (it refuses what it cannot honour)"),
+            ));
+        }
+    }
+    let v = Value::Object(map);
+    let typed = |e: serde_json::Error| bad(None, format!("invalid request: {e}"));
+    match route {
+        Route::Chat => validate_chat(serde_json::from_value(v).map_err(typed)?, limits),
+        Route::Completions => {
+            validate_completion(serde_json::from_value(v).map_err(typed)?, limits)
+        }
+        Route::Infill => validate_infill(serde_json::from_value(v).map_err(typed)?, limits),
+    }
+}
+
+/// The field `key` names when `route` cannot honour it with value `v` (`None`: honoured,
+/// asks for nothing, or a key neither OpenAI nor the listed extensions define).
+pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
+    let none = v.is_null();
+    let empty = none || v.as_array().is_some_and(|a| a.is_empty());
+    let off = none || *v == Value::Bool(false);
+    let is = |vals: &[&str]| v.as_str().is_some_and(|s| vals.contains(&s));
+    let num = |n: f64| none || v.as_f64() == Some(n);
+    let (field, ok): (&'static str, bool) = match key {
+        // OpenAI chat fields not built here, with the values that ask for nothing.
+        "tools" => ("tools", empty),
+        "tool_choice" => ("tool_choice", none || is(&["none", "auto"])),
+        "functions" => ("functions", empty),
+        "function_call" => ("function_call", none || is(&["none", "auto"])),
+        "response_format" => (
+            "response_format",
+            none || v.get("type").and_then(Value::as_str) == Some("text"),
+        ),
+        "audio" => ("audio", none),
+        "modalities" => (
+            "modalities",
+            none || v
+                .as_array()
+                .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text"))),
+        ),
+        "prediction" => ("prediction", none),
+        "store" => ("store", off),
+        "service_tier" => ("service_tier", none || is(&["auto", "default"])),
+        "reasoning_effort" => ("reasoning_effort", none),
+        "verbosity" => ("verbosity", none),
+        "web_search_options" => ("web_search_options", none),
+        // Completions: more than one candidate.
+        "best_of" => ("best_of", num(1.0)),
+        // The chat route has no `suffix` or `echo` (vLLM's chat `echo` included).
+        "suffix" if route != Route::Completions => ("suffix", none),
+        "echo" if route != Route::Completions => ("echo", off),
+        "input_extra" if route == Route::Infill => ("input_extra", empty),
+        // llama-server and vLLM extensions that change the output and are not built here.
+        "grammar" => ("grammar", none || v.as_str() == Some("")),
+        "json_schema" => ("json_schema", none),
+        "guided_json" => ("guided_json", none),
+        "guided_regex" => ("guided_regex", none),
+        "guided_choice" => ("guided_choice", none),
+        "guided_grammar" => ("guided_grammar", none),
+        "structured_outputs" => ("structured_outputs", none),
+        "typical_p" => ("typical_p", num(1.0)),
+        "tfs_z" => ("tfs_z", num(1.0)),
+        "mirostat" => ("mirostat", num(0.0)),
+        "dynatemp_range" => ("dynatemp_range", num(0.0)),
+        "xtc_probability" => ("xtc_probability", num(0.0)),
+        "dry_multiplier" => ("dry_multiplier", num(0.0)),
+        "top_n_sigma" => ("top_n_sigma", num(-1.0)),
+        "ignore_eos" => ("ignore_eos", off),
+        "min_tokens" => ("min_tokens", num(0.0)),
+        "repetition_penalty" => ("repetition_penalty", num(1.0)),
+        "n_probs" => ("n_probs", num(0.0)),
+        "n_indent" => ("n_indent", num(0.0)),
+        "continue_final_message" => ("continue_final_message", off),
+        "add_generation_prompt" => ("add_generation_prompt", none || *v == Value::Bool(true)),
+        "chat_template_kwargs" => ("chat_template_kwargs", none),
+        _ => return None,
+    };
+    (!ok).then_some(field)
+}
+
+fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
+    need_model(r.model.as_deref())?;
+    let msgs = r
+        .messages
+        .ok_or_else(|| bad(Some("messages"), "messages is required"))?;
+    if msgs.is_empty() {
+        return Err(bad(
+            Some("messages"),
+            "messages must hold at least one message",
+        ));
+    }
+    let mut messages = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" => "tool",
+            other => return Err(bad(Some("messages"), format!("messages[{i}].role {other:?} is not one of system, developer, user, assistant, tool"))),
+        };
+        let content = match m.content {
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), p.text) {
+                        ("text", Some(s)) => t.push_str(&s),
+                        (k, _) => return Err(bad(Some("messages"), format!("messages[{i}]: content part type {k:?} is not supported (text only)"))),
+                    }
+                }
+                t
+            }
+            None => {
+                return Err(bad(
+                    Some("messages"),
+                    format!("messages[{i}].content is required"),
+                ))
+            }
+        };
+        messages.push(Message::new(role, content));
+    }
+    one_choice(r.n, "n")?;
+    let logprobs = match (r.logprobs, r.top_logprobs) {
+        (Some(true), n) => Some(top_n(n.unwrap_or(0), "top_logprobs")?),
+        (_, None) => None,
+        (_, Some(_)) => {
+            return Err(bad(
+                Some("top_logprobs"),
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+    };
+    let stream = r.stream.unwrap_or(false);
+    Ok(Job {
+        prompt: PromptSpec::Chat(messages),
+        stream,
+        include_usage: stream && r.stream_options.is_some_and(|o| o.include_usage),
+        max_tokens: max_tokens(r.max_completion_tokens.or(r.max_tokens), limits)?,
+        sampling: sampling(&r.sampling, limits)?,
+        stops: stops(r.sampling.stop)?,
+        logprobs,
+        echo: false,
+    })
+}
+
+fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, ApiError> {
+    need_model(r.model.as_deref())?;
+    one_choice(r.n, "n")?;
+    let one = "one prompt per request (an array of one string or of one token list)";
+    let prompt = match r
+        .prompt
+        .ok_or_else(|| bad(Some("prompt"), "prompt is required"))?
+    {
+        Prompt::Text(t) => PromptSpec::Text(t),
+        Prompt::Texts(mut v) if v.len() == 1 => PromptSpec::Text(v.remove(0)),
+        Prompt::Ids(ids) if !ids.is_empty() => PromptSpec::Ids(token_ids(&ids, limits)?),
+        Prompt::IdLists(v) if v.len() == 1 => PromptSpec::Ids(token_ids(&v[0], limits)?),
+        _ => return Err(bad(Some("prompt"), one)),
+    };
+    let echo = r.echo.unwrap_or(false);
+    let logprobs = match r.logprobs {
+        None => None,
+        Some(n) => Some(top_n(n, "logprobs")?),
+    };
+    if echo && logprobs.is_some() {
+        // The stations return the last position's logits only: no prompt logprobs.
+        return Err(bad(
+            Some("echo"),
+            "echo with logprobs is not supported: the prompt's own log-probabilities are not computed",
+        ));
+    }
+    let prompt = match (r.suffix, prompt) {
+        (None, p) => p,
+        (Some(_), _) if echo => {
+            return Err(bad(Some("suffix"), "suffix and echo do not go together"))
+        }
+        (Some(suffix), PromptSpec::Text(prefix)) => PromptSpec::Fim {
+            prefix,
+            suffix,
+            middle: String::new(),
+        },
+        (Some(_), _) => {
+            return Err(bad(
+                Some("suffix"),
+                "suffix needs the prompt as text, not token ids",
+            ))
+        }
+    };
+    let stream = r.stream.unwrap_or(false);
+    Ok(Job {
+        prompt,
+        stream,
+        include_usage: stream && r.stream_options.is_some_and(|o| o.include_usage),
+        max_tokens: max_tokens(r.max_tokens, limits)?,
+        sampling: sampling(&r.sampling, limits)?,
+        stops: stops(r.sampling.stop)?,
+        logprobs,
+        echo,
+    })
+}
+
+fn validate_infill(r: InfillRequest, limits: &Limits) -> Result<Job, ApiError> {
+    if r.stream == Some(true) {
+        return Err(bad(
+            Some("stream"),
+            "/infill does not stream here; use /v1/completions with suffix and stream",
+        ));
+    }
+    if r.input_extra.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(bad(Some("input_extra"), "input_extra is not supported"));
+    }
+    let (prefix, suffix) = (
+        r.input_prefix.unwrap_or_default(),
+        r.input_suffix.unwrap_or_default(),
+    );
+    let n = match r.n_predict.or(r.max_tokens) {
+        // llama-server's "no limit".
+        Some(-1) => None,
+        n => n,
+    };
+    Ok(Job {
+        prompt: PromptSpec::Fim {
+            prefix,
+            suffix,
+            middle: r.prompt.unwrap_or_default(),
+        },
+        stream: false,
+        include_usage: false,
+        max_tokens: max_tokens(n, limits)?,
+        sampling: sampling(&r.sampling, limits)?,
+        stops: stops(r.sampling.stop)?,
+        logprobs: None,
+        echo: false,
+    })
+}
+
+fn need_model(model: Option<&str>) -> Result<(), ApiError> {
+    if model.is_none_or(str::is_empty) {
+        return Err(bad(Some("model"), "you must provide a model parameter"));
+    }
+    Ok(())
+}
+
+fn one_choice(n: Option<i64>, field: &'static str) -> Result<(), ApiError> {
+    if n.is_some_and(|n| n != 1) {
+        return Err(bad(Some(field), format!("only {field} = 1 is supported")));
+    }
+    Ok(())
+}
+
+fn top_n(n: i64, field: &'static str) -> Result<usize, ApiError> {
+    if !(0..=MAX_TOP_LOGPROBS).contains(&n) {
+        return Err(bad(
+            Some(field),
+            format!("{field} must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+        ));
+    }
+    Ok(n as usize)
+}
+
+fn token_ids(ids: &[i64], limits: &Limits) -> Result<Vec<u32>, ApiError> {
+    let vocab = limits.vocab.map_or(u32::MAX as i64, i64::from);
+    ids.iter()
+        .map(|&i| {
+            if (0..vocab).contains(&i) {
+                Ok(i as u32)
+            } else {
+                Err(bad(
+                    Some("prompt"),
+                    format!("token id {i} is outside the vocabulary (0..{vocab})"),
+                ))
+            }
+        })
+        .collect()
+}
+
+fn max_tokens(n: Option<i64>, limits: &Limits) -> Result<usize, ApiError> {
+    match n {
+        None => Ok(limits.default_max_tokens.min(limits.max_tokens_limit)),
+        Some(n) if n >= 1 && (n as u64) <= limits.max_tokens_limit as u64 => Ok(n as usize),
+        Some(n) => Err(bad(
+            Some("max_tokens"),
+            format!(
+                "max_tokens must be between 1 and {}, got {n}",
+                limits.max_tokens_limit
+            ),
+        )),
+    }
+}
+
+fn stops(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
+        None => vec![],
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stops.len() > 4 {
+        return Err(bad(Some("stop"), "at most 4 stop sequences"));
+    }
+    Ok(stops)
+}
+
+fn sampling(f: &SamplingFields, limits: &Limits) -> Result<SamplingParams, ApiError> {
+    let temperature = f.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(bad(
+            Some("temperature"),
+            format!("temperature must be between 0 and 2, got {temperature}"),
+        ));
+    }
+    let top_k = match f.top_k {
+        None => 0,
+        Some(k) if k >= 0 => k as usize,
+        Some(k) => return Err(bad(Some("top_k"), format!("top_k must be >= 0, got {k}"))),
+    };
+    let mut logit_bias = Vec::new();
+    for (k, &b) in f.logit_bias.iter().flatten() {
+        let id = k
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| limits.vocab.is_none_or(|v| id < v))
+            .ok_or_else(|| {
+                bad(
+                    Some("logit_bias"),
+                    format!("logit_bias key {k:?} is not a token id of this model"),
+                )
+            })?;
+        logit_bias.push((id, b));
+    }
+    let p = SamplingParams {
+        temperature,
+        top_k,
+        top_p: f.top_p.unwrap_or(1.0),
+        repeat_penalty: f.repeat_penalty.unwrap_or(1.0),
+        repeat_last_n: 64,
+        seed: f.seed.map(|s| s as u64).unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        }),
+        min_p: f.min_p.unwrap_or(0.0),
+        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+        logit_bias,
+    };
+    p.validate().map_err(|e| {
+        let param = match e {
+            SamplingError::Temperature(_) => "temperature",
+            SamplingError::TopP(_) => "top_p",
+            SamplingError::RepeatPenalty(_) => "repeat_penalty",
+            SamplingError::MinP(_) => "min_p",
+            SamplingError::PresencePenalty(_) => "presence_penalty",
+            SamplingError::FrequencyPenalty(_) => "frequency_penalty",
+            SamplingError::LogitBias(..) => "logit_bias",
+        };
+        bad(Some(param), e.to_string())
+    })?;
+    Ok(p)
+}
+
+/// What JSON can carry for a log-probability: OpenAI's -9999 for a banned token's -inf.
+fn finite(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
+
+/// The answer's JSON in a route's shapes: chat (`chat.completion`, `chat.completion.chunk`),
+/// completions (`text_completion`) and llama-server's infill (`content`). `text_of` gives a
+/// token's text for the logprobs.
+pub struct Answer<'a> {
+    pub route: Route,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// Completions with `echo`: the prompt's text, which the answer starts with.
+    pub echo: Option<String>,
+    /// Logprobs were asked for.
+    pub logprobs: bool,
+    pub text_of: &'a dyn Fn(u32) -> String,
+    /// Completions' `text_offset`: characters of the answer before the next token.
+    offset: usize,
+}
+
+impl<'a> Answer<'a> {
+    pub fn new(
+        route: Route,
+        id: String,
+        created: u64,
+        model: String,
+        echo: Option<String>,
+        logprobs: bool,
+        text_of: &'a dyn Fn(u32) -> String,
+    ) -> Answer<'a> {
+        let offset = echo.as_deref().map_or(0, |e| e.chars().count());
+        Answer {
+            route,
+            id,
+            created,
+            model,
+            echo,
+            logprobs,
+            text_of,
+            offset,
+        }
+    }
+
+    /// `chatcmpl-` or `cmpl-`.
+    pub fn id_prefix(route: Route) -> &'static str {
+        match route {
+            Route::Chat => "chatcmpl-",
+            Route::Completions | Route::Infill => "cmpl-",
+        }
+    }
+
+    fn logprobs_json(&mut self, lps: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let text_of = self.text_of;
+        match self.route {
+            Route::Chat => {
+                let entry = |id: u32, lp: f32| {
+                    let t = text_of(id);
+                    json!({"token": t, "logprob": finite(lp), "bytes": t.as_bytes()})
+                };
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|t| {
+                        let mut e = entry(t.id, t.logprob);
+                        e["top_logprobs"] = t.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Route::Completions | Route::Infill => {
+                let (mut tokens, mut lp, mut top, mut offs) = (vec![], vec![], vec![], vec![]);
+                for t in lps {
+                    let text = text_of(t.id);
+                    offs.push(self.offset);
+                    self.offset += text.chars().count();
+                    tokens.push(text);
+                    lp.push(finite(t.logprob));
+                    let alts: Map<String, Value> = t
+                        .top
+                        .iter()
+                        .map(|&(id, l)| (text_of(id), json!(finite(l))))
+                        .collect();
+                    top.push(alts);
+                }
+                json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offs})
+            }
+        }
+    }
+
+    fn chunk_json(&self, choice: Value) -> Value {
+        let object = match self.route {
+            Route::Chat => "chat.completion.chunk",
+            _ => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    /// The stream's opening chunk: chat's role, or completions' echoed prompt.
+    pub fn first_chunk(&self) -> Option<Value> {
+        match (self.route, &self.echo) {
+            (Route::Chat, _) => Some(self.chunk_json(
+                json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+            )),
+            (_, Some(e)) => Some(self.chunk_json(
+                json!({"index": 0, "text": e, "logprobs": null, "finish_reason": null}),
+            )),
+            _ => None,
+        }
+    }
+
+    /// A chunk of text with the logprobs of the tokens behind it; with `finish`, the last.
+    pub fn chunk(&mut self, text: &str, lps: &[TokenLogprob], finish: Option<&str>) -> Value {
+        let logprobs = self.logprobs_json(lps);
+        let choice = match (self.route, finish) {
+            (Route::Chat, None) => {
+                json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
+            }
+            (Route::Chat, Some(f)) => {
+                json!({"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": f})
+            }
+            (_, f) => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": f}),
+        };
+        self.chunk_json(choice)
+    }
+
+    /// The stream's usage chunk (no choices).
+    pub fn usage_chunk(&self, usage: &Value) -> Value {
+        let mut v = self.chunk_json(Value::Null);
+        v["choices"] = json!([]);
+        v["usage"] = usage.clone();
+        v
+    }
+
+    /// The whole answer, not streamed. `stop_type` is llama-server's (`eos`, `word`,
+    /// `limit`) for `/infill`.
+    pub fn whole(
+        &mut self,
+        text: &str,
+        lps: &[TokenLogprob],
+        finish: &str,
+        stop_type: &str,
+        usage: &Value,
+    ) -> Value {
+        let logprobs = self.logprobs_json(lps);
+        let head =
+            json!({"id": self.id, "created": self.created, "model": self.model, "usage": usage});
+        let mut v = match self.route {
+            Route::Chat => json!({"object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}]}),
+            Route::Completions => {
+                let full = format!("{}{text}", self.echo.as_deref().unwrap_or(""));
+                json!({"object": "text_completion",
+                    "choices": [{"index": 0, "text": full, "logprobs": logprobs, "finish_reason": finish}]})
+            }
+            Route::Infill => {
+                return json!({"content": text, "stop": true, "stop_type": stop_type, "model": self.model,
+                    "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"]});
+            }
+        };
+        for (k, x) in head.as_object().into_iter().flatten() {
+            v[k] = x.clone();
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const LIMITS: Limits = Limits {
+        default_max_tokens: 16,
+        max_tokens_limit: 100,
+        vocab: Some(1000),
+    };
+
+    fn chat(v: Value) -> Result<Job, ApiError> {
+        parse(Route::Chat, v.to_string().as_bytes(), &LIMITS)
+    }
+
+    fn completion(v: Value) -> Result<Job, ApiError> {
+        parse(Route::Completions, v.to_string().as_bytes(), &LIMITS)
+    }
+
+    fn refused<T>(r: Result<T, ApiError>) -> (StatusCode, Option<&'static str>) {
+        let e = r.err().expect("refused");
+        (e.status, e.param)
+    }
+
+    #[test]
+    fn a_plain_request_validates_with_openai_defaults() {
+        let j =
+            chat(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+        assert_eq!(j.prompt, PromptSpec::Chat(vec![Message::new("user", "hi")]));
+        assert_eq!(
+            (
+                j.stream,
+                j.max_tokens,
+                j.sampling.temperature,
+                j.sampling.top_p,
+                j.logprobs
+            ),
+            (false, 16, 1.0, 1.0, None)
+        );
+        let j = chat(json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}, "stop": "x", "seed": 5, "temperature": 0,
+            "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}))
+        .unwrap();
+        assert_eq!(
+            j.prompt,
+            PromptSpec::Chat(vec![Message::new("system", "ab")])
+        );
+        assert!(j.stream && j.include_usage);
+        assert_eq!(
+            (j.stops, j.sampling.seed, j.sampling.temperature),
+            (vec!["x".to_string()], 5, 0.0)
+        );
+    }
+
+    #[test]
+    fn bad_requests_name_the_parameter() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let cases = [
+            (json!({"messages": hi}), "model"),
+            (json!({"model": "m"}), "messages"),
+            (json!({"model": "m", "messages": []}), "messages"),
+            (
+                json!({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}),
+                "messages",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "max_tokens": 0}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "max_tokens": 101}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "temperature": 3}),
+                "temperature",
+            ),
+            (json!({"model": "m", "messages": hi, "top_p": 0}), "top_p"),
+            (json!({"model": "m", "messages": hi, "n": 2}), "n"),
+            (
+                json!({"model": "m", "messages": hi, "stop": ["a", "b", "c", "d", "e"]}),
+                "stop",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "presence_penalty": 2.5}),
+                "presence_penalty",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "frequency_penalty": -3}),
+                "frequency_penalty",
+            ),
+            (json!({"model": "m", "messages": hi, "min_p": 2}), "min_p"),
+            (
+                json!({"model": "m", "messages": hi, "logit_bias": {"x": 1}}),
+                "logit_bias",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "logit_bias": {"1000": 1}}),
+                "logit_bias",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "logit_bias": {"5": 101}}),
+                "logit_bias",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "top_logprobs": 2}),
+                "top_logprobs",
+            ),
+            (
+                json!({"model": "m", "messages": hi, "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+        ];
+        for (body, param) in cases {
+            assert_eq!(
+                refused(chat(body.clone())),
+                (StatusCode::BAD_REQUEST, Some(param)),
+                "{body}"
+            );
+        }
+        // Wrong types: a 400 too.
+        assert_eq!(
+            refused(chat(json!({"model": "m", "messages": "hi"}))).0,
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    fn a_field_the_gateway_cannot_honour_is_refused_by_name() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        for (field, value) in [
+            ("response_format", json!({"type": "json_object"})),
+            (
+                "response_format",
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+            ),
+            (
+                "tools",
+                json!([{"type": "function", "function": {"name": "f"}}]),
+            ),
+            ("tool_choice", json!("required")),
+            ("functions", json!([{"name": "f"}])),
+            ("audio", json!({"voice": "alloy", "format": "wav"})),
+            ("modalities", json!(["text", "audio"])),
+            ("prediction", json!({"type": "content", "content": "x"})),
+            ("store", json!(true)),
+            ("service_tier", json!("flex")),
+            ("reasoning_effort", json!("low")),
+            ("web_search_options", json!({})),
+            ("grammar", json!("root ::= \"a\"")),
+            ("json_schema", json!({"type": "object"})),
+            ("guided_json", json!({"type": "object"})),
+            ("typical_p", json!(0.5)),
+            ("mirostat", json!(2)),
+            ("ignore_eos", json!(true)),
+            ("repetition_penalty", json!(1.3)),
+            ("echo", json!(true)),
+            ("suffix", json!("x")),
+        ] {
+            let mut body = json!({"model": "m", "messages": hi});
+            body[field] = value.clone();
+            let e = chat(body)
+                .err()
+                .unwrap_or_else(|| panic!("{field} = {value} accepted"));
+            assert_eq!(
+                (e.status, e.param, e.kind),
+                (
+                    StatusCode::BAD_REQUEST,
+                    Some(field),
+                    "invalid_request_error"
+                ),
+                "{field}"
+            );
+            assert!(e.message.contains(field), "{}", e.message);
+        }
+        // The values that ask for nothing pass, and so do keys no one defines.
+        let j = chat(
+            json!({"model": "m", "messages": hi, "tools": [], "tool_choice": "none",
+            "response_format": {"type": "text"}, "n": 1, "store": false, "service_tier": "auto",
+            "modalities": ["text"], "logprobs": false, "user": "u", "metadata": {"a": "b"},
+            "parallel_tool_calls": true, "typical_p": 1.0, "cache_prompt": true, "x_vendor": 3}),
+        );
+        assert!(j.is_ok(), "{:?}", j.err());
+    }
+
+    #[test]
+    fn sampling_fields_reach_the_sampler() {
+        let j = chat(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "logit_bias": {"7": -100, "9": 2.5}, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "min_p": 0.05, "seed": 42, "logprobs": true, "top_logprobs": 3}))
+        .unwrap();
+        let s = &j.sampling;
+        assert_eq!(s.logit_bias, vec![(7, -100.0), (9, 2.5)]);
+        assert_eq!(
+            (s.presence_penalty, s.frequency_penalty, s.min_p, s.seed),
+            (0.5, -0.25, 0.05, 42)
+        );
+        assert_eq!(j.logprobs, Some(3));
+        let j = chat(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}))
+            .unwrap();
+        assert_eq!(j.logprobs, Some(0));
+    }
+
+    #[test]
+    fn completions_take_text_ids_and_arrays_of_one() {
+        let p = |v: Value| completion(json!({"model": "m", "prompt": v})).map(|j| j.prompt);
+        assert_eq!(p(json!("def f")).unwrap(), PromptSpec::Text("def f".into()));
+        assert_eq!(
+            p(json!(["def f"])).unwrap(),
+            PromptSpec::Text("def f".into())
+        );
+        assert_eq!(p(json!([1, 2, 3])).unwrap(), PromptSpec::Ids(vec![1, 2, 3]));
+        assert_eq!(p(json!([[4, 5]])).unwrap(), PromptSpec::Ids(vec![4, 5]));
+        for bad in [
+            json!(["a", "b"]),
+            json!([[1], [2]]),
+            json!([]),
+            json!([1000]),
+            json!([-1]),
+        ] {
+            assert_eq!(
+                refused(p(bad.clone())),
+                (StatusCode::BAD_REQUEST, Some("prompt")),
+                "{bad}"
+            );
+        }
+        let j =
+            completion(json!({"model": "m", "prompt": "a", "suffix": "b", "logprobs": 2})).unwrap();
+        assert_eq!(
+            (j.prompt, j.logprobs),
+            (
+                PromptSpec::Fim {
+                    prefix: "a".into(),
+                    suffix: "b".into(),
+                    middle: String::new()
+                },
+                Some(2)
+            )
+        );
+        for (body, param) in [
+            (
+                json!({"model": "m", "prompt": "a", "echo": true, "logprobs": 1}),
+                "echo",
+            ),
+            (
+                json!({"model": "m", "prompt": [1], "suffix": "b"}),
+                "suffix",
+            ),
+            (
+                json!({"model": "m", "prompt": "a", "logprobs": 21}),
+                "logprobs",
+            ),
+            (
+                json!({"model": "m", "prompt": "a", "best_of": 2}),
+                "best_of",
+            ),
+            (json!({"model": "m"}), "prompt"),
+        ] {
+            assert_eq!(
+                refused(completion(body.clone())),
+                (StatusCode::BAD_REQUEST, Some(param)),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn infill_reads_llama_server_fields() {
+        let j = parse(
+            Route::Infill,
+            json!({"input_prefix": "p", "input_suffix": "s", "prompt": "m", "n_predict": 7})
+                .to_string()
+                .as_bytes(),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(
+            (j.prompt, j.max_tokens),
+            (
+                PromptSpec::Fim {
+                    prefix: "p".into(),
+                    suffix: "s".into(),
+                    middle: "m".into()
+                },
+                7
+            )
+        );
+        let e = parse(
+            Route::Infill,
+            json!({"input_prefix": "p", "input_extra": [{"filename": "a", "text": "b"}]})
+                .to_string()
+                .as_bytes(),
+            &LIMITS,
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(e.param, Some("input_extra"));
+    }
+}
