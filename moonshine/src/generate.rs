@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fat_station::client::{Chain, ClientError, MeshFile, StationClient, StepTrace};
-use fat_station::wire::TokenizerInfo;
+use fat_station::wire::{Health, TokenizerInfo};
+use knot_format::LayerRange;
 use serde::Serialize;
 
 use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
@@ -32,6 +33,9 @@ pub enum GenError {
     /// The prompt alone does not fit in the stations' context (`413 context_full` in prefill).
     #[error("the prompt ({prompt} tokens) does not fit in the model's context: {source}")]
     ContextFull { prompt: usize, source: ClientError },
+    /// The chain does not run the whole model ([`chain_problem`]).
+    #[error("the chain is incomplete: {0}")]
+    Incomplete(String),
     /// The caller cancelled during prefill (the client went away).
     #[error("cancelled after {prefilled} prompt tokens were prefilled")]
     Cancelled { prefilled: usize },
@@ -74,6 +78,52 @@ pub struct Backend {
     pub model_id: String,
     /// Each token's text, as detokenized alone (for logprobs), filled as asked.
     pieces: std::sync::Mutex<std::collections::HashMap<u32, String>>,
+}
+
+/// What one hop's `/health` says is wrong for the blocks `r` the chain gives it: it does not
+/// serve them all, or it is not serving (`None`: fine).
+pub fn hop_problem(url: &str, r: LayerRange, h: &Health) -> Option<String> {
+    let serves = LayerRange::parse(&h.layers);
+    if !serves.is_some_and(|s| s.contains_range(&r)) {
+        return Some(format!(
+            "{url} serves layers {}, the chain needs {}-{} from it",
+            h.layers, r.start, r.end
+        ));
+    }
+    (h.status != "ok").then(|| format!("{url} reports status {:?}", h.status))
+}
+
+/// Why a chain of hops `(url, blocks, health)` in layer order does not run the whole model
+/// (`None`: it does): each hop serves its blocks, one model throughout, blocks `0..n` all
+/// covered, the first hop embeds, the last runs the LM head. The ranges are already known
+/// to tile from 0 without gaps ([`Chain::new`]).
+pub fn chain_problem(hops: &[(&str, LayerRange, &Health)]) -> Option<String> {
+    let (first, last) = (hops.first()?, hops.last()?);
+    for &(url, r, h) in hops {
+        if let Some(p) = hop_problem(url, r, h) {
+            return Some(p);
+        }
+        if h.model_hash != first.2.model_hash {
+            return Some(format!(
+                "{url} serves model {} ({}), {} serves {} ({})",
+                h.model_id, h.model_hash, first.0, first.2.model_id, first.2.model_hash
+            ));
+        }
+    }
+    let n = first.2.n_layers;
+    if last.1.end != n {
+        return Some(format!(
+            "layers {}-{n} of {n} are not served (the last hop, {}, ends at {})",
+            last.1.end, last.0, last.1.end
+        ));
+    }
+    if !first.2.serves_embed {
+        return Some(format!("{} (the first hop) does not serve /embed", first.0));
+    }
+    if !last.2.serves_lm_head {
+        return Some(format!("{} (the last hop) does not serve /lm-head", last.0));
+    }
+    None
 }
 
 /// A model's fill-in-the-middle control tokens (Qwen2.5-Coder's `<|fim_prefix|>`,
@@ -128,12 +178,23 @@ impl Backend {
         };
         let mut tok = None;
         let mut model_id = None;
+        let mut healths = Vec::new();
         for (c, _) in chain.hops() {
             let h = c.health()?;
             model_id.get_or_insert(h.model_id.clone());
             if h.has_tokenizer && tok.is_none() {
                 tok = Some(c.clone());
             }
+            healths.push(h);
+        }
+        let hops: Vec<(&str, LayerRange, &Health)> = chain
+            .hops()
+            .iter()
+            .zip(&healths)
+            .map(|((c, r), h)| (c.url(), *r, h))
+            .collect();
+        if let Some(why) = chain_problem(&hops) {
+            return Err(GenError::Incomplete(why));
         }
         let info = match &tok {
             Some(t) => Some(t.tokenizer_info()?),
@@ -177,32 +238,30 @@ impl Backend {
 
     /// The id of `text` when the vocabulary holds it as one token (with special parsing).
     pub fn special_id(&self, text: &str) -> Result<Option<u32>, GenError> {
-        let ids = self.tokenizer()?.tokenize_parts(&[(text, true)], Some(false))?;
+        let ids = self
+            .tokenizer()?
+            .tokenize_parts(&[(text, true)], Some(false))?;
         Ok(match ids[..] {
             [id] => Some(id),
             _ => None,
         })
     }
 
-    /// The model's fill-in-the-middle tokens, `None` when its vocabulary lacks them. Two
-    /// spellings, as llama.cpp looks for: Qwen2.5-Coder's `<|fim_prefix|>` and StarCoder's
-    /// `<fim_prefix>` (and their `suffix`, `middle`).
+    /// The model's fill-in-the-middle tokens (`<|fim_prefix|>`, `<|fim_suffix|>`,
+    /// `<|fim_middle|>`), `None` when its vocabulary lacks any of them.
     pub fn fim_tokens(&self) -> Result<Option<FimTokens>, GenError> {
-        for (p, s, m) in [
-            ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
-            ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-        ] {
-            if let (Some(prefix), Some(suffix), Some(middle)) =
-                (self.special_id(p)?, self.special_id(s)?, self.special_id(m)?)
-            {
-                return Ok(Some(FimTokens {
-                    prefix,
-                    suffix,
-                    middle,
-                }));
-            }
-        }
-        Ok(None)
+        let (Some(prefix), Some(suffix), Some(middle)) = (
+            self.special_id("<|fim_prefix|>")?,
+            self.special_id("<|fim_suffix|>")?,
+            self.special_id("<|fim_middle|>")?,
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(FimTokens {
+            prefix,
+            suffix,
+            middle,
+        }))
     }
 
     /// A fill-in-the-middle prompt in the prefix-suffix-middle order Qwen2.5-Coder and
@@ -451,6 +510,7 @@ pub struct GenOutcome {
     pub prompt_sent: usize,
     pub finish: Finish,
     /// Per generated token (end-of-generation ids excluded), when asked.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
     pub prefill_s: f64,
     pub decode_s: f64,
@@ -680,4 +740,60 @@ pub fn oneoff(b: &Backend, tokens: &[u32]) -> Result<OneOff, GenError> {
         ms,
         timing,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(layers: &str, embed: bool, head: bool, hash: &str) -> Health {
+        Health {
+            status: "ok".into(),
+            model_id: "m".into(),
+            model_hash: hash.into(),
+            arch: "qwen2".into(),
+            role: "mid".into(),
+            layers: layers.into(),
+            n_layers: 24,
+            hidden: 896,
+            vocab: 1000,
+            serves_embed: embed,
+            serves_lm_head: head,
+            has_tokenizer: embed,
+            sessions: 0,
+            session_bytes: 0,
+            uptime_s: 1.0,
+            mesh: None,
+            node_id: None,
+        }
+    }
+
+    #[test]
+    fn a_chain_must_cover_every_layer_with_embed_and_head() {
+        let r = LayerRange::new;
+        let (a, b) = (
+            health("0-12", true, false, "h"),
+            health("12-24", false, true, "h"),
+        );
+        assert_eq!(
+            chain_problem(&[("A", r(0, 12), &a), ("B", r(12, 24), &b)]),
+            None
+        );
+        let why = chain_problem(&[("A", r(0, 12), &a)]).expect("half a model");
+        assert!(why.contains("layers 12-24 of 24 are not served"), "{why}");
+        let other = health("12-24", false, true, "other");
+        let why =
+            chain_problem(&[("A", r(0, 12), &a), ("B", r(12, 24), &other)]).expect("two models");
+        assert!(why.contains("B serves model"), "{why}");
+        let why =
+            chain_problem(&[("A", r(0, 12), &a), ("B", r(12, 24), &a)]).expect("wrong layers");
+        assert!(
+            why.contains("B serves layers 0-12, the chain needs 12-24"),
+            "{why}"
+        );
+        let headless = health("12-24", false, false, "h");
+        let why =
+            chain_problem(&[("A", r(0, 12), &a), ("B", r(12, 24), &headless)]).expect("no head");
+        assert!(why.contains("does not serve /lm-head"), "{why}");
+    }
 }

@@ -38,7 +38,9 @@ use tracing::{debug, info, warn};
 
 use crate::api::{self, bad, Answer, ApiError, Job, Limits, PromptSpec, Route};
 use crate::chat::ChatTemplate;
-use crate::generate::{Backend, FimTokens, Finish, GenError, GenRequest, Generation, KvSession, Timing};
+use crate::generate::{
+    Backend, FimTokens, Finish, GenError, GenRequest, Generation, KvSession, Timing,
+};
 use crate::target::TargetArgs;
 
 /// `moonshine serve` flags.
@@ -67,6 +69,39 @@ pub struct ServeArgs {
     /// Seconds to wait for the next piece of a request body before answering 408.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub body_timeout: u64,
+    /// Require `Authorization: Bearer KEY` on every route but `/health` (401 otherwise);
+    /// default: the `MOONSHINE_API_KEY` environment variable, when set.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Origins a browser may call the API from (CORS), comma-separated; `*` allows any.
+    /// Without it no CORS header is sent.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// The model's id in `/v1/models` and in every answer; default: the mesh file's `model`
+    /// or the station's model name, as a lower-case slug without a trailing weight-format
+    /// word (`Qwen2.5 Coder 0.5B Instruct AWQ` -> `qwen2.5-coder-0.5b-instruct`).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+}
+
+/// The default served name: `name` lower-cased, runs of other characters than letters,
+/// digits, `.`, `_` made one `-`, and a trailing `awq`/`gptq`/`gguf`/`exl2` dropped (the
+/// source checkpoint's format, which the served KNOT weights are not in).
+pub fn served_name(name: &str) -> String {
+    let mut words: Vec<String> = name
+        .to_lowercase()
+        .split(|c: char| !(c.is_alphanumeric() || c == '.' || c == '_'))
+        .filter(|w| !w.is_empty())
+        .map(String::from)
+        .collect();
+    while words.len() > 1
+        && words
+            .last()
+            .is_some_and(|w| ["awq", "gptq", "gguf", "exl2"].contains(&w.as_str()))
+    {
+        words.pop();
+    }
+    words.join("-")
 }
 
 /// Prometheus counters and gauges of the gateway.
@@ -242,6 +277,8 @@ pub struct AppState {
     fim: Option<FimTokens>,
     /// The model's name in `/v1/models` and every answer.
     served_name: String,
+    /// The key every route but `/health` asks for (`--api-key`, `MOONSHINE_API_KEY`).
+    api_key: Option<String>,
     args: ServeArgs,
     gate: Arc<Semaphore>,
     /// Free station KV sessions (ids `gw-PID-i`), with what each holds.
@@ -283,7 +320,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         created: now_s(),
         template,
         fim,
-        served_name: backend.model_id.clone(),
+        served_name: args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| served_name(&backend.model_id)),
+        api_key: args
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("MOONSHINE_API_KEY").ok())
+            .filter(|k| !k.is_empty()),
         backend,
         args,
     });
@@ -364,13 +409,26 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let t0 = Instant::now();
-    let r = match route(&st, req).await {
+    let origin = allowed_origin(&st.args.allowed_origins, &req);
+    let answer = if method == Method::OPTIONS {
+        Ok(preflight())
+    } else if let Err(e) = authorize(&st, &req, &path) {
+        Err(e)
+    } else {
+        route(&st, req).await
+    };
+    let mut r = match answer {
         Ok(r) => r,
         Err(e) => {
             info!("{method} {path} -> {} {}", e.status.as_u16(), e.message);
             e.response()
         }
     };
+    if let Some(o) = origin {
+        let h = r.headers_mut();
+        h.insert("access-control-allow-origin", o);
+        h.insert("vary", HeaderValue::from_static("origin"));
+    }
     let known = [
         "/v1/chat/completions",
         "/v1/completions",
@@ -395,6 +453,121 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
     Ok(r)
 }
 
+/// The request's `Origin` when `--allowed-origins` lists it (or `*`): the value of
+/// `Access-Control-Allow-Origin` for the answer.
+fn allowed_origin<B>(allowed: &[String], req: &Request<B>) -> Option<HeaderValue> {
+    let o = req.headers().get(hyper::header::ORIGIN)?;
+    let s = o.to_str().ok()?;
+    allowed
+        .iter()
+        .any(|a| a == "*" || a.trim_end_matches('/') == s)
+        .then(|| o.clone())
+}
+
+/// A CORS preflight (`OPTIONS`): which methods and headers a browser may use; the
+/// allow-origin header is added by [`handle`] for an allowed origin only. No key is asked
+/// (browsers send none on a preflight).
+fn preflight() -> Resp {
+    let mut r = Response::new(Full::new(Bytes::new()).boxed());
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    let h = r.headers_mut();
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("authorization, content-type"),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("600"));
+    r
+}
+
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`; else 401
+/// in OpenAI's shape (`invalid_api_key`).
+fn authorize<B>(st: &AppState, req: &Request<B>, path: &str) -> Result<(), ApiError> {
+    let Some(key) = &st.api_key else {
+        return Ok(());
+    };
+    if path == "/health" {
+        return Ok(());
+    }
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        kind: "invalid_request_error",
+        code: Some("invalid_api_key"),
+        param: None,
+        message: match given {
+            None => "no API key: send Authorization: Bearer KEY".into(),
+            Some(_) => "incorrect API key".into(),
+        },
+    })
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `GET /health`: asks every hop for its own `/health` (2 s each) and answers 200
+/// `{"status": "ok"}` only when each serves its blocks; else 503 naming the first hop down.
+async fn health(st: &Arc<AppState>) -> Result<Resp, ApiError> {
+    let st2 = st.clone();
+    let hops = tokio::task::spawn_blocking(move || {
+        st2.backend
+            .chain
+            .hops()
+            .iter()
+            .map(|(c, r)| {
+                let probe =
+                    fat_station::client::StationClient::new(c.url(), Duration::from_secs(2));
+                let problem = match probe.health() {
+                    Ok(h) => crate::generate::hop_problem(c.url(), *r, &h),
+                    Err(e) => Some(format!("{} is down: {e}", c.url())),
+                };
+                (
+                    c.url().to_string(),
+                    format!("{}-{}", r.start, r.end),
+                    problem,
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| internal(format!("health task: {e}")))?;
+    let list: Vec<Value> = hops
+        .iter()
+        .enumerate()
+        .map(|(i, (url, layers, p))| {
+            json!({"hop": i, "url": url, "layers": layers, "status": if p.is_some() { "down" } else { "ok" }, "error": p})
+        })
+        .collect();
+    let down = hops.iter().enumerate().find_map(|(i, (_, layers, p))| {
+        p.as_ref()
+            .map(|p| format!("hop {i} (layers {layers}): {p}"))
+    });
+    Ok(match down {
+        None => json_resp(
+            StatusCode::OK,
+            &json!({"status": "ok", "model": st.served_name, "hops": list}),
+        ),
+        Some(why) => json_resp(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "unavailable", "model": st.served_name, "hops": list,
+                "error": {"message": why, "type": "unavailable_error", "code": 503}}),
+        ),
+    })
+}
+
 async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => completion(st, req, Route::Chat).await,
@@ -413,19 +586,22 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
             );
             Ok(r)
         }
-        (&Method::GET, "/health") => Ok(json_resp(
-            StatusCode::OK,
-            &json!({"status": "ok", "model": st.served_name}),
-        )),
-        (_, p @ ("/v1/chat/completions" | "/v1/completions" | "/infill" | "/v1/models" | "/metrics" | "/health")) => {
-            Err(ApiError {
-                status: StatusCode::METHOD_NOT_ALLOWED,
-                kind: "invalid_request_error",
-                code: Some("method_not_allowed"),
-                param: None,
-                message: format!("{} is not allowed on {p}", req.method()),
-            })
-        }
+        (&Method::GET, "/health") => health(st).await,
+        (
+            _,
+            p @ ("/v1/chat/completions"
+            | "/v1/completions"
+            | "/infill"
+            | "/v1/models"
+            | "/metrics"
+            | "/health"),
+        ) => Err(ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "invalid_request_error",
+            code: Some("method_not_allowed"),
+            param: None,
+            message: format!("{} is not allowed on {p}", req.method()),
+        }),
         (_, p) => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
@@ -625,9 +801,7 @@ fn check_model(st: &AppState, route: Route, job: &Job) -> Result<(), ApiError> {
     match &job.prompt {
         PromptSpec::Ids(_) => Ok(()),
         _ if st.backend.tok.is_none() => Err(api_error(GenError::NoTokenizer, "")),
-        PromptSpec::Chat(_) if st.template.is_none() => {
-            Err(api_error(GenError::NoTokenizer, ""))
-        }
+        PromptSpec::Chat(_) if st.template.is_none() => Err(api_error(GenError::NoTokenizer, "")),
         PromptSpec::Fim { .. } if st.fim.is_none() => {
             let param = if route == Route::Infill {
                 "input_suffix"
@@ -650,7 +824,9 @@ fn check_model(st: &AppState, route: Route, job: &Job) -> Result<(), ApiError> {
 fn prompt_tokens(st: &AppState, job: &Job) -> Result<(Vec<u32>, Option<String>), GenError> {
     let b = &st.backend;
     let ids = match &job.prompt {
-        PromptSpec::Chat(m) => b.chat_tokens(st.template.as_ref().ok_or(GenError::NoTokenizer)?, m)?,
+        PromptSpec::Chat(m) => {
+            b.chat_tokens(st.template.as_ref().ok_or(GenError::NoTokenizer)?, m)?
+        }
         PromptSpec::Text(t) => b.tokenize(t, None)?,
         PromptSpec::Ids(ids) => ids.clone(),
         PromptSpec::Fim {
@@ -729,7 +905,15 @@ async fn completion(
         let t = Instant::now();
         let is_cancelled = || cancel.load(Ordering::Relaxed);
         let text_of = |tok: u32| st.backend.token_text(tok).unwrap_or_default();
-        let mut answer = Answer::new(route, id2.clone(), created, model, echo, want_logprobs, &text_of);
+        let mut answer = Answer::new(
+            route,
+            id2.clone(),
+            created,
+            model,
+            echo,
+            want_logprobs,
+            &text_of,
+        );
         let session = lease
             .session
             .as_mut()
@@ -935,6 +1119,27 @@ impl hyper::body::Body for SseBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_served_name_is_a_slug_without_the_source_format() {
+        assert_eq!(
+            served_name("Qwen2.5 Coder 0.5B Instruct AWQ"),
+            "qwen2.5-coder-0.5b-instruct"
+        );
+        assert_eq!(served_name("qwen-2hop"), "qwen-2hop");
+        assert_eq!(
+            served_name("SmolLM2 135M Instruct"),
+            "smollm2-135m-instruct"
+        );
+        assert_eq!(served_name("awq"), "awq");
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"key-1", b"key-1"));
+        assert!(!same_secret(b"key-1", b"key-2"));
+        assert!(!same_secret(b"key", b"key-1"));
+    }
 
     #[test]
     fn metrics_render_as_prometheus_text() {

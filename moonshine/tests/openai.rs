@@ -629,8 +629,14 @@ fn every_accepted_field_is_honoured_and_the_rest_refused() {
 
     // Refused by name, OpenAI's error shape.
     for (field, value) in [
-        ("response_format", serde_json::json!({"type": "json_object"})),
-        ("tools", serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {}}}])),
+        (
+            "response_format",
+            serde_json::json!({"type": "json_object"}),
+        ),
+        (
+            "tools",
+            serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ),
         ("top_logprobs", serde_json::json!(2)),
         ("grammar", serde_json::json!("root ::= \"yes\"")),
     ] {
@@ -638,24 +644,49 @@ fn every_accepted_field_is_honoured_and_the_rest_refused() {
         assert_eq!(s, 400, "{field}: {e}");
         assert_eq!(e["error"]["param"], field, "{e}");
         assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
-        assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains(field)), "{e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field)),
+            "{e}"
+        );
     }
 
     // logprobs: the chosen tokens spell the answer; greedy picks the best alternative.
-    let (s, v) = call(&gw, chat, &paris(serde_json::json!({"logprobs": true, "top_logprobs": 3})));
+    let (s, v) = call(
+        &gw,
+        chat,
+        &paris(serde_json::json!({"logprobs": true, "top_logprobs": 3})),
+    );
     assert_eq!(s, 200, "{v}");
     let answer = content(&v);
     assert!(answer.contains("Paris"), "{v}");
-    let lps = v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs").clone();
-    let spelled: String = lps.iter().map(|t| t["token"].as_str().expect("token")).collect();
+    let lps = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs")
+        .clone();
+    let spelled: String = lps
+        .iter()
+        .map(|t| t["token"].as_str().expect("token"))
+        .collect();
     assert_eq!(spelled, answer);
     for t in &lps {
         let top = t["top_logprobs"].as_array().expect("top");
         assert_eq!(top.len(), 3, "{t}");
-        assert_eq!(top[0]["token"], t["token"], "greedy takes the most likely: {t}");
+        assert_eq!(
+            top[0]["token"], t["token"],
+            "greedy takes the most likely: {t}"
+        );
         let lp = t["logprob"].as_f64().expect("logprob");
-        assert!(lp <= 0.0 && (lp - top[0]["logprob"].as_f64().expect("lp")).abs() < 1e-6, "{t}");
-        assert!(top.windows(2).all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()), "{t}");
+        assert!(
+            lp <= 0.0 && (lp - top[0]["logprob"].as_f64().expect("lp")).abs() < 1e-6,
+            "{t}"
+        );
+        assert!(
+            top.windows(2)
+                .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()),
+            "{t}"
+        );
         assert_eq!(
             t["bytes"].as_array().map(|b| b.len()),
             t["token"].as_str().map(str::len),
@@ -663,10 +694,19 @@ fn every_accepted_field_is_honoured_and_the_rest_refused() {
         );
     }
     // Streamed: the same tokens, chunk by chunk.
-    let events = call_stream(&gw, chat, &paris(serde_json::json!({"stream": true, "logprobs": true, "top_logprobs": 3})));
+    let events = call_stream(
+        &gw,
+        chat,
+        &paris(serde_json::json!({"stream": true, "logprobs": true, "top_logprobs": 3})),
+    );
     let streamed: Vec<serde_json::Value> = events
         .iter()
-        .flat_map(|e| e["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default())
+        .flat_map(|e| {
+            e["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
         .collect();
     assert_eq!(streamed, lps);
 
@@ -681,9 +721,17 @@ fn every_accepted_field_is_honoured_and_the_rest_refused() {
         [id] => id,
         ref ids => panic!("{first:?} is {ids:?}"),
     };
-    let (s, v) = call(&gw, chat, &paris(serde_json::json!({"logit_bias": {id.to_string(): -100}, "logprobs": true})));
+    let (s, v) = call(
+        &gw,
+        chat,
+        &paris(serde_json::json!({"logit_bias": {id.to_string(): -100}, "logprobs": true})),
+    );
     assert_eq!(s, 200, "{v}");
-    assert_ne!(v["choices"][0]["logprobs"]["content"][0]["token"], first.as_str(), "{v}");
+    assert_ne!(
+        v["choices"][0]["logprobs"]["content"][0]["token"],
+        first.as_str(),
+        "{v}"
+    );
 
     // min_p 1 leaves only the best token: temperature 2 then decodes greedily.
     let story = |extra: serde_json::Value| {
@@ -697,11 +745,20 @@ fn every_accepted_field_is_honoured_and_the_rest_refused() {
         content(&v)
     };
     let greedy = story(serde_json::json!({"temperature": 0}));
-    assert_eq!(story(serde_json::json!({"temperature": 2, "min_p": 1.0, "seed": 1})), greedy);
+    assert_eq!(
+        story(serde_json::json!({"temperature": 2, "min_p": 1.0, "seed": 1})),
+        greedy
+    );
     // The same seed gives the same text; the frequency penalty changes a greedy answer.
     let hot = story(serde_json::json!({"temperature": 1, "seed": 11}));
-    assert_eq!(story(serde_json::json!({"temperature": 1, "seed": 11})), hot);
-    assert_ne!(story(serde_json::json!({"temperature": 0, "frequency_penalty": 2.0})), greedy);
+    assert_eq!(
+        story(serde_json::json!({"temperature": 1, "seed": 11})),
+        hot
+    );
+    assert_ne!(
+        story(serde_json::json!({"temperature": 0, "frequency_penalty": 2.0})),
+        greedy
+    );
 }
 
 /// Issue 20, item 3: `/v1/completions` (text or ids, echo, stop, logprobs, stream) and
@@ -713,16 +770,30 @@ fn completions_and_fill_in_the_middle() {
     let gw = gateway(&st.url, &[]);
     let cmpl = "/v1/completions";
     let prompt = "The capital of France is";
-    let (s, v) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}));
+    let (s, v) = call(
+        &gw,
+        cmpl,
+        &serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}),
+    );
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["object"], "text_completion", "{v}");
     let text = v["choices"][0]["text"].as_str().expect("text").to_string();
     assert!(text.contains("Paris"), "{v}");
     let lp = &v["choices"][0]["logprobs"];
-    let tokens: String = lp["tokens"].as_array().expect("tokens").iter().map(|t| t.as_str().expect("str")).collect();
+    let tokens: String = lp["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_str().expect("str"))
+        .collect();
     assert_eq!(tokens, text, "{v}");
     assert_eq!(lp["text_offset"][0], 0, "{v}");
-    assert!(lp["top_logprobs"][0].as_object().is_some_and(|m| m.len() == 2), "{v}");
+    assert!(
+        lp["top_logprobs"][0]
+            .as_object()
+            .is_some_and(|m| m.len() == 2),
+        "{v}"
+    );
     assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
 
     // Token ids, as a list and a list of one list, and echo.
@@ -733,46 +804,264 @@ fn completions_and_fill_in_the_middle() {
     .expect("connect");
     let ids = b.tokenize(prompt, None).expect("tokenize");
     for p in [serde_json::json!(ids), serde_json::json!([ids])] {
-        let (s, v) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": p, "max_tokens": 4, "temperature": 0, "echo": true}));
+        let (s, v) = call(
+            &gw,
+            cmpl,
+            &serde_json::json!({"model": "m", "prompt": p, "max_tokens": 4, "temperature": 0, "echo": true}),
+        );
         assert_eq!(s, 200, "{v}");
         assert_eq!(v["choices"][0]["text"], format!("{prompt}{text}"), "{v}");
     }
     // Streamed with a stop string: the same text up to the stop.
-    let events = call_stream(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": true, "stop": "is"}));
-    let streamed: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    let events = call_stream(
+        &gw,
+        cmpl,
+        &serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": true, "stop": "is"}),
+    );
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
     assert_eq!(streamed, text.split("is").next().unwrap_or_default());
-    assert_eq!(events.last().map(|e| e["choices"][0]["finish_reason"].clone()), Some(serde_json::json!(if text.contains("is") { "stop" } else { "length" })));
+    assert_eq!(
+        events
+            .last()
+            .map(|e| e["choices"][0]["finish_reason"].clone()),
+        Some(serde_json::json!(if text.contains("is") {
+            "stop"
+        } else {
+            "length"
+        }))
+    );
 
     // Fill in the middle: the body of `add` uses its arguments.
-    let (s, v) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8, "temperature": 0}));
+    let (s, v) = call(
+        &gw,
+        cmpl,
+        &serde_json::json!({"model": "m", "prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8, "temperature": 0}),
+    );
     assert_eq!(s, 200, "{v}");
     let middle = v["choices"][0]["text"].as_str().expect("text");
-    assert!(middle.contains('a') && middle.contains('b') && middle.contains('+'), "{v}");
-    let (s, v) = call(&gw, "/infill", &serde_json::json!({"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 8, "temperature": 0}));
+    assert!(
+        middle.contains('a') && middle.contains('b') && middle.contains('+'),
+        "{v}"
+    );
+    let (s, v) = call(
+        &gw,
+        "/infill",
+        &serde_json::json!({"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 8, "temperature": 0}),
+    );
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["content"].as_str(), Some(middle), "{v}");
-    assert!(v["tokens_predicted"].as_u64().is_some_and(|n| n >= 1), "{v}");
+    assert!(
+        v["tokens_predicted"].as_u64().is_some_and(|n| n >= 1),
+        "{v}"
+    );
 
     // A prompt of bad ids, two prompts: 400 naming `prompt`.
-    for p in [serde_json::json!([999_999_999]), serde_json::json!(["a", "b"])] {
+    for p in [
+        serde_json::json!([999_999_999]),
+        serde_json::json!(["a", "b"]),
+    ] {
         let (s, e) = call(&gw, cmpl, &serde_json::json!({"model": "m", "prompt": p}));
-        assert_eq!((s, e["error"]["param"].as_str()), (400, Some("prompt")), "{e}");
+        assert_eq!(
+            (s, e["error"]["param"].as_str()),
+            (400, Some("prompt")),
+            "{e}"
+        );
     }
 }
 
 /// A model whose vocabulary has no fill-in-the-middle tokens refuses `suffix` by name.
 #[test]
 fn a_model_without_fim_tokens_refuses_suffix() {
-    let (Some(knot), Some(bin)) = (test_support::model(test_support::GEMMA), station_bin()) else {
+    let (Some(knot), Some(bin)) = (test_support::model(test_support::SMOLLM2), station_bin())
+    else {
         return;
     };
     let st = station(&bin, &knot, &[]);
     let gw = gateway(&st.url, &[]);
-    let (s, e) = call(&gw, "/v1/completions", &serde_json::json!({"model": "m", "prompt": "def f(", "suffix": ")"}));
-    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("suffix")), "{e}");
-    let (s, e) = call(&gw, "/infill", &serde_json::json!({"input_prefix": "def f(", "input_suffix": ")"}));
-    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("input_suffix")), "{e}");
+    let (s, e) = call(
+        &gw,
+        "/v1/completions",
+        &serde_json::json!({"model": "m", "prompt": "def f(", "suffix": ")"}),
+    );
+    assert_eq!(
+        (s, e["error"]["param"].as_str()),
+        (400, Some("suffix")),
+        "{e}"
+    );
+    let (s, e) = call(
+        &gw,
+        "/infill",
+        &serde_json::json!({"input_prefix": "def f(", "input_suffix": ")"}),
+    );
+    assert_eq!(
+        (s, e["error"]["param"].as_str()),
+        (400, Some("input_suffix")),
+        "{e}"
+    );
     // Plain completions work.
-    let (s, v) = call(&gw, "/v1/completions", &serde_json::json!({"model": "m", "prompt": "Hello", "max_tokens": 2}));
+    let (s, v) = call(
+        &gw,
+        "/v1/completions",
+        &serde_json::json!({"model": "m", "prompt": "Hello", "max_tokens": 2}),
+    );
     assert_eq!(s, 200, "{v}");
+}
+
+/// Issue 20, item 4: `--api-key` (and `MOONSHINE_API_KEY`), CORS `--allowed-origins`,
+/// `--served-model-name`, `/health` naming a down hop, and the start-up check that the chain
+/// runs the whole model.
+#[test]
+fn operator_key_cors_name_health_and_a_complete_chain() {
+    let Some((knot, bin)) = setup() else { return };
+    let entry = station(&bin, &knot, &["--role", "entry", "--layers", "0..12"]);
+    let exit = station(&bin, &knot, &["--role", "exit", "--layers", "12..24"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write_mesh = |name: &str, hops: serde_json::Value| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, serde_json::json!({"stations": hops}).to_string()).expect("mesh");
+        p.to_str().expect("utf-8").to_string()
+    };
+    let whole = write_mesh(
+        "whole.json",
+        serde_json::json!([{"url": entry.url, "layers": "0-12"}, {"url": exit.url, "layers": "12-24"}]),
+    );
+
+    // Start-up: half a model is one clear error line and exit 2.
+    let half = write_mesh(
+        "half.json",
+        serde_json::json!([{"url": entry.url, "layers": "0-12"}]),
+    );
+    let o = moonshine(&["serve", "--mesh", &half, "--listen", "127.0.0.1:0"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("error"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("the chain is incomplete: layers 12-24 of 24 are not served"),
+        "{err}"
+    );
+
+    let gw = spawn_listening(
+        std::path::Path::new(env!("CARGO_BIN_EXE_moonshine")),
+        &[
+            "serve",
+            "--mesh",
+            &whole,
+            "--api-key",
+            "sesame",
+            "--allowed-origins",
+            "https://ok.example,https://also.example",
+            "--served-model-name",
+            "coder",
+        ],
+    );
+    let url = |p: &str| format!("{}{p}", gw.url);
+    let status = |r: Result<ureq::Response, ureq::Error>| match r {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(s, r)) => (s, r),
+        Err(e) => panic!("{e}"),
+    };
+    // No key, a wrong key: 401 in OpenAI's shape; the right key: the served name.
+    for auth in [None, Some("Bearer nope")] {
+        let mut req = ureq::get(&url("/v1/models"));
+        if let Some(a) = auth {
+            req = req.set("Authorization", a);
+        }
+        let (s, r) = status(req.call());
+        let e: serde_json::Value =
+            serde_json::from_str(&r.into_string().expect("body")).expect("json");
+        assert_eq!(s, 401, "{e}");
+        assert_eq!(
+            (e["error"]["code"].as_str(), e["error"]["type"].as_str()),
+            (Some("invalid_api_key"), Some("invalid_request_error")),
+            "{e}"
+        );
+    }
+    let (s, r) = status(
+        ureq::get(&url("/v1/models"))
+            .set("Authorization", "Bearer sesame")
+            .call(),
+    );
+    let models: serde_json::Value =
+        serde_json::from_str(&r.into_string().expect("body")).expect("json");
+    assert_eq!(
+        (s, models["data"][0]["id"].as_str()),
+        (200, Some("coder")),
+        "{models}"
+    );
+    let (s, r) = status(
+        ureq::post(&url("/v1/chat/completions"))
+            .set("Authorization", "Bearer sesame")
+            .send_string(&paris(serde_json::json!({"max_tokens": 2})).to_string()),
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.into_string().expect("body")).expect("json");
+    assert_eq!((s, v["model"].as_str()), (200, Some("coder")), "{v}");
+
+    // CORS: a preflight needs no key; only a listed origin is allowed.
+    let (s, r) = status(
+        ureq::request("OPTIONS", &url("/v1/chat/completions"))
+            .set("Origin", "https://ok.example")
+            .set("Access-Control-Request-Method", "POST")
+            .call(),
+    );
+    assert_eq!(
+        (s, r.header("access-control-allow-origin")),
+        (204, Some("https://ok.example"))
+    );
+    assert!(r
+        .header("access-control-allow-headers")
+        .is_some_and(|h| h.contains("authorization")));
+    let (_, r) = status(
+        ureq::request("OPTIONS", &url("/v1/chat/completions"))
+            .set("Origin", "https://evil.example")
+            .call(),
+    );
+    assert_eq!(r.header("access-control-allow-origin"), None);
+    let (_, r) = status(
+        ureq::get(&url("/v1/models"))
+            .set("Origin", "https://also.example")
+            .set("Authorization", "Bearer sesame")
+            .call(),
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://also.example")
+    );
+
+    // The key from the environment.
+    let env_gw = spawn_with_env(
+        std::path::Path::new(env!("CARGO_BIN_EXE_moonshine")),
+        &["serve", "--mesh", &whole, "--listen", "127.0.0.1:0"],
+        &[("MOONSHINE_API_KEY", "from-env")],
+    );
+    let (s, _) = status(ureq::get(&format!("{}/v1/models", env_gw.url)).call());
+    assert_eq!(s, 401);
+    let (s, _) = status(
+        ureq::get(&format!("{}/v1/models", env_gw.url))
+            .set("Authorization", "Bearer from-env")
+            .call(),
+    );
+    assert_eq!(s, 200);
+
+    // /health: open, "ok" while both hops serve; 503 naming hop 1 once it is gone.
+    let (s, r) = status(ureq::get(&url("/health")).call());
+    let h: serde_json::Value = serde_json::from_str(&r.into_string().expect("body")).expect("json");
+    assert_eq!((s, h["status"].as_str()), (200, Some("ok")), "{h}");
+    drop(exit);
+    let (s, r) = status(ureq::get(&url("/health")).call());
+    let h: serde_json::Value = serde_json::from_str(&r.into_string().expect("body")).expect("json");
+    assert_eq!(s, 503, "{h}");
+    assert_eq!(h["hops"][1]["status"], "down", "{h}");
+    assert_eq!(h["hops"][0]["status"], "ok", "{h}");
+    assert!(
+        h["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("hop 1 (layers 12-24)")),
+        "{h}"
+    );
 }
