@@ -32,10 +32,11 @@ if [ "$(id -u)" -eq 0 ]; then
   fi
   export SWERVE_REQUIRE_ROOT=1
 fi
-# The OpenAI-compatibility test drives the gateway with the official client (a Debian system
-# python refuses plain `pip install`: PEP 668).
-if python3 -c "import openai" 2>/dev/null || python3 -m pip install -q openai >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages openai >/dev/null 2>&1; then
+# The OpenAI-compatibility test drives the gateway with the official client and parses its
+# /metrics with prometheus_client (a Debian system python refuses plain `pip install`: PEP 668).
+if python3 -c "import openai, prometheus_client" 2>/dev/null \
+   || python3 -m pip install -q openai prometheus_client >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages openai prometheus_client >/dev/null 2>&1; then
   export AEON_REQUIRE_OPENAI=1
 fi
 

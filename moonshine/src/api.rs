@@ -1042,8 +1042,7 @@ mod tests {
                 .as_bytes(),
             &LIMITS,
         )
-        .err()
-        .expect("refused");
+        .expect_err("refused");
         assert_eq!(e.param, Some("input_extra"));
     }
 }

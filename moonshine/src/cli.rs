@@ -93,9 +93,9 @@ pub struct GenArgs {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Serve an OpenAI-compatible API (`POST /v1/chat/completions`, `GET /v1/models`,
-    /// `GET /metrics`) over the stations.
-    Serve(crate::serve::ServeArgs),
+    /// Serve an OpenAI-compatible API (`POST /v1/chat/completions`, `/v1/completions`,
+    /// `/infill`, `GET /v1/models`, `/metrics`, `/health`) over the stations.
+    Serve(Box<crate::serve::ServeArgs>),
     /// Discover stations and form a mesh (`moonshine mesh --help`).
     #[command(disable_help_flag = true)]
     Mesh {
@@ -108,7 +108,7 @@ pub enum Cmd {
 /// Runs the parsed command line.
 pub fn run(args: Args) -> Result<ExitCode> {
     match args.cmd {
-        Some(Cmd::Serve(s)) => crate::serve::run(s).map(|()| ExitCode::SUCCESS),
+        Some(Cmd::Serve(s)) => crate::serve::run(*s).map(|()| ExitCode::SUCCESS),
         Some(Cmd::Mesh { args }) => Ok(crate::mesh_cmd::run(args)),
         None => run_gen(&args.target, &args.gen),
     }

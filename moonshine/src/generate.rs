@@ -512,6 +512,9 @@ pub struct GenOutcome {
     /// Per generated token (end-of-generation ids excluded), when asked.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
+    /// When each id of `tokens` was sampled (for the gateway's latency histograms).
+    #[serde(skip)]
+    pub token_times: Vec<Instant>,
     pub prefill_s: f64,
     pub decode_s: f64,
     pub timing: Timing,
@@ -632,12 +635,14 @@ impl<'a> Generation<'a> {
         let mut text = String::new();
         let mut tokens = Vec::new();
         let (mut lps, mut lps_sent) = (Vec::new(), 0);
+        let mut token_times = Vec::new();
         let t1 = Instant::now();
         let mut finish = Finish::Length;
         let mut context = req.prompt.clone();
         while tokens.len() < req.max_tokens {
             let (id, lp) = sampler.sample_with_logprobs(&mut logits, req.logprobs);
             tokens.push(id);
+            token_times.push(Instant::now());
             if b.is_eog(id) {
                 finish = Finish::Stop;
                 break;
@@ -694,6 +699,7 @@ impl<'a> Generation<'a> {
             prompt_sent: req.prompt.len() - already,
             finish,
             logprobs: lps,
+            token_times,
             prefill_s,
             decode_s: t1.elapsed().as_secs_f64(),
             timing,

@@ -104,7 +104,102 @@ pub fn served_name(name: &str) -> String {
     words.join("-")
 }
 
-/// Prometheus counters and gauges of the gateway.
+/// A Prometheus histogram with fixed upper bounds (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// (count per bound, then +Inf; sum; count).
+    state: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            state: Mutex::new((vec![0; bounds.len() + 1], 0.0, 0)),
+        }
+    }
+
+    /// Records one value.
+    pub fn observe(&self, v: f64) {
+        if let Ok(mut s) = self.state.lock() {
+            let i = self
+                .bounds
+                .iter()
+                .position(|&b| v <= b)
+                .unwrap_or(self.bounds.len());
+            s.0[i] += 1;
+            s.1 += v;
+            s.2 += 1;
+        }
+    }
+
+    /// The `_bucket{le=..}` (cumulative), `_sum` and `_count` lines, each after the name.
+    fn render(&self) -> Vec<(String, String)> {
+        let Ok(s) = self.state.lock() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut acc = 0;
+        for (i, n) in s.0.iter().enumerate() {
+            acc += n;
+            let le = self
+                .bounds
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
+            out.push((format!("_bucket{{le=\"{le}\"}}"), acc.to_string()));
+        }
+        out.push(("_sum".into(), format!("{:.6}", s.1)));
+        out.push(("_count".into(), s.2.to_string()));
+        out
+    }
+}
+
+/// Time to first token, seconds (vLLM's buckets from 10 ms to a minute).
+const TTFT_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+];
+/// Time between two generated tokens, seconds.
+const ITL_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+/// A whole request, seconds.
+const E2E_BOUNDS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+];
+
+/// The latency histograms (names after vLLM's `time_to_first_token_seconds`,
+/// `inter_token_latency_seconds`, `e2e_request_latency_seconds`).
+pub struct Latency {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+}
+
+impl Latency {
+    /// One finished generation: the request arrived at `t0`, its tokens were sampled at
+    /// `times`.
+    fn observe(&self, t0: Instant, times: &[Instant]) {
+        if let Some(first) = times.first() {
+            self.ttft.observe(first.duration_since(t0).as_secs_f64());
+        }
+        for w in times.windows(2) {
+            self.itl.observe(w[1].duration_since(w[0]).as_secs_f64());
+        }
+        self.e2e.observe(t0.elapsed().as_secs_f64());
+    }
+}
+
+impl Default for Latency {
+    fn default() -> Latency {
+        Latency {
+            ttft: Histogram::new(TTFT_BOUNDS),
+            itl: Histogram::new(ITL_BOUNDS),
+            e2e: Histogram::new(E2E_BOUNDS),
+        }
+    }
+}
+
+/// Prometheus counters, gauges and histograms of the gateway.
 #[derive(Default)]
 pub struct Metrics {
     /// (route, status) -> count.
@@ -122,6 +217,7 @@ pub struct Metrics {
     /// (hop index, url, layers) -> compute microseconds.
     hop_us: Mutex<BTreeMap<(usize, String, String), u64>>,
     generation_us: AtomicU64,
+    latency: Latency,
 }
 
 impl Metrics {
@@ -179,10 +275,22 @@ impl Metrics {
             one(self.active.load(Ordering::Relaxed).to_string()),
         );
         metric(
-            "moonshine_sessions_total",
+            "moonshine_sessions",
             "gauge",
             "Station KV session ids in the pool.",
             one(sessions_total.to_string()),
+        );
+        metric(
+            "moonshine_requests_running",
+            "gauge",
+            "Requests generating now (vLLM's num_requests_running, llama-server's requests_processing).",
+            one(self.active.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_requests_waiting",
+            "gauge",
+            "Requests queued for a slot (vLLM's num_requests_waiting, llama-server's requests_deferred).",
+            one(self.waiting.load(Ordering::Relaxed).to_string()),
         );
         metric(
             "moonshine_queue_waiting",
@@ -255,6 +363,25 @@ impl Metrics {
             "counter",
             "Engine compute per forward hop.",
             hops,
+        );
+        let l = &self.latency;
+        metric(
+            "moonshine_time_to_first_token_seconds",
+            "histogram",
+            "From a request's arrival to its first generated token.",
+            l.ttft.render(),
+        );
+        metric(
+            "moonshine_inter_token_latency_seconds",
+            "histogram",
+            "Between two generated tokens of one request (one decode step through the chain).",
+            l.itl.render(),
+        );
+        metric(
+            "moonshine_e2e_request_latency_seconds",
+            "histogram",
+            "From a request's arrival to its last token.",
+            l.e2e.render(),
         );
         metric(
             "moonshine_generation_seconds_total",
@@ -984,6 +1111,7 @@ async fn completion(
             .completion_tokens
             .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
         st.metrics.timing(&o.timing);
+        st.metrics.latency.observe(t0, &o.token_times);
         let reason = match o.finish {
             Finish::Cancelled => {
                 lease.finish = "cancelled";
@@ -1162,5 +1290,30 @@ mod tests {
         );
         assert!(s.contains("moonshine_hop_compute_ms_total{hop=\"0\",station=\"http://a\",layers=\"0-24\"} 2.500\n"), "{s}");
         assert!(s.contains("# TYPE moonshine_sessions_busy gauge"));
+        // Histograms: cumulative buckets, +Inf = count.
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        m.latency.observe(t0, &[ms(30), ms(100), ms(400)]);
+        let s = m.render(4);
+        for line in [
+            "moonshine_time_to_first_token_seconds_bucket{le=\"0.025\"} 0\n",
+            "moonshine_time_to_first_token_seconds_bucket{le=\"0.05\"} 1\n",
+            "moonshine_inter_token_latency_seconds_bucket{le=\"0.075\"} 1\n",
+            "moonshine_inter_token_latency_seconds_bucket{le=\"0.2\"} 1\n",
+            "moonshine_inter_token_latency_seconds_bucket{le=\"0.4\"} 2\n",
+            "moonshine_inter_token_latency_seconds_bucket{le=\"+Inf\"} 2\n",
+            "moonshine_inter_token_latency_seconds_count 2\n",
+            "moonshine_inter_token_latency_seconds_sum 0.370000\n",
+            "# TYPE moonshine_requests_running gauge\n",
+        ] {
+            assert!(s.contains(line), "{line}: {s}");
+        }
+        // No gauge ends in _total.
+        for l in s
+            .lines()
+            .filter(|l| l.starts_with("# TYPE") && l.ends_with(" gauge"))
+        {
+            assert!(!l.contains("_total "), "{l}");
+        }
     }
 }

@@ -20,14 +20,14 @@ fn gateway(station: &str, extra: &[&str]) -> Proc {
 
 fn openai_available() -> bool {
     let ok = Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", "import openai, prometheus_client"])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
         if std::env::var("AEON_REQUIRE_OPENAI").as_deref() == Ok("1") {
-            panic!("python3 cannot import openai and AEON_REQUIRE_OPENAI=1: pip install openai");
+            panic!("python3 cannot import openai and prometheus_client and AEON_REQUIRE_OPENAI=1: pip install openai prometheus_client");
         }
-        eprintln!("skipping: python3 cannot import openai (pip install openai)");
+        eprintln!("skipping: python3 cannot import openai and prometheus_client (pip install openai prometheus_client)");
     }
     ok
 }
@@ -51,7 +51,7 @@ fn the_official_openai_client_chats_streams_and_cancels() {
     let out = String::from_utf8_lossy(&o.stdout);
     eprintln!("{out}{}", String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "check_openai.py failed:\n{out}");
-    assert!(out.contains("8 passed, 0 failed"), "{out}");
+    assert!(out.contains("9 passed, 0 failed"), "{out}");
 }
 
 #[test]

@@ -11,7 +11,9 @@ Checks, against a gateway already running on --base-url (e.g. http://127.0.0.1:8
      cancelled generation stopped long before max_tokens;
   6. logprobs with top_logprobs, streamed and not: the tokens spell the answer;
   7. a field the gateway cannot honour (response_format json_object) is a 400 naming it;
-  8. /v1/completions, streamed and not, and fill-in-the-middle through `suffix`.
+  8. /v1/completions, streamed and not, and fill-in-the-middle through `suffix`;
+  9. /metrics parses with prometheus_client (pip install prometheus_client): the latency
+     histograms counted the generations above, and no gauge is named *_total.
 Prints one line per check and exits 0 only if all pass.
 
 Used by moonshine/tests/openai.rs; run by hand as
@@ -24,6 +26,7 @@ import time
 import urllib.request
 
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 QUESTION = "What is the capital of France? Answer in one word."
 
@@ -141,7 +144,18 @@ def main():
           and c.object == "text_completion" and "a" in middle and "b" in middle and "+" in middle,
           f"{c.choices[0].text!r} streamed {streamed!r}; middle {middle!r}")
 
-    total = 8
+    root = args.base_url.rsplit("/v1", 1)[0]
+    with urllib.request.urlopen(root + "/metrics", timeout=30) as resp:
+        families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+    ttft = families.get("moonshine_time_to_first_token_seconds")
+    count = next((s.value for s in ttft.samples if s.name.endswith("_count")), 0) if ttft else 0
+    itl = families.get("moonshine_inter_token_latency_seconds")
+    gauges_total = [n for n, f in families.items() if f.type == "gauge" and n.endswith("_total")]
+    check("metrics parse", ttft is not None and ttft.type == "histogram" and count >= 5 and itl is not None
+          and itl.type == "histogram" and families.get("moonshine_requests_running") is not None and not gauges_total,
+          f"{len(families)} families, time_to_first_token count {count}, gauges named *_total {gauges_total}")
+
+    total = 9
     print(f"{total - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 
