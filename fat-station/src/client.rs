@@ -288,12 +288,28 @@ impl StationClient {
 
     /// `POST /lm-head`: residual rows -> logits of the last row.
     pub fn lm_head(&self, x: &[f32]) -> Result<Hop, ClientError> {
-        let req = self
+        self.lm_head_rows(x, 1)
+    }
+
+    /// `POST /lm-head` with `X-Logit-Rows: rows`: logits of the last `rows` rows,
+    /// `(rows, vocab)` row-major.
+    pub fn lm_head_rows(&self, x: &[f32], rows: usize) -> Result<Hop, ClientError> {
+        let mut req = self
             .agent
             .post(&format!("{}{}", self.base, wire::ROUTE_LM_HEAD))
             .set("content-type", "application/octet-stream");
+        if rows != 1 {
+            req = req.set(wire::H_LOGIT_ROWS, &rows.to_string());
+        }
         let r = self.call(req, Some(&wire::encode_f32(x)))?;
-        self.binary(r)
+        let hop = self.binary(r)?;
+        if !hop.residual.len().is_multiple_of(rows.max(1)) {
+            return Err(ClientError::BadResponse {
+                url: format!("{}{}", self.base, wire::ROUTE_LM_HEAD),
+                why: format!("{} logits are not {rows} whole rows", hop.residual.len()),
+            });
+        }
+        Ok(hop)
     }
 }
 
@@ -494,6 +510,18 @@ impl Chain {
         session: Option<(&str, usize)>,
         trace: &mut StepTrace,
     ) -> Result<Vec<f32>, ClientError> {
+        self.step_rows(tokens, session, 1, trace)
+    }
+
+    /// [`Chain::step`] returning the logits of the last `rows` tokens, `(rows, vocab)`
+    /// row-major (`X-Logit-Rows`): one trip that scores every drafted token.
+    pub fn step_rows(
+        &self,
+        tokens: &[u32],
+        session: Option<(&str, usize)>,
+        rows: usize,
+        trace: &mut StepTrace,
+    ) -> Result<Vec<f32>, ClientError> {
         let e = self.entry().embed(tokens)?;
         trace.embed_ms = e.compute_ms;
         let mut x = e.residual;
@@ -504,7 +532,7 @@ impl Chain {
                 .push((c.url().to_string(), *r, hop.bytes, hop.compute_ms));
             x = hop.residual;
         }
-        let h = self.exit().lm_head(&x)?;
+        let h = self.exit().lm_head_rows(&x, rows)?;
         trace.head_ms = h.compute_ms;
         Ok(h.residual)
     }

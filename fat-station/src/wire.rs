@@ -22,6 +22,11 @@ pub const H_HIDDEN: &str = "x-hidden";
 pub const H_START_POS: &str = "x-start-pos";
 /// Element encoding of a residual body: `f32` (default) or `f16`.
 pub const H_DTYPE: &str = "x-dtype";
+/// `/lm-head`: logits of the last N rows (`[N, vocab]`), default 1; what a client verifying
+/// N - 1 drafted tokens in one step asks for. At most [`MAX_LOGIT_ROWS`] and the rows sent.
+pub const H_LOGIT_ROWS: &str = "x-logit-rows";
+/// Most rows one `X-Logit-Rows` may ask for (a Qwen2.5 row is 600 KB of f32 logits).
+pub const MAX_LOGIT_ROWS: usize = 64;
 
 pub const ROUTE_EMBED: &str = "/embed";
 pub const ROUTE_FORWARD: &str = "/forward";
@@ -215,6 +220,22 @@ pub fn decode_f16(b: &[u8]) -> Option<Vec<f32>> {
     })
 }
 
+/// Parses an `X-Logit-Rows` value against a residual of `seq` rows: `1..=min(seq,
+/// MAX_LOGIT_ROWS)`, or why not.
+pub fn parse_logit_rows(v: &str, seq: usize) -> Result<usize, String> {
+    let n: usize = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("X-Logit-Rows {v:?} is not a number"))?;
+    let most = seq.min(MAX_LOGIT_ROWS);
+    if n == 0 || n > most {
+        return Err(format!(
+            "X-Logit-Rows {n}: must be 1..={most} for a residual of {seq} rows (at most {MAX_LOGIT_ROWS})"
+        ));
+    }
+    Ok(n)
+}
+
 /// Checks a session id: 1..=64 chars of `[A-Za-z0-9_.:-]`.
 pub fn valid_session_id(s: &str) -> bool {
     (1..=64).contains(&s.len())
@@ -254,6 +275,18 @@ mod tests {
         let r: TokenizeRequest =
             serde_json::from_str(r#"{"text": "a", "parts": [{"text": "b"}]}"#).unwrap();
         assert!(r.pieces().is_err());
+    }
+
+    #[test]
+    fn logit_rows_are_bounded_by_the_rows_sent_and_the_cap() {
+        assert_eq!(parse_logit_rows("3", 8), Ok(3));
+        assert_eq!(parse_logit_rows(" 8 ", 8), Ok(8));
+        assert!(parse_logit_rows("9", 8).is_err());
+        assert!(parse_logit_rows("0", 8).is_err());
+        assert!(parse_logit_rows("-1", 8).is_err());
+        assert!(parse_logit_rows("x", 8).is_err());
+        assert!(parse_logit_rows("65", 1000).is_err());
+        assert_eq!(parse_logit_rows("64", 1000), Ok(64));
     }
 
     #[test]

@@ -42,13 +42,39 @@ fn paris_through_the_station_and_split_ranges_are_bit_identical() {
     let logits = c.lm_head(&full.residual).expect("lm-head").residual;
     assert_eq!(argmax(&logits), 12095, "station argmax must be \" Paris\"");
 
+    // X-Logit-Rows: the logits after each of the last rows, each bit-identical to an
+    // /lm-head of that row alone (what verifying drafted tokens in one trip relies on).
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let rows = c.lm_head_rows(&full.residual, 5).expect("5 logit rows");
+    let vocab = logits.len();
+    assert_eq!(rows.residual.len(), 5 * vocab);
+    assert_eq!(bits(&rows.residual[4 * vocab..]), bits(&logits));
+    for i in [0, 3] {
+        let one = c
+            .lm_head(&full.residual[i * 896..(i + 1) * 896])
+            .expect("one row")
+            .residual;
+        assert_eq!(
+            bits(&rows.residual[i * vocab..(i + 1) * vocab]),
+            bits(&one),
+            "row {i}"
+        );
+    }
+    for bad in [0, 6] {
+        match c.lm_head_rows(&full.residual, bad) {
+            Err(fat_station::client::ClientError::Refused { status, code, .. }) => {
+                assert_eq!((status, code.as_str()), (400, "bad_request"), "{bad} rows")
+            }
+            other => panic!("{bad} rows of 5: expected 400, got {other:?}"),
+        }
+    }
+
     let a = c
         .forward(&x.residual, LayerRange::new(0, 12), None, false)
         .expect("forward 0-12");
     let b = c
         .forward(&a.residual, LayerRange::new(12, 24), None, false)
         .expect("forward 12-24");
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(
         bits(&b.residual),
         bits(&full.residual),

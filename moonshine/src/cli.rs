@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::chat::Message;
 use crate::generate::{self, Backend, GenOutcome, GenRequest, KvSession};
+use crate::lookup::LookupArgs;
 use crate::sampling::SamplingParams;
 use crate::target::TargetArgs;
 
@@ -88,6 +89,8 @@ pub struct GenArgs {
     /// Print one JSON object (ids, text, timing) instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub lookup: LookupArgs,
 }
 
 /// Subcommands.
@@ -153,8 +156,9 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
         bail!("-n must be at least 1");
     }
     let params = sampling(g)?;
+    let lookup = g.lookup.params().map_err(anyhow::Error::msg)?;
     if g.chat {
-        return run_chat(&b, g, params);
+        return run_chat(&b, g, params, lookup);
     }
     let prompt = match (&g.tokens, &g.prompt) {
         (Some(ids), _) => ids.clone(),
@@ -167,6 +171,7 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
         sampling: params,
         stops: g.stops.clone(),
         logprobs: None,
+        lookup,
     };
     let mut session = KvSession::new("moonshine");
     let mut out = Output::new(g.json);
@@ -218,7 +223,8 @@ fn finish_line(
         let v = serde_json::json!({
             "text": o.text, "tokens": o.tokens, "prompt": prompt, "prompt_tokens": o.prompt_tokens, "prompt_sent": o.prompt_sent,
             "completion_tokens": o.completion_tokens(b), "finish_reason": o.finish, "prefill_s": o.prefill_s,
-            "decode_s": o.decode_s, "timing": o.timing,
+            "decode_s": o.decode_s, "timing": o.timing, "trips": o.trips, "drafted": o.drafted,
+            "accepted": o.accepted, "tokens_per_trip": o.tokens_per_trip(),
         });
         println!("{v}");
     } else {
@@ -242,6 +248,15 @@ fn finish_line(
         o.timing.steps,
         hops.join(", ")
     );
+    if o.drafted > 0 {
+        eprintln!(
+            "lookup: {} of {} drafted tokens kept, {:.2} tokens per trip over {} trips",
+            o.accepted,
+            o.drafted,
+            o.tokens_per_trip(),
+            o.trips
+        );
+    }
     eprintln!(
         "{n} tokens in {s:.2} s ({:.1} tok/s)",
         n as f64 / s.max(1e-9)
@@ -293,7 +308,12 @@ fn join(ids: &[u32]) -> String {
         .join(",")
 }
 
-fn run_chat(b: &Backend, g: &GenArgs, params: SamplingParams) -> Result<ExitCode> {
+fn run_chat(
+    b: &Backend,
+    g: &GenArgs,
+    params: SamplingParams,
+    lookup: Option<crate::lookup::LookupParams>,
+) -> Result<ExitCode> {
     let template = b.chat_template().context("loading the chat template")?;
     let mut messages = Vec::new();
     if let Some(s) = &g.system {
@@ -334,6 +354,7 @@ fn run_chat(b: &Backend, g: &GenArgs, params: SamplingParams) -> Result<ExitCode
             },
             stops: g.stops.clone(),
             logprobs: None,
+            lookup: lookup.clone(),
         };
         let o =
             generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;

@@ -10,6 +10,7 @@ use knot_format::LayerRange;
 use serde::Serialize;
 
 use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
+use crate::lookup::{self, LookupParams};
 use crate::sampling::{Sampler, SamplingParams, TokenLogprob};
 use crate::textstream::TextStream;
 
@@ -424,9 +425,25 @@ impl KvSession {
         timing: &mut Timing,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<(Vec<f32>, usize), GenError> {
+        self.feed_rows(chain, tokens, 1, timing, cancelled)
+    }
+
+    /// [`KvSession::feed`] returning the logits after each of the last `rows` tokens,
+    /// `(rows, vocab)` row-major (fewer rows when fewer tokens had to be sent; at most
+    /// [`PREFILL_STEP`]): one trip verifies a token plus `rows - 1` drafted ones. The last
+    /// request always carries at least `rows` tokens when that many are new.
+    pub fn feed_rows(
+        &mut self,
+        chain: &Chain,
+        tokens: &[u32],
+        rows: usize,
+        timing: &mut Timing,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(Vec<f32>, usize), GenError> {
         if tokens.is_empty() {
             return Err(GenError::EmptyPrompt);
         }
+        let rows = rows.clamp(1, PREFILL_STEP);
         let mut pos = self
             .cached
             .iter()
@@ -442,9 +459,17 @@ impl KvSession {
             if cancelled() {
                 return Err(GenError::Cancelled { prefilled: sent });
             }
-            let end = (pos + PREFILL_STEP).min(tokens.len());
+            let mut end = (pos + PREFILL_STEP).min(tokens.len());
+            if end < tokens.len() && tokens.len() - end < rows {
+                end = tokens.len() - rows; // the last request carries every wanted row
+            }
+            let want = if end == tokens.len() {
+                rows.min(end - pos)
+            } else {
+                1
+            };
             let mut trace = StepTrace::default();
-            match chain.step(&tokens[pos..end], Some((&self.id, pos)), &mut trace) {
+            match chain.step_rows(&tokens[pos..end], Some((&self.id, pos)), want, &mut trace) {
                 Ok(l) => logits = l,
                 Err(ClientError::Refused {
                     status: 409,
@@ -497,6 +522,9 @@ pub struct GenRequest {
     /// Report each generated token's log-probability with this many alternatives (`None`:
     /// none).
     pub logprobs: Option<usize>,
+    /// Speculative decoding with prompt-lookup drafts (`--lookup`); `None`: one token per
+    /// trip.
+    pub lookup: Option<LookupParams>,
 }
 
 /// One generation's outcome.
@@ -518,9 +546,21 @@ pub struct GenOutcome {
     pub prefill_s: f64,
     pub decode_s: f64,
     pub timing: Timing,
+    /// Chain trips after the prefill (plain decoding: one per token after the first).
+    pub trips: usize,
+    /// Tokens drafted by prompt lookup and sent for verification.
+    pub drafted: usize,
+    /// Drafted tokens the sampler kept.
+    pub accepted: usize,
 }
 
 impl GenOutcome {
+    /// Tokens produced per decode trip (1 for plain decoding; the first token comes with
+    /// the prefill and is not counted).
+    pub fn tokens_per_trip(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.trips.max(1) as f64
+    }
+
     /// Generated tokens that count (end-of-generation ids excluded).
     pub fn completion_tokens(&self, b: &Backend) -> usize {
         self.tokens.iter().filter(|&&t| !b.is_eog(t)).count()
@@ -565,6 +605,9 @@ impl<'a> Generation<'a> {
         let mut timing = Timing::default();
         let (logits, sent) = session.feed(&b.chain, &req.prompt, &mut timing, cancelled)?;
         let already = req.prompt.len() - sent;
+        if logits.is_empty() {
+            return Err(GenError::BadLogits { got: 0, want: 1 });
+        }
         if let Some(v) = b
             .info
             .as_ref()
@@ -600,7 +643,10 @@ impl<'a> Generation<'a> {
 
     /// Samples and decodes until end-of-generation, a stop string, `max_tokens`, the
     /// stations' context limit ([`Finish::Length`] with the text so far), or cancellation
-    /// (`on_text` returning `false`, or `cancelled()` between steps).
+    /// (`on_text` returning `false`, or `cancelled()` between steps). With
+    /// [`GenRequest::lookup`], each trip also carries tokens drafted from the context and
+    /// returns logits for every one of them; the sampler keeps the drafts it agrees with
+    /// ([`Sampler::sample_or_accept`]) plus one token of its own.
     pub fn run(self, mut on_text: impl FnMut(&str) -> bool) -> Result<GenOutcome, GenError> {
         self.run_with_logprobs(|text, _| on_text(text))
     }
@@ -617,7 +663,7 @@ impl<'a> Generation<'a> {
             session,
             req,
             cancelled,
-            mut logits,
+            logits,
             mut timing,
             prefill_s,
             already,
@@ -639,40 +685,76 @@ impl<'a> Generation<'a> {
         let t1 = Instant::now();
         let mut finish = Finish::Length;
         let mut context = req.prompt.clone();
-        while tokens.len() < req.max_tokens {
-            let (id, lp) = sampler.sample_with_logprobs(&mut logits, req.logprobs);
-            tokens.push(id);
-            token_times.push(Instant::now());
-            if b.is_eog(id) {
-                finish = Finish::Stop;
-                break;
-            }
-            lps.extend(lp);
-            let piece = stream.push(id, &mut detok)?;
-            if !piece.text.is_empty() {
-                text.push_str(&piece.text);
-                let fresh = &lps[lps_sent..];
-                lps_sent = lps.len();
-                if !on_text(&piece.text, fresh) {
-                    finish = Finish::Cancelled;
+        let vocab = logits.len();
+        // Logits after each token the stations were last sent, and the drafts among them:
+        // `rows[i]` scores the position `drafts[i]` was proposed for.
+        let mut rows = logits;
+        let mut drafts: Vec<u32> = Vec::new();
+        let (mut trips, mut drafted, mut accepted) = (0, 0, 0);
+        'decode: while tokens.len() < req.max_tokens {
+            let mut done = false;
+            for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
+                let draft = drafts.get(i).copied();
+                let (id, lp) = sampler.pick(row, draft, req.logprobs);
+                tokens.push(id);
+                token_times.push(Instant::now());
+                if draft == Some(id) {
+                    accepted += 1;
+                }
+                if b.is_eog(id) {
+                    finish = Finish::Stop;
+                    break 'decode;
+                }
+                lps.extend(lp);
+                let piece = stream.push(id, &mut detok)?;
+                if !piece.text.is_empty() {
+                    text.push_str(&piece.text);
+                    let fresh = &lps[lps_sent..];
+                    lps_sent = lps.len();
+                    if !on_text(&piece.text, fresh) {
+                        finish = Finish::Cancelled;
+                        break 'decode;
+                    }
+                }
+                if piece.stopped {
+                    finish = Finish::Stop;
+                    break 'decode;
+                }
+                if tokens.len() == req.max_tokens {
+                    done = true;
                     break;
                 }
+                context.push(id);
+                if draft != Some(id) {
+                    break; // a correction (or the token after the last draft): draft again
+                }
             }
-            if piece.stopped {
-                finish = Finish::Stop;
-                break;
-            }
-            if tokens.len() == req.max_tokens {
+            if done {
                 break;
             }
             if cancelled() {
                 finish = Finish::Cancelled;
                 break;
             }
-            // One token through `feed`: it sends only what the stations lack, and re-fills
-            // the whole context when a busy station evicted the session between two steps.
-            context.push(id);
-            logits = match session.feed(&b.chain, &context, &mut timing, cancelled) {
+            // The last kept token plus fresh drafts, through `feed`: it sends only what the
+            // stations lack (its `X-Pos` rolls back the rejected drafts' keys and values) and
+            // re-fills the whole context when a busy station evicted the session.
+            drafts = match &req.lookup {
+                // A draft is worth sending only while tokens remain to be generated.
+                Some(p) => lookup::draft(&context, p, req.max_tokens - tokens.len() - 1),
+                None => Vec::new(),
+            };
+            let mut fed = context.clone();
+            fed.extend_from_slice(&drafts);
+            let mut out =
+                session.feed_rows(&b.chain, &fed, drafts.len() + 1, &mut timing, cancelled);
+            if matches!(out, Err(GenError::ContextFull { .. })) && !drafts.is_empty() {
+                // The drafts do not fit, the token alone may: decode it as plain decoding would.
+                drafts.clear();
+                out = session.feed(&b.chain, &context, &mut timing, cancelled);
+            }
+            trips += 1;
+            rows = match out {
                 Ok((l, _)) => l,
                 Err(GenError::ContextFull { .. }) => {
                     tracing::debug!(session = %session.id, "context full: generation ends");
@@ -684,6 +766,13 @@ impl<'a> Generation<'a> {
                 }
                 Err(e) => return Err(e),
             };
+            if rows.len() != (drafts.len() + 1) * vocab {
+                return Err(GenError::BadLogits {
+                    got: rows.len(),
+                    want: (drafts.len() + 1) * vocab,
+                });
+            }
+            drafted += drafts.len();
         }
         if finish != Finish::Cancelled {
             let tail = stream.finish(&mut detok)?;
@@ -703,6 +792,9 @@ impl<'a> Generation<'a> {
             prefill_s,
             decode_s: t1.elapsed().as_secs_f64(),
             timing,
+            trips,
+            drafted,
+            accepted,
         })
     }
 }

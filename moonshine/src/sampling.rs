@@ -346,7 +346,7 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place by the bias and penalties) and
     /// records it.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        self.sample_with_logprobs(logits, None).0
+        self.pick(logits, None, None).0
     }
 
     /// [`Sampler::sample`], with the token's log-probability and its `top` best alternatives
@@ -354,6 +354,28 @@ impl Sampler {
     pub fn sample_with_logprobs(
         &mut self,
         logits: &mut [f32],
+        top: Option<usize>,
+    ) -> (u32, Option<TokenLogprob>) {
+        self.pick(logits, None, top)
+    }
+
+    /// [`Sampler::sample`] where a drafted token `draft` was proposed for this position
+    /// (speculative decoding, [`crate::lookup`]); returns the token to keep, which is
+    /// `draft` when it is accepted. Greedy: the argmax, so a draft is kept exactly when plain
+    /// decoding would have picked it. Sampling: standard speculative sampling for a
+    /// deterministic proposal: keep `draft` with probability p(draft); otherwise draw from p
+    /// with `draft` removed and renormalised. The kept token is distributed as p either way.
+    pub fn sample_or_accept(&mut self, logits: &mut [f32], draft: Option<u32>) -> u32 {
+        self.pick(logits, draft, None).0
+    }
+
+    /// The one sampling step behind the three above: bias and penalties, then greedy or the
+    /// truncated draw (accepting or resampling around `draft`), the log-probabilities when
+    /// asked, and the history.
+    pub fn pick(
+        &mut self,
+        logits: &mut [f32],
+        draft: Option<u32>,
         top: Option<usize>,
     ) -> (u32, Option<TokenLogprob>) {
         let p = &self.params;
@@ -377,13 +399,33 @@ impl Sampler {
             let mut c = min_p(top_k(c, p.top_k), p.min_p);
             softmax(&mut c, p.temperature);
             let c = top_p(c, p.top_p);
-            draw(&c, self.rng.next_f32())
+            match draft {
+                None => draw(&c, self.rng.next_f32()),
+                Some(d) => accept_or_resample(c, d, &mut self.rng),
+            }
         };
         let lp = top.map(|n| logprobs(logits, id, n));
         self.history.push(id);
         *self.counts.entry(id).or_default() += 1;
         (id, lp)
     }
+}
+
+/// Speculative sampling's step for a proposal that is certain of `d` (q(d) = 1): keep `d`
+/// with probability min(1, p(d) / q(d)) = p(d); else draw from norm(max(0, p - q)), which
+/// is p without `d`, renormalised.
+fn accept_or_resample(mut c: Vec<Candidate>, d: u32, rng: &mut Pcg32) -> u32 {
+    let pd = c.iter().find(|x| x.id == d).map_or(0.0, |x| x.p);
+    if rng.next_f32() < pd {
+        return d;
+    }
+    c.retain(|x| x.id != d);
+    let rest: f32 = c.iter().map(|x| x.p).sum();
+    if c.is_empty() || rest <= 0.0 {
+        return d; // p was (numerically) all on d
+    }
+    c.iter_mut().for_each(|x| x.p /= rest);
+    draw(&c, rng.next_f32())
 }
 
 #[cfg(test)]
@@ -489,6 +531,46 @@ mod tests {
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
+    }
+
+    /// Speculative sampling with a fixed draft must give each token its probability under
+    /// the target distribution, whichever token is drafted (always accepting, or resampling
+    /// from the full p on rejection, would not).
+    #[test]
+    fn accepting_drafts_keeps_the_target_distribution() {
+        let logits = [1.0f32, 2.0, 0.5, 1.5, -3.0];
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_k: 4,
+            seed: 11,
+            ..Default::default()
+        };
+        // The target: top-4 at temperature 0.9.
+        let mut c = top_k(cands(&logits), 4);
+        softmax(&mut c, 0.9);
+        let mut want = [0.0f64; 5];
+        c.iter().for_each(|x| want[x.id as usize] = x.p as f64);
+        let n = 200_000;
+        for draft in [Some(1), Some(2), Some(4), None] {
+            let mut s = Sampler::new(params.clone());
+            let mut got = [0usize; 5];
+            for _ in 0..n {
+                got[s.sample_or_accept(&mut logits.clone(), draft) as usize] += 1;
+            }
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                let f = g as f64 / n as f64;
+                // 5 standard deviations of a frequency over n draws, at least 1e-3.
+                let tol = (5.0 * (w * (1.0 - w) / n as f64).sqrt()).max(1e-3);
+                assert!(
+                    (f - w).abs() < tol,
+                    "draft {draft:?}: token {i} drawn {f:.4}, target {w:.4} (tol {tol:.4})"
+                );
+            }
+        }
+        // Greedy keeps a draft exactly when it is the argmax.
+        let mut g = Sampler::new(SamplingParams::default());
+        assert_eq!(g.sample_or_accept(&mut logits.clone(), Some(1)), 1);
+        assert_eq!(g.sample_or_accept(&mut logits.clone(), Some(3)), 1);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct ServeArgs {
     /// word (`Qwen2.5 Coder 0.5B Instruct AWQ` -> `qwen2.5-coder-0.5b-instruct`).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    #[command(flatten)]
+    pub lookup: crate::lookup::LookupArgs,
 }
 
 /// The default served name: `name` lower-cased, runs of other characters than letters,
@@ -419,6 +421,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.max_concurrent == 0 {
         anyhow::bail!("--max-concurrent must be at least 1");
     }
+    args.lookup.params().map_err(anyhow::Error::msg)?;
     let backend = args.target.connect()?;
     let template = match backend.info {
         Some(_) => Some(
@@ -1016,6 +1019,7 @@ async fn completion(
         sampling: job.sampling.clone(),
         stops: job.stops.clone(),
         logprobs: job.logprobs,
+        lookup: st.args.lookup.params().ok().flatten(),
     };
     let (ready_tx, ready_rx) = oneshot::channel::<Result<Started, ApiError>>();
     let cancel = Arc::new(AtomicBool::new(false));

@@ -341,6 +341,7 @@ fn a_session_evicted_mid_generation_is_refilled_and_the_tokens_are_unchanged() {
         sampling: SamplingParams::default(),
         stops: vec![],
         logprobs: None,
+        lookup: None,
     };
     let plain = generate(&b, &mut KvSession::new("plain"), &req, |_| true).expect("plain");
 
@@ -365,4 +366,78 @@ fn a_session_evicted_mid_generation_is_refilled_and_the_tokens_are_unchanged() {
     assert!(evictions >= 3, "the session was evicted {evictions} times");
     assert_eq!(evicted.tokens, plain.tokens);
     assert_eq!(evicted.text, plain.text);
+}
+
+/// A function to repeat with one change: where prompt-lookup drafts hit.
+const EDIT_PROMPT: &str = "Repeat this Python function exactly, but rename `total` to `acc`. \
+Reply with only the code.\n\n```python\ndef summarize(orders, tax_rate):\n    total = 0\n    \
+for order in orders:\n        if order.status == \"cancelled\":\n            continue\n        \
+subtotal = order.quantity * order.unit_price\n        total += subtotal * (1 + tax_rate)\n    \
+return round(total, 2)\n```";
+
+/// Free prose: drafts rarely hit.
+const PROSE_PROMPT: &str = "Write three sentences about a lighthouse keeper who finds a letter.";
+
+/// Speculative decoding with prompt-lookup drafts (`--lookup`) over a two-station chain gives
+/// greedy output identical, token id for token id, to plain decoding, on a code edit (where
+/// it makes more than one token per chain trip) and on prose; sampled decoding with lookup
+/// runs and keeps only drafts it verified.
+#[test]
+fn lookup_decoding_is_lossless_over_a_two_station_chain() {
+    let Some((knot, bin)) = setup() else { return };
+    let entry = station(&bin, &knot, &["--role", "entry", "--layers", "0..12"]);
+    let exit = station(&bin, &knot, &["--role", "exit", "--layers", "12..24"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mesh = dir.path().join("mesh-2.json");
+    let m = serde_json::json!({"model": "qwen", "stations": [{"url": entry.url, "layers": "0-12"}, {"url": exit.url, "layers": "12-24"}]});
+    std::fs::write(&mesh, m.to_string()).expect("write mesh");
+    let mesh = mesh.to_str().expect("utf-8 path");
+    let run = |prompt: &str, n: &str, extra: &[&str]| -> Value {
+        let mut a = vec!["--chat", "-c", prompt, "-n", n, "--json", "--mesh", mesh];
+        a.extend_from_slice(extra);
+        let (out, _) = moonshine_ok(&a, None);
+        serde_json::from_str(out.lines().next().expect("one turn")).expect("json")
+    };
+    let per_trip = |v: &Value| v["tokens_per_trip"].as_f64().expect("tokens_per_trip");
+    for (what, prompt, n) in [("code", EDIT_PROMPT, "80"), ("prose", PROSE_PROMPT, "40")] {
+        let plain = run(prompt, n, &[]);
+        let fast = run(prompt, n, &["--lookup"]);
+        assert_eq!(
+            plain["tokens"], fast["tokens"],
+            "{what}: lookup changed greedy output:\n{}\n---\n{}",
+            plain["text"], fast["text"]
+        );
+        assert_eq!(plain["drafted"], 0);
+        assert_eq!(
+            per_trip(&plain),
+            1.0,
+            "{what}: plain decoding is one token a trip"
+        );
+        eprintln!(
+            "{what}: {} tokens, plain {} trips, lookup {} trips ({} of {} drafts kept)",
+            fast["tokens"].as_array().map_or(0, |a| a.len()),
+            plain["trips"],
+            fast["trips"],
+            fast["accepted"],
+            fast["drafted"]
+        );
+        if what == "code" {
+            assert!(
+                per_trip(&fast) > 2.0,
+                "the code edit repeats its prompt: {} tokens per trip\n{}",
+                per_trip(&fast),
+                fast["text"]
+            );
+        }
+    }
+    let sampled = run(
+        EDIT_PROMPT,
+        "40",
+        &["--lookup", "--temperature", "0.7", "--seed", "5"],
+    );
+    let (acc, dr) = (
+        sampled["accepted"].as_u64().expect("accepted"),
+        sampled["drafted"].as_u64().expect("drafted"),
+    );
+    assert!(acc > 0 && acc <= dr, "sampled lookup: {acc} of {dr} kept");
 }

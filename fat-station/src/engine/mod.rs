@@ -48,6 +48,8 @@ pub enum EngineError {
         adding: usize,
         max: usize,
     },
+    #[error("{rows} logit rows asked of a residual of {seq} rows")]
+    BadRows { rows: usize, seq: usize },
     #[error("session out of step: {0}")]
     SessionMismatch(String),
 }

@@ -30,7 +30,7 @@ struct FwdScratch {
     rope_swa: Vec<f32>,
     /// (positions) attention scores of one head when attention runs on this thread
     scores: Vec<f32>,
-    /// (hidden) the normed last row for the output head
+    /// (rows, hidden) the normed last rows for the output head
     xn: Vec<f32>,
 }
 
@@ -323,6 +323,25 @@ impl<'a> Model<'a> {
     /// [`Model::lm_head`] into `logits` (resized to vocab), so a decode loop that keeps the
     /// buffer allocates nothing per token.
     pub fn lm_head_into(&self, x: &[f32], logits: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.lm_head_rows_into(x, 1, logits)
+    }
+
+    /// Final norm + output head on the last `rows` rows of `x` (seq, hidden) -> logits
+    /// (rows, vocab), row-major: what verifying `rows - 1` drafted tokens needs. Each row's
+    /// logits are bit-identical to [`Model::lm_head`] on that row alone (the kernels'
+    /// batching contract). `rows` must be in `1..=seq`.
+    pub fn lm_head_rows(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+        let mut logits = Vec::new();
+        self.lm_head_rows_into(x, rows, &mut logits)?;
+        Ok(logits)
+    }
+
+    fn lm_head_rows_into(
+        &self,
+        x: &[f32],
+        rows: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
         let h = self.cfg.hidden;
         let (Some(norm), Some(out)) = (self.weights.output_norm, self.weights.output.as_ref())
         else {
@@ -337,12 +356,20 @@ impl<'a> Model<'a> {
                 hidden: h,
             });
         }
-        let last = &x[x.len() - h..];
+        if rows == 0 || rows > x.len() / h {
+            return Err(EngineError::BadRows {
+                rows,
+                seq: x.len() / h,
+            });
+        }
+        let last = &x[x.len() - rows * h..];
         let mut f = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
-        f.xn.resize(h, 0.0);
-        rmsnorm(&mut f.xn, last, norm, self.cfg.norm_eps);
-        logits.resize(self.cfg.vocab, 0.0);
-        linear(out, &f.xn, 1, logits);
+        f.xn.resize(rows * h, 0.0);
+        for (o, xi) in f.xn.chunks_exact_mut(h).zip(last.chunks_exact(h)) {
+            rmsnorm(o, xi, norm, self.cfg.norm_eps);
+        }
+        logits.resize(rows * self.cfg.vocab, 0.0);
+        linear(out, &f.xn, rows, logits);
         if let Some(cap) = self.cfg.final_logit_softcap {
             softcap(logits, cap);
         }

@@ -166,11 +166,13 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
         }
         (&Method::POST, wire::ROUTE_LM_HEAD) => {
             let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
+            let rows_h = header(&req, wire::H_LOGIT_ROWS);
             let bytes = read_body(&st, req).await?;
             let x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
+            let rows = logit_rows(rows_h.as_deref(), x.len() / st.model.cfg.hidden)?;
             compute(st, move |st| {
                 let t = Instant::now();
-                let logits = st.model.lm_head(&x)?;
+                let logits = st.model.lm_head_rows(&x, rows)?;
                 let mut r = binary(wire::encode_f32(&logits));
                 set(&mut r, wire::H_COMPUTE_MS, ms(t));
                 Ok(r)
@@ -305,6 +307,15 @@ async fn read_json<T: serde::de::DeserializeOwned>(
             format!("invalid JSON body: {e}"),
         )
     })
+}
+
+/// The `X-Logit-Rows` of an `/lm-head` over `seq` rows (1 without the header).
+fn logit_rows(h: Option<&str>, seq: usize) -> Result<usize, Refusal> {
+    match h {
+        None => Ok(1),
+        Some(v) => wire::parse_logit_rows(v, seq)
+            .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e)),
+    }
 }
 
 fn decode_residual(b: &[u8], f16: bool, hidden: usize) -> Result<Vec<f32>, Refusal> {

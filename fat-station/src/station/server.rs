@@ -130,6 +130,7 @@ impl From<EngineError> for Refusal {
             EngineError::BadToken { .. } => (StatusCode::BAD_REQUEST, "bad_token"),
             EngineError::ContextFull { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "context_full"),
             EngineError::SessionMismatch(_) => (StatusCode::CONFLICT, "session_mismatch"),
+            EngineError::BadRows { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "engine"),
         };
         refuse(status, code, e.to_string())
