@@ -569,6 +569,8 @@ fn a_withheld_request_body_is_answered_408_after_the_body_timeout() {
     s.read_exact(&mut head)
         .expect("an answer within the body timeout, not a hang");
     assert_eq!(&head, b"HTTP/1.1 408", "{}", String::from_utf8_lossy(&head));
+}
+
 /// POSTs `body` to `route` of the gateway: (status, JSON body).
 fn call(gw: &Proc, route: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
     let r = ureq::post(&format!("{}{route}", gw.url)).send_string(&body.to_string());
