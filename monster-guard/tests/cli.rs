@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::{models_dir, QWEN, SMOLLM2};
+use test_support::{models_dir, GEMMA, QWEN, SMOLLM2};
 
 const BIN: &str = env!("CARGO_BIN_EXE_monster-guard");
 
@@ -698,26 +698,28 @@ fn real_setup(models: &[&str]) -> Option<(PathBuf, Vec<PathBuf>)> {
     None
 }
 
-fn facts_spec() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/qwen-facts.json")
+fn spec(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../specs")
+        .join(name)
 }
 
+/// `delegate` of the Qwen facts suite on `knot`.
 fn delegate_real(e: &Env, probe: &Path, knot: &Path) -> Output {
-    e.cmd(&[
-        "delegate",
-        "model",
-        "net",
-        "--ttl",
-        "600",
-        "--qspec",
-        facts_spec().to_str().unwrap(),
-        "--knot",
-        knot.to_str().unwrap(),
-        "--probe",
-        probe.to_str().unwrap(),
-    ])
-    .output()
-    .unwrap()
+    delegate_with(e, probe, knot, "qwen-facts.json")
+}
+
+fn delegate_with(e: &Env, probe: &Path, knot: &Path, qspec: &str) -> Output {
+    e.cmd(&["delegate", "model", "net", "--ttl", "600", "--qspec"])
+        .arg(spec(qspec))
+        .args([
+            "--knot",
+            knot.to_str().unwrap(),
+            "--probe",
+            probe.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -820,6 +822,71 @@ fn real_damaged_qwen_is_refused() {
     eprintln!("{}", text(&out));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert!(text(&out).contains("FAIL paris"), "{}", text(&out));
+}
+
+/// Issue 19: Gemma has its own suite (completions led by bos; figures in specs/qspec.md). It
+/// admits Gemma-3-270M, every probe passing.
+#[test]
+fn real_gemma_is_admitted_by_its_facts_suite() {
+    let Some((probe, m)) = real_setup(&[GEMMA]) else {
+        return;
+    };
+    let e = Env::new();
+    let out = delegate_with(&e, &probe, &m[0], "gemma-facts.json");
+    eprintln!("{}", text(&out));
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    for p in [
+        "paris_top5",
+        "france",
+        "moon_landing",
+        "hamlet",
+        "numpy_alias",
+    ] {
+        assert!(t.contains(&format!("PASS {p}")), "{p}: {t}");
+    }
+    assert!(e.home().join("grants/model.json").exists());
+}
+
+/// ... and refuses what is not Gemma-3-270M at its quality: SmolLM2 (which knows its Paris but
+/// not the rest) and a Gemma whose middle layer is scrambled.
+#[test]
+fn real_gemma_suite_refuses_smollm2_and_a_damaged_gemma() {
+    let Some((probe, m)) = real_setup(&[GEMMA, SMOLLM2]) else {
+        return;
+    };
+    let e = Env::new();
+    let out = delegate_with(&e, &probe, &m[1], "gemma-facts.json");
+    eprintln!("{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("PASS paris_top5"), "{t}");
+    for p in ["france", "moon_landing", "hamlet", "numpy_alias"] {
+        assert!(t.contains(&format!("FAIL {p}")), "{p}: {t}");
+    }
+    let damaged = e.path("gemma-damaged.knot");
+    write_damaged_copy(&m[0], &damaged, 9);
+    let out = delegate_with(&e, &probe, &damaged, "gemma-facts.json");
+    eprintln!("{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("FAIL paris_top5"), "{}", text(&out));
+    assert!(!e.home().join("grants/model.json").exists());
+}
+
+/// Each model is gated on its own suite: the coder suite refuses Gemma where it does not know
+/// (it ranks " the" over " Paris" and has no Rust).
+#[test]
+fn real_gemma_is_refused_by_the_qwen_suite() {
+    let Some((probe, m)) = real_setup(&[GEMMA]) else {
+        return;
+    };
+    let e = Env::new();
+    let out = delegate_real(&e, &probe, &m[0]);
+    eprintln!("{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("FAIL paris"), "{t}");
+    assert!(t.contains("probes failed ("), "{t}");
 }
 
 /// Writes a valid KNOT copy of `src` whose layer `layer` is scrambled: the quantization blocks
