@@ -51,7 +51,7 @@ cargo test --release --workspace
 # AEON_SKIP_CROSS=1 skips it (it builds the whole workspace a second time).
 if [ "${AEON_SKIP_CROSS:-0}" != 1 ]; then
   echo "== aarch64 under qemu"
-  scripts/cross/build-aarch64.sh -p fat-station -p paris-probe -p foil-control
+  scripts/cross/build-aarch64.sh -p fat-station -p paris-probe -p foil-control -p monster-guard
   scripts/cross/qemu-probe.sh
   # The NEON kernels' spec tests (bit identity with the scalar reference) on -cpu cortex-a53
   # (plain NEON) and -cpu max (dotprod).

@@ -187,6 +187,12 @@ struct Attempt {
     flags: CloneFlags,
     pidns: bool,
     userns: bool,
+    /// Fork the reaper plainly and let it `unshare(flags)` itself: for where `clone` refuses
+    /// namespace flags (qemu-user's clone emulation takes only fork- and thread-like flags; it
+    /// passes `unshare` through). With `CLONE_NEWPID` the reaper stays outside and the command
+    /// becomes pid 1 of the new namespace: when it exits, or is killed with its parent reaper
+    /// (`PR_SET_PDEATHSIG`), the kernel kills the rest of the namespace.
+    unshare: bool,
 }
 
 /// The ways to try, strongest first.
@@ -203,6 +209,7 @@ fn attempts(spec: &Spec<'_>) -> Vec<Attempt> {
         flags,
         pidns,
         userns,
+        unshare: false,
     };
     if spec.want != Want::Subreaper {
         v.push(a(pid | ns, true, false));
@@ -287,7 +294,15 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
             NetIsolation::SocketsDenied => Some(deny_ip_sockets()?),
             _ => None,
         };
-        match spawn(&prepared, &at, program) {
+        let mut at = at;
+        let spawned = match spawn(&prepared, &at, program) {
+            Err(Spawn::Clone(Errno::EINVAL)) if !at.flags.is_empty() => {
+                at.unshare = true;
+                spawn(&prepared, &at, program)
+            }
+            r => r,
+        };
+        match spawned {
             Ok(reaper) => {
                 let tree = if at.pidns {
                     Tree::PidNamespace { userns: at.userns }
@@ -345,14 +360,23 @@ fn spawn(p: &Prepared, at: &Attempt, program: &str) -> std::result::Result<Pid, 
         err_r.as_raw_fd(),
         err_w.as_raw_fd(),
     ];
-    let pidns = at.pidns;
+    let init = match (at.pidns, at.unshare) {
+        (false, _) => Init::Host,
+        (true, false) => Init::Reaper,
+        (true, true) => Init::Command,
+    };
     let mountns = at.flags.contains(CloneFlags::CLONE_NEWNS);
+    let (clone_flags, unshare_flags) = if at.unshare {
+        (CloneFlags::empty(), at.flags)
+    } else {
+        (at.flags, CloneFlags::empty())
+    };
     let mut stack = vec![0u8; 256 << 10];
-    let cb = Box::new(move || reaper_main(p, fds, pidns, mountns));
+    let cb = Box::new(move || reaper_main(p, fds, init, mountns, unshare_flags));
     // SAFETY: monster-guard is single-threaded here; the child runs on its own copy of the
     // address space (no CLONE_VM) and never returns into the parent's frames: reaper_main ends
     // in _exit().
-    let reaper = unsafe { nix::sched::clone(cb, &mut stack, at.flags, Some(libc::SIGCHLD)) }
+    let reaper = unsafe { nix::sched::clone(cb, &mut stack, clone_flags, Some(libc::SIGCHLD)) }
         .map_err(Spawn::Clone)?;
     drop(go_r);
     drop(err_w);
@@ -374,11 +398,32 @@ fn spawn(p: &Prepared, at: &Attempt, program: &str) -> std::result::Result<Pid, 
     }
     let _ = kill(reaper, Signal::SIGKILL);
     let _ = waitpid(reaper, None);
+    // The reaper's own unshare failed: as a failed clone, the next way is tried.
+    if let Some(errno) = report.strip_prefix(UNSHARE_FAILED.as_bytes()) {
+        let n = std::str::from_utf8(errno).ok().and_then(|e| e.parse().ok());
+        return Err(Spawn::Clone(Errno::from_raw(n.unwrap_or(libc::EINVAL))));
+    }
     Err(Spawn::Setup(format!(
         "cannot start {program:?}: {}",
         String::from_utf8_lossy(&report)
     )))
 }
+
+/// Where the tree's PID namespace has its init, which the kernel makes the tree's end.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Init {
+    /// No PID namespace: the reaper is a subreaper in the caller's.
+    Host,
+    /// The reaper is pid 1 of a new PID namespace.
+    Reaper,
+    /// The command is pid 1 of a new PID namespace the reaper unshared; the reaper, outside,
+    /// sees the tree as its descendants.
+    Command,
+}
+
+/// How the reaper reports that its `unshare` failed (followed by the errno), so the next way
+/// is tried as after a failed clone.
+const UNSHARE_FAILED: &str = "\u{1}unshare:";
 
 /// The signals the reaper handles synchronously.
 fn handled() -> SigSet {
@@ -404,7 +449,13 @@ fn report(fd: RawFd, msg: &str) -> ! {
 }
 
 /// The reaper: set up, fork the command, then reap and relay until the command exits.
-fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isize {
+fn reaper_main(
+    p: &Prepared,
+    fds: [RawFd; 4],
+    init: Init,
+    mountns: bool,
+    unshare: CloneFlags,
+) -> isize {
     let [go_r, go_w, err_r, err_w] = fds;
     // SAFETY: closing our copies of the parent's pipe ends.
     unsafe {
@@ -413,9 +464,15 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isi
     }
     let fail = |step: &str, e: std::io::Error| -> ! { report(err_w, &format!("{step}: {e}")) };
     let errno = std::io::Error::last_os_error;
-    // 1. Die with monster-guard: at once in a PID namespace (the kernel then kills the rest);
-    //    as a subreaper, with a signal it catches to kill its tree first.
-    let death = if pidns { libc::SIGKILL } else { libc::SIGUSR2 };
+    let pidns = init == Init::Reaper;
+    // 1. Die with monster-guard: at once with a PID namespace (the kernel then kills the rest;
+    //    a command that is its init dies with the reaper, step 9); as a subreaper, with a
+    //    signal it catches to kill its tree first.
+    let death = if init == Init::Host {
+        libc::SIGUSR2
+    } else {
+        libc::SIGKILL
+    };
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, death, 0, 0, 0) } != 0 {
         fail("prctl(PR_SET_PDEATHSIG)", errno());
@@ -433,6 +490,12 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isi
     }
     // SAFETY: closing our own descriptor.
     unsafe { libc::close(go_r) };
+    // 3b. The namespaces a plain fork did not make (see [`Attempt::unshare`]).
+    if !unshare.is_empty() {
+        if let Err(e) = nix::sched::unshare(unshare) {
+            report(err_w, &format!("{UNSHARE_FAILED}{}", e as i32));
+        }
+    }
     // 4. A new session: no controlling terminal to push keystrokes into.
     if let Err(e) = nix::unistd::setsid() {
         fail("setsid", e.into());
@@ -447,7 +510,7 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isi
     }
     // 6. Outside a PID namespace, orphans of the tree come to the reaper.
     // SAFETY: prctl with integer arguments only.
-    if !pidns && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+    if init == Init::Host && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         fail("prctl(PR_SET_CHILD_SUBREAPER)", errno());
     }
     // 7. no_new_privs and the capability sets reduced to the grant's ceiling.
@@ -460,17 +523,46 @@ fn reaper_main(p: &Prepared, fds: [RawFd; 4], pidns: bool, mountns: bool) -> isi
             report(err_w, &format!("seccomp socket filter: {e}"));
         }
     }
-    // 9. The command.
-    // SAFETY: the reaper is single-threaded; the child only resets its signal mask and execs.
+    // 9. The command. As the init of the reaper's PID namespace, it dies with the reaper: a
+    //    pipe whose write end only the reaper holds tells it whether the reaper died before
+    //    its death signal was set.
+    let alive = match init {
+        Init::Command => match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok(p) => Some(p),
+            Err(e) => fail("pipe", e.into()),
+        },
+        _ => None,
+    };
+    // SAFETY: the reaper is single-threaded; the child only makes syscalls and execs.
     let cmd = match unsafe { nix::unistd::fork() } {
         Err(e) => fail("fork", e.into()),
         Ok(nix::unistd::ForkResult::Child) => {
+            if let Some((r, w)) = alive {
+                drop(w);
+                // SAFETY: prctl with integer arguments only.
+                if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
+                    fail("prctl(PR_SET_PDEATHSIG)", errno());
+                }
+                let mut fd = [libc::pollfd {
+                    fd: r.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                // SAFETY: polls one descriptor we own, without waiting.
+                if unsafe { libc::poll(fd.as_mut_ptr(), 1, 0) } != 0 {
+                    // Hung up: the reaper is gone, and so is the lease.
+                    // SAFETY: exit without unwinding into the parent's frames.
+                    unsafe { libc::_exit(126) };
+                }
+            }
             let _ = SigSet::empty().thread_set_mask();
             let e = nix::unistd::execvpe(&p.argv[0], &p.argv, &p.envp).unwrap_err();
             report(err_w, &format!("exec: {}", std::io::Error::from(e)));
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => child,
     };
+    // The write end stays open for the reaper's lifetime; the read end is the command's.
+    let _alive_w = alive.map(|(_, w)| w);
     // SAFETY: closing our copy: monster-guard sees end of file once the command has exec'd.
     unsafe { libc::close(err_w) };
     reap(cmd, pidns)

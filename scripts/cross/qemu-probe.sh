@@ -5,6 +5,9 @@
 #   2. fat-station (aarch64, under qemu) + paris-probe --station      -> PASS
 #   3. foil-control (aarch64, under qemu): the probe of step 1 posts its residue
 #      (GNOSIS_FOIL_CACHE_URL); a lookup of MODEL:dense:TOKENS      -> cache_hit true, argmax 12095
+#   4. monster-guard run (aarch64, under qemu) contains a leased command's whole tree, a
+#      setsid'd grandchild included, although qemu-user's clone takes no namespace flags
+#      (the reaper unshares instead; the host's monster-guard mints the grant) -> exit 0, none left
 #
 # Usage: scripts/cross/qemu-probe.sh [--model FILE.knot]
 # Binaries come from $AEON_ARM64_OUT (default target/aarch64-unknown-linux-musl/release; build
@@ -36,7 +39,7 @@ say() { printf 'qemu-probe: %s\n' "$*" >&2; }
 # qemu-user's qemu-aarch64, or qemu-user-static's qemu-aarch64-static (scripts/test.sh installs one).
 QEMU="$(command -v qemu-aarch64 || command -v qemu-aarch64-static || true)"
 [[ -n "$QEMU" ]] || { say "qemu-aarch64 not found (Debian: apt-get install qemu-user)"; exit 2; }
-for b in paris-probe fat-station foil-control; do
+for b in paris-probe fat-station foil-control monster-guard; do
     [[ -x "$BIN/$b" ]] || { say "missing $BIN/$b: run scripts/cross/build-aarch64.sh"; exit 2; }
 done
 if [[ ! -f "$MODEL" ]]; then
@@ -122,6 +125,33 @@ else
     say "the probe logged no foil-cache-admit key"
 fi
 check "foil-control (aarch64) holds the probe's residue" "$rc"
+
+# 4. A lease under qemu: the tree ends with the command.
+rc=1
+HOST_GUARD="$ROOT/target/release/monster-guard"
+SMOL="$(dirname "$MODEL")/smollm2-135m-instruct-q4_1.knot"
+[[ -f "$SMOL" ]] || SMOL="$MODEL"
+if [[ -x "$HOST_GUARD" ]]; then
+    export MONSTER_GUARD_HOME="$WORK/guard"
+    PARIS_PROBE="$ROOT/target/release/paris-probe" "$HOST_GUARD" delegate lease-check net,fs --ttl 600 \
+        --qspec "$ROOT/specs/paris.json" --knot "$SMOL" >"$WORK/delegate.out" 2>&1 || tail -5 "$WORK/delegate.out" >&2
+    marker=$((3000 + RANDOM % 1000))
+    if timeout "$STEP_TIMEOUT" "$QEMU" "$BIN/monster-guard" run --name lease-check --caps net,fs --lease 120 -- \
+        /bin/sh -c "setsid sleep $marker & sleep 0.5; echo tree started" >"$WORK/lease.out" 2>"$WORK/lease.err"; then
+        sleep 0.5
+        if pgrep -f "sleep $marker" >/dev/null; then
+            say "a setsid'd grandchild outlived its lease under qemu"; pkill -f "sleep $marker" || true
+        else
+            rc=0
+        fi
+    else
+        tail -5 "$WORK/lease.err" >&2
+    fi
+    unset MONSTER_GUARD_HOME
+else
+    say "missing $HOST_GUARD (cargo build --release -p monster-guard)"
+fi
+check "monster-guard (aarch64) lease contains its tree under qemu" "$rc"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

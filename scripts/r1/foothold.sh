@@ -61,12 +61,16 @@ http_get() {
   printf '%s' "${resp#*$'\r\n\r\n'}"
 }
 
-# Waits until an HTTP endpoint answers.
+# Waits until an HTTP endpoint answers, or the server ($3, a pid) has died.
 # AEON_WAIT_S (default 120): an emulated aarch64 station on a busy host needs well over 20 s.
 wait_http() {
   local deadline=$((SECONDS + ${AEON_WAIT_S:-120}))
   while [ $SECONDS -lt $deadline ]; do
     if http_get 127.0.0.1 "$1" "$2" >/dev/null; then return 0; fi
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+      tail -n 5 "$state"/*.log >&2 2>/dev/null || true
+      die "the server for 127.0.0.1:$1 exited before answering $2 (logs in $state)"
+    fi
     sleep 0.1
   done
   tail -n 5 "$state"/*.log >&2 2>/dev/null || true
@@ -85,12 +89,12 @@ pids+=($!)
 "$bin/monster-guard" run --name paris --caps net,fs --lease 600 -- \
   "$bin/fat-station" --knot "$knot" --listen "127.0.0.1:$port" >"$state/station.log" 2>&1 &
 pids+=($!)
-wait_http "$port" /health
+wait_http "$port" /health $!
 answer=$("$bin/moonshine" --oneoff -c "$prompt" --station "http://127.0.0.1:$port")
 echo "2) $answer"
 
 # 3) The probe posts its residue to the collector; the collector hands it back.
-wait_http "$foil_port" /.aeon/health
+wait_http "$foil_port" /.aeon/health "${pids[0]}"
 GNOSIS_FOIL_CACHE_URL="http://127.0.0.1:$foil_port" \
   "$bin/paris-probe" --station "http://127.0.0.1:$port" --tokens 785,6722,315,9625,374 --expected 12095 \
   >"$state/probe.out" 2>"$state/probe.err" || { cat "$state/probe.out" "$state/probe.err" >&2; die "probe failed"; }
