@@ -133,8 +133,10 @@ SMOL="$(dirname "$MODEL")/smollm2-135m-instruct-q4_1.knot"
 [[ -f "$SMOL" ]] || SMOL="$MODEL"
 if [[ -x "$HOST_GUARD" ]]; then
     export MONSTER_GUARD_HOME="$WORK/guard"
+    # The smallest model (the lease re-hashes it under qemu) and a probe it passes.
+    printf '{"knot": "%s", "prompt": "The capital of France is", "expect": " Paris"}\n' "$SMOL" >"$WORK/lease-check.json"
     PARIS_PROBE="$ROOT/target/release/paris-probe" "$HOST_GUARD" delegate lease-check net,fs --ttl 600 \
-        --qspec "$ROOT/specs/paris.json" --knot "$SMOL" >"$WORK/delegate.out" 2>&1 || tail -5 "$WORK/delegate.out" >&2
+        --qspec "$WORK/lease-check.json" >"$WORK/delegate.out" 2>&1 || tail -5 "$WORK/delegate.out" >&2
     marker=$((3000 + RANDOM % 1000))
     if timeout "$STEP_TIMEOUT" "$QEMU" "$BIN/monster-guard" run --name lease-check --caps net,fs --lease 120 -- \
         /bin/sh -c "setsid sleep $marker & sleep 0.5; echo tree started" >"$WORK/lease.out" 2>"$WORK/lease.err"; then
