@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use fat_station::engine::Holdings;
+use fat_station::engine::{Holdings, KvDtype};
 use fat_station::mesh::beacon::{self, Announcement, Beacon};
 use fat_station::mesh::grant::GrantVerifier;
 use fat_station::mesh::manifest::NodeManifest;
@@ -104,6 +104,10 @@ struct Args {
     /// Most positions per session.
     #[arg(long, default_value_t = 4096)]
     max_positions: usize,
+    /// How sessions store keys and values: f32 (exact) or f16 (half the KV memory, llama.cpp's
+    /// default; logits move slightly, see specs/station-wire.md "Sessions").
+    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
+    kv_dtype: KvDtype,
     /// Seconds an idle session is kept.
     #[arg(long, default_value_t = 600)]
     session_idle_s: u64,
@@ -286,6 +290,7 @@ fn run(args: Args) -> Result<()> {
         max_sessions: args.max_sessions,
         session_idle: Duration::from_secs(args.session_idle_s),
         max_positions: args.max_positions,
+        kv_dtype: args.kv_dtype,
         max_session_bytes: usize::try_from(args.max_session_memory).unwrap_or(usize::MAX),
         max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),
         body_timeout: args.body_timeout,
@@ -429,6 +434,11 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
         .filter(|v| v.is_finite() && *v > 0.0 && *v < 1e9)
         .map(Duration::from_secs_f64)
         .ok_or_else(|| format!("{s:?}: expected seconds, more than 0"))
+}
+
+/// `--kv-dtype`: `f32` or `f16`.
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    KvDtype::parse(s).ok_or_else(|| format!("{s:?}: expected f32 or f16"))
 }
 
 /// `--ram`: a positive size (`2.4G`, `1GiB`; the workspace's rule, `knot_format::size`).

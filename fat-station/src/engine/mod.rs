@@ -15,7 +15,7 @@ mod weights;
 
 pub use config::{Activation, Arch, Config, Recipe};
 pub use model::Model;
-pub use session::{LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
+pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use weights::{Holdings, LayerWeights, Weights};
 
 use knot_format::LayerRange;

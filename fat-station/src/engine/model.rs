@@ -7,7 +7,7 @@ use super::ops::{
     add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
     rope_rotate, softcap, swiglu, AttnShape,
 };
-use super::{Activation, Config, EngineError, Holdings, Session, Weights};
+use super::{Activation, Config, EngineError, Holdings, KvDtype, KvRows, Session, Weights};
 use knot_format::{Knot, LayerRange, Role};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
@@ -19,6 +19,8 @@ pub struct Model<'a> {
     inv_freq: Vec<f64>,
     /// (head_dim / 2) the same for local (sliding-window) layers, from `rope_base_swa`.
     inv_freq_swa: Vec<f64>,
+    /// How new sessions store keys and values (`--kv-dtype`).
+    kv_dtype: KvDtype,
 }
 
 /// Forward-pass scratch that is not per session: reused by every call on this thread.
@@ -79,6 +81,7 @@ impl<'a> Model<'a> {
             knot,
             inv_freq,
             inv_freq_swa,
+            kv_dtype: KvDtype::default(),
         })
     }
 
@@ -106,9 +109,21 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// A fresh session over the held blocks.
+    /// A fresh session over the held blocks, storing keys and values as
+    /// [`Model::kv_dtype`].
     pub fn new_session(&self, max_positions: usize) -> Session {
-        Session::new(&self.weights.holdings, max_positions)
+        Session::new(&self.weights.holdings, max_positions, self.kv_dtype)
+    }
+
+    /// How new sessions store keys and values.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// Sets how new sessions store keys and values (f32 unless set).
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
     }
 
     /// Token ids -> residual rows `(tokens.len(), hidden)`, scaled by `embed_scale` (gemma).
@@ -275,8 +290,10 @@ impl<'a> Model<'a> {
             rope_rotate(q, cs, cfg.rope_style);
             rope_rotate(k, cs, cfg.rope_style);
         }
-        cache.k.extend_from_slice(&s.k[..seq * kv_dim]);
-        cache.v.extend_from_slice(&s.v[..seq * kv_dim]);
+        // Stored first, then read back: a row attends to its own key and value as stored
+        // (rounded, with an f16 cache), alone or in a batch.
+        cache.k.extend(&s.k[..seq * kv_dim]);
+        cache.v.extend(&s.v[..seq * kv_dim]);
 
         // Causal GQA over the cache (serial at decode, parallel over heads for long prefill).
         let shape = AttnShape {
@@ -288,7 +305,15 @@ impl<'a> Model<'a> {
             scale: cfg.attn_scale,
             window,
         };
-        attention(&mut s.att, &s.q, &cache.k, &cache.v, shape, &mut f.scores);
+        match (&cache.k, &cache.v) {
+            (KvRows::F32(k), KvRows::F32(v)) => {
+                attention(&mut s.att, &s.q, k, v, shape, &mut f.scores)
+            }
+            (KvRows::F16(k), KvRows::F16(v)) => {
+                attention(&mut s.att, &s.q, k, v, shape, &mut f.scores)
+            }
+            _ => unreachable!("a session stores keys and values in one type"),
+        }
         linear(&w.wo, &s.att, seq, &mut s.xb2);
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
         add_inplace(x, &s.xb2[..seq * h]);

@@ -174,12 +174,15 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// `k`, `v`: (span.end, kv_dim); this head reads kv head `kv_head`. Scores are
 /// `q·k * scale`. `scores` is scratch of at least `span.len()`. Writes the weighted sum of
 /// values into `out` (head_dim).
+///
+/// Generic over how the cache stores its rows ([`KvElem`]): an f16 row is widened to f32
+/// first, then goes through the very same arithmetic as an f32 row.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_head(
+pub fn attend_head<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     span: std::ops::Range<usize>,
     kv_dim: usize,
     kv_head: usize,
@@ -189,17 +192,46 @@ pub fn attend_head(
     let hd = q.len();
     let off = kv_head * hd;
     let n = span.len();
+    let mut stack = [0.0f32; 256];
+    let mut heap = Vec::new();
+    let buf: &mut [f32] = if hd <= stack.len() {
+        &mut stack[..hd]
+    } else {
+        heap.resize(hd, 0.0);
+        &mut heap
+    };
     for (p, s) in span.clone().zip(scores[..n].iter_mut()) {
-        let kr = &k[p * kv_dim + off..p * kv_dim + off + hd];
+        let kr = T::widen(&k[p * kv_dim + off..p * kv_dim + off + hd], buf);
         *s = dot_f32(q, kr) * scale;
     }
     softmax(&mut scores[..n]);
     out.fill(0.0);
     for (p, &w) in span.zip(scores[..n].iter()) {
-        let vr = &v[p * kv_dim + off..p * kv_dim + off + hd];
+        let vr = T::widen(&v[p * kv_dim + off..p * kv_dim + off + hd], buf);
         for (o, &vv) in out.iter_mut().zip(vr) {
             *o += w * vv;
         }
+    }
+}
+
+/// An element type a KV cache stores its rows in.
+pub trait KvElem: Copy + Send + Sync {
+    /// `row` as f32: itself, or widened into `buf` (at least `row.len()` long).
+    fn widen<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
+}
+
+impl KvElem for f32 {
+    fn widen<'a>(row: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
+        row
+    }
+}
+
+impl KvElem for half::f16 {
+    fn widen<'a>(row: &'a [half::f16], buf: &'a mut [f32]) -> &'a [f32] {
+        use half::slice::HalfFloatSliceExt;
+        let b = &mut buf[..row.len()];
+        row.convert_to_f32_slice(b);
+        b
     }
 }
 
@@ -243,11 +275,11 @@ impl AttnShape {
 /// Parallel over (row, head) when the work is above [`ATTN_PAR_MIN_MACS`] and the pool has
 /// more than one thread. Every head's output depends only on its inputs, so both paths give
 /// the same bits.
-pub fn attention(
+pub fn attention<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     a: AttnShape,
     scores: &mut Vec<f32>,
 ) {
@@ -264,11 +296,11 @@ pub fn attention(
 }
 
 /// [`attention`] with the serial / parallel choice made by the caller (tests compare them).
-pub fn attention_with(
+pub fn attention_with<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     a: AttnShape,
     scores: &mut Vec<f32>,
     parallel: bool,
@@ -454,6 +486,148 @@ mod tests {
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(y), bits(w), "n_tok {n_tok}, {threads} thread(s)");
                 }
+            }
+        }
+    }
+
+    /// An f16 cache is the f32 arithmetic over the rounded rows (bit for bit, serial and
+    /// parallel), and close to the unrounded f32 result.
+    #[test]
+    fn attention_over_an_f16_cache_is_f32_attention_of_the_rounded_rows() {
+        let mut seed = 5u64;
+        let a = AttnShape {
+            seq: 3,
+            pos: 20,
+            n_heads: 14,
+            n_kv_heads: 2,
+            head_dim: 64,
+            scale: 1.0 / 8.0,
+            window: None,
+        };
+        let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 23);
+        let q = floats(a.seq * q_dim, &mut seed, 3.0);
+        let k = floats(n * kv_dim, &mut seed, 3.0);
+        let v = floats(n * kv_dim, &mut seed, 3.0);
+        let half = |x: &[f32]| {
+            x.iter()
+                .map(|&f| half::f16::from_f32(f))
+                .collect::<Vec<_>>()
+        };
+        let (k16, v16) = (half(&k), half(&v));
+        let round = |x: &[half::f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
+        let (kr, vr) = (round(&k16), round(&v16));
+        let run = |k: &(dyn Fn(&mut [f32], bool) + Sync)| {
+            let mut o = vec![0.0; a.seq * q_dim];
+            k(&mut o, false);
+            let mut p = vec![0.0; a.seq * q_dim];
+            pool(2).install(|| k(&mut p, true));
+            assert_eq!(bits(&o), bits(&p), "serial vs parallel");
+            o
+        };
+        let f16_out = run(&|o, par| attention_with(o, &q, &k16, &v16, a, &mut Vec::new(), par));
+        let rounded = run(&|o, par| attention_with(o, &q, &kr, &vr, a, &mut Vec::new(), par));
+        let exact = run(&|o, par| attention_with(o, &q, &k, &v, a, &mut Vec::new(), par));
+        assert_eq!(bits(&f16_out), bits(&rounded));
+        let max = f16_out
+            .iter()
+            .zip(&exact)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            max > 0.0 && max < 0.05,
+            "f16 cache moved attention by {max}"
+        );
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// Causal GQA written out the plain way in f64: softmax over `q·k * scale` of the
+    /// positions each row sees, then the weighted sum of the values.
+    fn reference_attention(q: &[f32], k: &[f32], v: &[f32], a: AttnShape) -> Vec<f64> {
+        let (hd, kv_dim) = (a.head_dim, a.n_kv_heads * a.head_dim);
+        let mut out = vec![0.0f64; a.seq * a.n_heads * hd];
+        for t in 0..a.seq {
+            for h in 0..a.n_heads {
+                let kvh = h * a.n_kv_heads / a.n_heads;
+                let qh = &q[(t * a.n_heads + h) * hd..][..hd];
+                let span = a.span(a.pos + t);
+                let scores: Vec<f64> = span
+                    .clone()
+                    .map(|p| {
+                        let kr = &k[p * kv_dim + kvh * hd..][..hd];
+                        qh.iter()
+                            .zip(kr)
+                            .map(|(&x, &y)| x as f64 * y as f64)
+                            .sum::<f64>()
+                            * a.scale as f64
+                    })
+                    .collect();
+                let top = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let z: f64 = e.iter().sum();
+                let o = &mut out[(t * a.n_heads + h) * hd..][..hd];
+                for (p, w) in span.zip(&e) {
+                    let vr = &v[p * kv_dim + kvh * hd..][..hd];
+                    for (o, &y) in o.iter_mut().zip(vr) {
+                        *o += w / z * y as f64;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The f16 cache's kernel against the plain f64 reference over the rounded rows, with and
+    /// without a window, serial and parallel: within f32 rounding of it (relative 1e-5 of the
+    /// values' scale), far closer than the f16 rounding itself moves the result.
+    #[test]
+    fn f16_attention_matches_a_scalar_reference() {
+        let mut seed = 21u64;
+        for window in [None, Some(6)] {
+            let a = AttnShape {
+                seq: 4,
+                pos: 17,
+                n_heads: 14,
+                n_kv_heads: 2,
+                head_dim: 64,
+                scale: 1.0 / 8.0,
+                window,
+            };
+            let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 21);
+            let q = floats(a.seq * q_dim, &mut seed, 3.0);
+            let k = floats(n * kv_dim, &mut seed, 3.0);
+            let v = floats(n * kv_dim, &mut seed, 3.0);
+            let k16: Vec<half::f16> = k.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let v16: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let kr: Vec<f32> = k16.iter().map(|h| h.to_f32()).collect();
+            let vr: Vec<f32> = v16.iter().map(|h| h.to_f32()).collect();
+            let want = reference_attention(&q, &kr, &vr, a);
+            let unrounded = reference_attention(&q, &k, &v, a);
+            for parallel in [false, true] {
+                let mut got = vec![0.0f32; a.seq * q_dim];
+                pool(2).install(|| {
+                    attention_with(&mut got, &q, &k16, &v16, a, &mut Vec::new(), parallel)
+                });
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(&g, &w)| (g as f64 - w).abs())
+                    .fold(0.0, f64::max);
+                let rounding = unrounded
+                    .iter()
+                    .zip(&want)
+                    .map(|(&u, &w)| (u - w).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    err < 3e-5,
+                    "window {window:?} parallel {parallel}: off the reference by {err}"
+                );
+                assert!(
+                    rounding > 100.0 * err,
+                    "f16 rounding moved the result by only {rounding} (kernel error {err})"
+                );
             }
         }
     }

@@ -1,14 +1,109 @@
 //! Per-session state: the KV cache of the held layers and reusable scratch buffers.
 
+use half::f16;
+
 use super::{Config, Holdings};
 
+/// How a session stores keys and values: `f32` (default; exact) or `f16` (llama.cpp's
+/// default: half the memory per position, keys and values rounded to half precision as they
+/// are stored). Within one setting every determinism property holds (threads, chunking,
+/// prefill == token by token, a split chain == one process): a token attends to its own
+/// key and value as stored, whether it came alone or in a batch. The two settings differ
+/// by that rounding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per stored element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    /// `f32` or `f16`.
+    pub fn parse(s: &str) -> Option<KvDtype> {
+        match s {
+            "f32" => Some(KvDtype::F32),
+            "f16" => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// One block's keys (or values): (positions, kv_dim) in the session's [`KvDtype`].
+pub enum KvRows {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl KvRows {
+    fn new(dtype: KvDtype) -> KvRows {
+        match dtype {
+            KvDtype::F32 => KvRows::F32(Vec::new()),
+            KvDtype::F16 => KvRows::F16(Vec::new()),
+        }
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            KvRows::F32(v) => v.len(),
+            KvRows::F16(v) => v.len(),
+        }
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends f32 rows, rounded to the storage type.
+    pub fn extend(&mut self, rows: &[f32]) {
+        match self {
+            KvRows::F32(v) => v.extend_from_slice(rows),
+            KvRows::F16(v) => v.extend(rows.iter().map(|&x| f16::from_f32(x))),
+        }
+    }
+
+    /// Keeps the first `n` elements.
+    pub fn truncate(&mut self, n: usize) {
+        match self {
+            KvRows::F32(v) => v.truncate(n),
+            KvRows::F16(v) => v.truncate(n),
+        }
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        match self {
+            KvRows::F32(v) => v.capacity() * 4,
+            KvRows::F16(v) => v.capacity() * 2,
+        }
+    }
+}
+
 /// Keys and values of one block, one row of `kv_dim` per position.
-#[derive(Default)]
 pub struct LayerCache {
     /// (positions, kv_dim)
-    pub k: Vec<f32>,
+    pub k: KvRows,
     /// (positions, kv_dim)
-    pub v: Vec<f32>,
+    pub v: KvRows,
+}
+
+impl LayerCache {
+    /// An empty cache storing `dtype`.
+    pub fn new(dtype: KvDtype) -> LayerCache {
+        LayerCache {
+            k: KvRows::new(dtype),
+            v: KvRows::new(dtype),
+        }
+    }
 }
 
 /// Scratch a session keeps between calls: enough for decode steps and short chunks. A larger
@@ -77,12 +172,13 @@ pub struct Session {
 }
 
 impl Session {
-    /// An empty session over the held blocks, bounded to `max_positions`.
-    pub fn new(holdings: &Holdings, max_positions: usize) -> Self {
+    /// An empty session over the held blocks, bounded to `max_positions`, storing keys and
+    /// values as `dtype`.
+    pub fn new(holdings: &Holdings, max_positions: usize, dtype: KvDtype) -> Self {
         let n = holdings.layers.len() as usize;
         Session {
             first_layer: holdings.layers.start as usize,
-            caches: (0..n).map(|_| LayerCache::default()).collect(),
+            caches: (0..n).map(|_| LayerCache::new(dtype)).collect(),
             max_positions,
             scratch: Scratch::default(),
         }
@@ -113,10 +209,7 @@ impl Session {
 
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> usize {
-        self.caches
-            .iter()
-            .map(|c| (c.k.capacity() + c.v.capacity()) * 4)
-            .sum()
+        self.caches.iter().map(|c| c.k.bytes() + c.v.bytes()).sum()
     }
 
     /// Bytes held by the scratch buffers (at most [`SCRATCH_KEEP_BYTES`] between calls).

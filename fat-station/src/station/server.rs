@@ -22,7 +22,7 @@ use crate::mesh::node::{MeshNode, DEFAULT_HOP_TIMEOUT, DEFAULT_REPLAY_WINDOW};
 use crate::station::conn::{BodyError, ConnLimits};
 
 use crate::engine::tokenizer::Tokenizer;
-use crate::engine::{EngineError, Model, Session};
+use crate::engine::{EngineError, KvDtype, Model, Session};
 use crate::wire::{self, Health};
 
 /// Limits and knobs of a station.
@@ -47,6 +47,8 @@ pub struct Limits {
     pub max_compute: usize,
     /// Connection bound and header/idle timeouts.
     pub conn: ConnLimits,
+    /// How sessions store keys and values (`--kv-dtype`; f16 halves their memory).
+    pub kv_dtype: KvDtype,
 }
 
 /// Default `--max-body`.
@@ -75,6 +77,7 @@ impl Default for Limits {
             max_text: DEFAULT_MAX_TEXT,
             max_compute: default_max_compute(),
             conn: ConnLimits::default(),
+            kv_dtype: KvDtype::F32,
         }
     }
 }
@@ -143,7 +146,7 @@ impl Station {
     /// at once and a request that comes early waits only for the matrices it needs.
     pub fn new(model: Model<'static>, limits: Limits) -> Arc<Station> {
         let st = Arc::new(Station {
-            model,
+            model: model.with_kv_dtype(limits.kv_dtype),
             tokenizer: OnceLock::new(),
             sessions: Mutex::new(HashMap::new()),
             compute_gate: Arc::new(Semaphore::new(limits.max_compute.max(1))),
