@@ -100,13 +100,19 @@ anon() { awk '/^RssAnon:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 # Warm-up: touch the weights, the tokenizer and the gateway once, then take the start RSS.
 echo "== warm-up"
 wrk -t2 -c4 -d3s -s "$work/forward.lua" "$station/forward" >/dev/null
+# The gateway's start RSS is ~8 MiB, a tenth of it the code pages of paths first run during the
+# soak: so the warm-up runs them too (plain, streamed, and a stream left after its first chunk).
 python3 - "$gateway" <<'EOF'
 import json, sys, urllib.request
-for _ in range(3):
+def ask(stream, leave=False):
     req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=json.dumps({
-        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}).encode(),
+        "model": "m", "max_tokens": 8, "stream": stream,
+        "messages": [{"role": "user", "content": "Hi"}]}).encode(),
         headers={"content-type": "application/json"})
-    urllib.request.urlopen(req, timeout=120).read()
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.readline() if leave else r.read()
+for _ in range(3):
+    ask(False); ask(True); ask(True, leave=True)
 EOF
 sleep 1
 st_before=$(rss $station_pid); gw_before=$(rss $gateway_pid)

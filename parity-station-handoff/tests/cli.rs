@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use test_support::{model, QWEN, SMOLLM2};
+use test_support::{model, GEMMA, QWEN, SMOLLM2};
 
 const BIN: &str = env!("CARGO_BIN_EXE_parity-station-handoff");
 
@@ -107,6 +107,34 @@ fn smollm2_tied_head_split_from_shards() {
             .ends_with("OVERALL: PASS"),
         "{t}"
     );
+}
+
+/// Issue 19: gemma3 splits like qwen2. Cuts on both sides of its first global layer (5 of
+/// 0..18; the others slide a window) and one in the second group, from real shard files: the
+/// tied head, the sandwich norms and the two RoPE bases all travel with their layers.
+#[test]
+fn gemma3_split_around_a_global_layer_from_shards() {
+    let Some(m) = model(GEMMA) else {
+        return;
+    };
+    let o = run(&[
+        m.to_str().unwrap(),
+        "--split",
+        "5,6,13",
+        "--from-shards",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    assert_eq!(j["overall"], "PASS", "{j}");
+    for s in j["splits"].as_array().expect("splits") {
+        assert_eq!(s["ranges"].as_array().unwrap().len(), 4, "{s}");
+        for t in ["test1", "test2"] {
+            for what in ["residual", "logits"] {
+                assert_eq!(s[t][what]["identical"], true, "{t} {what}: {s}");
+            }
+        }
+    }
 }
 
 #[test]

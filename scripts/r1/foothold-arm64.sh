@@ -26,6 +26,15 @@ cp specs/*.json "$sliver/opt/aeon/specs/"
 install -m 0755 scripts/r1/foothold.sh "$sliver/opt/aeon/foothold.sh"
 echo "== admit base:arm64"
 target/release/swerve admit base:arm64 --rootfs "$sliver"
+# Emulated, monster-guard cannot contain a lease without CAP_SYS_ADMIN in the sliver: qemu-user
+# refuses namespace flags to clone(), cannot unshare a user namespace (qemu runs threads of its
+# own) and has no PR_SET_CHILD_SUBREAPER, so the lease would fail closed. The emulated sliver
+# keeps CAP_SYS_ADMIN for the reaper's unshare(NEWPID|NEWNS); on an aarch64 kernel it does not.
+caps=()
+if [ "$(uname -m)" != aarch64 ]; then
+  caps=(--cap CAP_SYS_ADMIN)
+  echo "== emulated aarch64: the sliver keeps CAP_SYS_ADMIN (qemu-user makes no namespaces without it)"
+fi
 echo "== foothold inside the arm64 sliver ($(file -b "$arm/fat-station" | cut -d, -f1-2))"
-exec target/release/swerve cline base:arm64 --rootfs "$sliver" --hostname r1-arm64 \
+exec target/release/swerve cline base:arm64 --rootfs "$sliver" --hostname r1-arm64 "${caps[@]}" \
   --bind "$AEON_MODELS_DIR:/models:ro" -- env AEON_MODELS_DIR=/models bash -c 'uname -m; bash /opt/aeon/foothold.sh'
