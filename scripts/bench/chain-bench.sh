@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Decode, concurrency and prefill over simulated R1 nodes (scripts/r1-sim.sh: a namespace,
+# memory cgroup and core per node, a delay per link) through `moonshine serve`.
+#
+#   scripts/bench/chain-bench.sh [--nodes N] [--delay MS] [--cpus C] [--mem SIZE]
+#                                [--streams LIST] [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
+#
+# Per rep and per number of concurrent streams S in LIST (default 1,2,3): S greedy streamed
+# /v1/chat/completions at once (prose prompts, each unique so no cached prefix is reused), and
+# reports each stream's decode tok/s ((tokens - 1) / time from first to last token) and the
+# aggregate (all tokens / wall time of the batch). Then prefill: a ~400-token prompt, 1 token
+# out, prompt tokens / time to first token. Prints median [min-max] over R reps, then each
+# node's peak RSS (VmHWM) and cgroup memory peak (r1-sim.sh status). Measure on a quiet machine.
+# Needs what r1-sim.sh needs, plus target/release/moonshine.
+# Exit codes: 0 measured (the table is not a gate); 1 a run failed; 2 bad usage or a missing
+# binary.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+MOON=${MOONSHINE_BIN:-$ROOT/target/release/moonshine}
+nodes=2 delay=12 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --nodes) nodes=$2; shift 2 ;;
+    --delay) delay=$2; shift 2 ;;
+    --cpus) cpus=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --streams) streams=$2; shift 2 ;;
+    -n) ntok=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    --kv-dtype) kv=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
+    *) echo "chain-bench: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ $streams =~ ^[1-9][0-9]?(,[1-9][0-9]?)*$ ]] || { echo "chain-bench: --streams like 1,2,3" >&2; exit 2; }
+[ -x "$MOON" ] || { echo "chain-bench: no $MOON (cargo build --release -p moonshine)" >&2; exit 2; }
+export R1SIM_STATE=${R1SIM_STATE:-/run/r1-sim-chain-bench}
+export R1SIM_NAME=${R1SIM_NAME:-r1bench} R1SIM_NET=${R1SIM_NET:-10.78.0}
+out=$(mktemp -d)
+serve_pid=
+cleanup() {
+  [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null
+  "$ROOT/scripts/r1-sim.sh" down >/dev/null 2>&1 || true
+  rm -rf "$out"
+}
+trap cleanup EXIT
+"$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" --delay "$delay" --cpus "$cpus" --mem "$mem" \
+  --kv-dtype "$kv"
+"$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 \
+  >"$out/serve.log" 2>&1 &
+serve_pid=$!
+url=
+for _ in $(seq 1 100); do
+  url=$(grep -o 'http://[0-9.:]*' "$out/serve.log" | head -1 || true)
+  [ -n "$url" ] && break
+  kill -0 "$serve_pid" 2>/dev/null || { cat "$out/serve.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$url" ] || { echo "chain-bench: moonshine serve did not start" >&2; exit 1; }
+
+python3 - "$url" "$streams" "$ntok" "$reps" "$nodes" "$delay" "$cpus" "$kv" <<'EOF'
+import json, statistics, sys, threading, time, urllib.error, urllib.request
+
+url, streams, ntok, reps = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
+topics = ["a lighthouse keeper who finds a letter", "a baker who wakes before dawn",
+          "a cartographer mapping a river", "a child who builds a radio",
+          "an old ferry crossing a lake", "a beekeeper in a mountain village"]
+
+
+def stream(prompt, max_tokens):
+    """One streamed greedy completion: (tokens, seconds to first token, first->last seconds)."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    t0 = time.monotonic()
+    times = []
+    try:
+        r = urllib.request.urlopen(req, timeout=600)
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"chain-bench: {e.code} {e.read()[:300]!r}")
+    with r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                times.append(time.monotonic())
+    if not times:
+        raise SystemExit("chain-bench: a stream produced no tokens")
+    return len(times), times[0] - t0, times[-1] - times[0]
+
+
+def spread(xs):
+    return f"{statistics.median(xs):7.2f} [{min(xs):.2f}-{max(xs):.2f}]"
+
+
+with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
+    model = json.load(r)["data"][0]["id"]
+rows = {}
+for rep in range(reps):
+    for s in streams:
+        results = [None] * s
+        def one(i):
+            prompt = f"Story {rep}.{s}.{i}. Write a long story about {topics[(rep + i) % len(topics)]}.\n\n"
+            try:
+                results[i] = stream(prompt, ntok)
+            except (SystemExit, OSError, ValueError) as e:
+                print(f"chain-bench: stream {i}: {e}", file=sys.stderr)
+        t0 = time.monotonic()
+        th = [threading.Thread(target=one, args=(i,)) for i in range(s)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        wall = time.monotonic() - t0
+        if any(r is None for r in results):
+            raise SystemExit("chain-bench: a stream failed")
+        per = [(n - 1) / d for n, _, d in results if n > 1 and d > 0]
+        agg = sum(n for n, _, _ in results) / wall
+        rows.setdefault(s, {"per": [], "agg": [], "tok": []})
+        rows[s]["per"].append(statistics.mean(per))
+        rows[s]["agg"].append(agg)
+        rows[s]["tok"].append(sum(n for n, _, _ in results))
+
+# Prefill: a long unique prompt, one token out.
+filler = ("The committee met on the third floor to review the quarterly figures, the hiring "
+          "plan and the state of the old server room, which had flooded twice in the spring. ")
+pre = []
+for rep in range(reps):
+    prompt = f"Minutes {rep}.\n" + filler * 12 + "\nSummary:"
+    n_prompt = None
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1,
+            "temperature": 0}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        j = json.load(r)
+    dt = time.monotonic() - t0
+    n_prompt = j["usage"]["prompt_tokens"]
+    pre.append(n_prompt / dt)
+
+print(f"\n{sys.argv[5]} nodes, {sys.argv[6]} ms per link, {sys.argv[7]} cpu each, kv {sys.argv[8]}; "
+      f"{ntok} tokens per stream; median [min-max] of {reps}")
+print(f"{'streams':>7} {'per-stream decode tok/s':>26} {'aggregate tok/s':>24} {'x 1 stream':>10}")
+base = statistics.median(rows[streams[0]]["agg"]) if streams[0] == 1 else None
+for s in streams:
+    agg = statistics.median(rows[s]["agg"])
+    ratio = f"{agg / base:10.2f}" if base else f"{'-':>10}"
+    print(f"{s:7} {spread(rows[s]['per']):>26} {spread(rows[s]['agg']):>24} {ratio}")
+print(f"prefill ({n_prompt} prompt tokens, 1 out): {spread(pre)} tok/s (prompt tokens / time to answer)")
+EOF
+"$ROOT/scripts/r1-sim.sh" status | grep '^node' || true
