@@ -34,12 +34,21 @@ if [ "$(id -u)" -eq 0 ]; then
   fi
   export SWERVE_REQUIRE_ROOT=1
 fi
-# The OpenAI-compatibility test drives the gateway with the official client and parses its
-# /metrics with prometheus_client (a Debian system python refuses plain `pip install`: PEP 668).
-if python3 -c "import openai, prometheus_client" 2>/dev/null \
-   || python3 -m pip install -q openai prometheus_client >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages openai prometheus_client >/dev/null 2>&1; then
+# The OpenAI-compatibility test drives the gateway with the official client, parses its
+# /metrics with prometheus_client and validates structured output with jsonschema (a Debian
+# system python refuses plain `pip install`: PEP 668).
+py_pkgs="openai prometheus_client jsonschema"
+if python3 -c "import openai, prometheus_client, jsonschema" 2>/dev/null \
+   || python3 -m pip install -q $py_pkgs >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages $py_pkgs >/dev/null 2>&1; then
   export AEON_REQUIRE_OPENAI=1
+fi
+# litellm drives the gateway's completions as an application using it would (a large install:
+# its own step, so a failure here leaves the other clients' checks required).
+if python3 -c "import litellm" 2>/dev/null \
+   || python3 -m pip install -q litellm >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages litellm >/dev/null 2>&1; then
+  export AEON_REQUIRE_LITELLM=1
 fi
 
 echo "== models"

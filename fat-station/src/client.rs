@@ -208,6 +208,24 @@ impl StationClient {
         Ok(t.text)
     }
 
+    /// `GET /vocab`: every token's bytes and whether it is special, in id order.
+    pub fn vocab(&self) -> Result<Vec<wire::VocabToken>, ClientError> {
+        let r = self.call(
+            self.agent
+                .get(&format!("{}{}", self.base, wire::ROUTE_VOCAB)),
+            None,
+        )?;
+        let url = r.get_url().to_string();
+        let mut b = Vec::new();
+        r.into_reader()
+            .read_to_end(&mut b)
+            .map_err(|e| ClientError::BadResponse {
+                url: url.clone(),
+                why: e.to_string(),
+            })?;
+        wire::decode_vocab(&b).map_err(|why| ClientError::BadResponse { url, why })
+    }
+
     fn binary(&self, r: ureq::Response) -> Result<Hop, ClientError> {
         let url = r.get_url().to_string();
         let compute_ms = r

@@ -35,6 +35,10 @@ pub const ROUTE_TOKENIZE: &str = "/tokenize";
 pub const ROUTE_DETOKENIZE: &str = "/detokenize";
 pub const ROUTE_HEALTH: &str = "/health";
 pub const ROUTE_TOKENIZER: &str = "/tokenizer";
+/// `GET /vocab`: every token's bytes, in id order ([`encode_vocab`]).
+pub const ROUTE_VOCAB: &str = "/vocab";
+/// `GET /metrics`: Prometheus text (`station::metrics`).
+pub const ROUTE_METRICS: &str = "/metrics";
 
 // ---- Mesh (`specs/mesh.md`): one request per token, stations forward to their successor. ----
 
@@ -204,6 +208,54 @@ pub fn decode_f32(b: &[u8]) -> Option<Vec<f32>> {
     })
 }
 
+/// Most bytes one token of a `/vocab` body may hold.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+
+/// `GET /vocab` body: per token, in id order, one flags byte (bit 0: special, a control or
+/// user-defined token), its length as a little-endian u16, then its bytes (what the token
+/// decodes to: `" Paris"`, `"<|im_end|>"`, or a piece of a UTF-8 character).
+pub fn encode_vocab<'a>(tokens: impl Iterator<Item = (bool, &'a [u8])>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (special, b) in tokens {
+        let b = &b[..b.len().min(MAX_TOKEN_BYTES)];
+        out.push(u8::from(special));
+        out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+        out.extend_from_slice(b);
+    }
+    out
+}
+
+/// One token of a decoded `/vocab` body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VocabToken {
+    pub special: bool,
+    pub bytes: Vec<u8>,
+}
+
+/// Decodes a `/vocab` body ([`encode_vocab`]), or says where it is malformed.
+pub fn decode_vocab(mut b: &[u8]) -> Result<Vec<VocabToken>, String> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let [flags, l0, l1, rest @ ..] = b else {
+            return Err(format!("token {}: truncated header", out.len()));
+        };
+        let len = u16::from_le_bytes([*l0, *l1]) as usize;
+        if *flags > 1 || len > MAX_TOKEN_BYTES || len > rest.len() {
+            return Err(format!(
+                "token {}: flags {flags}, length {len} with {} bytes left",
+                out.len(),
+                rest.len()
+            ));
+        }
+        out.push(VocabToken {
+            special: *flags == 1,
+            bytes: rest[..len].to_vec(),
+        });
+        b = &rest[len..];
+    }
+    Ok(out)
+}
+
 /// Encodes as little-endian IEEE half floats (halves the bytes on the wire; lossy).
 pub fn encode_f16(x: &[f32]) -> Vec<u8> {
     x.iter()
@@ -252,6 +304,21 @@ mod tests {
         let x = [1.5f32, -0.0, f32::MAX, 1e-30];
         assert_eq!(decode_f32(&encode_f32(&x)).unwrap(), x);
         assert!(decode_f32(&[0u8; 5]).is_none());
+    }
+
+    #[test]
+    fn vocab_codec_round_trips_and_rejects_truncation() {
+        let toks: [(bool, &[u8]); 3] =
+            [(false, b" Paris"), (true, b"<|im_end|>"), (false, b"\xe4")];
+        let b = encode_vocab(toks.iter().copied());
+        let back = decode_vocab(&b).unwrap();
+        assert_eq!(back.len(), 3);
+        assert_eq!(
+            (back[1].special, back[2].bytes.as_slice()),
+            (true, &b"\xe4"[..])
+        );
+        assert!(decode_vocab(&b[..b.len() - 1]).is_err());
+        assert!(decode_vocab(&[7, 0, 0]).is_err());
     }
 
     #[test]

@@ -82,6 +82,28 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Completions: the answer starts with the prompt's text.
     pub echo: bool,
+    /// Structured output: the JSON schema every answer must match, and the field that
+    /// asked for it (`response_format`, llama-server's `json_schema`, vLLM's
+    /// `guided_json`); `json_object` is `{"type": "object"}`.
+    pub format: Option<(&'static str, Value)>,
+    /// Chat with `tools` (and `tool_choice` not `none`): what the template renders and
+    /// whether a call is forced.
+    pub tools: Option<Tools>,
+}
+
+/// A JSON schema the output must match and the field that asked for it ([`Job::format`]).
+pub type Format = (&'static str, Value);
+
+/// A chat request's tools.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tools {
+    /// OpenAI's list of `{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`, as the chat template reads it.
+    pub list: Value,
+    /// `tool_choice` is `required` or names a function: the answer is one call, decoded
+    /// under [`crate::tools::call_schema`] (the job's `format`) after a `<tool_call>` that
+    /// the prompt already ends with.
+    pub forced: bool,
 }
 
 /// Most alternatives per token `top_logprobs` (chat) and `logprobs` (completions) may ask.
@@ -105,6 +127,12 @@ struct SamplingFields {
     presence_penalty: Option<f32>,
     /// Token id (as a string) -> bias in -100..=100.
     logit_bias: Option<BTreeMap<String, f32>>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema", ...}}`.
+    response_format: Option<Value>,
+    /// Extension (llama-server): a JSON schema the output must match.
+    json_schema: Option<Value>,
+    /// Extension (vLLM): a JSON schema the output must match.
+    guided_json: Option<Value>,
 }
 
 /// `POST /v1/chat/completions` body.
@@ -119,6 +147,8 @@ struct ChatRequest {
     n: Option<i64>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     #[serde(flatten)]
     sampling: SamplingFields,
 }
@@ -174,6 +204,9 @@ struct StreamOptions {
 struct ApiMessage {
     role: String,
     content: Option<Content>,
+    /// An assistant turn's calls: `[{"id", "type": "function", "function": {"name",
+    /// "arguments": JSON text}}]`.
+    tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -228,6 +261,53 @@ pub fn parse(route: Route, body: &[u8], limits: &Limits) -> Result<Job, ApiError
     }
 }
 
+/// The JSON schema a request's output must match, from `response_format` or the
+/// llama-server / vLLM extensions (at most one of them).
+fn format(s: &SamplingFields) -> Result<Option<(&'static str, Value)>, ApiError> {
+    let mut found = Vec::new();
+    if let Some(rf) = &s.response_format {
+        let what = "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}";
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push(("response_format", json!({"type": "object"}))),
+            Some("json_schema") => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .filter(|v| v.is_object() || v.is_boolean())
+                    .ok_or_else(|| bad(Some("response_format"), format!("response_format.json_schema.schema is required (a JSON schema object); {what}")))?;
+                found.push(("response_format", schema.clone()));
+            }
+            _ => return Err(bad(Some("response_format"), what)),
+        }
+    }
+    for (field, v) in [
+        ("json_schema", &s.json_schema),
+        ("guided_json", &s.guided_json),
+    ] {
+        match v {
+            None => {}
+            Some(v) if v.is_object() || v.is_boolean() => found.push((field, v.clone())),
+            Some(_) => {
+                return Err(bad(
+                    Some(field),
+                    format!("{field} must be a JSON schema object"),
+                ))
+            }
+        }
+    }
+    if found.len() > 1 {
+        return Err(bad(
+            Some(found[1].0),
+            format!(
+                "{} and {} both ask for a format: give one",
+                found[0].0, found[1].0
+            ),
+        ));
+    }
+    Ok(found.pop())
+}
+
 /// The field `key` names when `route` cannot honour it with value `v` (`None`: honoured,
 /// asks for nothing, or a key neither OpenAI nor the listed extensions define).
 pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
@@ -238,13 +318,16 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
     let num = |n: f64| none || v.as_f64() == Some(n);
     let (field, ok): (&'static str, bool) = match key {
         // OpenAI chat fields not built here, with the values that ask for nothing.
-        "tools" => ("tools", empty),
-        "tool_choice" => ("tool_choice", none || is(&["none", "auto"])),
+        "tools" if route != Route::Chat => ("tools", empty),
+        "tool_choice" if route != Route::Chat => ("tool_choice", none || is(&["none", "auto"])),
         "functions" => ("functions", empty),
         "function_call" => ("function_call", none || is(&["none", "auto"])),
         "response_format" => (
             "response_format",
-            none || v.get("type").and_then(Value::as_str) == Some("text"),
+            none || v
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| ["text", "json_object", "json_schema"].contains(&t)),
         ),
         "audio" => ("audio", none),
         "modalities" => (
@@ -267,8 +350,6 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
         "input_extra" if route == Route::Infill => ("input_extra", empty),
         // llama-server and vLLM extensions that change the output and are not built here.
         "grammar" => ("grammar", none || v.as_str() == Some("")),
-        "json_schema" => ("json_schema", none),
-        "guided_json" => ("guided_json", none),
         "guided_regex" => ("guided_regex", none),
         "guided_choice" => ("guided_choice", none),
         "guided_grammar" => ("guided_grammar", none),
@@ -294,6 +375,7 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
 }
 
 fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
+    let fmt = format(&r.sampling)?;
     need_model(r.model.as_deref())?;
     let msgs = r
         .messages
@@ -325,6 +407,9 @@ fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
                 }
                 t
             }
+            None if role == "assistant" && m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) => {
+                String::new()
+            }
             None => {
                 return Err(bad(
                     Some("messages"),
@@ -332,8 +417,30 @@ fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
                 ))
             }
         };
-        messages.push(Message::new(role, content));
+        let mut msg = Message::new(role, content);
+        if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
+            if role != "assistant" {
+                return Err(bad(
+                    Some("messages"),
+                    format!("messages[{i}]: only an assistant message has tool_calls"),
+                ));
+            }
+            msg.tool_calls = Some(template_calls(&calls).map_err(|why| {
+                bad(Some("messages"), format!("messages[{i}].tool_calls: {why}"))
+            })?);
+        }
+        messages.push(msg);
     }
+    let (tools, tool_format) = tools(r.tools, r.tool_choice)?;
+    let format = match (fmt, tool_format) {
+        (Some((f, _)), Some(_)) => {
+            return Err(bad(
+                Some(f),
+                format!("{f} and a forced tool call (tool_choice) do not go together"),
+            ))
+        }
+        (f, t) => f.or(t),
+    };
     one_choice(r.n, "n")?;
     let logprobs = match (r.logprobs, r.top_logprobs) {
         (Some(true), n) => Some(top_n(n.unwrap_or(0), "top_logprobs")?),
@@ -355,10 +462,13 @@ fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
         stops: stops(r.sampling.stop)?,
         logprobs,
         echo: false,
+        format,
+        tools,
     })
 }
 
 fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, ApiError> {
+    let fmt = format(&r.sampling)?;
     need_model(r.model.as_deref())?;
     one_choice(r.n, "n")?;
     let one = "one prompt per request (an array of one string or of one token list)";
@@ -411,10 +521,13 @@ fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, Api
         stops: stops(r.sampling.stop)?,
         logprobs,
         echo,
+        format: fmt,
+        tools: None,
     })
 }
 
 fn validate_infill(r: InfillRequest, limits: &Limits) -> Result<Job, ApiError> {
+    let fmt = format(&r.sampling)?;
     if r.stream == Some(true) {
         return Err(bad(
             Some("stream"),
@@ -446,7 +559,88 @@ fn validate_infill(r: InfillRequest, limits: &Limits) -> Result<Job, ApiError> {
         stops: stops(r.sampling.stop)?,
         logprobs: None,
         echo: false,
+        format: fmt,
+        tools: None,
     })
+}
+
+/// An assistant turn's OpenAI `tool_calls` in the form chat templates read: `arguments` as
+/// an object (OpenAI sends a JSON text), `type` and `id` kept.
+fn template_calls(calls: &[Value]) -> Result<Value, String> {
+    let mut out = Vec::with_capacity(calls.len());
+    for c in calls {
+        let f = c.get("function").ok_or("a call without function")?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or("a call without function.name")?;
+        let arguments = match f.get("arguments") {
+            Some(Value::String(t)) => {
+                serde_json::from_str(t).unwrap_or_else(|_| Value::String(t.clone()))
+            }
+            Some(v) => v.clone(),
+            None => json!({}),
+        };
+        out.push(json!({"id": c.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// A chat request's `tools` and `tool_choice`: what the template renders, and for a forced
+/// call the schema it is decoded under (`none`, or no tools: nothing).
+fn tools(
+    list: Option<Vec<Value>>,
+    choice: Option<Value>,
+) -> Result<(Option<Tools>, Option<Format>), ApiError> {
+    let list = list.unwrap_or_default();
+    for (i, t) in list.iter().enumerate() {
+        let ok = t.get("type").and_then(Value::as_str) == Some("function")
+            && t.get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty())
+            && t.get("function")
+                .and_then(|f| f.get("parameters"))
+                .is_none_or(|p| p.is_object() || p.is_boolean());
+        if !ok {
+            return Err(bad(Some("tools"), format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": {{...}}}}}}")));
+        }
+    }
+    let function = |t: &Value| t.get("function").cloned().unwrap_or(Value::Null);
+    let named = |name: &str| list.iter().find(|t| t["function"]["name"] == name);
+    let forced: Option<Vec<Value>> = match &choice {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) if c == "none" => return Ok((None, None)),
+        Some(Value::String(c)) if c == "auto" => None,
+        Some(Value::String(c)) if c == "required" => Some(list.iter().map(function).collect()),
+        Some(c) => match c.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(n) if c.get("type").and_then(Value::as_str) == Some("function") => {
+                let t = named(n).ok_or_else(|| bad(Some("tool_choice"), format!("tool_choice names {n:?}, which is not in tools")))?;
+                Some(vec![function(t)])
+            }
+            _ => return Err(bad(Some("tool_choice"), "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+        },
+    };
+    if list.is_empty() {
+        return match forced {
+            Some(_) => Err(bad(
+                Some("tool_choice"),
+                "tool_choice asks for a call but tools is empty",
+            )),
+            None => Ok((None, None)),
+        };
+    }
+    let format = forced.as_ref().map(|fs| {
+        let refs: Vec<&Value> = fs.iter().collect();
+        ("tool_choice", crate::tools::call_schema(&refs))
+    });
+    Ok((
+        Some(Tools {
+            list: Value::Array(list),
+            forced: forced.is_some(),
+        }),
+        format,
+    ))
 }
 
 fn need_model(model: Option<&str>) -> Result<(), ApiError> {
@@ -598,6 +792,11 @@ pub struct Answer<'a> {
     pub text_of: &'a dyn Fn(u32) -> String,
     /// Completions' `text_offset`: characters of the answer before the next token.
     offset: usize,
+    /// Chat with tools: whether the call is forced (the whole answer is its JSON), and the
+    /// filter that keeps call text out of streamed content.
+    tools: Option<(bool, crate::tools::CallFilter)>,
+    /// The request's function names (a bare call must name one).
+    tool_names: Vec<String>,
 }
 
 impl<'a> Answer<'a> {
@@ -620,7 +819,74 @@ impl<'a> Answer<'a> {
             logprobs,
             text_of,
             offset,
+            tools: None,
+            tool_names: Vec::new(),
         }
+    }
+
+    /// Chat with tools: calls in the output become `tool_calls`; `forced`: the whole output
+    /// is one call's JSON.
+    pub fn with_tools(mut self, t: &Tools) -> Self {
+        self.tools = Some((t.forced, Default::default()));
+        self.tool_names = t
+            .list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["function"]["name"].as_str().map(String::from))
+            .collect();
+        self
+    }
+
+    /// The calls in a whole chat answer and the content around them.
+    fn calls(&self, text: &str) -> (Option<String>, Vec<crate::tools::ToolCall>) {
+        match &self.tools {
+            Some((true, _)) => (None, crate::tools::parse_call(text).into_iter().collect()),
+            Some((false, _)) => crate::tools::split(text, &self.tool_names),
+            None => (Some(text.to_string()), Vec::new()),
+        }
+    }
+
+    /// OpenAI's `tool_calls` for `calls`, with ids from the answer's.
+    fn calls_json(&self, calls: &[crate::tools::ToolCall], stream: bool) -> Value {
+        let tail = self.id.rsplit('-').next().unwrap_or("0");
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.to_json(&format!("call_{tail}_{i}"), stream.then_some(i)))
+            .collect()
+    }
+
+    /// A stream's closing chunks for the whole text `full`: with tools, the held-back
+    /// content and the calls as `tool_calls` deltas, then the one carrying `finish`
+    /// (`tool_calls` when there were calls) and the logprobs `lps` not sent yet.
+    pub fn last_chunks(&mut self, full: &str, lps: &[TokenLogprob], finish: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut finish = finish;
+        if self.route == Route::Chat && self.tools.is_some() {
+            let bare = crate::tools::bare_call(full, &self.tool_names).is_some();
+            let rest = self
+                .tools
+                .as_mut()
+                .map(|t| t.1.finish(bare))
+                .unwrap_or_default();
+            if !rest.is_empty() {
+                out.push(self.chunk_json(
+                    json!({"index": 0, "delta": {"content": rest}, "logprobs": null, "finish_reason": null}),
+                ));
+            }
+            let (_, calls) = self.calls(full);
+            if !calls.is_empty() {
+                out.push(self.chunk_json(
+                    json!({"index": 0, "delta": {"tool_calls": self.calls_json(&calls, true)}, "logprobs": null, "finish_reason": null}),
+                ));
+                if finish == "stop" {
+                    finish = "tool_calls";
+                }
+            }
+        }
+        out.push(self.chunk("", lps, Some(finish)));
+        out
     }
 
     /// `chatcmpl-` or `cmpl-`.
@@ -698,6 +964,11 @@ impl<'a> Answer<'a> {
         let logprobs = self.logprobs_json(lps);
         let choice = match (self.route, finish) {
             (Route::Chat, None) => {
+                let text = match self.tools.as_mut() {
+                    Some((true, _)) => String::new(),
+                    Some((false, f)) => f.push(text),
+                    None => text.to_string(),
+                };
                 json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
             }
             (Route::Chat, Some(f)) => {
@@ -730,8 +1001,19 @@ impl<'a> Answer<'a> {
         let head =
             json!({"id": self.id, "created": self.created, "model": self.model, "usage": usage});
         let mut v = match self.route {
-            Route::Chat => json!({"object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}]}),
+            Route::Chat => {
+                let (content, calls) = self.calls(text);
+                let mut message = json!({"role": "assistant", "content": content});
+                let mut finish = finish;
+                if !calls.is_empty() {
+                    message["tool_calls"] = self.calls_json(&calls, false);
+                    if finish == "stop" {
+                        finish = "tool_calls";
+                    }
+                }
+                json!({"object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}]})
+            }
             Route::Completions => {
                 let full = format!("{}{text}", self.echo.as_deref().unwrap_or(""));
                 json!({"object": "text_completion",
@@ -879,15 +1161,11 @@ mod tests {
     fn a_field_the_gateway_cannot_honour_is_refused_by_name() {
         let hi = json!([{"role": "user", "content": "hi"}]);
         for (field, value) in [
-            ("response_format", json!({"type": "json_object"})),
             (
                 "response_format",
-                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+                json!({"type": "grammar", "grammar": "x"}),
             ),
-            (
-                "tools",
-                json!([{"type": "function", "function": {"name": "f"}}]),
-            ),
+            ("tools", json!([{"type": "function"}])),
             ("tool_choice", json!("required")),
             ("functions", json!([{"name": "f"}])),
             ("audio", json!({"voice": "alloy", "format": "wav"})),
@@ -898,8 +1176,6 @@ mod tests {
             ("reasoning_effort", json!("low")),
             ("web_search_options", json!({})),
             ("grammar", json!("root ::= \"a\"")),
-            ("json_schema", json!({"type": "object"})),
-            ("guided_json", json!({"type": "object"})),
             ("typical_p", json!(0.5)),
             ("mirostat", json!(2)),
             ("ignore_eos", json!(true)),
@@ -931,6 +1207,69 @@ mod tests {
             "parallel_tool_calls": true, "typical_p": 1.0, "cache_prompt": true, "x_vendor": 3}),
         );
         assert!(j.is_ok(), "{:?}", j.err());
+    }
+
+    #[test]
+    fn structured_output_formats_become_one_schema() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let f = |extra: Value| {
+            let mut body = json!({"model": "m", "messages": hi});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            chat(body).map(|j| j.format)
+        };
+        assert_eq!(
+            f(json!({"response_format": {"type": "json_object"}})).unwrap(),
+            Some(("response_format", json!({"type": "object"})))
+        );
+        assert_eq!(
+            f(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}}}))
+                .unwrap(),
+            Some(("response_format", schema.clone()))
+        );
+        assert_eq!(
+            f(json!({"response_format": {"type": "text"}})).unwrap(),
+            None
+        );
+        assert_eq!(
+            f(json!({"guided_json": schema})).unwrap(),
+            Some(("guided_json", schema.clone()))
+        );
+        assert_eq!(
+            f(json!({"json_schema": schema})).unwrap(),
+            Some(("json_schema", schema.clone()))
+        );
+        for (extra, param) in [
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "response_format",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
+                "response_format",
+            ),
+            (
+                json!({"response_format": {"type": "json_object"}, "guided_json": schema}),
+                "guided_json",
+            ),
+            (json!({"json_schema": 3}), "json_schema"),
+        ] {
+            assert_eq!(
+                refused(f(extra.clone())),
+                (StatusCode::BAD_REQUEST, Some(param)),
+                "{extra}"
+            );
+        }
+        let j = completion(
+            json!({"model": "m", "prompt": "a", "response_format": {"type": "json_object"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            j.format,
+            Some(("response_format", json!({"type": "object"})))
+        );
     }
 
     #[test]

@@ -11,6 +11,11 @@ pub struct Message {
     /// `system`, `user`, `assistant` (or `tool`).
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls, as Hugging Face templates read them:
+    /// `[{"type": "function", "function": {"name", "arguments": {...}}}]` (arguments an
+    /// object, not OpenAI's JSON text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 impl Message {
@@ -19,6 +24,7 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
         }
     }
 }
@@ -75,13 +81,25 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the request's `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`), which templates such as Qwen2.5's render
+    /// into the system turn.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let t = self.env.get_template(NAME).map_err(TemplateError::Render)?;
         t.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
-            tools => minijinja::Value::from(()),
+            tools => tools.map_or(minijinja::Value::from(()), minijinja::Value::from_serialize),
         })
         .map_err(TemplateError::Render)
     }
@@ -97,12 +115,30 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<(String, bool)>, TemplateError> {
+        self.render_parts_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render_parts`] with `tools` ([`ChatTemplate::render_with_tools`]). An
+    /// empty content stays empty (no placeholder), so a template's `if message.content`
+    /// (an assistant turn holding only tool calls) sees it as the model would.
+    pub fn render_parts_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<(String, bool)>, TemplateError> {
         let marked: Vec<Message> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| Message::new(&m.role, format!("{MARK_OPEN}{i}{MARK_CLOSE}")))
+            .map(|(i, m)| Message {
+                content: match m.content.is_empty() {
+                    true => String::new(),
+                    false => format!("{MARK_OPEN}{i}{MARK_CLOSE}"),
+                },
+                ..m.clone()
+            })
             .collect();
-        let text = self.render(&marked, add_generation_prompt)?;
+        let text = self.render_with_tools(&marked, tools, add_generation_prompt)?;
         let mut parts = Vec::new();
         let mut rest = text.as_str();
         while let Some(open) = rest.find(MARK_OPEN) {
@@ -124,7 +160,12 @@ impl ChatTemplate {
         parts.retain(|(t, _)| !t.is_empty());
         if tracing::enabled!(tracing::Level::DEBUG) {
             let joined: String = parts.iter().map(|p| p.0.as_str()).collect();
-            if self.render(messages, add_generation_prompt).ok().as_ref() != Some(&joined) {
+            if self
+                .render_with_tools(messages, tools, add_generation_prompt)
+                .ok()
+                .as_ref()
+                != Some(&joined)
+            {
                 tracing::debug!(
                     "the chat template rewrites message content; content kept as given"
                 );

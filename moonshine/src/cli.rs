@@ -172,6 +172,7 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
         stops: g.stops.clone(),
         logprobs: None,
         lookup,
+        grammar: None,
     };
     let mut session = KvSession::new("moonshine");
     let mut out = Output::new(g.json);
@@ -355,6 +356,7 @@ fn run_chat(
             stops: g.stops.clone(),
             logprobs: None,
             lookup: lookup.clone(),
+            grammar: None,
         };
         let o =
             generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
 use crate::lookup::{self, LookupParams};
 use crate::sampling::{Sampler, SamplingParams, TokenLogprob};
+use crate::structured::{GrammarError, Vocab, VocabToken};
 use crate::textstream::TextStream;
 
 /// Why generation failed.
@@ -37,6 +38,9 @@ pub enum GenError {
     /// The chain does not run the whole model ([`chain_problem`]).
     #[error("the chain is incomplete: {0}")]
     Incomplete(String),
+    /// Constrained decoding failed (`response_format`, [`crate::structured`]).
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
     /// The caller cancelled during prefill (the client went away).
     #[error("cancelled after {prefilled} prompt tokens were prefilled")]
     Cancelled { prefilled: usize },
@@ -296,6 +300,22 @@ impl Backend {
         Ok(ids)
     }
 
+    /// The vocabulary for constrained decoding (the tokenizing station's `/vocab`, with the
+    /// model's end-of-generation ids).
+    pub fn vocab(&self) -> Result<Vocab, GenError> {
+        let info = self.info.as_ref().ok_or(GenError::NoTokenizer)?;
+        let tokens: Vec<VocabToken> = self
+            .tokenizer()?
+            .vocab()?
+            .into_iter()
+            .map(|t| VocabToken {
+                special: t.special,
+                bytes: t.bytes,
+            })
+            .collect();
+        Ok(Vocab::new(&tokens, &info.eog_ids)?)
+    }
+
     /// True when `id` ends generation.
     pub fn is_eog(&self, id: u32) -> bool {
         self.info.as_ref().is_some_and(|i| i.eog_ids.contains(&id))
@@ -331,7 +351,17 @@ impl Backend {
         template: &ChatTemplate,
         messages: &[Message],
     ) -> Result<Vec<u32>, GenError> {
-        let parts = template.render_parts(messages, true)?;
+        self.chat_tokens_with_tools(template, messages, None)
+    }
+
+    /// [`Backend::chat_tokens`] with the request's `tools` rendered by the template.
+    pub fn chat_tokens_with_tools(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, GenError> {
+        let parts = template.render_parts_with_tools(messages, tools, true)?;
         let parts: Vec<(&str, bool)> = parts.iter().map(|(t, m)| (t.as_str(), *m)).collect();
         Ok(self.tokenizer()?.tokenize_parts(&parts, Some(false))?)
     }
@@ -525,6 +555,9 @@ pub struct GenRequest {
     /// Speculative decoding with prompt-lookup drafts (`--lookup`); `None`: one token per
     /// trip.
     pub lookup: Option<LookupParams>,
+    /// Structured output: the grammar every sampled token must keep the text inside (its
+    /// mask is applied to the logits before the sampler); `None`: free text.
+    pub grammar: Option<crate::structured::Grammar>,
 }
 
 /// One generation's outcome.
@@ -552,6 +585,8 @@ pub struct GenOutcome {
     pub drafted: usize,
     /// Drafted tokens the sampler kept.
     pub accepted: usize,
+    /// Seconds spent computing and applying grammar masks (structured output).
+    pub mask_s: f64,
 }
 
 impl GenOutcome {
@@ -669,6 +704,8 @@ impl<'a> Generation<'a> {
             already,
         } = self;
         let mut sampler = Sampler::new(req.sampling.clone());
+        let mut grammar = req.grammar.clone();
+        let mut mask_s = 0.0;
         sampler.observe(&req.prompt);
         let mut stream = TextStream::new(req.stops.clone());
         let mut detok = |ids: &[u32]| {
@@ -695,7 +732,15 @@ impl<'a> Generation<'a> {
             let mut done = false;
             for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
                 let draft = drafts.get(i).copied();
+                if let Some(g) = grammar.as_mut() {
+                    let t = Instant::now();
+                    g.mask(row)?;
+                    mask_s += t.elapsed().as_secs_f64();
+                }
                 let (id, lp) = sampler.pick(row, draft, req.logprobs);
+                if let Some(g) = grammar.as_mut() {
+                    g.consume(id)?;
+                }
                 tokens.push(id);
                 token_times.push(Instant::now());
                 if draft == Some(id) {
@@ -795,6 +840,7 @@ impl<'a> Generation<'a> {
             trips,
             drafted,
             accepted,
+            mask_s,
         })
     }
 }

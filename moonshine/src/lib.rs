@@ -3,7 +3,7 @@
 //! OpenAI-compatible API (`moonshine serve`).
 //!
 //! Modules, bottom up: [`sampling`] (pure functions and a seeded RNG), [`textstream`]
-//! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`lookup`] (prompt-lookup drafts), [`api`]
+//! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`lookup`] (prompt-lookup drafts), [`structured`] (token masks from a JSON schema), [`api`]
 //! (the OpenAI API's requests, the field rule and the answers' shapes), [`generate`]
 //! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
 //! [`target`] (which stations to drive), [`cli`] (the command line), [`serve`] (the gateway).
@@ -16,5 +16,7 @@ pub mod lookup;
 pub mod mesh_cmd;
 pub mod sampling;
 pub mod serve;
+pub mod structured;
 pub mod target;
 pub mod textstream;
+pub mod tools;

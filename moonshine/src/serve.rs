@@ -36,11 +36,14 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
+use fat_station::station::metrics::Histogram;
+
 use crate::api::{self, bad, Answer, ApiError, Job, Limits, PromptSpec, Route};
 use crate::chat::ChatTemplate;
 use crate::generate::{
     Backend, FimTokens, Finish, GenError, GenRequest, Generation, KvSession, Timing,
 };
+use crate::structured::{Grammar, GrammarError, Vocab};
 use crate::target::TargetArgs;
 
 /// `moonshine serve` flags.
@@ -104,56 +107,6 @@ pub fn served_name(name: &str) -> String {
         words.pop();
     }
     words.join("-")
-}
-
-/// A Prometheus histogram with fixed upper bounds (seconds).
-pub struct Histogram {
-    bounds: &'static [f64],
-    /// (count per bound, then +Inf; sum; count).
-    state: Mutex<(Vec<u64>, f64, u64)>,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            state: Mutex::new((vec![0; bounds.len() + 1], 0.0, 0)),
-        }
-    }
-
-    /// Records one value.
-    pub fn observe(&self, v: f64) {
-        if let Ok(mut s) = self.state.lock() {
-            let i = self
-                .bounds
-                .iter()
-                .position(|&b| v <= b)
-                .unwrap_or(self.bounds.len());
-            s.0[i] += 1;
-            s.1 += v;
-            s.2 += 1;
-        }
-    }
-
-    /// The `_bucket{le=..}` (cumulative), `_sum` and `_count` lines, each after the name.
-    fn render(&self) -> Vec<(String, String)> {
-        let Ok(s) = self.state.lock() else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        let mut acc = 0;
-        for (i, n) in s.0.iter().enumerate() {
-            acc += n;
-            let le = self
-                .bounds
-                .get(i)
-                .map_or("+Inf".to_string(), |b| b.to_string());
-            out.push((format!("_bucket{{le=\"{le}\"}}"), acc.to_string()));
-        }
-        out.push(("_sum".into(), format!("{:.6}", s.1)));
-        out.push(("_count".into(), s.2.to_string()));
-        out
-    }
 }
 
 /// Time to first token, seconds (vLLM's buckets from 10 ms to a minute).
@@ -371,19 +324,19 @@ impl Metrics {
             "moonshine_time_to_first_token_seconds",
             "histogram",
             "From a request's arrival to its first generated token.",
-            l.ttft.render(),
+            l.ttft.lines(""),
         );
         metric(
             "moonshine_inter_token_latency_seconds",
             "histogram",
             "Between two generated tokens of one request (one decode step through the chain).",
-            l.itl.render(),
+            l.itl.lines(""),
         );
         metric(
             "moonshine_e2e_request_latency_seconds",
             "histogram",
             "From a request's arrival to its last token.",
-            l.e2e.render(),
+            l.e2e.lines(""),
         );
         metric(
             "moonshine_generation_seconds_total",
@@ -414,6 +367,8 @@ pub struct AppState {
     pool: Mutex<Vec<KvSession>>,
     metrics: Metrics,
     created: u64,
+    /// The vocabulary's trie for structured output, built at the first request asking for it.
+    vocab: Mutex<Option<Arc<Vocab>>>,
 }
 
 /// Runs the gateway until Ctrl-C.
@@ -448,6 +403,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         pool: Mutex::new(pool),
         metrics: Metrics::default(),
         created: now_s(),
+        vocab: Mutex::new(None),
         template,
         fim,
         served_name: args
@@ -950,12 +906,55 @@ fn check_model(st: &AppState, route: Route, job: &Job) -> Result<(), ApiError> {
     }
 }
 
-/// The prompt's ids and, for `echo`, its text (station calls: run on the blocking pool).
-fn prompt_tokens(st: &AppState, job: &Job) -> Result<(Vec<u32>, Option<String>), GenError> {
+/// The grammar for a job's `format`: the vocabulary's trie is fetched and built once.
+fn grammar(st: &AppState, schema: &Value) -> Result<Grammar, GenError> {
+    let mut slot = st
+        .vocab
+        .lock()
+        .map_err(|_| GrammarError::Vocab("a request building it failed".into()))?;
+    let vocab = match slot.as_ref() {
+        Some(v) => v.clone(),
+        None => {
+            let t = Instant::now();
+            let v = Arc::new(st.backend.vocab()?);
+            info!(
+                tokens = v.len(),
+                ms = t.elapsed().as_millis() as u64,
+                "vocabulary trie for structured output built"
+            );
+            *slot = Some(v.clone());
+            v
+        }
+    };
+    drop(slot);
+    Ok(vocab.grammar(schema)?)
+}
+
+/// A job's prompt ids, its text for `echo`, and the grammar of its format.
+type Prompted = (Vec<u32>, Option<String>, Option<Grammar>);
+
+/// The prompt's ids, for `echo` its text, and the grammar of its `format` (station calls:
+/// run on the blocking pool).
+fn prompt_tokens(st: &AppState, job: &Job) -> Result<Prompted, GenError> {
+    let grammar = match &job.format {
+        Some((_, schema)) => Some(grammar(st, schema)?),
+        None => None,
+    };
     let b = &st.backend;
     let ids = match &job.prompt {
         PromptSpec::Chat(m) => {
-            b.chat_tokens(st.template.as_ref().ok_or(GenError::NoTokenizer)?, m)?
+            let template = st.template.as_ref().ok_or(GenError::NoTokenizer)?;
+            let tools = job.tools.as_ref();
+            let mut ids = b.chat_tokens_with_tools(template, m, tools.map(|t| &t.list))?;
+            if tools.is_some_and(|t| t.forced) {
+                // A forced call: the answer starts inside the call block, under its schema.
+                let open = format!("{}\n", crate::tools::OPEN);
+                ids.extend(
+                    b.tokenizer()?
+                        .tokenize_parts(&[(&open, true)], Some(false))?,
+                );
+            }
+            ids
         }
         PromptSpec::Text(t) => b.tokenize(t, None)?,
         PromptSpec::Ids(ids) => ids.clone(),
@@ -970,7 +969,7 @@ fn prompt_tokens(st: &AppState, job: &Job) -> Result<(Vec<u32>, Option<String>),
         (PromptSpec::Text(t), true) => Some(t.clone()),
         (_, true) => Some(b.detokenize(&ids)?),
     };
-    Ok((ids, echo))
+    Ok((ids, echo, grammar))
 }
 
 /// `POST /v1/chat/completions`, `/v1/completions`, `/infill`: parse, check, admit,
@@ -998,10 +997,17 @@ async fn completion(
     // Render and tokenize (station calls: blocking pool).
     let st2 = st.clone();
     let job2 = job.clone();
-    let (prompt, echo) = tokio::task::spawn_blocking(move || prompt_tokens(&st2, &job2))
+    let fparam = job.format.as_ref().map_or(pparam, |f| f.0);
+    let (prompt, echo, grammar) = tokio::task::spawn_blocking(move || prompt_tokens(&st2, &job2))
         .await
         .map_err(|e| internal(format!("tokenize task: {e}")))?
-        .map_err(|e| api_error(e, pparam))?;
+        .map_err(|e| match e {
+            GenError::Grammar(GrammarError::Schema(why)) => bad(
+                Some(fparam),
+                format!("{fparam}: the schema is not supported: {why}"),
+            ),
+            e => api_error(e, pparam),
+        })?;
     let tokenize_ms = t0.elapsed().as_secs_f64() * 1e3 - queue_ms;
     let lease = Lease::new(st, permit, &prompt)?;
 
@@ -1020,6 +1026,7 @@ async fn completion(
         stops: job.stops.clone(),
         logprobs: job.logprobs,
         lookup: st.args.lookup.params().ok().flatten(),
+        grammar,
     };
     let (ready_tx, ready_rx) = oneshot::channel::<Result<Started, ApiError>>();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -1028,6 +1035,7 @@ async fn completion(
     let stream = job.stream;
     let include_usage = job.include_usage;
     let want_logprobs = job.logprobs.is_some();
+    let tools = job.tools.clone();
     let st3 = st.clone();
     let id2 = id.clone();
     let gen_task = tokio::task::spawn_blocking(move || -> Result<(Value, Timing), ApiError> {
@@ -1045,6 +1053,9 @@ async fn completion(
             want_logprobs,
             &text_of,
         );
+        if let Some(t) = &tools {
+            answer = answer.with_tools(t);
+        }
         let session = lease
             .session
             .as_mut()
@@ -1102,6 +1113,10 @@ async fn completion(
         };
         let completion = o.completion_tokens(&st.backend);
         lease.tokens = completion;
+        if gen.grammar.is_some() {
+            let per = o.mask_s * 1e3 / o.tokens.len().max(1) as f64;
+            info!(id = %id2, tokens = o.tokens.len(), mask_ms_per_token = format!("{per:.3}"), decode_s = format!("{:.2}", o.decode_s), "constrained decoding");
+        }
         st.metrics
             .prompt_tokens
             .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
@@ -1132,9 +1147,10 @@ async fn completion(
             // The last chunk carries the logprobs of tokens that added no text (a stop
             // string's), so the streamed logprobs are the whole answer's.
             let rest = &o.logprobs[sent_lps.min(o.logprobs.len())..];
-            let mut done = tx
-                .blocking_send(sse(&answer.chunk("", rest, Some(reason))))
-                .is_ok();
+            let mut done = answer
+                .last_chunks(&o.text, rest, reason)
+                .iter()
+                .all(|c| tx.blocking_send(sse(c)).is_ok());
             if done && include_usage {
                 done = tx.blocking_send(sse(&answer.usage_chunk(&usage))).is_ok();
             }

@@ -342,6 +342,7 @@ fn a_session_evicted_mid_generation_is_refilled_and_the_tokens_are_unchanged() {
         stops: vec![],
         logprobs: None,
         lookup: None,
+        grammar: None,
     };
     let plain = generate(&b, &mut KvSession::new("plain"), &req, |_| true).expect("plain");
 

@@ -19,17 +19,64 @@ fn gateway(station: &str, extra: &[&str]) -> Proc {
 }
 
 fn openai_available() -> bool {
+    python_has(&["openai", "prometheus_client", "jsonschema"])
+}
+
+/// Whether python3 imports `modules`; with `AEON_REQUIRE_OPENAI=1` (scripts/test.sh installed
+/// them) a missing one fails the test instead of skipping it.
+fn python_has(modules: &[&str]) -> bool {
     let ok = Command::new("python3")
-        .args(["-c", "import openai, prometheus_client"])
+        .args(["-c", &format!("import {}", modules.join(", "))])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
+        let pkgs = modules.join(" ");
         if std::env::var("AEON_REQUIRE_OPENAI").as_deref() == Ok("1") {
-            panic!("python3 cannot import openai and prometheus_client and AEON_REQUIRE_OPENAI=1: pip install openai prometheus_client");
+            panic!("python3 cannot import {pkgs} and AEON_REQUIRE_OPENAI=1: pip install {pkgs}");
         }
-        eprintln!("skipping: python3 cannot import openai and prometheus_client (pip install openai prometheus_client)");
+        eprintln!("skipping: python3 cannot import {pkgs} (pip install {pkgs})");
     }
     ok
+}
+
+/// Runs `scripts/openai/NAME` against the gateway and checks it reports `expect`.
+fn run_script(gw: &Proc, name: &str, expect: &str) {
+    let script = format!("{}/../scripts/openai/{name}", env!("CARGO_MANIFEST_DIR"));
+    let o = Command::new("python3")
+        .args([&script, "--base-url", &format!("{}/v1", gw.url)])
+        .output()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{name} failed:\n{out}");
+    assert!(out.contains(expect), "{out}");
+}
+
+#[test]
+fn structured_output_on_twenty_schemas_tool_calls_and_station_metrics() {
+    let Some((knot, bin)) = setup() else { return };
+    if !openai_available() {
+        return;
+    }
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &[]);
+    run_script(&gw, "check_structured.py", "22 passed, 0 failed");
+    run_script(&gw, "check_tools.py", "7 passed, 0 failed");
+    // The station's own /metrics after those generations, parsed with prometheus_client.
+    let script = format!(
+        "{}/../scripts/openai/check_station_metrics.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = Command::new("python3")
+        .args([&script, "--url", &st.url])
+        .output()
+        .expect("run check_station_metrics.py");
+    let out = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success() && out.contains("3 passed, 0 failed"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -52,6 +99,21 @@ fn the_official_openai_client_chats_streams_and_cancels() {
     eprintln!("{out}{}", String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "check_openai.py failed:\n{out}");
     assert!(out.contains("9 passed, 0 failed"), "{out}");
+    // litellm with an `openai/` model and api_base: completions, streamed and not, and chat.
+    let litellm = Command::new("python3")
+        .args(["-c", "import litellm"])
+        .status()
+        .is_ok_and(|s| s.success());
+    match (
+        litellm,
+        std::env::var("AEON_REQUIRE_LITELLM").as_deref() == Ok("1"),
+    ) {
+        (true, _) => run_script(&gw, "check_litellm.py", "4 passed, 0 failed"),
+        (false, true) => {
+            panic!("python3 cannot import litellm and AEON_REQUIRE_LITELLM=1: pip install litellm")
+        }
+        (false, false) => eprintln!("skipping the litellm check: pip install litellm"),
+    }
 }
 
 #[test]
@@ -633,12 +695,10 @@ fn every_accepted_field_is_honoured_and_the_rest_refused() {
     for (field, value) in [
         (
             "response_format",
-            serde_json::json!({"type": "json_object"}),
+            serde_json::json!({"type": "regex", "regex": "a+"}),
         ),
-        (
-            "tools",
-            serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ),
+        ("tools", serde_json::json!([{"type": "function"}])),
+        ("tool_choice", serde_json::json!("required")),
         ("top_logprobs", serde_json::json!(2)),
         ("grammar", serde_json::json!("root ::= \"yes\"")),
     ] {

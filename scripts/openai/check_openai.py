@@ -10,7 +10,7 @@ Checks, against a gateway already running on --base-url (e.g. http://127.0.0.1:8
      moonshine_cancelled_total up by one and moonshine_sessions_busy back to 0, and the
      cancelled generation stopped long before max_tokens;
   6. logprobs with top_logprobs, streamed and not: the tokens spell the answer;
-  7. a field the gateway cannot honour (response_format json_object) is a 400 naming it;
+  7. a field the gateway cannot honour (llama.cpp's mirostat) is a 400 naming it;
   8. /v1/completions, streamed and not, and fill-in-the-middle through `suffix`;
   9. /metrics parses with prometheus_client (pip install prometheus_client): the latency
      histograms counted the generations above, and no gauge is named *_total.
@@ -127,10 +127,10 @@ def main():
           f"{len(lps)} tokens {spelled!r}, first {lps[0].token!r} {lps[0].logprob:.3f} (top {[(a.token, round(a.logprob, 3)) for a in lps[0].top_logprobs]}); {len(pieces)} streamed")
 
     try:
-        client.chat.completions.create(model=model, messages=messages, max_tokens=4, response_format={"type": "json_object"})
-        check("unhonoured field refused", False, "response_format json_object was accepted")
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4, extra_body={"mirostat": 2})
+        check("unhonoured field refused", False, "mirostat 2 was accepted")
     except openai.BadRequestError as e:
-        check("unhonoured field refused", e.status_code == 400 and getattr(e, "param", None) == "response_format",
+        check("unhonoured field refused", e.status_code == 400 and getattr(e, "param", None) == "mirostat",
               f"{e.status_code} param={getattr(e, 'param', None)}")
 
     prompt = "The capital of France is"

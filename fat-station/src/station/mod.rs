@@ -5,11 +5,13 @@
 //! - [`server`]: the [`Station`] state (model, sessions, limits, mesh identity) and the helpers
 //!   every handler uses (compute permits, sessions, refusals, encodings).
 //! - [`heap`]: handing freed heap back to the kernel when the station goes idle.
+//! - [`metrics`]: Prometheus text (histograms, the writer) and the station's `/metrics`.
 //! - [`routes`]: the route table (`/health`, `/embed`, `/forward`, `/lm-head`, `/tokenize`,
-//!   `/detokenize`, and `/chain` from [`crate::mesh::relay`]) and [`serve`].
+//!   `/detokenize`, `/vocab`, `/metrics`, and `/chain` from [`crate::mesh::relay`]) and [`serve`].
 
 pub mod conn;
 pub mod heap;
+pub mod metrics;
 pub mod routes;
 pub mod server;
 

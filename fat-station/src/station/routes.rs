@@ -56,7 +56,14 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
 async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let out = route(st, req).await;
+    let out = route(st.clone(), req).await;
+    st.metrics.request(
+        &path,
+        match &out {
+            Ok(r) => r.status().as_u16(),
+            Err(e) => e.status.as_u16(),
+        },
+    );
     Ok(match out {
         Ok(r) => r,
         Err(e) => {
@@ -88,6 +95,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
     match (req.method(), req.uri().path()) {
         (&Method::POST, wire::ROUTE_CHAIN) => relay::chain(st, req).await,
         (&Method::GET, wire::ROUTE_HEALTH) => Ok(json(StatusCode::OK, &st.health())),
+        (&Method::GET, wire::ROUTE_METRICS) => Ok(st.metrics_response()),
         (&Method::POST, wire::ROUTE_EMBED) => {
             let body: wire::EmbedRequest = read_json(&st, req).await?;
             if body.tokens.is_empty() {
@@ -109,6 +117,10 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
                     ),
                 ));
             }
+            st.metrics.tokens.fetch_add(
+                body.tokens.len() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
             compute(st, move |st| {
                 let t = Instant::now();
                 let x = st.model.embed(&body.tokens)?;
@@ -205,6 +217,20 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             })
             .await
         }
+        (&Method::GET, wire::ROUTE_VOCAB) => {
+            compute(st, move |st| {
+                let tok = st.tokenizer()?;
+                let special = tok.special_ids();
+                let body = wire::encode_vocab((0..tok.vocab_size() as u32).map(|id| {
+                    (
+                        special.binary_search(&id).is_ok(),
+                        tok.token_bytes(id).unwrap_or_default(),
+                    )
+                }));
+                Ok(binary(body))
+            })
+            .await
+        }
         (&Method::POST, wire::ROUTE_TOKENIZE) => {
             let body: wire::TokenizeRequest = read_json(&st, req).await?;
             check_text(&st, &body)?;
@@ -254,6 +280,8 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             _,
             p @ (wire::ROUTE_HEALTH
             | wire::ROUTE_TOKENIZER
+            | wire::ROUTE_VOCAB
+            | wire::ROUTE_METRICS
             | wire::ROUTE_EMBED
             | wire::ROUTE_FORWARD
             | wire::ROUTE_LM_HEAD

@@ -7,6 +7,7 @@
 //! prefill or a big `/tokenize` never stalls `/health` or other sessions.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use tokio::sync::Semaphore;
 
 use crate::mesh::node::{MeshNode, DEFAULT_HOP_TIMEOUT, DEFAULT_REPLAY_WINDOW};
 use crate::station::conn::{BodyError, ConnLimits};
+use crate::station::metrics::{Gauges, StationMetrics};
 
 use crate::engine::tokenizer::Tokenizer;
 use crate::engine::{EngineError, KvDtype, Model, Session};
@@ -101,6 +103,8 @@ pub struct Station {
     /// Mesh identity, successor, key and grant check (`--manifest`, `--mesh-key`); set once
     /// before serving, else an open mesh node named after nothing.
     mesh: OnceLock<MeshNode>,
+    /// Counters and histograms for `/metrics`.
+    pub(crate) metrics: StationMetrics,
 }
 
 pub(crate) type Resp = Response<Full<Bytes>>;
@@ -153,6 +157,7 @@ impl Station {
             limits,
             started: Instant::now(),
             mesh: OnceLock::new(),
+            metrics: StationMetrics::default(),
         });
         let bg = Arc::clone(&st);
         let spawned = std::thread::Builder::new()
@@ -280,10 +285,13 @@ impl Station {
             )
         })?;
         let now = Instant::now();
-        expire_idle(&mut map, now, self.limits.session_idle);
+        let expired = expire_idle(&mut map, now, self.limits.session_idle);
+        self.metrics
+            .evicted
+            .fetch_add(expired as u64, Ordering::Relaxed);
         if !map.contains_key(id)
             && map.len() >= self.limits.max_sessions
-            && evict_lru(&mut map, id).is_none()
+            && self.evict(&mut map, id).is_none()
         {
             return Err(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -305,6 +313,51 @@ impl Station {
 }
 
 impl Station {
+    /// [`evict_lru`], counted in the metrics.
+    fn evict(&self, map: &mut HashMap<String, SessionSlot>, keep: &str) -> Option<usize> {
+        let freed = evict_lru(map, keep);
+        if freed.is_some() {
+            self.metrics.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        freed
+    }
+
+    /// `GET /metrics`: Prometheus text.
+    pub(super) fn metrics_response(&self) -> Resp {
+        let mut r = Response::new(Full::new(Bytes::from(self.metrics_text())));
+        r.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        r
+    }
+
+    /// The `/metrics` text: the counters and histograms with the session gauges read now.
+    pub(super) fn metrics_text(&self) -> String {
+        let kv_dim = self.model.cfg.kv_dim();
+        let first = self.model.holdings().layers.start;
+        let (sessions, kv_bytes, kv_tokens) = self
+            .sessions
+            .lock()
+            .map(|m| {
+                let tokens = m
+                    .values()
+                    .filter_map(|s| s.session.try_lock().ok())
+                    .map(|s| s.positions(first as usize, kv_dim).unwrap_or(0))
+                    .sum();
+                (m.len(), m.values().map(|s| s.bytes).sum(), tokens)
+            })
+            .unwrap_or((0, 0, 0));
+        self.metrics.render(&Gauges {
+            sessions,
+            max_sessions: self.limits.max_sessions,
+            kv_bytes,
+            max_kv_bytes: self.limits.max_session_bytes,
+            kv_tokens,
+            uptime_s: self.started.elapsed().as_secs_f64(),
+        })
+    }
+
     /// Keeps the sessions' KV bytes within [`Limits::max_session_bytes`]: the least recently
     /// used idle sessions other than `keep` go first.
     fn trim_sessions(&self, map: &mut HashMap<String, SessionSlot>, keep: &str) {
@@ -315,7 +368,7 @@ impl Station {
         }
         let mut total: usize = map.values().map(|s| s.bytes).sum();
         while total > self.limits.max_session_bytes {
-            match evict_lru(map, keep) {
+            match self.evict(map, keep) {
                 Some(freed) => total -= freed,
                 None => break,
             }
@@ -345,6 +398,9 @@ impl Station {
             Ok(mut map) => expire_idle(&mut map, Instant::now(), self.limits.session_idle),
             Err(_) => 0,
         };
+        self.metrics
+            .evicted
+            .fetch_add(gone as u64, Ordering::Relaxed);
         if gone > 0 {
             crate::station::heap::return_free_heap();
         }
@@ -441,16 +497,26 @@ pub(crate) async fn compute<T: Send + 'static>(
     st: Arc<Station>,
     f: impl FnOnce(&Station) -> Result<T, Refusal> + Send + 'static,
 ) -> Result<T, Refusal> {
-    let permit = st.compute_gate.clone().acquire_owned().await.map_err(|_| {
+    let t = Instant::now();
+    let permit = {
+        let _waiting = Count::new(&st.metrics.waiting);
+        st.compute_gate.clone().acquire_owned().await
+    }
+    .map_err(|_| {
         refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting_down",
             "the compute pool is closed",
         )
     })?;
+    st.metrics.queue.observe(t.elapsed().as_secs_f64());
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        f(&st)
+        let _running = Count::new(&st.metrics.running);
+        let t = Instant::now();
+        let out = f(&st);
+        st.metrics.compute.observe(t.elapsed().as_secs_f64());
+        out
     })
     .await
     .map_err(|e| {
@@ -460,6 +526,22 @@ pub(crate) async fn compute<T: Send + 'static>(
             format!("compute task failed: {e}"),
         )
     })?
+}
+
+/// One in a gauge for as long as it lives (every exit path, a dropped future included).
+struct Count<'a>(&'a AtomicUsize);
+
+impl<'a> Count<'a> {
+    fn new(a: &'a AtomicUsize) -> Count<'a> {
+        a.fetch_add(1, Ordering::Relaxed);
+        Count(a)
+    }
+}
+
+impl Drop for Count<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {

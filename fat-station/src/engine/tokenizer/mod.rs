@@ -510,6 +510,19 @@ impl Tokenizer {
         Some(&self.bytes[start as usize..end as usize])
     }
 
+    /// True for a control or user-defined token (`<|im_end|>`, `<|fim_prefix|>`): text that
+    /// only special-token parsing yields, never what plain text encodes to.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.specials.tokens.iter().any(|(_, t)| *t == id)
+    }
+
+    /// Every special id ([`Tokenizer::is_special`]), sorted.
+    pub fn special_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.specials.tokens.iter().map(|(_, id)| *id).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
         self.offsets.len() - 1
