@@ -23,11 +23,20 @@ pub enum ClientError {
         code: String,
         message: String,
     },
-    #[error("{url}: {source}")]
+    /// The call did not get an answer: `why` is the cause in a few words (`connection
+    /// refused`, `timed out`); `unreachable` when no connection was made at all, and then the
+    /// message asks whether a station runs at `base`.
+    #[error("{}", transport_message(.url, .base, .why, *.unreachable))]
     Transport {
         url: String,
-        source: Box<ureq::Error>,
+        base: String,
+        why: String,
+        unreachable: bool,
     },
+    /// `base` answers the OpenAI API rather than the station wire (`what` names it: a moonshine
+    /// gateway or another OpenAI-compatible server).
+    #[error("{base} is {what}, not a fat-station: give the URL of a station (the one the gateway was started with), or send OpenAI requests to {base}/v1")]
+    NotAStation { base: String, what: String },
     #[error("{url}: bad response: {why}")]
     BadResponse { url: String, why: String },
     #[error("mesh: {0}")]
@@ -35,6 +44,112 @@ pub enum ClientError {
     /// A sealed mesh's answer that is unsealed, does not verify, or answers another request.
     #[error("{url}: sealed response refused: {why}")]
     Sealed { url: String, why: String },
+}
+
+/// A station URL that [`station_url`] refused; the message quotes it and says what to write.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{input:?} is not a station URL: {why} (write HOST:PORT or http://HOST:PORT)")]
+pub struct UrlError {
+    pub input: String,
+    pub why: String,
+}
+
+/// A station's (or a gateway's) base URL as people type it: `http://HOST[:PORT]` or just
+/// `HOST[:PORT]` (stations speak plain HTTP, so `http://` is implied), IPv6 hosts in brackets.
+/// Returns `http://HOST[:PORT]` without a trailing slash; refuses `https://` and other
+/// schemes, a path, query or user info, a port outside 1..65535, and a bare port (`8080`,
+/// with a hint to write `127.0.0.1:8080`). Use it as the clap `value_parser` of URL flags.
+pub fn station_url(s: &str) -> Result<String, UrlError> {
+    let t = s.trim();
+    let bad = |why: String| UrlError {
+        input: s.to_string(),
+        why,
+    };
+    let rest = match t.split_once("://") {
+        Some((scheme, r)) if scheme.eq_ignore_ascii_case("http") => r,
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(bad("stations speak plain HTTP, not https".into()))
+        }
+        Some((scheme, _)) => return Err(bad(format!("unknown scheme {scheme:?}"))),
+        None => t,
+    };
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() {
+        return Err(bad("no host".into()));
+    }
+    if authority.contains(['/', '?', '#', '@']) || authority.contains(char::is_whitespace) {
+        return Err(bad("a station URL has no path, query or user".into()));
+    }
+    if let Ok(p) = authority.parse::<u16>() {
+        return Err(bad(format!("a bare port: did you mean 127.0.0.1:{p}?")));
+    }
+    let port = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((_, "")) => None,
+            Some((_, after)) => Some(
+                after
+                    .strip_prefix(':')
+                    .ok_or_else(|| bad("junk after the IPv6 host".into()))?,
+            ),
+            None => return Err(bad("unclosed '[' in an IPv6 host".into())),
+        },
+        None => authority.rsplit_once(':').map(|(_, p)| p),
+    };
+    if let Some(p) = port {
+        if !matches!(p.parse::<u16>(), Ok(1..)) {
+            return Err(bad(format!("port {p:?} is not a number in 1..65535")));
+        }
+    }
+    Ok(format!("http://{authority}"))
+}
+
+/// [`ClientError::Transport`]'s one line: `cannot reach URL: connection refused (is
+/// fat-station running at BASE?)`, or `URL: timed out` once connected.
+fn transport_message(url: &str, base: &str, why: &str, unreachable: bool) -> String {
+    if unreachable {
+        format!("cannot reach {url}: {why} (is fat-station running at {base}?)")
+    } else {
+        format!("{url}: {why}")
+    }
+}
+
+/// The cause of a failed call in a few words, and whether no connection was made at all.
+/// (ureq's own message repeats the URL and its source's text.)
+fn transport_cause(e: &ureq::Error) -> (String, bool) {
+    let ureq::Error::Transport(t) = e else {
+        return (e.to_string(), false);
+    };
+    let unreachable = matches!(
+        t.kind(),
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+    );
+    let mut src = std::error::Error::source(t);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return (io_cause(io), unreachable);
+        }
+        src = s.source();
+    }
+    let why = match (t.kind(), t.message()) {
+        (ureq::ErrorKind::Dns, _) => "cannot resolve the host name".to_string(),
+        (k, Some(m)) => format!("{}: {m}", k.to_string().to_lowercase()),
+        (k, None) => k.to_string().to_lowercase(),
+    };
+    (why, unreachable)
+}
+
+/// An I/O error in a few words (`connection refused`, not `Connection refused (os error 111)`).
+fn io_cause(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => "connection refused".into(),
+        K::TimedOut | K::WouldBlock => "timed out".into(),
+        K::ConnectionReset => "connection reset".into(),
+        K::ConnectionAborted => "connection aborted".into(),
+        K::UnexpectedEof => "the connection closed before an answer".into(),
+        K::AddrNotAvailable => "address not available".into(),
+        _ => e.to_string(),
+    }
 }
 
 /// One station's client.
@@ -55,8 +170,10 @@ pub struct Hop {
 }
 
 impl StationClient {
-    /// A client for `base` (`http://host:port`), with `timeout` per call.
+    /// A client for `base` (`http://host:port`, or `host:port`: see [`station_url`]), with
+    /// `timeout` per call.
     pub fn new(base: &str, timeout: Duration) -> Self {
+        let base = station_url(base).unwrap_or_else(|_| base.to_string());
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5).min(timeout))
             .timeout(timeout)
@@ -93,10 +210,15 @@ impl StationClient {
                     message,
                 })
             }
-            Err(e) => Err(ClientError::Transport {
-                url,
-                source: Box::new(e),
-            }),
+            Err(e) => {
+                let (why, unreachable) = transport_cause(&e);
+                Err(ClientError::Transport {
+                    url,
+                    base: self.base.clone(),
+                    why,
+                    unreachable,
+                })
+            }
         }
     }
 
@@ -130,14 +252,48 @@ impl StationClient {
         self.json(r)
     }
 
-    /// `GET /health`.
+    /// `GET /health`. When the answer is not a station's (a gateway's `/health`, a 404), asks
+    /// `/v1/models` and names an OpenAI server passed where a station was meant
+    /// ([`ClientError::NotAStation`]).
     pub fn health(&self) -> Result<Health, ClientError> {
-        let r = self.call(
-            self.agent
-                .get(&format!("{}{}", self.base, wire::ROUTE_HEALTH)),
-            None,
-        )?;
-        self.json(r)
+        let answer = self
+            .call(
+                self.agent
+                    .get(&format!("{}{}", self.base, wire::ROUTE_HEALTH)),
+                None,
+            )
+            .and_then(|r| self.json(r));
+        match answer {
+            Err(e @ (ClientError::BadResponse { .. } | ClientError::Refused { .. })) => {
+                Err(self.openai_server().unwrap_or(e))
+            }
+            other => other,
+        }
+    }
+
+    /// `Some(NotAStation)` when `GET /v1/models` answers an OpenAI model list.
+    fn openai_server(&self) -> Option<ClientError> {
+        let r = self
+            .agent
+            .get(&format!("{}/v1/models", self.base))
+            .call()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_str(&r.into_string().ok()?).ok()?;
+        if v.get("object")?.as_str()? != "list" {
+            return None;
+        }
+        let ours = v["data"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|m| m["owned_by"] == "aeon-shell"));
+        let what = if ours {
+            "a moonshine gateway (OpenAI API)"
+        } else {
+            "an OpenAI-compatible server"
+        };
+        Some(ClientError::NotAStation {
+            base: self.base.clone(),
+            what: what.into(),
+        })
     }
 
     /// `GET /tokenizer`: special ids and the chat template.
@@ -553,5 +709,59 @@ impl Chain {
         let h = self.exit().lm_head_rows(&x, rows)?;
         trace.head_ms = h.compute_ms;
         Ok(h.residual)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn station_urls_take_host_port_without_a_scheme() {
+        for (given, want) in [
+            ("127.0.0.1:8080", "http://127.0.0.1:8080"),
+            ("http://127.0.0.1:8080/", "http://127.0.0.1:8080"),
+            ("HTTP://node-2:80", "http://node-2:80"),
+            ("localhost", "http://localhost"),
+            ("[::1]:9000", "http://[::1]:9000"),
+            (" r1.local:8081 ", "http://r1.local:8081"),
+        ] {
+            assert_eq!(station_url(given).as_deref(), Ok(want), "{given}");
+        }
+    }
+
+    #[test]
+    fn station_urls_refuse_what_no_station_serves_with_the_reason() {
+        for (given, why) in [
+            ("https://x:1", "stations speak plain HTTP, not https"),
+            ("ftp://x:1", "unknown scheme \"ftp\""),
+            ("8080", "a bare port: did you mean 127.0.0.1:8080?"),
+            ("http://", "no host"),
+            ("x:0", "port \"0\" is not a number in 1..65535"),
+            ("x:99999", "port \"99999\" is not a number in 1..65535"),
+            ("x:1/v1", "a station URL has no path, query or user"),
+            ("[::1", "unclosed '[' in an IPv6 host"),
+        ] {
+            let e = station_url(given).unwrap_err();
+            assert_eq!(e.why, why, "{given}");
+            assert_eq!(
+                e.to_string(),
+                format!("{given:?} is not a station URL: {why} (write HOST:PORT or http://HOST:PORT)")
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_names_the_url_once_with_a_hint() {
+        // Port 1 on loopback: nothing listens there.
+        let c = StationClient::new("127.0.0.1:1", Duration::from_secs(2));
+        assert_eq!(c.url(), "http://127.0.0.1:1");
+        let e = c.health().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot reach http://127.0.0.1:1/health: connection refused \
+             (is fat-station running at http://127.0.0.1:1?)"
+        );
+        assert!(std::error::Error::source(&e).is_none(), "the cause is printed once");
     }
 }

@@ -70,8 +70,8 @@ struct Args {
     /// `moonshine mesh form --assign` splits layers by. Default: $AEON_NODE_RAM, else none.
     #[arg(long, value_name = "SIZE", value_parser = parse_ram)]
     ram: Option<u64>,
-    /// URL others reach this station at (default http://LISTEN-ADDRESS).
-    #[arg(long)]
+    /// URL others reach this station at (default http://LISTEN-ADDRESS; `HOST:PORT` will do).
+    #[arg(long, value_parser = fat_station::client::station_url)]
     advertise: Option<String>,
     /// Node id in traces, errors and beacons (default: the manifest's, else `station`).
     #[arg(long)]
@@ -145,7 +145,8 @@ struct Args {
     max_compute: Option<usize>,
     /// A next hop `X-Route` may name on POST /chain besides the manifest successor (base URL;
     /// repeat or comma-separate). Any other route is refused with 403 `route_refused`.
-    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    #[arg(long, value_name = "URL", value_delimiter = ',',
+          value_parser = fat_station::client::station_url)]
     route_to: Vec<String>,
 }
 
@@ -242,7 +243,7 @@ fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give --knot FILE or --manifest NODE.json"),
     };
     let knot =
-        Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
+        Knot::open(&knot_path)?;
     let held = match &manifest {
         Some((m, _)) => {
             m.check_file(&knot).map_err(anyhow::Error::msg)?;
@@ -319,11 +320,6 @@ fn run(args: Args) -> Result<()> {
     }
     let successor = manifest.as_ref().and_then(|(m, _)| m.successor.clone());
     let chain = manifest.as_ref().map(|(m, _)| m.chain);
-    for r in &args.route_to {
-        if !r.starts_with("http://") {
-            bail!("--route-to {r:?}: expected a base URL http://HOST:PORT");
-        }
-    }
     station.set_mesh(
         MeshNode::new(
             node_id.clone(),

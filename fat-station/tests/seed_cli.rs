@@ -64,3 +64,23 @@ fn sharded_station_refuses_the_whole_model_and_serves_a_range() {
     );
     assert!(ready.starts_with("pipeline ready in "), "{ready:?}");
 }
+
+#[test]
+fn a_gguf_given_as_knot_says_to_import_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let g = dir.path().join("my-model.gguf");
+    test_support::gguf_stub(&g);
+    let o = Command::new(env!("CARGO_BIN_EXE_fat-station"))
+        .args(["--knot", g.to_str().expect("utf-8"), "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("run fat-station");
+    let p = g.display();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        format!(
+            "fat-station: error: {p} is a GGUF file, not a KNOT: convert it first with \
+             `knot import {p} -o MODEL.knot`\n"
+        )
+    );
+    assert_eq!(o.status.code(), Some(2));
+}

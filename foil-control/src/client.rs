@@ -146,16 +146,20 @@ pub fn percent_encode(s: &str) -> String {
 }
 
 impl Client {
-    /// Parses `base_url` (`http://HOST[:PORT][/PREFIX]`; IPv6 hosts in brackets).
+    /// Parses `base_url` (`http://HOST[:PORT][/PREFIX]` or `HOST[:PORT][/PREFIX]`; IPv6 hosts
+    /// in brackets).
     /// Defaults: connect timeout 2 s, read/write timeout 10 s.
     pub fn new(base_url: &str) -> Result<Client, FoilClientError> {
         let bad = |reason: &str| FoilClientError::BadUrl {
             url: base_url.to_string(),
             reason: reason.into(),
         };
-        let rest = base_url
-            .strip_prefix("http://")
-            .ok_or_else(|| bad("only http:// URLs are supported"))?;
+        // `HOST:PORT` alone means http (the collector speaks plain HTTP).
+        let rest = match base_url.split_once("://") {
+            Some((scheme, r)) if scheme.eq_ignore_ascii_case("http") => r,
+            Some(_) => return Err(bad("only http:// URLs are supported")),
+            None => base_url,
+        };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
@@ -473,9 +477,11 @@ mod tests {
         );
         let c = Client::new("http://[::1]:9000").unwrap();
         assert_eq!(c.authority(), "[::1]:9000");
+        let c = Client::new("127.0.0.1:8886").unwrap();
+        assert_eq!(c.authority(), "127.0.0.1:8886", "http:// is implied");
         for bad in [
             "https://x:1",
-            "127.0.0.1:8886",
+            "ftp://x:1",
             "http://",
             "http://h:0",
             "http://h:99999",

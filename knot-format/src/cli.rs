@@ -123,7 +123,7 @@ fn import(gguf: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
 }
 
 fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let k = Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let k = Knot::open(path)?;
     let h = k.header();
     let mut o = std::io::stdout().lock();
     if json {
@@ -254,7 +254,7 @@ fn verify(path: &Path) -> anyhow::Result<ExitCode> {
             eprintln!("FAILED: {e}");
             return Ok(ExitCode::from(1));
         }
-        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+        Err(e) => return Err(e.into()),
     };
     let pb = bar(k.verify_bytes(), "verify");
     let r = k.verify(&mut |done| pb.set_position(done));

@@ -63,6 +63,9 @@ impl Preamble {
     /// Parses and checks the preamble against the real file length.
     fn decode(b: &[u8], path: &Path) -> Result<Preamble, KnotError> {
         let actual = b.len() as u64;
+        if b.starts_with(b"GGUF") {
+            return Err(KnotError::IsGguf { path: path.into() });
+        }
         if actual < PREAMBLE_LEN {
             return Err(KnotError::CorruptHeader {
                 path: path.into(),

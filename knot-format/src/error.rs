@@ -19,6 +19,9 @@ pub enum KnotError {
     /// The file does not start with the KNOT magic.
     #[error("{path}: not a KNOT file (magic {found:?}, expected \"KNOT\")")]
     BadMagic { path: PathBuf, found: String },
+    /// The file is a GGUF model: it runs here once imported (`knot import`).
+    #[error("{path} is a GGUF file, not a KNOT: convert it first with `knot import {path} -o MODEL.knot`")]
+    IsGguf { path: PathBuf },
     /// The file is a KNOT of a version this reader does not know.
     #[error("{path}: unsupported KNOT version {version} (this reader knows version 1)")]
     UnsupportedVersion { path: PathBuf, version: u32 },
@@ -116,6 +119,7 @@ impl KnotError {
         !matches!(
             self,
             KnotError::Io { .. }
+                | KnotError::IsGguf { .. }
                 | KnotError::InvalidTensor { .. }
                 | KnotError::InvalidHeader { .. }
                 | KnotError::UnsupportedArch { .. }

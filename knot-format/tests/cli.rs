@@ -164,3 +164,23 @@ fn import_holds_a_huge_metadata_array_compactly() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("\"general.architecture\": missing"), "{err}");
 }
+
+#[test]
+fn a_gguf_where_a_knot_is_expected_says_to_import_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("my-model.gguf");
+    test_support::gguf_stub(&g);
+    let p = g.display();
+    for cmd in ["verify", "inspect"] {
+        let o = knot(&[cmd], &g);
+        assert_eq!(
+            String::from_utf8_lossy(&o.stderr),
+            format!(
+                "knot: error: {p} is a GGUF file, not a KNOT: convert it first with \
+                 `knot import {p} -o MODEL.knot`\n"
+            ),
+            "{cmd}"
+        );
+        assert_eq!(o.status.code(), Some(2), "{cmd}: a usage error, not corruption");
+    }
+}

@@ -4,15 +4,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::generate::{Backend, Target};
 
 /// Which stations to drive.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TargetArgs {
-    /// One station serving every layer.
-    #[arg(long, default_value = "http://127.0.0.1:8080", conflicts_with = "mesh")]
+    /// One station serving every layer (`http://HOST:PORT`, or `HOST:PORT`).
+    #[arg(long, default_value = "http://127.0.0.1:8080", conflicts_with = "mesh",
+          value_parser = fat_station::client::station_url)]
     pub station: String,
     /// A mesh file: `{"model": .., "stations": [{"url": .., "layers": "a-b"}, ..]}` in layer
     /// order; the first station embeds (and tokenizes), the last runs the LM head.
@@ -46,10 +47,9 @@ impl TargetArgs {
         }
     }
 
-    /// Connects to the chain.
+    /// Connects to the chain. No context added: every error names the station's URL, the
+    /// mesh file or the discovery address itself.
     pub fn connect(&self) -> Result<Backend> {
-        let t = self.target();
-        Backend::connect(&t, Duration::from_secs(self.timeout))
-            .with_context(|| format!("connecting to {t:?}"))
+        Ok(Backend::connect(&self.target(), Duration::from_secs(self.timeout))?)
     }
 }

@@ -211,7 +211,7 @@ fn bad_input_is_refused_with_a_clear_error() {
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("moonshine: error: connecting to") && err.contains("127.0.0.1:1"),
+        err.contains("moonshine: error: cannot reach http://127.0.0.1:1/health"),
         "{err}"
     );
     let o = moonshine(

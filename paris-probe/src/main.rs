@@ -25,8 +25,9 @@ struct Args {
     /// Accepted for compatibility with the reference runs: --dense is always dense-only.
     #[arg(long)]
     dense_only: bool,
-    /// Probe a running station (a full model) instead of a file.
-    #[arg(long)]
+    /// Probe a running station (a full model) instead of a file (`http://HOST:PORT` or
+    /// `HOST:PORT`).
+    #[arg(long, value_parser = fat_station::client::station_url)]
     station: Option<String>,
     /// Probe a chain of stations described by a mesh file.
     #[arg(long)]
@@ -91,7 +92,7 @@ fn run(args: Args) -> Result<bool> {
     };
     let report = match &args.dense {
         Some(path) => {
-            let knot = Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+            let knot = Knot::open(path)?;
             let (model, tok) = open_dense(&knot)?;
             probe(&Source::Dense(&model, tok.map(Box::new)), &q)?
         }

@@ -246,3 +246,28 @@ fn collector_key_is_the_model_files_stem() {
     assert_eq!(rec["key"], key);
     assert_eq!(rec["argmax"], 12095);
 }
+
+#[test]
+fn a_gguf_or_an_absent_station_is_one_line_with_a_hint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let g = dir.path().join("my-model.gguf");
+    test_support::gguf_stub(&g);
+    let p = g.display();
+    let (code, _, err) = probe(&["--dense", &p.to_string(), "--tokens", "1", "--expected", "2"]);
+    assert_eq!(
+        err,
+        format!(
+            "paris-probe: error: {p} is a GGUF file, not a KNOT: convert it first with \
+             `knot import {p} -o MODEL.knot`\n"
+        )
+    );
+    assert_eq!(code, 2);
+    // HOST:PORT without http://, and nothing listening there.
+    let (code, _, err) = probe(&["--station", "127.0.0.1:1", "--tokens", "1", "--expected", "2"]);
+    assert_eq!(
+        err,
+        "paris-probe: error: cannot reach http://127.0.0.1:1/health: connection refused \
+         (is fat-station running at http://127.0.0.1:1?)\n"
+    );
+    assert_eq!(code, 2);
+}

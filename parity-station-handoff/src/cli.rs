@@ -116,7 +116,7 @@ fn verdict(pass: bool) -> &'static str {
 pub fn run(args: Args) -> Result<ExitCode> {
     let t_all = Instant::now();
     let knot =
-        Knot::open(&args.knot).with_context(|| format!("opening {}", args.knot.display()))?;
+        Knot::open(&args.knot)?;
     let n = knot.arch().n_layers;
     if n < 2 {
         bail!("{} has {n} layer(s): nothing to split", args.knot.display());

@@ -110,7 +110,7 @@ fn cmd_split(
     json: bool,
 ) -> Result<ExitCode> {
     let t0 = Instant::now();
-    let parent = Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let parent = Knot::open(path)?;
     let n = parent.arch().n_layers;
     let ranges = match (ranges, nodes) {
         (Some(spec), _) => parse_ranges(spec, n).context("--ranges")?,
@@ -178,7 +178,7 @@ fn cmd_split(
 }
 
 fn cmd_inspect(path: &Path, json: bool) -> Result<ExitCode> {
-    let k = Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let k = Knot::open(path)?;
     let s = summarize(&k);
     let mut o = std::io::stdout().lock();
     if json {

@@ -97,13 +97,6 @@ pub enum PlanError {
     /// The model does not fit the nodes given.
     #[error("the model does not fit: {0}")]
     DoesNotFit(String),
-    /// Reading the model failed.
-    #[error("reading {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: knot_format::KnotError,
-    },
     /// Writing a manifest failed.
     #[error("writing {path}")]
     Write {
@@ -833,10 +826,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<std::process::ExitCode> {
         kv_tokens: args.kv_tokens,
     };
     let knot = match (&args.knot, &args.model_bytes) {
-        (Some(p), None) => Some(Knot::open(p).map_err(|source| PlanError::Read {
-            path: p.clone(),
-            source,
-        })?),
+        // The error names the file itself.
+        (Some(p), None) => Some(Knot::open(p)?),
         (None, Some(_)) => None,
         (Some(_), Some(_)) => anyhow::bail!("give a model file or --model-bytes, not both"),
         (None, None) => {

@@ -253,7 +253,7 @@ fn bad_input_is_refused_with_exit_2() {
         ),
         (
             vec!["split", "/nonexistent.knot", "--nodes", "2", "-o", s(&out)],
-            "opening /nonexistent.knot",
+            "open /nonexistent.knot: No such file",
         ),
     ] {
         let o = run(&args);
@@ -433,5 +433,26 @@ fn absurd_layer_counts_are_refused_not_allocated() {
             err.contains(needle),
             "{args:?}: expected {needle:?} in {err}"
         );
+    }
+}
+
+#[test]
+fn a_gguf_where_a_knot_is_expected_says_to_import_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let g = dir.path().join("my-model.gguf");
+    test_support::gguf_stub(&g);
+    let p = g.display();
+    let want = format!(
+        "shard-knot: error: {p} is a GGUF file, not a KNOT: convert it first with \
+         `knot import {p} -o MODEL.knot`\n"
+    );
+    for args in [
+        vec!["split", s(&g), "--nodes", "2", "-o", s(dir.path())],
+        vec!["plan", s(&g), "--node-ram", "1G"],
+        vec!["inspect", s(&g)],
+    ] {
+        let o = run(&args);
+        assert_eq!(String::from_utf8_lossy(&o.stderr), want, "{args:?}");
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
     }
 }

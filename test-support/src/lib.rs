@@ -173,3 +173,11 @@ pub fn reseal(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     f[32..64].copy_from_slice(blake3::hash(&j).as_bytes());
     std::fs::write(path, f).unwrap();
 }
+
+/// Writes a file that starts as a GGUF does (magic `GGUF`, version 3, zero counts) and is
+/// longer than a KNOT preamble: enough for a reader to tell what the file is, nothing more.
+pub fn gguf_stub(path: &Path) {
+    let mut b = b"GGUF\x03\0\0\0".to_vec();
+    b.resize(4096, 0);
+    std::fs::write(path, b).expect("write GGUF stub");
+}

@@ -551,7 +551,7 @@ fn run(args: Args) -> Result<()> {
         );
     }
     let knot =
-        Knot::open(&knot_path).with_context(|| format!("opening {}", knot_path.display()))?;
+        Knot::open(&knot_path)?;
     let m = Model::load(&knot, None).context("loading the model")?;
     let h = m.holdings();
     if !(h.embed && h.head) {

@@ -71,7 +71,7 @@ fn forward(path: &std::path::Path, prefill: usize, decode: usize) -> Result<()> 
         anyhow::bail!("--prefill must be at least 1");
     }
     let knot =
-        knot_format::Knot::open(path).with_context(|| format!("opening {}", path.display()))?;
+        knot_format::Knot::open(path)?;
     let m = Model::load(&knot, None).context("loading the model")?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
