@@ -746,7 +746,9 @@ mod tests {
             assert_eq!(e.why, why, "{given}");
             assert_eq!(
                 e.to_string(),
-                format!("{given:?} is not a station URL: {why} (write HOST:PORT or http://HOST:PORT)")
+                format!(
+                    "{given:?} is not a station URL: {why} (write HOST:PORT or http://HOST:PORT)"
+                )
             );
         }
     }
@@ -762,6 +764,9 @@ mod tests {
             "cannot reach http://127.0.0.1:1/health: connection refused \
              (is fat-station running at http://127.0.0.1:1?)"
         );
-        assert!(std::error::Error::source(&e).is_none(), "the cause is printed once");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "the cause is printed once"
+        );
     }
 }

@@ -148,6 +148,8 @@ struct Args {
     #[arg(long, value_name = "URL", value_delimiter = ',',
           value_parser = fat_station::client::station_url)]
     route_to: Vec<String>,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -159,13 +161,10 @@ enum RoleArg {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()) {
+    let args = Args::parse();
+    // A station's stderr is its log: info (one access line per request) unless -q/-v/RUST_LOG.
+    aeon_cli::init_logging(aeon_cli::LevelFilter::INFO, args.verbosity);
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fat-station: error: {e:#}");

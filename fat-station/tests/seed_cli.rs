@@ -71,7 +71,12 @@ fn a_gguf_given_as_knot_says_to_import_it() {
     let g = dir.path().join("my-model.gguf");
     test_support::gguf_stub(&g);
     let o = Command::new(env!("CARGO_BIN_EXE_fat-station"))
-        .args(["--knot", g.to_str().expect("utf-8"), "--listen", "127.0.0.1:0"])
+        .args([
+            "--knot",
+            g.to_str().expect("utf-8"),
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .expect("run fat-station");
     let p = g.display();
@@ -83,4 +88,57 @@ fn a_gguf_given_as_knot_says_to_import_it() {
         )
     );
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// A station's stderr redirected to a file: one access line per request (method, route,
+/// status, ms, bytes) and no ANSI colour codes (they were written into redirected logs).
+#[test]
+fn a_redirected_log_has_an_access_line_per_request_and_no_colour() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("station.log");
+    let st = spawn_url(
+        Command::new(station_bin())
+            .args([
+                "--knot",
+                path.to_str().expect("utf-8"),
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .stderr(std::fs::File::create(&log).expect("log file")),
+    );
+    let health = ureq::get(&format!("{}/health", st.url))
+        .call()
+        .expect("health")
+        .into_string()
+        .expect("body");
+    let missing = ureq::get(&format!("{}/nowhere", st.url)).call();
+    assert!(matches!(missing, Err(ureq::Error::Status(404, _))));
+    drop(st);
+    let text = std::fs::read_to_string(&log).expect("read log");
+    assert!(
+        !text.contains('\x1b'),
+        "ANSI escapes in a redirected log: {text:?}"
+    );
+    let line = |route: &str| {
+        text.lines()
+            .find(|l| l.contains(&format!(" access: GET {route} ")))
+            .unwrap_or_else(|| panic!("no access line for {route} in {text}"))
+            .split(" access: ")
+            .nth(1)
+            .expect("message")
+            .to_string()
+    };
+    // `GET /health 200 0.4 ms 345 B`
+    let h = line("/health");
+    let f: Vec<&str> = h.split(' ').collect();
+    let len = health.len().to_string();
+    assert_eq!(
+        [f[0], f[1], f[2], f[4], f[5], f[6]],
+        ["GET", "/health", "200", "ms", len.as_str(), "B"],
+        "{h}"
+    );
+    assert!(f[3].parse::<f64>().is_ok(), "{h}");
+    let n = line("/nowhere");
+    assert!(n.starts_with("GET /nowhere 404 "), "{n}");
 }

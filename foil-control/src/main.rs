@@ -3,7 +3,7 @@
 //! Exit codes: 0 after a clean shutdown (SIGTERM or ctrl-c), 1 on a runtime error (data
 //! directory unusable or locked, address in use), 2 on bad arguments.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,7 +24,7 @@ use foil_control::store::{Store, StoreConfig};
 ///   GET  /.aeon/health                       -> {status, records, bytes, uptime_s, ...}
 ///
 /// Once listening, one line `foil-control listening on http://ADDR` is printed on stdout.
-/// Logs go to stderr (RUST_LOG=debug for per-request lines).
+/// Logs go to stderr (-v or RUST_LOG=debug for per-request lines; -q errors only).
 ///
 /// Example:
 ///   foil-control --port 8886 --data-dir /tmp/foil &
@@ -66,6 +66,8 @@ struct Args {
     /// Seconds open connections get to finish after SIGTERM/ctrl-c.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     shutdown_grace: u64,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 /// Parses a size (`64K`, `4MiB`, `4096B`; the workspace's size rule, `knot_format::size`).
@@ -129,38 +131,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr, filtered by RUST_LOG in `tracing_subscriber::filter::Targets` syntax
-/// (`debug`, `foil_control=debug,hyper=warn`); default `info`. `Targets` rather than
-/// `EnvFilter` keeps the regex engine out of the binary (about 0.3 MB on aarch64).
-fn init_logging() {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
-    use tracing_subscriber::prelude::*;
-    let spec = std::env::var("RUST_LOG").unwrap_or_default();
-    let parsed = if spec.trim().is_empty() {
-        None
-    } else {
-        Some(spec.parse::<Targets>())
-    };
-    let filter = match &parsed {
-        Some(Ok(t)) => t.clone(),
-        _ => Targets::new().with_default(LevelFilter::INFO),
-    };
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal()),
-        )
-        .with(filter)
-        .init();
-    if let Some(Err(e)) = parsed {
-        tracing::warn!(rust_log = %spec, error = %e, "RUST_LOG not understood; logging at info");
-    }
-}
-
 pub fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::INFO, args.verbosity);
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

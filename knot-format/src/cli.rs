@@ -15,12 +15,14 @@ use knot_format::{import_gguf, Knot};
 ///
 /// Typical use: `knot import MODEL.gguf -o MODEL.knot && knot verify MODEL.knot`.
 /// Exit codes: 0 success; 1 `verify` found corruption; 2 usage, I/O or other errors.
-/// Logging: set RUST_LOG (e.g. RUST_LOG=info).
+/// Logging: -v (more), -q (errors only, no progress bar), or RUST_LOG (e.g. RUST_LOG=info).
 #[derive(Debug, Parser)]
 #[command(name = "knot", version, about, long_about)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Command,
+    #[command(flatten)]
+    pub verbosity: aeon_cli::Verbosity,
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,17 +55,26 @@ pub enum Command {
     Verify {
         /// The KNOT file.
         knot: PathBuf,
+        /// Print one JSON object (for scripts): `{"ok": true, "tensors", "bytes", "seconds",
+        /// "model_hash"}`, or `{"ok": false, "error", "tensor"}` (exit 1) when the file is
+        /// corrupt. Errors that are not corruption (no such file, not a KNOT) stay on stderr
+        /// (exit 2).
+        #[arg(long)]
+        json: bool,
     },
 }
 
 /// Runs one command; `Ok` carries the exit code.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let quiet = args.verbosity.quiet;
     match args.cmd {
-        Command::Import { gguf, output } => {
-            import(&gguf, output.unwrap_or_else(|| gguf.with_extension("knot")))
-        }
+        Command::Import { gguf, output } => import(
+            &gguf,
+            output.unwrap_or_else(|| gguf.with_extension("knot")),
+            quiet,
+        ),
         Command::Inspect { knot, json } => inspect(&knot, json),
-        Command::Verify { knot } => verify(&knot),
+        Command::Verify { knot, json } => verify(&knot, json, quiet),
     }
 }
 
@@ -75,7 +86,11 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
-fn bar(total: u64, what: &str) -> ProgressBar {
+/// A progress bar on stderr (drawn only on a terminal), hidden with -q.
+fn bar(total: u64, what: &str, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template(
@@ -92,11 +107,11 @@ fn mb(b: u64) -> f64 {
     b as f64 / 1e6
 }
 
-fn import(gguf: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
+fn import(gguf: &Path, out: PathBuf, quiet: bool) -> anyhow::Result<ExitCode> {
     let total = GgufFile::open(gguf)
         .with_context(|| format!("reading {}", gguf.display()))?
         .tensor_data_len();
-    let pb = bar(total, "import");
+    let pb = bar(total, "import", quiet);
     let s = import_gguf(gguf, &out, &mut |done| pb.set_position(done))
         .with_context(|| format!("importing {} into {}", gguf.display(), out.display()))?;
     pb.finish_and_clear();
@@ -246,35 +261,48 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn verify(path: &Path) -> anyhow::Result<ExitCode> {
+fn verify(path: &Path, json: bool, quiet: bool) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
+    // Corruption is the verdict (exit 1), on stdout as JSON with --json, else on stderr.
+    let failed = |e: &knot_format::KnotError| -> anyhow::Result<ExitCode> {
+        if json {
+            let v = serde_json::json!({"ok": false, "error": e.to_string(), "tensor": e.tensor()});
+            writeln!(std::io::stdout().lock(), "{v}")?;
+        } else {
+            eprintln!("FAILED: {e}");
+        }
+        Ok(ExitCode::from(1))
+    };
     let k = match Knot::open(path) {
         Ok(k) => k,
-        Err(e) if e.is_integrity() => {
-            eprintln!("FAILED: {e}");
-            return Ok(ExitCode::from(1));
-        }
+        Err(e) if e.is_integrity() => return failed(&e),
         Err(e) => return Err(e.into()),
     };
-    let pb = bar(k.verify_bytes(), "verify");
+    let pb = bar(k.verify_bytes(), "verify", quiet || json);
     let r = k.verify(&mut |done| pb.set_position(done));
     pb.finish_and_clear();
     match r {
         Ok(()) => {
             let n = k.header().tensors.len();
-            writeln!(
-                std::io::stdout().lock(),
-                "OK: {n} tensors verified ({:.1} MB in {:.2}s), model hash {}",
-                mb(k.verify_bytes()),
-                t0.elapsed().as_secs_f64(),
-                k.model_hash()
-            )?;
+            let secs = t0.elapsed().as_secs_f64();
+            let mut o = std::io::stdout().lock();
+            if json {
+                let v = serde_json::json!({
+                    "ok": true, "tensors": n, "bytes": k.verify_bytes(), "seconds": secs,
+                    "model_hash": k.model_hash(),
+                });
+                writeln!(o, "{v}")?;
+            } else {
+                writeln!(
+                    o,
+                    "OK: {n} tensors verified ({:.1} MB in {secs:.2}s), model hash {}",
+                    mb(k.verify_bytes()),
+                    k.model_hash()
+                )?;
+            }
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) if e.is_integrity() => {
-            eprintln!("FAILED: {e}");
-            Ok(ExitCode::from(1))
-        }
+        Err(e) if e.is_integrity() => failed(&e),
         Err(e) => Err(e).with_context(|| format!("verifying {}", path.display())),
     }
 }

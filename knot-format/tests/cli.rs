@@ -181,6 +181,46 @@ fn a_gguf_where_a_knot_is_expected_says_to_import_it() {
             ),
             "{cmd}"
         );
-        assert_eq!(o.status.code(), Some(2), "{cmd}: a usage error, not corruption");
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{cmd}: a usage error, not corruption"
+        );
     }
+}
+
+#[test]
+fn verify_json_gives_the_verdict_to_scripts_and_q_v_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("tiny.knot");
+    write_model(&m);
+    let o = knot(&["-q", "verify", "--json"], &m);
+    assert_eq!(o.status.code(), Some(0));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((&j["ok"], &j["tensors"]), (&true.into(), &2.into()), "{j}");
+    assert_eq!(j["model_hash"].as_str().map(str::len), Some(64), "{j}");
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    let mut b = std::fs::read(&m).unwrap();
+    let n = b.len();
+    b[n - 100] ^= 1;
+    std::fs::write(&m, &b).unwrap();
+    let o = knot(&["verify", "-v", "--json"], &m);
+    assert_eq!(o.status.code(), Some(1));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&j["ok"], &j["tensor"]),
+        (&false.into(), &"blk.0.attn_q.weight".into()),
+        "{j}"
+    );
+    assert!(
+        j["error"].as_str().is_some_and(|e| e.contains("corrupt")),
+        "{j}"
+    );
+    // Both at once is a usage error.
+    assert_eq!(knot(&["verify", "-q", "-v"], &m).status.code(), Some(2));
 }

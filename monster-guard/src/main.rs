@@ -32,6 +32,8 @@ use monster_guard::GuardError;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 #[derive(Subcommand, Debug)]
@@ -239,14 +241,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::WARN, cli.verbosity);
+    match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             eprintln!("monster-guard: {err:#}");

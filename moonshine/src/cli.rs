@@ -40,6 +40,8 @@ pub struct Args {
     pub target: TargetArgs,
     #[command(flatten)]
     pub gen: GenArgs,
+    #[command(flatten)]
+    pub verbosity: aeon_cli::Verbosity,
 }
 
 /// Generation flags (no subcommand).

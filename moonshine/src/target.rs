@@ -50,6 +50,9 @@ impl TargetArgs {
     /// Connects to the chain. No context added: every error names the station's URL, the
     /// mesh file or the discovery address itself.
     pub fn connect(&self) -> Result<Backend> {
-        Ok(Backend::connect(&self.target(), Duration::from_secs(self.timeout))?)
+        Ok(Backend::connect(
+            &self.target(),
+            Duration::from_secs(self.timeout),
+        )?)
     }
 }

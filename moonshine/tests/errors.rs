@@ -11,7 +11,10 @@ use support::moonshine;
 /// moonshine's stderr and exit code for `args`.
 fn fails(args: &[&str]) -> (String, Option<i32>) {
     let o = moonshine(args, None);
-    (String::from_utf8_lossy(&o.stderr).into_owned(), o.status.code())
+    (
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        o.status.code(),
+    )
 }
 
 #[test]

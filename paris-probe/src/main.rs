@@ -56,16 +56,14 @@ struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()) {
+    let args = Args::parse();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::WARN, args.verbosity);
+    match run(args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {

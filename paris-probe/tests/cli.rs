@@ -253,7 +253,14 @@ fn a_gguf_or_an_absent_station_is_one_line_with_a_hint() {
     let g = dir.path().join("my-model.gguf");
     test_support::gguf_stub(&g);
     let p = g.display();
-    let (code, _, err) = probe(&["--dense", &p.to_string(), "--tokens", "1", "--expected", "2"]);
+    let (code, _, err) = probe(&[
+        "--dense",
+        &p.to_string(),
+        "--tokens",
+        "1",
+        "--expected",
+        "2",
+    ]);
     assert_eq!(
         err,
         format!(
@@ -263,7 +270,14 @@ fn a_gguf_or_an_absent_station_is_one_line_with_a_hint() {
     );
     assert_eq!(code, 2);
     // HOST:PORT without http://, and nothing listening there.
-    let (code, _, err) = probe(&["--station", "127.0.0.1:1", "--tokens", "1", "--expected", "2"]);
+    let (code, _, err) = probe(&[
+        "--station",
+        "127.0.0.1:1",
+        "--tokens",
+        "1",
+        "--expected",
+        "2",
+    ]);
     assert_eq!(
         err,
         "paris-probe: error: cannot reach http://127.0.0.1:1/health: connection refused \

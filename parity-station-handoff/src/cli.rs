@@ -54,6 +54,8 @@ pub struct Args {
     /// Print a JSON report instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub verbosity: aeon_cli::Verbosity,
 }
 
 /// True when `err` is a write to a closed stdout.
@@ -115,8 +117,7 @@ fn verdict(pass: bool) -> &'static str {
 /// Runs the checks; `Ok` carries the exit code.
 pub fn run(args: Args) -> Result<ExitCode> {
     let t_all = Instant::now();
-    let knot =
-        Knot::open(&args.knot)?;
+    let knot = Knot::open(&args.knot)?;
     let n = knot.arch().n_layers;
     if n < 2 {
         bail!("{} has {n} layer(s): nothing to split", args.knot.display());

@@ -20,12 +20,14 @@ use shard_knot::{even_ranges, parse_ranges, split, split_bytes, summarize};
 ///   shard-knot inspect shards/M.L08-16.knot
 ///   fat-station --knot shards/M.L08-16.knot      (serves /forward for layers 8-16 only)
 ///
-/// Exit codes: 0 success; 2 usage, I/O or other errors. Logging: RUST_LOG=info.
+/// Exit codes: 0 success; 2 usage, I/O or other errors. Logging: -v, -q, or RUST_LOG=info.
 #[derive(Debug, Parser)]
 #[command(name = "shard-knot", version, about, long_about)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Command,
+    #[command(flatten)]
+    pub verbosity: aeon_cli::Verbosity,
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,6 +79,7 @@ pub enum Command {
 
 /// Runs one command; `Ok` carries the exit code.
 pub fn run(args: Args) -> Result<ExitCode> {
+    let quiet = args.verbosity.quiet;
     match args.cmd {
         Command::Split {
             knot,
@@ -84,7 +87,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             nodes,
             output,
             json,
-        } => cmd_split(&knot, ranges.as_deref(), nodes, &output, json),
+        } => cmd_split(&knot, ranges.as_deref(), nodes, &output, json, quiet),
         Command::Inspect { knot, json } => cmd_inspect(&knot, json),
         Command::Plan(a) => shard_knot::plan::run(a),
     }
@@ -108,6 +111,7 @@ fn cmd_split(
     nodes: Option<u32>,
     out: &Path,
     json: bool,
+    quiet: bool,
 ) -> Result<ExitCode> {
     let t0 = Instant::now();
     let parent = Knot::open(path)?;
@@ -119,9 +123,7 @@ fn cmd_split(
     };
     let covered: u32 = ranges.iter().map(|r| r.len()).sum();
     if covered != n {
-        tracing::warn!(
-            "the ranges cover {covered} of {n} layers: the shards do not make a whole chain"
-        );
+        tracing::warn!("the ranges cover {covered} of {n} layers: a contiguous part of a chain");
     }
     let stem = path
         .file_stem()
@@ -129,7 +131,11 @@ fn cmd_split(
         .filter(|s| !s.is_empty())
         .unwrap_or("model");
     let total = split_bytes(&parent, &ranges)?;
-    let pb = ProgressBar::new(total);
+    let pb = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
     pb.set_style(
         ProgressStyle::with_template(
             "split [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",

@@ -7,14 +7,8 @@ mod cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
     let args = <cli::Args as clap::Parser>::parse();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::WARN, args.verbosity);
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {

@@ -86,8 +86,16 @@ fn check_ranges(ranges: &[LayerRange], n_layers: u32) -> Result<(), ShardError> 
                 "{r} overlaps or precedes the previous range (ending at {prev_end}); give ranges in layer order"
             )));
         }
+        if r.start > prev_end {
+            return Err(bad(format!(
+                "layers {prev_end}..{} are in no range: the shards would not make a whole chain",
+                r.start
+            )));
+        }
         prev_end = r.end;
     }
+    // Ranges that start late or end early (one node's slice, `8..16`) are allowed: the
+    // shards they make are a contiguous part of a chain, with no hole inside.
     Ok(())
 }
 
@@ -295,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn ranges_parse_and_reject_overlap_order_and_overflow() {
+    fn ranges_parse_and_reject_overlap_order_gaps_and_overflow() {
         let r = parse_ranges("0..12, 12-24", 24).unwrap();
         assert_eq!(r, vec![LayerRange::new(0, 12), LayerRange::new(12, 24)]);
         assert!(
@@ -310,9 +318,14 @@ mod tests {
             "x..3",
             "",
             "3..1",
+            "0..8,12..24",
         ] {
             assert!(parse_ranges(bad, 24).is_err(), "{bad:?} must be refused");
         }
+        assert_eq!(
+            parse_ranges("0..8,12..24", 24).unwrap_err().to_string(),
+            "ranges 0..8,12..24: layers 8..12 are in no range: the shards would not make a whole chain"
+        );
     }
 
     #[test]

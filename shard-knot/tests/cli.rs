@@ -248,6 +248,11 @@ fn bad_input_is_refused_with_exit_2() {
             "bad range",
         ),
         (
+            // A hole in the chain was a warning, and the shards were written.
+            vec!["split", s(&m), "--ranges", "0..1,2..4", "-o", s(&out)],
+            "shard-knot: error: --ranges: ranges 0..1,2..4: layers 1..2 are in no range: the shards would not make a whole chain\n",
+        ),
+        (
             vec!["split", s(&m), "--nodes", "5", "-o", s(&out)],
             "more nodes than layers",
         ),

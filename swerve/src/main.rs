@@ -37,6 +37,8 @@ Environment:
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 #[derive(Subcommand)]
@@ -126,14 +128,9 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SWERVE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    aeon_cli::init_logging_from("SWERVE_LOG", aeon_cli::LevelFilter::WARN, cli.verbosity);
+    match run(cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
             if is_broken_pipe(&err) {

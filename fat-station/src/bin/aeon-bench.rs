@@ -84,6 +84,8 @@ struct Args {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 /// Everything one run measured. Rates are tokens (or bytes) per second; times in ms.
@@ -164,13 +166,9 @@ struct StationFigures {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()) {
+    let args = Args::parse();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::WARN, args.verbosity);
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("aeon-bench: error: {e:#}");
@@ -550,8 +548,7 @@ fn run(args: Args) -> Result<()> {
             knot_path.display()
         );
     }
-    let knot =
-        Knot::open(&knot_path)?;
+    let knot = Knot::open(&knot_path)?;
     let m = Model::load(&knot, None).context("loading the model")?;
     let h = m.holdings();
     if !(h.embed && h.head) {

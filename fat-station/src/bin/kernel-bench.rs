@@ -59,6 +59,8 @@ struct Args {
     /// With --forward: greedy tokens decoded one at a time after the prompt.
     #[arg(long, default_value_t = 0)]
     decode: usize,
+    #[command(flatten)]
+    verbosity: aeon_cli::Verbosity,
 }
 
 /// "The capital of France is Paris. The" in Qwen2.5's vocabulary: the --forward prompt.
@@ -70,8 +72,7 @@ fn forward(path: &std::path::Path, prefill: usize, decode: usize) -> Result<()> 
     if prefill == 0 {
         anyhow::bail!("--prefill must be at least 1");
     }
-    let knot =
-        knot_format::Knot::open(path)?;
+    let knot = knot_format::Knot::open(path)?;
     let m = Model::load(&knot, None).context("loading the model")?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -302,10 +303,9 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()) {
+    let args = Args::parse();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::INFO, args.verbosity);
+    match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kernel-bench: {e:#}");

@@ -54,6 +54,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
 }
 
 async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+    let t0 = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let out = route(st.clone(), req).await;
@@ -64,7 +65,32 @@ async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infall
             Err(e) => e.status.as_u16(),
         },
     );
-    Ok(match out {
+    let resp = answer(&method, &path, out);
+    access_log(&method, &path, &resp, t0);
+    Ok(resp)
+}
+
+/// The access log: one info line per request, `POST /forward 200 12.3 ms 3584 B` (method,
+/// route, status, milliseconds from the head to the answer, body bytes sent). The route is
+/// the path cut to 64 characters (hyper has already refused control characters in it).
+fn access_log(method: &Method, path: &str, resp: &Resp, t0: Instant) {
+    use hyper::body::Body;
+    let route = match path.char_indices().nth(64) {
+        Some((i, _)) => &path[..i],
+        None => path,
+    };
+    tracing::info!(
+        target: "access",
+        "{method} {route} {} {:.1} ms {} B",
+        resp.status().as_u16(),
+        t0.elapsed().as_secs_f64() * 1e3,
+        resp.body().size_hint().exact().unwrap_or(0)
+    );
+}
+
+/// A handler's result as the response the client gets: refusals become the wire's error body.
+fn answer(method: &Method, path: &str, out: Result<Resp, Refusal>) -> Resp {
+    match out {
         Ok(r) => r,
         Err(e) => {
             debug!("{method} {path} -> {} {}", e.status, e.message);
@@ -81,7 +107,7 @@ async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infall
             }
             r
         }
-    })
+    }
 }
 
 async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
