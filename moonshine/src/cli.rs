@@ -32,13 +32,7 @@ use crate::target::TargetArgs;
 ///
 /// Exit codes: 0 success (also when stdout is closed early), 2 error.
 #[derive(Parser, Debug)]
-#[command(
-    version,
-    about,
-    long_about,
-    verbatim_doc_comment,
-    args_conflicts_with_subcommands = true
-)]
+#[command(version, about, long_about, verbatim_doc_comment)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Option<Cmd>,
@@ -123,6 +117,48 @@ pub enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+impl Args {
+    /// Parses the process's arguments; prints clap's message and exits 2 on a bad command line.
+    pub fn parse_checked() -> Args {
+        Args::try_parse_checked_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parses `args` and refuses a generation flag given before a subcommand
+    /// (`moonshine --station URL serve`: the gateway has its own). clap's
+    /// `args_conflicts_with_subcommands` would refuse the global `-q`/`-v` there too
+    /// (`moonshine -q serve`), so the rule is checked here for the non-global flags only.
+    pub fn try_parse_checked_from<I, T>(args: I) -> Result<Args, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let mut cmd = Args::command();
+        let m = cmd.try_get_matches_from_mut(args)?;
+        if let Some((sub, _)) = m.subcommand() {
+            let misplaced = cmd.get_arguments().find(|a| {
+                !a.is_global_set()
+                    && m.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine)
+            });
+            if let Some(a) = misplaced {
+                let flag = a
+                    .get_long()
+                    .map(|l| format!("--{l}"))
+                    .unwrap_or_else(|| a.get_id().to_string());
+                return Err(cmd.error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "{flag} belongs after the subcommand: moonshine {sub} {flag} ... \
+                         (before it, it is a flag of plain generation)"
+                    ),
+                ));
+            }
+        }
+        Args::from_arg_matches(&m)
+    }
 }
 
 /// Runs the parsed command line.

@@ -3,10 +3,8 @@
 //! Exit codes: 0 success (also when stdout is closed early), 2 error.
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let args = moonshine::cli::Args::parse();
+    let args = moonshine::cli::Args::parse_checked();
     // The gateway logs requests and session releases; the CLI keeps stderr for its own lines.
     let default = if matches!(args.cmd, Some(moonshine::cli::Cmd::Serve(_))) {
         aeon_cli::LevelFilter::INFO

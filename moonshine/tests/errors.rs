@@ -91,3 +91,44 @@ fn a_gateway_passed_as_station_is_named_as_such() {
     );
     assert_eq!(code, Some(2));
 }
+
+#[test]
+fn quiet_and_verbose_work_before_and_after_serve() {
+    // `moonshine -q serve` was refused by the parser ("the subcommand 'serve' cannot be used
+    // with '--quiet'"): the generation flags conflict with subcommands, and -q/-v are global.
+    // Here each form reaches the gateway's start-up, which names the station it cannot reach.
+    for args in [
+        &["-q", "serve"][..],
+        &["serve", "-q"],
+        &["-v", "serve"],
+        &["serve", "-vv"],
+    ] {
+        let mut all = args.to_vec();
+        all.extend([
+            "--station",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--timeout",
+            "2",
+        ]);
+        let (err, code) = fails(&all);
+        assert!(
+            err.contains("cannot reach http://127.0.0.1:1/health"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(code, Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn generation_flags_before_a_subcommand_are_refused() {
+    // `--station` before `serve` would be the generation's, not the gateway's: refused with
+    // where it belongs.
+    let (err, code) = fails(&["--station", "127.0.0.1:1", "serve"]);
+    assert!(
+        err.starts_with("error: --station belongs after the subcommand: moonshine serve --station"),
+        "{err}"
+    );
+    assert_eq!(code, Some(2));
+}
