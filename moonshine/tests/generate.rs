@@ -152,6 +152,10 @@ fn chat_uses_the_models_template_and_keeps_the_kv_cache_across_turns() {
             "What is the capital of France? Answer in one word.",
             "-n",
             "16",
+            // Greedy (chat samples at 0.8 by default) and the statistics lines (behind --stats).
+            "--temperature",
+            "0",
+            "--stats",
             "--station",
             &st.url,
         ],
@@ -396,6 +400,10 @@ fn lookup_decoding_is_lossless_over_a_two_station_chain() {
     let run = |prompt: &str, n: &str, extra: &[&str]| -> Value {
         let mut a = vec!["--chat", "-c", prompt, "-n", n, "--json", "--mesh", mesh];
         a.extend_from_slice(extra);
+        // Greedy unless asked: --chat samples at temperature 0.8 by default.
+        if !extra.contains(&"--temperature") {
+            a.extend(["--temperature", "0"]);
+        }
         let (out, _) = moonshine_ok(&a, None);
         serde_json::from_str(out.lines().next().expect("one turn")).expect("json")
     };
