@@ -377,8 +377,12 @@ fn hostile_preambles_are_rejected() {
     expect_err(&[], "shorter than the 128-byte preamble");
     expect_err(&good[..100], "shorter than the 128-byte preamble");
     let mut f = good.clone();
-    f[0..4].copy_from_slice(b"GGUF");
+    f[0..4].copy_from_slice(b"KNUT");
     assert!(matches!(open_bytes(&f), Err(KnotError::BadMagic { .. })));
+    // A GGUF model where a KNOT is expected is named as such (the hint: `knot import`).
+    let mut f = good.clone();
+    f[0..4].copy_from_slice(b"GGUF");
+    assert!(matches!(open_bytes(&f), Err(KnotError::IsGguf { .. })));
     let mut f = good.clone();
     set_u32(&mut f, 4, 2);
     assert!(matches!(

@@ -118,6 +118,10 @@ fn ctrl_c_stops_a_reply_and_keeps_the_chat_and_up_recalls_a_line() {
         &m,
         "--chat",
         "--stats",
+        // Greedy: SmolLM2 then counts for as long as it is let (sampled at the chat default
+        // 0.8 it sometimes answers in 27 tokens, before Ctrl-C can stop anything).
+        "--temperature",
+        "0",
         "-n",
         "2000",
         "--station",

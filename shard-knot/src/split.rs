@@ -74,7 +74,7 @@ fn check_ranges(ranges: &[LayerRange], n_layers: u32) -> Result<(), ShardError> 
         return Err(bad("no ranges given".into()));
     }
     let mut prev_end = 0;
-    for r in ranges {
+    for (i, r) in ranges.iter().enumerate() {
         if r.is_empty() {
             return Err(bad(format!("{r} is empty")));
         }
@@ -86,7 +86,9 @@ fn check_ranges(ranges: &[LayerRange], n_layers: u32) -> Result<(), ShardError> 
                 "{r} overlaps or precedes the previous range (ending at {prev_end}); give ranges in layer order"
             )));
         }
-        if r.start > prev_end {
+        // The first range may start late (one node's slice); later ones start where the
+        // previous one ended.
+        if i > 0 && r.start > prev_end {
             return Err(bad(format!(
                 "layers {prev_end}..{} are in no range: the shards would not make a whole chain",
                 r.start
