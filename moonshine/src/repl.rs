@@ -345,6 +345,7 @@ impl Chat<'_> {
             stops: s.stops.clone(),
             logprobs: None,
             lookup: s.lookup.clone(),
+            grammar: None,
         };
         STOP.store(false, Ordering::SeqCst);
         let stopped = || STOP.load(Ordering::SeqCst);
