@@ -110,7 +110,7 @@ pub enum PlanError {
 }
 
 /// Parses the size given to `flag` (the workspace's rule, `knot_format::size`: `2.4G` =
-/// 2.4e9 bytes, `1GiB` = 2^30; a bare `2.4` is refused with a hint).
+/// 2.4 GiB, `2.4GB` = 2.4e9 bytes; a bare `2.4` is refused with a hint).
 pub fn parse_size(flag: &'static str, s: &str) -> Result<u64, PlanError> {
     knot_format::size::parse_size_nonzero(s).map_err(|why| PlanError::BadSize { flag, why })
 }
