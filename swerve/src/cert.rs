@@ -176,7 +176,7 @@ impl Certificate {
             signature: String::new(),
             manifest: manifest.lines.clone(),
         };
-        c.signature = hex::encode(&key.key.sign(c.payload().as_bytes()).to_bytes());
+        c.signature = hex::encode(key.key.sign(c.payload().as_bytes()).to_bytes());
         c
     }
 
