@@ -204,11 +204,16 @@ impl Certificate {
             return Err(fail(format!("unknown version {}", self.version)));
         }
         if self.public_key != node.public_hex() {
+            // The usual cause is a node key that moved (MONSTER_GUARD_HOME set or changed
+            // since the admission), not tampering: say how to get back to a working base.
             return Err(fail(format!(
-                "signed by key {}, not this node's key {} ({})",
+                "signed by key {}, not this node's key {} ({}); admitted under another node key \
+                 (MONSTER_GUARD_HOME or SWERVE_HOME changed?): admit it again with \
+                 `swerve admit base:{} --rootfs DIR`",
                 short(&self.public_key),
                 short(&node.public_hex()),
-                node.path.display()
+                node.path.display(),
+                self.base
             )));
         }
         let sig_bytes: [u8; 64] = hex::decode(&self.signature)
