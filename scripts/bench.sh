@@ -10,7 +10,11 @@
 #   - prints the table with ours/llama.cpp and ours/roofline ratios, and the spreads of both
 #     (every repetition: this is a shared 2-core VM whose bandwidth moves minute to minute).
 #
-# Usage: scripts/bench.sh [--no-build] [--no-llama] [--llama-reps N] [--out DIR] [-- aeon-bench args]
+# Usage: scripts/bench.sh [--model STEM] [--no-build] [--no-llama] [--llama-reps N] [--out DIR]
+#                         [-- aeon-bench args]
+#   --model STEM   another cached model: STEM.knot and STEM.gguf in the model cache (default
+#                  qwen2.5-coder-0.5b-instruct-q4_k_m; e.g. gemma-3-270m-q4_k_m,
+#                  smollm2-135m-instruct-q4_1 after scripts/fetch-model.sh all)
 # Env:   AEON_MODELS_DIR (model cache, default ~/.cache/aeon-shell/models), PYTHON (python3),
 #        LLAMA_BENCH (a llama-bench binary to use instead of building one).
 # Files: DIR (default target/bench) gets aeon.json, llama.json and table.txt.
@@ -21,8 +25,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 models=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
 stem=qwen2.5-coder-0.5b-instruct-q4_k_m
-knot=$models/$stem.knot
-gguf=$models/$stem.gguf
 py=${PYTHON:-python3}
 out=$root/target/bench
 build=1
@@ -31,16 +33,19 @@ llama_reps=5
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --model) stem=$2; shift ;;
     --no-build) build=0 ;;
     --no-llama) llama=0 ;;
     --llama-reps) llama_reps=$2; shift ;;
     --out) out=$2; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+knot=$models/$stem.knot
+gguf=$models/$stem.gguf
 [ -f "$knot" ] || { echo "bench.sh: missing $knot: run scripts/fetch-model.sh" >&2; exit 2; }
 mkdir -p "$out"
 
