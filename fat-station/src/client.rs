@@ -698,6 +698,30 @@ impl Chain {
     }
 }
 
+/// Largest binary response read from a hop: far above any real one (a 4096-row residual of a
+/// 7B model is 58 MiB) but a bound, so a hostile hop cannot make the client read forever.
+const MAX_RESPONSE_BYTES: u64 = 512 << 20;
+
+/// A response's URL and whole body, at most [`MAX_RESPONSE_BYTES`].
+fn body_bytes(r: ureq::Response) -> Result<(String, Vec<u8>), ClientError> {
+    let url = r.get_url().to_string();
+    let mut b = Vec::new();
+    r.into_reader()
+        .take(MAX_RESPONSE_BYTES + 1)
+        .read_to_end(&mut b)
+        .map_err(|e| ClientError::BadResponse {
+            url: url.clone(),
+            why: e.to_string(),
+        })?;
+    if b.len() as u64 > MAX_RESPONSE_BYTES {
+        return Err(ClientError::BadResponse {
+            url,
+            why: format!("body over {MAX_RESPONSE_BYTES} bytes"),
+        });
+    }
+    Ok((url, b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -755,28 +779,4 @@ mod tests {
             "the cause is printed once"
         );
     }
-}
-
-/// Largest binary response read from a hop: far above any real one (a 4096-row residual of a
-/// 7B model is 58 MiB) but a bound, so a hostile hop cannot make the client read forever.
-const MAX_RESPONSE_BYTES: u64 = 512 << 20;
-
-/// A response's URL and whole body, at most [`MAX_RESPONSE_BYTES`].
-fn body_bytes(r: ureq::Response) -> Result<(String, Vec<u8>), ClientError> {
-    let url = r.get_url().to_string();
-    let mut b = Vec::new();
-    r.into_reader()
-        .take(MAX_RESPONSE_BYTES + 1)
-        .read_to_end(&mut b)
-        .map_err(|e| ClientError::BadResponse {
-            url: url.clone(),
-            why: e.to_string(),
-        })?;
-    if b.len() as u64 > MAX_RESPONSE_BYTES {
-        return Err(ClientError::BadResponse {
-            url,
-            why: format!("body over {MAX_RESPONSE_BYTES} bytes"),
-        });
-    }
-    Ok((url, b))
 }

@@ -6,7 +6,9 @@
 //! - [`station`]: the hyper server over the engine (connections, state, route table).
 //! - [`mesh`]: manifests, discovery, the `/chain` relay, sealing, admission, replica chains.
 //! - [`client`]: the blocking client that moonshine, paris-probe and the tools call.
+//! - [`cli`]: the `fat-station` binary's flags and start-up.
 
+pub mod cli;
 pub mod client;
 pub mod engine;
 pub mod mesh;

@@ -8,11 +8,14 @@
 //! - [`client`]: a blocking `std::net` client (`admit`, `lookup`, `health`); no tokio needed.
 //! - [`store`]: the durable store (log format, recovery, eviction, compaction).
 //! - [`server`]: the hyper server (feature `server`, on by default).
+//! - [`cli`]: the binary's command line and start-up (feature `server`).
 //!
 //! A client-only dependency avoids tokio and hyper:
 //! `foil-control = { path = "../foil-control", default-features = false }`.
 //! The HTTP contract is in `specs/foil-control.md`.
 
+#[cfg(feature = "server")]
+pub mod cli;
 pub mod client;
 pub mod codec;
 pub mod record;

@@ -1,15 +1,16 @@
-//! Argument parsing and the three commands of the `knot` binary.
+//! Argument parsing and the three commands of the `knot` binary (its clap definition is also
+//! what the man page and shell completions are generated from).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use crate::gguf::GgufFile;
+use crate::{import_gguf, Knot};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use knot_format::gguf::GgufFile;
-use knot_format::{import_gguf, Knot};
 
 /// KNOT model files: page-aligned, mmap-able, BLAKE3-verified containers of GGUF's tensors.
 ///
@@ -131,7 +132,7 @@ fn import(gguf: &Path, out: PathBuf, quiet: bool) -> anyhow::Result<ExitCode> {
         eprintln!(
             "warning: the engine cannot run architecture {:?} (it runs {}); the KNOT is written for inspection and sharding only",
             s.arch,
-            knot_format::RUNNABLE_ARCHS.join(", ")
+            crate::RUNNABLE_ARCHS.join(", ")
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -179,10 +180,7 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         if a.runs_here() {
             "yes".to_string()
         } else {
-            format!(
-                "no (the engine runs {})",
-                knot_format::RUNNABLE_ARCHS.join(", ")
-            )
+            format!("no (the engine runs {})", crate::RUNNABLE_ARCHS.join(", "))
         }
     )?;
     writeln!(
@@ -264,7 +262,7 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
 fn verify(path: &Path, json: bool, quiet: bool) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     // Corruption is the verdict (exit 1), on stdout as JSON with --json, else on stderr.
-    let failed = |e: &knot_format::KnotError| -> anyhow::Result<ExitCode> {
+    let failed = |e: &crate::KnotError| -> anyhow::Result<ExitCode> {
         if json {
             let v = serde_json::json!({"ok": false, "error": e.to_string(), "tensor": e.tensor()});
             writeln!(std::io::stdout().lock(), "{v}")?;

@@ -9,6 +9,7 @@
 //! # Ok::<(), knot_format::KnotError>(())
 //! ```
 
+pub mod cli;
 pub mod container;
 pub mod dtype;
 pub mod error;

@@ -3,7 +3,7 @@
 //! Exit codes: 0 success; 1 `verify` found a corrupt or hostile file; 2 usage, I/O or any
 //! other error. A closed stdout (broken pipe) exits 0.
 
-mod cli;
+use knot_format::cli;
 
 use std::process::ExitCode;
 

@@ -18,6 +18,7 @@
 //! [`lease::EXIT_REVOKED`] (125) revocation ended it; [`lease::EXIT_INTERRUPTED`] (130)
 //! monster-guard was interrupted and stopped it.
 
+pub mod cli;
 pub mod commands;
 pub mod contain;
 pub mod error;

@@ -7,7 +7,7 @@
 //! (the OpenAI API's requests, the field rule and the answers' shapes), [`generate`]
 //! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
 //! [`target`] (which stations to drive), [`repl`] (the chat REPL), [`cli`] (the command line),
-//! [`serve`] (the gateway).
+//! [`serve`] (the gateway), [`web`] (its web page).
 
 pub mod api;
 pub mod chat;
@@ -22,3 +22,4 @@ pub mod structured;
 pub mod target;
 pub mod textstream;
 pub mod tools;
+pub mod web;

@@ -1,7 +1,8 @@
 //! `moonshine serve`: an OpenAI-compatible gateway over a chain of stations.
 //!
 //! Routes: `POST /v1/chat/completions` (SSE when `stream: true`), `GET /v1/models`,
-//! `GET /metrics` (Prometheus text), `GET /health`. Contract: `specs/openai-api.md`.
+//! `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the web page)
+//! and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
 //!
 //! Shape (hyper 1.x, house style "Servers"): accept loop, one task per connection, an async
 //! handler matching `(method, path)`, state in `Arc<AppState>`, generation on the blocking
@@ -45,6 +46,7 @@ use crate::generate::{
 };
 use crate::structured::{Grammar, GrammarError, Vocab};
 use crate::target::TargetArgs;
+use crate::web::{self, ChainView, HopView, LastGeneration, MeshView};
 
 /// `moonshine serve` flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -369,7 +371,15 @@ pub struct AppState {
     created: u64,
     /// The vocabulary's trie for structured output, built at the first request asking for it.
     vocab: Mutex<Option<Arc<Vocab>>>,
+    /// What the last finished generation cost (`/mesh`).
+    last: Mutex<Option<LastGeneration>>,
+    /// The hops' last `/health` answers and when they were asked (`/mesh` reuses them for
+    /// [`PROBE_REUSE`], so pages polling it do not multiply the stations' work).
+    probes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<HopProbe>>)>>,
 }
+
+/// How long `/mesh` reuses the hops' health answers.
+const PROBE_REUSE: Duration = Duration::from_secs(1);
 
 /// Runs the gateway until Ctrl-C.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -404,6 +414,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics: Metrics::default(),
         created: now_s(),
         vocab: Mutex::new(None),
+        last: Mutex::new(None),
+        probes: tokio::sync::Mutex::new(None),
         template,
         fim,
         served_name: args
@@ -515,16 +527,13 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
         h.insert("access-control-allow-origin", o);
         h.insert("vary", HeaderValue::from_static("origin"));
     }
-    let known = [
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/infill",
-        "/v1/models",
-        "/metrics",
-        "/health",
-    ];
+    // No answer is to be read as another type than it says (an error echoing a path, say).
+    r.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     st.metrics.request(
-        if known.contains(&path.as_str()) {
+        if API_ROUTES.contains(&path.as_str()) || web::asset(&path).is_some() {
             &path
         } else {
             "other"
@@ -569,13 +578,15 @@ fn preflight() -> Resp {
     r
 }
 
-/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`; else 401
-/// in OpenAI's shape (`invalid_api_key`).
+/// With `--api-key`, every route but `/health` and the web page's files needs
+/// `Authorization: Bearer KEY`; else 401 in OpenAI's shape (`invalid_api_key`). The page's
+/// files are public constants (a browser sends no key when it opens a page); the page sends
+/// the key on its calls to the API and `/mesh`.
 fn authorize<B>(st: &AppState, req: &Request<B>, path: &str) -> Result<(), ApiError> {
     let Some(key) = &st.api_key else {
         return Ok(());
     };
-    if path == "/health" {
+    if path == "/health" || (req.method() == Method::GET && web::asset(path).is_some()) {
         return Ok(());
     }
     let given = req
@@ -604,42 +615,61 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// `GET /health`: asks every hop for its own `/health` (2 s each) and answers 200
-/// `{"status": "ok"}` only when each serves its blocks; else 503 naming the first hop down.
-async fn health(st: &Arc<AppState>) -> Result<Resp, ApiError> {
-    let st2 = st.clone();
-    let hops = tokio::task::spawn_blocking(move || {
-        st2.backend
+/// One hop's answer to its own `/health`, against the blocks the chain gives it.
+struct HopProbe {
+    url: String,
+    /// `a-b`.
+    layers: String,
+    health: Option<fat_station::wire::Health>,
+    /// Why the hop cannot serve its part (`None`: fine).
+    problem: Option<String>,
+}
+
+/// Asks every hop for its own `/health` (`timeout` each; station calls: blocking pool).
+async fn probe_hops(st: &Arc<AppState>, timeout: Duration) -> Result<Vec<HopProbe>, ApiError> {
+    let st = st.clone();
+    tokio::task::spawn_blocking(move || {
+        st.backend
             .chain
             .hops()
             .iter()
             .map(|(c, r)| {
-                let probe =
-                    fat_station::client::StationClient::new(c.url(), Duration::from_secs(2));
-                let problem = match probe.health() {
-                    Ok(h) => crate::generate::hop_problem(c.url(), *r, &h),
-                    Err(e) => Some(format!("{} is down: {e}", c.url())),
+                let probe = fat_station::client::StationClient::new(c.url(), timeout);
+                let (health, problem) = match probe.health() {
+                    Ok(h) => {
+                        let p = crate::generate::hop_problem(c.url(), *r, &h);
+                        (Some(h), p)
+                    }
+                    Err(e) => (None, Some(format!("{} is down: {e}", c.url()))),
                 };
-                (
-                    c.url().to_string(),
-                    format!("{}-{}", r.start, r.end),
+                HopProbe {
+                    url: c.url().to_string(),
+                    layers: format!("{}-{}", r.start, r.end),
+                    health,
                     problem,
-                )
+                }
             })
-            .collect::<Vec<_>>()
+            .collect()
     })
     .await
-    .map_err(|e| internal(format!("health task: {e}")))?;
+    .map_err(|e| internal(format!("health task: {e}")))
+}
+
+/// `GET /health`: asks every hop for its own `/health` (2 s each) and answers 200
+/// `{"status": "ok"}` only when each serves its blocks; else 503 naming the first hop down.
+async fn health(st: &Arc<AppState>) -> Result<Resp, ApiError> {
+    let hops = probe_hops(st, Duration::from_secs(2)).await?;
     let list: Vec<Value> = hops
         .iter()
         .enumerate()
-        .map(|(i, (url, layers, p))| {
-            json!({"hop": i, "url": url, "layers": layers, "status": if p.is_some() { "down" } else { "ok" }, "error": p})
+        .map(|(i, h)| {
+            json!({"hop": i, "url": h.url, "layers": h.layers, "status": if h.problem.is_some() { "down" } else { "ok" }, "error": h.problem})
         })
         .collect();
-    let down = hops.iter().enumerate().find_map(|(i, (_, layers, p))| {
-        p.as_ref()
-            .map(|p| format!("hop {i} (layers {layers}): {p}"))
+    let down = hops.iter().enumerate().find_map(|(i, h)| {
+        h.problem
+            .as_ref()
+            .map(|p| format!("hop {i} (layers {}): {p}", h.layers))
     });
     Ok(match down {
         None => json_resp(
@@ -654,7 +684,74 @@ async fn health(st: &Arc<AppState>) -> Result<Resp, ApiError> {
     })
 }
 
+/// `GET /mesh` (the web page's mesh view): the chain, each hop's health (its `/health`,
+/// 1 s each, answers reused for [`PROBE_REUSE`]) and compute per token in the last
+/// generation, and the gateway's tokens/s. Always 200: a hop down is part of the view.
+async fn mesh(st: &Arc<AppState>) -> Result<Resp, ApiError> {
+    let probes = {
+        // Held across the probe: concurrent polls wait for one probe instead of each
+        // sending their own.
+        let mut slot = st.probes.lock().await;
+        match slot.as_ref() {
+            Some((at, p)) if at.elapsed() < PROBE_REUSE => p.clone(),
+            _ => {
+                let p = Arc::new(probe_hops(st, Duration::from_secs(1)).await?);
+                *slot = Some((Instant::now(), p.clone()));
+                p
+            }
+        }
+    };
+    let last = st.last.lock().ok().and_then(|l| l.clone());
+    let hops = probes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| HopView {
+            hop: i,
+            url: p.url.clone(),
+            layers: p.layers.clone(),
+            status: if p.problem.is_some() { "down" } else { "ok" },
+            error: p.problem.clone(),
+            role: p.health.as_ref().map(|h| h.role.clone()),
+            sessions: p.health.as_ref().map(|h| h.sessions),
+            ms_per_token: last.as_ref().and_then(|l| l.hop_ms.get(i).copied()),
+        })
+        .collect();
+    let view = MeshView {
+        model: st.served_name.clone(),
+        chains: vec![ChainView { hops }],
+        tokens_per_s: last.as_ref().and_then(|l| l.tokens_per_s),
+        generations_active: st.metrics.active.load(Ordering::Relaxed),
+        completion_tokens_total: st.metrics.completion_tokens.load(Ordering::Relaxed),
+        last,
+    };
+    let body = serde_json::to_value(&view).map_err(|e| internal(format!("mesh view: {e}")))?;
+    Ok(json_resp(StatusCode::OK, &body))
+}
+
+/// A page file with its headers ([`web::asset_headers`]).
+fn page(a: &'static web::Asset) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from_static(a.body.as_bytes())).boxed());
+    web::asset_headers(r.headers_mut(), a);
+    r
+}
+
+/// The API's routes (for 405 and the request metrics' labels); the page's are [`web`]'s.
+const API_ROUTES: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/infill",
+    "/v1/models",
+    "/metrics",
+    "/health",
+    "/mesh",
+];
+
 async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    if req.method() == Method::GET {
+        if let Some(a) = web::asset(req.uri().path()) {
+            return Ok(page(a));
+        }
+    }
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => completion(st, req, Route::Chat).await,
         (&Method::POST, "/v1/completions") => completion(st, req, Route::Completions).await,
@@ -673,15 +770,8 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
             Ok(r)
         }
         (&Method::GET, "/health") => health(st).await,
-        (
-            _,
-            p @ ("/v1/chat/completions"
-            | "/v1/completions"
-            | "/infill"
-            | "/v1/models"
-            | "/metrics"
-            | "/health"),
-        ) => Err(ApiError {
+        (&Method::GET, "/mesh") => mesh(st).await,
+        (_, p) if API_ROUTES.contains(&p) || web::asset(p).is_some() => Err(ApiError {
             status: StatusCode::METHOD_NOT_ALLOWED,
             kind: "invalid_request_error",
             code: Some("method_not_allowed"),
@@ -1080,8 +1170,9 @@ async fn completion(
                 return Err(internal("prefill failed".into()));
             }
         };
+        let prefill_timing = g.timing().clone();
         let _ = ready_tx.send(Ok(Started {
-            timing: g.timing().clone(),
+            timing: prefill_timing.clone(),
         }));
         let gone = stream
             && answer
@@ -1131,6 +1222,15 @@ async fn completion(
             .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
         st.metrics.timing(&o.timing);
         st.metrics.latency.observe(t0, &o.token_times);
+        if let Ok(mut l) = st.last.lock() {
+            *l = Some(LastGeneration::new(
+                &prefill_timing,
+                &o.timing,
+                o.tokens.len(),
+                o.decode_s,
+                now_s(),
+            ));
+        }
         let reason = match o.finish {
             Finish::Cancelled => {
                 lease.finish = "cancelled";

@@ -3,6 +3,7 @@
 //!
 //! The JSON report ([`Report`]) is the contract `monster-guard` reads (`specs/qspec.md`).
 
+pub mod cli;
 pub mod foil;
 
 use std::time::Duration;

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use crate::{
+    all_splits, check_shards, check_views, fmt_ranges, ranges_at, reference, Compare, SplitReport,
+    TestResult, DEFAULT_TEXT, TEST2_TOKENS,
+};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use fat_station::engine::tokenizer::Tokenizer;
 use knot_format::Knot;
-use parity_station_handoff::{
-    all_splits, check_shards, check_views, fmt_ranges, ranges_at, reference, Compare, SplitReport,
-    TestResult, DEFAULT_TEXT, TEST2_TOKENS,
-};
 
 /// Split a model in-process and check the chained result equals the monolithic one, bit
 /// for bit.

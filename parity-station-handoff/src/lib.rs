@@ -12,6 +12,10 @@
 //!
 //! Both are compared with the monolithic pipeline running the same schedule; a split passes
 //! only when every float is identical (max |delta| = 0.0).
+//!
+//! The binary's arguments, run and report are in [`cli`].
+
+pub mod cli;
 
 use std::path::Path;
 use std::time::Instant;

@@ -4,7 +4,7 @@
 //! Exit codes: 0 `OVERALL: PASS`; 1 a split differed; 2 usage, I/O or engine errors.
 //! A closed stdout exits 0.
 
-mod cli;
+use parity_station_handoff::cli;
 
 use std::process::ExitCode;
 

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use crate::{even_ranges, parse_ranges, split, split_bytes, summarize};
 use anyhow::{Context, Result};
 use clap::{ArgGroup, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use knot_format::Knot;
-use shard_knot::{even_ranges, parse_ranges, split, split_bytes, summarize};
 
 /// Split a KNOT model into per-node shards, each holding one layer range at its original
 /// indices, and inspect what a shard holds.
@@ -74,7 +74,7 @@ pub enum Command {
     ///   shard-knot plan M.knot --node-free 2.95G --kv-tokens 2048
     ///   shard-knot plan M.knot --node phone=2.4G --node pi=1.6G
     ///   shard-knot plan --model-bytes 7G --layers 32 --node-ram 2.4G
-    Plan(shard_knot::plan::PlanArgs),
+    Plan(crate::plan::PlanArgs),
 }
 
 /// Runs one command; `Ok` carries the exit code.
@@ -89,7 +89,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             json,
         } => cmd_split(&knot, ranges.as_deref(), nodes, &output, json, quiet),
         Command::Inspect { knot, json } => cmd_inspect(&knot, json),
-        Command::Plan(a) => shard_knot::plan::run(a),
+        Command::Plan(a) => crate::plan::run(a),
     }
 }
 

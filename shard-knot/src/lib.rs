@@ -14,8 +14,9 @@
 //! [`knot_format::ShardRecord`] naming the parent model's hash. Tensor bytes are copied
 //! bit-for-bit from the parent's mmap. Contract: `specs/shards.md`.
 //!
-//! The RAM planner (`shard-knot plan`) lives in [`plan`].
+//! The RAM planner (`shard-knot plan`) lives in [`plan`]; the binary's command line in [`cli`].
 
+pub mod cli;
 pub mod inspect;
 pub mod plan;
 pub mod split;

@@ -2,7 +2,7 @@
 //!
 //! Exit codes: 0 success; 2 usage, I/O or any other error. A closed stdout exits 0.
 
-mod cli;
+use shard_knot::cli;
 
 use std::process::ExitCode;
 

@@ -7,9 +7,11 @@
 //! - [`sliver`]: executes a plan (clone, PID 1 init, pivot_root, drop privileges, exec).
 //! - [`mounts`]: recursive mount flags, read-only and masked paths (mountinfo).
 //! - [`cgroup`], [`netdev`]: cgroup limits and network setup.
+//! - [`cli`]: the `swerve` command line (its commands, and what each one runs).
 
 pub mod cert;
 pub mod cgroup;
+pub mod cli;
 pub mod error;
 pub mod manifest;
 pub mod mounts;
