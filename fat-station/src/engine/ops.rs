@@ -1,5 +1,12 @@
 //! Small numeric building blocks of the forward pass. All are deterministic: each output
 //! depends only on its own inputs, in a fixed summation order.
+//!
+//! And the same on every ISA: plain Rust f32/f64 arithmetic is IEEE (no FMA contraction, no
+//! x87), sums run in one written order, and the transcendental functions (`exp`, `tanh`, RoPE's
+//! `pow`, `sin`, `cos`) come from the `libm` crate (musl's code in plain Rust) rather than the
+//! system libm: glibc on x86 and musl on aarch64 round some results differently (glibc even
+//! picks an FMA variant at run time), which would make an x86 station and an aarch64 station
+//! disagree in the last bits.
 
 use super::team;
 use knot_format::RopeStyle;
@@ -50,7 +57,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeSt
 /// angle `pos * freq` needs the precision at long positions).
 pub fn rope_inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
     (0..head_dim / 2)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+        .map(|i| libm::pow(base as f64, -2.0 * i as f64 / head_dim as f64))
         .collect()
 }
 
@@ -60,7 +67,7 @@ pub fn rope_angles(cs: &mut [f32], inv_freq: &[f64], pos: usize) {
     let half = inv_freq.len();
     let (cos, sin) = cs.split_at_mut(half);
     for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(inv_freq) {
-        let (sv, cv) = (pos as f64 * f).sin_cos();
+        let (sv, cv) = libm::sincos(pos as f64 * f);
         *c = cv as f32;
         *s = sv as f32;
     }
@@ -97,7 +104,7 @@ pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = libm::expf(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;
@@ -109,7 +116,7 @@ pub fn softmax(x: &mut [f32]) {
 /// `gate = silu(gate) * up`, the SwiGLU activation.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + libm::expf(-*g)) * u;
     }
 }
 
@@ -120,7 +127,7 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        let gelu = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh());
+        let gelu = 0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)));
         *g = gelu * u;
     }
 }
@@ -128,7 +135,7 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
 /// `x = cap * tanh(x / cap)` (gemma's final logit soft-capping).
 pub fn softcap(x: &mut [f32], cap: f32) {
     for v in x.iter_mut() {
-        *v = cap * (*v / cap).tanh();
+        *v = cap * libm::tanhf(*v / cap);
     }
 }
 
@@ -378,8 +385,8 @@ mod tests {
             rope(&mut a, 64, 1234, 1_000_000.0, style);
             for head in b.chunks_exact_mut(64) {
                 for i in 0..32 {
-                    let f = 1_000_000f64.powf(-2.0 * i as f64 / 64.0);
-                    let (s, c) = (1234.0 * f).sin_cos();
+                    let f = libm::pow(1_000_000.0, -2.0 * i as f64 / 64.0);
+                    let (s, c) = libm::sincos(1234.0 * f);
                     let (ia, ib) = if style == RopeStyle::Neox {
                         (i, i + 32)
                     } else {
