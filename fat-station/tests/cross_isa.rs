@@ -92,7 +92,11 @@ fn x86_and_aarch64_stations_chained_give_one_x86_process_bits() {
         let next = argmax(&want[i]) as u32;
         want.push(m.logits(&mut s, &[next]).expect("decode"));
     }
-    assert_eq!(argmax(&want[0]), 12095, "the reference starts with \" Paris\"");
+    assert_eq!(
+        argmax(&want[0]),
+        12095,
+        "the reference starts with \" Paris\""
+    );
 
     let knot_arg = path.to_str().expect("utf-8 model path");
     let x86 = spawn_station(&["--knot", knot_arg, "--listen", "127.0.0.1:0"]);

@@ -236,9 +236,33 @@ unsafe fn hsum_epi32_128(s: __m128i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
+/// The lane sums of four i32x8 vectors, `[sum(v0), sum(v1), sum(v2), sum(v3)]` (exact).
+#[inline(always)]
+unsafe fn hsum4_epi32(v: [__m256i; 4]) -> __m128i {
+    // [v0 pairs, v1 pairs | ...], then [v0 quads, v1, v2, v3 | v0 quads, v1, v2, v3].
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+/// `sums[0] + sums[1]` of four activation blocks as i32 lanes.
+#[inline(always)]
+unsafe fn q8a_sums4(a: &[BlockQ8A]) -> __m128i {
+    let s = |a: &BlockQ8A| a.sums[0] as i32 + a.sums[1] as i32;
+    _mm_setr_epi32(s(&a[0]), s(&a[1]), s(&a[2]), s(&a[3]))
+}
+
+/// The four lanes of `v`.
+#[inline(always)]
+unsafe fn lanes(v: __m128) -> [f32; 4] {
+    std::mem::transmute::<__m128, [f32; 4]>(v)
+}
+
 /// The canonical steps of the offset formats (Q4_0, Q5_0, Q8_0): per block in order,
 /// [`block_step`] with the exact `isum = sum(u * q_x) - off * sum(q_x)`; `u(block, act)` gives
 /// the block's unsigned-weight products as i32 lanes (`off` = 0 for signed products).
+///
+/// Four blocks per step: their lane sums reduced together, `f32(isum) * d_x` on four lanes
+/// (the same rounding as the scalar product), then the four multiply-adds in block order.
 #[inline(always)]
 unsafe fn offset_loop<B: Pod>(
     w: &[u8],
@@ -250,7 +274,34 @@ unsafe fn offset_loop<B: Pod>(
     let w: &[B] = bytemuck::cast_slice(w);
     assert!(x.len() >= w.len());
     let mut acc = 0f32;
-    for (b, a) in w.iter().zip(x) {
+    let n4 = w.len() / 4 * 4;
+    for i in (0..n4).step_by(4) {
+        let (b, a) = (w.get_unchecked(i..i + 4), x.get_unchecked(i..i + 4));
+        let s = hsum4_epi32([
+            u(&b[0], &a[0]),
+            u(&b[1], &a[1]),
+            u(&b[2], &a[2]),
+            u(&b[3], &a[3]),
+        ]);
+        let isum = _mm_sub_epi32(s, _mm_mullo_epi32(q8a_sums4(a), _mm_set1_epi32(off)));
+        let dx = _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d);
+        let t = lanes(_mm_mul_ps(_mm_cvtepi32_ps(isum), dx));
+        let h = |k: usize| u16::from_le_bytes(d(&b[k])) as i16;
+        let dw = lanes(_mm_cvtph_ps(_mm_setr_epi16(
+            h(0),
+            h(1),
+            h(2),
+            h(3),
+            0,
+            0,
+            0,
+            0,
+        )));
+        for k in 0..4 {
+            acc = dw[k].mul_add(t[k], acc);
+        }
+    }
+    for (b, a) in w[n4..].iter().zip(&x[n4..]) {
         let isum = hsum_epi32(u(b, a)) - off * (a.sums[0] as i32 + a.sums[1] as i32);
         acc = block_step(acc, f16c(d(b)), isum, a.d);
     }
@@ -337,7 +388,12 @@ unsafe fn dot_q8_0(w: &[u8], x: &[BlockQ8A]) -> f32 {
         x,
         0,
         |b: &BlockQ8_0| b.d,
-        |b, a| dot_ss(_mm256_loadu_si256(b.qs.as_ptr() as *const __m256i), load_q8a(a)),
+        |b, a| {
+            dot_ss(
+                _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i),
+                load_q8a(a),
+            )
+        },
     )
 }
 
@@ -362,25 +418,28 @@ pub(super) fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 }
 
 /// The exact integer dots of the 8 sub-blocks of a Q4_K / Q5_K block (unsigned quants) with
-/// their activation blocks; `high(j)` gives the fifth-bit bytes (0 or 16) for the low and high
+/// their activation blocks, as two i32x4 (sub-blocks 0..4, 4..8); `high(j)` gives the fifth-bit bytes (0 or 16) for the low and high
 /// nibbles of 64-chunk `j`.
 #[inline(always)]
 unsafe fn k4_isums(
     qs: *const u8,
     xa: &[BlockQ8A],
     high: impl Fn(usize) -> (__m256i, __m256i),
-) -> [i32; 8] {
+) -> [__m128i; 2] {
     let mask = _mm256_set1_epi8(0x0F);
-    let mut isum = [0i32; 8];
+    let mut p = [_mm256_setzero_si256(); 8];
     for j in 0..4 {
         let q4 = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
         let (h0, h1) = high(j);
         let lo = _mm256_or_si256(_mm256_and_si256(q4, mask), h0);
         let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), mask), h1);
-        isum[2 * j] = hsum_epi32(dot_us(lo, load_q8a(&xa[2 * j])));
-        isum[2 * j + 1] = hsum_epi32(dot_us(hi, load_q8a(&xa[2 * j + 1])));
+        p[2 * j] = dot_us(lo, load_q8a(&xa[2 * j]));
+        p[2 * j + 1] = dot_us(hi, load_q8a(&xa[2 * j + 1]));
     }
-    isum
+    [
+        hsum4_epi32([p[0], p[1], p[2], p[3]]),
+        hsum4_epi32([p[4], p[5], p[6], p[7]]),
+    ]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -393,10 +452,22 @@ unsafe fn dot_q4_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
         let (d, dmin) = (f16c(b.d), f16c(b.dmin));
         let (sc, mn) = scales_mins_k4(&b.scales);
         let isum = k4_isums(b.qs.as_ptr(), xa, |_| (zero, zero));
-        // The canonical order (see the reference): two multiply-adds per sub-block.
-        for (s, a) in xa.iter().enumerate() {
-            acc = (d * sc[s] as f32).mul_add(isum[s] as f32 * a.d, acc);
-            acc = (-(dmin * mn[s] as f32)).mul_add(a.s, acc);
+        // Per sub-block, on four lanes: f32(isum) * d_x, d * sc, -(dmin * m) (exact products),
+        // the activation's s; then the canonical order: two multiply-adds per sub-block.
+        let (sc, mn) = (u64::from_le_bytes(sc), u64::from_le_bytes(mn));
+        let f = |v: u64, h: usize| {
+            _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((v >> (32 * h)) as i32)))
+        };
+        for h in 0..2 {
+            let a = &xa[4 * h..4 * h + 4];
+            let dx = _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d);
+            let t = lanes(_mm_mul_ps(_mm_cvtepi32_ps(isum[h]), dx));
+            let dsc = lanes(_mm_mul_ps(f(sc, h), _mm_set1_ps(d)));
+            let dm = lanes(_mm_mul_ps(f(mn, h), _mm_set1_ps(-dmin)));
+            for k in 0..4 {
+                acc = dsc[k].mul_add(t[k], acc);
+                acc = dm[k].mul_add(a[k].s, acc);
+            }
         }
     }
     acc
@@ -417,13 +488,15 @@ unsafe fn dot_q5_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
             let h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), sixteen);
             (h0, h1)
         });
+        let isum: [i32; 8] = std::mem::transmute::<[__m128i; 2], [i32; 8]>(isum);
         let (sc, mn) = scales_mins_k4(&b.scales);
         // The reference's order: sd and sm per pair of sub-blocks, then the block's term.
         let (mut sd, mut sm) = (0f32, 0f32);
         for j in 0..4 {
             let (a1, a2) = (&xa[2 * j], &xa[2 * j + 1]);
             let (s1, s2) = (2 * j, 2 * j + 1);
-            sd += a1.d * (sc[s1] as i32 * isum[s1]) as f32 + a2.d * (sc[s2] as i32 * isum[s2]) as f32;
+            sd +=
+                a1.d * (sc[s1] as i32 * isum[s1]) as f32 + a2.d * (sc[s2] as i32 * isum[s2]) as f32;
             sm += a1.d * (mn[s1] as i32 * (a1.sums[0] as i32 + a1.sums[1] as i32)) as f32
                 + a2.d * (mn[s2] as i32 * (a2.sums[0] as i32 + a2.sums[1] as i32)) as f32;
         }
@@ -465,19 +538,35 @@ unsafe fn dot_q6_k(w: &[u8], x: &[BlockQ8A]) -> f32 {
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
                 ),
             ];
-            for (k, qk) in q.iter().enumerate() {
-                let a = xa.get_unchecked(4 * n + k);
-                // Unsigned 6-bit products per half (lanes 0..4: elements 0..16, 4..8: 16..32),
-                // then the canonical step per half with the -32 offset taken exactly.
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, load_q8a(a)), ones);
-                let u = [
-                    hsum_epi32_128(_mm256_castsi256_si128(p)),
-                    hsum_epi32_128(_mm256_extracti128_si256(p, 1)),
-                ];
-                for (h, (&u, &qsum)) in u.iter().zip(&a.sums).enumerate() {
-                    let isum = u - 32 * qsum as i32;
-                    let sc = b.scales[8 * n + 2 * k + h];
-                    acc = (d * sc as f32).mul_add(isum as f32 * a.d, acc);
+            let a = xa.get_unchecked(4 * n..4 * n + 4);
+            // Unsigned 6-bit products of group k (lanes 0..4: elements 0..16, 4..8: 16..32).
+            let p: [__m256i; 4] = std::array::from_fn(|k| {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], load_q8a(&a[k])), ones)
+            });
+            // [g0 half 0, g1 h0, g2 h0, g3 h0 | g0 h1, g1 h1, g2 h1, g3 h1] ...
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let (h0, h1) = (_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            // ... in scale order i = 2k + h: [g0 h0, g0 h1, g1 h0, g1 h1], [g2 .., g3 ..].
+            let u = [_mm_unpacklo_epi32(h0, h1), _mm_unpackhi_epi32(h0, h1)];
+            for (v, u) in u.into_iter().enumerate() {
+                let (a0, a1) = (&a[2 * v], &a[2 * v + 1]);
+                // The -32 offset, exactly: 32 * the activation half sums, same lane order.
+                let qs = _mm_setr_epi32(
+                    a0.sums[0] as i32,
+                    a0.sums[1] as i32,
+                    a1.sums[0] as i32,
+                    a1.sums[1] as i32,
+                );
+                let isum = _mm_sub_epi32(u, _mm_slli_epi32(qs, 5));
+                let dx = _mm_setr_ps(a0.d, a0.d, a1.d, a1.d);
+                let t = lanes(_mm_mul_ps(_mm_cvtepi32_ps(isum), dx));
+                // Scales 8n + 4v .. + 4 (i8) as i32 lanes: 4 bytes inside the 16 of `scales`.
+                let sc4 =
+                    std::ptr::read_unaligned(b.scales.as_ptr().add(8 * n + 4 * v) as *const i32);
+                let sc = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(sc4));
+                let dsc = lanes(_mm_mul_ps(_mm_cvtepi32_ps(sc), _mm_set1_ps(d)));
+                for i in 0..4 {
+                    acc = dsc[i].mul_add(t[i], acc);
                 }
             }
         }

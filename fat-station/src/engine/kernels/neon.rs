@@ -350,7 +350,6 @@ fn fma4(sum: f32, (dw, t): (float32x4_t, float32x4_t)) -> f32 {
     }
 }
 
-
 /// The f16 scales at `p`, `p + stride`, `p + 2 stride`, `p + 3 stride` as f32 lanes (`fcvtl`).
 #[inline(always)]
 unsafe fn f16_gather4(p: *const u8, stride: usize) -> float32x4_t {
