@@ -113,18 +113,20 @@ fn x86_and_aarch64_stations_chained_give_one_x86_process_bits() {
 
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let (first, second) = (LayerRange::new(0, 12), LayerRange::new(12, 24));
-    for (name, hops) in [
+    for (name, session, hops) in [
         (
             "x86 0-12 -> aarch64 12-24 + head",
+            "x86-arm",
             vec![(client(&x86.url), first), (client(&arm.url), second)],
         ),
         (
             "aarch64 embed + 0-12 -> x86 12-24 + head",
+            "arm-x86",
             vec![(client(&arm.url), first), (client(&x86.url), second)],
         ),
     ] {
         let chain = Chain::new(hops).expect("chain");
-        let got = run_chain(&chain, name);
+        let got = run_chain(&chain, session);
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
             let (rms, max) = rms_max(g, w);
             assert!(
