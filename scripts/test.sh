@@ -70,6 +70,10 @@ if [ "${AEON_SKIP_CROSS:-0}" != 1 ]; then
   echo "== aarch64 under qemu"
   scripts/cross/build-aarch64.sh -p fat-station -p paris-probe -p foil-control -p monster-guard
   scripts/cross/qemu-probe.sh
+  # Cross-ISA bit identity: an x86 station chained with the aarch64 one (qemu -cpu cortex-a53)
+  # gives one x86 process's logits bit for bit (skipped in the workspace run above when the
+  # aarch64 binary was not built yet; required here).
+  AEON_REQUIRE_CROSS=1 cargo test --release -p fat-station --test cross_isa
   # The NEON kernels' spec tests (bit identity with the scalar reference) on -cpu cortex-a53
   # (plain NEON) and -cpu max (dotprod).
   scripts/cross/qemu-kernels.sh

@@ -59,6 +59,12 @@ struct Args {
     /// With --forward: greedy tokens decoded one at a time after the prompt.
     #[arg(long, default_value_t = 0)]
     decode: usize,
+    /// With --forward: run the blocks one at a time and print a BLAKE3 of the residual's bits
+    /// after the embedding and after every block, for every forward call (prefill and each
+    /// decoded token), then of the logits: two machines' traces show the first block where
+    /// their bits part.
+    #[arg(long)]
+    trace: bool,
     #[command(flatten)]
     verbosity: aeon_cli::Verbosity,
 }
@@ -67,7 +73,7 @@ struct Args {
 const PROMPT: [u32; 8] = [785, 6722, 315, 9625, 374, 12095, 13, 576];
 
 /// `--forward`: prefill + greedy decode on one thread; prints the ids and the logits' hash.
-fn forward(path: &std::path::Path, prefill: usize, decode: usize) -> Result<()> {
+fn forward(path: &std::path::Path, prefill: usize, decode: usize, trace: bool) -> Result<()> {
     use fat_station::engine::Model;
     if prefill == 0 {
         anyhow::bail!("--prefill must be at least 1");
@@ -81,25 +87,57 @@ fn forward(path: &std::path::Path, prefill: usize, decode: usize) -> Result<()> 
     let prompt: Vec<u32> = (0..prefill).map(|i| PROMPT[i % PROMPT.len()]).collect();
     let (ids, logits) = pool.install(|| -> Result<(Vec<u32>, Vec<f32>)> {
         let mut s = m.new_session(prefill + decode + 1);
-        let mut logits = m.logits(&mut s, &prompt).context("prefill")?;
+        let step = |s: &mut fat_station::engine::Session, toks: &[u32], call: usize| {
+            if trace {
+                traced_logits(&m, s, toks, call)
+            } else {
+                m.logits(s, toks).map_err(Into::into)
+            }
+        };
+        let mut logits = step(&mut s, &prompt, 0).context("prefill")?;
         let mut ids = Vec::with_capacity(decode + 1);
         for i in 0..=decode {
             let next = argmax(&logits);
             ids.push(next);
             if i < decode {
-                logits = m.logits(&mut s, &[next]).context("decode")?;
+                logits = step(&mut s, &[next], i + 1).context("decode")?;
             }
         }
         Ok((ids, logits))
     })?;
-    let mut h = blake3::Hasher::new();
-    for v in &logits {
-        h.update(&v.to_bits().to_le_bytes());
-    }
     println!("kernels: {:?}", kernels().isa);
     println!("greedy ids: {ids:?}");
-    println!("last logits blake3: {}", h.finalize().to_hex());
+    println!("last logits blake3: {}", bits_hash(&logits));
     Ok(())
+}
+
+/// BLAKE3 of the values' bits (little-endian), hex.
+fn bits_hash(v: &[f32]) -> String {
+    let mut h = blake3::Hasher::new();
+    for x in v {
+        h.update(&x.to_bits().to_le_bytes());
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// [`fat_station::engine::Model::logits`] one block at a time, printing `trace CALL STAGE
+/// HASH` after the embedding, each block and the head (the same bits as one call: each
+/// block's output depends only on its input and its cache).
+fn traced_logits(
+    m: &fat_station::engine::Model,
+    s: &mut fat_station::engine::Session,
+    toks: &[u32],
+    call: usize,
+) -> Result<Vec<f32>> {
+    let mut x = m.embed(toks)?;
+    println!("trace {call} embed {}", bits_hash(&x));
+    for l in 0..m.cfg.n_layers as u32 {
+        m.forward(s, &mut x, knot_format::LayerRange::new(l, l + 1))?;
+        println!("trace {call} block{l} {}", bits_hash(&x));
+    }
+    let logits = m.lm_head(&x)?;
+    println!("trace {call} logits {}", bits_hash(&logits));
+    Ok(logits)
 }
 
 /// SplitMix64 for reproducible random weights.
@@ -183,7 +221,7 @@ fn bandwidth(pool: &rayon::ThreadPool, buf: &[u64], secs: f64) -> f64 {
 
 fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.forward {
-        return forward(path, args.prefill, args.decode);
+        return forward(path, args.prefill, args.decode, args.trace);
     }
     let pools: Vec<rayon::ThreadPool> = [1, 2]
         .iter()

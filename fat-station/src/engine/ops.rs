@@ -1,5 +1,14 @@
 //! Small numeric building blocks of the forward pass. All are deterministic: each output
 //! depends only on its own inputs, in a fixed summation order.
+//!
+//! And the same on every ISA: plain Rust f32/f64 arithmetic is IEEE (no FMA contraction, no
+//! x87), sums run in one written order, and no transcendental function comes from the system
+//! libm: glibc on x86 and musl on aarch64 round some results differently (glibc even picks an
+//! FMA variant at run time; their `expf` disagree on 0.86% of inputs, mostly near 1.0), which
+//! made an x86 station and an aarch64 station part in block 0's softmax. The hot ones ([`exp`],
+//! [`tanh`]) are written here in plain f64 arithmetic (branch-free, so the SiLU loop
+//! vectorizes); RoPE's `pow`, `sin` and `cos` (a table per model and per position) come from the
+//! `libm` crate, musl's code in plain Rust.
 
 use super::team;
 use knot_format::RopeStyle;
@@ -14,6 +23,91 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// `e^x` for f32, the same bits on every target, within one ulp (the exact value rounded to
+/// f32 except within ~3e-13 relative of a rounding midpoint).
+///
+/// In f64: `k = round(x / ln 2)` (the 1.5 * 2^52 shift rounds to nearest even and leaves `k` in
+/// the low bits), `r = x - k ln 2` (|r| <= 0.347), `e^r` by its Taylor polynomial to `r^10`
+/// (truncation < 3e-13 relative), times `2^k` built in the exponent bits, rounded once to f32.
+/// `x` is clamped to [-104, 89] first, where the f32 result is already 0 or infinity; NaN
+/// stays NaN. No branch, no table, no libm call: LLVM vectorizes loops over it.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    const LN2: f64 = std::f64::consts::LN_2;
+    const SHIFT: f64 = 6755399441055744.0; // 1.5 * 2^52
+    let x = x.clamp(-104.0, 89.0) as f64;
+    let z = x * LOG2E + SHIFT;
+    let k = z - SHIFT;
+    let r = x - k * LN2;
+    // 1/n! for n = 10 down to 1 (Horner).
+    let mut p = 1.0 / 3_628_800.0;
+    for c in [
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * r + c;
+    }
+    // The low 12 bits of z's pattern are k mod 4096; k + 1023 is in 872..=1152.
+    let scale = f64::from_bits(z.to_bits().wrapping_add(1023) << 52);
+    (p * scale) as f32
+}
+
+/// `tanh(x)` for f32 from [`exp`]'s arithmetic, the same bits on every target:
+/// `(e^2|x| - 1) / (e^2|x| + 1)` in f64 with the sign of `x`, and `x (1 - x^2 / 3)` below 2^-12
+/// (where the quotient would lose digits to the cancellation).
+#[inline]
+pub fn tanh(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = (x.abs().min(10.0) as f64) * 2.0;
+    let xd = x as f64;
+    if (x.abs() as f64) < 1.0 / 4096.0 {
+        // x (1 - x^2 / 3), not x - x^3 / 3: keeps the sign of -0.0.
+        return (xd * (1.0 - xd * xd / 3.0)) as f32;
+    }
+    let e = exp_f64(a);
+    let t = (e - 1.0) / (e + 1.0);
+    (if x < 0.0 { -t } else { t }) as f32
+}
+
+/// `e^y` in f64 for `y` in [0, 20] ([`tanh`]'s argument), as [`exp`] computes it before the
+/// rounding to f32.
+#[inline]
+fn exp_f64(y: f64) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    const LN2: f64 = std::f64::consts::LN_2;
+    const SHIFT: f64 = 6755399441055744.0;
+    let z = y * LOG2E + SHIFT;
+    let k = z - SHIFT;
+    let r = y - k * LN2;
+    let mut p = 1.0 / 3_628_800.0;
+    for c in [
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * r + c;
+    }
+    p * f64::from_bits(z.to_bits().wrapping_add(1023) << 52)
 }
 
 /// `out = x / rms(x) * w`, one row. Sum of squares in f64: Qwen's early residuals reach ~1e3.
@@ -50,7 +144,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, base: f32, style: RopeSt
 /// angle `pos * freq` needs the precision at long positions).
 pub fn rope_inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
     (0..head_dim / 2)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+        .map(|i| libm::pow(base as f64, -2.0 * i as f64 / head_dim as f64))
         .collect()
 }
 
@@ -60,7 +154,7 @@ pub fn rope_angles(cs: &mut [f32], inv_freq: &[f64], pos: usize) {
     let half = inv_freq.len();
     let (cos, sin) = cs.split_at_mut(half);
     for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(inv_freq) {
-        let (sv, cv) = (pos as f64 * f).sin_cos();
+        let (sv, cv) = libm::sincos(pos as f64 * f);
         *c = cv as f32;
         *s = sv as f32;
     }
@@ -95,10 +189,13 @@ pub fn rope_rotate(x: &mut [f32], cs: &[f32], style: RopeStyle) {
 /// Numerically stable softmax in place.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
+    // Exponentials first (a loop LLVM vectorizes), then the sum in order.
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+        *v = exp(*v - max);
+    }
+    let mut sum = 0.0f32;
+    for &v in x.iter() {
+        sum += v;
     }
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
@@ -109,7 +206,7 @@ pub fn softmax(x: &mut [f32]) {
 /// `gate = silu(gate) * up`, the SwiGLU activation.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + exp(-*g)) * u;
     }
 }
 
@@ -120,7 +217,7 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        let gelu = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh());
+        let gelu = 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)));
         *g = gelu * u;
     }
 }
@@ -128,7 +225,7 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
 /// `x = cap * tanh(x / cap)` (gemma's final logit soft-capping).
 pub fn softcap(x: &mut [f32], cap: f32) {
     for v in x.iter_mut() {
-        *v = cap * (*v / cap).tanh();
+        *v = cap * tanh(*v / cap);
     }
 }
 
@@ -378,8 +475,8 @@ mod tests {
             rope(&mut a, 64, 1234, 1_000_000.0, style);
             for head in b.chunks_exact_mut(64) {
                 for i in 0..32 {
-                    let f = 1_000_000f64.powf(-2.0 * i as f64 / 64.0);
-                    let (s, c) = (1234.0 * f).sin_cos();
+                    let f = libm::pow(1_000_000.0, -2.0 * i as f64 / 64.0);
+                    let (s, c) = libm::sincos(1234.0 * f);
                     let (ia, ib) = if style == RopeStyle::Neox {
                         (i, i + 32)
                     } else {
@@ -736,6 +833,54 @@ mod tests {
         assert_eq!(l[0], 0.0);
         assert!((l[1] - 30.0 * (1.0f32 / 3.0).tanh()).abs() < 1e-5);
         assert!((l[2] + 30.0).abs() < 1e-4);
+    }
+
+    /// [`exp`] against f64's exp rounded to f32: within one ulp on a sweep of every 97th f32
+    /// in [-104, 89] (and exact on most), the special values right.
+    #[test]
+    fn portable_exp_is_within_an_ulp() {
+        let (mut n, mut exact) = (0u64, 0u64);
+        let mut b = 0u32;
+        while b < 0x8000_0000 {
+            for x in [f32::from_bits(b), -f32::from_bits(b)] {
+                if !(-104.0..89.0).contains(&x) {
+                    continue;
+                }
+                let (got, want) = (exp(x), (x as f64).exp() as f32);
+                let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+                assert!(ulps <= 1, "exp({x:e}) = {got:e}, f64 gives {want:e}");
+                n += 1;
+                exact += (ulps == 0) as u64;
+            }
+            b += 97;
+        }
+        assert!(exact as f64 > 0.9999 * n as f64, "{exact} of {n} exact");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        // The smallest subnormal's neighbourhood rounds as f64 says.
+        assert_eq!(exp(-103.5).to_bits(), ((-103.5f64).exp() as f32).to_bits());
+    }
+
+    #[test]
+    fn portable_tanh_is_within_two_ulps() {
+        let mut b = 0u32;
+        while b < 0x4200_0000 {
+            let x = f32::from_bits(b);
+            for x in [x, -x] {
+                let (got, want) = (tanh(x), (x as f64).tanh() as f32);
+                let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+                assert!(ulps <= 2, "tanh({x:e}) = {got:e}, f64 gives {want:e}");
+            }
+            b += 4099;
+        }
+        assert_eq!(tanh(0.0), 0.0);
+        assert_eq!(tanh(f32::INFINITY), 1.0);
+        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
+        assert!(tanh(f32::NAN).is_nan());
     }
 
     #[test]

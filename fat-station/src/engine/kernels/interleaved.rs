@@ -20,7 +20,9 @@
 //! `isum = sum(u * q_x) - OFF * sum(q_x)` (exact i32), then
 //! `acc = fma(d_w, f32(isum) * d_x, acc)`, blocks in order. [`rows16_ref`] is that in scalar
 //! Rust; the SIMD kernels must give its bits exactly, and every token of a multi-token call
-//! gets the bits of a one-token call (prefill == token by token).
+//! gets the bits of a one-token call (prefill == token by token). This order is also the
+//! per-row reference's ([`super::reference`]), so every other flavour (scalar, AVX2, NEON)
+//! gives the same bits row by row: the cross-ISA identity of a mixed mesh.
 //!
 //! Q4_K and Q6_K use the same design with one tile per 256-element super-block and per-row
 //! scales in byte planes; their layouts and specification are in [`kquants`].
@@ -328,8 +330,8 @@ mod tests {
         }
     }
 
-    /// The specification agrees with the per-row reference dot (same integer sums; only the
-    /// f32 association differs).
+    /// The specification is the per-row reference dot, bit for bit: the reference follows
+    /// the 16-row order for every type with a layout (cross-ISA identity rests on this).
     #[test]
     fn rows16_ref_matches_the_block_reference() {
         let mut rng = Rng::new(9);
@@ -346,8 +348,9 @@ mod tests {
                 };
                 for (r, g) in got.iter().enumerate() {
                     let want = one(w.row(r), &x);
-                    assert!(
-                        (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
                         "{dtype} cols {cols} row {r}: {g} vs {want}"
                     );
                 }

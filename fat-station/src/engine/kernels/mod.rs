@@ -10,12 +10,22 @@
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
 //! [`interleaved`] (the 16-row layout, its specification and AVX-512 kernels),
-//! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 VNNI), `neon` (aarch64, `sdot` where the
-//! CPU has dotprod), one dispatch point ([`Kernels`]) chosen once per process.
+//! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 activation quantization), `neon`
+//! (aarch64, `sdot` where the CPU has dotprod), one dispatch point ([`Kernels`]) chosen once
+//! per process.
 //!
-//! Determinism: an output value depends only on its weight row and its activation row, and
-//! the kernel choice is fixed per process, so results are bit-identical whatever the thread
-//! count and however rows of `x` are batched.
+//! Determinism: an output value depends only on its weight row and its activation row, so
+//! results are bit-identical whatever the thread count and however rows of `x` are batched.
+//!
+//! Cross-ISA bit identity: every quantized kernel of every flavour (scalar, AVX2, the AVX-512
+//! 16-row kernels, plain NEON, NEON dotprod) gives the reference's bits, so a mixed x86 +
+//! aarch64 mesh computes what one node computes. Integer sums are exact (any order), and the
+//! f32 steps follow one canonical order per type, written in [`reference`]: for Q4_0, Q5_0,
+//! Q8_0, Q4_K and Q6_K the 16-row kernels' order (blocks in order, `acc = fma(d_w,
+//! f32(isum) * d_x, acc)`, see [`interleaved`]), chosen because it is the fast x86 path's
+//! and costs an in-order NEON core nothing extra per legacy block; for the other types the
+//! reference's plain expressions. Float-weight dots (F32, F16, BF16) are deterministic per
+//! flavour but not yet identical across flavours.
 
 pub mod blocks;
 pub mod interleaved;
@@ -290,8 +300,6 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {
             k.isa = Isa::Avx512;
-            avx512::install(&mut k.table);
-            avx512::install_toks4(&mut k.toks4);
             for (dtype, f) in interleaved::avx512::kernels() {
                 k.rows16[dtype_index(dtype)] = Some(f);
             }

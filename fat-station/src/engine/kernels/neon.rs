@@ -11,7 +11,9 @@
 //!
 //! Weights are unpacked to *signed* i8 with their offset already removed (`q - 8`, `q - 16`,
 //! `q - 32`), so each block's integer sum is exactly the reference's `isum`, and scaled in f32
-//! with the reference's own expression in the reference's order. Integer sums are exact and f32
+//! with the reference's own expression in the reference's order (for Q4_0, Q5_0, Q8_0, Q4_K
+//! and Q6_K the canonical `fma(d_w, f32(isum) * d_x, acc)` chain that the x86 16-row kernels
+//! also follow, so an aarch64 node and an x86 node compute the same bits). Integer sums are exact and f32
 //! steps are the same operations in the same order, so every quantized kernel here is
 //! bit-identical to the scalar reference, and the plain and dotprod flavours are bit-identical
 //! to each other (a device with or without dotprod computes the same logits). The tests assert
@@ -36,6 +38,7 @@
 //! checked `is_aarch64_feature_detected!("dotprod")`.
 
 use super::blocks::*;
+use super::reference::block_step;
 use super::{Dot, DotF, DotQ};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
@@ -245,15 +248,16 @@ fn q8a_sum(a: &BlockQ8A) -> i32 {
 // Legacy quants: one block of 32 against one Q8A block (f32 steps as in the reference)
 // ---------------------------------------------------------------------------------------------
 
+/// The canonical steps ([`block_step`]) of the blocks of `w` onto `sum` (the tail of
+/// [`dot4_q4_0`]).
 #[inline(always)]
-unsafe fn dot_q4_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+unsafe fn dot_q4_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A], mut sum: f32) -> f32 {
     let w: &[BlockQ4_0] = bytemuck::cast_slice(w);
-    let mut sum = 0f32;
     for (b, a) in w.iter().zip(x) {
         // SAFETY: `b.qs` is 16 bytes.
         let (lo, hi) = unsafe { nibbles(b.qs.as_ptr()) };
         let isum = unsafe { isum32::<SDOT>(signed(lo, 8), signed(hi, 8), a) };
-        sum += f16(b.d) * a.d * isum as f32;
+        sum = block_step(sum, f16(b.d), isum, a.d);
     }
     sum
 }
@@ -271,10 +275,10 @@ unsafe fn dot_q4_1<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     sum
 }
 
+/// The canonical steps of the blocks of `w` onto `sum` (the tail of [`dot4_q5_0`]).
 #[inline(always)]
-unsafe fn dot_q5_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+unsafe fn dot_q5_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A], mut sum: f32) -> f32 {
     let w: &[BlockQ5_0] = bytemuck::cast_slice(w);
-    let mut sum = 0f32;
     for (b, a) in w.iter().zip(x) {
         // SAFETY: `b.qs` is 16 bytes; `q5_high` reads its own constants.
         let isum = unsafe {
@@ -286,7 +290,7 @@ unsafe fn dot_q5_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
                 a,
             )
         };
-        sum += f16(b.d) * a.d * isum as f32;
+        sum = block_step(sum, f16(b.d), isum, a.d);
     }
     sum
 }
@@ -307,17 +311,17 @@ unsafe fn dot_q5_1<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     sum
 }
 
+/// The canonical steps of the blocks of `w` onto `sum` (the tail of [`dot4_q8_0`]).
 #[inline(always)]
-unsafe fn dot_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
+unsafe fn dot_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A], mut sum: f32) -> f32 {
     let w: &[BlockQ8_0] = bytemuck::cast_slice(w);
-    let mut sum = 0f32;
     for (b, a) in w.iter().zip(x) {
         // SAFETY: `b.qs` is 32 bytes; the loads read 0..16 and 16..32.
         let isum = unsafe {
             let (w0, w1) = (vld1q_s8(b.qs.as_ptr()), vld1q_s8(b.qs.as_ptr().add(16)));
             isum32::<SDOT>(w0, w1, a)
         };
-        sum += f16(b.d) * a.d * isum as f32;
+        sum = block_step(sum, f16(b.d), isum, a.d);
     }
     sum
 }
@@ -326,23 +330,23 @@ unsafe fn dot_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
 // Legacy quants, four blocks per step (Q4_0, Q5_0, Q8_0)
 // ---------------------------------------------------------------------------------------------
 //
-// The reference adds one term per block, `sum += d_w * d_x * isum`, in block order. Here a step
-// computes the terms of four blocks as one f32x4 (their integer sums reduced together, the two
-// products on four lanes at once: the same roundings as the scalar expression) and the serial
-// adds of the *previous* step's four terms are interleaved with it (a software pipeline: the
-// in-order core has independent work while each add waits for the one before). Blocks past the
-// last group of four take the one-block kernel's expression. Same operations in the same order
-// as the reference, so the same bits.
+// The reference takes one canonical step per block, `sum = fma(d_w, f32(isum) * d_x, sum)`, in
+// block order. Here a step computes four blocks' `d_w` and `f32(isum) * d_x` as two f32x4 (their
+// integer sums reduced together, the product on four lanes at once: the same rounding as the
+// scalar expression) and the serial multiply-adds of the *previous* step's four blocks are
+// interleaved with it (a software pipeline: the in-order core has independent work while each
+// one waits for the one before). Blocks past the last group of four take the one-block kernel.
+// Same operations in the same order as the reference, so the same bits.
 
-/// `sum += t[0]; sum += t[1]; sum += t[2]; sum += t[3]` (the reference's order).
+/// `sum = fma(dw[k], t[k], sum)` for k = 0, 1, 2, 3 (the reference's order).
 #[inline(always)]
-fn add4(sum: f32, t: float32x4_t) -> f32 {
+fn fma4(sum: f32, (dw, t): (float32x4_t, float32x4_t)) -> f32 {
     // SAFETY: register-only NEON (baseline).
     unsafe {
-        let s = sum + vgetq_lane_f32::<0>(t);
-        let s = s + vgetq_lane_f32::<1>(t);
-        let s = s + vgetq_lane_f32::<2>(t);
-        s + vgetq_lane_f32::<3>(t)
+        let s = vgetq_lane_f32::<0>(dw).mul_add(vgetq_lane_f32::<0>(t), sum);
+        let s = vgetq_lane_f32::<1>(dw).mul_add(vgetq_lane_f32::<1>(t), s);
+        let s = vgetq_lane_f32::<2>(dw).mul_add(vgetq_lane_f32::<2>(t), s);
+        vgetq_lane_f32::<3>(dw).mul_add(vgetq_lane_f32::<3>(t), s)
     }
 }
 
@@ -549,23 +553,29 @@ macro_rules! pipelined {
     }};
 }
 
-/// The legacy driver: `terms(g)` gives the f32 terms of blocks 4g..4g + 4, `one(i)` the term
-/// of block i (the tail), both with the reference's expression; added in block order.
+/// The legacy driver: `terms(g)` gives `(d_w, f32(isum) * d_x)` of blocks 4g..4g + 4,
+/// `tail(i, sum)` continues `sum` over blocks i..nb with the one-block kernel; the canonical
+/// steps in block order.
 #[inline(always)]
-fn sum_terms4(nb: usize, terms: impl Fn(usize) -> float32x4_t, one: impl Fn(usize) -> f32) -> f32 {
+fn sum_terms4(
+    nb: usize,
+    terms: impl Fn(usize) -> (float32x4_t, float32x4_t),
+    tail: impl Fn(usize, f32) -> f32,
+) -> f32 {
     let groups = nb / 4;
-    let mut sum = pipelined!(groups, |g| terms(g), add4);
-    for i in groups * 4..nb {
-        sum += one(i);
+    let sum = pipelined!(groups, |g| terms(g), fma4);
+    if groups * 4 < nb {
+        tail(groups * 4, sum)
+    } else {
+        sum
     }
-    sum
 }
 
-/// `d_w * d_x * isum` on four lanes (the reference's left-to-right products).
+/// `(d_w, f32(isum) * d_x)` on four lanes (the reference's product).
 #[inline(always)]
-fn scale4(dw: float32x4_t, a: &[BlockQ8A; 4], isum: int32x4_t) -> float32x4_t {
+fn scale4(dw: float32x4_t, a: &[BlockQ8A; 4], isum: int32x4_t) -> (float32x4_t, float32x4_t) {
     // SAFETY: register-only NEON (baseline).
-    unsafe { vmulq_f32(vmulq_f32(dw, act_d4(a)), vcvtq_f32_s32(isum)) }
+    (dw, unsafe { vmulq_f32(vcvtq_f32_s32(isum), act_d4(a)) })
 }
 
 #[inline(always)]
@@ -587,9 +597,9 @@ unsafe fn dot4_q4_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
         // SAFETY: weights of magnitude <= 8 (see `isum4_small`); `SDOT` as the caller's.
         scale4(dw, a, unsafe { isum4_small::<SDOT>(ws, a) })
     };
-    // SAFETY: the one-block kernel of the same flavour.
-    sum_terms4(nb, terms, |i| unsafe {
-        dot_q4_0::<SDOT>(bytemuck::bytes_of(&w[i]), &x[i..i + 1])
+    // SAFETY: the one-block kernel of the same flavour, over blocks i..nb.
+    sum_terms4(nb, terms, |i, sum| unsafe {
+        dot_q4_0::<SDOT>(bytemuck::cast_slice(&w[i..nb]), &x[i..nb], sum)
     })
 }
 
@@ -620,9 +630,9 @@ unsafe fn dot4_q5_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
         // SAFETY: weights of magnitude <= 16 (see `isum4_small`); `SDOT` as the caller's.
         scale4(dw, a, unsafe { isum4_small::<SDOT>(ws, a) })
     };
-    // SAFETY: the one-block kernel of the same flavour.
-    sum_terms4(nb, terms, |i| unsafe {
-        dot_q5_0::<SDOT>(bytemuck::bytes_of(&w[i]), &x[i..i + 1])
+    // SAFETY: the one-block kernel of the same flavour, over blocks i..nb.
+    sum_terms4(nb, terms, |i, sum| unsafe {
+        dot_q5_0::<SDOT>(bytemuck::cast_slice(&w[i..nb]), &x[i..nb], sum)
     })
 }
 
@@ -644,9 +654,9 @@ unsafe fn dot4_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
         // SAFETY: `SDOT` as the caller's.
         scale4(dw, a, unsafe { isum4_q8::<SDOT>(ws, a) })
     };
-    // SAFETY: the one-block kernel of the same flavour.
-    sum_terms4(nb, terms, |i| unsafe {
-        dot_q8_0::<SDOT>(bytemuck::bytes_of(&w[i]), &x[i..i + 1])
+    // SAFETY: the one-block kernel of the same flavour, over blocks i..nb.
+    sum_terms4(nb, terms, |i, sum| unsafe {
+        dot_q8_0::<SDOT>(bytemuck::cast_slice(&w[i..nb]), &x[i..nb], sum)
     })
 }
 
@@ -796,34 +806,52 @@ unsafe fn isum4_groups<const SDOT: bool>(
     }
 }
 
-/// What one Q4_K super-block leaves for the serial part: its terms as (`sd` term, `sm` term)
-/// lane pairs in order, `[t0, u0, t1, u1]` and `[t2, u2, t3, u3]` (one pair per 64 weights, as
-/// the reference forms them), and `[d, -dmin]`.
+/// What one Q4_K super-block leaves for the serial part, per sub-block s (lane s % 4 of the
+/// `lo` (s < 4) or `hi` vector): `d * sc_s`, `f32(isum_s) * d_x`, `-(dmin * m_s)` and the
+/// activation block's `s`.
 #[derive(Clone, Copy)]
 struct KTerms {
-    t01: float32x4_t,
-    t23: float32x4_t,
-    scale: float32x2_t,
+    dsc: [float32x4_t; 2],
+    t: [float32x4_t; 2],
+    dm: [float32x4_t; 2],
+    xs: [float32x4_t; 2],
 }
 
-/// The reference's tail of a Q4_K super-block, `sum += d * sd - dmin * sm` with `sd` and `sm`
-/// each summed in order, both chains on the two lanes of one vector. `d * sd - dmin * sm` is
-/// computed as `d * sd + (-dmin) * sm` (the same number: negation is exact).
-///
-/// The reference starts `sd` and `sm` at 0.0; here the chains start at the first term. The two
-/// differ only when every term so far is -0.0 (0.0 + -0.0 is +0.0), so only in the sign of a
-/// zero `sd` / `sm`, then of a zero `d * sd - dmin * sm`; and that value is added to `sum`,
-/// which is never -0.0 (it starts at +0.0, and x + y is -0.0 only when both are), so the sum
-/// has the same bits either way.
+/// The reference's serial part of a Q4_K super-block: per sub-block in order,
+/// `sum = fma(d * sc, f32(isum) * d_x, sum)` then `sum = fma(-(dmin * m), a.s, sum)`.
 #[inline(always)]
 fn k4_finish(sum: f32, t: KTerms) -> f32 {
+    let mut sum = sum;
+    for h in 0..2 {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let (a, b, c, e) = (t.dsc[h], t.t[h], t.dm[h], t.xs[h]);
+            sum = vgetq_lane_f32::<0>(a).mul_add(vgetq_lane_f32::<0>(b), sum);
+            sum = vgetq_lane_f32::<0>(c).mul_add(vgetq_lane_f32::<0>(e), sum);
+            sum = vgetq_lane_f32::<1>(a).mul_add(vgetq_lane_f32::<1>(b), sum);
+            sum = vgetq_lane_f32::<1>(c).mul_add(vgetq_lane_f32::<1>(e), sum);
+            sum = vgetq_lane_f32::<2>(a).mul_add(vgetq_lane_f32::<2>(b), sum);
+            sum = vgetq_lane_f32::<2>(c).mul_add(vgetq_lane_f32::<2>(e), sum);
+            sum = vgetq_lane_f32::<3>(a).mul_add(vgetq_lane_f32::<3>(b), sum);
+            sum = vgetq_lane_f32::<3>(c).mul_add(vgetq_lane_f32::<3>(e), sum);
+        }
+    }
+    sum
+}
+
+/// Of the four activation blocks from `a`: `s` (`d * sum(q)`) as f32 lanes.
+#[inline(always)]
+unsafe fn act_s4(a: *const BlockQ8A) -> float32x4_t {
+    // SAFETY: the caller passes four readable blocks of 44 bytes; each load reads 0..16 of one.
+    let h: [uint32x4_t; 4] =
+        arr4!(|k| unsafe { vreinterpretq_u32_u8(vld1q_u8(a.add(k) as *const u8)) });
     // SAFETY: register-only NEON (baseline).
     unsafe {
-        let v = vget_low_f32(t.t01);
-        let v = vadd_f32(v, vget_high_f32(t.t01));
-        let v = vadd_f32(v, vget_low_f32(t.t23));
-        let v = vadd_f32(v, vget_high_f32(t.t23));
-        sum + vpadds_f32(vmul_f32(t.scale, v))
+        let (ab, cd) = (vtrn2q_u32(h[0], h[1]), vtrn2q_u32(h[2], h[3]));
+        vreinterpretq_f32_u64(vzip1q_u64(
+            vreinterpretq_u64_u32(ab),
+            vreinterpretq_u64_u32(cd),
+        ))
     }
 }
 
@@ -862,21 +890,28 @@ unsafe fn q4_k_terms<const SDOT: bool>(b: &BlockQ4K, xa: *const BlockQ8A) -> KTe
     let (sc, m) = scales_mins_k4(&b.scales);
     let ((sc_lo, sc_hi), (m_lo, m_hi)) = (widen8(sc), widen8(m));
     // SAFETY: blocks 0..4 and 4..8 of the eight.
-    let ((d_lo, s_lo), (d_hi, s_hi)) = unsafe { (act_head4(mid.sub(4)), act_head4(mid)) };
+    let (d_lo, d_hi) = unsafe { (act_head4(mid.sub(4)).0, act_head4(mid).0) };
+    let (s_lo, s_hi) = unsafe { (act_s4(mid.sub(4)), act_s4(mid)) };
     // SAFETY: register-only NEON (baseline).
     unsafe {
-        // d_x * (sc * isum) as f32 per group; pairs (2j, 2j + 1) added as the reference does.
-        let pd_lo = vmulq_f32(d_lo, vcvtq_f32_s32(vmulq_s32(sc_lo, i_lo)));
-        let pd_hi = vmulq_f32(d_hi, vcvtq_f32_s32(vmulq_s32(sc_hi, i_hi)));
-        let pm_lo = vmulq_f32(d_lo, vcvtq_f32_s32(vmulq_s32(m_lo, s_lo)));
-        let pm_hi = vmulq_f32(d_hi, vcvtq_f32_s32(vmulq_s32(m_hi, s_hi)));
-        let (sd, sm) = (vpaddq_f32(pd_lo, pd_hi), vpaddq_f32(pm_lo, pm_hi));
-        // `d` and `dmin` are the block's first four bytes: one load, one widening, one negation.
+        // `d` and `dmin` are the block's first four bytes: one load, one widening.
         let dd = f16x4_low2(b.d, b.dmin);
+        let (d, ndmin) = (vget_lane_f32::<0>(dd), -vget_lane_f32::<1>(dd));
+        // d * sc and -(dmin * m) = (-dmin) * m are exact (11-bit by 6-bit products).
         KTerms {
-            t01: vzip1q_f32(sd, sm),
-            t23: vzip2q_f32(sd, sm),
-            scale: vmul_f32(dd, vld1_f32([1.0f32, -1.0].as_ptr())),
+            dsc: [
+                vmulq_n_f32(vcvtq_f32_s32(sc_lo), d),
+                vmulq_n_f32(vcvtq_f32_s32(sc_hi), d),
+            ],
+            t: [
+                vmulq_f32(vcvtq_f32_s32(i_lo), d_lo),
+                vmulq_f32(vcvtq_f32_s32(i_hi), d_hi),
+            ],
+            dm: [
+                vmulq_n_f32(vcvtq_f32_s32(m_lo), ndmin),
+                vmulq_n_f32(vcvtq_f32_s32(m_hi), ndmin),
+            ],
+            xs: [s_lo, s_hi],
         }
     }
 }
@@ -904,19 +939,22 @@ unsafe fn dot2_q4_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     k4_finish(sum, pending)
 }
 
-/// What one Q6_K super-block leaves for the serial part: its eight per-group terms
-/// `d_x * isum as f32` (group order) and `d`.
+/// What one Q6_K super-block leaves for the serial part, per 16-weight half i = 2g + h in
+/// scale order (lane i % 4 of vector i / 4): `d * sc_i` and `f32(isum_i) * d_x` of group g.
 #[derive(Clone, Copy)]
 struct K6Terms {
-    lo: float32x4_t,
-    hi: float32x4_t,
-    d: f32,
+    dsc: [float32x4_t; 4],
+    t: [float32x4_t; 4],
 }
 
+/// The reference's serial part of a Q6_K super-block: `sum = fma(d * sc_i, t_i, sum)`, i in order.
 #[inline(always)]
 fn k6_finish(sum: f32, t: K6Terms) -> f32 {
-    let sd = add4(add4(0.0, t.lo), t.hi);
-    sum + t.d * sd
+    let mut sum = sum;
+    for v in 0..4 {
+        sum = fma4(sum, (t.dsc[v], t.t[v]));
+    }
+    sum
 }
 
 /// The 16-weight dots of one Q6_K super-block, in scale order (`scales[i]` belongs to lane i),
@@ -1002,14 +1040,19 @@ unsafe fn q6_k_terms<const SDOT: bool>(b: &BlockQ6K, xa: *const BlockQ8A) -> K6T
             vmovl_s16(vget_low_s16(s1)),
             vmovl_high_s16(s1),
         ];
-        let p: [int32x4_t; 4] = arr4!(|v| vmulq_s32(sc32[v], dots[v]));
-        // isum of group g: its two halves' scaled dots (adjacent lanes).
-        let (i_lo, i_hi) = (vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
         let ((d_lo, _), (d_hi, _)) = (act_head4(mid.sub(4)), act_head4(mid));
+        // d_x of group i / 2 for half i: each block's scale on two adjacent lanes.
+        let dx = [
+            vzip1q_f32(d_lo, d_lo),
+            vzip2q_f32(d_lo, d_lo),
+            vzip1q_f32(d_hi, d_hi),
+            vzip2q_f32(d_hi, d_hi),
+        ];
+        let d = f16(b.d);
+        // d * sc is exact (11-bit by 8-bit).
         K6Terms {
-            lo: vmulq_f32(d_lo, vcvtq_f32_s32(i_lo)),
-            hi: vmulq_f32(d_hi, vcvtq_f32_s32(i_hi)),
-            d: f16(b.d),
+            dsc: arr4!(|v| vmulq_n_f32(vcvtq_f32_s32(sc32[v]), d)),
+            t: arr4!(|v| vmulq_f32(vcvtq_f32_s32(dots[v]), dx[v])),
         }
     }
 }

@@ -304,7 +304,15 @@ fn q8a_sum(a: &BlockQ8A) -> i32 {
     a.sums[0] as i32 + a.sums[1] as i32
 }
 
-/// Q4_0 . Q8A: `sum d_w d_x sum (q - 8) q_x`.
+/// One block's step of the canonical order: `fma(d_w, f32(isum) * d_x, acc)` (one rounding for
+/// the multiply-add: `f32::mul_add` is IEEE fusedMultiplyAdd on every target, an instruction
+/// on aarch64 and on x86 with FMA, libm's exact `fmaf` elsewhere).
+#[inline(always)]
+pub(super) fn block_step(acc: f32, d_w: f32, isum: i32, d_x: f32) -> f32 {
+    d_w.mul_add(isum as f32 * d_x, acc)
+}
+
+/// Q4_0 . Q8A: `sum d_w d_x sum (q - 8) q_x`, blocks in order with [`block_step`].
 pub fn vec_dot_q4_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     let w: &[BlockQ4_0] = cast_slice(w);
     let mut sum = 0f32;
@@ -314,7 +322,7 @@ pub fn vec_dot_q4_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
             isum += ((b.qs[j] & 0xF) as i32 - 8) * a.qs[j] as i32;
             isum += ((b.qs[j] >> 4) as i32 - 8) * a.qs[j + 16] as i32;
         }
-        sum += f16_le(b.d) * a.d * isum as f32;
+        sum = block_step(sum, f16_le(b.d), isum, a.d);
     }
     sum
 }
@@ -334,14 +342,14 @@ pub fn vec_dot_q4_1_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     sum
 }
 
-/// Q5_0 . Q8A.
+/// Q5_0 . Q8A, blocks in order with [`block_step`].
 pub fn vec_dot_q5_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     let w: &[BlockQ5_0] = cast_slice(w);
     let mut sum = 0f32;
     for (b, a) in w.iter().zip(x) {
         let q = q5_values(&b.qs, b.qh);
         let isum: i32 = (0..QK).map(|j| (q[j] as i32 - 16) * a.qs[j] as i32).sum();
-        sum += f16_le(b.d) * a.d * isum as f32;
+        sum = block_step(sum, f16_le(b.d), isum, a.d);
     }
     sum
 }
@@ -358,13 +366,13 @@ pub fn vec_dot_q5_1_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     sum
 }
 
-/// Q8_0 . Q8A.
+/// Q8_0 . Q8A, blocks in order with [`block_step`].
 pub fn vec_dot_q8_0_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     let w: &[BlockQ8_0] = cast_slice(w);
     let mut sum = 0f32;
     for (b, a) in w.iter().zip(x) {
         let isum: i32 = (0..QK).map(|j| b.qs[j] as i32 * a.qs[j] as i32).sum();
-        sum += f16_le(b.d) * a.d * isum as f32;
+        sum = block_step(sum, f16_le(b.d), isum, a.d);
     }
     sum
 }
@@ -427,28 +435,26 @@ pub fn vec_dot_q3_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     sum
 }
 
-/// Q4_K . Q8A.
+/// Q4_K . Q8A: per 32-element sub-block s in order (`a` its Q8A block),
+/// `acc = fma(d * sc_s, f32(isum_s) * a.d, acc)`, then `acc = fma(-(dmin * m_s), a.s, acc)`
+/// (`d * sc_s` and `dmin * m_s` are exact: 11-bit by 6-bit products).
 pub fn vec_dot_q4_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     let w: &[BlockQ4K] = cast_slice(w);
-    let mut sum = 0f32;
+    let mut acc = 0f32;
     for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
-        let (mut sd, mut sm) = (0f32, 0f32);
-        for j in 0..4 {
-            let q = &b.qs[32 * j..32 * j + 32];
-            let (a1, a2) = (&xa[2 * j], &xa[2 * j + 1]);
-            let (sc1, m1) = scale_min_k4(2 * j, &b.scales);
-            let (sc2, m2) = scale_min_k4(2 * j + 1, &b.scales);
-            let (mut i1, mut i2) = (0i32, 0i32);
-            for l in 0..32 {
-                i1 += (q[l] & 0xF) as i32 * a1.qs[l] as i32;
-                i2 += (q[l] >> 4) as i32 * a2.qs[l] as i32;
-            }
-            sd += a1.d * (sc1 as i32 * i1) as f32 + a2.d * (sc2 as i32 * i2) as f32;
-            sm += a1.d * (m1 as i32 * q8a_sum(a1)) as f32 + a2.d * (m2 as i32 * q8a_sum(a2)) as f32;
+        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+        for (s, a) in xa.iter().enumerate() {
+            let q = &b.qs[32 * (s / 2)..32 * (s / 2) + 32];
+            let shift = 4 * (s % 2);
+            let (sc, m) = scale_min_k4(s, &b.scales);
+            let isum: i32 = (0..32)
+                .map(|l| ((q[l] >> shift) & 0xF) as i32 * a.qs[l] as i32)
+                .sum();
+            acc = (d * sc as f32).mul_add(isum as f32 * a.d, acc);
+            acc = (-(dmin * m as f32)).mul_add(a.s, acc);
         }
-        sum += f16_le(b.d) * sd - f16_le(b.dmin) * sm;
     }
-    sum
+    acc
 }
 
 /// Q5_K . Q8A.
@@ -478,27 +484,25 @@ pub fn vec_dot_q5_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     sum
 }
 
-/// Q6_K . Q8A.
+/// Q6_K . Q8A: per 32-element group g in order (`a` its Q8A block) and per half h of it
+/// (16 weights, scale `sc = scales[2g + h]`): `acc = fma(d * sc, f32(isum) * a.d, acc)`,
+/// `isum` the exact dot of the signed 6-bit weights (`q - 32`) with the half's activations
+/// (`d * sc` is exact: 11-bit by 8-bit).
 pub fn vec_dot_q6_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
     let w: &[BlockQ6K] = cast_slice(w);
-    let mut sum = 0f32;
+    let mut acc = 0f32;
     for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
-        let mut sd = 0f32;
-        for n in 0..2 {
-            let sc = &b.scales[8 * n..];
-            // isum[k]: group 4n + k (elements 128n + 32k ..), scales applied per 16.
-            let mut isum = [0i32; 4];
-            for l in 0..32 {
-                let q = q6k_quad(b, n, l);
-                for k in 0..4 {
-                    isum[k] += sc[l / 16 + 2 * k] as i32 * q[k] * xa[4 * n + k].qs[l] as i32;
-                }
-            }
-            for k in 0..4 {
-                sd += xa[4 * n + k].d * isum[k] as f32;
+        let d = f16_le(b.d);
+        for (g, a) in xa.iter().enumerate() {
+            let (n, k) = (g / 4, g % 4);
+            for h in 0..2 {
+                let isum: i32 = (16 * h..16 * h + 16)
+                    .map(|l| q6k_quad(b, n, l)[k] * a.qs[l] as i32)
+                    .sum();
+                let sc = b.scales[8 * n + 2 * k + h];
+                acc = (d * sc as f32).mul_add(isum as f32 * a.d, acc);
             }
         }
-        sum += f16_le(b.d) * sd;
     }
-    sum
+    acc
 }

@@ -281,3 +281,69 @@ fn matmul_is_bit_identical_across_threads_and_batching() {
         );
     }
 }
+
+/// Every kernel flavour this CPU can run (x86: scalar, AVX2, AVX-512; aarch64: scalar, plain
+/// NEON, NEON dotprod).
+fn flavours() -> Vec<Kernels> {
+    [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Neon,
+        Isa::NeonDotprod,
+    ]
+    .into_iter()
+    .filter_map(Kernels::for_isa)
+    .collect()
+}
+
+/// Cross-ISA bit identity, the kernels' half: every flavour's quantized dot and every
+/// flavour's [`linear_with`] (16-row kernels where the flavour has them, block kernels for the
+/// rows past the last full group) give the scalar reference's bits on random blocks, for
+/// 1, 3 and 8 tokens. A mixed x86 + aarch64 mesh relies on this.
+#[test]
+fn every_flavour_gives_the_reference_bits() {
+    let mut rng = Rng::new(24);
+    let all = flavours();
+    eprintln!(
+        "flavours: {:?}",
+        all.iter().map(|k| k.isa).collect::<Vec<_>>()
+    );
+    let scalar = Kernels::for_isa(Isa::Scalar).expect("scalar");
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for dtype in QUANT {
+        // 37 rows: two 16-row groups and a tail of 5; one to 19 (super-)blocks per row.
+        for cols in [256usize, 896, 4864] {
+            if !cols.is_multiple_of(dtype.block_elems()) {
+                continue;
+            }
+            let rows = 37;
+            let data = random_row(dtype, rows * cols, &mut rng);
+            let w = QMatrix::new(dtype, rows, cols, &data).unwrap();
+            let lin = Linear::new(w);
+            for n_tok in [1usize, 3, 8] {
+                let x = random_x(n_tok * cols, &mut rng);
+                let mut want = vec![0f32; n_tok * rows];
+                matmul_with(&scalar, &w, &x, n_tok, &mut want);
+                for k in &all {
+                    let mut got = vec![f32::NAN; n_tok * rows];
+                    linear_with(k, &lin, &x, n_tok, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{dtype} cols {cols} n_tok {n_tok}: {:?} linear vs scalar",
+                        k.isa
+                    );
+                    let mut got = vec![f32::NAN; n_tok * rows];
+                    matmul_with(k, &w, &x, n_tok, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{dtype} cols {cols} n_tok {n_tok}: {:?} block kernels vs scalar",
+                        k.isa
+                    );
+                }
+            }
+        }
+    }
+}
