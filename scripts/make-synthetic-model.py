@@ -37,8 +37,9 @@ Types (--type):
   legacy-mix  (default) llama.cpp's Q4_K_M rule with the row-size fallbacks it takes when a row
               is not a multiple of 256 (Q4_K -> Q5_0, Q6_K -> Q8_0), quantized here in NumPy:
               Q5_0 everywhere, Q8_0 for output.weight and for attn_v / ffn_down on the layers
-              llama.cpp's use_more_bits() picks. It is what llama-quantize writes for the real
-              0.5B, and needs nothing but gguf + numpy.
+              llama.cpp's use_more_bits() picks. It is what llama-quantize wrote for the real
+              0.5B (896-wide rows) except its ffn_down (4864-wide rows: real Q4_K / Q6_K there),
+              and needs nothing but gguf + numpy.
   q8_0, f16   every matrix in that type (f16 is llama-quantize's input).
   q4_k_m      the real Q4_K_M mix (Q4_K / Q6_K): an f16 GGUF written next to OUT, then
               `llama-quantize F16 OUT Q4_K_M` (scripts/bench/build-llama-bench.sh --quantize builds
