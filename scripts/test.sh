@@ -57,6 +57,14 @@ if python3 -c "import litellm" 2>/dev/null \
   export AEON_REQUIRE_LITELLM=1
 fi
 
+# PyPI gguf + numpy: fat-station's synthetic-model test makes its model with
+# scripts/make-synthetic-model.py (and, when the golden's numpy differs, runs ref_forward.py).
+if ! python3 -c "import gguf, numpy" 2>/dev/null; then
+  python3 -m pip install -q gguf numpy >/dev/null 2>&1 \
+    || python3 -m pip install -q --break-system-packages gguf numpy >/dev/null 2>&1 \
+    || echo "== pip install gguf numpy failed: the synthetic-model test will fail" >&2
+fi
+
 echo "== models"
 scripts/fetch-model.sh all
 echo "== build (release binaries used across crates)"

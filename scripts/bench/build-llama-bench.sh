@@ -3,6 +3,8 @@
 # vendored inside the llama-cpp-python source distribution on PyPI, and prints its path.
 #
 #   scripts/bench/build-llama-bench.sh            # prints .../llama-bench (cached after the first build)
+#   scripts/bench/build-llama-bench.sh --quantize # also builds llama-quantize, prints its path
+#                                                 # (scripts/make-synthetic-model.py --type q4_k_m)
 #
 # Why not llama-cpp-python itself: its prebuilt/pip-built library decodes ~40% slower through
 # Python on this machine (27-31 tok/s vs 48-51 at one thread), which made our ratio look twice
@@ -12,7 +14,8 @@
 # sdist; `--no-binary :all:` would also force pip to build cmake itself from source just to read
 # the sdist's metadata, ~30 min here), untar, cmake
 # configure vendor/llama.cpp (Release, GGML_NATIVE=ON, LLAMA_CURL=OFF, no tests/examples/server),
-# build the llama-bench target only. Cached under ~/.cache/aeon-shell/llama-bench/VERSION/
+# build the llama-bench target only (and llama-quantize with --quantize: a finished build gets
+# the target added in place, reusing its compiled ggml and llama libraries). Cached under ~/.cache/aeon-shell/llama-bench/VERSION/
 # (AEON_LLAMA_BENCH_DIR overrides); a finished build is reused. Needs cmake and a C++ compiler:
 # installed with apt-get when missing and root.
 # Env: LLAMA_CPP_PYTHON_VERSION (default: the newest on PyPI), PYTHON (python3), AEON_BUILD_JOBS.
@@ -20,6 +23,14 @@
 set -euo pipefail
 py=${PYTHON:-python3}
 die() { echo "build-llama-bench: $*" >&2; exit 2; }
+want=llama-bench
+case "${1:-}" in
+  --quantize) want=llama-quantize ;;
+  "") ;;
+  *) die "unknown argument $1 (--quantize)" ;;
+esac
+targets=(llama-bench)
+[ "$want" = llama-bench ] || targets+=("$want")
 
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -41,8 +52,24 @@ if [ -z "$version" ]; then
     [ -x "$d" ] && version=$(basename "$(dirname "$(dirname "$(dirname "$d")")")")
   done
 fi
+if [ -n "$version" ] && [ -x "$cache/$version/build/bin/$want" ]; then
+  echo "$cache/$version/build/bin/$want"
+  exit 0
+fi
 if [ -n "$version" ] && [ -x "$cache/$version/build/bin/llama-bench" ]; then
-  echo "$cache/$version/build/bin/llama-bench"
+  # A finished llama-bench build without $want: add the target in place. CMake refuses a build
+  # tree that moved (its cache records the .partial path it was configured in), so the old
+  # path is made a link to the finished tree for the build.
+  dir=$cache/$version
+  [ -e "$dir.partial" ] && die "$dir.partial exists (a build under way?); not building $want"
+  ln -s "$dir" "$dir.partial"
+  trap 'rm -f "$dir.partial"' EXIT
+  echo "build-llama-bench: adding $want to $dir/build" >&2
+  cmake --build "$dir.partial/build" --target "$want" -j "${AEON_BUILD_JOBS:-$(nproc)}" \
+    >"$dir/build-$want.log" 2>&1 \
+    || { tail -n 20 "$dir/build-$want.log" >&2; die "building $want failed"; }
+  [ -x "$dir/build/bin/$want" ] || die "no build/bin/$want after the build"
+  echo "$dir/build/bin/$want"
   exit 0
 fi
 
@@ -56,7 +83,7 @@ sdist=$(ls "$tmp"/llama_cpp_python-*.tar.gz 2>/dev/null | head -n1)
 [ -n "$sdist" ] || die "no llama_cpp_python-*.tar.gz in the download"
 version=$(basename "$sdist" .tar.gz); version=${version#llama_cpp_python-}
 dir=$cache/$version
-if [ ! -x "$dir/build/bin/llama-bench" ]; then
+if [ ! -x "$dir/build/bin/$want" ]; then
   src=$dir.partial/vendor/llama.cpp
   if [ -f "$dir.partial/build/CMakeCache.txt" ]; then
     # An interrupted build of this version: carry on where it stopped.
@@ -65,16 +92,18 @@ if [ ! -x "$dir/build/bin/llama-bench" ]; then
     rm -rf "$dir.partial" && mkdir -p "$dir.partial"
     tar -xzf "$sdist" -C "$dir.partial" --strip-components=1 || die "untar $sdist failed"
     [ -f "$src/CMakeLists.txt" ] || die "no vendored llama.cpp in $sdist"
-    echo "build-llama-bench: cmake llama.cpp (llama-cpp-python $version), target llama-bench" >&2
+    echo "build-llama-bench: cmake llama.cpp (llama-cpp-python $version), targets ${targets[*]}" >&2
     cmake -S "$src" -B "$dir.partial/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
       -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=OFF >"$dir.partial/cmake.log" 2>&1 \
       || { tail -n 20 "$dir.partial/cmake.log" >&2; die "cmake configure failed"; }
   fi
-  cmake --build "$dir.partial/build" --target llama-bench -j "${AEON_BUILD_JOBS:-$(nproc)}" \
+  cmake --build "$dir.partial/build" --target "${targets[@]}" -j "${AEON_BUILD_JOBS:-$(nproc)}" \
     >"$dir.partial/build.log" 2>&1 \
-    || { tail -n 20 "$dir.partial/build.log" >&2; die "building llama-bench failed"; }
-  [ -x "$dir.partial/build/bin/llama-bench" ] || die "no build/bin/llama-bench after the build"
+    || { tail -n 20 "$dir.partial/build.log" >&2; die "building ${targets[*]} failed"; }
+  for t in "${targets[@]}"; do
+    [ -x "$dir.partial/build/bin/$t" ] || die "no build/bin/$t after the build"
+  done
   rm -rf "$dir" && mv "$dir.partial" "$dir"
 fi
-echo "$dir/build/bin/llama-bench"
+echo "$dir/build/bin/$want"

@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""A qwen2 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b] [--seed N]
+           [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
+           [--tokenizer QWEN.gguf] [--llama-quantize BIN]
+
+What it is for: tests that need a model of a given shape without downloading one (`tiny`, a
+2-layer model of hidden 256: the engine against the NumPy reference), and benches and mesh plans
+at a real size (`qwen2.5-7b`: 4.4-4.7 GB at Q4_K_M) without a 5 GB download.
+
+Presets (hyper-parameters from the models' config.json):
+  tiny           2 layers, hidden 256, 4 heads / 2 KV heads (head_dim 64), ffn 512, untied
+  qwen2.5-0.5b   24 layers, hidden 896, 14 / 2 heads, ffn 4864, tied embeddings
+  qwen2.5-7b     28 layers, hidden 3584, 28 / 4 heads, ffn 18944, untied
+All: rope theta 1e6, rms eps 1e-6, q/k/v biases. --hidden keeps head_dim and recomputes the head
+counts (heads = hidden / head_dim, KV heads = heads / the preset's group size).
+
+Vocabulary: the tokenizer is copied (every tokenizer.* key) from the real Qwen2.5-Coder-0.5B
+GGUF, whose token list has 151936 entries. A shape whose vocabulary is larger (qwen2.5-7b:
+152064) gets the list padded with "[PADi]" tokens of type UNUSED, as llama.cpp's
+convert_hf_to_gguf.py pads Qwen's (the real 7B GGUF has the same 152064-entry list); a smaller
+one (tiny) uses the tokenizer's count, so every id the tokenizer makes has an embedding row.
+
+Weights (what keeps activations finite and logits spread like a trained model's):
+embeddings and projections N(0, 0.02) like trained Qwen's; q/k/v biases N(0, 0.05); attn_norm /
+ffn_norm 1 + N(0, 0.05); output_norm chosen so the logits have a standard deviation near 3 (a
+trained model's is 2-4): with W_out ~ N(0, 0.02) and a unit-RMS input a logit has std
+0.02*sqrt(hidden), so the norm weight is 3 / (0.02*sqrt(hidden)) (+-5%). Checked on tiny seed 0
+with ref_forward.py: logits finite, std 2.99, top logit 13.2 (4.4 std above the mean), top-1
+probability 0.04. The distribution is flatter than a trained model's (entropy 7.7 nats): random
+weights have no confident token, which does not matter for speed or for engine-vs-reference tests. Each tensor has
+its own generator, seeded by (seed, crc32(name)): the bytes do not depend on the order tensors
+are made in, and --layers N keeps layers 0..N-1 of a deeper model identical.
+
+Types (--type):
+  legacy-mix  (default) llama.cpp's Q4_K_M rule with the row-size fallbacks it takes when a row
+              is not a multiple of 256 (Q4_K -> Q5_0, Q6_K -> Q8_0), quantized here in NumPy:
+              Q5_0 everywhere, Q8_0 for output.weight and for attn_v / ffn_down on the layers
+              llama.cpp's use_more_bits() picks. It is what llama-quantize wrote for the real
+              0.5B (896-wide rows) except its ffn_down (4864-wide rows: real Q4_K / Q6_K there),
+              and needs nothing but gguf + numpy.
+  q8_0, f16   every matrix in that type (f16 is llama-quantize's input).
+  q4_k_m      the real Q4_K_M mix (Q4_K / Q6_K): an f16 GGUF written next to OUT, then
+              `llama-quantize F16 OUT Q4_K_M` (scripts/bench/build-llama-bench.sh --quantize builds
+              it), the f16 file removed. gguf-py cannot quantize K types (NotImplementedError).
+Norms and biases are F32 in every type. Same seed and arguments: the same bytes (legacy-mix,
+q8_0, f16 are pure NumPy; llama-quantize is deterministic too, checked by hashing two runs).
+
+Memory: tensors are generated and written one at a time (GGUFWriter's tensor-info-first mode),
+the largest (a 7B's 152064x3584 embedding) in row chunks: peak ~1.5 GB for qwen2.5-7b.
+
+needs: pip install gguf numpy        exit codes: 0 written; 1 a bad argument or a failed step
+"""
+import argparse
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, ffn, vocab, tied, context)
+    "tiny": (2, 256, 4, 2, 512, None, False, 4096),
+    "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, True, 32768),
+    "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
+}
+ROPE_THETA = 1e6
+RMS_EPS = 1e-6
+STD = 0.02  # embeddings and projections, like trained Qwen's
+BIAS_STD = 0.05
+NORM_SPREAD = 0.05
+LOGIT_STD = 3.0
+DEFAULT_TOKENIZER = os.path.join(
+    os.environ.get("AEON_MODELS_DIR") or os.path.expanduser("~/.cache/aeon-shell/models"),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+)
+TOKEN_TYPE_UNUSED = 5
+CHUNK_ROWS = 16384
+
+
+def die(msg):
+    print(f"make-synthetic-model: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def use_more_bits(i, n):
+    """llama.cpp's rule (llama-quant.cpp) for which layers' attn_v / ffn_down get Q6_K in Q4_K_M."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def rng_for(seed, name):
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+# GGUF metadata value types (gguf.GGUFValueType) -> struct format of a scalar.
+SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_kv(path, prefix):
+    """The metadata keys of the GGUF at `path` that start with `prefix`, as
+    {key: (value, type, sub_type)}, strings as bytes. A direct parse of the header: GGUFReader
+    builds a numpy view per string and takes ~20 s on Qwen's 300k tokens and merges."""
+    import mmap
+    import struct
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if m[:4] != b"GGUF":
+        die(f"{path} is not a GGUF file")
+    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+    if version < 2:
+        die(f"{path}: GGUF version {version} is too old")
+    off = 24
+
+    def string():
+        nonlocal off
+        (n,) = struct.unpack_from("<Q", m, off)
+        off += 8
+        if off + n > len(m):
+            die(f"{path}: a string of {n} bytes runs past the end at offset {off}")
+        b = m[off:off + n]
+        off += n
+        return b
+
+    def scalar(t):
+        nonlocal off
+        if t == 8:
+            return string()
+        fmt = SCALAR.get(t)
+        if fmt is None:
+            die(f"{path}: unknown value type {t} at offset {off}")
+        (v,) = struct.unpack_from(fmt, m, off)
+        off += struct.calcsize(fmt)
+        return v
+
+    out = {}
+    for _ in range(n_kv):
+        key = string().decode()
+        (t,) = struct.unpack_from("<I", m, off)
+        off += 4
+        if t == 9:
+            sub, n = struct.unpack_from("<IQ", m, off)
+            off += 12
+            if sub in SCALAR:
+                size = struct.calcsize(SCALAR[sub])
+                if off + n * size > len(m):
+                    die(f"{path}: array {key} of {n} runs past the end")
+                val = np.frombuffer(m, dtype=np.dtype(SCALAR[sub]), count=n, offset=off).tolist()
+                off += n * size
+            else:
+                val = [scalar(sub) for _ in range(n)]
+            if key.startswith(prefix):
+                out[key] = (val, gguf.GGUFValueType(t), gguf.GGUFValueType(sub))
+        else:
+            val = scalar(t)
+            if key.startswith(prefix):
+                out[key] = (val, gguf.GGUFValueType(t), None)
+    return out
+
+
+def tokenizer_fields(path, vocab):
+    """Every tokenizer.* key of the GGUF at `path` as (key, value, type, sub_type), the token
+    list (and its types, and scores if any) padded to `vocab` entries; and the token count."""
+    kv = read_kv(path, "tokenizer.")
+    if "tokenizer.ggml.tokens" not in kv:
+        die(f"{path} has no tokenizer.ggml.tokens")
+    n = len(kv["tokenizer.ggml.tokens"][0])
+    vocab = n if vocab is None else vocab
+    if vocab < n:
+        die(f"vocab {vocab} is smaller than the tokenizer's {n} tokens")
+    pad = vocab - n
+    out = []
+    for key, (val, t, sub) in kv.items():
+        if key == "tokenizer.ggml.tokens":
+            val = val + [f"[PAD{i}]".encode() for i in range(n, vocab)]
+        elif key == "tokenizer.ggml.token_type":
+            val = val + [TOKEN_TYPE_UNUSED] * pad
+        elif key == "tokenizer.ggml.scores":
+            val = val + [0.0] * pad
+        out.append((key, val, t, sub))
+    return out, vocab, n
+
+
+def plan(cfg, wtype):
+    """(name, numpy shape (rows, cols), ggml type, kind) for every tensor, in file order."""
+    L, D, H, KVH, F, V, tied = cfg["layers"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["vocab"], cfg["tied"]
+    hd = D // H
+    kv = KVH * hd
+
+    def mat(name, layer=None):
+        if wtype == "f16":
+            return Q.F16
+        if wtype == "q8_0":
+            return Q.Q8_0
+        # legacy-mix: Q4_K_M's rule with its non-256 fallbacks
+        if name == "output.weight":
+            return Q.Q8_0
+        if layer is not None and name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(layer, L):
+            return Q.Q8_0
+        return Q.Q5_0
+
+    t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
+    for i in range(L):
+        p = f"blk.{i}."
+        t += [
+            (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+            (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+            (p + "attn_q.bias", (D,), Q.F32, "bias"),
+            (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+            (p + "attn_k.bias", (kv,), Q.F32, "bias"),
+            (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+            (p + "attn_v.bias", (kv,), Q.F32, "bias"),
+            (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+            (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+            (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+            (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+            (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+        ]
+    t.append(("output_norm.weight", (D,), Q.F32, "out_norm"))
+    if not tied:
+        t.append(("output.weight", (V, D), mat("output.weight"), "proj"))
+    return t
+
+
+def encode(x, qtype):
+    """f32 rows -> the bytes (as a numpy array) of `qtype`."""
+    if qtype == Q.F32:
+        return x.astype(np.float32, copy=False)
+    if qtype == Q.F16:
+        return x.astype(np.float16)
+    return quants.quantize(x, qtype)
+
+
+def values(name, shape, kind, seed, hidden, qtype):
+    """The tensor's encoded bytes, generated in row chunks (a big embedding never exists in f32)."""
+    g = rng_for(seed, name)
+    if kind == "norm":
+        return (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    if kind == "out_norm":
+        scale = LOGIT_STD / (STD * np.sqrt(hidden))
+        return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
+    if kind == "bias":
+        return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
+    rows, cols = shape
+    parts = []
+    for r0 in range(0, rows, CHUNK_ROWS):
+        n = min(CHUNK_ROWS, rows - r0)
+        x = g.standard_normal((n, cols), dtype=np.float32)
+        x *= STD
+        parts.append(encode(x, qtype))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def nbytes(shape, qtype):
+    if len(shape) == 1 or qtype in (Q.F32, Q.F16):
+        return int(np.prod(shape)) * (4 if qtype == Q.F32 else 2)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = shape
+    if cols % block:
+        die(f"a row of {cols} is not a multiple of {qtype.name}'s block of {block}")
+    return rows * cols // block * size
+
+
+def write_gguf(path, cfg, wtype, seed, tok, quiet):
+    ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "legacy-mix": gguf.LlamaFileType.MOSTLY_Q5_0}[wtype]
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_type("model")
+    w.add_name(f"synthetic {cfg['preset']} seed {seed}")
+    w.add_description(f"seeded random weights (scripts/make-synthetic-model.py --seed {seed}), not a trained model")
+    w.add_context_length(cfg["context"])
+    w.add_embedding_length(cfg["hidden"])
+    w.add_block_count(cfg["layers"])
+    w.add_feed_forward_length(cfg["ffn"])
+    w.add_head_count(cfg["heads"])
+    w.add_head_count_kv(cfg["kv_heads"])
+    w.add_rope_freq_base(ROPE_THETA)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, val, t, sub in tok:
+        w.add_key_value(key, val, t, sub_type=sub)
+    tensors = plan(cfg, wtype)
+    for name, shape, qtype, _ in tensors:
+        # add_tensor_info takes the byte shape for quantized types and converts it.
+        raw = shape if qtype in (Q.F32, Q.F16) else (*shape[:-1], nbytes((1, shape[-1]), qtype))
+        dtype = {Q.F32: np.float32, Q.F16: np.float16}.get(qtype, np.uint8)
+        w.add_tensor_info(name, raw, np.dtype(dtype), nbytes(shape, qtype), raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for k, (name, shape, qtype, kind) in enumerate(tensors):
+        if not quiet:
+            print(f"\r  {k + 1}/{len(tensors)} {name:<28}", end="", file=sys.stderr, flush=True)
+        w.write_tensor_data(values(name, shape, kind, seed, cfg["hidden"], qtype))
+    if not quiet:
+        print(file=sys.stderr)
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="the GGUF to write")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, help="override the preset's layer count")
+    ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
+    ap.add_argument("--ffn", type=int, help="override the feed-forward size")
+    ap.add_argument("--type", dest="wtype", choices=["legacy-mix", "q8_0", "f16", "q4_k_m"], default="legacy-mix")
+    ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="the GGUF whose tokenizer.* keys are copied")
+    ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"),
+                    help="llama-quantize binary for --type q4_k_m (default: $LLAMA_QUANTIZE, else "
+                    "scripts/bench/build-llama-bench.sh --quantize builds one)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    a = ap.parse_args()
+
+    L, D, H, KVH, F, V, tied, ctx = PRESETS[a.preset]
+    hd, group = D // H, H // KVH
+    if a.hidden is not None:
+        if a.hidden <= 0 or a.hidden % hd or (a.hidden // hd) % group:
+            die(f"--hidden {a.hidden} must be a multiple of head_dim {hd} * group {group}")
+        D, H = a.hidden, a.hidden // hd
+        KVH = H // group
+    if a.layers is not None:
+        if a.layers <= 0:
+            die("--layers must be positive")
+        L = a.layers
+    if a.ffn is not None:
+        if a.ffn <= 0 or a.ffn % 32:
+            die("--ffn must be a positive multiple of 32")
+        F = a.ffn
+    if not os.path.exists(a.tokenizer):
+        die(f"{a.tokenizer} not found (scripts/fetch-model.sh qwen, or --tokenizer)")
+    tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
+    cfg = dict(preset=a.preset, layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
+    if not a.quiet:
+        pad = f" ({V - n_tok} [PAD] tokens after the tokenizer's {n_tok})" if V > n_tok else ""
+        print(f"make-synthetic-model: {a.preset} L={L} D={D} H={H}/{KVH} F={F} V={V}{pad} tied={tied} "
+              f"seed={a.seed} type={a.wtype}", file=sys.stderr)
+
+    out = os.path.abspath(a.out)
+    tmp = out + ".partial"
+    if a.wtype != "q4_k_m":
+        write_gguf(tmp, cfg, a.wtype, a.seed, tok, a.quiet)
+        os.replace(tmp, out)
+        return 0
+
+    lq = a.llama_quantize
+    if not lq:
+        here = os.path.dirname(os.path.abspath(__file__))
+        p = subprocess.run(["bash", os.path.join(here, "bench", "build-llama-bench.sh"), "--quantize"],
+                           stdout=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            die("no llama-quantize (scripts/bench/build-llama-bench.sh --quantize failed)")
+        lq = p.stdout.strip().splitlines()[-1]
+    f16 = out + ".f16.partial"
+    try:
+        write_gguf(f16, cfg, "f16", a.seed, tok, a.quiet)
+        if not a.quiet:
+            print(f"make-synthetic-model: {lq} {f16} {tmp} Q4_K_M", file=sys.stderr)
+        p = subprocess.run([lq, f16, tmp, "Q4_K_M"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:
+            die(f"llama-quantize failed (exit {p.returncode}):\n{p.stdout[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        for f in (f16, tmp):
+            if os.path.exists(f):
+                os.remove(f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
