@@ -198,6 +198,22 @@ fn run_chain(chain: &Chain, session: &str) -> (Vec<f32>, Vec<f32>, StepTrace) {
     (prefill, decode, trace)
 }
 
+/// Splits `model` at `ranges` with the real CLI into `out`.
+fn split(model: &Path, ranges: &str, out: &Path) {
+    let o = Command::new(env!("CARGO_BIN_EXE_shard-knot"))
+        .arg("split")
+        .arg(model)
+        .args(["--ranges", ranges, "-o"])
+        .arg(out)
+        .output()
+        .expect("run shard-knot");
+    assert!(
+        o.status.success(),
+        "shard-knot split: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn three_shard_stations_equal_one_full_station_bit_for_bit() {
     let Some(model) = model(QWEN) else {
@@ -209,18 +225,7 @@ fn three_shard_stations_equal_one_full_station_bit_for_bit() {
 
     // Split with the real CLI.
     let dir = tempfile::tempdir().expect("temp dir");
-    let o = Command::new(env!("CARGO_BIN_EXE_shard-knot"))
-        .arg("split")
-        .arg(&model)
-        .args(["--ranges", "0..8,8..16,16..24", "-o"])
-        .arg(dir.path())
-        .output()
-        .expect("run shard-knot");
-    assert!(
-        o.status.success(),
-        "shard-knot split: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    split(&model, "0..8,8..16,16..24", dir.path());
     let parent = Knot::open(&model).expect("open parent");
     let ranges = [
         LayerRange::new(0, 8),
@@ -419,18 +424,7 @@ fn gemma3_three_shard_stations_equal_one_full_station_for_a_greedy_run() {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let o = Command::new(env!("CARGO_BIN_EXE_shard-knot"))
-        .arg("split")
-        .arg(&model)
-        .args(["--ranges", "0..5,5..12,12..18", "-o"])
-        .arg(dir.path())
-        .output()
-        .expect("run shard-knot");
-    assert!(
-        o.status.success(),
-        "shard-knot split: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    split(&model, "0..5,5..12,12..18", dir.path());
     let mut shards: Vec<PathBuf> = std::fs::read_dir(dir.path())
         .expect("shard dir")
         .map(|e| e.expect("dir entry").path())

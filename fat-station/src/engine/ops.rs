@@ -35,32 +35,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// stays NaN. No branch, no table, no libm call: LLVM vectorizes loops over it.
 #[inline]
 pub fn exp(x: f32) -> f32 {
-    const LOG2E: f64 = std::f64::consts::LOG2_E;
-    const LN2: f64 = std::f64::consts::LN_2;
-    const SHIFT: f64 = 6755399441055744.0; // 1.5 * 2^52
-    let x = x.clamp(-104.0, 89.0) as f64;
-    let z = x * LOG2E + SHIFT;
-    let k = z - SHIFT;
-    let r = x - k * LN2;
-    // 1/n! for n = 10 down to 1 (Horner).
-    let mut p = 1.0 / 3_628_800.0;
-    for c in [
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = p * r + c;
-    }
-    // The low 12 bits of z's pattern are k mod 4096; k + 1023 is in 872..=1152.
-    let scale = f64::from_bits(z.to_bits().wrapping_add(1023) << 52);
-    (p * scale) as f32
+    exp_f64(x.clamp(-104.0, 89.0) as f64) as f32
 }
 
 /// `tanh(x)` for f32 from [`exp`]'s arithmetic, the same bits on every target:
@@ -82,8 +57,8 @@ pub fn tanh(x: f32) -> f32 {
     (if x < 0.0 { -t } else { t }) as f32
 }
 
-/// `e^y` in f64 for `y` in [0, 20] ([`tanh`]'s argument), as [`exp`] computes it before the
-/// rounding to f32.
+/// `e^y` in f64 for `y` in [-104, 89] ([`exp`]'s clamped range; [`tanh`] uses [0, 20]):
+/// `2^k * e^r` with `k = round(y / ln 2)` and `e^r` from its Taylor series to degree 10.
 #[inline]
 fn exp_f64(y: f64) -> f64 {
     const LOG2E: f64 = std::f64::consts::LOG2_E;
@@ -92,6 +67,7 @@ fn exp_f64(y: f64) -> f64 {
     let z = y * LOG2E + SHIFT;
     let k = z - SHIFT;
     let r = y - k * LN2;
+    // 1/n! for n = 10 down to 1 (Horner).
     let mut p = 1.0 / 3_628_800.0;
     for c in [
         1.0 / 362_880.0,
@@ -107,6 +83,7 @@ fn exp_f64(y: f64) -> f64 {
     ] {
         p = p * r + c;
     }
+    // The low 12 bits of z's pattern are k mod 4096; k + 1023 is in 872..=1152.
     p * f64::from_bits(z.to_bits().wrapping_add(1023) << 52)
 }
 
