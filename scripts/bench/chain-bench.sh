@@ -4,6 +4,7 @@
 #
 #   scripts/bench/chain-bench.sh [--nodes N] [--delay MS] [--cpus C] [--mem SIZE]
 #                                [--streams LIST] [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
+#                                [--knot FILE]   (default: r1-sim.sh's, the real Qwen 0.5B)
 #
 # Per rep and per number of concurrent streams S in LIST (default 1,2,3): S greedy streamed
 # /v1/chat/completions at once (prose prompts, each unique so no cached prefix is reused), and
@@ -17,7 +18,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MOON=${MOONSHINE_BIN:-$ROOT/target/release/moonshine}
-nodes=2 delay=12 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32
+nodes=2 delay=12 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -28,6 +29,7 @@ while [[ $# -gt 0 ]]; do
     -n) ntok=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --kv-dtype) kv=$2; shift 2 ;;
+    --knot) knot=(--knot "$2"); shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
     *) echo "chain-bench: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -45,7 +47,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" --delay "$delay" --cpus "$cpus" --mem "$mem" \
-  --kv-dtype "$kv"
+  --kv-dtype "$kv" "${knot[@]}"
 "$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 \
   >"$out/serve.log" 2>&1 &
 serve_pid=$!
