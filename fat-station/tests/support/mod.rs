@@ -45,6 +45,26 @@ pub fn rms_max(a: &[f32], b: &[f32]) -> (f64, f64) {
     ((ss / a.len() as f64).sqrt(), mx)
 }
 
+/// Asserts `logits` agree with the f32 reference `golden`: the same top-3 ids, and rms and
+/// max abs difference within the bounds (the engine quantizes activations to 8 bits for its
+/// dots, as llama.cpp does; the reference is f32 throughout).
+pub fn assert_near_reference(logits: &[f32], golden: &[f32], rms_bound: f64, max_bound: f64) {
+    let (rms, max) = rms_max(logits, golden);
+    assert_eq!(
+        top_ids(logits, 3),
+        top_ids(golden, 3),
+        "top-3 ids differ from the reference"
+    );
+    assert!(
+        rms <= rms_bound,
+        "rms {rms} > {rms_bound} against the NumPy reference"
+    );
+    assert!(
+        max <= max_bound,
+        "max abs delta {max} > {max_bound} against the NumPy reference"
+    );
+}
+
 /// The fat-station binary: this crate's, or `$AEON_STATION_BIN` (to run a test against
 /// another build, e.g. to see a regression test fail on the old code).
 pub fn station_bin() -> PathBuf {

@@ -114,13 +114,12 @@ impl LastGeneration {
         let decode_steps = whole.steps.saturating_sub(prefill.steps);
         // Per-step means over the decode steps (what a token costs on each hop); the
         // prefill's (per step of up to PREFILL_STEP tokens) when it was all there was.
-        let (base, steps, zero) = if decode_steps > 0 {
-            (Some(prefill), decode_steps, Timing::default())
+        let zero = Timing::default();
+        let (before, end, steps) = if decode_steps > 0 {
+            (prefill, whole, decode_steps)
         } else {
-            (None, prefill.steps.max(1), Timing::default())
+            (&zero, prefill, prefill.steps.max(1))
         };
-        let before = base.unwrap_or(&zero);
-        let end = if decode_steps > 0 { whole } else { prefill };
         let per = |after: f64, before: f64| (after - before).max(0.0) / steps as f64;
         let hop_ms = end
             .hops
