@@ -8,8 +8,11 @@
 #
 # Per rep and per number of concurrent streams S in LIST (default 1,2,3): S greedy streamed
 # /v1/chat/completions at once (prose prompts, each unique so no cached prefix is reused), and
-# reports each stream's decode tok/s ((tokens - 1) / time from first to last token) and the
-# aggregate (all tokens / wall time of the batch). Then prefill: a ~400-token prompt, 1 token
+# reports each stream's decode tok/s ((tokens - 1) / time from first to last token), the
+# aggregate (all tokens / wall time of the batch, prompt processing included) and the decode
+# aggregate (all tokens after each stream's first / time from the earliest first token to the
+# latest last one: what the chain sustains while the streams decode side by side; the
+# "x 1 stream" column compares these). Then prefill: a ~400-token prompt, 1 token
 # out, prompt tokens / time to first token. Prints median [min-max] over R reps, then each
 # node's peak RSS (VmHWM) and cgroup memory peak (r1-sim.sh status). Measure on a quiet machine.
 # Needs what r1-sim.sh needs, plus target/release/moonshine.
@@ -91,7 +94,7 @@ def stream(prompt, max_tokens):
                 times.append(time.monotonic())
     if not times:
         raise SystemExit("chain-bench: a stream produced no tokens")
-    return len(times), times[0] - t0, times[-1] - times[0]
+    return len(times), times[0] - t0, times[-1] - times[0], times[0], times[-1]
 
 
 def spread(xs):
@@ -119,12 +122,14 @@ for rep in range(reps):
         wall = time.monotonic() - t0
         if any(r is None for r in results):
             raise SystemExit("chain-bench: a stream failed")
-        per = [(n - 1) / d for n, _, d in results if n > 1 and d > 0]
-        agg = sum(n for n, _, _ in results) / wall
-        rows.setdefault(s, {"per": [], "agg": [], "tok": []})
+        per = [(n - 1) / d for n, _, d, _, _ in results if n > 1 and d > 0]
+        agg = sum(r[0] for r in results) / wall
+        span = max(r[4] for r in results) - min(r[3] for r in results)
+        dec = sum(r[0] - 1 for r in results) / span if span > 0 else float("nan")
+        rows.setdefault(s, {"per": [], "agg": [], "dec": []})
         rows[s]["per"].append(statistics.mean(per))
         rows[s]["agg"].append(agg)
-        rows[s]["tok"].append(sum(n for n, _, _ in results))
+        rows[s]["dec"].append(dec)
 
 # Prefill: a long unique prompt, one token out.
 filler = ("The committee met on the third floor to review the quarterly figures, the hiring "
@@ -146,12 +151,13 @@ for rep in range(reps):
 
 print(f"\n{sys.argv[5]} nodes, {sys.argv[6]} ms per link, {sys.argv[7]} cpu each, kv {sys.argv[8]}; "
       f"{ntok} tokens per stream; median [min-max] of {reps}")
-print(f"{'streams':>7} {'per-stream decode tok/s':>26} {'aggregate tok/s':>24} {'x 1 stream':>10}")
-base = statistics.median(rows[streams[0]]["agg"]) if streams[0] == 1 else None
+print(f"{'streams':>7} {'per-stream decode tok/s':>26} {'aggregate tok/s':>24} "
+      f"{'decode aggregate tok/s':>24} {'x 1 stream':>10}")
+base = statistics.median(rows[streams[0]]["dec"]) if streams[0] == 1 else None
 for s in streams:
-    agg = statistics.median(rows[s]["agg"])
-    ratio = f"{agg / base:10.2f}" if base else f"{'-':>10}"
-    print(f"{s:7} {spread(rows[s]['per']):>26} {spread(rows[s]['agg']):>24} {ratio}")
+    dec = statistics.median(rows[s]["dec"])
+    ratio = f"{dec / base:10.2f}" if base else f"{'-':>10}"
+    print(f"{s:7} {spread(rows[s]['per']):>26} {spread(rows[s]['agg']):>24} {spread(rows[s]['dec']):>24} {ratio}")
 print(f"prefill ({n_prompt} prompt tokens, 1 out): {spread(pre)} tok/s (prompt tokens / time to answer)")
 EOF
 "$ROOT/scripts/r1-sim.sh" status | grep '^node' || true

@@ -57,11 +57,11 @@ pub fn assert_near_reference(logits: &[f32], golden: &[f32], rms_bound: f64, max
     );
     assert!(
         rms <= rms_bound,
-        "rms {rms} > {rms_bound} against the NumPy reference"
+        "rms {rms} > {rms_bound} against the reference"
     );
     assert!(
         max <= max_bound,
-        "max abs delta {max} > {max_bound} against the NumPy reference"
+        "max abs delta {max} > {max_bound} against the reference"
     );
 }
 

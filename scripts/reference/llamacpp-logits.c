@@ -1,0 +1,83 @@
+// llama.cpp's logits of the last position for given token ids, one thread, as little-endian f32:
+//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] ID...
+// Built by scripts/reference/make-synthetic-golden.sh against the static libraries of
+// scripts/bench/build-llama-bench.sh's native build (the same llama.cpp as the benchmarks).
+// Weight repacking (extra CPU buffer types) is off: in llama.cpp 0.3.36 it sometimes dies of
+// SIGSEGV on this AVX-512 box; the plain ggml kernels compute the same model.
+// --token-by-token feeds one id per llama_decode (llama.cpp quantizes activations per batch
+// shape, so the two differ a little: that difference is llama.cpp's own noise).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama.h"
+
+static void quiet(enum ggml_log_level level, const char *text, void *user) {
+    (void)user;
+    if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s MODEL.gguf OUT.f32 [--token-by-token] ID...\n", argv[0]);
+        return 2;
+    }
+    int first = 3, one_by_one = 0;
+    if (strcmp(argv[3], "--token-by-token") == 0) {
+        one_by_one = 1;
+        first = 4;
+    }
+    int n = argc - first;
+    if (n <= 0 || n > 4096) {
+        fprintf(stderr, "llamacpp-logits: give 1 to 4096 token ids\n");
+        return 2;
+    }
+    llama_token *ids = calloc((size_t)n, sizeof *ids);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        long v = strtol(argv[first + i], &end, 10);
+        if (*end || v < 0 || v > 0x7fffffff) {
+            fprintf(stderr, "llamacpp-logits: bad token id %s\n", argv[first + i]);
+            return 2;
+        }
+        ids[i] = (llama_token)v;
+    }
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.use_extra_bufts = false;
+    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
+    if (!model) {
+        fprintf(stderr, "llamacpp-logits: cannot load %s\n", argv[1]);
+        return 1;
+    }
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)(n + 16);
+    cp.n_batch = (uint32_t)(n + 16);
+    cp.n_threads = 1;
+    cp.n_threads_batch = 1;
+    struct llama_context *ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        fprintf(stderr, "llamacpp-logits: cannot make a context\n");
+        return 1;
+    }
+    int vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    for (int i = 0; i < n; i += one_by_one ? 1 : n) {
+        int len = one_by_one ? 1 : n;
+        if (llama_decode(ctx, llama_batch_get_one(ids + i, len)) != 0) {
+            fprintf(stderr, "llamacpp-logits: llama_decode failed\n");
+            return 1;
+        }
+    }
+    const float *logits = llama_get_logits_ith(ctx, -1);
+    FILE *f = fopen(argv[2], "wb");
+    if (!f || fwrite(logits, sizeof(float), (size_t)vocab, f) != (size_t)vocab || fclose(f) != 0) {
+        fprintf(stderr, "llamacpp-logits: cannot write %s\n", argv[2]);
+        return 1;
+    }
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
+    free(ids);
+    return 0;
+}
