@@ -65,6 +65,10 @@ struct Args {
     /// their bits part.
     #[arg(long)]
     trace: bool,
+    /// With --forward: also write the last logits as little-endian f32 to FILE (to compare
+    /// with another engine's, e.g. scripts/reference/llamacpp-logits.c on the same GGUF).
+    #[arg(long, value_name = "FILE")]
+    logits_out: Option<std::path::PathBuf>,
     #[command(flatten)]
     verbosity: aeon_cli::Verbosity,
 }
@@ -73,8 +77,9 @@ struct Args {
 const PROMPT: [u32; 8] = [785, 6722, 315, 9625, 374, 12095, 13, 576];
 
 /// `--forward`: prefill + greedy decode on one thread; prints the ids and the logits' hash.
-fn forward(path: &std::path::Path, prefill: usize, decode: usize, trace: bool) -> Result<()> {
+fn forward(path: &std::path::Path, args: &Args) -> Result<()> {
     use fat_station::engine::Model;
+    let (prefill, decode, trace) = (args.prefill, args.decode, args.trace);
     if prefill == 0 {
         anyhow::bail!("--prefill must be at least 1");
     }
@@ -108,6 +113,10 @@ fn forward(path: &std::path::Path, prefill: usize, decode: usize, trace: bool) -
     println!("kernels: {:?}", kernels().isa);
     println!("greedy ids: {ids:?}");
     println!("last logits blake3: {}", bits_hash(&logits));
+    if let Some(out) = &args.logits_out {
+        let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
+    }
     Ok(())
 }
 
@@ -221,7 +230,7 @@ fn bandwidth(pool: &rayon::ThreadPool, buf: &[u64], secs: f64) -> f64 {
 
 fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.forward {
-        return forward(path, args.prefill, args.decode, args.trace);
+        return forward(path, &args);
     }
     let pools: Vec<rayon::ThreadPool> = [1, 2]
         .iter()
