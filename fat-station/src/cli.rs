@@ -11,6 +11,7 @@ use crate::mesh::grant::GrantVerifier;
 use crate::mesh::manifest::NodeManifest;
 use crate::mesh::seal::MeshKey;
 use crate::mesh::MeshNode;
+use crate::station::weight_memory::PackWeights;
 use crate::station::{self, ConnLimits, Limits, Station};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -109,6 +110,13 @@ pub struct Args {
     /// default; logits move slightly, see specs/station-wire.md "Sessions").
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
     kv_dtype: KvDtype,
+    /// Where the weights live: `always` packs them into interleaved copies for the fast
+    /// kernels (anonymous memory, which without swap cannot be evicted); `never` keeps them in
+    /// the mapped file, which the OS pages from storage when memory is short (slower, never
+    /// OOM-killed for its weights); `auto` packs when the copies plus 256 MiB fit this
+    /// process's memory cgroup limit and the available memory. Same logits either way.
+    #[arg(long, value_enum, default_value_t = PackWeights::Auto)]
+    pack_weights: PackWeights,
     /// Seconds an idle session is kept.
     #[arg(long, default_value_t = 600)]
     session_idle_s: u64,
@@ -278,6 +286,7 @@ pub fn run(args: Args) -> Result<()> {
         session_idle: Duration::from_secs(args.session_idle_s),
         max_positions: args.max_positions,
         kv_dtype: args.kv_dtype,
+        pack_weights: args.pack_weights,
         max_session_bytes: usize::try_from(args.max_session_memory).unwrap_or(usize::MAX),
         max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),
         body_timeout: args.body_timeout,

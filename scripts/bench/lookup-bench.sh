@@ -4,6 +4,7 @@
 #
 #   scripts/bench/lookup-bench.sh [--nodes N] [--delay MS] [--cpus C] [--mem SIZE] [-n TOKENS]
 #                                 [--reps R] [--lookup-draft K] [--keep]
+#                                 [--knot FILE]   (default: r1-sim.sh's, the real Qwen 0.5B)
 #
 # For each prompt (a code edit: repeat a function with one change, where drafts hit; and
 # free prose) it runs greedy chat generation R times plain and R times with --lookup and
@@ -15,10 +16,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MOON=${MOONSHINE_BIN:-$ROOT/target/release/moonshine}
-nodes=2 delay=12 cpus=1 mem=2.95G ntok=128 reps=3 draft=7 keep=0
+nodes=2 delay=12 cpus=1 mem=2.95G ntok=128 reps=3 draft=7 keep=0 knot=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
+    --knot) knot=(--knot "$2"); shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
@@ -33,10 +35,11 @@ done
 [ -x "$MOON" ] || { echo "lookup-bench: no $MOON (cargo build --release -p moonshine)" >&2; exit 2; }
 export R1SIM_STATE=${R1SIM_STATE:-/run/r1-sim-lookup-bench}
 export R1SIM_NAME=${R1SIM_NAME:-r1look} R1SIM_NET=${R1SIM_NET:-10.76.0}
-"$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" --delay "$delay" --cpus "$cpus" --mem "$mem"
-[ "$keep" = 1 ] || trap '"$ROOT/scripts/r1-sim.sh" down' EXIT
+"$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" --delay "$delay" --cpus "$cpus" --mem "$mem" "${knot[@]}"
 mesh=$R1SIM_STATE/mesh.json
 out=$(mktemp -d)
+if [ "$keep" = 1 ]; then trap 'rm -rf "$out"' EXIT
+else trap 'rm -rf "$out"; "$ROOT/scripts/r1-sim.sh" down' EXIT; fi
 
 code='Repeat this Python function exactly, but rename `total` to `acc`. Reply with only the code.
 
@@ -53,7 +56,8 @@ def summarize(orders, tax_rate):
 prose='Write a short story about a lighthouse keeper who finds a letter.'
 
 run() { # name prompt mode rep
-  local args=(--chat -c "$2" -n "$ntok" --json --mesh "$mesh")
+  # --temperature 0: --chat samples by default (llama-server's 0.8); the comparison is greedy.
+  local args=(--chat --temperature 0 -c "$2" -n "$ntok" --json --mesh "$mesh")
   [ "$3" = lookup ] && args+=(--lookup --lookup-draft "$draft")
   "$MOON" "${args[@]}" </dev/null >"$out/$1-$3-$4.json" 2>"$out/$1-$3-$4.err" \
     || { cat "$out/$1-$3-$4.err" >&2; exit 1; }

@@ -10,10 +10,10 @@
 # boot), start fat-station in a fresh memory cgroup (v2 memory.max, or v1
 # memory.limit_in_bytes, swap off for it), prefill a prompt, then decode TOKENS greedy tokens
 # with moonshine and read the station's counters around the decode only. Needs root (cgroups,
-# drop_caches). On x86_64 the station runs with FAT_KERNELS=avx2 unless FAT_KERNELS is set:
-# the AVX-512 path repacks the weights into 16-row interleaved copies, which are anonymous
-# memory (no file to page back in from), so a limit below the weights kills it instead of
-# paging; the aarch64 kernels read the mmapped file as it is. Env: FAT_STATION_BIN, MOONSHINE_BIN (default target/release/...),
+# drop_caches). The station's --pack-weights auto (the default) sees the cgroup limit: below
+# the weights it keeps them in the mapped file (block kernels, pageable) instead of packing
+# them into 16-row copies, which are anonymous memory that nothing can page back in, so a
+# packed station under such a limit would be OOM-killed. Env: FAT_STATION_BIN, MOONSHINE_BIN (default target/release/...),
 # AEON_MODELS_DIR. Exit: 0 table printed; 1 a run failed; 2 bad usage, not root, no model.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -53,12 +53,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-[ "$(uname -m)" = x86_64 ] && export FAT_KERNELS=${FAT_KERNELS:-avx2}
-
 bytes() { numfmt --from=iec "${1%B}"; }
-read_[ "$(uname -m)" = x86_64 ] && export FAT_KERNELS=${FAT_KERNELS:-avx2}
-
-bytes() { awk '/^read_bytes/ {print $2}' "/proc/$1/io"; }
+read_bytes() { awk '/^read_bytes/ {print $2}' "/proc/$1/io"; }
 peak() {
   if [ $v = 2 ]; then cat "$cg/memory.peak" 2>/dev/null || echo 0
   else cat "$cg/memory.max_usage_in_bytes"; fi

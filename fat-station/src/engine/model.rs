@@ -99,14 +99,33 @@ impl<'a> Model<'a> {
     /// does it in the background once it is ready, so the first token does not pay for it).
     pub fn prepare(&self) {
         let k = super::kernels::kernels();
-        for l in &self.weights.layers {
-            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                w.interleaved(k);
-            }
-        }
-        if let Some(out) = &self.weights.output {
-            out.interleaved(k);
-        }
+        self.matrices().for_each(|w| {
+            w.interleaved(k);
+        });
+    }
+
+    /// Bytes [`Model::prepare`] would copy into interleaved (anonymous) memory with this
+    /// process's kernels; the held weights' mapped pages are released as they are copied.
+    pub fn packable_bytes(&self) -> usize {
+        let k = super::kernels::kernels();
+        self.matrices().map(|w| w.packable_bytes(k)).sum()
+    }
+
+    /// Keep every matrix in the mapped file (no interleaved copies; see
+    /// [`super::kernels::Linear::keep_in_file`]): for a node whose memory is below its
+    /// weights, which then pages them from storage instead of being killed. Call before the
+    /// first forward pass or [`Model::prepare`].
+    pub fn keep_weights_in_file(&self) {
+        self.matrices().for_each(|w| w.keep_in_file());
+    }
+
+    /// The matrices of the held blocks and the head.
+    fn matrices(&self) -> impl Iterator<Item = &super::kernels::Linear<'a>> {
+        self.weights
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(self.weights.output.as_ref())
     }
 
     /// A fresh session over the held blocks, storing keys and values as

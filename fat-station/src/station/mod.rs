@@ -14,6 +14,7 @@ pub mod heap;
 pub mod metrics;
 pub mod routes;
 pub mod server;
+pub mod weight_memory;
 
 pub use conn::{serve_connections, serve_connections_with, ConnLimits};
 pub use routes::{bind, serve};

@@ -51,6 +51,8 @@ pub struct Limits {
     pub conn: ConnLimits,
     /// How sessions store keys and values (`--kv-dtype`; f16 halves their memory).
     pub kv_dtype: KvDtype,
+    /// Whether the weights are packed into interleaved copies or stay in the mapped file.
+    pub pack_weights: super::weight_memory::PackWeights,
 }
 
 /// Default `--max-body`.
@@ -80,6 +82,7 @@ impl Default for Limits {
             max_compute: default_max_compute(),
             conn: ConnLimits::default(),
             kv_dtype: KvDtype::F32,
+            pack_weights: Default::default(),
         }
     }
 }
@@ -159,6 +162,16 @@ impl Station {
             mesh: OnceLock::new(),
             metrics: StationMetrics::default(),
         });
+        let packable = st.model.packable_bytes() as u64;
+        let budget = super::weight_memory::memory_budget();
+        if !st.limits.pack_weights.decide(packable, budget) {
+            st.model.keep_weights_in_file();
+            tracing::info!(
+                packable_mib = packable >> 20,
+                budget_mib = budget.map(|b| b >> 20),
+                "weights stay in the mapped file (paged: slower, but within the memory limit)"
+            );
+        }
         let bg = Arc::clone(&st);
         let spawned = std::thread::Builder::new()
             .name("prepare-weights".into())

@@ -476,6 +476,24 @@ impl<'a> Linear<'a> {
         }
     }
 
+    /// Never make the interleaved copy: the kernels read the mapped blocks, which the OS can
+    /// evict and page back in from the file (a station whose memory is below its weights;
+    /// the copy is anonymous memory, which without swap cannot be evicted). Same bits either
+    /// way. No effect once the copy exists.
+    pub fn keep_in_file(&self) {
+        let _ = self.interleaved.set(None);
+    }
+
+    /// Bytes an interleaved copy would take under `k` (the matrix's own size), 0 when `k` has
+    /// no 16-row kernel for the type.
+    pub fn packable_bytes(&self, k: &Kernels) -> usize {
+        if k.rows16(self.q.dtype).is_some() && interleaved::tile_bytes(self.q.dtype).is_some() {
+            self.q.data.len()
+        } else {
+            0
+        }
+    }
+
     /// The interleaved copy when `k` has a 16-row kernel for the type, packed on first call
     /// (concurrent callers wait for the one packing).
     pub fn interleaved(&self, k: &Kernels) -> Option<&Interleaved> {
