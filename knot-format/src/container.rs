@@ -325,6 +325,31 @@ impl Knot {
         }
     }
 
+    /// Pins the pages of `bytes`, a slice of this file's mapping, in memory (`mlock`): they are
+    /// read in now and never evicted, so a process paging the rest of its weights re-reads
+    /// only the rest. Needs CAP_IPC_LOCK or room under RLIMIT_MEMLOCK; the pages count
+    /// against the memory cgroup. A slice outside the mapping is an `InvalidInput` error.
+    pub fn lock(&self, bytes: &[u8]) -> std::io::Result<()> {
+        let base = self.mmap.as_ptr() as usize;
+        let start = bytes.as_ptr() as usize;
+        if bytes.is_empty() || start < base || start + bytes.len() > base + self.mmap.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "lock: the slice is not in this file's mapping",
+            ));
+        }
+        // SAFETY: the range lies inside this live mapping (checked above); mlock only pins
+        // its pages (rounding out to whole pages, all of them mapped by this mapping: the
+        // map starts on a page and its last page is whole in the address space) and reads
+        // or writes no memory. The pins end with the mapping.
+        let rc = unsafe { libc::mlock(bytes.as_ptr().cast(), bytes.len()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
     /// Looks a tensor up by GGUF name; also accepts `blk_12_attn_q_weight`,
     /// `blk.12.attn_q.weight.bin` and `blk_12_attn_q_weight.bin`.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {

@@ -13,7 +13,10 @@
 # drop_caches). The station's --pack-weights auto (the default) sees the cgroup limit: below
 # the weights it keeps them in the mapped file (block kernels, pageable) instead of packing
 # them into 16-row copies, which are anonymous memory that nothing can page back in, so a
-# packed station under such a limit would be OOM-killed. Env: FAT_STATION_BIN, MOONSHINE_BIN (default target/release/...),
+# packed station under such a limit would be OOM-killed; it also pins (mlock) as many matrices
+# as fit in the limit less 128 MiB, so a token re-reads only the rest. Pages of the file that
+# another process keeps mapped are neither dropped nor charged here: pass a private copy
+# (--knot) when anything else is using the model. Env: FAT_STATION_BIN, MOONSHINE_BIN (default target/release/...),
 # AEON_MODELS_DIR. Exit: 0 table printed; 1 a run failed; 2 bad usage, not root, no model.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

@@ -119,6 +119,27 @@ impl<'a> Model<'a> {
         self.matrices().for_each(|w| w.keep_in_file());
     }
 
+    /// Pins weight matrices in memory, in forward order, while they fit in `budget` bytes
+    /// (see [`knot_format::Knot::lock`]): with the weights kept in the file, each token then
+    /// re-reads only the matrices left unpinned, instead of nearly all of them (the page
+    /// cache's LRU against a cyclic scan larger than it). Returns the bytes pinned; stops at
+    /// the first refusal (no privilege, memlock limit).
+    pub fn lock_weights(&self, budget: u64) -> u64 {
+        let mut locked = 0u64;
+        for w in self.matrices() {
+            let len = w.q.data.len() as u64;
+            if locked + len > budget {
+                continue;
+            }
+            if let Err(e) = self.knot.lock(w.q.data) {
+                tracing::warn!("pinning weights in memory: {e}; the rest stay pageable");
+                break;
+            }
+            locked += len;
+        }
+        locked
+    }
+
     /// The matrices of the held blocks and the head.
     fn matrices(&self) -> impl Iterator<Item = &super::kernels::Linear<'a>> {
         self.weights

@@ -166,9 +166,14 @@ impl Station {
         let budget = super::weight_memory::memory_budget();
         if !st.limits.pack_weights.decide(packable, budget) {
             st.model.keep_weights_in_file();
+            let pinned = budget.map_or(0, |b| {
+                st.model
+                    .lock_weights(b.saturating_sub(super::weight_memory::PAGED_RESERVE))
+            });
             tracing::info!(
                 packable_mib = packable >> 20,
                 budget_mib = budget.map(|b| b >> 20),
+                pinned_mib = pinned >> 20,
                 "weights stay in the mapped file (paged: slower, but within the memory limit)"
             );
         }

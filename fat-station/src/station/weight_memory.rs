@@ -25,6 +25,10 @@ pub enum PackWeights {
 /// Memory left beside the packed weights for KV caches, scratch and the runtime.
 pub const RESERVE: u64 = 256 << 20;
 
+/// In paged mode, memory left unpinned: KV caches, scratch, the runtime and the page cache
+/// the unpinned weights stream through.
+pub const PAGED_RESERVE: u64 = 128 << 20;
+
 impl PackWeights {
     /// Whether to pack `packable` bytes of weights, given the memory `budget` (None: unknown,
     /// treated as enough).
