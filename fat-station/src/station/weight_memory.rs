@@ -45,9 +45,7 @@ impl PackWeights {
 /// or v1 `memory.limit_in_bytes`) and the system's `MemAvailable`; `None` when neither can
 /// be read.
 pub fn memory_budget() -> Option<u64> {
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|c| cgroup_limit(&c, Path::new("/sys/fs/cgroup")));
+    let cgroup = cgroup_memory_limit();
     let available = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| mem_available(&m));
@@ -55,6 +53,13 @@ pub fn memory_budget() -> Option<u64> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// This process's memory cgroup limit, `None` when unlimited or unknown.
+pub fn cgroup_memory_limit() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_limit(&c, Path::new("/sys/fs/cgroup")))
 }
 
 /// The memory limit of the cgroup named in `proc_cgroup` (the text of /proc/self/cgroup)
