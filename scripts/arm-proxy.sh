@@ -13,15 +13,29 @@
 #      (scripts/arm-proxy/insn-count.c) of `kernel-bench --forward` on the real Qwen, one thread,
 #      per prefill token and per decoded token (difference of two runs of different lengths, so
 #      loading the model cancels out), on `-cpu cortex-a53` (plain NEON) and `-cpu max`
-#      (dotprod). Ours only: llama.cpp would need a whole aarch64 llama.cpp build.
+#      (dotprod). The same for llama.cpp (unless --no-llama): llama-cpp-python's llama.cpp
+#      cross-built for aarch64-linux-musl, static, with zig c++ -mcpu=cortex_a53 (run on
+#      `-cpu cortex-a53`) and -mcpu=cortex_a55 (dotprod; run on `-cpu max`) by
+#      scripts/arm-proxy/build-llama-aarch64.sh (cached under ~/.cache/aeon-shell/llama-aarch64;
+#      the first build of each takes tens of minutes at -j1), driven by
+#      scripts/arm-proxy/llama-count.cpp: the same GGUF, the same prompt ids, one thread, no
+#      warmup, greedy. Each with ggml-cpu's weight repacking (extra buffer types, llama.cpp's
+#      default) and without (llama-bench --repack 0; not rerun where the default put no weight
+#      in a repack buffer: then the two are the same program); then ours / llama.cpp per token.
+#      Its KV cache is padded to 256 cells, but its flash attention (on by default on CPU)
+#      skips the masked ones: attention is 2.4 M (a53 build) to 3.8 M (a55) instructions a token.
 #
-# Usage: scripts/arm-proxy.sh [--no-count] [--model FILE.knot]
+# Usage: scripts/arm-proxy.sh [--no-count] [--no-llama] [--model FILE.knot] [--gguf FILE.gguf]
 #   --no-count   only the static model (no aarch64 link, no model, no qemu)
+#   --no-llama   instruction counts of ours only (no llama.cpp build or runs)
+#   --model      our model (default: the Qwen2.5-Coder 0.5B Q4_K_M .knot in the models dir)
+#   --gguf       llama.cpp's (default: the --model path with .gguf for .knot)
 #
 # Needs (installed when missing and root, else named and exit 2): llvm-mca (Debian llvm),
 # qemu-aarch64 (Debian qemu-user), a host C compiler (gcc/cc) for the plugin; zig, cargo-zigbuild
-# and the rust aarch64 target come from scripts/cross/build-aarch64.sh's installer. llama.cpp's
-# source: the llama-cpp-python sdist (LLAMA_CPP_PYTHON_VERSION, default 0.3.36) that
+# and the rust aarch64 target come from scripts/cross/build-aarch64.sh's installer; cmake and
+# make (Debian cmake, make) for llama.cpp's aarch64 build. llama.cpp's source: the
+# llama-cpp-python sdist (LLAMA_CPP_PYTHON_VERSION, default 0.3.36) that
 # scripts/bench/build-llama-bench.sh unpacks under ~/.cache/aeon-shell/llama-bench, else
 # `pip download` of that sdist.
 # Env: AEON_CROSS_DEV_DIR (cargo target dir of the release-profile aarch64 builds for
@@ -37,14 +51,19 @@ DEV="${AEON_CROSS_DEV_DIR:-$ROOT/target/cross-test}"
 MODEL="${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}/qwen2.5-coder-0.5b-instruct-q4_k_m.knot"
 LLAMA_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 count=1
+llama=1
+GGUF=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --no-count) count=0; shift ;;
+        --no-llama) llama=0; shift ;;
         --model) [[ $# -ge 2 ]] || { echo "arm-proxy: --model needs a file" >&2; exit 2; }; MODEL="$2"; shift 2 ;;
+        --gguf) [[ $# -ge 2 ]] || { echo "arm-proxy: --gguf needs a file" >&2; exit 2; }; GGUF="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "arm-proxy: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+[[ -n "$GGUF" ]] || GGUF="${MODEL%.knot}.gguf"
 say() { printf 'arm-proxy: %s\n' "$*" >&2; }
 die() { say "$*"; exit "${2:-1}"; }
 
@@ -79,15 +98,16 @@ trap 'rm -rf "$WORK"' EXIT
 cache="${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}"
 GGML=""
 for d in "$cache/$LLAMA_VERSION" "$cache/$LLAMA_VERSION.partial" "$cache/src-$LLAMA_VERSION"; do
-    [[ -f "$d/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c" ]] && { GGML="$d/vendor/llama.cpp/ggml"; break; }
+    [[ -f "$d/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c" && -f "$d/vendor/llama.cpp/src/llama.cpp" ]] \
+        && { GGML="$d/vendor/llama.cpp/ggml"; break; }
 done
 if [[ -z "$GGML" ]]; then
-    say "pip download llama-cpp-python==$LLAMA_VERSION (sdist) for ggml-cpu's source"
+    say "pip download llama-cpp-python==$LLAMA_VERSION (sdist) for llama.cpp's source"
     "$PY" -m pip download --no-binary llama-cpp-python --no-deps --disable-pip-version-check -q \
         -d "$WORK/dl" "llama-cpp-python==$LLAMA_VERSION" >&2 || die "pip download failed"
     mkdir -p "$cache/src-$LLAMA_VERSION"
     tar -xzf "$WORK"/dl/llama_cpp_python-*.tar.gz -C "$cache/src-$LLAMA_VERSION" --strip-components=1 \
-        --wildcards '*/vendor/llama.cpp/ggml/*' || die "untar failed"
+        --wildcards '*/vendor/llama.cpp/*' || die "untar failed"
     GGML="$cache/src-$LLAMA_VERSION/vendor/llama.cpp/ggml"
 fi
 
@@ -146,22 +166,92 @@ CARGO_TARGET_DIR="$DEV" cargo-zigbuild build --release --target "$TARGET" -p fat
     >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log" >&2; die "building kernel-bench failed"; }
 KB="$DEV/$TARGET/release/kernel-bench"
 QEMU="$(command -v qemu-aarch64)"
-insns() { # cpu prefill decode -> instructions
-    "$QEMU" -cpu "$1" -plugin "$WORK/insn-count.so,out=$WORK/count" "$KB" --forward "$MODEL" \
+insns() { # cpu prefill decode -> instructions (ours)
+    nice -n 10 "$QEMU" -cpu "$1" -plugin "$WORK/insn-count.so,out=$WORK/count" "$KB" --forward "$MODEL" \
         --prefill "$2" --decode "$3" >"$WORK/fwd.out" 2>"$WORK/fwd.err" \
         || { tail -5 "$WORK/fwd.err" >&2; die "kernel-bench --forward under qemu failed"; }
     sed -n 's/^insns //p' "$WORK/count"
 }
+per_tok() { # base longer -> (longer - base) / 8, one decimal, millions
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b - a) / 8 / 1e6 }'
+}
 echo
 echo "qemu-aarch64 + insn-count plugin: guest instructions, real Qwen (Q4_K_M), one thread"
-echo "(a proxy: executed instructions, not cycles)"
-printf '%-12s %-12s %16s %16s  %s\n' "-cpu" kernels "per prefill tok" "per decode tok" "greedy ids / logits"
+echo "(a proxy: executed instructions, not cycles); per token: (16 prompt - 8 prompt) / 8,"
+echo "(8 prompt + 8 decoded - 8 prompt) / 8, in millions"
+printf '%-12s %-12s %16s %16s  %s\n' "-cpu" kernels "M per prefill" "M per decode" "greedy ids / logits"
+declare -A OURS_PRE OURS_DEC
 for cpu in cortex-a53 max; do
+    say "ours under qemu -cpu $cpu (3 runs)"
     base=$(insns "$cpu" 8 0)
     pre=$(insns "$cpu" 16 0)
     dec=$(insns "$cpu" 8 8)
     isa=$(sed -n 's/^kernels: //p' "$WORK/fwd.out")
     ids=$(sed -n 's/^greedy ids: //p' "$WORK/fwd.out")
     hash=$(sed -n 's/^last logits blake3: //p' "$WORK/fwd.out")
-    printf '%-12s %-12s %16d %16d  %s %s\n' "$cpu" "$isa" $(( (pre - base) / 8 )) $(( (dec - base) / 8 )) "$ids" "${hash:0:16}"
+    OURS_PRE[$cpu]=$(per_tok "$base" "$pre")
+    OURS_DEC[$cpu]=$(per_tok "$base" "$dec")
+    printf '%-12s %-12s %16s %16s  %s %s\n' "$cpu" "$isa" "${OURS_PRE[$cpu]}" "${OURS_DEC[$cpu]}" "$ids" "${hash:0:16}"
+done
+
+[[ $llama -eq 1 ]] || exit 0
+
+# --- 3. llama.cpp's instruction counts --------------------------------------------------------
+[[ -f "$GGUF" ]] || die "no $GGUF for llama.cpp (scripts/fetch-model.sh; --no-llama skips it)"
+command -v cmake >/dev/null || apt_need cmake cmake
+command -v make >/dev/null || apt_need make make
+declare -A LC
+for mcpu in cortex_a53 cortex_a55; do
+    say "llama.cpp for aarch64 -mcpu=$mcpu (scripts/arm-proxy/build-llama-aarch64.sh; cached)"
+    LC[$mcpu]=$(LLAMA_CPP_PYTHON_VERSION="$LLAMA_VERSION" AEON_LLAMA_SRC="${GGML%/ggml}" \
+        bash scripts/arm-proxy/build-llama-aarch64.sh "$mcpu") \
+        || die "building llama.cpp for $mcpu failed"
+done
+linsns() { # cpu binary prefill decode repack -> instructions (llama.cpp)
+    nice -n 10 "$QEMU" -cpu "$1" -plugin "$WORK/insn-count.so,out=$WORK/count" "$2" "$GGUF" "$3" "$4" "$5" \
+        >"$WORK/lc.out" 2>"$WORK/lc.err" \
+        || { tail -5 "$WORK/lc.err" >&2; die "llama-count under qemu failed"; }
+    sed -n 's/^insns //p' "$WORK/count"
+}
+echo
+echo "llama.cpp (llama-cpp-python $LLAMA_VERSION's), zig c++ -O3 static musl, same plugin, GGUF and"
+echo "prompt ids (scripts/arm-proxy/llama-count.cpp), one thread; repack: ggml-cpu's extra buffer"
+echo "types (on: llama.cpp's default; 'used' when a weight buffer went to CPU_REPACK)"
+printf '%-12s %-11s %-9s %16s %16s  %s\n' "-cpu" "-mcpu" repack "M per prefill" "M per decode" "greedy ids"
+declare -A L_PRE L_DEC
+for pair in "cortex-a53 cortex_a53" "max cortex_a55"; do
+    read -r cpu mcpu <<<"$pair"
+    used=""
+    for rp in 1 0; do
+        if [[ $rp -eq 0 && "$used" == "on, none" ]]; then
+            # Nothing was repacked: repack off runs the same code on the same buffers.
+            L_PRE[$cpu.0]=${L_PRE[$cpu.1]}
+            L_DEC[$cpu.0]=${L_DEC[$cpu.1]}
+            printf '%-12s %-11s %-9s %16s %16s  %s\n' "$cpu" "$mcpu" off "(as on)" "(as on)" ""
+            continue
+        fi
+        say "llama.cpp ($mcpu, repack $rp) under qemu -cpu $cpu (3 runs)"
+        base=$(linsns "$cpu" "${LC[$mcpu]}" 8 0 "$rp")
+        pre=$(linsns "$cpu" "${LC[$mcpu]}" 16 0 "$rp")
+        dec=$(linsns "$cpu" "${LC[$mcpu]}" 8 8 "$rp")
+        ids=$(sed -n 's/^greedy ids: //p' "$WORK/lc.out")
+        used=off
+        if [[ $rp -eq 1 ]]; then
+            grep -q 'CPU_REPACK' "$WORK/lc.err" && used="on, used" || used="on, none"
+            say "llama.cpp's greedy text on $cpu: $(sed -n 's/^text: //p' "$WORK/lc.out")"
+        fi
+        L_PRE[$cpu.$rp]=$(per_tok "$base" "$pre")
+        L_DEC[$cpu.$rp]=$(per_tok "$base" "$dec")
+        printf '%-12s %-11s %-9s %16s %16s  %s\n' "$cpu" "$mcpu" "$used" "${L_PRE[$cpu.$rp]}" "${L_DEC[$cpu.$rp]}" "$ids"
+    done
+done
+echo
+echo "ours / llama.cpp, instructions per token (below 1: ours executes fewer)"
+printf '%-12s %-14s %14s %14s\n' "-cpu" "llama.cpp" "prefill" "decode"
+for cpu in cortex-a53 max; do
+    for rp in 1 0; do
+        printf '%-12s %-14s %13.2fx %13.2fx\n' "$cpu" "repack $([[ $rp -eq 1 ]] && echo on || echo off)" \
+            "$(awk -v a="${OURS_PRE[$cpu]}" -v b="${L_PRE[$cpu.$rp]}" 'BEGIN { print a / b }')" \
+            "$(awk -v a="${OURS_DEC[$cpu]}" -v b="${L_DEC[$cpu.$rp]}" 'BEGIN { print a / b }')"
+    done
 done

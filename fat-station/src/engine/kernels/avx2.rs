@@ -6,13 +6,14 @@
 //! are the reference's, scalar, in its order (the canonical order of
 //! [`super::reference::block_step`] for Q4_0, Q5_0, Q8_0, Q4_K, Q6_K), so every quantized
 //! kernel here has the reference's bits, as NEON's and the 16-row kernels do. Signed weights
-//! use the sign trick: `|w| * (x * sign(w))`.
+//! use the sign trick: `|w| * (x * sign(w))`. The float dots (F32, F16, BF16) follow the
+//! canonical lane order of [`super::reference::float_dot`] too.
 //!
 //! Only [`install`] exposes these kernels, and only after the caller checked
 //! [`super::Isa::Avx2`] is available; the `unsafe fn`s below must not be reached otherwise.
 
 use super::blocks::*;
-use super::reference::block_step;
+use super::reference::{block_step, float_lanes_sum, FLOAT_LANES};
 use super::{Dot, DotF, DotQ};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
@@ -131,37 +132,56 @@ unsafe fn load_q8a(a: &BlockQ8A) -> __m256i {
 // Float weights
 // ---------------------------------------------------------------------------------------------
 
+/// Shared body of the float dots, in the canonical order of [`super::reference::float_dot`]:
+/// `load(i)` gives weights i..i+8 as f32 (only called with i + 8 <= n), `one(i)` weight i;
+/// four accumulators are the 32 lanes. Rows of a multiple of 32 reduce in registers; a ragged
+/// tail goes through the lanes in memory (same steps, scalar).
+#[inline(always)]
+unsafe fn dot_lanes(
+    n: usize,
+    x: &[f32],
+    load: impl Fn(usize) -> __m256,
+    one: impl Fn(usize) -> f32,
+) -> f32 {
+    assert!(x.len() >= n);
+    let xp = x.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(load(i + 8 * k), _mm256_loadu_ps(xp.add(i + 8 * k)), *a);
+        }
+        i += 32;
+    }
+    if i == n {
+        // The tree's first two levels (lanes l + 16, then l + 8), then hsum_ps's three.
+        return hsum_ps(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[2]),
+            _mm256_add_ps(acc[1], acc[3]),
+        ));
+    }
+    let mut lanes = [0f32; FLOAT_LANES];
+    for (k, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *a);
+    }
+    while i < n {
+        lanes[i % FLOAT_LANES] = one(i).mul_add(x[i], lanes[i % FLOAT_LANES]);
+        i += 1;
+    }
+    float_lanes_sum(lanes)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     assert!(w.len() >= n * 4);
     let wp = w.as_ptr() as *const f32;
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_loadu_ps(wp.add(i + 8 * k));
-            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * k)), *a);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(
-            _mm256_loadu_ps(wp.add(i)),
-            _mm256_loadu_ps(x.as_ptr().add(i)),
-            acc[0],
-        );
-        i += 8;
-    }
-    let mut s = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
-    while i < n {
-        s += (wp.add(i)).read_unaligned() * x[i];
-        i += 1;
-    }
-    s
+    dot_lanes(
+        n,
+        x,
+        |i| _mm256_loadu_ps(wp.add(i)),
+        |i| wp.add(i).read_unaligned(),
+    )
 }
 
 /// Shared body of the 16-bit float dots; `cvt` widens 8 halves to 8 f32.
@@ -175,29 +195,12 @@ unsafe fn dot_half(
     let n = x.len();
     assert!(w.len() >= n * 2);
     let wp = w.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let h = _mm_loadu_si128(wp.add(2 * (i + 8 * k)) as *const __m128i);
-            *a = _mm256_fmadd_ps(cvt(h), _mm256_loadu_ps(x.as_ptr().add(i + 8 * k)), *a);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        let h = _mm_loadu_si128(wp.add(2 * i) as *const __m128i);
-        acc[0] = _mm256_fmadd_ps(cvt(h), _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
-        i += 8;
-    }
-    let mut s = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
-    while i < n {
-        s += one([w[2 * i], w[2 * i + 1]]) * x[i];
-        i += 1;
-    }
-    s
+    dot_lanes(
+        n,
+        x,
+        |i| cvt(_mm_loadu_si128(wp.add(2 * i) as *const __m128i)),
+        |i| one([w[2 * i], w[2 * i + 1]]),
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -590,7 +593,7 @@ mod tests {
         let reference = Kernels::for_isa(Isa::Scalar).unwrap();
         let mut rng = Rng::new(11);
         for (dtype, dot) in super::kernels() {
-            for cols in [256usize, 512, 768, 4864, 96, 32] {
+            for cols in [256usize, 512, 768, 4864, 96, 32, 100, 7] {
                 if cols % dtype.block_elems() != 0 {
                     continue;
                 }
@@ -614,20 +617,16 @@ mod tests {
                         }
                         _ => panic!("{dtype}: kernel kinds differ"),
                     };
-                    // Quantized kernels: the reference's bits (the canonical order); float
-                    // kernels: their own lane order, within 1e-5 of the magnitude.
-                    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-                        assert!(
-                            (got - want).abs() <= 1e-5 * mag,
-                            "{dtype} cols {cols}: avx2 {got} vs reference {want} (mag {mag})"
-                        );
-                    } else {
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{dtype} cols {cols}: avx2 {got} vs reference {want}"
-                        );
-                    }
+                    // Every kernel gives the reference's bits (its canonical order).
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag,
+                        "{dtype} cols {cols}: avx2 {got} vs reference {want} (mag {mag})"
+                    );
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{dtype} cols {cols}: avx2 {got} vs reference {want}"
+                    );
                 }
             }
         }

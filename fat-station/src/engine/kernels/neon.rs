@@ -29,16 +29,16 @@
 //! Cortex-A53 / A55 models next to llama.cpp's and prints the table. Q4_1, Q5_1 and Q5_K keep
 //! the simpler one-block-at-a-time bodies.
 //!
-//! Float weights (F32, F16, BF16) use four f32x4 FMA accumulators (fixed order, so
-//! deterministic, but not the reference's serial order: those match within 1e-5 of the
-//! magnitude). Half to single uses `fcvt`/`fcvtl`, which are ARMv8.0 baseline (only half
+//! Float weights (F32, F16, BF16) follow the reference's canonical order
+//! ([`super::reference::float_dot`]: 32 lanes as eight f32x4 FMA accumulators, then its
+//! pairwise tree), so they give its bits as the quantized kernels do. Half to single uses `fcvt`/`fcvtl`, which are ARMv8.0 baseline (only half
 //! *arithmetic* needs the fp16 extension).
 //!
 //! Only [`install`] / [`kernels`] hand these out; the dotprod ones only when the caller
 //! checked `is_aarch64_feature_detected!("dotprod")`.
 
 use super::blocks::*;
-use super::reference::block_step;
+use super::reference::{block_step, float_lanes_sum, FLOAT_LANES};
 use super::{Dot, DotF, DotQ};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
@@ -1084,8 +1084,10 @@ unsafe fn dot2_q6_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
 // Float weights against f32 activations
 // ---------------------------------------------------------------------------------------------
 
-/// Shared body: `load(i)` gives weights i..i+4 as f32; four accumulators over 16 at a time,
-/// then 4 at a time, then a scalar tail with `one(i)`.
+/// Shared body, in the canonical order of [`super::reference::float_dot`]: `load(i)` gives
+/// weights i..i+4 as f32, `one(i)` weight i; eight accumulators are the 32 lanes. Rows of a
+/// multiple of 32 reduce in registers; a ragged tail goes through the lanes in memory (same
+/// steps, scalar).
 #[inline(always)]
 unsafe fn dot_float(
     n: usize,
@@ -1096,29 +1098,32 @@ unsafe fn dot_float(
     assert!(x.len() >= n);
     let xp = x.as_ptr();
     // SAFETY: every x load reads i..i+4 with i + 4 <= n <= x.len(); `load` is the caller's
-    // contract for the same range of weights.
+    // contract for the same range of weights; the lane stores write inside `lanes`.
     unsafe {
-        let mut acc = [vdupq_n_f32(0.0); 4];
+        let mut acc = [vdupq_n_f32(0.0); 8];
         let mut i = 0;
-        while i + 16 <= n {
+        while i + 32 <= n {
             for (k, a) in acc.iter_mut().enumerate() {
                 *a = vfmaq_f32(*a, load(i + 4 * k), vld1q_f32(xp.add(i + 4 * k)));
             }
-            i += 16;
+            i += 32;
         }
-        while i + 4 <= n {
-            acc[0] = vfmaq_f32(acc[0], load(i), vld1q_f32(xp.add(i)));
-            i += 4;
+        if i == n {
+            // The tree: lanes l + 16 (registers k, k + 4), l + 8 (k, k + 2), l + 4 (the pair),
+            // l + 2 (low + high halves), l + 1 (faddp).
+            let r: [float32x4_t; 4] = std::array::from_fn(|k| vaddq_f32(acc[k], acc[k + 4]));
+            let s = vaddq_f32(vaddq_f32(r[0], r[2]), vaddq_f32(r[1], r[3]));
+            return vpadds_f32(vadd_f32(vget_low_f32(s), vget_high_f32(s)));
         }
-        let mut s = vaddvq_f32(vaddq_f32(
-            vaddq_f32(acc[0], acc[1]),
-            vaddq_f32(acc[2], acc[3]),
-        ));
+        let mut lanes = [0f32; FLOAT_LANES];
+        for (k, a) in acc.iter().enumerate() {
+            vst1q_f32(lanes.as_mut_ptr().add(4 * k), *a);
+        }
         while i < n {
-            s += one(i) * x[i];
+            lanes[i % FLOAT_LANES] = one(i).mul_add(x[i], lanes[i % FLOAT_LANES]);
             i += 1;
         }
-        s
+        float_lanes_sum(lanes)
     }
 }
 
@@ -1199,8 +1204,7 @@ mod tests {
 
     /// Every NEON kernel (both flavours) against the scalar reference on random rows (1 to 3
     /// super-blocks; legacy rows of 1 to 7 blocks, so groups of four with and without a tail;
-    /// Qwen's outlier activations): quantized kernels bit for bit, float kernels within the avx2
-    /// tests' 1e-5 of the magnitude.
+    /// Qwen's outlier activations; float rows also of ragged lengths): every kernel bit for bit.
     #[test]
     fn neon_matches_reference() {
         let reference = Kernels::for_isa(Isa::Scalar).unwrap();
@@ -1218,7 +1222,7 @@ mod tests {
                         dequantize_row(dtype, &w, &mut wd);
                         let mag: f32 = wd.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
                         let (got, want, exact) = match (dot, reference.dot(dtype)) {
-                            (Dot::Float(f), Dot::Float(r)) => (f(&w, &x), r(&w, &x), false),
+                            (Dot::Float(f), Dot::Float(r)) => (f(&w, &x), r(&w, &x), true),
                             (Dot::Quant(f), Dot::Quant(r)) => {
                                 let mut xq = Vec::new();
                                 quantize_q8a(&x, &mut xq);

@@ -297,10 +297,11 @@ fn flavours() -> Vec<Kernels> {
     .collect()
 }
 
-/// Cross-ISA bit identity, the kernels' half: every flavour's quantized dot and every
-/// flavour's [`linear_with`] (16-row kernels where the flavour has them, block kernels for the
-/// rows past the last full group) give the scalar reference's bits on random blocks, for
-/// 1, 3 and 8 tokens. A mixed x86 + aarch64 mesh relies on this.
+/// Cross-ISA bit identity, the kernels' half: every flavour's dot (quantized and float) and
+/// every flavour's [`linear_with`] (16-row kernels where the flavour has them, block kernels
+/// for the rows past the last full group) give the scalar reference's bits on random blocks,
+/// for 1, 3 and 8 tokens (float rows also of ragged lengths). A mixed x86 + aarch64 mesh
+/// relies on this.
 #[test]
 fn every_flavour_gives_the_reference_bits() {
     let mut rng = Rng::new(24);
@@ -311,9 +312,11 @@ fn every_flavour_gives_the_reference_bits() {
     );
     let scalar = Kernels::for_isa(Isa::Scalar).expect("scalar");
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for dtype in QUANT {
-        // 37 rows: two 16-row groups and a tail of 5; one to 19 (super-)blocks per row.
-        for cols in [256usize, 896, 4864] {
+    let float = [DType::F32, DType::F16, DType::BF16];
+    for dtype in QUANT.into_iter().chain(float) {
+        // 37 rows: two 16-row groups and a tail of 5; one to 19 (super-)blocks per row; float
+        // rows also with a lane tail (100 = 3 * 32 + 4) and shorter than one round (7).
+        for cols in [256usize, 896, 4864, 100, 7] {
             if !cols.is_multiple_of(dtype.block_elems()) {
                 continue;
             }
