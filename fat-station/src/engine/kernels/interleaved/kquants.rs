@@ -243,7 +243,9 @@ mod tests {
                 }
             }
         };
-        (0..ROWS).flat_map(|r| (0..n).flat_map(move |_| block(r))).collect()
+        (0..ROWS)
+            .flat_map(|r| (0..n).flat_map(move |_| block(r)))
+            .collect()
     }
 
     /// Activation blocks with every quant at `q` (+-127: the BlockQ8A bounds).
@@ -276,8 +278,7 @@ mod tests {
                     let x = extreme_x(n * QK_K / QK, q);
                     let want = rows16_ref(dtype, p.group(0), &x).map(f32::to_bits);
                     for isa in [Isa::Avx512, Isa::Neon, Isa::NeonDotprod] {
-                        let Some(dot) = Kernels::for_isa(isa).and_then(|k| k.rows16(dtype))
-                        else {
+                        let Some(dot) = Kernels::for_isa(isa).and_then(|k| k.rows16(dtype)) else {
                             continue;
                         };
                         for toks in [1, 8] {
