@@ -386,39 +386,17 @@ unsafe fn run<K: KTile, const SDOT: bool, const T: usize>(
     // (asserted above); dotprod as the caller promised.
     unsafe {
         let mut acc = [[vdupq_n_f32(0.0); 4]; T];
-        if SDOT {
-            // One flat loop over (tile, row quad): in the llvm-mca A55 model 99 / 151 cycles
-            // per row-block (Q4_K / Q6_K) against 111 / 166 with the plain flavour's shape.
-            for i in 0..4 * nt {
-                let (b, j) = (i / 4, i % 4);
-                let p = tiles.as_ptr().add(b * K::BYTES);
-                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-                for t in 0..T {
-                    xb[t] = x[t].as_ptr().add(8 * b);
-                }
-                K::quad::<SDOT, T>(p, j, &xb, &mut acc);
+        // One flat loop over (tile, row quad). In the llvm-mca models per row-block (Q4_K /
+        // Q6_K): dotprod on the A55 99 / 151 cycles against 111 / 166 with a tile per
+        // iteration and its quads written out; plain on the A53 189 / 268 against 189 / 272.
+        for i in 0..4 * nt {
+            let (b, j) = (i / 4, i % 4);
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for t in 0..T {
+                xb[t] = x[t].as_ptr().add(8 * b);
             }
-        } else {
-            // Plain: a tile per iteration, its quads written out for one token (LLVM then
-            // shares each activation broadcast between the 4 quads: 189 / 272 cycles per
-            // row-block on the A53 model, against 279 / 370 as one flat loop).
-            for b in 0..nt {
-                let p = tiles.as_ptr().add(b * K::BYTES);
-                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-                for t in 0..T {
-                    xb[t] = x[t].as_ptr().add(8 * b);
-                }
-                if T == 1 {
-                    K::quad::<SDOT, T>(p, 0, &xb, &mut acc);
-                    K::quad::<SDOT, T>(p, 1, &xb, &mut acc);
-                    K::quad::<SDOT, T>(p, 2, &xb, &mut acc);
-                    K::quad::<SDOT, T>(p, 3, &xb, &mut acc);
-                } else {
-                    for j in 0..4 {
-                        K::quad::<SDOT, T>(p, j, &xb, &mut acc);
-                    }
-                }
-            }
+            K::quad::<SDOT, T>(p, j, &xb, &mut acc);
         }
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
