@@ -139,9 +139,17 @@ unsafe fn isum_quad<const SDOT: bool, const H: usize>(
             let mut lo = vdupq_n_s16(0);
             let mut hi = vdupq_n_s16(0);
             for (h, wh) in w.iter().enumerate() {
+                // One load per 16 activations, then a lane broadcast per group (an `ld1r` per
+                // group needs an address `add` each).
+                let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h)));
                 for (i, &wg) in wh.iter().enumerate() {
                     let g = 4 * h + i;
-                    let xb = vreinterpretq_s8_s32(vld1q_dup_s32(x.add(4 * g) as *const i32));
+                    let xb = vreinterpretq_s8_s32(match i {
+                        0 => vdupq_laneq_s32::<0>(xr),
+                        1 => vdupq_laneq_s32::<1>(xr),
+                        2 => vdupq_laneq_s32::<2>(xr),
+                        _ => vdupq_laneq_s32::<3>(xr),
+                    });
                     if g == 0 {
                         lo = vmull_s8(vget_low_s8(wg), vget_low_s8(xb));
                         hi = vmull_high_s8(wg, xb);
