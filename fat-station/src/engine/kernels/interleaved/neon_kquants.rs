@@ -12,10 +12,14 @@
 //!
 //! - dotprod: `sdot acc.4s, w.16b, x.4b[i]` (the indexed form): one 4-byte activation group
 //!   feeds 4 rows per instruction;
-//! - plain NEON (ARMv8.0, Cortex-A53): the group broadcast (`ld1r`), `smull`/`smlal` (low 8
-//!   bytes: rows 4j, 4j+1) and `smull2`/`smlal2` (rows 4j+2, 4j+3) into i16 lanes, one lane
-//!   per (row, position in the group), then `saddlp` to i32 and one `addp` to a lane per row.
-//!   The i16 bounds are written where the products are added.
+//! - plain NEON (ARMv8.0, Cortex-A53): the group broadcast (`dup` from a lane of one 16-byte
+//!   activation load), `smull`/`smlal` (low 8 bytes: rows 4j, 4j+1) and the high halves (rows
+//!   4j+2, 4j+3) into i16 lanes, one lane per (row, position in the group), then `saddlp` to
+//!   i32 and one `addp` to a lane per row. The i16 bounds are written where the products are
+//!   added.
+//!
+//! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
+//! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
 //!
 //! Only [`kernels`] hands these out; the dotprod ones only when the caller checked that the
 //! CPU has dotprod ([`super::super::Isa::NeonDotprod`]).
@@ -407,9 +411,9 @@ unsafe fn run<K: KTile, const SDOT: bool, const T: usize>(
             K::quad::<SDOT, T>(p, j, &xb, &mut acc);
         }
         let mut out = [[0f32; ROWS]; T];
-        for t in 0..T {
-            for j in 0..4 {
-                vst1q_f32(out[t].as_mut_ptr().add(4 * j), acc[t][j]);
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (j, v) in a.iter().enumerate() {
+                vst1q_f32(o.as_mut_ptr().add(4 * j), *v);
             }
         }
         out
