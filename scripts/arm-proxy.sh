@@ -129,12 +129,17 @@ OURS="$(ls -t "$DEV/$TARGET/release/deps/fat_station-"*.s | head -1)"
 
 # kernel, ours (symbol, loop, blocks/iter), llama.cpp (symbol, loop, blocks/iter). Each loop is
 # the function's first outer loop unless said; blocks per iteration read off the source.
+# Q4_Kx16 / Q6_Kx16: the one-token 16-row kernels over interleaved tiles (interleaved/
+# neon_kquants.rs), per row-block (one row x one super-block): an iteration is a row quad of a
+# tile, 4 row-blocks.
 KERNELS=(
     "Q4_0  neon10q4_0_plain 0 8  neon7q4_0_tf 0 8  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
     "Q5_0  neon10q5_0_plain 0 8  neon7q5_0_tf 0 8  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
     "Q8_0  neon10q8_0_plain 0 8  neon7q8_0_tf 0 8  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
     "Q4_K  neon10q4_k_plain 0 1  neon7q4_k_tf 0 1  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
     "Q6_K  neon10q6_k_plain 0 1  neon7q6_k_tf 0 1  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
+    "Q4_Kx16  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
+    "Q6_Kx16  neon_kquants13q6k_one_plain 0 4  neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
     "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \
@@ -142,14 +147,14 @@ mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
 }
 echo "llvm-mca in-order model, cycles per block (32 weights; k-quants 256), one-token dots"
 echo "(a proxy: LLVM's scheduling model of the hot loop, steady state; not a measurement)"
-printf '%-5s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
+printf '%-7s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
 for row in "${KERNELS[@]}"; do
     read -r k sym lp per tsym tlp tper lsym llp lper <<<"$row"
     a53=$(mca "$OURS" "$sym" "$lp" "$per" cortex-a53) || die "$k: no model of ours (A53)"
     l53=$(mca "$WORK/llama-cortex_a53.s" "$lsym" "$llp" "$lper" cortex-a53) || die "$k: no model of llama.cpp (A53)"
     a55=$(mca "$OURS" "$tsym" "$tlp" "$tper" cortex-a55 +dotprod) || die "$k: no model of ours (A55)"
     l55=$(mca "$WORK/llama-cortex_a55.s" "$lsym" "$llp" "$lper" cortex-a55 +dotprod) || die "$k: no model of llama.cpp (A55)"
-    printf '%-5s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$a53" "$l53" "$(awk -v a="$a53" -v b="$l53" 'BEGIN { print a / b }')" \
+    printf '%-7s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$a53" "$l53" "$(awk -v a="$a53" -v b="$l53" 'BEGIN { print a / b }')" \
         "$a55" "$l55" "$(awk -v a="$a55" -v b="$l55" 'BEGIN { print a / b }')"
 done
 

@@ -33,6 +33,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 pub mod kquants;
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon_kquants;
 
 use super::blocks::f16_le;
 use super::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8A, BlockQ8_0};

@@ -310,6 +310,12 @@ impl Kernels {
             k.isa = isa;
             neon::install(&mut k.table, isa == Isa::NeonDotprod);
         }
+        #[cfg(target_arch = "aarch64")]
+        if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
+            for (dtype, f) in interleaved::neon_kquants::kernels(isa == Isa::NeonDotprod) {
+                k.rows16[dtype_index(dtype)] = Some(f);
+            }
+        }
         Some(k)
     }
 

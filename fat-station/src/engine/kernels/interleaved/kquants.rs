@@ -208,3 +208,94 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     }
     acc
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::{Isa, Kernels, QMatrix};
+    use super::super::Interleaved;
+    use super::*;
+
+    /// 16 rows of `n` super-blocks whose quants all sit at `top` (Q4_K 15, Q6_K 63) or 0, with
+    /// the largest 6-bit scales and mins (Q4_K) or scales alternating 127 / -128 (Q6_K).
+    fn extreme_rows(dtype: DType, n: usize, top: bool) -> Vec<u8> {
+        let q = if top { 0xFF } else { 0 };
+        let block = |r: usize| -> Vec<u8> {
+            let d = half::f16::from_f32(0.01 * (r + 1) as f32).to_le_bytes();
+            match dtype {
+                DType::Q4_K => {
+                    let dmin = half::f16::from_f32(0.003).to_le_bytes();
+                    let b = BlockQ4K {
+                        d,
+                        dmin,
+                        scales: [0xFF; 12],
+                        qs: [q; QK_K / 2],
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+                _ => {
+                    let b = BlockQ6K {
+                        ql: [q; QK_K / 2],
+                        qh: [q; QK_K / 4],
+                        scales: std::array::from_fn(|g| if g % 2 == 0 { 127 } else { -128 }),
+                        d,
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+            }
+        };
+        (0..ROWS)
+            .flat_map(|r| (0..n).flat_map(move |_| block(r)))
+            .collect()
+    }
+
+    /// Activation blocks with every quant at `q` (+-127: the BlockQ8A bounds).
+    fn extreme_x(blocks: usize, q: i8) -> Vec<BlockQ8A> {
+        let d = 0.25f32;
+        let sum = 16 * q as i16;
+        (0..blocks)
+            .map(|_| BlockQ8A {
+                d,
+                s: d * (2 * sum as i32) as f32,
+                sums: [sum, sum],
+                qs: [q; QK],
+            })
+            .collect()
+    }
+
+    /// Regression guard for the i16 accumulation of the plain NEON kernels: every weight quant
+    /// at its top against activations at +-127 puts each i16 lane at its bound (Q4_K 15240,
+    /// Q6_K 32004); one product more per lane would wrap and change the bits. Every flavour
+    /// with a 16-row k-quant kernel must give the specification's bits, at 1 and 8 tokens.
+    #[test]
+    fn kquant_kernels_at_the_quant_extremes_give_the_reference_bits() {
+        let n = 2;
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            for top in [true, false] {
+                let data = extreme_rows(dtype, n, top);
+                let w = QMatrix::new(dtype, ROWS, n * QK_K, &data).unwrap();
+                let p = Interleaved::pack(&w).unwrap();
+                for q in [127i8, -127] {
+                    let x = extreme_x(n * QK_K / QK, q);
+                    let want = rows16_ref(dtype, p.group(0), &x).map(f32::to_bits);
+                    for isa in [Isa::Avx512, Isa::Neon, Isa::NeonDotprod] {
+                        let Some(dot) = Kernels::for_isa(isa).and_then(|k| k.rows16(dtype)) else {
+                            continue;
+                        };
+                        for toks in [1, 8] {
+                            let xs = vec![&x[..]; toks];
+                            let mut out = vec![[0f32; ROWS]; toks];
+                            dot(p.group(0), &xs, &mut out);
+                            for o in &out {
+                                assert_eq!(
+                                    o.map(f32::to_bits),
+                                    want,
+                                    "{dtype} {isa:?} top {top} x {q} tokens {toks}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

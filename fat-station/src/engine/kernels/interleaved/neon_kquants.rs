@@ -1,0 +1,506 @@
+//! NEON kernels (aarch64) over the Q4_K / Q6_K 16-row tiles of [`super::kquants`].
+//!
+//! A 64-byte granule of a tile is 16 rows x 4 consecutive quant bytes; NEON register `j` of it
+//! (16 bytes) holds rows `4j..4j + 4`. So the kernels work one *row quad* `j` at a time: per
+//! sub-block (Q4_K) or Q8A block (Q6_K) 8 registers of unsigned weights, unpacked once for all
+//! tokens of the call, then per token an exact i32 sum per row (the 4 lanes of one register)
+//! and the f32 steps of the kquants specification on 4 rows at once, in its order. Rows are
+//! independent, so the quad order changes no bit; each token gets the same instruction
+//! sequence whatever the token count, so a multi-token call gives one-token bits.
+//!
+//! Two flavours of one body (`const SDOT: bool`):
+//!
+//! - dotprod: `sdot acc.4s, w.16b, x.4b[i]` (the indexed form): one 4-byte activation group
+//!   feeds 4 rows per instruction;
+//! - plain NEON (ARMv8.0, Cortex-A53): the group broadcast (`dup` from a lane of one 16-byte
+//!   activation load), `smull`/`smlal` (low 8 bytes: rows 4j, 4j+1) and the high halves (rows
+//!   4j+2, 4j+3) into i16 lanes, one lane per (row, position in the group), then `saddlp` to
+//!   i32 and one `addp` to a lane per row. The i16 bounds are written where the products are
+//!   added.
+//!
+//! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
+//! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
+//!
+//! Only [`kernels`] hands these out; the dotprod ones only when the caller checked that the
+//! CPU has dotprod ([`super::super::Isa::NeonDotprod`]).
+
+use super::super::blocks::BlockQ8A;
+use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
+use super::{Rows16Dot, ROWS};
+use knot_format::dtype::DType;
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+/// The 16-row k-quant kernels (`dotprod`: the `sdot` flavour, only where the CPU has it).
+pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
+    if dotprod {
+        vec![
+            (DType::Q4_K, rows16_q4_k_sdot as Rows16Dot),
+            (DType::Q6_K, rows16_q6_k_sdot as Rows16Dot),
+        ]
+    } else {
+        vec![
+            (DType::Q4_K, rows16_q4_k_plain as Rows16Dot),
+            (DType::Q6_K, rows16_q6_k_plain as Rows16Dot),
+        ]
+    }
+}
+
+/// One k-quant type's tile, a row quad at a time.
+trait KTile {
+    const BYTES: usize;
+    /// Row quad `j` of the tile at `p` for `T` tokens (`xb`: each token's 8 Q8A blocks of
+    /// this super-block) onto `acc[t][j]`.
+    ///
+    /// SAFETY (callers): `p` points at `BYTES` readable bytes, each `xb[t]` at 8 readable
+    /// blocks, and with `SDOT` the CPU has dotprod.
+    unsafe fn quad<const SDOT: bool, const T: usize>(
+        p: *const u8,
+        j: usize,
+        xb: &[*const BlockQ8A; T],
+        acc: &mut [[float32x4_t; 4]; T],
+    );
+}
+
+/// Four little-endian halves at `p` (8 bytes) as f32 lanes, with the ARMv8.0 `fcvtl`.
+#[inline(always)]
+unsafe fn f16x4(p: *const u8) -> float32x4_t {
+    // SAFETY: callers pass a pointer to 8 readable bytes (ld1 has no alignment requirement).
+    let h = unsafe { vld1_u16(p as *const u16) };
+    let out: float32x4_t;
+    // SAFETY: register-only, baseline AdvSIMD instruction.
+    unsafe {
+        asm!(
+            "fcvtl {o:v}.4s, {h:v}.4h",
+            h = in(vreg) h,
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
+/// `acc + ` lane-wise 4-byte dots of `w` with group `LANE` of `x` (`sdot` by element).
+///
+/// Reached only from `SDOT` bodies, which only run on a CPU with dotprod.
+#[inline(always)]
+unsafe fn sdot_lane(acc: int32x4_t, w: int8x16_t, x: int8x16_t, lane: usize) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: register-only instruction, reached only on CPUs with dotprod (see above). The
+    // directive lets the assembler take `sdot` outside a `dotprod` function too. `lane` is
+    // a constant after unrolling, so the match folds to one instruction.
+    unsafe {
+        macro_rules! sdot {
+            ($i:literal) => {
+                asm!(
+                    ".arch_extension dotprod",
+                    concat!("sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[", $i, "]"),
+                    acc = inout(vreg) acc,
+                    w = in(vreg) w,
+                    x = in(vreg) x,
+                    options(pure, nomem, nostack, preserves_flags),
+                )
+            };
+        }
+        match lane & 3 {
+            0 => sdot!(0),
+            1 => sdot!(1),
+            2 => sdot!(2),
+            _ => sdot!(3),
+        }
+    }
+    acc
+}
+
+/// `init + ` the exact i32 sums of rows `4j..4j + 4` (lanes) over `4H` granules: register `g`
+/// of `w` (flattened) holds elements `4g..4g + 4` of each row, matched by the 4 activation
+/// bytes at `x + 4g`.
+///
+/// SAFETY (callers): `x` points at `16H` readable bytes; with `SDOT` the CPU has dotprod.
+#[inline(always)]
+unsafe fn isum_quad<const SDOT: bool, const H: usize>(
+    w: &[[int8x16_t; 4]; H],
+    x: *const i8,
+    init: int32x4_t,
+) -> int32x4_t {
+    // SAFETY: the loads read `x[0..16H]` (see above); everything else is register-only.
+    unsafe {
+        if SDOT {
+            // Two chains (an in-order core waits for each `sdot`'s result otherwise); integer
+            // sums are exact, so the split changes no bit.
+            let mut acc = [init, vdupq_n_s32(0)];
+            for (h, wh) in w.iter().enumerate() {
+                let xr = vld1q_s8(x.add(16 * h));
+                for (i, &wg) in wh.iter().enumerate() {
+                    acc[i % 2] = sdot_lane(acc[i % 2], wg, xr, i);
+                }
+            }
+            vaddq_s32(acc[0], acc[1])
+        } else {
+            // i16 lane (row, i) adds one product per granule: 4H products of |u * x| <=
+            // 63 * 127 (Q6_K, H = 1: 4 * 8001 = 32004 <= 32767) or 15 * 127 (Q4_K, H = 2:
+            // 8 * 1905 = 15240); activations are in [-127, 127] (BlockQ8A).
+            let mut lo = vdupq_n_s16(0);
+            let mut hi = vdupq_n_s16(0);
+            for (h, wh) in w.iter().enumerate() {
+                // One load per 16 activations, then a lane broadcast per group (an `ld1r` per
+                // group needs an address `add` each).
+                let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h)));
+                for (i, &wg) in wh.iter().enumerate() {
+                    let g = 4 * h + i;
+                    let xb = vreinterpretq_s8_s32(match i {
+                        0 => vdupq_laneq_s32::<0>(xr),
+                        1 => vdupq_laneq_s32::<1>(xr),
+                        2 => vdupq_laneq_s32::<2>(xr),
+                        _ => vdupq_laneq_s32::<3>(xr),
+                    });
+                    if g == 0 {
+                        lo = vmull_s8(vget_low_s8(wg), vget_low_s8(xb));
+                        hi = vmull_high_s8(wg, xb);
+                    } else {
+                        lo = vmlal_s8(lo, vget_low_s8(wg), vget_low_s8(xb));
+                        hi = vmlal_high_s8(hi, wg, xb);
+                    }
+                }
+            }
+            vaddq_s32(init, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)))
+        }
+    }
+}
+
+/// Bytes `4j..4j + 4` of the planes at `a` and `b` as the two halves of one vector.
+#[inline(always)]
+unsafe fn two_planes(a: *const u8, b: *const u8) -> uint8x8_t {
+    // SAFETY: callers pass planes of 16 readable bytes, already offset by 4j (j < 4).
+    unsafe {
+        let v = vld1_dup_u32(a as *const u32);
+        vreinterpret_u8_u32(vld1_lane_u32::<1>(b as *const u32, v))
+    }
+}
+
+/// Q4_K: per sub-block 8 registers of nibbles, `d * sc` and `dmin * m` for the quad, then per
+/// token one sub-block dot, its scale FMA and its min FMA.
+struct Q4K;
+
+/// `(d * sc, dmin * m)` of sub-block `S` for the quad at plane offset `j` (get_scale_min_k4 on
+/// 4 rows; both products are exact in f32).
+#[inline(always)]
+unsafe fn q4k_scales<const S: usize>(
+    p: *const u8,
+    j: usize,
+    d: float32x4_t,
+    dmin: float32x4_t,
+) -> (float32x4_t, float32x4_t) {
+    // SAFETY: the planes lie inside the tile at `p` (the caller's contract); the rest is
+    // register-only.
+    unsafe {
+        let plane = |i: usize| p.add(K4_SC + ROWS * i + 4 * j);
+        // Lanes 0..4: the quad's scales, 4..8: its mins.
+        let v = if S < 4 {
+            vand_u8(two_planes(plane(S), plane(S + 4)), vdup_n_u8(63))
+        } else {
+            let lo = two_planes(plane(S + 4), plane(S + 4));
+            let hi = two_planes(plane(S - 4), plane(S));
+            // Low nibble for the scales, high nibble for the mins (a right shift by 4 in lanes
+            // 4..8), then the top 2 bits of the other planes above them.
+            let lo = vshl_u8(lo, vcreate_s8(0xFCFC_FCFC_0000_0000));
+            let lo = vand_u8(lo, vdup_n_u8(0x0F));
+            vsli_n_u8::<4>(lo, vshr_n_u8::<6>(hi))
+        };
+        let v = vmovl_u8(v);
+        let sc = vcvtq_f32_u32(vmovl_u16(vget_low_u16(v)));
+        let m = vcvtq_f32_u32(vmovl_high_u16(v));
+        (vmulq_f32(d, sc), vmulq_f32(dmin, m))
+    }
+}
+
+/// Sub-block `S` of row quad `j` of a Q4_K tile at `p` for `T` tokens.
+#[inline(always)]
+unsafe fn q4k_sub<const SDOT: bool, const T: usize, const S: usize>(
+    p: *const u8,
+    j: usize,
+    (d, dmin): (float32x4_t, float32x4_t),
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [float32x4_t; T],
+) {
+    // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
+    // contract); the rest is register-only.
+    unsafe {
+        let (dsc, dm) = q4k_scales::<S>(p, j, d, dmin);
+        let qs = p.add(K4_QS + 512 * (S / 2) + 16 * j);
+        let mut w = [[vdupq_n_s8(0); 4]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (i, wg) in wh.iter_mut().enumerate() {
+                let v = vld1q_u8(qs.add(64 * (4 * h + i)));
+                let v = if S % 2 == 1 {
+                    vshrq_n_u8::<4>(v)
+                } else {
+                    vandq_u8(v, vdupq_n_u8(0x0F))
+                };
+                *wg = vreinterpretq_s8_u8(v);
+            }
+        }
+        for t in 0..T {
+            let a = xb[t].add(S);
+            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+            // `d` and `s` are the block's first two fields.
+            let ds = vld1_f32(a as *const f32);
+            let tmp = vmulq_lane_f32::<0>(vcvtq_f32_s32(isum), ds);
+            acc[t] = vfmaq_f32(acc[t], dsc, tmp);
+            // fmls rounds acc - dm * s once: the spec's fma(-(dmin * m), s, acc).
+            acc[t] = vfmsq_lane_f32::<1>(acc[t], dm, ds);
+        }
+    }
+}
+
+impl KTile for Q4K {
+    const BYTES: usize = K4_BYTES;
+    #[inline(always)]
+    unsafe fn quad<const SDOT: bool, const T: usize>(
+        p: *const u8,
+        j: usize,
+        xb: &[*const BlockQ8A; T],
+        acc: &mut [[float32x4_t; 4]; T],
+    ) {
+        // SAFETY: the caller's contract (see `KTile::quad`).
+        unsafe {
+            let d = f16x4(p.add(K4_D + 8 * j));
+            let dmin = f16x4(p.add(K4_DMIN + 8 * j));
+            let mut a = [vdupq_n_f32(0.0); T];
+            for t in 0..T {
+                a[t] = acc[t][j];
+            }
+            q4k_sub::<SDOT, T, 0>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 1>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 2>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 3>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 4>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 5>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 6>(p, j, (d, dmin), xb, &mut a);
+            q4k_sub::<SDOT, T, 7>(p, j, (d, dmin), xb, &mut a);
+            for t in 0..T {
+                acc[t][j] = a[t];
+            }
+        }
+    }
+}
+
+/// Q6_K: per Q8A block 8 registers of 6-bit quants (a nibble of ql joined with 2 bits of qh),
+/// the two 16-element groups' `d * sc`, then per token two half dots, each corrected for the
+/// offset 32 through the activation half sums and scaled by one FMA.
+struct Q6K;
+
+/// Q8A block `4N + K` of row quad `j` of a Q6_K tile at `p` for `T` tokens.
+#[inline(always)]
+unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: usize>(
+    p: *const u8,
+    j: usize,
+    d: float32x4_t,
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [float32x4_t; T],
+) {
+    let qb = 4 * N + K;
+    // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
+    // contract); the rest is register-only.
+    unsafe {
+        // The two groups' signed scales (lanes 0..4: group 2qb, 4..8: 2qb + 1); d * sc is
+        // exact in f32 (11 x 8 bits).
+        let sc = two_planes(
+            p.add(K6_SC + ROWS * (2 * qb) + 4 * j),
+            p.add(K6_SC + ROWS * (2 * qb + 1) + 4 * j),
+        );
+        let sc = vmovl_s8(vreinterpret_s8_u8(sc));
+        let dsc0 = vmulq_f32(d, vcvtq_f32_s32(vmovl_s16(vget_low_s16(sc))));
+        let dsc1 = vmulq_f32(d, vcvtq_f32_s32(vmovl_high_s16(sc)));
+        let ql = p.add(k6_ql(2 * N + (K & 1)) + 16 * j);
+        let qh = p.add(k6_qh(N) + 16 * j);
+        let m6 = vdupq_n_u8(0x3F);
+        let mut w = [[vdupq_n_s8(0); 4]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (i, wg) in wh.iter_mut().enumerate() {
+                let g = 4 * h + i;
+                let l = vld1q_u8(ql.add(64 * g));
+                let hb = vld1q_u8(qh.add(64 * g));
+                // Low nibble (K < 2) or high nibble (K >= 2) of ql, bits 2K, 2K + 1 of qh to
+                // bits 4, 5; the shift-inserts leave junk only above bit 5, which the mask drops.
+                let u = match K {
+                    0 => vsliq_n_u8::<4>(l, hb),
+                    1 => vsliq_n_u8::<4>(l, vshrq_n_u8::<2>(hb)),
+                    2 => vsriq_n_u8::<4>(hb, l),
+                    _ => vsriq_n_u8::<4>(vshrq_n_u8::<2>(hb), l),
+                };
+                *wg = vreinterpretq_s8_u8(vandq_u8(u, m6));
+            }
+        }
+        for t in 0..T {
+            let a = xb[t].add(qb);
+            let x = (*a).qs.as_ptr();
+            // sum((u - 32) * x) = sum(u * x) - 32 * sums[h], exact.
+            let i0 = isum_quad::<SDOT, 1>(
+                std::array::from_ref(&w[0]),
+                x,
+                vdupq_n_s32(-32 * (*a).sums[0] as i32),
+            );
+            let i1 = isum_quad::<SDOT, 1>(
+                std::array::from_ref(&w[1]),
+                x.add(16),
+                vdupq_n_s32(-32 * (*a).sums[1] as i32),
+            );
+            let xd = (*a).d;
+            acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
+            acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
+        }
+    }
+}
+
+impl KTile for Q6K {
+    const BYTES: usize = K6_BYTES;
+    #[inline(always)]
+    unsafe fn quad<const SDOT: bool, const T: usize>(
+        p: *const u8,
+        j: usize,
+        xb: &[*const BlockQ8A; T],
+        acc: &mut [[float32x4_t; 4]; T],
+    ) {
+        // SAFETY: the caller's contract (see `KTile::quad`).
+        unsafe {
+            let d = f16x4(p.add(K6_D + 8 * j));
+            let mut a = [vdupq_n_f32(0.0); T];
+            for t in 0..T {
+                a[t] = acc[t][j];
+            }
+            q6k_block::<SDOT, T, 0, 0>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 0, 1>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 0, 2>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 0, 3>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 1, 0>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 1, 1>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 1, 2>(p, j, d, xb, &mut a);
+            q6k_block::<SDOT, T, 1, 3>(p, j, d, xb, &mut a);
+            for t in 0..T {
+                acc[t][j] = a[t];
+            }
+        }
+    }
+}
+
+/// `T` activation rows against one group's tiles.
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod.
+#[inline(always)]
+unsafe fn run<K: KTile, const SDOT: bool, const T: usize>(
+    tiles: &[u8],
+    x: [&[BlockQ8A]; T],
+) -> [[f32; ROWS]; T] {
+    let nt = tiles.len() / K::BYTES;
+    assert!(x.iter().all(|x| x.len() >= 8 * nt));
+    // SAFETY: tile b < nt lies inside `tiles`; token t's blocks 8b..8b + 8 inside `x[t]`
+    // (asserted above); dotprod as the caller promised.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; T];
+        // One flat loop over (tile, row quad). In the llvm-mca models per row-block (Q4_K /
+        // Q6_K): dotprod on the A55 99 / 151 cycles against 111 / 166 with a tile per
+        // iteration and its quads written out; plain on the A53 189 / 268 against 189 / 272.
+        for i in 0..4 * nt {
+            let (b, j) = (i / 4, i % 4);
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for t in 0..T {
+                xb[t] = x[t].as_ptr().add(8 * b);
+            }
+            K::quad::<SDOT, T>(p, j, &xb, &mut acc);
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (j, v) in a.iter().enumerate() {
+                vst1q_f32(o.as_mut_ptr().add(4 * j), *v);
+            }
+        }
+        out
+    }
+}
+
+/// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk);
+/// `one` is the one-token kernel (its own function, so its tile loop can be modelled alone).
+#[inline(always)]
+unsafe fn rows16_any<K: KTile, const SDOT: bool>(
+    tiles: &[u8],
+    x: &[&[BlockQ8A]],
+    out: &mut [[f32; ROWS]],
+    one: fn(&[u8], &[BlockQ8A]) -> [f32; ROWS],
+) {
+    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
+    let mut t = 0;
+    // SAFETY: dotprod as the caller promised.
+    unsafe {
+        while t + 8 <= x.len() {
+            let o = run::<K, SDOT, 8>(tiles, std::array::from_fn(|i| x[t + i]));
+            out[t..t + 8].copy_from_slice(&o);
+            t += 8;
+        }
+        while t + 4 <= x.len() {
+            let o = run::<K, SDOT, 4>(tiles, std::array::from_fn(|i| x[t + i]));
+            out[t..t + 4].copy_from_slice(&o);
+            t += 4;
+        }
+    }
+    // Called through an opaque pointer: LLVM inlined the dotprod one even as `inline(never)`.
+    let one = std::hint::black_box(one);
+    while t < x.len() {
+        out[t] = one(tiles, x[t]);
+        t += 1;
+    }
+}
+
+macro_rules! entries {
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident) => {
+        #[inline(never)]
+        fn $one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+            // SAFETY: NEON is baseline on aarch64; `run` bounds-checks the activation rows
+            // against the tile count and reads only whole tiles.
+            unsafe { run::<$kind, false, 1>(tiles, [x])[0] }
+        }
+        fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            // SAFETY: as `$one_plain`; the plain flavour needs no extension.
+            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
+        }
+        #[target_feature(enable = "dotprod")]
+        #[inline(never)]
+        unsafe fn $one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+            // SAFETY: dotprod is enabled here; bounds as `$one_plain`.
+            unsafe { run::<$kind, true, 1>(tiles, [x])[0] }
+        }
+        fn $one_sdot(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+            // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
+            unsafe { $one_tf(tiles, x) }
+        }
+        #[target_feature(enable = "dotprod")]
+        unsafe fn $tf(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            // SAFETY: dotprod is enabled here; bounds as `$one_plain`.
+            unsafe { rows16_any::<$kind, true>(tiles, x, out, $one_sdot) }
+        }
+        fn $sdot(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
+            unsafe { $tf(tiles, x, out) }
+        }
+    };
+}
+
+entries!(
+    Q4K,
+    rows16_q4_k_plain,
+    q4k_one_plain,
+    rows16_q4_k_sdot,
+    q4k_one_sdot,
+    rows16_q4_k_tf,
+    q4k_one_tf
+);
+entries!(
+    Q6K,
+    rows16_q6_k_plain,
+    q6k_one_plain,
+    rows16_q6_k_sdot,
+    q6k_one_sdot,
+    rows16_q6_k_tf,
+    q6k_one_tf
+);
