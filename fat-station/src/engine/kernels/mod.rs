@@ -308,6 +308,9 @@ impl Kernels {
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
             k.isa = isa;
             neon::install(&mut k.table, isa == Isa::NeonDotprod);
+            for (dtype, f) in interleaved::neon::kernels(isa == Isa::NeonDotprod) {
+                k.rows16[dtype_index(dtype)] = Some(f);
+            }
         }
         Some(k)
     }
