@@ -13,10 +13,12 @@
 //!
 //! Per tile, per quad: the exact i32 sums, minus the offset correction, then
 //! `acc = fma(d_w, f32(isum) * d_x, acc)` on 4 rows at once: [`super::rows16_ref`]'s bits.
-//! One token: weights are unpacked chunk by chunk straight into the products. Several tokens:
-//! each tile is unpacked once into a 512-byte stack buffer that every token of the call then
-//! reads (`ld1` of 4 registers): the per-token sequence of integer and f32 steps is the same
-//! as for one token, so every token gets a one-token call's bits.
+//! One token: tile by tile, weights unpacked chunk by chunk straight into the products.
+//! Several tokens (prefill): quad by quad over all tiles, each tile's 8 vectors of the quad
+//! unpacked once for all tokens and kept in registers with every token's 4-row accumulator
+//! (the group's tiles, a few KiB, come from L1 after the first quad). Per row and token the
+//! integer sums are exact and the f32 steps are the same in the same order either way, so
+//! every token gets a one-token call's bits.
 //!
 //! Unpacking (per weight, the part that dominates decode):
 //! - Q4_0: `and` / `ushr` of the qs bytes: unsigned u in 0..16, the offset 8 is folded into
@@ -66,6 +68,9 @@ trait Tile {
     unsafe fn pre(p: *const u8) -> Self::Pre;
     /// Chunk `K` (0..4). SAFETY (callers): as [`Tile::pre`].
     unsafe fn chunk<const K: usize>(p: *const u8, pre: Self::Pre) -> Chunk;
+    /// Quad `j`'s 8 weight vectors, groups 0..8 (several tokens).
+    /// SAFETY (callers): as [`Tile::pre`], `j < 4`.
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8];
 }
 
 struct Q4_0;
@@ -106,6 +111,22 @@ impl Tile for Q4_0 {
             ]
         }
     }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: 16 bytes of each chunk inside the tile (j < 4); register-only NEON.
+        unsafe {
+            let q: [uint8x16_t; 4] =
+                std::array::from_fn(|k| vld1q_u8(p.add(D_BYTES + 64 * k + 16 * j)));
+            let m4 = vdupq_n_u8(0x0F);
+            std::array::from_fn(|g| {
+                if g < 4 {
+                    s8(vandq_u8(q[g], m4))
+                } else {
+                    s8(vshrq_n_u8::<4>(q[g - 4]))
+                }
+            })
+        }
+    }
 }
 
 impl Tile for Q5_0 {
@@ -124,7 +145,7 @@ impl Tile for Q5_0 {
         let q = unsafe { load4(p.add(Q5_QS + 64 * K)) };
         // SAFETY: register-only NEON (baseline).
         unsafe {
-            let (blo, bhi) = (vdupq_n_u8(1 << K), vdupq_n_u8(1 << (K + 4)));
+            let (blo, bhi) = (opaque(vdupq_n_u8(1 << K)), opaque(vdupq_n_u8(1 << (K + 4))));
             let mut out = [[vdupq_n_s8(0); 4]; 2];
             for j in 0..4 {
                 // 0xFF where the 5th bit is clear (the mask bytes are stored inverted).
@@ -134,6 +155,24 @@ impl Tile for Q5_0 {
                 out[0][j] = s8(vsliq_n_u8::<4>(q[j], clo));
             }
             out
+        }
+    }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: quad j's 16 mask bytes and 16 bytes of each qs chunk lie inside the tile;
+        // register-only NEON. As `chunk`: 0xFF where the 5th bit is clear, then `sli`/`sri`.
+        unsafe {
+            let h = vld1q_u8(p.add(Q5_HM + 16 * j));
+            let q: [uint8x16_t; 4] =
+                std::array::from_fn(|k| vld1q_u8(p.add(Q5_QS + 64 * k + 16 * j)));
+            std::array::from_fn(|g| {
+                let clear = vtstq_u8(h, opaque(vdupq_n_u8(1 << g)));
+                if g < 4 {
+                    s8(vsliq_n_u8::<4>(q[g], clear))
+                } else {
+                    s8(vsriq_n_u8::<4>(clear, q[g - 4]))
+                }
+            })
         }
     }
 }
@@ -155,6 +194,11 @@ impl Tile for Q8_0 {
             ]
         }
     }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: 16 bytes of each group inside the tile (j < 4).
+        unsafe { std::array::from_fn(|g| vld1q_s8(p.add(D_BYTES + 64 * g + 16 * j) as *const i8)) }
+    }
 }
 
 /// Where a token's pass reads the weight vectors from.
@@ -174,44 +218,6 @@ impl<L: Tile> Src for Direct<L> {
     unsafe fn chunk<const K: usize>(&self) -> Chunk {
         // SAFETY: `p` is a whole tile (the caller's contract).
         unsafe { L::chunk::<K>(self.p, self.pre) }
-    }
-}
-
-/// A tile unpacked once for several tokens: chunk k at vectors 8k..8k + 8.
-struct Buf([int8x16_t; 32]);
-
-impl Buf {
-    /// Unpacks the tile at `p`. SAFETY (callers): as [`Tile::pre`].
-    #[inline(always)]
-    unsafe fn fill<L: Tile>(&mut self, p: *const u8) {
-        // SAFETY: the caller's tile; the stores write inside `self.0`.
-        unsafe {
-            let pre = L::pre(p);
-            self.put::<0>(L::chunk::<0>(p, pre));
-            self.put::<1>(L::chunk::<1>(p, pre));
-            self.put::<2>(L::chunk::<2>(p, pre));
-            self.put::<3>(L::chunk::<3>(p, pre));
-        }
-    }
-
-    #[inline(always)]
-    fn put<const K: usize>(&mut self, c: Chunk) {
-        let d = self.0[8 * K..].as_mut_ptr() as *mut i8;
-        // SAFETY: vectors 8K..8K + 8 lie inside the buffer (K < 4).
-        unsafe {
-            vst1q_s8_x4(d, int8x16x4_t(c[0][0], c[0][1], c[0][2], c[0][3]));
-            vst1q_s8_x4(d.add(64), int8x16x4_t(c[1][0], c[1][1], c[1][2], c[1][3]));
-        }
-    }
-}
-
-impl Src for Buf {
-    #[inline(always)]
-    unsafe fn chunk<const K: usize>(&self) -> Chunk {
-        let s = self.0[8 * K..].as_ptr() as *const i8;
-        // SAFETY: vectors 8K..8K + 8 lie inside the buffer (K < 4).
-        let (a, b) = unsafe { (vld1q_s8_x4(s), vld1q_s8_x4(s.add(64))) };
-        [[a.0, a.1, a.2, a.3], [b.0, b.1, b.2, b.3]]
     }
 }
 
@@ -263,17 +269,63 @@ unsafe fn scales(p: *const u8) -> [float32x4_t; 4] {
     [o0, o1, o2, o3]
 }
 
+/// 4 f16 scales at `p` as f32 (`fcvtl`).
+#[inline(always)]
+unsafe fn scales4(p: *const u8) -> float32x4_t {
+    // SAFETY: 8 readable bytes at `p` (the caller's).
+    let a = unsafe { vld1_u8(p) };
+    let o: float32x4_t;
+    // SAFETY: register-only, baseline AdvSIMD instruction.
+    unsafe {
+        asm!(
+            "fcvtl {o:v}.4s, {a:v}.4h",
+            a = in(vreg) a,
+            o = out(vreg) o,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    o
+}
+
 /// Group `4 * H + K`'s 4 activation bytes broadcast to every 32-bit lane (`ld1r`).
 #[inline(always)]
 fn bcast<const K: usize, const H: usize>(a: &BlockQ8A) -> int8x16_t {
     // SAFETY: qs[16H + 4K..][..4] lies in the block, 4-aligned (qs sits at offset 12 of a
     // 4-aligned 44-byte block).
-    unsafe {
-        vreinterpretq_s8_s32(vld1q_dup_s32(
-            a.qs.as_ptr().add(16 * H + 4 * K) as *const i32
-        ))
-    }
+    let v = unsafe { vld1q_dup_s32(a.qs.as_ptr().add(16 * H + 4 * K) as *const i32) };
+    // SAFETY: a register reinterpretation.
+    opaque(unsafe { vreinterpretq_s8_s32(v) })
 }
+
+/// `v`, hidden from the optimiser: knowing a broadcast's halves are equal, LLVM rewrites
+/// `smull2 w, x` as `ext` of `w` + `smull` (one more instruction per weight vector); and a
+/// `cmtst` against a known `1` as `and` + `neg`.
+#[inline(always)]
+fn opaque<T: OpaqueVreg>(v: T) -> T {
+    v.opaque()
+}
+
+/// Vector types [`opaque`] takes.
+trait OpaqueVreg {
+    fn opaque(self) -> Self;
+}
+
+macro_rules! opaque_vreg {
+    ($($t:ty),*) => {$(
+        impl OpaqueVreg for $t {
+            #[inline(always)]
+            fn opaque(self) -> Self {
+                let mut v = self;
+                // SAFETY: an empty instruction template; the register passes through unchanged.
+                unsafe {
+                    asm!("/* {v:v} */", v = inout(vreg) v, options(pure, nomem, nostack, preserves_flags))
+                };
+                v
+            }
+        }
+    )*};
+}
+opaque_vreg!(int8x16_t, uint8x16_t);
 
 /// Chunk `K`'s products for one token, dotprod: into one i32 lane per row.
 #[inline(always)]
@@ -387,8 +439,153 @@ unsafe fn token_step<L: Tile, S: Src, const SDOT: bool>(
     }
 }
 
-/// The [`Rows16Dot`] of type `L`: one token straight from the tiles, more through [`Buf`],
-/// 8 tokens at a time.
+/// Quad `w`'s exact sums `isum - OFF * sum(q_x)` (4 rows) against one activation block.
+#[inline(always)]
+unsafe fn quad_isum<L: Tile, const SDOT: bool>(w: &[int8x16_t; 8], a: &BlockQ8A) -> int32x4_t {
+    // SAFETY: loads inside `a`; `sdot_lane` as the caller's flavour; the rest is
+    // register-only NEON (baseline).
+    unsafe {
+        let init = vdupq_n_s32(-L::OFF * (a.sums[0] as i32 + a.sums[1] as i32));
+        if SDOT {
+            let (x0, x1) = (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16)));
+            let s = sdot_lane::<0>(init, w[0], x0);
+            let s = sdot_lane::<1>(s, w[1], x0);
+            let s = sdot_lane::<2>(s, w[2], x0);
+            let s = sdot_lane::<3>(s, w[3], x0);
+            let s = sdot_lane::<0>(s, w[4], x1);
+            let s = sdot_lane::<1>(s, w[5], x1);
+            let s = sdot_lane::<2>(s, w[6], x1);
+            sdot_lane::<3>(s, w[7], x1)
+        } else {
+            // Each group's 4 bytes broadcast by `dup` of a 32-bit lane from two 16-byte
+            // loads (`ld1r` takes no address offset: 8 of them per token cost 8 adds too).
+            let (x0, x1) = (
+                vreinterpretq_s32_s8(vld1q_s8(a.qs.as_ptr())),
+                vreinterpretq_s32_s8(vld1q_s8(a.qs.as_ptr().add(16))),
+            );
+            let x: [int8x16_t; 8] = [
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<0>(x0)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<1>(x0)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<2>(x0)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<3>(x0)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<0>(x1)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<1>(x1)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<2>(x1)),
+                vreinterpretq_s8_s32(vdupq_laneq_s32::<3>(x1)),
+            ];
+            if L::SMALL {
+                // 8 products per i16 lane, 16 after the addp (the `SMALL` bound).
+                let mut lo = vmull_s8(vget_low_s8(w[0]), vget_low_s8(x[0]));
+                let mut hi = smull2(w[0], x[0]);
+                for g in 1..8 {
+                    lo = vmlal_s8(lo, vget_low_s8(w[g]), vget_low_s8(x[g]));
+                    hi = smlal2(hi, w[g], x[g]);
+                }
+                vpadalq_s16(init, vpaddq_s16(lo, hi))
+            } else {
+                // Q8_0: 2 products per i16 lane (at most 2 * 128 * 127 = 32512), then widened.
+                let (mut slo, mut shi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+                for g in (0..8).step_by(2) {
+                    let lo = vmull_s8(vget_low_s8(w[g]), vget_low_s8(x[g]));
+                    let lo = vmlal_s8(lo, vget_low_s8(w[g + 1]), vget_low_s8(x[g + 1]));
+                    let hi = smlal2(smull2(w[g], x[g]), w[g + 1], x[g + 1]);
+                    slo = vpadalq_s16(slo, lo);
+                    shi = vpadalq_s16(shi, hi);
+                }
+                vaddq_s32(init, vpaddq_s32(slo, shi))
+            }
+        }
+    }
+}
+
+/// `smull2` (the high 8 byte pairs' products) as one instruction: with the intrinsic, LLVM
+/// hoists the weights' high halves out of the token loop (one more register per weight
+/// vector: the 8-token loop spilled) and then pays an `ext` of the activations per token.
+#[inline(always)]
+fn smull2(a: int8x16_t, b: int8x16_t) -> int16x8_t {
+    let out: int16x8_t;
+    // SAFETY: register-only, baseline AdvSIMD instruction.
+    unsafe {
+        asm!(
+            "smull2 {o:v}.8h, {a:v}.16b, {b:v}.16b",
+            a = in(vreg) a,
+            b = in(vreg) b,
+            o = lateout(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
+/// `acc + ` [`smull2`] as one `smlal2` (see there).
+#[inline(always)]
+fn smlal2(acc: int16x8_t, a: int8x16_t, b: int8x16_t) -> int16x8_t {
+    let mut acc = acc;
+    // SAFETY: register-only, baseline AdvSIMD instruction.
+    unsafe {
+        asm!(
+            "smlal2 {acc:v}.8h, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// `if t < T { body }` for t = 0..8 written out: LLVM leaves a loop over the tokens rolled
+/// (its accumulators then live in memory), and `T` is a constant, so the dead copies vanish.
+macro_rules! each_token {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_token!(@ $T, $t, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
+/// `T` tokens, one quad (4 rows) at a time over all tiles: the quad's 8 weight vectors are
+/// unpacked once per tile for the `T` tokens and stay in registers, and each token's 4-row
+/// accumulator too (the group's tiles, a few KiB, come from L1 after the first quad).
+#[inline(always)]
+unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
+    tiles: &[u8],
+    x: &[&[BlockQ8A]],
+    out: &mut [[f32; ROWS]],
+) -> usize {
+    let nb = tiles.len() / L::BYTES;
+    let xp: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr());
+    for j in 0..4 {
+        let mut acc = [vdupq_n_f32(0.0); T];
+        for b in 0..nb {
+            // SAFETY: block b < nb is a whole tile and every x[t] has >= nb blocks (the
+            // caller's checks); `SDOT` as the caller's flavour.
+            unsafe {
+                let p = tiles.as_ptr().add(b * L::BYTES);
+                let w = L::quad(p, j);
+                let dw = scales4(p.add(8 * j));
+                each_token!(T, |t| {
+                    let a = &*xp[t].add(b);
+                    let tmp =
+                        vmulq_f32(vcvtq_f32_s32(quad_isum::<L, SDOT>(&w, a)), vdupq_n_f32(a.d));
+                    acc[t] = vfmaq_f32(acc[t], dw, tmp);
+                });
+            }
+        }
+        for t in 0..T {
+            // SAFETY: 4 floats at 4j..4j + 4 of a 16-float row.
+            unsafe { vst1q_f32(out[t][4 * j..].as_mut_ptr(), acc[t]) };
+        }
+    }
+    T
+}
+
+/// The [`Rows16Dot`] of type `L`: one token tile by tile straight from the tiles, more quad
+/// by quad ([`rows16_quads`]) 8, 4, 2 at a time.
 #[inline(always)]
 unsafe fn rows16<L: Tile, const SDOT: bool>(
     tiles: &[u8],
@@ -417,20 +614,15 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
             store(&acc, &mut out[0]);
             return;
         }
-        for (xs, os) in x.chunks(8).zip(out.chunks_mut(8)) {
-            let mut acc = [[vdupq_n_f32(0.0); 4]; 8];
-            let mut buf = Buf([vdupq_n_s8(0); 32]);
-            for b in 0..nb {
-                let p = tiles.as_ptr().add(b * L::BYTES);
-                buf.fill::<L>(p);
-                let dw = scales(p);
-                for (t, xt) in xs.iter().enumerate() {
-                    token_step::<L, _, SDOT>(&buf, xt.get_unchecked(b), &dw, &mut acc[t]);
-                }
-            }
-            for (a, o) in acc.iter().zip(os.iter_mut()) {
-                store(a, o);
-            }
+        let mut t = 0;
+        while t < x.len() {
+            let (xs, os) = (&x[t..], &mut out[t..]);
+            t += match xs.len() {
+                8.. => rows16_quads::<L, SDOT, 8>(tiles, xs, os),
+                4.. => rows16_quads::<L, SDOT, 4>(tiles, xs, os),
+                2.. => rows16_quads::<L, SDOT, 2>(tiles, xs, os),
+                _ => rows16_quads::<L, SDOT, 1>(tiles, xs, os),
+            };
         }
     }
 }
