@@ -9,7 +9,7 @@
 //! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
-//! [`interleaved`] (the 16-row layout, its specification and AVX-512 kernels),
+//! [`interleaved`] (the 16-row layout, its specification, AVX-512 and NEON kernels),
 //! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 activation quantization), `neon`
 //! (aarch64, `sdot` where the CPU has dotprod), one dispatch point ([`Kernels`]) chosen once
 //! per process.
