@@ -8,7 +8,8 @@
 //!
 //! - dotprod: one indexed `sdot v.4s, w.16b, x.4b[k]` adds the 4 products of group g to each
 //!   of 4 rows: 32 per tile and token, no activation broadcasts (x holds 4 groups).
-//! - plain: the activation group broadcast to every lane (`ld1r`), `smull`/`smlal` (low rows)
+//! - plain: the activation group broadcast to every lane (`ld1r`; `dup` of a lane for several
+//!   tokens), `smull`/`smlal` (low rows)
 //!   and `smull2`/`smlal2` (high rows) into i16 lanes, then pairwise adds into the rows.
 //!
 //! Per tile, per quad: the exact i32 sums, minus the offset correction, then
@@ -201,7 +202,8 @@ impl Tile for Q8_0 {
     }
 }
 
-/// Where a token's pass reads the weight vectors from.
+/// Where a one-token pass reads the weight vectors from (one implementor left, [`Direct`]:
+/// a buffered multi-token source was slower than [`rows16_quads`]).
 trait Src {
     /// SAFETY (callers): the source's bytes are readable (see the implementors).
     unsafe fn chunk<const K: usize>(&self) -> Chunk;
