@@ -289,45 +289,38 @@ unsafe fn scales4(p: *const u8) -> float32x4_t {
     o
 }
 
-/// Group `4 * H + K`'s 4 activation bytes broadcast to every 32-bit lane (`ld1r`).
+/// Group `4 * H + K`'s 4 activation bytes broadcast to every 32-bit lane, from the block's
+/// quants in two registers (`x`): one `dup` each (8 `ld1r` per tile would also need 8 address
+/// adds: `ld1r` takes no offset). As an `asm!` so LLVM does not see the halves are equal
+/// (it would then rewrite `smull2 w, x` as an `ext` of `w` and a `smull`).
 #[inline(always)]
-fn bcast<const K: usize, const H: usize>(a: &BlockQ8A) -> int8x16_t {
-    // SAFETY: qs[16H + 4K..][..4] lies in the block, 4-aligned (qs sits at offset 12 of a
-    // 4-aligned 44-byte block).
-    let v = unsafe { vld1q_dup_s32(a.qs.as_ptr().add(16 * H + 4 * K) as *const i32) };
-    // SAFETY: a register reinterpretation.
-    opaque(unsafe { vreinterpretq_s8_s32(v) })
+fn bcast<const K: usize, const H: usize>(x: (int8x16_t, int8x16_t)) -> int8x16_t {
+    let v = if H == 0 { x.0 } else { x.1 };
+    let out: int8x16_t;
+    // SAFETY: register-only, baseline AdvSIMD instruction (K < 4).
+    unsafe {
+        asm!(
+            "dup {o:v}.4s, {v:v}.s[{k}]",
+            v = in(vreg) v,
+            o = lateout(vreg) out,
+            k = const K,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
 }
 
-/// `v`, hidden from the optimiser: knowing a broadcast's halves are equal, LLVM rewrites
-/// `smull2 w, x` as `ext` of `w` + `smull` (one more instruction per weight vector); and a
-/// `cmtst` against a known `1` as `and` + `neg`.
+/// `v`, hidden from the optimiser: LLVM rewrites a `cmtst` against a known `1` as `and` +
+/// `neg` (and rematerializes the other bit constants with `movi` inside the loop).
 #[inline(always)]
-fn opaque<T: OpaqueVreg>(v: T) -> T {
-    v.opaque()
+fn opaque(v: uint8x16_t) -> uint8x16_t {
+    let mut v = v;
+    // SAFETY: an empty instruction template; the register passes through unchanged.
+    unsafe {
+        asm!("/* {v:v} */", v = inout(vreg) v, options(pure, nomem, nostack, preserves_flags))
+    };
+    v
 }
-
-/// Vector types [`opaque`] takes.
-trait OpaqueVreg {
-    fn opaque(self) -> Self;
-}
-
-macro_rules! opaque_vreg {
-    ($($t:ty),*) => {$(
-        impl OpaqueVreg for $t {
-            #[inline(always)]
-            fn opaque(self) -> Self {
-                let mut v = self;
-                // SAFETY: an empty instruction template; the register passes through unchanged.
-                unsafe {
-                    asm!("/* {v:v} */", v = inout(vreg) v, options(pure, nomem, nostack, preserves_flags))
-                };
-                v
-            }
-        }
-    )*};
-}
-opaque_vreg!(int8x16_t, uint8x16_t);
 
 /// Chunk `K`'s products for one token, dotprod: into one i32 lane per row.
 #[inline(always)]
@@ -352,11 +345,15 @@ unsafe fn chunk_sdot<S: Src, const K: usize>(
 /// `p[j] = (rows 4j, 4j + 1; rows 4j + 2, 4j + 3)`, 4 elements each. Over the 4 chunks a lane
 /// takes 8 products (bounded by [`Tile::SMALL`]).
 #[inline(always)]
-unsafe fn chunk_small<S: Src, const K: usize>(src: &S, a: &BlockQ8A, p: &mut [[int16x8_t; 2]; 4]) {
+unsafe fn chunk_small<S: Src, const K: usize>(
+    src: &S,
+    x: (int8x16_t, int8x16_t),
+    p: &mut [[int16x8_t; 2]; 4],
+) {
     // SAFETY: the caller's source; the rest is register-only NEON (baseline).
     unsafe {
         let w = src.chunk::<K>();
-        let (xl, xh) = (bcast::<K, 0>(a), bcast::<K, 1>(a));
+        let (xl, xh) = (bcast::<K, 0>(x), bcast::<K, 1>(x));
         for j in 0..4 {
             let (w0, w1) = (w[0][j], w[1][j]);
             let (lo, hi) = if K == 0 {
@@ -380,11 +377,15 @@ unsafe fn chunk_small<S: Src, const K: usize>(src: &S, a: &BlockQ8A, p: &mut [[i
 /// `2 * 128 * 127 = 32512`), then pairwise into `s[j] = (rows 4j, 4j + 1; rows 4j + 2, 4j + 3)`,
 /// two i32 lanes per row.
 #[inline(always)]
-unsafe fn chunk_wide<S: Src, const K: usize>(src: &S, a: &BlockQ8A, s: &mut [[int32x4_t; 2]; 4]) {
+unsafe fn chunk_wide<S: Src, const K: usize>(
+    src: &S,
+    x: (int8x16_t, int8x16_t),
+    s: &mut [[int32x4_t; 2]; 4],
+) {
     // SAFETY: the caller's source; the rest is register-only NEON (baseline).
     unsafe {
         let w = src.chunk::<K>();
-        let (xl, xh) = (bcast::<K, 0>(a), bcast::<K, 1>(a));
+        let (xl, xh) = (bcast::<K, 0>(x), bcast::<K, 1>(x));
         for j in 0..4 {
             let (w0, w1) = (w[0][j], w[1][j]);
             let lo = vmull_s8(vget_low_s8(w0), vget_low_s8(xl));
@@ -410,8 +411,8 @@ unsafe fn token_step<L: Tile, S: Src, const SDOT: bool>(
     // loads inside `a`.
     unsafe {
         let init = vdupq_n_s32(-L::OFF * (a.sums[0] as i32 + a.sums[1] as i32));
+        let x = (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16)));
         let isum: [int32x4_t; 4] = if SDOT {
-            let x = (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16)));
             let mut s = [init; 4];
             chunk_sdot::<S, 0>(src, x, &mut s);
             chunk_sdot::<S, 1>(src, x, &mut s);
@@ -420,18 +421,18 @@ unsafe fn token_step<L: Tile, S: Src, const SDOT: bool>(
             s
         } else if L::SMALL {
             let mut p = [[vdupq_n_s16(0); 2]; 4];
-            chunk_small::<S, 0>(src, a, &mut p);
-            chunk_small::<S, 1>(src, a, &mut p);
-            chunk_small::<S, 2>(src, a, &mut p);
-            chunk_small::<S, 3>(src, a, &mut p);
+            chunk_small::<S, 0>(src, x, &mut p);
+            chunk_small::<S, 1>(src, x, &mut p);
+            chunk_small::<S, 2>(src, x, &mut p);
+            chunk_small::<S, 3>(src, x, &mut p);
             // addp: 16 products per lane (the `SMALL` bound), then widened onto `init`.
             p.map(|[lo, hi]| vpadalq_s16(init, vpaddq_s16(lo, hi)))
         } else {
             let mut s = [[vdupq_n_s32(0); 2]; 4];
-            chunk_wide::<S, 0>(src, a, &mut s);
-            chunk_wide::<S, 1>(src, a, &mut s);
-            chunk_wide::<S, 2>(src, a, &mut s);
-            chunk_wide::<S, 3>(src, a, &mut s);
+            chunk_wide::<S, 0>(src, x, &mut s);
+            chunk_wide::<S, 1>(src, x, &mut s);
+            chunk_wide::<S, 2>(src, x, &mut s);
+            chunk_wide::<S, 3>(src, x, &mut s);
             s.map(|[lo, hi]| vaddq_s32(init, vpaddq_s32(lo, hi)))
         };
         let xd = vdupq_n_f32(a.d);
