@@ -121,6 +121,7 @@ for cpu in cortex_a53 cortex_a55; do
 done
 say "fat-station (aarch64, release) -> asm"
 rm -f "$DEV/$TARGET/release/deps/fat_station-"*.s
+touch fat-station/src/lib.rs # else an up-to-date lib emits no .s
 CARGO_TARGET_DIR="$DEV" cargo-zigbuild rustc --release --target "$TARGET" -p fat-station --lib \
     -- --emit asm -C codegen-units=1 >"$WORK/rustc.log" 2>&1 \
     || { tail -20 "$WORK/rustc.log" >&2; die "cargo rustc --emit asm failed"; }
@@ -129,17 +130,24 @@ OURS="$(ls -t "$DEV/$TARGET/release/deps/fat_station-"*.s | head -1)"
 
 # kernel, ours (symbol, loop, blocks/iter), llama.cpp (symbol, loop, blocks/iter). Each loop is
 # the function's first outer loop unless said; blocks per iteration read off the source.
-# Q4_Kx16 / Q6_Kx16: the one-token 16-row kernels over interleaved tiles (interleaved/
-# neon_kquants.rs), per row-block (one row x one super-block): an iteration is a row quad of a
-# tile, 4 row-blocks.
+# (`kernels4neon` for the block kernels: `interleaved4neon` holds the same entry names.)
 KERNELS=(
-    "Q4_0  neon10q4_0_plain 0 8  neon7q4_0_tf 0 8  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
-    "Q5_0  neon10q5_0_plain 0 8  neon7q5_0_tf 0 8  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
-    "Q8_0  neon10q8_0_plain 0 8  neon7q8_0_tf 0 8  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
-    "Q4_K  neon10q4_k_plain 0 1  neon7q4_k_tf 0 1  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
-    "Q6_K  neon10q6_k_plain 0 1  neon7q6_k_tf 0 1  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
-    "Q4_Kx16  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
-    "Q6_Kx16  neon_kquants13q6k_one_plain 0 4  neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
+    "Q4_0  kernels4neon10q4_0_plain 0 8  kernels4neon7q4_0_tf 0 8  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
+    "Q5_0  kernels4neon10q5_0_plain 0 8  kernels4neon7q5_0_tf 0 8  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
+    "Q8_0  kernels4neon10q8_0_plain 0 8  kernels4neon7q8_0_tf 0 8  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
+    "Q4_K  kernels4neon10q4_k_plain 0 1  kernels4neon7q4_k_tf 0 1  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
+    "Q6_K  kernels4neon10q6_k_plain 0 1  kernels4neon7q6_k_tf 0 1  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
+)
+# The 16-row kernels (interleaved/neon.rs; neon_kquants.rs below): loop 1 is the one-token loop (loop 0 checks the
+# activation lengths), one tile (16 rows x one block) per iteration, so --per 16 gives cycles per row-block, comparable with llama.cpp's
+# per-block figure (one row against one block).
+ROWS16=(
+    "Q4_0  interleaved4neon10q4_0_plain 1 16  interleaved4neon7q4_0_tf 1 16  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
+    "Q5_0  interleaved4neon10q5_0_plain 1 16  interleaved4neon7q5_0_tf 1 16  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
+    "Q8_0  interleaved4neon10q8_0_plain 1 16  interleaved4neon7q8_0_tf 1 16  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
+    # interleaved/neon_kquants.rs: an iteration is a row quad of a tile (4 row-blocks).
+    "Q4_K  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
+    "Q6_K  neon_kquants13q6k_one_plain 0 4  neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
     "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \
@@ -147,16 +155,24 @@ mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
 }
 echo "llvm-mca in-order model, cycles per block (32 weights; k-quants 256), one-token dots"
 echo "(a proxy: LLVM's scheduling model of the hot loop, steady state; not a measurement)"
-printf '%-7s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
-for row in "${KERNELS[@]}"; do
-    read -r k sym lp per tsym tlp tper lsym llp lper <<<"$row"
-    a53=$(mca "$OURS" "$sym" "$lp" "$per" cortex-a53) || die "$k: no model of ours (A53)"
-    l53=$(mca "$WORK/llama-cortex_a53.s" "$lsym" "$llp" "$lper" cortex-a53) || die "$k: no model of llama.cpp (A53)"
-    a55=$(mca "$OURS" "$tsym" "$tlp" "$tper" cortex-a55 +dotprod) || die "$k: no model of ours (A55)"
-    l55=$(mca "$WORK/llama-cortex_a55.s" "$lsym" "$llp" "$lper" cortex-a55 +dotprod) || die "$k: no model of llama.cpp (A55)"
-    printf '%-7s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$a53" "$l53" "$(awk -v a="$a53" -v b="$l53" 'BEGIN { print a / b }')" \
-        "$a55" "$l55" "$(awk -v a="$a55" -v b="$l55" 'BEGIN { print a / b }')"
-done
+printf '%-5s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
+table() { # rows...
+    local row k sym lp per tsym tlp tper lsym llp lper a53 l53 a55 l55
+    for row in "$@"; do
+        read -r k sym lp per tsym tlp tper lsym llp lper <<<"$row"
+        a53=$(mca "$OURS" "$sym" "$lp" "$per" cortex-a53) || die "$k: no model of ours (A53)"
+        l53=$(mca "$WORK/llama-cortex_a53.s" "$lsym" "$llp" "$lper" cortex-a53) || die "$k: no model of llama.cpp (A53)"
+        a55=$(mca "$OURS" "$tsym" "$tlp" "$tper" cortex-a55 +dotprod) || die "$k: no model of ours (A55)"
+        l55=$(mca "$WORK/llama-cortex_a55.s" "$lsym" "$llp" "$lper" cortex-a55 +dotprod) || die "$k: no model of llama.cpp (A55)"
+        printf '%-5s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$a53" "$l53" "$(awk -v a="$a53" -v b="$l53" 'BEGIN { print a / b }')" \
+            "$a55" "$l55" "$(awk -v a="$a55" -v b="$l55" 'BEGIN { print a / b }')"
+    done
+}
+table "${KERNELS[@]}"
+echo
+echo "16-row kernels (the decode path for these types), one token: cycles per tile / 16 (per row-block)"
+printf '%-5s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
+table "${ROWS16[@]}"
 
 [[ $count -eq 1 ]] || exit 0
 

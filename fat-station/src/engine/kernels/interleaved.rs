@@ -15,6 +15,13 @@
 //! | Q5_0 | 352   | `d[16]`, `hm[8]` u64 (bit 4r+i of mask g = row r's 5th bit of element 4g+i), `qs` as Q4_0 |
 //! | Q8_0 | 544   | `d[16]`, `u[8][16][4]`: chunk g lane r = row r's quants 4g..4g+4, XOR 0x80 |
 //!
+//! On aarch64 two types store their bytes for the NEON kernels (same sizes, same offsets):
+//! Q8_0 keeps the signed quants (no XOR: `sdot` and `smull` are signed x signed), and Q5_0's
+//! 64 mask bytes are transposed and inverted: byte 4r+i, bit g = NOT row r's 5th bit of element
+//! 4g+i (so byte lane l of the 16 bytes from 16j is lane l of weight vector g's rows 4j..4j+4,
+//! and one `cmtst` marks the weights whose 5th bit is clear; see [`neon`]).
+//! [`unpack_tile_ref`] reads either layout back to the same `u`.
+//!
 //! Unpacked, every type is 8 vectors of unsigned bytes `u` (vector g: elements 4g..4g+4 of
 //! each row) with weight `u - OFF` (OFF = 8, 16, 128). Per (row, block, token):
 //! `isum = sum(u * q_x) - OFF * sum(q_x)` (exact i32), then
@@ -33,6 +40,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 pub mod kquants;
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon;
 #[cfg(target_arch = "aarch64")]
 pub(super) mod neon_kquants;
 
@@ -53,6 +62,25 @@ pub type Rows16Dot = fn(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]
 pub(super) const D_BYTES: usize = 2 * ROWS;
 pub(super) const Q5_HM: usize = D_BYTES;
 pub(super) const Q5_QS: usize = D_BYTES + 8 * 8;
+
+/// What packing XORs into each Q8_0 quant: 0x80 on x86 (unsigned bytes for `vpdpbusd`),
+/// nothing on aarch64 (signed bytes for `sdot` / `smull`). `u = stored ^ Q8_STORED_XOR ^ 0x80`.
+pub(super) const Q8_STORED_XOR: u8 = if cfg!(target_arch = "aarch64") {
+    0
+} else {
+    0x80
+};
+
+/// Whether row `r`'s element `4g + i` of a Q5_0 tile has its 5th bit set (the mask layout
+/// of this architecture, see the module doc).
+fn q5_high(tile: &[u8], r: usize, i: usize, g: usize) -> bool {
+    if cfg!(target_arch = "aarch64") {
+        tile[Q5_HM + 4 * r + i] >> g & 1 == 0
+    } else {
+        let bit = 4 * r + i;
+        tile[Q5_HM + 8 * g + bit / 8] >> (bit % 8) & 1 == 1
+    }
+}
 
 /// Bytes of one tile (16 rows x one block; a super-block for Q4_K and Q6_K) of `dtype`, for
 /// the types with a layout.
@@ -186,14 +214,23 @@ fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
             let dst = &mut tile[at + 64 * k + 4 * r..][..4];
             dst.copy_from_slice(c);
             if dtype == DType::Q8_0 {
-                dst.iter_mut().for_each(|v| *v ^= 0x80);
+                dst.iter_mut().for_each(|v| *v ^= Q8_STORED_XOR);
             }
+        }
+        if cfg!(target_arch = "aarch64") {
+            if dtype == DType::Q5_0 {
+                for i in 0..4 {
+                    let bits = (0..8).fold(0u8, |v, g| v | ((qh >> (4 * g + i) & 1) as u8) << g);
+                    tile[Q5_HM + 4 * r + i] = !bits;
+                }
+            }
+            continue;
         }
         for (g, m) in masks.iter_mut().enumerate() {
             *m |= (((qh >> (4 * g)) & 0xF) as u64) << (4 * r);
         }
     }
-    if dtype == DType::Q5_0 {
+    if dtype == DType::Q5_0 && !cfg!(target_arch = "aarch64") {
         for (g, m) in masks.iter().enumerate() {
             tile[Q5_HM + 8 * g..][..8].copy_from_slice(&m.to_le_bytes());
         }
@@ -208,15 +245,12 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; RO
         for (e, v) in ur.iter_mut().enumerate() {
             let (g, i) = (e / 4, e % 4);
             *v = match dtype {
-                DType::Q8_0 => tile[D_BYTES + 64 * g + 4 * r + i],
+                DType::Q8_0 => tile[D_BYTES + 64 * g + 4 * r + i] ^ Q8_STORED_XOR ^ 0x80,
                 DType::Q4_0 | DType::Q5_0 => {
                     let qs_at = if dtype == DType::Q5_0 { Q5_QS } else { D_BYTES };
                     let byte = tile[qs_at + 64 * (g % 4) + 4 * r + i];
                     let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
-                    let high = dtype == DType::Q5_0 && {
-                        let bit = 4 * r + i;
-                        tile[Q5_HM + 8 * g + bit / 8] >> (bit % 8) & 1 == 1
-                    };
+                    let high = dtype == DType::Q5_0 && q5_high(tile, r, i, g);
                     nib | (high as u8) << 4
                 }
                 _ => unreachable!("unpack_tile_ref: {dtype} has no interleaved layout"),
@@ -252,7 +286,7 @@ pub fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{random_row, random_x, Rng};
+    use super::super::tests::{flavours, random_row, random_x, Rng};
     use super::super::*;
     use super::*;
 
@@ -360,33 +394,103 @@ mod tests {
         }
     }
 
-    /// The SIMD kernels give the specification's bits, for 1..=8 tokens per call.
+    /// `dot` gives the specification's bits for each of 1..=8 (and 11: more than one call's
+    /// worth) tokens per call.
+    fn assert_rows16_bits(
+        k: &Kernels,
+        dtype: DType,
+        dot: Rows16Dot,
+        p: &Interleaved,
+        xs: &[Vec<BlockQ8A>],
+    ) {
+        for n in (1..=8).chain([xs.len()]) {
+            let x: Vec<&[BlockQ8A]> = xs[..n].iter().map(|v| &v[..]).collect();
+            let mut out = vec![[0f32; ROWS]; n];
+            dot(p.group(0), &x, &mut out);
+            for t in 0..n {
+                let want = rows16_ref(dtype, p.group(0), &xs[t]);
+                assert_eq!(
+                    out[t].map(f32::to_bits),
+                    want.map(f32::to_bits),
+                    "{:?} {dtype} cols {} n {n} token {t}",
+                    k.isa,
+                    p.blocks * QK
+                );
+            }
+        }
+    }
+
+    /// Every flavour's SIMD kernels give the specification's bits, for 1..=8 tokens per call.
     #[test]
     fn simd_kernels_match_the_specification_bit_for_bit() {
-        let k = kernels();
         let mut rng = Rng::new(21);
-        for (dtype, cols) in TYPES {
-            let Some(dot) = k.rows16(dtype) else {
-                eprintln!("{dtype}: no 16-row kernel on {:?}: skipped", k.isa);
-                continue;
-            };
-            for cols in cols {
-                let data = matrix(dtype, ROWS, cols, &mut rng);
-                let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
-                let p = Interleaved::pack(&w).unwrap();
-                let xs: Vec<Vec<BlockQ8A>> = (0..8).map(|_| quantized(cols, &mut rng)).collect();
-                for n in 1..=8 {
-                    let x: Vec<&[BlockQ8A]> = xs[..n].iter().map(|v| &v[..]).collect();
-                    let mut out = vec![[0f32; ROWS]; n];
-                    dot(p.group(0), &x, &mut out);
-                    for t in 0..n {
-                        let want = rows16_ref(dtype, p.group(0), &xs[t]);
-                        assert_eq!(
-                            out[t].map(f32::to_bits),
-                            want.map(f32::to_bits),
-                            "{dtype} cols {cols} n {n} token {t}"
-                        );
-                    }
+        for k in flavours() {
+            for (dtype, cols) in TYPES {
+                let Some(dot) = k.rows16(dtype) else {
+                    eprintln!("{dtype}: no 16-row kernel on {:?}: skipped", k.isa);
+                    continue;
+                };
+                for cols in cols {
+                    let data = matrix(dtype, ROWS, cols, &mut rng);
+                    let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
+                    let p = Interleaved::pack(&w).unwrap();
+                    let xs: Vec<Vec<BlockQ8A>> =
+                        (0..11).map(|_| quantized(cols, &mut rng)).collect();
+                    assert_rows16_bits(&k, dtype, dot, &p, &xs);
+                }
+            }
+        }
+    }
+
+    /// The integer sums at their extremes: every weight at its type's lowest or highest value,
+    /// every activation at +-127 (the kernels that add products in i16 lanes rely on these
+    /// bounds; an overflow would wrap and change the bits).
+    #[test]
+    fn simd_kernels_are_exact_at_the_extremes() {
+        let one = half::f16::from_f32(1.0).to_le_bytes();
+        // (quant byte pattern, qh) giving the lowest / highest weight of each type.
+        let block = |dtype: DType, high: bool| -> Vec<u8> {
+            let mut b = vec![0u8; dtype.block_bytes()];
+            b[..2].copy_from_slice(&one);
+            match dtype {
+                DType::Q4_0 => b[2..].fill(if high { 0xFF } else { 0 }),
+                DType::Q5_0 => b[2..].fill(if high { 0xFF } else { 0 }),
+                DType::Q8_0 => b[2..].fill(if high { 0x7F } else { 0x80 }),
+                _ => unreachable!(),
+            }
+            b
+        };
+        let act = |q: i8| BlockQ8A {
+            d: 1.0,
+            s: 32.0 * q as f32,
+            sums: [16 * q as i16; 2],
+            qs: [q; QK],
+        };
+        for k in flavours() {
+            for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+                let Some(dot) = k.rows16(dtype) else { continue };
+                for (pattern, cols) in [(0usize, 64), (1, 64), (2, 96)] {
+                    // Rows all low, all high, or alternating (by row and by block).
+                    let data: Vec<u8> = (0..ROWS)
+                        .flat_map(|r| {
+                            (0..cols / QK).flat_map(move |b| {
+                                block(
+                                    dtype,
+                                    match pattern {
+                                        0 => false,
+                                        1 => true,
+                                        _ => (r + b) % 2 == 1,
+                                    },
+                                )
+                            })
+                        })
+                        .collect();
+                    let w = QMatrix::new(dtype, ROWS, cols, &data).unwrap();
+                    let p = Interleaved::pack(&w).unwrap();
+                    let xs: Vec<Vec<BlockQ8A>> = (0..11)
+                        .map(|t| vec![act(if t % 2 == 0 { 127 } else { -127 }); cols / QK])
+                        .collect();
+                    assert_rows16_bits(&k, dtype, dot, &p, &xs);
                 }
             }
         }

@@ -9,7 +9,7 @@
 //! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
-//! [`interleaved`] (the 16-row layout, its specification and AVX-512 kernels),
+//! [`interleaved`] (the 16-row layout, its specification, AVX-512 and NEON kernels),
 //! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 activation quantization), `neon`
 //! (aarch64, `sdot` where the CPU has dotprod), one dispatch point ([`Kernels`]) chosen once
 //! per process.
@@ -309,10 +309,9 @@ impl Kernels {
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
             k.isa = isa;
             neon::install(&mut k.table, isa == Isa::NeonDotprod);
-        }
-        #[cfg(target_arch = "aarch64")]
-        if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
-            for (dtype, f) in interleaved::neon_kquants::kernels(isa == Isa::NeonDotprod) {
+            let dotprod = isa == Isa::NeonDotprod;
+            let legacy = interleaved::neon::kernels(dotprod);
+            for (dtype, f) in legacy.into_iter().chain(interleaved::neon_kquants::kernels(dotprod)) {
                 k.rows16[dtype_index(dtype)] = Some(f);
             }
         }

@@ -1,4 +1,7 @@
 //! NEON kernels (aarch64), same names and results as [`super::reference`]; the device path.
+//! For Q4_0, Q5_0 and Q8_0, [`super::Linear`]s take the 16-row kernels over interleaved
+//! tiles instead (`interleaved/neon.rs`); these block kernels still serve the rows past a
+//! matrix's last full group of 16 and plain [`super::matmul`].
 //!
 //! Two flavours of every quantized kernel, one body each (a `const SDOT: bool` parameter):
 //!

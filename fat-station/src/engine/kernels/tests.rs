@@ -284,7 +284,7 @@ fn matmul_is_bit_identical_across_threads_and_batching() {
 
 /// Every kernel flavour this CPU can run (x86: scalar, AVX2, AVX-512; aarch64: scalar, plain
 /// NEON, NEON dotprod).
-fn flavours() -> Vec<Kernels> {
+pub(crate) fn flavours() -> Vec<Kernels> {
     [
         Isa::Scalar,
         Isa::Avx2,
