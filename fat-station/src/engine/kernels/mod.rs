@@ -311,7 +311,10 @@ impl Kernels {
             neon::install(&mut k.table, isa == Isa::NeonDotprod);
             let dotprod = isa == Isa::NeonDotprod;
             let legacy = interleaved::neon::kernels(dotprod);
-            for (dtype, f) in legacy.into_iter().chain(interleaved::neon_kquants::kernels(dotprod)) {
+            for (dtype, f) in legacy
+                .into_iter()
+                .chain(interleaved::neon_kquants::kernels(dotprod))
+            {
                 k.rows16[dtype_index(dtype)] = Some(f);
             }
         }
