@@ -166,15 +166,15 @@ impl Station {
         let budget = super::weight_memory::memory_budget();
         if !st.limits.pack_weights.decide(packable, budget) {
             st.model.keep_weights_in_file();
-            // Pin only under a cgroup limit (a budget someone gave this node): pinning up to
-            // the system's available memory would starve everything else on the device.
-            let pinned = super::weight_memory::cgroup_memory_limit()
-                .zip(budget)
-                .map_or(0, |(limit, b)| {
-                    let room = limit.min(b);
-                    st.model
-                        .lock_weights(room.saturating_sub(super::weight_memory::PAGED_RESERVE))
-                });
+            // Pin only under a cgroup limit (a budget someone gave this node; `budget` is at
+            // most it): pinning up to the system's available memory would starve everything
+            // else on the device.
+            let pinned = match (super::weight_memory::cgroup_memory_limit(), budget) {
+                (Some(_), Some(b)) => st
+                    .model
+                    .lock_weights(b.saturating_sub(super::weight_memory::PAGED_RESERVE)),
+                _ => 0,
+            };
             tracing::info!(
                 packable_mib = packable >> 20,
                 budget_mib = budget.map(|b| b >> 20),
