@@ -1140,9 +1140,10 @@ fn vec_dot_f32(w: &[u8], x: &[f32]) -> f32 {
     unsafe { dot_float(n, x, |i| vld1q_f32(wp.add(4 * i) as *const f32), one) }
 }
 
-/// Four halves (8 bytes at `p`) to f32 with the ARMv8.0 `fcvtl`.
+/// Four halves (8 bytes at `p`) to f32 with the ARMv8.0 `fcvtl` (also the 16-row kernels'
+/// scale loads).
 #[inline(always)]
-unsafe fn f16x4(p: *const u8) -> float32x4_t {
+pub(super) unsafe fn f16x4(p: *const u8) -> float32x4_t {
     // SAFETY: callers pass a pointer to 8 readable bytes.
     let h = unsafe { vld1_u16(p as *const u16) };
     let out: float32x4_t;

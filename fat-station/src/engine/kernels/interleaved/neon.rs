@@ -34,6 +34,7 @@
 //! [`super::super::Isa::NeonDotprod`] is available.
 
 use super::super::blocks::BlockQ8A;
+use super::super::neon::f16x4;
 use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
@@ -269,24 +270,6 @@ unsafe fn scales(p: *const u8) -> [float32x4_t; 4] {
         );
     }
     [o0, o1, o2, o3]
-}
-
-/// 4 f16 scales at `p` as f32 (`fcvtl`).
-#[inline(always)]
-unsafe fn scales4(p: *const u8) -> float32x4_t {
-    // SAFETY: 8 readable bytes at `p` (the caller's).
-    let a = unsafe { vld1_u8(p) };
-    let o: float32x4_t;
-    // SAFETY: register-only, baseline AdvSIMD instruction.
-    unsafe {
-        asm!(
-            "fcvtl {o:v}.4s, {a:v}.4h",
-            a = in(vreg) a,
-            o = out(vreg) o,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    o
 }
 
 /// Group `4 * H + K`'s 4 activation bytes broadcast to every 32-bit lane, from the block's
@@ -570,7 +553,7 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
             unsafe {
                 let p = tiles.as_ptr().add(b * L::BYTES);
                 let w = L::quad(p, j);
-                let dw = scales4(p.add(8 * j));
+                let dw = f16x4(p.add(8 * j));
                 each_token!(T, |t| {
                     let a = &*xp[t].add(b);
                     let tmp =

@@ -25,6 +25,7 @@
 //! CPU has dotprod ([`super::super::Isa::NeonDotprod`]).
 
 use super::super::blocks::BlockQ8A;
+use super::super::neon::f16x4;
 use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
 use super::{Rows16Dot, ROWS};
 use knot_format::dtype::DType;
@@ -60,24 +61,6 @@ trait KTile {
         xb: &[*const BlockQ8A; T],
         acc: &mut [[float32x4_t; 4]; T],
     );
-}
-
-/// Four little-endian halves at `p` (8 bytes) as f32 lanes, with the ARMv8.0 `fcvtl`.
-#[inline(always)]
-unsafe fn f16x4(p: *const u8) -> float32x4_t {
-    // SAFETY: callers pass a pointer to 8 readable bytes (ld1 has no alignment requirement).
-    let h = unsafe { vld1_u16(p as *const u16) };
-    let out: float32x4_t;
-    // SAFETY: register-only, baseline AdvSIMD instruction.
-    unsafe {
-        asm!(
-            "fcvtl {o:v}.4s, {h:v}.4h",
-            h = in(vreg) h,
-            o = out(vreg) out,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    out
 }
 
 /// `acc + ` lane-wise 4-byte dots of `w` with group `LANE` of `x` (`sdot` by element).
