@@ -19,8 +19,13 @@ use support::*;
 const PROMPT: [u32; 5] = [785, 6722, 315, 9625, 374];
 const LIMIT: u64 = 300 << 20;
 
-/// A fresh memory cgroup with `LIMIT` and no swap, removed on drop.
-struct MemCgroup(PathBuf);
+/// A fresh memory cgroup with `LIMIT` and, where the kernel lets us say so, no swap; removed
+/// on drop.
+struct MemCgroup {
+    dir: PathBuf,
+    /// Whether its processes can swap (then the packing control need not die).
+    may_swap: bool,
+}
 
 impl MemCgroup {
     fn new(name: &str) -> Option<MemCgroup> {
@@ -42,11 +47,15 @@ impl MemCgroup {
             )
         };
         std::fs::create_dir(&dir).ok()?;
-        let cg = MemCgroup(dir);
-        std::fs::write(cg.0.join(limit_file), LIMIT.to_string()).ok()?;
+        let mut cg = MemCgroup {
+            dir,
+            may_swap: false,
+        };
+        std::fs::write(cg.dir.join(limit_file), LIMIT.to_string()).ok()?;
         // Swap off for the group where the kernel lets us say so (v2, or v1 with memsw).
         let no_swap = if swap == "memory.swap.max" { 0 } else { LIMIT };
-        let _ = std::fs::write(cg.0.join(swap), no_swap.to_string());
+        cg.may_swap =
+            std::fs::write(cg.dir.join(swap), no_swap.to_string()).is_err() && swap_total() > 0;
         Some(cg)
     }
 
@@ -57,7 +66,7 @@ impl MemCgroup {
         c.arg("-c")
             .arg(r#"echo $$ > "$1/cgroup.procs" && shift && exec "$@""#)
             .arg("sh")
-            .arg(&self.0)
+            .arg(&self.dir)
             .arg(station_bin())
             .args(args);
         c
@@ -67,12 +76,23 @@ impl MemCgroup {
 impl Drop for MemCgroup {
     fn drop(&mut self) {
         for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() {
+            if std::fs::remove_dir(&self.dir).is_ok() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The system's swap, in kB (0 when none or unreadable).
+fn swap_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("SwapTotal:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 fn logits(url: &str) -> Result<Vec<f32>, String> {
@@ -115,7 +135,12 @@ fn a_station_below_its_weights_pages_them_and_gives_the_same_logits() {
     drop(paged);
 
     // Control: forced to pack, the same station under the same limit dies (OOM) or fails
-    // the request; if it answered, this test would not show what auto prevents.
+    // the request; if it answered, this test would not show what auto prevents. Where the
+    // group may swap, packing only gets slow: no control then.
+    if cg.may_swap {
+        eprintln!("control skipped: swap is on and this kernel cannot turn it off for a group");
+        return;
+    }
     let mut packed_args = base.to_vec();
     packed_args.extend(["--pack-weights", "always"]);
     let mut packed = cg
