@@ -51,7 +51,7 @@ pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
 trait KTile {
     const BYTES: usize;
     /// Row quad `j` of the tile at `p` for `T` tokens (`xb`: each token's 8 Q8A blocks of
-    /// this super-block) onto `acc[t][j]`.
+    /// this super-block) onto `acc[t]` (the quad's four rows of token t).
     ///
     /// SAFETY (callers): `p` points at `BYTES` readable bytes, each `xb[t]` at 8 readable
     /// blocks, and with `SDOT` the CPU has dotprod.
@@ -59,7 +59,7 @@ trait KTile {
         p: *const u8,
         j: usize,
         xb: &[*const BlockQ8A; T],
-        acc: &mut [[float32x4_t; 4]; T],
+        acc: &mut [float32x4_t; T],
     );
 }
 
@@ -243,27 +243,20 @@ impl KTile for Q4K {
         p: *const u8,
         j: usize,
         xb: &[*const BlockQ8A; T],
-        acc: &mut [[float32x4_t; 4]; T],
+        a: &mut [float32x4_t; T],
     ) {
         // SAFETY: the caller's contract (see `KTile::quad`).
         unsafe {
             let d = f16x4(p.add(K4_D + 8 * j));
             let dmin = f16x4(p.add(K4_DMIN + 8 * j));
-            let mut a = [vdupq_n_f32(0.0); T];
-            for t in 0..T {
-                a[t] = acc[t][j];
-            }
-            q4k_sub::<SDOT, T, 0>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 1>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 2>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 3>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 4>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 5>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 6>(p, j, (d, dmin), xb, &mut a);
-            q4k_sub::<SDOT, T, 7>(p, j, (d, dmin), xb, &mut a);
-            for t in 0..T {
-                acc[t][j] = a[t];
-            }
+            q4k_sub::<SDOT, T, 0>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 1>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 2>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 3>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 4>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 5>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 6>(p, j, (d, dmin), xb, a);
+            q4k_sub::<SDOT, T, 7>(p, j, (d, dmin), xb, a);
         }
     }
 }
@@ -343,26 +336,19 @@ impl KTile for Q6K {
         p: *const u8,
         j: usize,
         xb: &[*const BlockQ8A; T],
-        acc: &mut [[float32x4_t; 4]; T],
+        a: &mut [float32x4_t; T],
     ) {
         // SAFETY: the caller's contract (see `KTile::quad`).
         unsafe {
             let d = f16x4(p.add(K6_D + 8 * j));
-            let mut a = [vdupq_n_f32(0.0); T];
-            for t in 0..T {
-                a[t] = acc[t][j];
-            }
-            q6k_block::<SDOT, T, 0, 0>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 0, 1>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 0, 2>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 0, 3>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 1, 0>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 1, 1>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 1, 2>(p, j, d, xb, &mut a);
-            q6k_block::<SDOT, T, 1, 3>(p, j, d, xb, &mut a);
-            for t in 0..T {
-                acc[t][j] = a[t];
-            }
+            q6k_block::<SDOT, T, 0, 0>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 0, 1>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 0, 2>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 0, 3>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 1, 0>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 1, 1>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 1, 2>(p, j, d, xb, a);
+            q6k_block::<SDOT, T, 1, 3>(p, j, d, xb, a);
         }
     }
 }
@@ -391,7 +377,11 @@ unsafe fn run<K: KTile, const SDOT: bool, const T: usize>(
             for t in 0..T {
                 xb[t] = x[t].as_ptr().add(8 * b);
             }
-            K::quad::<SDOT, T>(p, j, &xb, &mut acc);
+            let mut a: [float32x4_t; T] = std::array::from_fn(|t| acc[t][j]);
+            K::quad::<SDOT, T>(p, j, &xb, &mut a);
+            for (acc, a) in acc.iter_mut().zip(a) {
+                acc[j] = a;
+            }
         }
         let mut out = [[0f32; ROWS]; T];
         for (o, a) in out.iter_mut().zip(&acc) {
