@@ -33,6 +33,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     llama_token *ids = calloc((size_t)n, sizeof *ids);
+    if (!ids) {
+        fprintf(stderr, "llamacpp-logits: out of memory\n");
+        return 1;
+    }
     for (int i = 0; i < n; i++) {
         char *end;
         long v = strtol(argv[first + i], &end, 10);
@@ -70,6 +74,10 @@ int main(int argc, char **argv) {
         }
     }
     const float *logits = llama_get_logits_ith(ctx, -1);
+    if (!logits) {
+        fprintf(stderr, "llamacpp-logits: no logits\n");
+        return 1;
+    }
     FILE *f = fopen(argv[2], "wb");
     if (!f || fwrite(logits, sizeof(float), (size_t)vocab, f) != (size_t)vocab || fclose(f) != 0) {
         fprintf(stderr, "llamacpp-logits: cannot write %s\n", argv[2]);
