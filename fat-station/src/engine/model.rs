@@ -119,8 +119,8 @@ impl<'a> Model<'a> {
         self.matrices().for_each(|w| w.keep_in_file());
     }
 
-    /// Pins weight matrices in memory, in forward order, while they fit in `budget` bytes
-    /// (see [`knot_format::Knot::lock`]): with the weights kept in the file, each token then
+    /// Pins weight matrices in memory, in forward order, each that still fits in what is left
+    /// of `budget` bytes (see [`knot_format::Knot::lock`]): with the weights kept in the file, each token then
     /// re-reads only the matrices left unpinned, instead of nearly all of them (the page
     /// cache's LRU against a cyclic scan larger than it). Returns the bytes pinned; stops at
     /// the first refusal (no privilege, memlock limit).
