@@ -98,7 +98,7 @@ unsafe fn nibbles_32(p: *const u8) -> __m256i {
 
 /// The 32 bits of `qh` (little-endian) as 32 bytes, 0xFF where the bit is set.
 #[inline(always)]
-unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
+pub(super) unsafe fn bits_32(qh: [u8; 4]) -> __m256i {
     let x = u32::from_le_bytes(qh) as i32;
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

@@ -31,12 +31,20 @@
 //! per-row reference's ([`super::reference`]), so every other flavour (scalar, AVX2, NEON)
 //! gives the same bits row by row: the cross-ISA identity of a mixed mesh.
 //!
+//! x86 CPUs with AVX2 but no AVX-512 ([`avx2`]) read the same tiles as two 256-bit halves
+//! (rows 0..8, 8..16): per 4-byte activation group one `maddubs` per half against the broadcast
+//! dword, the i16 pair sums added in i16 only as far as they cannot saturate, then `madd` with
+//! ones to i32; Q8_0 takes the sign trick on its signed quants. Same integers, same f32 steps,
+//! so the same bits as AVX-512 and NEON.
+//!
 //! Q4_K and Q6_K use the same design with one tile per 256-element super-block and per-row
 //! scales in byte planes; their layouts and specification are in [`kquants`].
 //!
 //! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
 //! [`super::Linear`] does it on first use, so loading a model stays a few milliseconds.
 
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 pub mod kquants;

@@ -9,7 +9,7 @@
 //! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
-//! [`interleaved`] (the 16-row layout, its specification, AVX-512 and NEON kernels),
+//! [`interleaved`] (the 16-row layout, its specification, AVX2, AVX-512 and NEON kernels),
 //! `avx2` (x86_64 AVX2+FMA+F16C), `avx512` (AVX-512 activation quantization), `neon`
 //! (aarch64, `sdot` where the CPU has dotprod), one dispatch point ([`Kernels`]) chosen once
 //! per process.
@@ -17,8 +17,8 @@
 //! Determinism: an output value depends only on its weight row and its activation row, so
 //! results are bit-identical whatever the thread count and however rows of `x` are batched.
 //!
-//! Cross-ISA bit identity: every quantized kernel of every flavour (scalar, AVX2, the AVX-512
-//! 16-row kernels, plain NEON, NEON dotprod) gives the reference's bits, so a mixed x86 +
+//! Cross-ISA bit identity: every quantized kernel of every flavour (scalar, AVX2, AVX-512,
+//! plain NEON, NEON dotprod; block and 16-row kernels) gives the reference's bits, so a mixed x86 +
 //! aarch64 mesh computes what one node computes. Integer sums are exact (any order), and the
 //! f32 steps follow one canonical order per type, written in [`reference`]: for Q4_0, Q5_0,
 //! Q8_0, Q4_K and Q6_K the 16-row kernels' order (blocks in order, `acc = fma(d_w,
@@ -297,6 +297,9 @@ impl Kernels {
         if matches!(isa, Isa::Avx2 | Isa::Avx512) {
             k.isa = Isa::Avx2;
             avx2::install(&mut k.table);
+            for (dtype, f) in interleaved::avx2::kernels() {
+                k.rows16[dtype_index(dtype)] = Some(f);
+            }
         }
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {

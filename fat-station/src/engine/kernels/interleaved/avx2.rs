@@ -1,0 +1,479 @@
+//! AVX2 + FMA + F16C kernels over [`super::Interleaved`] tiles, for x86 CPUs without AVX-512:
+//! a 16-row group is two 256-bit halves, lane r of half h is row 8h + r.
+//!
+//! Per tile: 8 weight vectors per half (64-byte chunk g = two ymm), unpacked once for all
+//! tokens of the call; per token and group g, `maddubs` against the broadcast dword g of the
+//! activation block, its i16 pair sums added in i16 as far as they cannot saturate (Q4_0, Q4_K:
+//! all 8 groups, at most 8 * 2 * 15 * 128 = 30720; Q5_0: 4 groups, 4 * 2 * 31 * 128 = 31744;
+//! Q6_K: 2 groups, 2 * 2 * 63 * 128 = 32256), then `madd` with ones to i32. Q8_0's unsigned
+//! bytes go back to signed quants and take the sign trick (`|w|` against `x * sign(w)`, pairs
+//! at most 2 * 128 * 127), so its sums need no offset correction (the same integers as the
+//! specification's `sum(u * q_x) - 128 * sum(q_x)`). The f32 steps are the specification's,
+//! per half, in its order, so every token gets [`super::rows16_ref`]'s bits at any count.
+//!
+//! Only [`kernels`] exposes these, and only after the caller checked
+//! [`super::super::Isa::Avx2`] is available.
+
+use super::super::avx2::bits_32;
+use super::super::blocks::BlockQ8A;
+use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
+use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
+use knot_format::dtype::DType;
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+
+/// The 16-row kernels by type (callers must have checked `Isa::Avx2.available()`).
+pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
+    vec![
+        (DType::Q4_0, rows16_q4_0 as Rows16Dot),
+        (DType::Q5_0, rows16_q5_0 as Rows16Dot),
+        (DType::Q8_0, rows16_q8_0 as Rows16Dot),
+        (DType::Q4_K, rows16_q4_k as Rows16Dot),
+        (DType::Q6_K, rows16_q6_k as Rows16Dot),
+    ]
+}
+
+/// One type's kernel for `T` activation rows at once.
+trait Kernel {
+    /// SAFETY (callers): AVX2, FMA and F16C are enabled.
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
+}
+
+/// Weight vectors of one 32-element block: `[half][group]`, group g holding elements
+/// 4g..4g+4 of the half's 8 rows.
+type Wv = [[__m256i; 8]; 2];
+
+/// The exact i32 sums `sum(w * q_x)` of both halves for unsigned weights `w` against one
+/// activation block, groups `G0..G0 + N`; the pair sums of `RUN` consecutive groups are added
+/// in i16 (the caller's bound: they cannot saturate).
+#[inline(always)]
+unsafe fn dot_unsigned<const RUN: usize, const G0: usize, const N: usize>(
+    w: &Wv,
+    a: &BlockQ8A,
+) -> [__m256i; 2] {
+    let q = a.qs.as_ptr() as *const i32;
+    let ones = _mm256_set1_epi16(1);
+    let mut s32 = [_mm256_setzero_si256(); 2];
+    let mut s16 = [_mm256_setzero_si256(); 2];
+    for g in G0..G0 + N {
+        let bx = _mm256_set1_epi32(q.add(g).read_unaligned());
+        for h in 0..2 {
+            let p = _mm256_maddubs_epi16(w[h][g], bx);
+            s16[h] = if (g - G0) % RUN == 0 {
+                p
+            } else {
+                _mm256_add_epi16(s16[h], p)
+            };
+            if (g - G0) % RUN == RUN - 1 || g == G0 + N - 1 {
+                s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(s16[h], ones));
+            }
+        }
+    }
+    s32
+}
+
+/// How one 32-element type's tile becomes weight vectors and dots.
+trait Tile {
+    const BYTES: usize;
+    /// What the dot's sums are offset by: `isum = dot - OFF * sum(q_x)`.
+    const OFF: i32;
+    /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
+    unsafe fn unpack(p: *const u8) -> Wv;
+    /// SAFETY (callers): AVX2 is enabled.
+    unsafe fn dot(w: &Wv, a: &BlockQ8A) -> [__m256i; 2];
+}
+
+struct Q4_0;
+struct Q5_0;
+struct Q8_0;
+
+/// The low and high nibbles of the 4 qs chunks: groups 0..4 and 4..8, per half.
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8) -> Wv {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut w = [[_mm256_setzero_si256(); 8]; 2];
+    for (h, wh) in w.iter_mut().enumerate() {
+        for k in 0..4 {
+            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+            wh[k] = _mm256_and_si256(q, m4);
+            wh[k + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+    }
+    w
+}
+
+impl Tile for Q4_0 {
+    const BYTES: usize = 16 * 18;
+    const OFF: i32 = 8;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> Wv {
+        nibbles(p.add(D_BYTES))
+    }
+    #[inline(always)]
+    unsafe fn dot(w: &Wv, a: &BlockQ8A) -> [__m256i; 2] {
+        dot_unsigned::<8, 0, 8>(w, a)
+    }
+}
+
+impl Tile for Q5_0 {
+    const BYTES: usize = 16 * 22;
+    const OFF: i32 = 16;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> Wv {
+        let mut w = nibbles(p.add(Q5_QS));
+        let c16 = _mm256_set1_epi8(16);
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (g, v) in wh.iter_mut().enumerate() {
+                // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
+                let m = (p.add(Q5_HM + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
+                *v = _mm256_or_si256(*v, _mm256_and_si256(bits_32(m), c16));
+            }
+        }
+        w
+    }
+    #[inline(always)]
+    unsafe fn dot(w: &Wv, a: &BlockQ8A) -> [__m256i; 2] {
+        dot_unsigned::<4, 0, 8>(w, a)
+    }
+}
+
+/// Q8_0's weights: the signed quants (the stored bytes XOR 0x80) and their magnitudes.
+impl Q8_0 {
+    #[inline(always)]
+    unsafe fn unpack8(p: *const u8) -> [Wv; 2] {
+        let flip = _mm256_set1_epi8(-128);
+        let w: Wv = std::array::from_fn(|h| {
+            std::array::from_fn(|g| {
+                let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
+                _mm256_xor_si256(v, flip)
+            })
+        });
+        // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
+        let aw = w.map(|wh| wh.map(|v| _mm256_abs_epi8(v)));
+        [w, aw]
+    }
+
+    /// `sum(w * q_x)` of both halves, exact: `|w| * (q_x * sign(w))`, each pair at most
+    /// 2 * 128 * 127, widened to i32 at once.
+    #[inline(always)]
+    unsafe fn dot8(w: &[Wv; 2], a: &BlockQ8A) -> [__m256i; 2] {
+        let q = a.qs.as_ptr() as *const i32;
+        let ones = _mm256_set1_epi16(1);
+        let mut s = [_mm256_setzero_si256(); 2];
+        for g in 0..8 {
+            let bx = _mm256_set1_epi32(q.add(g).read_unaligned());
+            for (h, s) in s.iter_mut().enumerate() {
+                let p = _mm256_maddubs_epi16(w[1][h][g], _mm256_sign_epi8(bx, w[0][h][g]));
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+            }
+        }
+        s
+    }
+}
+
+/// The f32 steps of one block for one token: per half, `acc = fma(d_w, f32(isum) * d_x, acc)`.
+#[inline(always)]
+unsafe fn block_step(acc: &mut [__m256; 2], dw: &[__m256; 2], s: [__m256i; 2], corr: i32, dx: f32) {
+    let (corr, dx) = (_mm256_set1_epi32(corr), _mm256_set1_ps(dx));
+    for h in 0..2 {
+        let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], corr)), dx);
+        acc[h] = _mm256_fmadd_ps(dw[h], tmp, acc[h]);
+    }
+}
+
+/// 16 f16 scales at `p` as two halves of f32.
+#[inline(always)]
+unsafe fn scales16(p: *const u8) -> [__m256; 2] {
+    std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i)))
+}
+
+/// `T` activation rows against one group's tiles of a 32-element type.
+#[inline(always)]
+unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+    let nb = tiles.len() / L::BYTES;
+    assert!(x.iter().all(|x| x.len() >= nb));
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..nb {
+        let p = tiles.as_ptr().add(b * L::BYTES);
+        let dw = scales16(p);
+        let w = L::unpack(p);
+        for t in 0..T {
+            let a = x[t].get_unchecked(b);
+            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
+            block_step(&mut acc[t], &dw, L::dot(&w, a), corr, a.d);
+        }
+    }
+    rows_out(&acc)
+}
+
+/// [`rows16`] for Q8_0 (its weights are a pair of [`Wv`], no offset).
+#[inline(always)]
+unsafe fn rows16_8<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+    const BYTES: usize = 16 * 34;
+    let nb = tiles.len() / BYTES;
+    assert!(x.iter().all(|x| x.len() >= nb));
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..nb {
+        let p = tiles.as_ptr().add(b * BYTES);
+        let dw = scales16(p);
+        let w = Q8_0::unpack8(p);
+        for t in 0..T {
+            let a = x[t].get_unchecked(b);
+            block_step(&mut acc[t], &dw, Q8_0::dot8(&w, a), 0, a.d);
+        }
+    }
+    rows_out(&acc)
+}
+
+/// Each token's two halves as 16 floats.
+#[inline(always)]
+unsafe fn rows_out<const T: usize>(acc: &[[__m256; 2]; T]) -> [[f32; ROWS]; T] {
+    let mut out = [[0f32; ROWS]; T];
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t][0]);
+        _mm256_storeu_ps(out[t].as_mut_ptr().add(8), acc[t][1]);
+    }
+    out
+}
+
+/// The 32-element types' kernel, [`rows16`] over a [`Tile`].
+struct Blocks<L>(PhantomData<L>);
+
+impl<L: Tile> Kernel for Blocks<L> {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        rows16::<L, T>(tiles, x)
+    }
+}
+
+impl Kernel for Q8_0 {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        rows16_8::<T>(tiles, x)
+    }
+}
+
+/// Eight bytes of a scale plane (the half's rows) as i32 lanes, unsigned or signed.
+#[inline(always)]
+unsafe fn plane_u8(p: *const u8) -> __m256i {
+    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+}
+
+#[inline(always)]
+unsafe fn plane_i8(p: *const u8) -> __m256i {
+    _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))
+}
+
+/// Q4_K tiles: per sub-block s, 8 vectors per half of 4-bit quants (low or high nibbles of the
+/// granules of qs chunk s / 2), `d * sc` and `dmin * m` per half, then per token one sub-block
+/// dot, its scale FMA and its min FMA.
+struct Q4K;
+
+/// Sub-block `S` of a Q4_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of this
+/// super-block).
+#[inline(always)]
+unsafe fn q4k_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    d: &[__m256; 2],
+    dmin: &[__m256; 2],
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    let m6 = _mm256_set1_epi32(63);
+    let mut dsc = [_mm256_setzero_ps(); 2];
+    let mut dm = [_mm256_setzero_ps(); 2];
+    for h in 0..2 {
+        let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i + 8 * h));
+        // get_scale_min_k4, 8 rows at once.
+        let (sc, m) = if S < 4 {
+            (
+                _mm256_and_si256(plane(S), m6),
+                _mm256_and_si256(plane(S + 4), m6),
+            )
+        } else {
+            let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+            (
+                _mm256_or_si256(
+                    _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
+                    _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_srli_epi32(lo, 4),
+                    _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
+                ),
+            )
+        };
+        dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+        dm[h] = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(m));
+    }
+    let qs = p.add(K4_QS + 512 * (S / 2));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let w: Wv = std::array::from_fn(|h| {
+        std::array::from_fn(|k| {
+            let v = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+            let v = if S % 2 == 1 {
+                _mm256_srli_epi16(v, 4)
+            } else {
+                v
+            };
+            _mm256_and_si256(v, m4)
+        })
+    });
+    for t in 0..T {
+        let a = &*xb[t].add(S);
+        let isum = dot_unsigned::<8, 0, 8>(&w, a);
+        let (xd, xs) = (_mm256_set1_ps(a.d), _mm256_set1_ps(a.s));
+        for h in 0..2 {
+            let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[h]), xd);
+            acc[t][h] = _mm256_fmadd_ps(dsc[h], tmp, acc[t][h]);
+            // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
+            acc[t][h] = _mm256_fnmadd_ps(dm[h], xs, acc[t][h]);
+        }
+    }
+}
+
+impl Kernel for Q4K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K4_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K4_BYTES);
+            let d = scales16(p.add(K4_D));
+            let dmin = scales16(p.add(K4_DMIN));
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            q4k_sub::<0, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<1, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<2, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<3, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<4, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<5, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<6, T>(p, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<7, T>(p, &d, &dmin, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q6_K tiles: per Q8A block `4n + k` of the super-block, 8 vectors per half of 6-bit quants
+/// (a nibble of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`),
+/// the two 16-element groups' `d * sc`, then per token two half dots, each corrected for the
+/// offset 32 and scaled by one FMA.
+struct Q6K;
+
+/// Q8A block `4 * N + K` of a Q6_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of
+/// this super-block).
+#[inline(always)]
+unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
+    p: *const u8,
+    d: &[__m256; 2],
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    let qb = 4 * N + K;
+    // dsc[e][h]: scale group 2qb + e, rows of half h.
+    let dsc: [[__m256; 2]; 2] = std::array::from_fn(|e| {
+        std::array::from_fn(|h| {
+            let sc = plane_i8(p.add(K6_SC + ROWS * (2 * qb + e) + 8 * h));
+            _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc))
+        })
+    });
+    let ql = p.add(k6_ql(2 * N + (K & 1)));
+    let qh = p.add(k6_qh(N));
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let w: Wv = std::array::from_fn(|h| {
+        std::array::from_fn(|g| {
+            let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
+            let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
+            let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
+            // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
+            // that the 0x30 mask drops across byte edges).
+            let hb = match K {
+                0 => _mm256_slli_epi16(hb, 4),
+                1 => _mm256_slli_epi16(hb, 2),
+                2 => hb,
+                _ => _mm256_srli_epi16(hb, 2),
+            };
+            _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30))
+        })
+    });
+    for t in 0..T {
+        let a = &*xb[t].add(qb);
+        let xd = _mm256_set1_ps(a.d);
+        let i0 = dot_unsigned::<2, 0, 4>(&w, a);
+        let i1 = dot_unsigned::<2, 4, 4>(&w, a);
+        for (e, s) in [i0, i1].into_iter().enumerate() {
+            let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
+            for h in 0..2 {
+                let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], corr)), xd);
+                acc[t][h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[t][h]);
+            }
+        }
+    }
+}
+
+impl Kernel for Q6K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K6_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K6_BYTES);
+            let d = scales16(p.add(K6_D));
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            q6k_block::<0, 0, T>(p, &d, &xb, &mut acc);
+            q6k_block::<0, 1, T>(p, &d, &xb, &mut acc);
+            q6k_block::<0, 2, T>(p, &d, &xb, &mut acc);
+            q6k_block::<0, 3, T>(p, &d, &xb, &mut acc);
+            q6k_block::<1, 0, T>(p, &d, &xb, &mut acc);
+            q6k_block::<1, 1, T>(p, &d, &xb, &mut acc);
+            q6k_block::<1, 2, T>(p, &d, &xb, &mut acc);
+            q6k_block::<1, 3, T>(p, &d, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk).
+#[inline(always)]
+unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
+    let mut t = 0;
+    while t + 8 <= x.len() {
+        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
+        out[t..t + 8].copy_from_slice(&o);
+        t += 8;
+    }
+    while t + 4 <= x.len() {
+        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
+        out[t..t + 4].copy_from_slice(&o);
+        t += 4;
+    }
+    while t < x.len() {
+        out[t] = K::run::<1>(tiles, [x[t]])[0];
+        t += 1;
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $imp:ident, $kernel:ty) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            rows16_any::<$kernel>(tiles, x, out)
+        }
+        fn $name(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            // SAFETY: only reachable through `kernels`, used after `Isa::Avx2.available()`
+            // confirmed avx2, fma and f16c; the kernels assert the activation rows cover the
+            // tile count (8 blocks per tile for Q4_K and Q6_K) and read only whole tiles.
+            unsafe { $imp(tiles, x, out) }
+        }
+    };
+}
+
+entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
+entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
+entry!(rows16_q8_0, imp_q8_0, Q8_0);
+entry!(rows16_q4_k, imp_q4_k, Q4K);
+entry!(rows16_q6_k, imp_q6_k, Q6K);
