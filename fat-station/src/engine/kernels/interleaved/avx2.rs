@@ -17,6 +17,7 @@
 use super::super::avx2::bits_32;
 use super::super::blocks::BlockQ8A;
 use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
+use super::avx512::PAGE_AHEAD;
 use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
@@ -31,6 +32,35 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
     ]
+}
+
+/// Tiles ahead that the k-quant kernels prefetch into L2, per token count (the AVX-512
+/// kernels' figures: see `avx512::AHEAD`).
+const AHEAD: usize = 8;
+const AHEAD_ONE: usize = 2;
+
+/// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
+/// faults). An asm `prefetcht1`, which LLVM leaves where the source puts it (it gathers
+/// `_mm_prefetch` into bursts): the same helper as the AVX-512 kernels'.
+#[inline(always)]
+unsafe fn prefetch(p: *const u8, bytes: usize) {
+    for i in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the
+        // address; it writes no register, memory or flag.
+        std::arch::asm!(
+            "prefetcht1 [{}]",
+            in(reg) p.wrapping_add(i),
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+}
+
+/// Touches the 4 KiB page that the stream enters `PAGE_AHEAD` bytes after the `bytes` at `p`,
+/// so its TLB walk and the hardware prefetchers start early (as the AVX-512 kernels do).
+#[inline(always)]
+unsafe fn touch_page(p: *const u8, bytes: usize) {
+    let q = p.wrapping_add(PAGE_AHEAD + bytes);
+    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
 }
 
 /// One type's kernel for `T` activation rows at once.
@@ -142,15 +172,16 @@ impl Q8_0 {
     #[inline(always)]
     unsafe fn unpack8(p: *const u8) -> [Wv; 2] {
         let flip = _mm256_set1_epi8(-128);
-        let w: Wv = std::array::from_fn(|h| {
-            std::array::from_fn(|g| {
+        let mut w = [[[_mm256_setzero_si256(); 8]; 2]; 2];
+        for h in 0..2 {
+            for g in 0..8 {
                 let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
-                _mm256_xor_si256(v, flip)
-            })
-        });
-        // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
-        let aw = w.map(|wh| wh.map(|v| _mm256_abs_epi8(v)));
-        [w, aw]
+                w[0][h][g] = _mm256_xor_si256(v, flip);
+                // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
+                w[1][h][g] = _mm256_abs_epi8(w[0][h][g]);
+            }
+        }
+        w
     }
 
     /// `sum(w * q_x)` of both halves, exact: `|w| * (q_x * sign(w))`, each pair at most
@@ -184,7 +215,10 @@ unsafe fn block_step(acc: &mut [__m256; 2], dw: &[__m256; 2], s: [__m256i; 2], c
 /// 16 f16 scales at `p` as two halves of f32.
 #[inline(always)]
 unsafe fn scales16(p: *const u8) -> [__m256; 2] {
-    std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i)))
+    [
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+    ]
 }
 
 /// `T` activation rows against one group's tiles of a 32-element type.
@@ -195,6 +229,10 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..nb {
         let p = tiles.as_ptr().add(b * L::BYTES);
+        touch_page(p, L::BYTES);
+        if T > 1 {
+            prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
+        }
         let dw = scales16(p);
         let w = L::unpack(p);
         for t in 0..T {
@@ -215,6 +253,10 @@ unsafe fn rows16_8<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; 
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..nb {
         let p = tiles.as_ptr().add(b * BYTES);
+        touch_page(p, BYTES);
+        if T > 1 {
+            prefetch(p.wrapping_add(16384 / BYTES * BYTES), BYTES);
+        }
         let dw = scales16(p);
         let w = Q8_0::unpack8(p);
         for t in 0..T {
@@ -274,11 +316,14 @@ struct Q4K;
 #[inline(always)]
 unsafe fn q4k_sub<const S: usize, const T: usize>(
     p: *const u8,
+    ahead: *const u8,
     d: &[__m256; 2],
     dmin: &[__m256; 2],
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
+    // An eighth of a tile ahead per sub-block, spread out as the AVX-512 kernel does.
+    prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
     let m6 = _mm256_set1_epi32(63);
     let mut dsc = [_mm256_setzero_ps(); 2];
     let mut dm = [_mm256_setzero_ps(); 2];
@@ -308,17 +353,18 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     }
     let qs = p.add(K4_QS + 512 * (S / 2));
     let m4 = _mm256_set1_epi8(0x0F);
-    let w: Wv = std::array::from_fn(|h| {
-        std::array::from_fn(|k| {
-            let v = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
-            let v = if S % 2 == 1 {
-                _mm256_srli_epi16(v, 4)
+    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+    for (h, wh) in w.iter_mut().enumerate() {
+        for (k, v) in wh.iter_mut().enumerate() {
+            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+            let q = if S % 2 == 1 {
+                _mm256_srli_epi16(q, 4)
             } else {
-                v
+                q
             };
-            _mm256_and_si256(v, m4)
-        })
-    });
+            *v = _mm256_and_si256(q, m4);
+        }
+    }
     for t in 0..T {
         let a = &*xb[t].add(S);
         let isum = dot_unsigned::<8, 0, 8>(&w, a);
@@ -340,17 +386,22 @@ impl Kernel for Q4K {
         let mut acc = [[_mm256_setzero_ps(); 2]; T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K4_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K4_BYTES);
+            touch_page(p, K4_BYTES);
             let d = scales16(p.add(K4_D));
             let dmin = scales16(p.add(K4_DMIN));
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            q4k_sub::<0, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<1, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<2, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<3, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<4, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<5, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<6, T>(p, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<7, T>(p, &d, &dmin, &xb, &mut acc);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            q4k_sub::<0, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<1, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<2, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<3, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<4, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            q4k_sub::<7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
         }
         rows_out(&acc)
     }
@@ -367,23 +418,27 @@ struct Q6K;
 #[inline(always)]
 unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
     p: *const u8,
+    ahead: *const u8,
     d: &[__m256; 2],
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
     let qb = 4 * N + K;
+    prefetch(ahead.wrapping_add(qb * K6_BYTES / 8), K6_BYTES / 8);
     // dsc[e][h]: scale group 2qb + e, rows of half h.
-    let dsc: [[__m256; 2]; 2] = std::array::from_fn(|e| {
-        std::array::from_fn(|h| {
+    let mut dsc = [[_mm256_setzero_ps(); 2]; 2];
+    for (e, de) in dsc.iter_mut().enumerate() {
+        for (h, v) in de.iter_mut().enumerate() {
             let sc = plane_i8(p.add(K6_SC + ROWS * (2 * qb + e) + 8 * h));
-            _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc))
-        })
-    });
+            *v = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+        }
+    }
     let ql = p.add(k6_ql(2 * N + (K & 1)));
     let qh = p.add(k6_qh(N));
     let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let w: Wv = std::array::from_fn(|h| {
-        std::array::from_fn(|g| {
+    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+    for (h, wh) in w.iter_mut().enumerate() {
+        for (g, v) in wh.iter_mut().enumerate() {
             let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
             let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
             let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
@@ -395,9 +450,9 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
                 2 => hb,
                 _ => _mm256_srli_epi16(hb, 2),
             };
-            _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30))
-        })
-    });
+            *v = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+        }
+    }
     for t in 0..T {
         let a = &*xb[t].add(qb);
         let xd = _mm256_set1_ps(a.d);
@@ -421,16 +476,21 @@ impl Kernel for Q6K {
         let mut acc = [[_mm256_setzero_ps(); 2]; T];
         for b in 0..nt {
             let p = tiles.as_ptr().add(b * K6_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K6_BYTES);
+            touch_page(p, K6_BYTES);
             let d = scales16(p.add(K6_D));
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            q6k_block::<0, 0, T>(p, &d, &xb, &mut acc);
-            q6k_block::<0, 1, T>(p, &d, &xb, &mut acc);
-            q6k_block::<0, 2, T>(p, &d, &xb, &mut acc);
-            q6k_block::<0, 3, T>(p, &d, &xb, &mut acc);
-            q6k_block::<1, 0, T>(p, &d, &xb, &mut acc);
-            q6k_block::<1, 1, T>(p, &d, &xb, &mut acc);
-            q6k_block::<1, 2, T>(p, &d, &xb, &mut acc);
-            q6k_block::<1, 3, T>(p, &d, &xb, &mut acc);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            q6k_block::<0, 0, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<0, 1, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<0, 2, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<0, 3, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<1, 0, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<1, 1, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<1, 2, T>(p, ahead, &d, &xb, &mut acc);
+            q6k_block::<1, 3, T>(p, ahead, &d, &xb, &mut acc);
         }
         rows_out(&acc)
     }
