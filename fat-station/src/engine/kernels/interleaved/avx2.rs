@@ -16,8 +16,8 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::BlockQ8A;
-use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
 use super::avx512::PAGE_AHEAD;
+use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
 use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
@@ -74,28 +74,34 @@ trait Kernel {
 type Wv = [[__m256i; 8]; 2];
 
 /// The exact i32 sums `sum(w * q_x)` of both halves for unsigned weights `w` against one
-/// activation block, groups `G0..G0 + N`; the pair sums of `RUN` consecutive groups are added
-/// in i16 (the caller's bound: they cannot saturate).
+/// activation block of each of `P` tokens, groups `G0..G0 + N`; the pair sums of `RUN`
+/// consecutive groups are added in i16 (the caller's bound: they cannot saturate). Several
+/// tokens share each weight vector's load.
 #[inline(always)]
-unsafe fn dot_unsigned<const RUN: usize, const G0: usize, const N: usize>(
+unsafe fn dot_unsigned<const RUN: usize, const G0: usize, const N: usize, const P: usize>(
     w: &Wv,
-    a: &BlockQ8A,
-) -> [__m256i; 2] {
-    let q = a.qs.as_ptr() as *const i32;
+    a: [&BlockQ8A; P],
+) -> [[__m256i; 2]; P] {
     let ones = _mm256_set1_epi16(1);
-    let mut s32 = [_mm256_setzero_si256(); 2];
-    let mut s16 = [_mm256_setzero_si256(); 2];
+    let mut s32 = [[_mm256_setzero_si256(); 2]; P];
+    let mut s16 = [[_mm256_setzero_si256(); 2]; P];
     for g in G0..G0 + N {
-        let bx = _mm256_set1_epi32(q.add(g).read_unaligned());
+        let mut bx = [_mm256_setzero_si256(); P];
+        for (bx, a) in bx.iter_mut().zip(a) {
+            *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+        }
         for h in 0..2 {
-            let p = _mm256_maddubs_epi16(w[h][g], bx);
-            s16[h] = if (g - G0) % RUN == 0 {
-                p
-            } else {
-                _mm256_add_epi16(s16[h], p)
-            };
-            if (g - G0) % RUN == RUN - 1 || g == G0 + N - 1 {
-                s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(s16[h], ones));
+            let wg = w[h][g];
+            for k in 0..P {
+                let p = _mm256_maddubs_epi16(wg, bx[k]);
+                s16[k][h] = if (g - G0) % RUN == 0 {
+                    p
+                } else {
+                    _mm256_add_epi16(s16[k][h], p)
+                };
+                if (g - G0) % RUN == RUN - 1 || g == G0 + N - 1 {
+                    s32[k][h] = _mm256_add_epi32(s32[k][h], _mm256_madd_epi16(s16[k][h], ones));
+                }
             }
         }
     }
@@ -110,7 +116,7 @@ trait Tile {
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn unpack(p: *const u8) -> Wv;
     /// SAFETY (callers): AVX2 is enabled.
-    unsafe fn dot(w: &Wv, a: &BlockQ8A) -> [__m256i; 2];
+    unsafe fn dot<const P: usize>(w: &Wv, a: [&BlockQ8A; P]) -> [[__m256i; 2]; P];
 }
 
 struct Q4_0;
@@ -140,8 +146,8 @@ impl Tile for Q4_0 {
         nibbles(p.add(D_BYTES))
     }
     #[inline(always)]
-    unsafe fn dot(w: &Wv, a: &BlockQ8A) -> [__m256i; 2] {
-        dot_unsigned::<8, 0, 8>(w, a)
+    unsafe fn dot<const P: usize>(w: &Wv, a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
+        dot_unsigned::<8, 0, 8, P>(w, a)
     }
 }
 
@@ -162,8 +168,8 @@ impl Tile for Q5_0 {
         w
     }
     #[inline(always)]
-    unsafe fn dot(w: &Wv, a: &BlockQ8A) -> [__m256i; 2] {
-        dot_unsigned::<4, 0, 8>(w, a)
+    unsafe fn dot<const P: usize>(w: &Wv, a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
+        dot_unsigned::<4, 0, 8, P>(w, a)
     }
 }
 
@@ -184,18 +190,23 @@ impl Q8_0 {
         w
     }
 
-    /// `sum(w * q_x)` of both halves, exact: `|w| * (q_x * sign(w))`, each pair at most
-    /// 2 * 128 * 127, widened to i32 at once.
+    /// `sum(w * q_x)` of both halves for `P` tokens, exact: `|w| * (q_x * sign(w))`, each
+    /// pair at most 2 * 128 * 127, widened to i32 at once.
     #[inline(always)]
-    unsafe fn dot8(w: &[Wv; 2], a: &BlockQ8A) -> [__m256i; 2] {
-        let q = a.qs.as_ptr() as *const i32;
+    unsafe fn dot8<const P: usize>(w: &[Wv; 2], a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
         let ones = _mm256_set1_epi16(1);
-        let mut s = [_mm256_setzero_si256(); 2];
+        let mut s = [[_mm256_setzero_si256(); 2]; P];
         for g in 0..8 {
-            let bx = _mm256_set1_epi32(q.add(g).read_unaligned());
-            for (h, s) in s.iter_mut().enumerate() {
-                let p = _mm256_maddubs_epi16(w[1][h][g], _mm256_sign_epi8(bx, w[0][h][g]));
-                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+            let mut bx = [_mm256_setzero_si256(); P];
+            for (bx, a) in bx.iter_mut().zip(a) {
+                *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+            }
+            for h in 0..2 {
+                let (wg, aw) = (w[0][h][g], w[1][h][g]);
+                for k in 0..P {
+                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx[k], wg));
+                    s[k][h] = _mm256_add_epi32(s[k][h], _mm256_madd_epi16(p, ones));
+                }
             }
         }
         s
@@ -235,10 +246,20 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         }
         let dw = scales16(p);
         let w = L::unpack(p);
-        for t in 0..T {
+        let mut t = 0;
+        while t + 2 <= T {
+            let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
+            let s = L::dot(&w, a);
+            for k in 0..2 {
+                let corr = L::OFF * (a[k].sums[0] as i32 + a[k].sums[1] as i32);
+                block_step(&mut acc[t + k], &dw, s[k], corr, a[k].d);
+            }
+            t += 2;
+        }
+        if t < T {
             let a = x[t].get_unchecked(b);
             let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            block_step(&mut acc[t], &dw, L::dot(&w, a), corr, a.d);
+            block_step(&mut acc[t], &dw, L::dot(&w, [a])[0], corr, a.d);
         }
     }
     rows_out(&acc)
@@ -259,9 +280,18 @@ unsafe fn rows16_8<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; 
         }
         let dw = scales16(p);
         let w = Q8_0::unpack8(p);
-        for t in 0..T {
+        let mut t = 0;
+        while t + 2 <= T {
+            let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
+            let s = Q8_0::dot8(&w, a);
+            for k in 0..2 {
+                block_step(&mut acc[t + k], &dw, s[k], 0, a[k].d);
+            }
+            t += 2;
+        }
+        if t < T {
             let a = x[t].get_unchecked(b);
-            block_step(&mut acc[t], &dw, Q8_0::dot8(&w, a), 0, a.d);
+            block_step(&mut acc[t], &dw, Q8_0::dot8(&w, [a])[0], 0, a.d);
         }
     }
     rows_out(&acc)
@@ -365,15 +395,39 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
             *v = _mm256_and_si256(q, m4);
         }
     }
-    for t in 0..T {
-        let a = &*xb[t].add(S);
-        let isum = dot_unsigned::<8, 0, 8>(&w, a);
-        let (xd, xs) = (_mm256_set1_ps(a.d), _mm256_set1_ps(a.s));
+    let mut t = 0;
+    while t + 2 <= T {
+        q4k_tokens::<S, 2, T>(t, &w, &dsc, &dm, xb, acc);
+        t += 2;
+    }
+    if t < T {
+        q4k_tokens::<S, 1, T>(t, &w, &dsc, &dm, xb, acc);
+    }
+}
+
+/// Tokens `t0..t0 + P` of [`q4k_sub`]: the sub-block dot, its scale FMA and its min FMA.
+#[inline(always)]
+unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
+    t0: usize,
+    w: &Wv,
+    dsc: &[__m256; 2],
+    dm: &[__m256; 2],
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    let mut a = [&*xb[t0].add(S); P];
+    for (k, a) in a.iter_mut().enumerate() {
+        *a = &*xb[t0 + k].add(S);
+    }
+    let isum = dot_unsigned::<8, 0, 8, P>(w, a);
+    for k in 0..P {
+        let (xd, xs) = (_mm256_set1_ps(a[k].d), _mm256_set1_ps(a[k].s));
+        let acc = &mut acc[t0 + k];
         for h in 0..2 {
-            let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[h]), xd);
-            acc[t][h] = _mm256_fmadd_ps(dsc[h], tmp, acc[t][h]);
+            let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[k][h]), xd);
+            acc[h] = _mm256_fmadd_ps(dsc[h], tmp, acc[h]);
             // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
-            acc[t][h] = _mm256_fnmadd_ps(dm[h], xs, acc[t][h]);
+            acc[h] = _mm256_fnmadd_ps(dm[h], xs, acc[h]);
         }
     }
 }
@@ -453,16 +507,44 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
             *v = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
         }
     }
-    for t in 0..T {
-        let a = &*xb[t].add(qb);
-        let xd = _mm256_set1_ps(a.d);
-        let i0 = dot_unsigned::<2, 0, 4>(&w, a);
-        let i1 = dot_unsigned::<2, 4, 4>(&w, a);
-        for (e, s) in [i0, i1].into_iter().enumerate() {
-            let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
+    let mut t = 0;
+    while t + 2 <= T {
+        q6k_tokens::<2, T>(t, qb, &w, &dsc, xb, acc);
+        t += 2;
+    }
+    if t < T {
+        q6k_tokens::<1, T>(t, qb, &w, &dsc, xb, acc);
+    }
+}
+
+/// Tokens `t0..t0 + P` of [`q6k_block`]: two half dots, each corrected for the offset 32 and
+/// scaled by one FMA, halves in order.
+#[inline(always)]
+unsafe fn q6k_tokens<const P: usize, const T: usize>(
+    t0: usize,
+    qb: usize,
+    w: &Wv,
+    dsc: &[[__m256; 2]; 2],
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    let mut a = [&*xb[t0].add(qb); P];
+    for (k, a) in a.iter_mut().enumerate() {
+        *a = &*xb[t0 + k].add(qb);
+    }
+    let i = [
+        dot_unsigned::<2, 0, 4, P>(w, a),
+        dot_unsigned::<2, 4, 4, P>(w, a),
+    ];
+    for k in 0..P {
+        let xd = _mm256_set1_ps(a[k].d);
+        let acc = &mut acc[t0 + k];
+        for (e, i) in i.iter().enumerate() {
+            let corr = _mm256_set1_epi32(32 * a[k].sums[e] as i32);
             for h in 0..2 {
-                let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], corr)), xd);
-                acc[t][h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[t][h]);
+                let s = _mm256_sub_epi32(i[k][h], corr);
+                let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
+                acc[h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[h]);
             }
         }
     }
