@@ -80,13 +80,14 @@ trait Kernel {
 type Wv = [[__m256i; 8]; 2];
 
 /// The exact i32 sums `sum(w * q_x)` of both halves for unsigned weights `w` against one
-/// activation block of each of `P` tokens, groups `G0..G0 + N`; the pair sums of `RUN`
+/// activation block of each of `P` tokens, groups `G0..G0 + N`; the pair sums of `run`
 /// consecutive groups are added in i16 (the caller's bound: they cannot saturate). Several
 /// tokens share each weight vector's load.
 // Group and half indices address several arrays at once (the tile's layout).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn dot_unsigned<const RUN: usize, const G0: usize, const N: usize, const P: usize>(
+unsafe fn dot_unsigned<const G0: usize, const N: usize, const P: usize>(
+    run: usize,
     w: &Wv,
     a: [&BlockQ8A; P],
 ) -> [[__m256i; 2]; P] {
@@ -102,12 +103,12 @@ unsafe fn dot_unsigned<const RUN: usize, const G0: usize, const N: usize, const 
             let wg = w[h][g];
             for k in 0..P {
                 let p = _mm256_maddubs_epi16(wg, bx[k]);
-                s16[k][h] = if (g - G0).is_multiple_of(RUN) {
+                s16[k][h] = if (g - G0).is_multiple_of(run) {
                     p
                 } else {
                     _mm256_add_epi16(s16[k][h], p)
                 };
-                if (g - G0) % RUN == RUN - 1 || g == G0 + N - 1 {
+                if (g - G0) % run == run - 1 || g == G0 + N - 1 {
                     s32[k][h] = _mm256_add_epi32(s32[k][h], _mm256_madd_epi16(s16[k][h], ones));
                 }
             }
@@ -121,63 +122,82 @@ trait Tile {
     const BYTES: usize;
     /// What the dot's sums are offset by: `isum = dot - OFF * sum(q_x)`.
     const OFF: i32;
+    /// Groups whose i16 pair sums can be added without saturating.
+    const RUN: usize;
+    /// Weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
-    unsafe fn unpack(p: *const u8) -> Wv;
-    /// SAFETY (callers): AVX2 is enabled.
-    unsafe fn dot<const P: usize>(w: &Wv, a: [&BlockQ8A; P]) -> [[__m256i; 2]; P];
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i;
+}
+
+/// All 16 weight vectors of a tile.
+#[inline(always)]
+unsafe fn unpack<L: Tile>(p: *const u8) -> Wv {
+    let mut w = [[_mm256_setzero_si256(); 8]; 2];
+    for (h, wh) in w.iter_mut().enumerate() {
+        for (g, v) in wh.iter_mut().enumerate() {
+            *v = L::vector(p, h, g);
+        }
+    }
+    w
+}
+
+/// [`dot_unsigned`] over all 8 groups for one token, each weight vector made where it is
+/// used (one token: nothing to share, and no weight vector spilled).
+#[inline(always)]
+unsafe fn dot_fused<L: Tile>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
+    let ones = _mm256_set1_epi16(1);
+    let mut s32 = [_mm256_setzero_si256(); 2];
+    let mut s16 = [_mm256_setzero_si256(); 2];
+    for g in 0..8 {
+        let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+        for h in 0..2 {
+            let prod = _mm256_maddubs_epi16(L::vector(p, h, g), bx);
+            s16[h] = if g % L::RUN == 0 {
+                prod
+            } else {
+                _mm256_add_epi16(s16[h], prod)
+            };
+            if g % L::RUN == L::RUN - 1 || g == 7 {
+                s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(s16[h], ones));
+            }
+        }
+    }
+    s32
 }
 
 struct Q4_0;
 struct Q5_0;
 struct Q8_0;
 
-/// The low and high nibbles of the 4 qs chunks: groups 0..4 and 4..8, per half.
+/// Weight vector `[h][g]` of the nibbles at `qs`: the low (g < 4) or high nibbles of qs
+/// chunk g % 4.
 #[inline(always)]
-unsafe fn nibbles(qs: *const u8) -> Wv {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut w = [[_mm256_setzero_si256(); 8]; 2];
-    for (h, wh) in w.iter_mut().enumerate() {
-        for k in 0..4 {
-            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
-            wh[k] = _mm256_and_si256(q, m4);
-            wh[k + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        }
-    }
-    w
+unsafe fn nibble(qs: *const u8, h: usize, g: usize) -> __m256i {
+    let q = _mm256_loadu_si256(qs.add(64 * (g % 4) + 32 * h) as *const __m256i);
+    let q = if g < 4 { q } else { _mm256_srli_epi16(q, 4) };
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
 }
 
 impl Tile for Q4_0 {
     const BYTES: usize = 16 * 18;
     const OFF: i32 = 8;
+    const RUN: usize = 8;
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> Wv {
-        nibbles(p.add(D_BYTES))
-    }
-    #[inline(always)]
-    unsafe fn dot<const P: usize>(w: &Wv, a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
-        dot_unsigned::<8, 0, 8, P>(w, a)
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
+        nibble(p.add(D_BYTES), h, g)
     }
 }
 
 impl Tile for Q5_0 {
     const BYTES: usize = 16 * 22;
     const OFF: i32 = 16;
+    const RUN: usize = 4;
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> Wv {
-        let mut w = nibbles(p.add(Q5_QS));
-        let c16 = _mm256_set1_epi8(16);
-        for (h, wh) in w.iter_mut().enumerate() {
-            for (g, v) in wh.iter_mut().enumerate() {
-                // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
-                let m = (p.add(Q5_HM + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
-                *v = _mm256_or_si256(*v, _mm256_and_si256(bits_32(m), c16));
-            }
-        }
-        w
-    }
-    #[inline(always)]
-    unsafe fn dot<const P: usize>(w: &Wv, a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
-        dot_unsigned::<4, 0, 8, P>(w, a)
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
+        // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
+        let m = (p.add(Q5_HM + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
+        let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
+        _mm256_or_si256(nibble(p.add(Q5_QS), h, g), hb)
     }
 }
 
@@ -255,11 +275,17 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
         }
         let dw = scales16(p);
-        let w = L::unpack(p);
+        if T == 1 {
+            let a = x[0].get_unchecked(b);
+            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
+            block_step(&mut acc[0], &dw, dot_fused::<L>(p, a), corr, a.d);
+            continue;
+        }
+        let w = unpack::<L>(p);
         let mut t = 0;
         while t + 2 <= T {
             let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
-            let s = L::dot(&w, a);
+            let s = dot_unsigned::<0, 8, 2>(L::RUN, &w, a);
             for k in 0..2 {
                 let corr = L::OFF * (a[k].sums[0] as i32 + a[k].sums[1] as i32);
                 block_step(&mut acc[t + k], &dw, s[k], corr, a[k].d);
@@ -269,7 +295,7 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         if t < T {
             let a = x[t].get_unchecked(b);
             let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            block_step(&mut acc[t], &dw, L::dot(&w, [a])[0], corr, a.d);
+            block_step(&mut acc[t], &dw, dot_fused::<L>(p, a), corr, a.d);
         }
     }
     rows_out(&acc)
@@ -429,7 +455,7 @@ unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
     for (k, a) in a.iter_mut().enumerate() {
         *a = &*xb[t0 + k].add(S);
     }
-    let isum = dot_unsigned::<8, 0, 8, P>(w, a);
+    let isum = dot_unsigned::<0, 8, P>(8, w, a);
     for k in 0..P {
         let (xd, xs) = (_mm256_set1_ps(a[k].d), _mm256_set1_ps(a[k].s));
         let acc = &mut acc[t0 + k];
@@ -543,8 +569,8 @@ unsafe fn q6k_tokens<const P: usize, const T: usize>(
         *a = &*xb[t0 + k].add(qb);
     }
     let i = [
-        dot_unsigned::<2, 0, 4, P>(w, a),
-        dot_unsigned::<2, 4, 4, P>(w, a),
+        dot_unsigned::<0, 4, P>(2, w, a),
+        dot_unsigned::<4, 4, P>(2, w, a),
     ];
     for k in 0..P {
         let xd = _mm256_set1_ps(a[k].d);
