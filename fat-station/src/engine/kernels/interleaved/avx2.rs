@@ -26,7 +26,7 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::BlockQ8A;
-use super::avx512::PAGE_AHEAD;
+use super::avx512::{prefetch, touch_page};
 use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
 use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
@@ -50,30 +50,6 @@ const AHEAD: usize = 8;
 /// Tiles ahead for one token: 4, not AVX-512's 2 (kernel-bench, 896x4864 from DRAM, one
 /// thread: Q4_K 20-21 -> 19-24 GB/s, Q6_K 20 -> 22; 1 tile ahead was slower, 6 no faster).
 const AHEAD_ONE: usize = 4;
-
-/// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
-/// faults). An asm `prefetcht1`, which LLVM leaves where the source puts it (it gathers
-/// `_mm_prefetch` into bursts): the same helper as the AVX-512 kernels'.
-#[inline(always)]
-unsafe fn prefetch(p: *const u8, bytes: usize) {
-    for i in (0..bytes).step_by(64) {
-        // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the
-        // address; it writes no register, memory or flag.
-        std::arch::asm!(
-            "prefetcht1 [{}]",
-            in(reg) p.wrapping_add(i),
-            options(nostack, preserves_flags, readonly)
-        );
-    }
-}
-
-/// Touches the 4 KiB page that the stream enters `PAGE_AHEAD` bytes after the `bytes` at `p`,
-/// so its TLB walk and the hardware prefetchers start early (as the AVX-512 kernels do).
-#[inline(always)]
-unsafe fn touch_page(p: *const u8, bytes: usize) {
-    let q = p.wrapping_add(PAGE_AHEAD + bytes);
-    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
-}
 
 /// One type's kernel for `T` activation rows at once.
 trait Kernel {

@@ -190,7 +190,7 @@ const AHEAD_ONE: usize = 2;
 /// end: 14 GB/s from DRAM, against 25 with the asm, which stays where the source puts it;
 /// Q4_K at 8 tokens 10 against 11).
 #[inline(always)]
-unsafe fn prefetch(p: *const u8, bytes: usize) {
+pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
     for i in (0..bytes).step_by(64) {
         // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the
         // address; it writes no register, memory or flag.
@@ -203,7 +203,7 @@ unsafe fn prefetch(p: *const u8, bytes: usize) {
 }
 
 /// How far ahead [`touch_page`] reaches: 64 pages of 4 KiB.
-pub(super) const PAGE_AHEAD: usize = 256 << 10;
+const PAGE_AHEAD: usize = 256 << 10;
 
 /// Touches (prefetch into L1) the 4 KiB page that holds `p + PAGE_AHEAD + bytes`, the page the
 /// stream enters `PAGE_AHEAD` bytes after the `bytes` at `p`. Called once per tile, so every
@@ -217,7 +217,7 @@ pub(super) const PAGE_AHEAD: usize = 256 << 10;
 /// into L1 that far ahead was slower; the same touch into L2, `T1`, gained half as much).
 /// From DRAM at one token this took Q4_0/Q5_0/Q8_0 from 19-21 to 27-30 GB/s of weights.
 #[inline(always)]
-unsafe fn touch_page(p: *const u8, bytes: usize) {
+pub(super) unsafe fn touch_page(p: *const u8, bytes: usize) {
     let q = p.wrapping_add(PAGE_AHEAD + bytes);
     _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
 }
