@@ -145,9 +145,10 @@ ROWS16=(
     "Q4_0  interleaved4neon10q4_0_plain 1 16  interleaved4neon7q4_0_tf 1 16  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
     "Q5_0  interleaved4neon10q5_0_plain 1 16  interleaved4neon7q5_0_tf 1 16  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
     "Q8_0  interleaved4neon10q8_0_plain 1 16  interleaved4neon7q8_0_tf 1 16  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
-    # interleaved/neon_kquants.rs: an iteration is a row quad of a tile (4 row-blocks).
+    # interleaved/neon_kquants.rs: an iteration is a row quad of a tile (4 row-blocks), but for the plain
+    # Q6_K kernel a whole tile (16: tile-major, see q6k_block_tile).
     "Q4_K  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
-    "Q6_K  neon_kquants13q6k_one_plain 0 4  neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
+    "Q6_K  neon_kquants13q6k_one_plain 0 16 neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
     "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \

@@ -266,6 +266,29 @@ impl KTile for Q4K {
 /// offset 32 through the activation half sums and scaled by one FMA.
 struct Q6K;
 
+/// The 16 six-bit quants (one row quad's granule) of Q8A block `4N + K` whose ql and qh
+/// granule bytes are at `ql` and `qh`.
+///
+/// SAFETY (callers): both point at 16 readable bytes.
+#[inline(always)]
+unsafe fn q6k_u<const K: usize>(ql: *const u8, qh: *const u8) -> int8x16_t {
+    // SAFETY: the two loads read 16 bytes each (the caller's contract).
+    unsafe {
+        let l = vld1q_u8(ql);
+        let hb = vld1q_u8(qh);
+        // Low nibble (K < 2) or high nibble (K >= 2) of ql, bits 2K, 2K + 1 of qh to bits 4,
+        // 5; the shift-inserts leave junk only above bit 5, which the mask drops (for K = 3
+        // there is none: LLVM drops that mask).
+        let u = match K {
+            0 => vsliq_n_u8::<4>(l, hb),
+            1 => vsliq_n_u8::<4>(l, vshrq_n_u8::<2>(hb)),
+            2 => vsriq_n_u8::<4>(hb, l),
+            _ => vsriq_n_u8::<4>(vshrq_n_u8::<2>(hb), l),
+        };
+        vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x3F)))
+    }
+}
+
 /// Q8A block `4N + K` of row quad `j` of a Q6_K tile at `p` for `T` tokens.
 #[inline(always)]
 unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: usize>(
@@ -290,22 +313,11 @@ unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: u
         let dsc1 = vmulq_f32(d, vcvtq_f32_s32(vmovl_high_s16(sc)));
         let ql = p.add(k6_ql(2 * N + (K & 1)) + 16 * j);
         let qh = p.add(k6_qh(N) + 16 * j);
-        let m6 = vdupq_n_u8(0x3F);
         let mut w = [[vdupq_n_s8(0); 4]; 2];
         for (h, wh) in w.iter_mut().enumerate() {
             for (i, wg) in wh.iter_mut().enumerate() {
                 let g = 4 * h + i;
-                let l = vld1q_u8(ql.add(64 * g));
-                let hb = vld1q_u8(qh.add(64 * g));
-                // Low nibble (K < 2) or high nibble (K >= 2) of ql, bits 2K, 2K + 1 of qh to
-                // bits 4, 5; the shift-inserts leave junk only above bit 5, which the mask drops.
-                let u = match K {
-                    0 => vsliq_n_u8::<4>(l, hb),
-                    1 => vsliq_n_u8::<4>(l, vshrq_n_u8::<2>(hb)),
-                    2 => vsriq_n_u8::<4>(hb, l),
-                    _ => vsriq_n_u8::<4>(vshrq_n_u8::<2>(hb), l),
-                };
-                *wg = vreinterpretq_s8_u8(vandq_u8(u, m6));
+                *wg = q6k_u::<K>(ql.add(64 * g), qh.add(64 * g));
             }
         }
         for t in 0..T {
@@ -350,6 +362,125 @@ impl KTile for Q6K {
             q6k_block::<SDOT, T, 1, 2>(p, j, d, xb, a);
             q6k_block::<SDOT, T, 1, 3>(p, j, d, xb, a);
         }
+    }
+}
+
+/// Q8A block `4N + K` of the Q6_K tile at `p`, all four row quads, one token (`a`: its Q8A
+/// block 0 of this super-block), plain NEON. Tile-major where [`q6k_block`] is quad-major:
+/// each activation lane broadcast, offset correction and 16-byte scale plane serves the four
+/// quads instead of one (an in-order A53 issues about a seventh fewer instructions). Per row
+/// the same exact i32 sums and the same f32 steps in the same order: the same bits.
+#[inline(always)]
+unsafe fn q6k_block_tile<const N: usize, const K: usize>(
+    p: *const u8,
+    d: &[float32x4_t; 4],
+    a: *const BlockQ8A,
+    acc: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract, passed on. Two calls, not a loop: LLVM does not unroll
+    // a loop this long, and a loop's counter and address arithmetic cost an in-order core.
+    unsafe {
+        q6k_half_tile::<N, K, 0>(p, d, a, acc);
+        q6k_half_tile::<N, K, 1>(p, d, a, acc);
+    }
+}
+
+/// Half `H` (Q8A quants 16H..16H + 16) of [`q6k_block_tile`].
+#[inline(always)]
+unsafe fn q6k_half_tile<const N: usize, const K: usize, const H: usize>(
+    p: *const u8,
+    d: &[float32x4_t; 4],
+    a: *const BlockQ8A,
+    acc: &mut [float32x4_t; 4],
+) {
+    let qb = 4 * N + K;
+    // SAFETY: every load lies inside the tile at `p` or the token's 8 Q8A blocks at `a` (the
+    // caller's contract); the rest is register-only.
+    unsafe {
+        let a = a.add(qb);
+        let (x, xd) = ((*a).qs.as_ptr(), (*a).d);
+        let ql = p.add(k6_ql(2 * N + (K & 1)));
+        let qh = p.add(k6_qh(N));
+        let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * H)));
+        // i16 lane (row, i): 4 products of |u * x| <= 63 * 127 (32004 <= 32767), as in
+        // `isum_quad`.
+        let mut lo = [vdupq_n_s16(0); 4];
+        let mut hi = [vdupq_n_s16(0); 4];
+        for i in 0..4 {
+            let g = 4 * H + i;
+            let xb = vreinterpretq_s8_s32(match i {
+                0 => vdupq_laneq_s32::<0>(xr),
+                1 => vdupq_laneq_s32::<1>(xr),
+                2 => vdupq_laneq_s32::<2>(xr),
+                _ => vdupq_laneq_s32::<3>(xr),
+            });
+            for j in 0..4 {
+                let w = q6k_u::<K>(ql.add(64 * g + 16 * j), qh.add(64 * g + 16 * j));
+                if i == 0 {
+                    lo[j] = vmull_s8(vget_low_s8(w), vget_low_s8(xb));
+                    hi[j] = vmull_high_s8(w, xb);
+                } else {
+                    lo[j] = vmlal_s8(lo[j], vget_low_s8(w), vget_low_s8(xb));
+                    hi[j] = vmlal_high_s8(hi[j], w, xb);
+                }
+            }
+        }
+        // Group 2qb + H's signed scales of the 16 rows, and the offset 32's correction.
+        let sc = vld1q_s8(p.add(K6_SC + ROWS * (2 * qb + H)) as *const i8);
+        let sc = [vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc)];
+        let init = vdupq_n_s32(-32 * (*a).sums[H] as i32);
+        for j in 0..4 {
+            let s = sc[j / 2];
+            let s = if j % 2 == 0 {
+                vmovl_s16(vget_low_s16(s))
+            } else {
+                vmovl_high_s16(s)
+            };
+            let dsc = vmulq_f32(d[j], vcvtq_f32_s32(s));
+            let isum = vaddq_s32(init, vpaddq_s32(vpaddlq_s16(lo[j]), vpaddlq_s16(hi[j])));
+            acc[j] = vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd));
+        }
+    }
+}
+
+/// The one-token plain Q4_K kernel.
+#[inline(never)]
+fn q4k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: NEON is baseline on aarch64; `run` bounds-checks the activation rows against
+    // the tile count and reads only whole tiles.
+    unsafe { run::<Q4K, false, 1>(tiles, [x])[0] }
+}
+
+/// The one-token plain Q6_K kernel, a tile at a time ([`q6k_block_tile`]).
+#[inline(never)]
+fn q6k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let nt = tiles.len() / K6_BYTES;
+    assert!(
+        x.len() >= 8 * nt,
+        "q6k_one_plain: 8 activation blocks per tile"
+    );
+    // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
+    // NEON is baseline on aarch64.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K6_BYTES);
+            let a = x.as_ptr().add(8 * b);
+            let d: [float32x4_t; 4] = std::array::from_fn(|j| f16x4(p.add(K6_D + 8 * j)));
+            q6k_block_tile::<0, 0>(p, &d, a, &mut acc);
+            q6k_block_tile::<0, 1>(p, &d, a, &mut acc);
+            q6k_block_tile::<0, 2>(p, &d, a, &mut acc);
+            q6k_block_tile::<0, 3>(p, &d, a, &mut acc);
+            q6k_block_tile::<1, 0>(p, &d, a, &mut acc);
+            q6k_block_tile::<1, 1>(p, &d, a, &mut acc);
+            q6k_block_tile::<1, 2>(p, &d, a, &mut acc);
+            q6k_block_tile::<1, 3>(p, &d, a, &mut acc);
+        }
+        let mut out = [0f32; ROWS];
+        for (j, v) in acc.iter().enumerate() {
+            vst1q_f32(out.as_mut_ptr().add(4 * j), *v);
+        }
+        out
     }
 }
 
@@ -427,20 +558,15 @@ unsafe fn rows16_any<K: KTile, const SDOT: bool>(
 
 macro_rules! entries {
     ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident) => {
-        #[inline(never)]
-        fn $one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
-            // SAFETY: NEON is baseline on aarch64; `run` bounds-checks the activation rows
-            // against the tile count and reads only whole tiles.
-            unsafe { run::<$kind, false, 1>(tiles, [x])[0] }
-        }
         fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: as `$one_plain`; the plain flavour needs no extension.
+            // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
+            // activation rows against the tile count and reads only whole tiles.
             unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
         }
         #[target_feature(enable = "dotprod")]
         #[inline(never)]
         unsafe fn $one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
-            // SAFETY: dotprod is enabled here; bounds as `$one_plain`.
+            // SAFETY: dotprod is enabled here; bounds as in `$plain`.
             unsafe { run::<$kind, true, 1>(tiles, [x])[0] }
         }
         fn $one_sdot(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
@@ -449,7 +575,7 @@ macro_rules! entries {
         }
         #[target_feature(enable = "dotprod")]
         unsafe fn $tf(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: dotprod is enabled here; bounds as `$one_plain`.
+            // SAFETY: dotprod is enabled here; bounds as in `$plain`.
             unsafe { rows16_any::<$kind, true>(tiles, x, out, $one_sdot) }
         }
         fn $sdot(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
