@@ -203,7 +203,7 @@ pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
 }
 
 /// How far ahead [`touch_page`] reaches: 64 pages of 4 KiB.
-const PAGE_AHEAD: usize = 256 << 10;
+pub(super) const PAGE_AHEAD: usize = 256 << 10;
 
 /// Touches (prefetch into L1) the 4 KiB page that holds `p + PAGE_AHEAD + bytes`, the page the
 /// stream enters `PAGE_AHEAD` bytes after the `bytes` at `p`. Called once per tile, so every
