@@ -342,12 +342,7 @@ pub fn run(args: Args) -> Result<()> {
                     proto: beacon::PROTO.into(),
                     node_id: node_id.clone(),
                     model_id: health.model_id.clone(),
-                    model_hash: station
-                        .model()
-                        .knot()
-                        .shard()
-                        .map(|s| s.parent_hash.clone())
-                        .unwrap_or(health.model_hash.clone()),
+                    model_hash: health.model_hash.clone(),
                     role: health.role.clone(),
                     layers: health.layers.clone(),
                     n_layers: health.n_layers,

@@ -161,7 +161,12 @@ pub struct TokenizerInfo {
 pub struct Health {
     pub status: String,
     pub model_id: String,
+    /// The whole model's hash (`Knot::model_hash`; for a shard file its `parent_hash`), so
+    /// the stations of one chain report the same hash whether they map the whole file or a shard.
     pub model_hash: String,
+    /// The shard file's own hash when the station maps a shard (`None` for a whole model).
+    #[serde(default)]
+    pub shard_hash: Option<String>,
     pub arch: String,
     /// `entry`, `mid`, `exit` or `full`.
     pub role: String,

@@ -895,6 +895,7 @@ mod tests {
             status: "ok".into(),
             model_id: "m".into(),
             model_hash: hash.into(),
+            shard_hash: None,
             arch: "qwen2".into(),
             role: "mid".into(),
             layers: layers.into(),

@@ -272,7 +272,11 @@ impl Station {
         Health {
             status: "ok".into(),
             model_id: knot.header().model_id.clone(),
-            model_hash: knot.model_hash().to_string(),
+            model_hash: knot
+                .shard()
+                .map_or(knot.model_hash(), |s| s.parent_hash.as_str())
+                .to_string(),
+            shard_hash: knot.shard().map(|_| knot.model_hash().to_string()),
             arch: knot.arch().arch.clone(),
             role: role.into(),
             layers: format!("{}-{}", h.layers.start, h.layers.end),
