@@ -106,10 +106,17 @@ fn step(what: impl Into<String>) -> impl FnOnce(Errno) -> SwerveError {
     move |errno| SwerveError::Step { step, errno }
 }
 
+/// Creates directory `p`, or accepts one that is there: a real directory, never a symlink (a
+/// kept `upper` pointing elsewhere would make that the layer the sliver writes).
 fn mkdir(p: &Path) -> Result<()> {
     match std::fs::create_dir(p) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => Ok(()),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::AlreadyExists
+                && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) =>
+        {
+            Ok(())
+        }
         Err(e) => Err(SwerveError::io("mkdir", p, e)),
     }
 }
@@ -197,10 +204,21 @@ pub fn mount_rootfs(root: &Path, upper: Option<&Path>, user_ns: bool) -> Result<
         nosuid_nodev,
         Some(opts.as_str()),
     )
-    .map_err(step(format!(
-        "mount(overlay, {}, MS_NOSUID|MS_NODEV, {opts})",
-        root.display()
-    )))?;
+    .map_err(|errno| {
+        let step = format!(
+            "mount(overlay, {}, MS_NOSUID|MS_NODEV, {opts})",
+            root.display()
+        );
+        if user_ns && matches!(errno, Errno::EPERM | Errno::EINVAL) {
+            // Before 5.11 overlayfs cannot be mounted in a user namespace (nor knows userxattr).
+            SwerveError::StepOther {
+                step,
+                reason: format!("{errno}; as a non-root caller --rw needs overlayfs in user namespaces (Linux 5.11+)"),
+            }
+        } else {
+            SwerveError::Step { step, errno }
+        }
+    })?;
     chdir("/").map_err(step("chdir(/)"))
 }
 
