@@ -26,7 +26,11 @@ if [ "$(id -u)" -eq 0 ] && unshare --mount --net --pid --fork true 2>/dev/null; 
   echo "== admit base:scratch"
   "$bin/swerve" admit base:scratch --rootfs "$sliver"
   echo "== foothold inside the sliver: swerve cline base:scratch -- bash /opt/aeon/foothold.sh"
-  exec "$bin/swerve" cline base:scratch --hostname r1-sliver -- bash /opt/aeon/foothold.sh
+  # swerve passes no host environment into the sliver: only the foothold's knobs that mean the
+  # same inside (ports, wait) go in, if set; its paths default to the sliver's layout.
+  exec "$bin/swerve" cline base:scratch --hostname r1-sliver \
+    --keep-env AEON_PORT --keep-env AEON_FOIL_PORT --keep-env AEON_WAIT_S \
+    -- bash /opt/aeon/foothold.sh
 else
   echo "== not root (or no namespaces here): running the foothold OUTSIDE a sliver"
   AEON_BIN=$bin AEON_SPECS=$root/specs exec bash scripts/r1/foothold.sh

@@ -37,4 +37,5 @@ if [ "$(uname -m)" != aarch64 ]; then
 fi
 echo "== foothold inside the arm64 sliver ($(file -b "$arm/fat-station" | cut -d, -f1-2))"
 exec target/release/swerve cline base:arm64 --rootfs "$sliver" --hostname r1-arm64 "${caps[@]}" \
-  --bind "$AEON_MODELS_DIR:/models:ro" -- env AEON_MODELS_DIR=/models bash -c 'uname -m; bash /opt/aeon/foothold.sh'
+  --bind "$AEON_MODELS_DIR:/models:ro" --setenv AEON_MODELS_DIR=/models \
+  -- bash -c 'uname -m; bash /opt/aeon/foothold.sh'

@@ -29,7 +29,8 @@ prompt="The capital of France is"
 
 die() { echo "foothold: $*" >&2; exit 1; }
 [ -x "$bin/fat-station" ] || die "no binaries in $bin (set AEON_BIN)"
-# The model: an AEON_MODELS_DIR inherited from the host may not exist inside the sliver.
+# The model: swerve passes no host environment into a sliver (--setenv AEON_MODELS_DIR=... does),
+# and a directory named outside may not exist inside.
 models=""
 for d in "${AEON_MODELS_DIR:-}" /models "${HOME:-/nonexistent}/.cache/aeon-shell/models"; do
   if [ -n "$d" ] && [ -f "$d/$model" ]; then models=$d; break; fi

@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 
 use crate::cert::{parse_base, swerve_home, CertStore, Certificate, NodeKey};
 use crate::manifest::Manifest;
-use crate::plan::{parse_cap, parse_size, Bind, NetMode, Plan, SliverSpec};
+use crate::overlay;
+use crate::plan::{
+    command_env, parse_cap, parse_env_name, parse_setenv, parse_size, Bind, NetMode, Overlay, Plan,
+    SliverSpec,
+};
 
 const AFTER_HELP: &str = "\
 Workflow:
@@ -28,7 +32,9 @@ Exit codes:
 Environment:
   SWERVE_HOME          certificates and the node key (default ~/.swerve)
   MONSTER_GUARD_HOME   if $MONSTER_GUARD_HOME/node.key exists, it is the node key
-  SWERVE_LOG           log filter (default: warn), e.g. SWERVE_LOG=info";
+  SWERVE_LOG           log filter (default: warn), e.g. SWERVE_LOG=info
+  None of swerve's environment reaches the command: it gets PATH, HOME=/root, TERM (if set)
+  and what --keep-env and --setenv name.";
 
 /// The sliver launcher: runs a command in fresh namespaces + pivot_root, only for an admitted base.
 #[derive(Parser)]
@@ -61,7 +67,8 @@ enum Cmd {
     /// nosuid+nodev rootfs, fresh /proc (runc's read-only and masked paths applied), /sys, a
     /// tmpfs /tmp, a tmpfs /dev with null, zero, full, random, urandom and tty bound in, no
     /// capabilities unless --cap asks, no_new_privs, keyctl/add_key/request_key denied by
-    /// seccomp. The sliver dies with swerve.
+    /// seccomp, a clean environment (PATH, HOME, TERM, and what --keep-env and --setenv name).
+    /// The sliver dies with swerve.
     Cline {
         /// The base, as base:NAME.
         base: String,
@@ -105,9 +112,28 @@ enum Cmd {
         /// Comma-separated syscalls that fail with EPERM inside (seccomp), e.g. ptrace,kexec_load.
         #[arg(long, value_name = "SYSCALLS", value_delimiter = ',')]
         seccomp_deny: Vec<String>,
-        /// Leave the rootfs writable (default: read-only, so it stays as certified).
+        /// Make the rootfs writable through a copy-on-write layer (overlayfs): the sliver sees
+        /// its writes, the certified base never does, and they are gone when it exits (unless
+        /// --upper keeps them). Still nosuid, nodev. Without overlayfs in the kernel, the base is
+        /// written in place (with a warning; it will no longer match its certificate) and only
+        /// while no other sliver of it runs.
         #[arg(long)]
         rw: bool,
+        /// With --rw: keep the writes in DIR (DIR/upper, with DIR/work beside it) instead of a
+        /// tmpfs that dies with the sliver; a later --rw --upper DIR sliver starts from them.
+        /// DIR must lie outside the rootfs and on a nosuid,nodev mount (what a sliver leaves
+        /// there, a setuid file or a device node, must do nothing on the host); one sliver at a
+        /// time.
+        #[arg(long, value_name = "DIR", requires = "rw", value_parser = overlay::parse_upper)]
+        upper: Option<PathBuf>,
+        /// Set NAME=VALUE in the command's environment (repeatable; overrides the defaults and
+        /// --keep-env). The command's environment is otherwise only PATH (the usual sbin/bin
+        /// directories), HOME=/root and the caller's TERM.
+        #[arg(long = "setenv", value_name = "NAME=VALUE", value_parser = parse_setenv)]
+        setenv: Vec<(String, String)>,
+        /// Pass the caller's NAME (if set) into the command's environment; repeatable.
+        #[arg(long = "keep-env", value_name = "NAME", value_parser = parse_env_name)]
+        keep_env: Vec<String>,
         /// Print the setup steps in order, after verifying the certificate, and exit.
         #[arg(long)]
         dry_run: bool,
@@ -184,6 +210,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             caps,
             seccomp_deny,
             rw,
+            upper,
+            setenv,
+            keep_env,
             dry_run,
             cmd,
         } => {
@@ -192,6 +221,43 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             let rootfs = rootfs.unwrap_or_else(|| cert.rootfs.clone());
             let rootfs = std::fs::canonicalize(&rootfs)
                 .with_context(|| format!("rootfs {}", rootfs.display()))?;
+            let overlay = match (rw, overlay::available()) {
+                (true, true) => Some(Overlay { upper }),
+                (true, false) if upper.is_some() => {
+                    bail!("--upper needs overlayfs, which this kernel lacks (not in /proc/filesystems)")
+                }
+                _ => None,
+            };
+            if let Some(dir) = overlay.as_ref().and_then(|o| o.upper.as_deref()) {
+                overlay::check_upper_apart(dir, &rootfs)?;
+            }
+            let in_place = rw && overlay.is_none();
+            // Held until swerve exits, before verification: every sliver of the base shares the
+            // lock; writing the base in place takes it alone, so no sliver runs (or verifies) a
+            // tree that is being written under it.
+            let _base_lock = if dry_run {
+                None
+            } else {
+                Some(overlay::lock_dir(
+                    &rootfs,
+                    in_place,
+                    &format!("base:{name}"),
+                    if in_place {
+                        "another sliver runs it, and without overlayfs --rw would write it in place under that sliver; retry when it has exited"
+                    } else {
+                        "a --rw sliver is writing it in place (this kernel has no overlayfs); retry when it has exited"
+                    },
+                )?)
+            };
+            let _upper_lock = match overlay.as_ref().and_then(|o| o.upper.as_deref()) {
+                Some(dir) if !dry_run => Some(overlay::lock_dir(
+                    dir,
+                    true,
+                    &format!("--upper {}", dir.display()),
+                    "another sliver writes to it",
+                )?),
+                _ => None,
+            };
             let key = NodeKey::load_or_create(&home).context("loading the node key")?;
             let t = Instant::now();
             cert.verify_rootfs(&key, &rootfs)
@@ -202,6 +268,12 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 t.elapsed().as_secs_f64() * 1e3
             );
 
+            if in_place && !dry_run {
+                eprintln!(
+                    "swerve: warning: this kernel has no overlayfs: --rw writes base:{name} in place ({}); it will no longer match its certificate",
+                    rootfs.display()
+                );
+            }
             let hostname = hostname.unwrap_or_else(|| format!("sliver-{name}"));
             if hostname.is_empty() || hostname.len() > 64 || hostname.contains(['/', '\0']) {
                 bail!("bad --hostname {hostname:?}: 1-64 characters, no '/'");
@@ -228,8 +300,10 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 seccomp_deny: seccomp_deny.into_iter().filter(|s| !s.is_empty()).collect(),
                 pass_fds,
                 rw,
+                overlay,
                 user_ns: !nix::unistd::geteuid().is_root(),
                 argv: cmd,
+                env: command_env(&keep_env, &setenv, |n| std::env::var_os(n)),
             };
             let plan = Plan::new(spec);
             if dry_run {

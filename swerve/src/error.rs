@@ -89,6 +89,15 @@ pub enum SwerveError {
         /// Why.
         reason: String,
     },
+    /// A base (or a kept `--upper` directory) is held by another sliver in a way this one
+    /// cannot share.
+    #[error("{what} is in use: {reason}")]
+    InUse {
+        /// What is held, e.g. `base:scratch`.
+        what: String,
+        /// Why this sliver cannot start now.
+        reason: String,
+    },
     /// The process lacks the privileges to create namespaces.
     #[error("cannot create namespaces ({step}: {errno}); swerve needs root, or unprivileged user namespaces; refusing to run the command unconfined")]
     NoPrivileges {

@@ -6,6 +6,7 @@
 //! - [`plan`]: the validated request and its fixed-order list of setup operations.
 //! - [`sliver`]: executes a plan (clone, PID 1 init, pivot_root, drop privileges, exec).
 //! - [`mounts`]: recursive mount flags, read-only and masked paths (mountinfo).
+//! - [`overlay`]: `--rw` through a copy-on-write layer; the per-base lock.
 //! - [`cgroup`], [`netdev`]: cgroup limits and network setup.
 //! - [`cli`]: the `swerve` command line (its commands, and what each one runs).
 
@@ -16,6 +17,7 @@ pub mod error;
 pub mod manifest;
 pub mod mounts;
 pub mod netdev;
+pub mod overlay;
 pub mod plan;
 pub mod sliver;
 

@@ -1,6 +1,7 @@
 //! The sliver's setup, as a list of operations in the order they run (bubblewrap style).
 //! `--dry-run` prints this list; [`crate::sliver::run`] executes exactly it.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -46,8 +47,60 @@ pub const MASKED_PATHS: [&str; 13] = [
 /// (`@u`) from a fresh session keyring too (Docker's default profile denies these three).
 pub const SECCOMP_DENY_ALWAYS: [&str; 3] = ["keyctl", "add_key", "request_key"];
 
-/// PATH given to the command inside the sliver.
+/// PATH given to the command inside the sliver (unless `--setenv PATH=...`).
 pub const SLIVER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// HOME given to the command inside the sliver (unless `--setenv HOME=...`).
+pub const SLIVER_HOME: &str = "/root";
+
+/// The command's whole environment, as runc and `bwrap --clearenv` start: `PATH`
+/// ([`SLIVER_PATH`]), `HOME` ([`SLIVER_HOME`]), the caller's `TERM` if set, then each `--keep-env
+/// NAME` the caller has set (an unset one is skipped), then each `--setenv NAME=VALUE`. A later
+/// entry replaces an earlier one of the same name. Nothing else of the caller's environment (its
+/// secrets, SWERVE_HOME, MONSTER_GUARD_HOME) reaches the command.
+pub fn command_env(
+    keep: &[String],
+    set: &[(String, String)],
+    caller: impl Fn(&str) -> Option<OsString>,
+) -> Vec<(String, OsString)> {
+    let mut env: Vec<(String, OsString)> = vec![
+        ("PATH".into(), SLIVER_PATH.into()),
+        ("HOME".into(), SLIVER_HOME.into()),
+    ];
+    let mut put = |name: &str, value: OsString| match env.iter_mut().find(|(n, _)| n == name) {
+        Some(slot) => slot.1 = value,
+        None => env.push((name.to_string(), value)),
+    };
+    let kept = std::iter::once("TERM").chain(keep.iter().map(String::as_str));
+    for name in kept {
+        if let Some(v) = caller(name) {
+            put(name, v);
+        }
+    }
+    for (name, value) in set {
+        put(name, value.into());
+    }
+    env
+}
+
+/// Checks an environment variable name (`--keep-env`, `--setenv`): not empty, no `=` or NUL.
+pub fn parse_env_name(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() || s.contains(['=', '\0']) {
+        return Err(format!("{s:?} is not a variable name (not empty, no '=')"));
+    }
+    Ok(s.to_string())
+}
+
+/// Parses `--setenv NAME=VALUE` (VALUE may be empty; no NUL).
+pub fn parse_setenv(s: &str) -> std::result::Result<(String, String), String> {
+    let (name, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=VALUE"))?;
+    if value.contains('\0') {
+        return Err(format!("the value of {name} contains a NUL byte"));
+    }
+    Ok((parse_env_name(name)?, value.to_string()))
+}
 
 /// How the sliver is networked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,10 +260,23 @@ pub struct SliverSpec {
     pub pass_fds: Vec<i32>,
     /// Leave the rootfs writable (default: read-only).
     pub rw: bool,
+    /// With `rw`: where writes go. `Some`: an overlay upper layer, so the base stays as
+    /// certified; `None`: the base itself (only where the kernel has no overlayfs).
+    pub overlay: Option<Overlay>,
     /// Create a user namespace (when not root).
     pub user_ns: bool,
     /// The command and its arguments.
     pub argv: Vec<String>,
+    /// The command's whole environment ([`command_env`]), in order.
+    pub env: Vec<(String, OsString)>,
+}
+
+/// `--rw` through overlayfs: the certified rootfs is the lower layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    /// `--upper DIR`: the upper layer is kept in DIR/upper (DIR/work beside it), on a nosuid,nodev
+    /// mount; `None`: a tmpfs that exists only in the sliver's mount namespace.
+    pub upper: Option<PathBuf>,
 }
 
 /// One setup operation.
@@ -240,6 +306,10 @@ pub enum Op {
     MakeRootPrivate,
     /// Init: bind the rootfs onto itself (pivot_root needs a mount point).
     BindRootfs,
+    /// Init (`--rw` with overlayfs, instead of [`Op::BindRootfs`]): an overlay over the rootfs
+    /// path, lower layer the certified tree (read-only bind), upper layer a fresh tmpfs or the
+    /// kept `--upper` directory (both nosuid, nodev).
+    OverlayRootfs,
     /// Init: nosuid+nodev (and read-only unless `--rw`) on the rootfs bind and every mount
     /// under it.
     RootfsFlags,
@@ -309,10 +379,10 @@ impl Op {
         match self {
             NoNewPrivs | CgroupCreate | Clone => Phase::Host,
             IdMaps | CgroupAttach | VethHost => Phase::HostAfterClone,
-            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | BindRootfs | RootfsFlags
-            | MountProc | ProcReadOnly | MountSys | MaskPaths | MountTmp | MountDev
-            | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot | SetHostname
-            | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
+            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | BindRootfs
+            | OverlayRootfs | RootfsFlags | MountProc | ProcReadOnly | MountSys | MaskPaths
+            | MountTmp | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot
+            | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
             Rlimits | DropCaps | Seccomp | Exec => Phase::Command,
             Reap | CgroupRemove => Phase::Teardown,
         }
@@ -381,6 +451,12 @@ impl Plan {
         if cgroup {
             ops.push(Op::CgroupRemove);
         }
+        if spec.rw && spec.overlay.is_some() {
+            // The base is never the mount the sliver writes to.
+            for op in ops.iter_mut().filter(|o| **o == Op::BindRootfs) {
+                *op = Op::OverlayRootfs;
+            }
+        }
         Plan { spec, ops }
     }
 
@@ -443,7 +519,19 @@ impl Plan {
             }
             Op::SessionKeyring => "keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) (a fresh, empty session keyring)".into(),
             Op::MakeRootPrivate => "mount(none, /, MS_REC|MS_PRIVATE)".into(),
+            Op::BindRootfs if s.rw => format!(
+                "mount({root}, {root}, MS_BIND|MS_REC) (--rw without overlayfs: the base itself is written; its lock held alone)"
+            ),
             Op::BindRootfs => format!("mount({root}, {root}, MS_BIND|MS_REC)"),
+            Op::OverlayRootfs => {
+                let upper = match s.overlay.as_ref().and_then(|o| o.upper.as_ref()) {
+                    Some(d) => format!("upperdir=keep/upper,workdir=keep/work (keep: {} bound MS_NOSUID|MS_NODEV, kept)", d.display()),
+                    None => "upperdir=upper,workdir=work (on the staging tmpfs, gone with the sliver)".into(),
+                };
+                format!(
+                    "mount(tmpfs, {root}/tmp, MS_NOSUID|MS_NODEV) (staging, this namespace only); mount({root}, lower, MS_BIND) then RDONLY; mount(overlay, {root}, MS_NOSUID|MS_NODEV, lowerdir=lower,{upper})"
+                )
+            }
             Op::RootfsFlags => format!(
                 "mount_setattr({root}, AT_RECURSIVE, {}NOSUID|NODEV) (fallback: MS_REMOUNT|MS_BIND each mount under it)",
                 if s.rw { "" } else { "RDONLY|" }
@@ -506,7 +594,17 @@ impl Plan {
                 }
             }
             Op::Seccomp => format!("seccomp deny-list (EPERM): {}", self.seccomp_deny().join(",")),
-            Op::Exec => format!("execvp({:?}) with PATH={SLIVER_PATH}", s.argv),
+            Op::Exec => {
+                // Names only: a value may be a secret the caller passed on purpose.
+                let path = s.env.iter().find(|(n, _)| n == "PATH").map(|(_, v)| v.to_string_lossy());
+                let names: Vec<&str> = s.env.iter().map(|(n, _)| n.as_str()).collect();
+                format!(
+                    "execvpe({:?}) with only {} in the environment (PATH={})",
+                    s.argv,
+                    names.join(","),
+                    path.unwrap_or_default()
+                )
+            }
             Op::Reap => "init: wait for the command, exit with its status (128+N if killed by signal N)".into(),
             Op::CgroupRemove => "cgroup rmdir".into(),
         }
@@ -587,8 +685,10 @@ mod tests {
             seccomp_deny: vec![],
             pass_fds: vec![],
             rw: false,
+            overlay: None,
             user_ns: false,
             argv: vec!["sh".into()],
+            env: command_env(&[], &[], |_| None),
         }
     }
 
@@ -678,5 +778,64 @@ mod tests {
         assert!(Bind::parse("/tmp:relative").is_err());
         assert!(Bind::parse("/tmp:/a/../b").is_err());
         assert!(Bind::parse("/does/not/exist:/x").is_err());
+    }
+
+    #[test]
+    fn rw_with_overlay_never_binds_the_base() {
+        let mut s = spec();
+        s.rw = true;
+        s.overlay = Some(Overlay { upper: None });
+        let p = Plan::new(s);
+        assert!(!p.ops.contains(&Op::BindRootfs));
+        let pos = |op: &Op| p.ops.iter().position(|o| o == op).unwrap();
+        assert!(pos(&Op::MakeRootPrivate) < pos(&Op::OverlayRootfs));
+        assert!(pos(&Op::OverlayRootfs) < pos(&Op::RootfsFlags));
+        assert!(p.to_string().contains("mount(overlay, /srv/rootfs"), "{p}");
+        // Without overlayfs --rw binds the base (and cli.rs holds its lock exclusively).
+        let mut s = spec();
+        s.rw = true;
+        let p = Plan::new(s);
+        assert!(p.ops.contains(&Op::BindRootfs) && !p.ops.contains(&Op::OverlayRootfs));
+    }
+
+    #[test]
+    fn the_environment_is_built_not_inherited() {
+        let caller = |n: &str| match n {
+            "TERM" => Some(OsString::from("xterm")),
+            "KEEP" => Some(OsString::from("kept-value-42")),
+            "SECRET" => Some(OsString::from("s")),
+            _ => None,
+        };
+        let env = command_env(
+            &["KEEP".into(), "UNSET".into()],
+            &[("HOME".into(), "/tmp".into()), ("A".into(), "".into())],
+            caller,
+        );
+        let got: Vec<(&str, &str)> = env
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("PATH", SLIVER_PATH),
+                ("HOME", "/tmp"),
+                ("TERM", "xterm"),
+                ("KEEP", "kept-value-42"),
+                ("A", "")
+            ]
+        );
+        assert_eq!(command_env(&[], &[], |_| None).len(), 2);
+        assert_eq!(parse_setenv("A=b=c").unwrap(), ("A".into(), "b=c".into()));
+        assert!(parse_setenv("A").is_err());
+        assert!(parse_setenv("=x").is_err());
+        assert!(parse_env_name("A=B").is_err());
+        assert!(parse_env_name("").is_err());
+        let text = Plan::new(SliverSpec { env, ..spec() }).to_string();
+        assert!(text.contains("PATH,HOME,TERM,KEEP,A"), "{text}");
+        assert!(
+            !text.contains("kept-value-42"),
+            "a value was printed: {text}"
+        );
     }
 }

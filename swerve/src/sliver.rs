@@ -24,7 +24,7 @@ use crate::cgroup::Cgroups;
 use crate::error::{Result, SwerveError};
 use crate::mounts::{self, Attrs};
 use crate::netdev;
-use crate::plan::{NetMode, Op, Phase, Plan, MASKED_PATHS, READONLY_PATHS, SLIVER_PATH};
+use crate::plan::{NetMode, Op, Phase, Plan, MASKED_PATHS, READONLY_PATHS};
 
 /// Exit code when the sliver could not be set up.
 pub const EXIT_SETUP: i32 = 125;
@@ -366,6 +366,12 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
             "mount({0}, {0}, MS_BIND|MS_REC)",
             root.display()
         ))),
+        // --rw: writes go to an upper layer, never to the certified base (overlay.rs).
+        Op::OverlayRootfs => crate::overlay::mount_rootfs(
+            root,
+            spec.overlay.as_ref().and_then(|o| o.upper.as_deref()),
+            spec.user_ns,
+        ),
         // Leave the caller's session: a command without a controlling terminal cannot push
         // input into it (TIOCSTI) and gets no signals from it but those swerve forwards.
         Op::NewSession => nix::unistd::setsid().map(drop).map_err(step("setsid()")),
@@ -705,21 +711,34 @@ fn command_op(
             Ok(())
         }
         Op::Exec => {
-            std::env::set_var("PATH", SLIVER_PATH);
+            use std::os::unix::ffi::OsStrExt;
+            let nul = |what: &str| {
+                (
+                    EXIT_CANNOT_EXEC,
+                    SwerveError::StepOther {
+                        step: "execvpe".into(),
+                        reason: format!("{what} contains NUL"),
+                    },
+                )
+            };
             let argv: Vec<CString> = spec
                 .argv
                 .iter()
                 .map(|a| CString::new(a.as_bytes()))
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|_| {
-                    (
-                        EXIT_CANNOT_EXEC,
-                        SwerveError::StepOther {
-                            step: "execvp".into(),
-                            reason: "argument contains NUL".into(),
-                        },
-                    )
-                })?;
+                .map_err(|_| nul("an argument"))?;
+            // The command's environment is spec.env and nothing else; execvpe searches the PATH
+            // of this process, so it gets the command's.
+            let mut envp = Vec::with_capacity(spec.env.len());
+            for (name, value) in &spec.env {
+                let mut kv = name.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(value.as_bytes());
+                envp.push(CString::new(kv).map_err(|_| nul(name))?);
+                if name == "PATH" {
+                    std::env::set_var("PATH", value);
+                }
+            }
             let Some(prog) = argv.first() else {
                 return Err((
                     EXIT_CANNOT_EXEC,
@@ -729,7 +748,7 @@ fn command_op(
                     },
                 ));
             };
-            let errno = match nix::unistd::execvp(prog, &argv) {
+            let errno = match nix::unistd::execvpe(prog, &argv, &envp) {
                 Err(e) => e,
                 Ok(never) => match never {},
             };
@@ -741,7 +760,7 @@ fn command_op(
             Err((
                 code,
                 SwerveError::Step {
-                    step: format!("execvp({}) in the rootfs", spec.argv[0]),
+                    step: format!("execvpe({}) in the rootfs", spec.argv[0]),
                     errno,
                 },
             ))

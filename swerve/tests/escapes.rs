@@ -1,5 +1,6 @@
-//! Escape attempts from inside a sliver, one test per reproduction of issue 16 (items 1-6), run as
-//! an attacker would: from the command, against the real `swerve` binary as root.
+//! Escape attempts from inside a sliver, one test per reproduction of issue 16 (items 1-6) and of
+//! issue 32 (items 6, 7), run as an attacker would: from the command, against the real `swerve`
+//! binary as root.
 //!
 //! Some attempts need a syscall busybox has no applet for (TIOCSTI, keyctl). For those this test
 //! binary is copied into a rootfs (with the shared libraries it has loaded) as `/probe` and run
@@ -68,11 +69,18 @@ fn probe_rootfs() -> &'static Path {
     })
 }
 
-/// Runs `/probe` for `attempt` in a sliver of base:probe; returns its output.
+/// Runs `/probe` for `attempt` in a sliver of base:probe; returns its output. The attempt and
+/// SWERVE_PROBE_KEYS (when `prepare` sets it) reach the probe through --setenv/--keep-env: the
+/// caller's environment does not.
 fn run_probe(node: &Node, attempt: &str, prepare: impl FnOnce(&mut Command)) -> Output {
+    let setenv = format!("SWERVE_PROBE={attempt}");
     let mut c = node.cmd(&[
         "cline",
         "base:probe",
+        "--setenv",
+        &setenv,
+        "--keep-env",
+        "SWERVE_PROBE_KEYS",
         "--",
         "/probe",
         "--exact",
@@ -80,7 +88,6 @@ fn run_probe(node: &Node, attempt: &str, prepare: impl FnOnce(&mut Command)) -> 
         "--nocapture",
         "--test-threads=1",
     ]);
-    c.env("SWERVE_PROBE", attempt);
     prepare(&mut c);
     run_bounded(c, Duration::from_secs(60))
 }
@@ -649,5 +656,393 @@ fn the_sliver_dies_with_swerve() {
             "sliver processes {alive:?} outlived swerve"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A private copy of the busybox rootfs with `/etc/swerve-test` reading `CERTIFIED`: the --rw
+/// tests write to their base, which must not be the one the tests beside them run.
+fn private_rootfs(tag: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("swerve-{tag}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("tempdir");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", rootfs().display()))
+        .arg(dir.path())
+        .status()
+        .expect("cp -a rootfs");
+    assert!(st.success(), "cp -a {} failed", rootfs().display());
+    std::fs::write(dir.path().join("etc/swerve-test"), "CERTIFIED\n").unwrap();
+    dir
+}
+
+/// A sliver left running: its stdout lines arrive on a channel, a line on its stdin lets it go on.
+struct Running {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Running {
+    /// Starts `c` (a `swerve cline`) with piped stdin and stdout.
+    fn start(mut c: Command) -> Running {
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn swerve");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// The next line that starts with `KEY=`, its value.
+    fn expect(&self, key: &str) -> String {
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("no {key}= from the running sliver: {e}"));
+            if let Some(v) = l.strip_prefix(&format!("{key}=")) {
+                return v.to_string();
+            }
+        }
+    }
+
+    /// Lets the sliver go on (a line on its stdin) and waits for it.
+    fn release(&mut self) -> std::process::ExitStatus {
+        use std::io::Write;
+        let mut stdin = self.child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        drop(stdin);
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the running sliver did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 32 item 6 (first half): a --rw sliver rewrote the certified rootfs under a running
+/// read-only sliver of the same base, which then read `TAMPERED-BY-A`. Now --rw writes to an
+/// overlay upper layer: the read-only sliver keeps reading the certified bytes, the base on the
+/// host is unchanged and still certifies, and the next --rw sliver starts from it afresh.
+#[test]
+fn a_rw_sliver_does_not_write_through_to_the_base() {
+    if !have_root("a_rw_sliver_does_not_write_through_to_the_base") {
+        return;
+    }
+    let dir = private_rootfs("rw");
+    let root = dir.path();
+    let node = Node::admit("rwbase", root);
+    let mut ro = Running::start(node.cmd(&[
+        "cline",
+        "base:rwbase",
+        "--",
+        "sh",
+        "-c",
+        "echo BEFORE=$(cat /etc/swerve-test); read go; echo AFTER=$(cat /etc/swerve-test); \
+         if [ -e /new-file ]; then echo NEW=seen; else echo NEW=absent; fi",
+    ]));
+    assert_eq!(ro.expect("BEFORE"), "CERTIFIED");
+
+    let out = node.swerve(&[
+        "cline",
+        "base:rwbase",
+        "--rw",
+        "--",
+        "sh",
+        "-c",
+        "echo TAMPERED-BY-A > /etc/swerve-test && echo new > /new-file && \
+         echo IN=$(cat /etc/swerve-test) && rm /bin/ls && echo RM=done",
+    ]);
+    let so = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{so}", text(&out.stderr));
+    // The --rw sliver sees its own writes.
+    assert_eq!(field(&so, "IN"), "TAMPERED-BY-A", "{so}");
+    assert_eq!(field(&so, "RM"), "done", "{so}");
+
+    assert!(ro.release().success());
+    assert_eq!(
+        ro.expect("AFTER"),
+        "CERTIFIED",
+        "the read-only sliver read what the --rw one wrote"
+    );
+    assert_eq!(ro.expect("NEW"), "absent");
+
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/swerve-test")).unwrap(),
+        "CERTIFIED\n",
+        "the --rw sliver wrote the base on the host"
+    );
+    assert!(
+        !root.join("new-file").exists(),
+        "a file appeared in the base"
+    );
+    assert!(
+        root.join("bin/ls").exists(),
+        "a file vanished from the base"
+    );
+    let certs = node.swerve(&["certs", "--verify"]);
+    assert!(
+        certs.status.success(),
+        "the base no longer certifies:\n{}{}",
+        text(&certs.stdout),
+        text(&certs.stderr)
+    );
+    // Nothing is kept: the next --rw sliver starts from the certified tree.
+    let out = node.swerve(&[
+        "cline",
+        "base:rwbase",
+        "--rw",
+        "--",
+        "sh",
+        "-c",
+        "echo AGAIN=$(cat /etc/swerve-test)",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(field(&text(&out.stdout), "AGAIN"), "CERTIFIED");
+}
+
+/// Unmounts a mount the test made on the host, even when the test fails.
+struct HostMount(PathBuf);
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Issue 32 item 6 (second half): a setuid-root file a --rw sliver made was setuid on the host.
+/// Now it never reaches the host (the upper layer is a tmpfs of the sliver's own); kept with
+/// --upper DIR, it lies on a nosuid mount (swerve refuses a DIR that is not on one).
+#[test]
+fn setuid_files_made_by_a_rw_sliver_are_not_setuid_on_the_host() {
+    if !have_root("setuid_files_made_by_a_rw_sliver_are_not_setuid_on_the_host") {
+        return;
+    }
+    let dir = private_rootfs("suid");
+    let root = dir.path();
+    let node = Node::admit("suid", root);
+    let script = "cp /bin/busybox /bin/suid-sh && chmod 4755 /bin/suid-sh && \
+                  if [ -u /bin/suid-sh ]; then echo SUID=set; else echo SUID=unset; fi";
+    let out = node.swerve(&["cline", "base:suid", "--rw", "--", "sh", "-c", script]);
+    let so = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{so}", text(&out.stderr));
+    assert_eq!(field(&so, "SUID"), "set", "{so}");
+    assert!(
+        !root.join("bin/suid-sh").exists(),
+        "the sliver's setuid file is on the host"
+    );
+    let certs = node.swerve(&["certs", "--verify"]);
+    assert!(certs.status.success(), "{}", text(&certs.stdout));
+
+    // Kept: refused where setuid would work on the host, and without --rw.
+    let keep = tempfile::Builder::new()
+        .prefix("swerve-upper-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let upper = keep.path().to_str().unwrap();
+    let out = node.swerve(&["cline", "base:suid", "--rw", "--upper", upper, "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("nosuid"),
+        "{}",
+        text(&out.stderr)
+    );
+    nix::mount::mount(
+        Some("tmpfs"),
+        keep.path(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .expect("mount a nosuid,nodev tmpfs for --upper");
+    let _mounted = HostMount(keep.path().to_path_buf());
+    let out = node.swerve(&["cline", "base:suid", "--upper", upper, "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "--upper without --rw");
+
+    let out = node.swerve(&[
+        "cline",
+        "base:suid",
+        "--rw",
+        "--upper",
+        upper,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let so = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{so}", text(&out.stderr));
+    assert_eq!(field(&so, "SUID"), "set", "{so}");
+    let kept = keep.path().join("upper/bin/suid-sh");
+    let meta = std::fs::metadata(&kept).expect("the kept upper holds the sliver's file");
+    use std::os::unix::fs::PermissionsExt;
+    assert_ne!(meta.permissions().mode() & 0o4000, 0, "{}", kept.display());
+    let st = nix::sys::statvfs::statvfs(&kept).unwrap();
+    assert!(
+        st.flags().contains(nix::sys::statvfs::FsFlags::ST_NOSUID),
+        "the kept setuid file is on a mount where setuid works"
+    );
+    assert!(!root.join("bin/suid-sh").exists());
+    // The next sliver with the same --upper starts from what the last one left.
+    let out = node.swerve(&[
+        "cline",
+        "base:suid",
+        "--rw",
+        "--upper",
+        upper,
+        "--",
+        "sh",
+        "-c",
+        "[ -e /bin/suid-sh ] && echo KEPT=yes",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(field(&text(&out.stdout), "KEPT"), "yes");
+    let certs = node.swerve(&["certs", "--verify"]);
+    assert!(certs.status.success(), "{}", text(&certs.stdout));
+}
+
+/// Issue 32 item 6, on a kernel without overlayfs (SWERVE_NO_OVERLAY=1 answers as one would):
+/// --rw writes the base in place, so it is refused while another sliver of the base runs, says
+/// so when it runs alone, and the base then no longer certifies.
+#[test]
+fn without_overlayfs_rw_writes_in_place_only_when_alone() {
+    if !have_root("without_overlayfs_rw_writes_in_place_only_when_alone") {
+        return;
+    }
+    let dir = private_rootfs("inplace");
+    let root = dir.path();
+    let node = Node::admit("inplace", root);
+    let mut ro = Running::start(node.cmd(&[
+        "cline",
+        "base:inplace",
+        "--",
+        "sh",
+        "-c",
+        "echo UP=1; read go; echo AFTER=$(cat /etc/swerve-test)",
+    ]));
+    assert_eq!(ro.expect("UP"), "1");
+    let in_place = |script: &str| {
+        let mut c = node.cmd(&["cline", "base:inplace", "--rw", "--", "sh", "-c", script]);
+        c.env("SWERVE_NO_OVERLAY", "1");
+        run_bounded(c, Duration::from_secs(60))
+    };
+    let out = in_place("echo TAMPERED > /etc/swerve-test; echo RAN=1");
+    let se = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{se}\n{}", text(&out.stdout));
+    assert!(se.contains("base:inplace is in use"), "{se}");
+    assert!(!text(&out.stdout).contains("RAN"));
+    // With overlayfs, --rw shares the base with the running sliver.
+    let out = node.swerve(&["cline", "base:inplace", "--rw", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(ro.release().success());
+    assert_eq!(ro.expect("AFTER"), "CERTIFIED");
+
+    let out = in_place("echo TAMPERED > /etc/swerve-test; echo RAN=1");
+    let se = text(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    assert!(se.contains("warning") && se.contains("in place"), "{se}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/swerve-test")).unwrap(),
+        "TAMPERED\n"
+    );
+    let out = node.swerve(&["cline", "base:inplace", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("/etc/swerve-test"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Issue 32 item 7: the caller's whole environment (secrets included) reached the command. Now
+/// the command gets PATH, HOME, the caller's TERM, and what --keep-env and --setenv name.
+#[test]
+fn the_callers_environment_does_not_reach_the_command() {
+    if !have_root("the_callers_environment_does_not_reach_the_command") {
+        return;
+    }
+    let node = Node::admit("scratch", rootfs());
+    let env_of = |extra: &[&str]| {
+        let mut args = vec!["cline", "base:scratch"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "env"]);
+        let mut c = node.cmd(&args);
+        c.env("SWERVE_TEST_SECRET", "hunter2")
+            .env("AWS_SECRET_ACCESS_KEY", "hunter3")
+            .env("TERM", "xterm-swerve")
+            .env("SWERVE_TEST_KEEP", "kept value")
+            .env_remove("SWERVE_TEST_UNSET");
+        let out = run_bounded(c, Duration::from_secs(60));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let mut lines: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+        lines.sort();
+        lines
+    };
+    let got = env_of(&[]);
+    let mut want = vec![
+        "HOME=/root".to_string(),
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        "TERM=xterm-swerve".into(),
+    ];
+    want.sort();
+    assert_eq!(got, want, "the command's environment");
+
+    let got = env_of(&[
+        "--keep-env",
+        "SWERVE_TEST_KEEP",
+        "--keep-env",
+        "SWERVE_TEST_UNSET",
+        "--setenv",
+        "SWERVE_TEST_SET=a=b",
+        "--setenv",
+        "HOME=/tmp",
+    ]);
+    let mut want = vec![
+        "HOME=/tmp".to_string(),
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        "SWERVE_TEST_KEEP=kept value".into(),
+        "SWERVE_TEST_SET=a=b".into(),
+        "TERM=xterm-swerve".into(),
+    ];
+    want.sort();
+    assert_eq!(got, want, "--keep-env and --setenv");
+    // PATH set by the caller is the one the command is looked up in.
+    let out = node.swerve(&[
+        "cline",
+        "base:scratch",
+        "--setenv",
+        "PATH=/nowhere",
+        "--",
+        "env",
+    ]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    for bad in ["NOVALUE", "=x"] {
+        let out = node.swerve(&["cline", "base:scratch", "--setenv", bad, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2), "--setenv {bad}");
     }
 }
