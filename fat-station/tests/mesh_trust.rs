@@ -317,6 +317,108 @@ fn an_entry_refuses_a_grant_minted_for_another_model() {
     assert_eq!(chain_with_grant(&st.url, &for_served).0, 403);
 }
 
+/// Writes an entry shard of `src` (tokenizer, embedding, layers `0..n`) as `shard-knot split`
+/// does: a shard record naming the parent's model hash.
+fn entry_shard(src: &Path, dst: &Path, n: u32) {
+    use knot_format::{Knot, KnotWriter, LayerRange, Role, ShardRecord};
+    let k = Knot::open(src).expect("open model");
+    let h = k.header().clone();
+    let mut w = KnotWriter::new(h.model_id.clone(), h.arch.clone());
+    if let Some(t) = k.tokenizer().expect("tokenizer") {
+        w.tokenizer(t);
+    }
+    w.shard(ShardRecord {
+        role: Role::Entry,
+        layers: LayerRange::new(0, n),
+        parent_hash: k.model_hash().to_string(),
+        parent_layers: h.arch.n_layers,
+    });
+    for t in k.tensors() {
+        let keep = match t.layer() {
+            Some(l) => l < n,
+            None => t.entry.name == "token_embd.weight",
+        };
+        if keep {
+            w.add_tensor(&t.entry.name, t.entry.dtype, t.entry.shape.clone(), t.bytes)
+                .expect("add tensor");
+        }
+    }
+    w.write(dst, &mut |_| {}).expect("write shard");
+}
+
+/// Issue 32.4 for a mesh: an entry shard cannot be probed alone, so its grants name the whole
+/// model. Under `--require-grant` it will not start without `--grant-model-hash` (it would
+/// otherwise bind to a hash no grant carries); with the whole model's file hash it admits that
+/// model's grant and refuses another's.
+#[test]
+fn an_entry_shard_binds_grants_to_the_model_it_was_cut_from() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shard = dir.path().join("entry.knot");
+    entry_shard(&path, &shard, 4);
+    let key = SigningKey::from_bytes(&[0x25; 32]);
+    let issuer = hex(key.verifying_key().as_bytes());
+    let mut child = Command::new(station_bin())
+        .args([
+            "--knot",
+            shard.to_str().expect("utf-8"),
+            "--require-grant",
+            &issuer,
+        ])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn station");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("an entry shard under --require-grant started without --grant-model-hash");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("--grant-model-hash"), "{err}");
+
+    let whole = aeon_grant::model_file_hash(&path).expect("hash");
+    let far = grant_now() + 3600;
+    let st = start(&[
+        "--knot",
+        shard.to_str().expect("utf-8"),
+        "--require-grant",
+        &issuer,
+        "--grant-model-hash",
+        &whole,
+    ]);
+    let (s, b) = chain_with_grant(&st.url, &mint(&key, "other", far, None, &"cd".repeat(32)));
+    let e = error_of(&b);
+    assert_eq!(
+        (s, e.error.as_str()),
+        (403, "grant_refused"),
+        "{}",
+        e.message
+    );
+    // The whole model's grant passes the entry's check: what stops it is the mesh's business
+    // (this shard has no successor).
+    let (s, b) = chain_with_grant(&st.url, &mint(&key, "smol", far, None, &whole));
+    let e = error_of(&b);
+    assert_eq!(
+        (s, e.error.as_str()),
+        (409, "no_successor"),
+        "{}",
+        e.message
+    );
+}
+
 fn grant_now() -> u64 {
     fat_station::mesh::grant::now_s()
 }
