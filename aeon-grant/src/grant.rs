@@ -359,6 +359,16 @@ pub fn attenuate(
     Ok(SignedGrant::sign(child, key, Some(parent.clone())))
 }
 
+/// The model binding of a grant: BLAKE3 of the whole model file, streamed, lowercase hex. What
+/// `monster-guard delegate` writes into `model_hash`, what `run` re-hashes, and what a station
+/// under `--require-grant` compares with the file it serves: one definition for all three.
+pub fn model_file_hash(path: &std::path::Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = blake3::Hasher::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(h.finalize().to_hex().to_string())
+}
+
 /// First 12 hex digits, for messages.
 pub fn short(id: &str) -> &str {
     id.get(..12).unwrap_or(id)

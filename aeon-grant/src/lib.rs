@@ -31,7 +31,8 @@ pub mod verifier;
 pub use caps::{Caps, CAPS};
 pub use error::GrantError;
 pub use grant::{
-    attenuate, check_name, human_secs, short, GrantPayload, ProbeSummary, SignedGrant, GRANT_DOMAIN,
+    attenuate, check_name, human_secs, model_file_hash, short, GrantPayload, ProbeSummary,
+    SignedGrant, GRANT_DOMAIN,
 };
 pub use revocation::{
     load_list, Revocation, RevocationList, WatchedList, Watermark, REVOCATION_DOMAIN,

@@ -1,16 +1,17 @@
 //! Verification against one trusted issuer, as the mesh entry does it (`fat-station
 //! --require-grant`): the same parser and chain check as `monster-guard verify`
 //! ([`SignedGrant::from_bytes`], [`SignedGrant::verify`]), plus an optional watched
-//! revocation list with its watermark.
+//! revocation list with its watermark, and the model binding: a grant admits the one model
+//! it was minted for ([`GrantVerifier::for_model`]), not whatever the checker happens to serve.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use ed25519_dalek::VerifyingKey;
 
-use crate::encoding::{parse_public, unhex};
+use crate::encoding::{parse_public, unhex, unhex_array};
 use crate::error::GrantError;
-use crate::grant::SignedGrant;
+use crate::grant::{short, SignedGrant};
 use crate::revocation::{RevocationList, WatchedList, Watermark};
 
 /// What a verified grant says.
@@ -19,6 +20,8 @@ pub struct Verified {
     pub name: String,
     pub caps: Vec<String>,
     pub expires: u64,
+    /// The model it was minted for: BLAKE3 (hex) of the whole model file.
+    pub model_hash: String,
 }
 
 /// Verifies grants signed by one issuer.
@@ -27,6 +30,8 @@ pub struct GrantVerifier {
     issuer: VerifyingKey,
     /// The issuer's revocation list, when one is watched.
     revocations: Option<Arc<WatchedList>>,
+    /// The model grants must be minted for ([`crate::model_file_hash`] of it), when bound.
+    model: Option<String>,
 }
 
 impl GrantVerifier {
@@ -35,6 +40,7 @@ impl GrantVerifier {
         GrantVerifier {
             issuer,
             revocations: None,
+            model: None,
         }
     }
 
@@ -72,6 +78,25 @@ impl GrantVerifier {
         Ok(self)
     }
 
+    /// Also refuses grants minted for any other model than the one whose [`crate::model_file_hash`]
+    /// is `model_hash` (what `monster-guard delegate` writes into `model_hash` for that file).
+    /// Without it a grant for a tiny model would open a station serving a large one.
+    pub fn for_model(mut self, model_hash: &str) -> Result<GrantVerifier, GrantError> {
+        let h = model_hash.trim();
+        if unhex_array::<32>(h).is_none() {
+            return Err(GrantError::Invalid(format!(
+                "model hash {h:?} is not 64 lowercase hex characters (a BLAKE3)"
+            )));
+        }
+        self.model = Some(h.to_string());
+        Ok(self)
+    }
+
+    /// The model hash grants are bound to, when bound.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
     /// Whether a revocation list is watched.
     pub fn checks_revocations(&self) -> bool {
         self.revocations.is_some()
@@ -85,10 +110,26 @@ impl GrantVerifier {
             None => Arc::new(RevocationList::default()),
         };
         g.verify(&self.issuer, now, &list)?;
+        // Every link names the same model (the chain check above), so the leaf's is the chain's.
+        if let Some(m) = &self.model {
+            if &g.grant.model_hash != m {
+                return Err(GrantError::Refused {
+                    name: g.grant.name.clone(),
+                    why: format!(
+                        "minted for another model (blake3 {}, {}), not the one served here \
+                         (blake3 {})",
+                        short(&g.grant.model_hash),
+                        g.grant.model_path,
+                        short(m)
+                    ),
+                });
+            }
+        }
         Ok(Verified {
             name: g.grant.name.clone(),
             caps: g.grant.caps.clone(),
             expires: g.grant.expires,
+            model_hash: g.grant.model_hash.clone(),
         })
     }
 
@@ -160,6 +201,50 @@ mod tests {
             Err(GrantError::Malformed(_))
         ));
         assert!(GrantVerifier::from_arg("/nonexistent/issuer.pub").is_err());
+    }
+
+    /// Issue 32.4: a verifier bound to a model refuses a grant minted for another one, an
+    /// attenuated child included, and accepts the grant for its own model.
+    #[test]
+    fn a_bound_verifier_refuses_grants_for_another_model() {
+        let key = SigningKey::from_bytes(&[5u8; 32]);
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a.knot"), d.path().join("b.knot"));
+        std::fs::write(&a, b"tiny model A").unwrap();
+        std::fs::write(&b, b"the model B this station serves").unwrap();
+        let hash_b = crate::model_file_hash(&b).unwrap();
+        assert_eq!(
+            hash_b,
+            blake3::hash(b"the model B this station serves")
+                .to_hex()
+                .to_string()
+        );
+        let for_file = |path: &Path| {
+            let mut g = mint(&key, "m", 2000);
+            g.grant.model_path = path.display().to_string();
+            g.grant.model_hash = crate::model_file_hash(path).unwrap();
+            SignedGrant::sign(g.grant, &key, None)
+        };
+        let v = GrantVerifier::new(key.verifying_key())
+            .for_model(&hash_b)
+            .unwrap();
+        assert_eq!(v.model(), Some(hash_b.as_str()));
+        let ok = v.verify(&for_file(&b).to_bytes(), 1500).unwrap();
+        assert_eq!(ok.model_hash, hash_b);
+        let ga = for_file(&a);
+        let e = v.verify(&ga.to_bytes(), 1500).unwrap_err();
+        assert!(matches!(e, GrantError::Refused { .. }), "{e}");
+        assert!(e.to_string().contains("minted for another model"), "{e}");
+        let none = RevocationList::default();
+        let child = attenuate(&ga, None, Some(100), &key, 1500, &none).unwrap();
+        assert!(v.verify(&child.to_bytes(), 1500).is_err());
+        // Unbound, the same grant passes: the binding is what refuses it.
+        assert!(GrantVerifier::new(key.verifying_key())
+            .verify(&ga.to_bytes(), 1500)
+            .is_ok());
+        assert!(GrantVerifier::new(key.verifying_key())
+            .for_model("AB")
+            .is_err());
     }
 
     #[test]

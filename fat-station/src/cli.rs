@@ -15,7 +15,7 @@ use crate::station::weight_memory::PackWeights;
 use crate::station::{self, ConnLimits, Limits, Station};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use knot_format::{Knot, LayerRange};
+use knot_format::{Knot, LayerRange, Role};
 
 /// Serve a KNOT model over HTTP: /embed, /forward (X-Layer-Range: a-b), /lm-head,
 /// /tokenize, /detokenize, /health. See specs/station-wire.md.
@@ -56,6 +56,13 @@ pub struct Args {
     /// only while none was ever seen.
     #[arg(long, value_name = "FILE", requires = "require_grant")]
     revocations: Option<std::path::PathBuf>,
+    /// The model grants must be minted for: the BLAKE3 of the whole model file monster-guard
+    /// delegated (the grant's `model_hash`; `b3sum MODEL.knot`). Default: that of the served
+    /// file (--knot), which is what `monster-guard delegate --knot FILE` mints. An entry shard
+    /// needs it (a shard cannot be probed, so grants name the model it was cut from); a grant
+    /// for any other model is refused with 403 `grant_refused`.
+    #[arg(long, value_name = "BLAKE3", requires = "require_grant")]
+    grant_model_hash: Option<String>,
     /// Where the station keeps state that must outlive it: the highest revocation-list
     /// sequence seen per issuer (`revocation-seq/ISSUER`). Default: $AEON_STATE_DIR, else
     /// $XDG_STATE_HOME/aeon-shell/fat-station, else ~/.local/state/aeon-shell/fat-station.
@@ -220,6 +227,25 @@ fn holdings(args: &Args, n_layers: u32) -> Result<Option<Holdings>> {
     })
 }
 
+/// The model hash grants are bound to (issue 32.4: a grant for a tiny model opened a large
+/// model's station): `--grant-model-hash`, else the served file's own, as monster-guard hashes
+/// it for a grant. An entry shard has no grant of its own (it cannot pass a probe alone), so
+/// it must be told which whole model its grants name.
+fn grant_model(flag: Option<&str>, knot: &Knot, path: &std::path::Path) -> Result<String> {
+    if let Some(h) = flag {
+        return Ok(h.to_string());
+    }
+    if knot.shard().is_some_and(|s| s.role == Role::Entry) {
+        bail!(
+            "{} is an entry shard: with --require-grant give --grant-model-hash, the BLAKE3 of \
+             the whole model file its grants were minted for (their model_hash)",
+            path.display()
+        );
+    }
+    aeon_grant::model_file_hash(path)
+        .with_context(|| format!("hashing {} for --require-grant", path.display()))
+}
+
 pub fn run(args: Args) -> Result<()> {
     let t0 = Instant::now();
     if let Some(n) = args.threads {
@@ -259,7 +285,11 @@ pub fn run(args: Args) -> Result<()> {
     };
     let grant = match &args.require_grant {
         Some(g) => {
-            let v = GrantVerifier::from_arg(g)?;
+            let v = GrantVerifier::from_arg(g)?.for_model(&grant_model(
+                args.grant_model_hash.as_deref(),
+                &knot,
+                &knot_path,
+            )?)?;
             match &args.revocations {
                 Some(p) => Some(v.with_revocations(p, &state_dir(args.state_dir.as_deref())?)?),
                 None => Some(v),

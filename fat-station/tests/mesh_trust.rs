@@ -55,8 +55,9 @@ const PROMPT: [u32; 5] = [785, 6722, 315, 9625, 374];
 // ---------------------------------------------------------------------------------------
 // Revocation.
 
-/// A grant file in monster-guard's canonical encoding (`specs/qspec.md`, "Grant encoding").
-fn mint(key: &SigningKey, name: &str, expires: u64, parent: Option<&str>) -> String {
+/// A grant file in monster-guard's canonical encoding (`specs/qspec.md`, "Grant encoding")
+/// for the model whose file BLAKE3 is `model`.
+fn mint(key: &SigningKey, name: &str, expires: u64, parent: Option<&str>, model: &str) -> String {
     let issuer = hex(key.verifying_key().as_bytes());
     let h = "ab".repeat(32);
     let parent_id = match parent {
@@ -64,7 +65,7 @@ fn mint(key: &SigningKey, name: &str, expires: u64, parent: Option<&str>) -> Str
         None => "null".into(),
     };
     let payload = format!(
-        r#"{{"v":1,"name":"{name}","caps":["net"],"issued":1000,"expires":{expires},"issuer":"{issuer}","model_path":"/m.knot","model_hash":"{h}","qspec_hash":"{h}","probes":[],"parent":{parent_id}}}"#
+        r#"{{"v":1,"name":"{name}","caps":["net"],"issued":1000,"expires":{expires},"issuer":"{issuer}","model_path":"/m.knot","model_hash":"{model}","qspec_hash":"{h}","probes":[],"parent":{parent_id}}}"#
     );
     let mut msg = GRANT_DOMAIN.to_vec();
     msg.extend_from_slice(payload.as_bytes());
@@ -160,9 +161,10 @@ fn a_running_entry_refuses_a_grant_once_it_is_revoked() {
     let list = home.join("revoked.json");
     let issuer = hex(key.verifying_key().as_bytes());
     let far = grant_now() + 3600;
-    let parent = mint(&key, "qwen", far, None);
-    let child = mint(&key, "qwen", far - 60, Some(&parent));
-    let other = mint(&key, "other", far, None);
+    let served = aeon_grant::model_file_hash(&path).expect("hash the model");
+    let parent = mint(&key, "qwen", far, None, &served);
+    let child = mint(&key, "qwen", far - 60, Some(&parent), &served);
+    let other = mint(&key, "other", far, None, &served);
 
     let st = start(&[
         "--knot",
@@ -252,6 +254,169 @@ fn a_running_entry_refuses_a_grant_once_it_is_revoked() {
     std::fs::rename(&tmp, &list).expect("rename");
     let (s, _) = chain_with_grant(&st.url, &other);
     assert_eq!(s, 200);
+}
+
+/// Issue 32.4: a station under `--require-grant` accepted a grant minted for a different
+/// model (a tiny one opened the Qwen station's `/chain`). Now the grant's `model_hash` must be
+/// the BLAKE3 of the file the station serves (what `monster-guard delegate --knot FILE`
+/// mints): a grant for another model, or an attenuated child of one, is refused with 403
+/// `grant_refused` before any compute; the grant for the served model is accepted.
+#[test]
+fn an_entry_refuses_a_grant_minted_for_another_model() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = SigningKey::from_bytes(&[0x24; 32]);
+    let tiny = dir.path().join("tiny.knot");
+    std::fs::write(&tiny, b"a tiny model that passed its own qspec").expect("tiny");
+    let far = grant_now() + 3600;
+    let for_tiny = mint(
+        &key,
+        "tiny",
+        far,
+        None,
+        &aeon_grant::model_file_hash(&tiny).expect("hash"),
+    );
+    let child_of_tiny = mint(&key, "tiny", far - 60, Some(&for_tiny), &{
+        aeon_grant::model_file_hash(&tiny).expect("hash")
+    });
+    let served = aeon_grant::model_file_hash(&path).expect("hash the model");
+    let for_served = mint(&key, "smol", far, None, &served);
+    let st = start(&[
+        "--knot",
+        path.to_str().expect("utf-8"),
+        "--require-grant",
+        &hex(key.verifying_key().as_bytes()),
+    ]);
+    for g in [&for_tiny, &child_of_tiny] {
+        let (s, b) = chain_with_grant(&st.url, g);
+        let e = error_of(&b);
+        assert_eq!(
+            (s, e.error.as_str()),
+            (403, "grant_refused"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("minted for another model"),
+            "{}",
+            e.message
+        );
+    }
+    let (s, b) = chain_with_grant(&st.url, &for_served);
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    // The operator may name the model instead (an entry shard must): then only that one.
+    let st = start(&[
+        "--knot",
+        path.to_str().expect("utf-8"),
+        "--require-grant",
+        &hex(key.verifying_key().as_bytes()),
+        "--grant-model-hash",
+        &aeon_grant::model_file_hash(&tiny).expect("hash"),
+    ]);
+    assert_eq!(chain_with_grant(&st.url, &for_tiny).0, 200);
+    assert_eq!(chain_with_grant(&st.url, &for_served).0, 403);
+}
+
+/// Writes an entry shard of `src` (tokenizer, embedding, layers `0..n`) as `shard-knot split`
+/// does: a shard record naming the parent's model hash.
+fn entry_shard(src: &Path, dst: &Path, n: u32) {
+    use knot_format::{Knot, KnotWriter, LayerRange, Role, ShardRecord};
+    let k = Knot::open(src).expect("open model");
+    let h = k.header().clone();
+    let mut w = KnotWriter::new(h.model_id.clone(), h.arch.clone());
+    if let Some(t) = k.tokenizer().expect("tokenizer") {
+        w.tokenizer(t);
+    }
+    w.shard(ShardRecord {
+        role: Role::Entry,
+        layers: LayerRange::new(0, n),
+        parent_hash: k.model_hash().to_string(),
+        parent_layers: h.arch.n_layers,
+    });
+    for t in k.tensors() {
+        let keep = match t.layer() {
+            Some(l) => l < n,
+            None => t.entry.name == "token_embd.weight",
+        };
+        if keep {
+            w.add_tensor(&t.entry.name, t.entry.dtype, t.entry.shape.clone(), t.bytes)
+                .expect("add tensor");
+        }
+    }
+    w.write(dst, &mut |_| {}).expect("write shard");
+}
+
+/// Issue 32.4 for a mesh: an entry shard cannot be probed alone, so its grants name the whole
+/// model. Under `--require-grant` it will not start without `--grant-model-hash` (it would
+/// otherwise bind to a hash no grant carries); with the whole model's file hash it admits that
+/// model's grant and refuses another's.
+#[test]
+fn an_entry_shard_binds_grants_to_the_model_it_was_cut_from() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shard = dir.path().join("entry.knot");
+    entry_shard(&path, &shard, 4);
+    let key = SigningKey::from_bytes(&[0x25; 32]);
+    let issuer = hex(key.verifying_key().as_bytes());
+    let mut child = Command::new(station_bin())
+        .args([
+            "--knot",
+            shard.to_str().expect("utf-8"),
+            "--require-grant",
+            &issuer,
+        ])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn station");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("an entry shard under --require-grant started without --grant-model-hash");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("--grant-model-hash"), "{err}");
+
+    let whole = aeon_grant::model_file_hash(&path).expect("hash");
+    let far = grant_now() + 3600;
+    let st = start(&[
+        "--knot",
+        shard.to_str().expect("utf-8"),
+        "--require-grant",
+        &issuer,
+        "--grant-model-hash",
+        &whole,
+    ]);
+    let (s, b) = chain_with_grant(&st.url, &mint(&key, "other", far, None, &"cd".repeat(32)));
+    let e = error_of(&b);
+    assert_eq!(
+        (s, e.error.as_str()),
+        (403, "grant_refused"),
+        "{}",
+        e.message
+    );
+    // The whole model's grant passes the entry's check: what stops it is the mesh's business
+    // (this shard has no successor).
+    let (s, b) = chain_with_grant(&st.url, &mint(&key, "smol", far, None, &whole));
+    let e = error_of(&b);
+    assert_eq!(
+        (s, e.error.as_str()),
+        (409, "no_successor"),
+        "{}",
+        e.message
+    );
 }
 
 fn grant_now() -> u64 {

@@ -63,7 +63,9 @@ enum Cmd {
         /// Probe this model file instead of the spec's `knot`.
         #[arg(long)]
         knot: Option<PathBuf>,
-        /// The paris-probe binary (default: spec's `probe`, $PARIS_PROBE, beside monster-guard, PATH).
+        /// The probe program, trusted as given (default: $PARIS_PROBE, else the qspec's `probe`
+        /// name, default `paris-probe`, found in $MONSTER_GUARD_HOME/probes/ or beside
+        /// monster-guard; a qspec never supplies a program of its own).
         #[arg(long)]
         probe: Option<PathBuf>,
     },

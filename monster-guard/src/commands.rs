@@ -44,7 +44,7 @@ pub struct DelegateArgs<'a> {
     pub qspec: &'a Path,
     /// Use this model file instead of the spec's `knot`.
     pub knot: Option<&'a Path>,
-    /// Use this probe binary.
+    /// Use this probe binary (the administrator's choice: trusted as given).
     pub probe: Option<&'a Path>,
 }
 
@@ -64,8 +64,12 @@ pub fn delegate(home: &Home, a: &DelegateArgs<'_>, out: &mut dyn Write) -> Resul
         None => spec.knot.clone(),
     };
     let knot = std::fs::canonicalize(&knot).map_err(|e| GuardError::io("open model", &knot, e))?;
-    let probe = qspec::resolve_probe(a.probe, &spec)?;
+    // The judge comes from the administrator, never from the spec (issue 32.1), and is
+    // chosen before anything runs.
+    let probe = qspec::resolve_probe(a.probe, &spec, &home.probes_dir())?;
     let before = fsutil::hash_file(&knot)?;
+    // What the probe must say it judged: the file's KNOT model hash.
+    let judged = qspec::knot_model_hash(&knot)?;
     w(
         out,
         format!("model {} blake3 {}", knot.display(), short(&before)),
@@ -73,16 +77,18 @@ pub fn delegate(home: &Home, a: &DelegateArgs<'_>, out: &mut dyn Write) -> Resul
     w(
         out,
         format!(
-            "running {} probe(s) from {} with {}",
+            "running {} probe(s) from {} with {} ({})",
             spec.probes.len(),
             spec.path.display(),
-            probe.display()
+            probe.path.display(),
+            probe.origin
         ),
     );
     let mut results = Vec::new();
     for (name, p) in &spec.probes {
         let args = qspec::probe_args(&knot, &spec.spec, p);
-        let output = qspec::run_probe(&probe, &args, name, spec.timeout())?;
+        let output = qspec::run_probe(&probe.path, &args, name, spec.timeout())?;
+        qspec::check_judged_model(name, &output, &judged)?;
         let s = qspec::judge(name, p, &output)?;
         w(out, format!("  {}", s.line()));
         results.push(s);

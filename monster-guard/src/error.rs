@@ -41,6 +41,9 @@ pub enum GuardError {
     /// The qspec itself is unusable (not a quality verdict).
     #[error("qspec {path}: {reason}")]
     Spec { path: PathBuf, reason: String },
+    /// The model file cannot be judged (e.g. it is not a KNOT).
+    #[error("model {path}: {reason}")]
+    Model { path: PathBuf, reason: String },
     /// The probe could not be run or misbehaved (not a quality verdict).
     #[error("probe {probe}: {reason}")]
     Probe { probe: String, reason: String },

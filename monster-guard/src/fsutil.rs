@@ -10,7 +10,8 @@ use crate::error::{GuardError, Result};
 /// Where monster-guard keeps its state: `$MONSTER_GUARD_HOME`, else `~/.monster-guard`.
 ///
 /// Layout: `node.key` (ed25519 secret, hex, 0600), `node.pub` (public key, hex),
-/// `grants/NAME.json` (0600), `revoked.json` (signed revocation list, 0600). Directories 0700.
+/// `grants/NAME.json` (0600), `revoked.json` (signed revocation list, 0600), `probes/` (the
+/// probes a qspec may name, put there by the administrator). Directories 0700.
 #[derive(Clone, Debug)]
 pub struct Home {
     /// The state directory.
@@ -50,6 +51,10 @@ impl Home {
     /// The stored grant of `name`.
     pub fn grant_path(&self, name: &str) -> PathBuf {
         self.grants_dir().join(format!("{name}.json"))
+    }
+    /// The probes allowlist: programs the administrator put here may judge models by name.
+    pub fn probes_dir(&self) -> PathBuf {
+        self.dir.join("probes")
     }
     /// The signed revocation list.
     pub fn revoked_path(&self) -> PathBuf {
@@ -124,12 +129,10 @@ pub fn check_private(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// BLAKE3 of a whole file, streamed (lowercase hex).
+/// BLAKE3 of a whole file, streamed (lowercase hex): the grant's model binding, defined once
+/// in [`aeon_grant::model_file_hash`] so the station compares the same thing.
 pub fn hash_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).map_err(|e| GuardError::io("open", path, e))?;
-    let mut h = blake3::Hasher::new();
-    std::io::copy(&mut f, &mut h).map_err(|e| GuardError::io("read", path, e))?;
-    Ok(h.finalize().to_hex().to_string())
+    aeon_grant::model_file_hash(path).map_err(|e| GuardError::io("hash", path, e))
 }
 
 /// Seconds since the Unix epoch.

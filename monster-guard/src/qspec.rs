@@ -70,7 +70,8 @@ pub struct QSpec {
     /// Free text for people.
     #[serde(default)]
     pub description: Option<String>,
-    /// Path of `paris-probe` (relative to the spec's directory).
+    /// Name of the probe (e.g. `paris-probe`): looked up in the trusted places only
+    /// ([`resolve_probe`]), never run from where the spec is.
     #[serde(default)]
     pub probe: Option<String>,
     /// The model file (KNOT). `${AEON_MODELS_DIR}` (default `~/.cache/aeon-shell/models`),
@@ -287,43 +288,265 @@ pub fn expand_path_with(
     Ok(if p.is_absolute() { p } else { base.join(p) })
 }
 
-/// Finds `paris-probe`: `explicit` (a flag), else the spec's `probe` (relative to the spec),
-/// else `$PARIS_PROBE`, else `paris-probe` beside the running executable, else on `PATH`.
-pub fn resolve_probe(explicit: Option<&Path>, spec: &LoadedSpec) -> Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
+/// Names a qspec's `probe` may give for the probe installed beside the `monster-guard`
+/// executable (`paris-probe-rknot` is the seed report's name for the same program).
+pub const PROBES_BESIDE_GUARD: &[&str] = &["paris-probe", "paris-probe-rknot"];
+/// The probe used when neither the command line nor the qspec names one.
+pub const DEFAULT_PROBE: &str = "paris-probe";
+
+/// Who chose the probe that judges a model. Only the administrator chooses: a qspec travels
+/// with a model, so its `probe` field is a name looked up in the trusted places, never a
+/// program of its own (issue 32.1: `"probe": "fakeprobe.sh"` ran as root and passed garbage).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOrigin {
+    /// `delegate --probe PATH`.
+    CommandLine,
+    /// `$PARIS_PROBE`, the caller's environment (as the foothold scripts set it).
+    Environment,
+    /// `$MONSTER_GUARD_HOME/probes/NAME`, the guard's own allowlist.
+    Allowlist,
+    /// `paris-probe` (or `paris-probe-rknot`) in the directory of the running `monster-guard`.
+    BesideGuard,
+}
+
+impl std::fmt::Display for ProbeOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProbeOrigin::CommandLine => "--probe",
+            ProbeOrigin::Environment => "$PARIS_PROBE",
+            ProbeOrigin::Allowlist => "the guard's probes/ allowlist",
+            ProbeOrigin::BesideGuard => "beside monster-guard",
+        })
     }
-    if let Some(p) = &spec.spec.probe {
-        return expand_path(p, spec.dir()).map_err(|reason| GuardError::Spec {
-            path: spec.path.clone(),
-            reason,
+}
+
+/// A probe from a trusted place.
+#[derive(Clone, Debug)]
+pub struct TrustedProbe {
+    /// The program to run.
+    pub path: PathBuf,
+    /// Why it is trusted.
+    pub origin: ProbeOrigin,
+}
+
+/// Finds the probe: `explicit` (`--probe`), else `$PARIS_PROBE`, else the qspec's `probe` name
+/// (default [`DEFAULT_PROBE`]) looked up in `probes_dir` (the guard's allowlist), then beside
+/// the running executable (only the names in [`PROBES_BESIDE_GUARD`]). A trusted file and its
+/// directory are owned by root or by us and writable by no one else. A qspec field that is a
+/// path is accepted only when it is one of those same files; anything else is refused before
+/// any probe runs.
+pub fn resolve_probe(
+    explicit: Option<&Path>,
+    spec: &LoadedSpec,
+    probes_dir: &Path,
+) -> Result<TrustedProbe> {
+    if let Some(p) = explicit {
+        return Ok(TrustedProbe {
+            path: p.to_path_buf(),
+            origin: ProbeOrigin::CommandLine,
         });
     }
     if let Some(p) = std::env::var_os("PARIS_PROBE").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
+        return Ok(TrustedProbe {
+            path: PathBuf::from(p),
+            origin: ProbeOrigin::Environment,
+        });
     }
-    if let Some(dir) = std::env::current_exe()
+    let beside = std::env::current_exe()
         .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf))
-    {
-        let p = dir.join("paris-probe");
-        if p.is_file() {
-            return Ok(p);
+        .and_then(|e| e.parent().map(Path::to_path_buf));
+    resolve_named(spec, probes_dir, beside.as_deref())
+}
+
+/// The qspec's probe name (or the default) in the allowlist, then beside `guard_dir`.
+fn resolve_named(
+    spec: &LoadedSpec,
+    probes_dir: &Path,
+    guard_dir: Option<&Path>,
+) -> Result<TrustedProbe> {
+    let refuse = |reason: String| GuardError::Spec {
+        path: spec.path.clone(),
+        reason,
+    };
+    let field = spec.spec.probe.as_deref();
+    let raw = field.unwrap_or(DEFAULT_PROBE);
+    // A path is only a long way of naming a trusted file: its last component is the name, and
+    // the path must lead to the file found under that name. Relative paths would be relative
+    // to wherever the qspec came from: refused.
+    let (name, as_path) = if raw.contains('/') {
+        if !raw.starts_with('/') {
+            return Err(refuse(format!(
+                "probe {raw:?} is not a trusted probe: a qspec names its probe (e.g. \
+                 \"paris-probe\"), it never supplies a path relative to itself; nothing was \
+                 run or minted"
+            )));
+        }
+        let name = Path::new(raw)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        (name, Some(Path::new(raw)))
+    } else {
+        (raw, None)
+    };
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(refuse(format!("probe {raw:?} is not a program name")));
+    }
+    let mut places = vec![probes_dir.join(name)];
+    let mut tried = vec![format!("{}/", probes_dir.display())];
+    if let Some(dir) = guard_dir {
+        tried.push(format!(
+            "{} beside monster-guard in {}",
+            PROBES_BESIDE_GUARD.join(" or "),
+            dir.display()
+        ));
+        if PROBES_BESIDE_GUARD.contains(&name) {
+            places.push(dir.join(name));
         }
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join("paris-probe");
-            if p.is_file() {
-                return Ok(p);
+    let mut why_not = Vec::new();
+    for (i, cand) in places.iter().enumerate() {
+        if i == 0 && !probes_dir.exists() {
+            continue;
+        }
+        if i == 0 {
+            if let Err(e) = check_trusted_dir(probes_dir) {
+                why_not.push(e);
+                continue;
             }
         }
+        if !cand.exists() {
+            continue;
+        }
+        let real = match check_trusted_file(cand) {
+            Ok(r) => r,
+            Err(e) => {
+                why_not.push(e);
+                continue;
+            }
+        };
+        if let Some(p) = as_path {
+            match std::fs::canonicalize(p) {
+                Ok(c) if c == real => {}
+                _ => {
+                    why_not.push(format!(
+                        "{} is not the trusted {}",
+                        p.display(),
+                        cand.display()
+                    ));
+                    continue;
+                }
+            }
+        }
+        return Ok(TrustedProbe {
+            path: cand.clone(),
+            origin: if i == 0 {
+                ProbeOrigin::Allowlist
+            } else {
+                ProbeOrigin::BesideGuard
+            },
+        });
     }
-    Err(GuardError::Probe {
-        probe: "paris-probe".into(),
-        reason: "not found: set PARIS_PROBE, pass --probe, put it beside monster-guard, or on PATH"
-            .into(),
-    })
+    let source = if field.is_some() {
+        "the qspec's probe"
+    } else {
+        "the default probe"
+    };
+    let detail = if why_not.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", why_not.join("; "))
+    };
+    Err(refuse(format!(
+        "{source} {raw:?} is not a trusted probe{detail}: a probe runs only from --probe PATH, \
+         $PARIS_PROBE, the guard's allowlist {} or {}; nothing was run or minted",
+        tried[0],
+        tried
+            .get(1)
+            .map(String::as_str)
+            .unwrap_or("(no directory for monster-guard)")
+    )))
+}
+
+/// `path` (through symlinks) is a regular file that only root or we can change, in a
+/// directory the same holds for. Returns the real path.
+fn check_trusted_file(path: &Path) -> std::result::Result<PathBuf, String> {
+    let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = std::fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a file", real.display()));
+    }
+    owned_by_us(&real, &meta)?;
+    match real.parent() {
+        Some(dir) => check_trusted_dir(dir)?,
+        None => return Err(format!("{} has no directory", real.display())),
+    }
+    Ok(real)
+}
+
+/// `dir` is a directory that only root or we can change.
+fn check_trusted_dir(dir: &Path) -> std::result::Result<(), String> {
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    owned_by_us(dir, &meta)
+}
+
+/// Owner root or our effective uid, and no write bit for group or others: nobody else can
+/// swap the program between this check and its run.
+fn owned_by_us(path: &Path, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = meta.uid();
+    let me = nix::unistd::geteuid().as_raw();
+    if uid != 0 && uid != me {
+        return Err(format!(
+            "{} is owned by uid {uid}, not by root or uid {me}",
+            path.display()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} has mode {:04o}: writable by group or others",
+            path.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// The KNOT model hash of `knot` (BLAKE3 of its header, checked against the preamble; the
+/// header holds every tensor's and the tokenizer's BLAKE3), which `paris-probe` reports as
+/// `model_hash`. A file that is not a KNOT cannot be judged and is refused here.
+pub fn knot_model_hash(knot: &Path) -> Result<String> {
+    knot_format::Knot::open(knot)
+        .map(|k| k.model_hash().to_string())
+        .map_err(|e| GuardError::Model {
+            path: knot.to_path_buf(),
+            reason: format!("not a KNOT model a probe can judge: {e}"),
+        })
+}
+
+/// The probe must say it judged this model: its `model_hash` equals the guard's own
+/// [`knot_model_hash`] of the file. A missing or different hash means its verdict is about
+/// something else, and fails the run (issue 32.1).
+pub fn check_judged_model(name: &str, out: &ProbeOutput, expected: &str) -> Result<()> {
+    match out.model_hash.as_deref() {
+        Some(h) if h == expected => Ok(()),
+        Some(h) => Err(GuardError::Probe {
+            probe: name.into(),
+            reason: format!(
+                "reported model_hash {}, but the model file's is {}: its verdict is not about \
+                 this model",
+                aeon_grant::short(h),
+                aeon_grant::short(expected)
+            ),
+        }),
+        None => Err(GuardError::Probe {
+            probe: name.into(),
+            reason: "reported no model_hash: cannot tell which model it judged".into(),
+        }),
+    }
 }
 
 /// One entry of the probe's `top` list.
@@ -605,6 +828,110 @@ mod tests {
         };
         let s = judge("a", &ppl, &out(7, 7, 0, 2.0)).unwrap();
         assert!(!s.pass && s.failures[0].contains("NLL"));
+    }
+
+    fn spec_naming(probe: Option<&str>) -> LoadedSpec {
+        LoadedSpec {
+            path: PathBuf::from("/nowhere/spec.json"),
+            hash: String::new(),
+            spec: QSpec {
+                probe: probe.map(String::from),
+                ..Default::default()
+            },
+            probes: vec![],
+            knot: PathBuf::from("/nowhere/m.knot"),
+        }
+    }
+
+    fn exe(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Issue 32.1: a qspec's `probe` is a name looked up in the trusted places; a program it
+    /// brings along (relative path, a path elsewhere, a name only found beside monster-guard
+    /// that is not a probe's) is refused, and so is a trusted place others can write.
+    #[test]
+    fn a_qspec_names_a_trusted_probe_and_cannot_bring_its_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let (allow, guard, elsewhere) = (
+            d.path().join("probes"),
+            d.path().join("bin"),
+            d.path().join("spec-dir"),
+        );
+        for dir in [&allow, &guard, &elsewhere] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        exe(&allow.join("my-probe"), 0o755);
+        exe(&guard.join("paris-probe"), 0o755);
+        exe(&guard.join("fakeprobe.sh"), 0o755);
+        exe(&elsewhere.join("fakeprobe.sh"), 0o755);
+        let resolve = |p: Option<&str>| resolve_named(&spec_naming(p), &allow, Some(&guard));
+
+        let t = resolve(Some("my-probe")).unwrap();
+        assert_eq!(
+            (t.path, t.origin),
+            (allow.join("my-probe"), ProbeOrigin::Allowlist)
+        );
+        let t = resolve(Some("paris-probe")).unwrap();
+        assert_eq!(
+            (t.path, t.origin),
+            (guard.join("paris-probe"), ProbeOrigin::BesideGuard)
+        );
+        let t = resolve(None).unwrap();
+        assert_eq!(t.path, guard.join("paris-probe"), "default name");
+        // An absolute path is accepted only as another name for the trusted file itself.
+        let abs = guard.join("paris-probe");
+        assert!(resolve(Some(abs.to_str().unwrap())).is_ok());
+        let abs = elsewhere.join("fakeprobe.sh");
+        for bad in [
+            "fakeprobe.sh",
+            "./fakeprobe.sh",
+            "spec-dir/fakeprobe.sh",
+            "../bin/paris-probe",
+            abs.to_str().unwrap(),
+            "..",
+        ] {
+            let e = resolve(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("probe"), "{bad}: {e}");
+        }
+        let e = resolve(Some("fakeprobe.sh")).unwrap_err().to_string();
+        assert!(e.contains("is not a trusted probe"), "{e}");
+        // Writable by others: not trusted, and said why.
+        std::fs::set_permissions(
+            allow.join("my-probe"),
+            std::fs::Permissions::from_mode(0o775),
+        )
+        .unwrap();
+        let e = resolve(Some("my-probe")).unwrap_err().to_string();
+        assert!(e.contains("writable by group or others"), "{e}");
+        std::fs::set_permissions(
+            allow.join("my-probe"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::set_permissions(&allow, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(resolve(Some("my-probe")).is_err());
+    }
+
+    /// Issue 32.1: the probe's `model_hash` must be the model's; missing or other fails.
+    #[test]
+    fn the_probe_must_have_judged_this_model() {
+        let mut o = out(7, 7, 0, 2.0);
+        assert!(
+            check_judged_model("main", &o, "aa").is_err(),
+            "missing hash"
+        );
+        o.model_hash = Some("bb".into());
+        let e = check_judged_model("main", &o, "aa")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not about this model"), "{e}");
+        o.model_hash = Some("aa".into());
+        assert!(check_judged_model("main", &o, "aa").is_ok());
     }
 
     #[test]

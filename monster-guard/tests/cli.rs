@@ -49,16 +49,25 @@ impl Env {
     fn mg(&self, args: &[&str]) -> Output {
         self.cmd(args).output().unwrap()
     }
-    /// A fake probe script with `body` and a model file and spec around it; returns the spec.
+    /// The guard's probes allowlist, made as an administrator would (mode 0755, root's).
+    fn probes_dir(&self) -> PathBuf {
+        let d = self.home().join("probes");
+        fs::create_dir_all(&d).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+    /// Writes an executable shell script `#!/bin/sh\n{body}` at `path`.
+    fn script(&self, path: &Path, body: &str) {
+        fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    /// A fake probe with `body`, installed in the guard's allowlist as `fake-probe.sh`, a tiny
+    /// KNOT model and a spec naming both; returns the spec. `@MODEL_HASH@` in `body` becomes
+    /// the model's KNOT hash (what `paris-probe` reports).
     fn fake_spec(&self, body: &str, spec_extra: &str) -> PathBuf {
-        let probe = self.path("fake-probe.sh");
-        fs::write(&probe, format!("#!/bin/sh\n{body}\n")).unwrap();
-        fs::set_permissions(&probe, fs::Permissions::from_mode(0o755)).unwrap();
-        fs::write(
-            self.path("model.knot"),
-            b"not really a model, but it hashes",
-        )
-        .unwrap();
+        let hash = tiny_knot(&self.path("model.knot"), "fake");
+        let probe = self.probes_dir().join("fake-probe.sh");
+        self.script(&probe, &body.replace("@MODEL_HASH@", &hash));
         let spec = self.path("spec.json");
         fs::write(
             &spec,
@@ -96,11 +105,23 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// A fake probe body printing probe JSON and exiting with `code`.
+/// Writes a valid KNOT with no tensors at `path` (a model as far as the gate can tell) and
+/// returns its KNOT model hash.
+fn tiny_knot(path: &Path, id: &str) -> String {
+    knot_format::KnotWriter::new(id, test_support::tiny_arch(1))
+        .write(path, &mut |_| {})
+        .unwrap();
+    knot_format::Knot::open(path)
+        .unwrap()
+        .model_hash()
+        .to_string()
+}
+
+/// A fake probe body printing probe JSON (reporting `@MODEL_HASH@`) and exiting with `code`.
 fn json_probe(argmax: u32, expected: u32, rank: u32, margin: f64, code: i32) -> String {
     format!(
         r#"cat <<'JSON'
-{{"model_id": "fake", "model_hash": "00", "tokens": [785, 6722], "argmax": {argmax}, "argmax_text": " Lyon",
+{{"model_id": "fake", "model_hash": "@MODEL_HASH@", "tokens": [785, 6722], "argmax": {argmax}, "argmax_text": " Lyon",
  "logit": 15.0, "expected": {expected}, "expected_text": " Paris", "expected_logit": {el},
  "expected_rank": {rank}, "margin": {margin}, "top": [], "nll": 0.8, "nll_tokens": 30, "pass": {pass}}}
 JSON
@@ -203,6 +224,123 @@ fn delegate_refuses_argmax_mismatch_and_mints_nothing() {
     assert!(t.contains("1 of 1 probes failed (main)"), "{t}");
     assert!(!t.contains("delegated"), "{t}");
     assert!(!e.home().join("grants/qwen.json").exists());
+}
+
+/// Issue 32.1 (a qspec chose its judge): `{"probe": "fakeprobe.sh", "knot": "garbage.knot"}`
+/// with a script beside it printing a passing verdict, in the spec's directory and the
+/// working directory. `delegate` refuses before running anything: the script never runs (its
+/// marker file stays absent) and no grant is written, whether the spec names it by name, by a
+/// relative path or by its absolute path.
+#[test]
+fn delegate_never_runs_a_probe_the_qspec_brings() {
+    let e = Env::new();
+    // 1 MB of bytes that are no model.
+    let garbage: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(e.path("garbage.knot"), &garbage).unwrap();
+    let marker = e.path("fakeprobe-ran");
+    let fake = e.path("fakeprobe.sh");
+    let verdict = json_probe(12095, 12095, 0, 9.0, 0)
+        .replace("@MODEL_HASH@", blake3::hash(&garbage).to_hex().as_str());
+    e.script(&fake, &format!("touch {}\n{verdict}", marker.display()));
+    for (i, probe) in ["fakeprobe.sh", "./fakeprobe.sh", fake.to_str().unwrap()]
+        .into_iter()
+        .enumerate()
+    {
+        let spec = e.path(&format!("evil-{i}.json"));
+        fs::write(
+            &spec,
+            serde_json::json!({
+                "probe": probe, "knot": "garbage.knot", "prompt_tokens": [785, 6722],
+                "expect_token": 12095
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let out = e
+            .cmd(&["delegate", "pwn", "net,fs", "--qspec"])
+            .arg(&spec)
+            .current_dir(e.dir.path())
+            .output()
+            .unwrap();
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{probe}: {t}");
+        assert!(t.contains("is not a trusted probe"), "{probe}: {t}");
+        assert!(!marker.exists(), "{probe}: the qspec's own script ran: {t}");
+        assert!(!e.home().join("grants/pwn.json").exists(), "{probe}: {t}");
+    }
+    // Even a trusted probe cannot admit bytes that are no model: refused before it runs.
+    let trusted = e.probes_dir().join("fakeprobe.sh");
+    e.script(&trusted, &format!("touch {}\n{verdict}", marker.display()));
+    let out = e
+        .cmd(&["delegate", "pwn", "net,fs", "--qspec"])
+        .arg(e.path("evil-0.json"))
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("not a KNOT model"), "{t}");
+    assert!(!marker.exists(), "{t}");
+    assert!(!e.home().join("grants/pwn.json").exists(), "{t}");
+}
+
+/// Issue 32.1: a trusted probe whose `model_hash` is not the model file's (it judged another
+/// model, or will not say) fails the run and mints nothing; the same probe reporting the right
+/// hash mints (the normal path, also taken by `delegate_passing_spec_mints_private_grant`).
+#[test]
+fn delegate_refuses_a_verdict_about_another_model() {
+    let e = Env::new();
+    let other = tiny_knot(&e.path("other.knot"), "other");
+    let passing = json_probe(12095, 12095, 0, 3.5, 0);
+    for (hash, why) in [
+        (other.as_str(), "reported model_hash"),
+        ("", "reported no model_hash"),
+    ] {
+        let body = if hash.is_empty() {
+            passing.replace(r#""model_hash": "@MODEL_HASH@", "#, "")
+        } else {
+            passing.replace("@MODEL_HASH@", hash)
+        };
+        let spec = e.fake_spec(&body, "");
+        let out = e
+            .cmd(&["delegate", "qwen", "net", "--qspec"])
+            .arg(&spec)
+            .output()
+            .unwrap();
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{t}");
+        assert!(t.contains(why), "{t}");
+        assert!(!t.contains("delegated"), "{t}");
+        assert!(!e.home().join("grants/qwen.json").exists(), "{t}");
+    }
+    let spec = e.fake_spec(&passing, "");
+    let out = e
+        .cmd(&["delegate", "qwen", "net", "--qspec"])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("the guard's probes/ allowlist"),
+        "{}",
+        text(&out)
+    );
+    // --probe is the administrator's choice: used as given, over the spec's name.
+    let elsewhere = e.path("admin-probe.sh");
+    e.script(
+        &elsewhere,
+        &passing.replace("@MODEL_HASH@", &tiny_knot(&e.path("model.knot"), "fake")),
+    );
+    let out = e
+        .cmd(&["delegate", "qwen2", "net", "--qspec"])
+        .arg(&spec)
+        .arg("--probe")
+        .arg(&elsewhere)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("(--probe)"), "{}", text(&out));
 }
 
 /// Issue 18.1: the seed's qspec labels 12095 (" Paris") as "Paris"; that must not refuse the
@@ -756,8 +894,11 @@ fn real_seed_qspec_delegates_on_a_fresh_home() {
     };
     let e = Env::bare();
     let spec = e.path("paris.json");
+    // The seed names its probe; the name is found beside monster-guard (or the harness's
+    // $PARIS_PROBE when the probe was built elsewhere).
+    let beside = Path::new(BIN).with_file_name("paris-probe");
     let seed = serde_json::json!({
-        "probe": probe,
+        "probe": "paris-probe",
         "knot": m[0],
         "prompt_tokens": [785, 6722, 315, 9625, 374],
         "expect_token": 12095,
@@ -774,6 +915,7 @@ fn real_seed_qspec_delegates_on_a_fresh_home() {
             "--qspec",
         ])
         .arg(&spec)
+        .envs((!beside.is_file()).then(|| ("PARIS_PROBE", probe.clone())))
         .output()
         .unwrap();
     eprintln!("{}", text(&out));
