@@ -1,6 +1,6 @@
 //! What every binary of the workspace shares on its command line: `-v/--verbose` and
 //! `-q/--quiet` ([`Verbosity`], flattened into each tool's arguments) and logging to stderr
-//! ([`init_logging`]).
+//! ([`init_logging`]); and byte sizes as users type them ([`size`]).
 //!
 //! The rule, the same in every tool:
 //! - each tool has a default level (`warn` for the one-shot tools, `info` for servers, whose
@@ -9,6 +9,8 @@
 //! - without `-v`/`-q`, the tool's environment variable (`RUST_LOG`; swerve's `SWERVE_LOG`)
 //!   decides when set, in `tracing_subscriber`'s `EnvFilter` syntax;
 //! - colour (ANSI escapes) only when stderr is a terminal, never into a redirected log.
+
+pub mod size;
 
 use std::io::IsTerminal;
 

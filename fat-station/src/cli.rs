@@ -457,7 +457,7 @@ fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     KvDtype::parse(s).ok_or_else(|| format!("{s:?}: expected f32 or f16"))
 }
 
-/// `--ram`: a positive size (`2.4G`, `1GiB`; the workspace's rule, `knot_format::size`).
-fn parse_ram(s: &str) -> Result<u64, knot_format::size::SizeError> {
-    knot_format::size::parse_size_nonzero(s)
+/// `--ram`: a positive size (`2.4G`, `1GiB`; the workspace's rule, `aeon_cli::size`).
+fn parse_ram(s: &str) -> Result<u64, aeon_cli::size::SizeError> {
+    aeon_cli::size::parse_size_nonzero(s)
 }

@@ -68,9 +68,9 @@ pub struct Args {
     pub verbosity: aeon_cli::Verbosity,
 }
 
-/// Parses a size (`64K`, `4MiB`, `4096B`; the workspace's size rule, `knot_format::size`).
-fn parse_size(s: &str) -> Result<u64, knot_format::size::SizeError> {
-    knot_format::size::parse_size_nonzero(s)
+/// Parses a size (`64K`, `4MiB`, `4096B`; the workspace's size rule, `aeon_cli::size`).
+fn parse_size(s: &str) -> Result<u64, aeon_cli::size::SizeError> {
+    aeon_cli::size::parse_size_nonzero(s)
 }
 
 fn default_data_dir() -> anyhow::Result<PathBuf> {

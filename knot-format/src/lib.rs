@@ -9,6 +9,7 @@
 //! # Ok::<(), knot_format::KnotError>(())
 //! ```
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod container;
 pub mod dtype;
@@ -16,7 +17,6 @@ pub mod error;
 pub mod gguf;
 pub mod header;
 pub mod import;
-pub mod size;
 pub mod writer;
 
 pub use container::{layer_of, Knot, TensorView};

@@ -218,7 +218,7 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
             shard,
         } => {
             let default_ram = match default_ram.as_deref() {
-                Some(s) => Some(knot_format::size::parse_size_nonzero(s).context("--default-ram")?),
+                Some(s) => Some(aeon_cli::size::parse_size_nonzero(s).context("--default-ram")?),
                 None => None,
             };
             let heard = hear(&l)?;

@@ -1,6 +1,6 @@
 //! The RAM-aware mesh planner: which node holds which contiguous layer range.
 //!
-//! A node's size (`knot_format::size`: `2.4G` = 2.4 GiB) is read one of two ways ([`Budget`]):
+//! A node's size (`aeon_cli::size`: `2.4G` = 2.4 GiB) is read one of two ways ([`Budget`]):
 //!
 //! - **weights** (`--node-ram`, the R1 Mesh Scaling Plan's "2.4 GB per node"): the RAM the node
 //!   can give to resident weights, KV cache, activations and OS headroom already taken off.
@@ -81,12 +81,12 @@ impl Cost {
 /// Why a plan could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    /// A size such as `2.4G` did not parse (`knot_format::size`).
+    /// A size such as `2.4G` did not parse (`aeon_cli::size`).
     #[error("{flag}: {why}")]
     BadSize {
         flag: &'static str,
         /// Not `source`: the message already says it, once.
-        why: knot_format::size::SizeError,
+        why: aeon_cli::size::SizeError,
     },
     /// `--node name=RAM` did not parse.
     #[error("bad --node {0:?}: expected NAME=RAM, e.g. phone1=2.4G")]
@@ -109,10 +109,10 @@ pub enum PlanError {
     Shard(#[from] crate::ShardError),
 }
 
-/// Parses the size given to `flag` (the workspace's rule, `knot_format::size`: `2.4G` =
+/// Parses the size given to `flag` (the workspace's rule, `aeon_cli::size`: `2.4G` =
 /// 2.4 GiB, `2.4GB` = 2.4e9 bytes; a bare `2.4` is refused with a hint).
 pub fn parse_size(flag: &'static str, s: &str) -> Result<u64, PlanError> {
-    knot_format::size::parse_size_nonzero(s).map_err(|why| PlanError::BadSize { flag, why })
+    aeon_cli::size::parse_size_nonzero(s).map_err(|why| PlanError::BadSize { flag, why })
 }
 
 /// `1.23 GiB` style (binary, as `--node-ram 2.4G` reads and the R1 plan counts).

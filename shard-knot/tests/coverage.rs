@@ -96,7 +96,7 @@ fn costs(name: &str) -> ModelCosts {
 
 /// The plan's "2.4 GB per node", as `--node-ram 2.4G` reads it.
 fn budget() -> u64 {
-    knot_format::size::parse_size("2.4G").expect("size")
+    aeon_cli::size::parse_size("2.4G").expect("size")
 }
 
 fn request(budget_kind: Budget, nodes: Option<u32>, replicas: u32) -> PlanRequest {

@@ -635,9 +635,9 @@ impl fmt::Display for Plan {
     }
 }
 
-/// Parses `--mem` (`512MiB`, `2G`; the workspace's size rule, `knot_format::size`).
+/// Parses `--mem` (`512MiB`, `2G`; the workspace's size rule, `aeon_cli::size`).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let v = knot_format::size::parse_size(s).map_err(|e| SwerveError::BadArg {
+    let v = aeon_cli::size::parse_size(s).map_err(|e| SwerveError::BadArg {
         what: "--mem",
         value: s.to_string(),
         reason: e.to_string(),

@@ -68,7 +68,7 @@ pub const RAM_ENV: &str = "AEON_NODE_RAM";
 pub struct Heard {
     #[serde(flatten)]
     pub ann: Announcement,
-    /// RAM budget in bytes (`knot_format::size`), from the station's [`RAM_ENV`].
+    /// RAM budget in bytes (`aeon_cli::size`), from the station's [`RAM_ENV`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_bytes: Option<u64>,
 }
@@ -77,7 +77,7 @@ pub struct Heard {
 pub fn ram_from_env() -> std::io::Result<Option<u64>> {
     match std::env::var(RAM_ENV) {
         Err(_) => Ok(None),
-        Ok(v) => knot_format::size::parse_size_nonzero(&v)
+        Ok(v) => aeon_cli::size::parse_size_nonzero(&v)
             .map(Some)
             .map_err(|e| std::io::Error::other(format!("{RAM_ENV}: {e}"))),
     }
@@ -676,7 +676,7 @@ mod tests {
         a.role = "full".into();
         Heard {
             ann: a,
-            ram_bytes: ram.map(|r| knot_format::size::parse_size(r).unwrap()),
+            ram_bytes: ram.map(|r| aeon_cli::size::parse_size(r).unwrap()),
         }
     }
 
