@@ -238,6 +238,9 @@ pub enum Op {
     SessionKeyring,
     /// Init: `mount(/, MS_REC|MS_PRIVATE)` so nothing propagates to the host.
     MakeRootPrivate,
+    /// Init: `unshare(CLONE_NEWCGROUP)`, once in the sliver's own cgroup: the cgroups it can
+    /// name are its own subtree (the limits sit on the parent, out of its view).
+    CgroupNamespace,
     /// Init: bind the rootfs onto itself (pivot_root needs a mount point).
     BindRootfs,
     /// Init: nosuid+nodev (and read-only unless `--rw`) on the rootfs bind and every mount
@@ -309,10 +312,10 @@ impl Op {
         match self {
             NoNewPrivs | CgroupCreate | Clone => Phase::Host,
             IdMaps | CgroupAttach | VethHost => Phase::HostAfterClone,
-            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | BindRootfs | RootfsFlags
-            | MountProc | ProcReadOnly | MountSys | MaskPaths | MountTmp | MountDev
-            | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot | SetHostname
-            | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
+            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | CgroupNamespace
+            | BindRootfs | RootfsFlags | MountProc | ProcReadOnly | MountSys | MaskPaths
+            | MountTmp | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot
+            | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
             Rlimits | DropCaps | Seccomp | Exec => Phase::Command,
             Reap | CgroupRemove => Phase::Teardown,
         }
@@ -351,6 +354,7 @@ impl Plan {
             Op::CloseFds,
             Op::SessionKeyring,
             Op::MakeRootPrivate,
+            Op::CgroupNamespace,
             Op::BindRootfs,
             Op::RootfsFlags,
             Op::MountProc,
@@ -422,11 +426,11 @@ impl Plan {
                 if let Some(m) = s.mem {
                     l.push(format!("memory limit={m}"));
                 }
-                format!("cgroup create swerve-<pid> ({}; v1 or v2, whichever the host has)", l.join(", "))
+                format!("cgroup create swerve-<pid> ({}; v1 or v2, whichever the host has) and its child swerve-<pid>/sliver for the processes", l.join(", "))
             }
             Op::Clone => format!("clone(new {} namespaces) -> PID 1 of the sliver; it first sets prctl(PR_SET_PDEATHSIG, SIGKILL), so it dies with swerve", self.namespaces().join(", ")),
             Op::IdMaps => "write /proc/PID/{uid_map,setgroups,gid_map}: 0 -> caller".into(),
-            Op::CgroupAttach => "cgroup attach PID 1 (cgroup.procs)".into(),
+            Op::CgroupAttach => "cgroup attach PID 1 (swerve-<pid>/sliver/cgroup.procs)".into(),
             Op::VethHost => match &s.net {
                 NetMode::Veth { host, prefix, .. } => format!(
                     "host: ip link add sw<pid> type veth peer name eth0 netns PID; ip addr add {host}/{prefix} dev sw<pid>; ip link set sw<pid> up"
@@ -443,6 +447,7 @@ impl Plan {
             }
             Op::SessionKeyring => "keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) (a fresh, empty session keyring)".into(),
             Op::MakeRootPrivate => "mount(none, /, MS_REC|MS_PRIVATE)".into(),
+            Op::CgroupNamespace => "unshare(CLONE_NEWCGROUP)".into(),
             Op::BindRootfs => format!("mount({root}, {root}, MS_BIND|MS_REC)"),
             Op::RootfsFlags => format!(
                 "mount_setattr({root}, AT_RECURSIVE, {}NOSUID|NODEV) (fallback: MS_REMOUNT|MS_BIND each mount under it)",
@@ -505,7 +510,10 @@ impl Plan {
                     format!("drop all capabilities except {}", keep.join(","))
                 }
             }
-            Op::Seccomp => format!("seccomp deny-list (EPERM): {}", self.seccomp_deny().join(",")),
+            Op::Seccomp => format!(
+                "seccomp: sandbox-wall's policy (no namespaces, mounts, bpf, perf, ptrace, io_uring, ...), then the seccomp deny-list (EPERM): {}",
+                self.seccomp_deny().join(",")
+            ),
             Op::Exec => format!("execvp({:?}) with PATH={SLIVER_PATH}", s.argv),
             Op::Reap => "init: wait for the command, exit with its status (128+N if killed by signal N)".into(),
             Op::CgroupRemove => "cgroup rmdir".into(),
