@@ -81,6 +81,14 @@ pub struct Policy {
 /// `open_tree_attr` (Linux 6.15): the same number on every architecture, not yet in libc.
 const SYS_OPEN_TREE_ATTR: i64 = 467;
 
+/// `kexec_file_load`: libc's musl aarch64 target (the device build) lacks the constant.
+#[cfg(target_arch = "aarch64")]
+const SYS_KEXEC_FILE_LOAD: i64 = 294;
+#[cfg(target_arch = "x86_64")]
+const SYS_KEXEC_FILE_LOAD: i64 = 320;
+#[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+const SYS_KEXEC_FILE_LOAD: i64 = libc::SYS_kexec_file_load;
+
 /// The syscalls denied outright, each with the capability that lifts the denial (None: always).
 pub fn denied() -> Vec<(&'static str, i64, Option<u32>)> {
     let admin = Some(cap::SYS_ADMIN);
@@ -127,7 +135,7 @@ pub fn denied() -> Vec<(&'static str, i64, Option<u32>)> {
         ("finit_module", libc::SYS_finit_module, module),
         ("delete_module", libc::SYS_delete_module, module),
         ("kexec_load", libc::SYS_kexec_load, boot),
-        ("kexec_file_load", libc::SYS_kexec_file_load, boot),
+        ("kexec_file_load", SYS_KEXEC_FILE_LOAD, boot),
         ("reboot", libc::SYS_reboot, boot),
         ("settimeofday", libc::SYS_settimeofday, time),
         ("clock_settime", libc::SYS_clock_settime, time),
@@ -421,6 +429,11 @@ mod tests {
         ] {
             assert!(none.contains(&n), "{n} not denied");
         }
+        #[cfg(all(
+            target_env = "gnu",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
+        assert_eq!(SYS_KEXEC_FILE_LOAD, libc::SYS_kexec_file_load);
         // Each number once (a duplicate would silently merge two groups' conditions).
         let mut nrs: Vec<i64> = denied().iter().map(|d| d.1).collect();
         nrs.sort_unstable();
