@@ -29,7 +29,8 @@
 //! else a remount of each); no_new_privs; the capability sets reduced to what its caps map to
 //! ([`crate::linux_caps`]); a new cgroup namespace (a cgroup filesystem it mounted would show
 //! only its own subtree); an empty read-only tmpfs over the guard's home and swerve's (each
-//! holds a node signing key), and neither path in its environment; and last, right before the
+//! holds a node signing key), /dev/null over every block device in /dev (the key's blocks on
+//! the raw disk), and neither path in its environment; and last, right before the
 //! fork of the command, the wall's seccomp filter ([`sandbox_wall::seccomp`]: no namespace
 //! creation, no mount, no bpf, perf, keyrings, ptrace, io_uring, ...), which also denies every
 //! socket family but AF_UNIX without `net` where no network namespace could be made. Without
@@ -611,6 +612,32 @@ fn readonly_tree(path: &str) -> std::result::Result<(), String> {
     mount_tree::set_recursive(std::path::Path::new(path), rdonly, false).map_err(|e| e.to_string())
 }
 
+/// Binds /dev/null over every block device node in /dev (symlinks such as /dev/disk/* lead to
+/// these nodes; creating a new one takes CAP_MKNOD, which no lease keeps).
+fn mask_block_devices() -> std::result::Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(rd) = std::fs::read_dir("/dev") else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        // file_type() does not follow symlinks: only the nodes themselves.
+        if !e.file_type().is_ok_and(|t| t.is_block_device()) {
+            continue;
+        }
+        let p = e.path();
+        mount(
+            Some("/dev/null"),
+            &p,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|err| format!("mount(/dev/null, {}, MS_BIND): {err}", p.display()))?;
+    }
+    Ok(())
+}
+
 /// Whether the variable `k=v` names a hidden directory (so the command is not even told where
 /// the key is): the homes' own variables, and any value that contains one of the paths.
 fn names_a_key_home(k: &OsStr, v: &OsStr, hide: &[PathBuf]) -> bool {
@@ -646,6 +673,11 @@ fn readonly_mounts(everything: bool, hide: &[CString]) -> std::result::Result<()
             Some("size=4k,mode=0555"),
         )
         .map_err(|e| format!("mount(tmpfs, {}): {e}", dir.to_string_lossy()))?;
+    }
+    // Block devices: uid 0 opens them by file mode alone (root's, 0600 or 0660), so a command
+    // without capabilities could read the hidden key's blocks from the raw disk.
+    if !hide.is_empty() {
+        mask_block_devices()?;
     }
     if everything {
         return readonly_tree("/");

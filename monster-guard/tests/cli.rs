@@ -1441,6 +1441,34 @@ fn leased_command_cannot_read_the_node_key_nor_learn_where_it_is() {
         // The lease's own variables still reach it.
         assert!(env.contains("MONSTER_GUARD_GRANT=qwen"), "{env}");
     }
+    // Nor beneath the filesystem: a block device (uid 0 opens one by file mode alone) reads
+    // as empty.
+    let block = fs::read_dir("/dev").unwrap().flatten().find(|d| {
+        use std::os::unix::fs::FileTypeExt;
+        d.file_type().is_ok_and(|t| t.is_block_device())
+            && fs::File::open(d.path())
+                .and_then(|mut f| std::io::Read::read(&mut f, &mut [0u8; 16]))
+                .is_ok_and(|n| n > 0)
+    });
+    if let Some(dev) = block {
+        let dev = dev.path();
+        for caps in ["", "fs"] {
+            let out = leased_sh(
+                &e,
+                caps,
+                e.dir.path(),
+                "echo BYTES=$(head -c 4096 \"$1\" 2>/dev/null | wc -c)",
+                dev.to_str().unwrap(),
+            );
+            let so = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                so.contains("BYTES=0"),
+                "--caps {caps:?}: {} readable: {}",
+                dev.display(),
+                text(&out)
+            );
+        }
+    }
     // The home is hidden only from the command: the guard and the caller still see the key.
     assert_eq!(
         fs::read_to_string(home.join("node.key")).unwrap().trim(),
