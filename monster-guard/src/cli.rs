@@ -94,6 +94,12 @@ enum Cmd {
         /// (a PID namespace or refuse), `subreaper`.
         #[arg(long, default_value = "auto")]
         contain: String,
+        /// Run even where seccomp filters cannot be installed (a kernel without
+        /// CONFIG_SECCOMP_FILTER, or an emulator such as qemu-user): the command then runs
+        /// without the syscall filter that denies namespaces, mounts, bpf and keyrings.
+        /// Without this flag such a run is refused.
+        #[arg(long)]
+        allow_no_seccomp: bool,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -187,6 +193,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
             lease,
             grace,
             contain,
+            allow_no_seccomp,
             cmd,
         } => {
             let caps = Caps::parse(&caps)?;
@@ -200,6 +207,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
                 lease,
                 grace,
                 contain: contain.parse()?,
+                allow_no_seccomp,
                 cmd: &cmd,
             };
             return Ok(commands::run(&home, &a)?);

@@ -215,6 +215,8 @@ pub struct RunArgs<'a> {
     pub grace: Duration,
     /// How to contain the process tree.
     pub contain: crate::contain::Want,
+    /// Run without the seccomp filter where none can be installed (`--allow-no-seccomp`).
+    pub allow_no_seccomp: bool,
     /// The command.
     pub cmd: &'a [String],
 }
@@ -250,6 +252,8 @@ pub fn run(home: &Home, a: &RunArgs<'_>) -> Result<u8> {
             cmd: a.cmd,
             revocations: &revocations,
             contain: a.contain,
+            home,
+            allow_no_seccomp: a.allow_no_seccomp,
         },
         now,
     )

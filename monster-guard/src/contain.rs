@@ -27,15 +27,23 @@
 //! read-only (uid 0 writes them by file mode alone, without any capability: `core_pattern` is
 //! a host escape) and, without `fs`, every mount is read-only (`mount_setattr(AT_RECURSIVE)`,
 //! else a remount of each); no_new_privs; the capability sets reduced to what its caps map to
-//! ([`crate::linux_caps`]); and, without `net`, either a new network namespace or, where none
-//! can be made, a seccomp filter denying every socket family but AF_UNIX (and io_uring).
-//! Without `fs` and no mount namespace possible, the command does not start (there is no
-//! unprivileged read-only filesystem on these kernels); with `fs` it runs, and says that the
-//! tunables keep the caller's mount flags.
+//! ([`crate::linux_caps`]); a new cgroup namespace (a cgroup filesystem it mounted would show
+//! only its own subtree); an empty read-only tmpfs over the guard's home and swerve's (each
+//! holds a node signing key), /dev/null over every block device in /dev (the key's blocks on
+//! the raw disk), and neither path in its environment; and last, right before the
+//! fork of the command, the wall's seccomp filter ([`sandbox_wall::seccomp`]: no namespace
+//! creation, no mount, no bpf, perf, keyrings, ptrace, io_uring, ...), which also denies every
+//! socket family but AF_UNIX without `net` where no network namespace could be made. Without
+//! a mount namespace the guard's home cannot be hidden: the command then does not start,
+//! unless monster-guard itself already runs under a seccomp filter (nested in a sliver or a
+//! lease, whose own wall then bounds what the command can do with the inner guard's key), and
+//! then it says so. Without `fs` and no mount namespace possible, the command does not start
+//! either (there is no unprivileged read-only filesystem on these kernels).
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -119,6 +127,11 @@ pub struct Spec<'a> {
     pub allowed_caps: u64,
     /// The containment asked for.
     pub want: Want,
+    /// Directories the command must not see (the guard's home, swerve's): an empty tmpfs
+    /// goes over each, and variables naming them are left out of the environment.
+    pub hide: Vec<PathBuf>,
+    /// Run without the seccomp filter where the kernel cannot install one.
+    pub allow_no_seccomp: bool,
 }
 
 /// A started, contained command.
@@ -138,48 +151,19 @@ struct Prepared {
     envp: Vec<CString>,
     isolate_fs: bool,
     allowed_caps: u64,
-    seccomp: Option<seccompiler::BpfProgram>,
+    /// The wall's filter for this attempt (with IP sockets denied where no netns was made).
+    wall: Option<sandbox_wall::Filter>,
+    allow_no_seccomp: bool,
+    /// The directories covered by an empty tmpfs, as paths for mount(2).
+    hide: Vec<CString>,
+    /// The caller's working directory, entered again after the hiding mounts (a cwd inside a
+    /// hidden directory would otherwise still reach its files).
+    cwd: Option<CString>,
 }
 
 fn cstr(s: &OsStr) -> Result<CString> {
     CString::new(s.as_bytes())
         .map_err(|_| GuardError::Invalid(format!("{s:?}: contains a NUL byte")))
-}
-
-/// The seccomp program that denies every socket family but AF_UNIX, and io_uring (whose
-/// socket operations would bypass it).
-fn deny_ip_sockets() -> Result<seccompiler::BpfProgram> {
-    use seccompiler::{
-        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    };
-    let fail = |e: String| GuardError::Lease(format!("building the socket filter: {e}"));
-    let not_unix = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Ne,
-        libc::AF_UNIX as u64,
-    )
-    .map_err(|e| fail(e.to_string()))?;
-    let rules = vec![
-        (
-            libc::SYS_socket,
-            vec![SeccompRule::new(vec![not_unix]).map_err(|e| fail(e.to_string()))?],
-        ),
-        (libc::SYS_io_uring_setup, vec![]),
-    ];
-    let arch = std::env::consts::ARCH
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| fail(e.to_string()))?;
-    let filter = SeccompFilter::new(
-        rules.into_iter().collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(|e| fail(e.to_string()))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| fail(e.to_string()))
 }
 
 /// One way to clone the reaper.
@@ -195,10 +179,12 @@ struct Attempt {
     unshare: bool,
 }
 
-/// The ways to try, strongest first.
-fn attempts(spec: &Spec<'_>) -> Vec<Attempt> {
-    // Always a mount namespace (kernel tunables read-only; without `fs`, every mount).
-    let mut ns = CloneFlags::CLONE_NEWNS;
+/// The ways to try, strongest first. `nested`: monster-guard already runs under a seccomp
+/// filter (see [`start`]).
+fn attempts(spec: &Spec<'_>, nested: bool) -> Vec<Attempt> {
+    // Always a mount namespace (kernel tunables read-only, key homes hidden; without `fs`,
+    // every mount read-only) and a cgroup namespace.
+    let mut ns = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWCGROUP;
     if spec.isolate_net {
         ns |= CloneFlags::CLONE_NEWNET;
     }
@@ -219,8 +205,10 @@ fn attempts(spec: &Spec<'_>) -> Vec<Attempt> {
         v.push(a(ns, false, false));
         v.push(a(user | ns, false, true));
         // No namespace at all: only when a read-only filesystem is not required (the network
-        // is then withheld by seccomp, and kernel tunables keep the caller's mount flags).
-        if !spec.isolate_fs {
+        // is then withheld by seccomp, and kernel tunables keep the caller's mount flags), and
+        // only nested in another wall: the key homes cannot be hidden without a mount
+        // namespace.
+        if !spec.isolate_fs && (spec.hide.is_empty() || nested) {
             v.push(a(CloneFlags::empty(), false, false));
         }
     }
@@ -233,6 +221,7 @@ fn describe(flags: CloneFlags) -> String {
         (CloneFlags::CLONE_NEWPID, "NEWPID"),
         (CloneFlags::CLONE_NEWNET, "NEWNET"),
         (CloneFlags::CLONE_NEWNS, "NEWNS"),
+        (CloneFlags::CLONE_NEWCGROUP, "NEWCGROUP"),
     ];
     let v: Vec<&str> = names
         .iter()
@@ -255,6 +244,7 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
         .ok_or_else(|| GuardError::Invalid("no command given after --".into()))?;
     let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
         .filter(|(k, _)| !spec.env.iter().any(|(x, _)| OsStr::new(x) == k))
+        .filter(|(k, v)| !names_a_key_home(k, v, &spec.hide))
         .collect();
     env.extend(spec.env.iter().map(|(k, v)| (k.into(), v.into())));
     let mut prepared = Prepared {
@@ -274,15 +264,25 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
             .collect::<Result<_>>()?,
         isolate_fs: spec.isolate_fs,
         allowed_caps: spec.allowed_caps,
-        seccomp: None,
+        wall: None,
+        allow_no_seccomp: spec.allow_no_seccomp,
+        hide: spec
+            .hide
+            .iter()
+            .map(|p| cstr(p.as_os_str()))
+            .collect::<Result<_>>()?,
+        cwd: std::env::current_dir()
+            .ok()
+            .and_then(|d| cstr(d.as_os_str()).ok()),
     };
+    let nested = sandbox_wall::seccomp::already_filtered();
     // monster-guard is a subreaper too: if the reaper dies first, orphans come here, and the
     // final sweep finds them.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
     let mut failures = Vec::new();
-    for at in attempts(spec) {
+    for at in attempts(spec, nested) {
         let net = if !spec.isolate_net {
             NetIsolation::None
         } else if at.flags.contains(CloneFlags::CLONE_NEWNET) {
@@ -290,10 +290,12 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
         } else {
             NetIsolation::SocketsDenied
         };
-        prepared.seccomp = match net {
-            NetIsolation::SocketsDenied => Some(deny_ip_sockets()?),
-            _ => None,
+        let policy = sandbox_wall::Policy {
+            kept_caps: spec.allowed_caps,
+            deny_ip_sockets: net == NetIsolation::SocketsDenied,
         };
+        prepared.wall =
+            Some(sandbox_wall::Filter::new(&policy).map_err(|e| GuardError::Lease(e.to_string()))?);
         let mut at = at;
         let spawned = match spawn(&prepared, &at, program) {
             Err(Spawn::Clone(Errno::EINVAL)) if !at.flags.is_empty() => {
@@ -311,6 +313,13 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
                 };
                 // Said when it is weaker than a PID namespace (a user namespace is the normal
                 // way for a caller without CAP_SYS_ADMIN, and as strong).
+                if !at.flags.contains(CloneFlags::CLONE_NEWNS) && !spec.hide.is_empty() {
+                    eprintln!(
+                        "monster-guard: no mount namespace can be made here ({}): the command can read this guard's home {} (allowed only because monster-guard itself runs under a seccomp filter, nested in a sliver or a lease)",
+                        failures.join("; "),
+                        spec.hide[0].display()
+                    );
+                }
                 if !at.pidns && !failures.is_empty() {
                     eprintln!(
                         "monster-guard: a PID namespace failed here ({}); the lease contains the command with {tree}{}",
@@ -331,6 +340,9 @@ pub fn start(spec: &Spec<'_>) -> Result<Started> {
     let need = match (spec.want, spec.isolate_fs) {
         (Want::Pidns, _) => "a PID namespace (--contain pidns)",
         (_, true) => "a private mount namespace for the read-only root the caps require (no `fs`)",
+        _ if !spec.hide.is_empty() && !nested => {
+            "a private mount namespace to hide the guard's home (its node key) from the command"
+        }
         _ => "a reaper",
     };
     Err(GuardError::Lease(format!(
@@ -504,8 +516,18 @@ fn reaper_main(
     //    /sys) read-only, since uid 0 writes them by file mode alone, with no capability;
     //    without `fs`, every mount read-only.
     if mountns {
-        if let Err(e) = readonly_mounts(p.isolate_fs) {
+        if let Err(e) = readonly_mounts(p.isolate_fs, &p.hide) {
             report(err_w, &e);
+        }
+        // 5b. The working directory again, through the new mounts: a cwd inside a hidden
+        //     directory would still reach its files; one that no longer resolves becomes /.
+        if let Some(cwd) = &p.cwd {
+            // SAFETY: chdir with NUL-terminated paths we own.
+            if unsafe { libc::chdir(cwd.as_ptr()) } != 0
+                && unsafe { libc::chdir(c"/".as_ptr()) } != 0
+            {
+                fail("chdir(/)", errno());
+            }
         }
     }
     // 6. Outside a PID namespace, orphans of the tree come to the reaper.
@@ -517,10 +539,20 @@ fn reaper_main(
     if let Err(e) = crate::linux_caps::drop_to(p.allowed_caps) {
         fail("dropping capabilities", e);
     }
-    // 8. Without `net` and without a network namespace: no IP sockets.
-    if let Some(prog) = &p.seccomp {
-        if let Err(e) = seccompiler::apply_filter(prog) {
-            report(err_w, &format!("seccomp socket filter: {e}"));
+    // 8. The wall's seccomp filter, last before the command: no namespace, mount, bpf, perf,
+    //    keyring, ptrace or io_uring call; without `net` and without a network namespace, no
+    //    IP sockets either.
+    if let Some(wall) = &p.wall {
+        match wall.apply() {
+            Ok(()) => {}
+            Err(e) if e.unsupported() && p.allow_no_seccomp => {
+                eprintln!("monster-guard: warning: {e}; running without a seccomp filter (--allow-no-seccomp)");
+            }
+            Err(e) if e.unsupported() => report(
+                err_w,
+                &format!("{e}: this kernel (or emulator) has no seccomp filters; refusing to run without them (--allow-no-seccomp to run anyway)"),
+            ),
+            Err(e) => report(err_w, &e.to_string()),
         }
     }
     // 9. The command. As the init of the reaper's PID namespace, it dies with the reaper: a
@@ -580,8 +612,47 @@ fn readonly_tree(path: &str) -> std::result::Result<(), String> {
     mount_tree::set_recursive(std::path::Path::new(path), rdonly, false).map_err(|e| e.to_string())
 }
 
+/// Binds /dev/null over every block device node in /dev (symlinks such as /dev/disk/* lead to
+/// these nodes; creating a new one takes CAP_MKNOD, which no lease keeps).
+fn mask_block_devices() -> std::result::Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(rd) = std::fs::read_dir("/dev") else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        // file_type() does not follow symlinks: only the nodes themselves.
+        if !e.file_type().is_ok_and(|t| t.is_block_device()) {
+            continue;
+        }
+        let p = e.path();
+        mount(
+            Some("/dev/null"),
+            &p,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|err| format!("mount(/dev/null, {}, MS_BIND): {err}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Whether the variable `k=v` names a hidden directory (so the command is not even told where
+/// the key is): the homes' own variables, and any value that contains one of the paths.
+fn names_a_key_home(k: &OsStr, v: &OsStr, hide: &[PathBuf]) -> bool {
+    if k == "MONSTER_GUARD_HOME" || k == "SWERVE_HOME" {
+        return true;
+    }
+    let v = v.as_bytes();
+    hide.iter().any(|h| {
+        let h = h.as_os_str().as_bytes();
+        !h.is_empty() && v.windows(h.len()).any(|w| w == h)
+    })
+}
+
 /// The mount steps of the reaper in its own mount namespace (see [`reaper_main`], step 5).
-fn readonly_mounts(everything: bool) -> std::result::Result<(), String> {
+fn readonly_mounts(everything: bool, hide: &[CString]) -> std::result::Result<(), String> {
     use nix::mount::{mount, MsFlags};
     // Keep every change here out of the caller's namespace.
     mount(
@@ -592,6 +663,22 @@ fn readonly_mounts(everything: bool) -> std::result::Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("mount(/, MS_REC|MS_PRIVATE): {e}"))?;
+    // The key homes: an empty, read-only tmpfs over each (the node key is out of sight).
+    for dir in hide {
+        mount(
+            Some("tmpfs"),
+            dir.as_c_str(),
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("size=4k,mode=0555"),
+        )
+        .map_err(|e| format!("mount(tmpfs, {}): {e}", dir.to_string_lossy()))?;
+    }
+    // Block devices: uid 0 opens them by file mode alone (root's, 0600 or 0660), so a command
+    // without capabilities could read the hidden key's blocks from the raw disk.
+    if !hide.is_empty() {
+        mask_block_devices()?;
+    }
     if everything {
         return readonly_tree("/");
     }
@@ -727,4 +814,54 @@ pub fn descendants(root: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(isolate_fs: bool, hide: Vec<PathBuf>) -> Spec<'static> {
+        Spec {
+            cmd: &[],
+            env: vec![],
+            isolate_net: true,
+            isolate_fs,
+            allowed_caps: 0,
+            want: Want::Auto,
+            hide,
+            allow_no_seccomp: false,
+        }
+    }
+
+    /// Issue 32.2: without a mount namespace the key homes cannot be hidden, so the ladder
+    /// ends before the plain fork, unless monster-guard is itself behind another wall.
+    #[test]
+    fn no_namespace_fallback_only_nested_or_with_nothing_to_hide() {
+        let plain = |s: &Spec<'_>, nested| attempts(s, nested).iter().any(|a| a.flags.is_empty());
+        let home = vec![PathBuf::from("/guard")];
+        assert!(!plain(&spec(false, home.clone()), false));
+        assert!(plain(&spec(false, home.clone()), true));
+        assert!(plain(&spec(false, vec![]), false));
+        assert!(!plain(&spec(true, home), true));
+        // Every namespace attempt brings a cgroup namespace and a mount namespace.
+        for a in attempts(&spec(false, vec![]), false) {
+            if !a.flags.is_empty() {
+                assert!(a
+                    .flags
+                    .contains(CloneFlags::CLONE_NEWCGROUP | CloneFlags::CLONE_NEWNS));
+            }
+        }
+    }
+
+    #[test]
+    fn variables_naming_a_key_home_are_left_out() {
+        let hide = [PathBuf::from("/root/.monster-guard")];
+        let named = |k: &str, v: &str| names_a_key_home(OsStr::new(k), OsStr::new(v), &hide);
+        assert!(named("MONSTER_GUARD_HOME", "/elsewhere"));
+        assert!(named("SWERVE_HOME", ""));
+        assert!(named("KEY", "/root/.monster-guard/node.key"));
+        assert!(named("PATH", "/bin:/root/.monster-guard/bin"));
+        assert!(!named("HOME", "/root"));
+        assert!(!named("MONSTER_GUARD_GRANT", "qwen"));
+    }
 }

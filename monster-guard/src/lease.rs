@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 
 use crate::contain::{self, NetIsolation, Tree, Want};
 use crate::error::{GuardError, Result};
+use crate::fsutil::Home;
 use crate::grant::{Caps, SignedGrant, WatchedList};
 
 /// Exit status when the lease (or the grant's expiry) ended the command.
@@ -47,6 +48,10 @@ pub struct LeaseRequest<'a> {
     pub revocations: &'a WatchedList,
     /// The containment asked for (`--contain`).
     pub contain: Want,
+    /// The guard's home: hidden from the command, with swerve's (both hold a node key).
+    pub home: &'a Home,
+    /// Run without the seccomp filter where none can be installed (`--allow-no-seccomp`).
+    pub allow_no_seccomp: bool,
 }
 
 static GOT_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -61,6 +66,29 @@ enum Stop {
     Expired,
     Revoked,
     Interrupted,
+}
+
+/// The directories holding a node signing key the command must never read: the guard's home
+/// and swerve's (`$SWERVE_HOME`, default `~/.swerve`), those that exist, canonical (a mount
+/// goes over the real directory, not a symlink to it).
+fn key_homes(home: &Home) -> Vec<std::path::PathBuf> {
+    let swerve = std::env::var_os("SWERVE_HOME")
+        .filter(|h| !h.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".swerve"))
+        });
+    let mut v: Vec<std::path::PathBuf> = Vec::new();
+    for d in std::iter::once(home.dir.clone()).chain(swerve) {
+        if let Ok(c) = d.canonicalize() {
+            if c.is_dir() && !v.contains(&c) {
+                v.push(c);
+            }
+        }
+    }
+    v
 }
 
 /// Runs the command under the lease and returns monster-guard's exit status.
@@ -82,6 +110,8 @@ pub fn run(req: &LeaseRequest<'_>, now_unix: u64) -> Result<u8> {
         isolate_fs: !req.caps.has("fs"),
         allowed_caps: crate::linux_caps::allowed_mask(req.caps),
         want: req.contain,
+        hide: key_homes(req.home),
+        allow_no_seccomp: req.allow_no_seccomp,
     };
     install_signal_handlers();
     let started = Instant::now();

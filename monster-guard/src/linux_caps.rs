@@ -1,18 +1,11 @@
 //! The Linux capabilities a leased command may keep, per grant capability (`specs/caps.md`),
-//! and dropping the rest in the process that will exec the command.
+//! and dropping the rest in the process that will exec the command ([`sandbox_wall`]).
 //!
 //! A grant's caps are a ceiling: the command keeps at most the Linux capabilities its caps map
 //! to, and only those the caller had. Nothing here asks for a right the caller lacks.
 
 /// Linux capability numbers (`linux/capability.h`).
-pub mod cap {
-    pub const CHOWN: u32 = 0;
-    pub const DAC_OVERRIDE: u32 = 1;
-    pub const FOWNER: u32 = 3;
-    pub const FSETID: u32 = 4;
-    pub const NET_BIND_SERVICE: u32 = 10;
-    pub const NET_RAW: u32 = 13;
-}
+pub use sandbox_wall::caps::cap;
 
 /// Grant capability -> the Linux capabilities the command may keep for it.
 pub const MAPPING: &[(&str, &[(u32, &str)])] = &[
@@ -43,88 +36,9 @@ pub fn allowed_mask(caps: &crate::grant::Caps) -> u64 {
         .fold(0u64, |m, (n, _)| m | (1u64 << n))
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAP_VERSION_3: u32 = 0x2008_0522;
-
-/// Reduces this process's capability sets to `allowed` (intersected with what it has):
-/// bounding (where CAP_SETPCAP allows; without it the bit stays but cannot be regained
-/// through exec under no_new_privs), ambient, inheritable, permitted, effective. Sets
-/// no_new_privs first. Raw syscalls only: safe to call between fork and exec.
-/// Returns how many bounding-set bits could not be dropped (0 normally).
-pub fn drop_to(allowed: u64) -> std::io::Result<u32> {
-    let last_errno = || std::io::Error::last_os_error();
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(last_errno());
-    }
-    let mut kept_in_bounding = 0;
-    for n in 0..64u32 {
-        if allowed & (1u64 << n) != 0 {
-            continue;
-        }
-        // SAFETY: prctl with integer arguments only.
-        let present = unsafe { libc::prctl(libc::PR_CAPBSET_READ, n as libc::c_ulong, 0, 0, 0) };
-        if present < 0 {
-            break; // EINVAL: past the kernel's last capability.
-        }
-        if present == 1 {
-            // SAFETY: as above.
-            if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, n as libc::c_ulong, 0, 0, 0) } != 0 {
-                kept_in_bounding += 1;
-            }
-        }
-        // SAFETY: as above. Lowering an ambient capability is always allowed.
-        unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_LOWER as libc::c_ulong,
-                n as libc::c_ulong,
-                0,
-                0,
-            )
-        };
-    }
-    let mut hdr = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget writes two CapData structs (version 3) into `data`, which has room for them.
-    if unsafe {
-        libc::syscall(
-            libc::SYS_capget,
-            &mut hdr as *mut CapHeader,
-            data.as_mut_ptr(),
-        )
-    } != 0
-    {
-        return Err(last_errno());
-    }
-    for (i, d) in data.iter_mut().enumerate() {
-        let keep = (allowed >> (32 * i)) as u32;
-        d.effective &= keep;
-        d.permitted &= keep;
-        d.inheritable &= keep;
-    }
-    // SAFETY: capset reads the header and two CapData structs; lowering sets is always allowed.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } != 0 {
-        return Err(last_errno());
-    }
-    Ok(kept_in_bounding)
-}
+/// Reduces this process's capability sets to `allowed` (the one implementation leases and
+/// slivers share: [`sandbox_wall::caps::drop_to`]).
+pub use sandbox_wall::caps::drop_to;
 
 #[cfg(test)]
 mod tests {

@@ -1511,3 +1511,243 @@ fn leased_command_runs_in_a_session_of_its_own() {
         "the command shares monster-guard's session"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 32: the wall (key hiding, seccomp, cgroup namespace).
+
+/// Runs `sh -c script` under the stored grant `qwen` with `caps`, from `cwd`, the script's $1
+/// being `arg`.
+fn leased_sh(e: &Env, caps: &str, cwd: &Path, script: &str, arg: &str) -> Output {
+    e.cmd(&[
+        "run", "--name", "qwen", "--caps", caps, "--lease", "20", "--", "sh", "-c", script, "sh",
+        arg,
+    ])
+    .current_dir(cwd)
+    .output()
+    .unwrap()
+}
+
+/// Issue 32.2: `run --caps "" -- cat "$MONSTER_GUARD_HOME/node.key"` printed the ed25519 seed
+/// (the command is uid 0, the key was in its view and its path exported to it).
+#[test]
+fn leased_command_cannot_read_the_node_key_nor_learn_where_it_is() {
+    if !nix_is_root() {
+        eprintln!("skipping: the lease's mount namespace needs root here");
+        return;
+    }
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let home = e.home();
+    let key = fs::read_to_string(home.join("node.key")).unwrap();
+    let key = key.trim();
+    assert!(key.len() >= 64, "unexpected key file {key:?}");
+    let home_s = home.to_str().unwrap();
+    for caps in ["", "fs", "net,fs"] {
+        // By its path and by listing the home, from outside it.
+        let out = leased_sh(
+            &e,
+            caps,
+            e.dir.path(),
+            "cat \"$1/node.key\" && echo READ-BY-PATH; ls -A \"$1\" | grep -c . ; echo ENV; env",
+            home_s,
+        );
+        let t = text(&out);
+        let so = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "--caps {caps:?}: {t}");
+        assert!(!so.contains(key), "--caps {caps:?}: the key leaked: {t}");
+        assert!(!so.contains("READ-BY-PATH"), "--caps {caps:?}: {t}");
+        let (listing, env) = so.split_once("ENV\n").unwrap();
+        assert_eq!(
+            listing.trim(),
+            "0",
+            "--caps {caps:?}: the home is not empty: {t}"
+        );
+        assert!(
+            !env.contains("MONSTER_GUARD_HOME") && !env.contains(home_s),
+            "--caps {caps:?}: the environment names the guard's home: {env}"
+        );
+        // From the home itself as the working directory (a cwd keeps the directory it names).
+        let out = leased_sh(
+            &e,
+            caps,
+            &home,
+            "cat node.key && echo READ-BY-CWD; true",
+            "",
+        );
+        let t = text(&out);
+        assert!(out.status.success(), "--caps {caps:?}: {t}");
+        assert!(
+            !t.contains(key) && !t.contains("READ-BY-CWD"),
+            "--caps {caps:?}: {t}"
+        );
+        // The lease's own variables still reach it.
+        assert!(env.contains("MONSTER_GUARD_GRANT=qwen"), "{env}");
+    }
+    // Nor beneath the filesystem: a block device (uid 0 opens one by file mode alone) reads
+    // as empty.
+    let block = fs::read_dir("/dev").unwrap().flatten().find(|d| {
+        use std::os::unix::fs::FileTypeExt;
+        d.file_type().is_ok_and(|t| t.is_block_device())
+            && fs::File::open(d.path())
+                .and_then(|mut f| std::io::Read::read(&mut f, &mut [0u8; 16]))
+                .is_ok_and(|n| n > 0)
+    });
+    if let Some(dev) = block {
+        let dev = dev.path();
+        for caps in ["", "fs"] {
+            let out = leased_sh(
+                &e,
+                caps,
+                e.dir.path(),
+                "echo BYTES=$(head -c 4096 \"$1\" 2>/dev/null | wc -c)",
+                dev.to_str().unwrap(),
+            );
+            let so = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                so.contains("BYTES=0"),
+                "--caps {caps:?}: {} readable: {}",
+                dev.display(),
+                text(&out)
+            );
+        }
+    }
+    // The home is hidden only from the command: the guard and the caller still see the key.
+    assert_eq!(
+        fs::read_to_string(home.join("node.key")).unwrap().trim(),
+        key
+    );
+}
+
+/// The cgroup2 hierarchy's mount point (the mount whose root is the hierarchy's root).
+fn cgroup2_root() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        let f: Vec<&str> = pre.split(' ').collect();
+        (post.starts_with("cgroup2 ") && f.get(3) == Some(&"/")).then(|| PathBuf::from(f[4]))
+    })
+}
+
+/// A cgroup2 directory on the host, removed (after killing what is left in it) on drop.
+struct HostCgroup {
+    dir: PathBuf,
+    rel: String,
+    sleeper: Option<std::process::Child>,
+}
+
+impl HostCgroup {
+    /// `mg-wall-PID-WHAT` under the cgroup2 root, with a `sleep 600` in it when `sleeper`.
+    fn new(what: &str, sleeper: bool) -> HostCgroup {
+        let root = cgroup2_root()
+            .expect("no cgroup2 hierarchy here (the R1 and this machine kind have one)");
+        let rel = format!("mg-wall-{}-{what}", std::process::id());
+        let dir = root.join(&rel);
+        fs::create_dir(&dir).unwrap();
+        let sleeper = sleeper.then(|| {
+            let c = Command::new("sleep").arg("600").spawn().unwrap();
+            fs::write(dir.join("cgroup.procs"), c.id().to_string()).unwrap();
+            c
+        });
+        HostCgroup { dir, rel, sleeper }
+    }
+    /// The sleeper runs (not killed, not frozen).
+    fn sleeper_runs(&mut self) -> bool {
+        let frozen = fs::read_to_string(self.dir.join("cgroup.events"))
+            .map(|s| s.contains("frozen 1"))
+            .unwrap_or(false);
+        let alive = self
+            .sleeper
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none());
+        alive && !frozen
+    }
+}
+
+impl Drop for HostCgroup {
+    fn drop(&mut self) {
+        let _ = fs::write(self.dir.join("cgroup.freeze"), "0");
+        if let Some(c) = self.sleeper.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for _ in 0..50 {
+            if fs::remove_dir(&self.dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Issue 32.3: a lease with `--caps ""` (CapEff 0) could call unshare(NEWUSER|NEWNS|NEWCGROUP)
+/// (no seccomp filter on that path), mount a fresh cgroup2, which showed the host's whole tree,
+/// and kill a host process through a host cgroup's `cgroup.kill` (`cgroup.freeze` froze it).
+/// The mount needs a uid map, which kernels from 5.12 refuse without CAP_SETFCAP; the R1's
+/// 4.19 grants it, so the unshare itself is what must fail. The guard runs in a cgroup of its
+/// own here, so that the command's `/proc/self/cgroup` shows whether it has a cgroup
+/// namespace (`0::/`) or the host's path.
+#[test]
+fn leased_command_cannot_make_namespaces_nor_reach_host_cgroups() {
+    if !nix_is_root() {
+        eprintln!("skipping: needs root to make a host cgroup");
+        return;
+    }
+    let mut victim = HostCgroup::new("victim", true);
+    let guard_cg = HostCgroup::new("guard", false);
+    let e = Env::new();
+    e.delegate_ok("qwen", "net,fs", "1h");
+    let mnt = e.path("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let attack = format!(
+        "unshare -U -m -C true; echo unshare=$?; \
+         unshare -U -r -m -C sh -c 'mount -t cgroup2 none \"$1\" && echo MOUNTED && echo 1 > \"$1/{rel}/cgroup.freeze\"; echo 1 > \"$1/{rel}/cgroup.kill\"' sh \"$1\"; \
+         mount -t cgroup2 none \"$1\" && echo DIRECT-MOUNT; grep '^0::' /proc/self/cgroup",
+        rel = victim.rel
+    );
+    let procs = guard_cg.dir.join("cgroup.procs");
+    for caps in ["", "fs", "net,fs"] {
+        let mut c = e.cmd(&[
+            "run",
+            "--name",
+            "qwen",
+            "--caps",
+            caps,
+            "--lease",
+            "20",
+            "--",
+            "sh",
+            "-c",
+            &attack,
+            "sh",
+            mnt.to_str().unwrap(),
+        ]);
+        let procs = procs.clone();
+        // SAFETY: between fork and exec: one write to a cgroup file ("0" is the writer).
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(move || fs::write(&procs, "0"));
+        }
+        let out = c.output().unwrap();
+        let t = text(&out);
+        let so = String::from_utf8_lossy(&out.stdout);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            victim.sleeper_runs(),
+            "--caps {caps:?}: the host process was killed or frozen: {t}"
+        );
+        assert!(
+            !so.contains("MOUNTED") && !so.contains("DIRECT-MOUNT"),
+            "--caps {caps:?}: {t}"
+        );
+        assert!(
+            so.contains("unshare=1"),
+            "--caps {caps:?}: unshare was allowed: {t}"
+        );
+        assert!(
+            t.contains("Operation not permitted"),
+            "--caps {caps:?}: {t}"
+        );
+        // Its own cgroup namespace: the guard's cgroup is the root of what it can see.
+        assert!(so.lines().any(|l| l == "0::/"), "--caps {caps:?}: {t}");
+    }
+}

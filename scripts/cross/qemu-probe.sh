@@ -138,7 +138,8 @@ if [[ -x "$HOST_GUARD" ]]; then
     PARIS_PROBE="$ROOT/target/release/paris-probe" "$HOST_GUARD" delegate lease-check net,fs --ttl 600 \
         --qspec "$WORK/lease-check.json" >"$WORK/delegate.out" 2>&1 || tail -5 "$WORK/delegate.out" >&2
     marker=$((3000 + RANDOM % 1000))
-    if timeout "$STEP_TIMEOUT" "$QEMU" "$BIN/monster-guard" run --name lease-check --caps net,fs --lease 120 -- \
+    # qemu-user refuses seccomp filters (they would bind qemu itself): --allow-no-seccomp.
+    if timeout "$STEP_TIMEOUT" "$QEMU" "$BIN/monster-guard" run --name lease-check --caps net,fs --lease 120 --allow-no-seccomp -- \
         /bin/sh -c "setsid sleep $marker & sleep 0.5; echo tree started" >"$WORK/lease.out" 2>"$WORK/lease.err"; then
         sleep 0.5
         if pgrep -f "sleep $marker" >/dev/null; then

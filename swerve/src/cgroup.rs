@@ -1,6 +1,10 @@
 //! Per-sliver cgroups: v1 controllers where mounted (this machine kind is a v1 hybrid), else the
 //! v2 unified hierarchy when it offers the controller. The sliver's cgroup is created under
 //! swerve's own cgroup (from `/proc/self/cgroup`), so the host's limits still apply above it.
+//!
+//! The limits are written on `swerve-<name>`; the sliver's processes live in its child
+//! `swerve-<name>/sliver`, which becomes the root of the sliver's cgroup namespace: the cgroup
+//! whose limits bind it is outside anything it could name or mount.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,8 +14,14 @@ use crate::error::{Result, SwerveError};
 /// The sliver's cgroup directories (one per v1 controller, or one v2 directory).
 #[derive(Debug, Default)]
 pub struct Cgroups {
+    /// Every directory made, parents before their children (removed in reverse).
     dirs: Vec<PathBuf>,
+    /// The `sliver` child of each limited directory: where the processes go.
+    leaves: Vec<PathBuf>,
 }
+
+/// The child of each limited cgroup that holds the sliver's processes.
+const LEAF: &str = "sliver";
 
 struct Mount {
     point: PathBuf,
@@ -159,28 +169,41 @@ impl Cgroups {
                 tracing::warn!("--mem: no memory cgroup ({e}); only RLIMIT_DATA applies");
             }
         }
+        for d in cg.dirs.clone() {
+            let leaf = d.join(LEAF);
+            if let Err(e) = fs::create_dir(&leaf) {
+                cg.remove();
+                return Err(SwerveError::io("create cgroup", &leaf, e));
+            }
+            cg.dirs.push(leaf.clone());
+            cg.leaves.push(leaf);
+        }
         Ok(cg)
     }
 
-    /// Moves `pid` into every directory.
+    /// Moves `pid` into the `sliver` child of every limited directory.
     pub fn attach(&self, pid: i32) -> Result<()> {
-        for d in &self.dirs {
+        for d in &self.leaves {
             write(&d.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
 
-    /// How often the pids limit refused a fork (from `pids.events`), where the host reports it.
+    /// How often the pids limit refused a fork (from `pids.events`), where the host reports it
+    /// (older kernels count on the forking task's cgroup, newer ones on the limited one).
     pub fn pids_max_hits(&self) -> Option<u64> {
-        self.dirs.iter().find_map(|d| {
-            let text = fs::read_to_string(d.join("pids.events")).ok()?;
-            text.lines()
-                .find_map(|l| l.strip_prefix("max "))
-                .and_then(|n| n.trim().parse().ok())
-        })
+        self.dirs
+            .iter()
+            .filter_map(|d| {
+                let text = fs::read_to_string(d.join("pids.events")).ok()?;
+                text.lines()
+                    .find_map(|l| l.strip_prefix("max "))
+                    .and_then(|n| n.trim().parse().ok())
+            })
+            .max()
     }
 
-    /// The directories (for logs and tests).
+    /// The directories, parents before children (for logs and tests).
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
     }

@@ -307,7 +307,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             let plan = Plan::new(spec);
             if dry_run {
-                crate::sliver::compile_seccomp(&plan.seccomp_deny())?;
+                crate::sliver::Filters::new(&plan)?;
                 let mut out = std::io::stdout().lock();
                 writeln!(
                     out,

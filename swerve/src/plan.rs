@@ -304,6 +304,9 @@ pub enum Op {
     SessionKeyring,
     /// Init: `mount(/, MS_REC|MS_PRIVATE)` so nothing propagates to the host.
     MakeRootPrivate,
+    /// Init: `unshare(CLONE_NEWCGROUP)`, once in the sliver's own cgroup: the cgroups it can
+    /// name are its own subtree (the limits sit on the parent, out of its view).
+    CgroupNamespace,
     /// Init: bind the rootfs onto itself (pivot_root needs a mount point).
     BindRootfs,
     /// Init (`--rw` with overlayfs, instead of [`Op::BindRootfs`]): an overlay over the rootfs
@@ -379,8 +382,9 @@ impl Op {
         match self {
             NoNewPrivs | CgroupCreate | Clone => Phase::Host,
             IdMaps | CgroupAttach | VethHost => Phase::HostAfterClone,
-            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | BindRootfs
-            | OverlayRootfs | RootfsFlags | MountProc | ProcReadOnly | MountSys | MaskPaths
+            NewSession | CloseFds | SessionKeyring | MakeRootPrivate | CgroupNamespace
+            | BindRootfs | OverlayRootfs | RootfsFlags | MountProc | ProcReadOnly | MountSys
+            | MaskPaths
             | MountTmp | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot
             | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
             Rlimits | DropCaps | Seccomp | Exec => Phase::Command,
@@ -421,6 +425,7 @@ impl Plan {
             Op::CloseFds,
             Op::SessionKeyring,
             Op::MakeRootPrivate,
+            Op::CgroupNamespace,
             Op::BindRootfs,
             Op::RootfsFlags,
             Op::MountProc,
@@ -498,11 +503,11 @@ impl Plan {
                 if let Some(m) = s.mem {
                     l.push(format!("memory limit={m}"));
                 }
-                format!("cgroup create swerve-<pid> ({}; v1 or v2, whichever the host has)", l.join(", "))
+                format!("cgroup create swerve-<pid> ({}; v1 or v2, whichever the host has) and its child swerve-<pid>/sliver for the processes", l.join(", "))
             }
             Op::Clone => format!("clone(new {} namespaces) -> PID 1 of the sliver; it first sets prctl(PR_SET_PDEATHSIG, SIGKILL), so it dies with swerve", self.namespaces().join(", ")),
             Op::IdMaps => "write /proc/PID/{uid_map,setgroups,gid_map}: 0 -> caller".into(),
-            Op::CgroupAttach => "cgroup attach PID 1 (cgroup.procs)".into(),
+            Op::CgroupAttach => "cgroup attach PID 1 (swerve-<pid>/sliver/cgroup.procs)".into(),
             Op::VethHost => match &s.net {
                 NetMode::Veth { host, prefix, .. } => format!(
                     "host: ip link add sw<pid> type veth peer name eth0 netns PID; ip addr add {host}/{prefix} dev sw<pid>; ip link set sw<pid> up"
@@ -519,6 +524,7 @@ impl Plan {
             }
             Op::SessionKeyring => "keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) (a fresh, empty session keyring)".into(),
             Op::MakeRootPrivate => "mount(none, /, MS_REC|MS_PRIVATE)".into(),
+            Op::CgroupNamespace => "unshare(CLONE_NEWCGROUP)".into(),
             Op::BindRootfs if s.rw => format!(
                 "mount({root}, {root}, MS_BIND|MS_REC) (--rw without overlayfs: the base itself is written; its lock held alone)"
             ),
@@ -593,7 +599,10 @@ impl Plan {
                     format!("drop all capabilities except {}", keep.join(","))
                 }
             }
-            Op::Seccomp => format!("seccomp deny-list (EPERM): {}", self.seccomp_deny().join(",")),
+            Op::Seccomp => format!(
+                "seccomp: sandbox-wall's policy (no namespaces, mounts, bpf, perf, ptrace, io_uring, ...), then the seccomp deny-list (EPERM): {}",
+                self.seccomp_deny().join(",")
+            ),
             Op::Exec => {
                 // Names only: a value may be a secret the caller passed on purpose.
                 let path = s.env.iter().find(|(n, _)| n == "PATH").map(|(_, v)| v.to_string_lossy());

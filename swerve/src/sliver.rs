@@ -89,10 +89,43 @@ pub fn compile_seccomp(names: &[String]) -> Result<seccompiler::BpfProgram> {
         .ok_or_else(|| fail("filter missing after compilation".into()))
 }
 
+/// The sliver's two seccomp layers, compiled before the clone and installed in this order
+/// right before exec: the wall every lease and sliver shares, then the deny-list.
+pub struct Filters {
+    /// sandbox-wall's policy (namespaces, mounts, bpf, perf, ptrace, keyrings, io_uring, ...),
+    /// lifted per group only for a capability kept with `--cap`, as Docker's profile does.
+    wall: sandbox_wall::Filter,
+    /// [`crate::plan::SECCOMP_DENY_ALWAYS`] plus `--seccomp-deny`'s names.
+    deny: seccompiler::BpfProgram,
+}
+
+impl Filters {
+    /// Compiles both layers for `plan`.
+    pub fn new(plan: &Plan) -> Result<Filters> {
+        let kept_caps = plan
+            .spec
+            .caps_keep
+            .iter()
+            .fold(0u64, |m, c| m | (1u64 << c.index()));
+        let policy = sandbox_wall::Policy {
+            kept_caps,
+            deny_ip_sockets: false,
+        };
+        let wall = sandbox_wall::Filter::new(&policy).map_err(|e| SwerveError::StepOther {
+            step: "seccomp policy".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(Filters {
+            wall,
+            deny: compile_seccomp(&plan.seccomp_deny())?,
+        })
+    }
+}
+
 /// Runs the plan; returns the exit code swerve should exit with.
 pub fn run(plan: &Plan) -> Result<i32> {
     let spec = &plan.spec;
-    let seccomp = Some(compile_seccomp(&plan.seccomp_deny())?);
+    let seccomp = Some(Filters::new(plan)?);
     // Block the signals we forward (and SIGCHLD) before cloning, so none is lost or acted on
     // by default in the window before each process starts waiting for them.
     let waited = waited_set();
@@ -278,12 +311,7 @@ struct InitState {
 }
 
 /// PID 1 of the sliver. Never returns.
-fn init_main(
-    plan: &Plan,
-    go_rd: RawFd,
-    go_wr: RawFd,
-    seccomp: Option<&seccompiler::BpfProgram>,
-) -> isize {
+fn init_main(plan: &Plan, go_rd: RawFd, go_wr: RawFd, seccomp: Option<&Filters>) -> isize {
     let _ = nix::unistd::close(go_wr);
     // If swerve dies, the sliver dies with it.
     // SAFETY: prctl with integer arguments only.
@@ -354,6 +382,10 @@ fn init_op(plan: &Plan, op: &Op, st: &mut InitState) -> Result<()> {
         // Nothing we mount may propagate back to the host.
         Op::MakeRootPrivate => mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
             .map_err(step("mount(/, MS_REC|MS_PRIVATE)")),
+        // swerve attached us to the sliver's cgroup before releasing us: that cgroup becomes
+        // the root of every cgroup path the sliver can name or mount.
+        Op::CgroupNamespace => nix::sched::unshare(CloneFlags::CLONE_NEWCGROUP)
+            .map_err(step("unshare(CLONE_NEWCGROUP)")),
         // pivot_root needs the new root to be a mount point.
         Op::BindRootfs => mount(
             Some(root),
@@ -650,7 +682,7 @@ fn close_fds(keep: &[RawFd], fallback: bool) -> Result<()> {
 }
 
 /// The command's process: restores signal defaults, applies the Command-phase ops, execs.
-fn command_main(plan: &Plan, seccomp: Option<&seccompiler::BpfProgram>) -> ! {
+fn command_main(plan: &Plan, seccomp: Option<&Filters>) -> ! {
     // Rust ignores SIGPIPE and we blocked the forwarded signals: undo both for the command.
     // SAFETY: resetting a disposition to SIG_DFL.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
@@ -669,7 +701,7 @@ fn command_main(plan: &Plan, seccomp: Option<&seccompiler::BpfProgram>) -> ! {
 fn command_op(
     plan: &Plan,
     op: &Op,
-    seccomp: Option<&seccompiler::BpfProgram>,
+    seccomp: Option<&Filters>,
 ) -> std::result::Result<(), (i32, SwerveError)> {
     use nix::sys::resource::{setrlimit, Resource};
     let spec = &plan.spec;
@@ -700,8 +732,14 @@ fn command_op(
         }
         Op::DropCaps => drop_caps(&spec.caps_keep).map_err(setup),
         Op::Seccomp => {
-            if let Some(prog) = seccomp {
-                seccompiler::apply_filter(prog).map_err(|e| {
+            if let Some(f) = seccomp {
+                f.wall.apply().map_err(|e| {
+                    setup(SwerveError::StepOther {
+                        step: "seccomp(SET_MODE_FILTER) (the wall)".into(),
+                        reason: e.to_string(),
+                    })
+                })?;
+                seccompiler::apply_filter(&f.deny).map_err(|e| {
                     setup(SwerveError::StepOther {
                         step: "seccomp(SET_MODE_FILTER)".into(),
                         reason: e.to_string(),
@@ -770,35 +808,18 @@ fn command_op(
 }
 
 /// Drops every capability not in `keep` from the bounding, inheritable, ambient, effective and
-/// permitted sets (bounding first, while we still hold CAP_SETPCAP).
+/// permitted sets (the one implementation leases share: [`sandbox_wall::caps::drop_to`]).
 fn drop_caps(keep: &[caps::Capability]) -> Result<()> {
-    use caps::{CapSet, CapsHashSet};
-    let cap_err = |what: &str| {
-        let what = what.to_string();
-        move |e: caps::errors::CapsError| SwerveError::StepOther {
-            step: what,
+    let mask = keep.iter().fold(0u64, |m, c| m | (1u64 << c.index()));
+    match sandbox_wall::caps::drop_to(mask) {
+        Ok(0) => Ok(()),
+        Ok(n) => Err(SwerveError::StepOther {
+            step: "prctl(PR_CAPBSET_DROP)".into(),
+            reason: format!("{n} capabilities stayed in the bounding set (no CAP_SETPCAP)"),
+        }),
+        Err(e) => Err(SwerveError::StepOther {
+            step: "capset".into(),
             reason: e.to_string(),
-        }
-    };
-    let last: u8 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40);
-    let keep_set: CapsHashSet = keep.iter().copied().collect();
-    for cap in caps::all() {
-        if cap.index() <= last && !keep_set.contains(&cap) {
-            caps::drop(None, CapSet::Bounding, cap)
-                .map_err(cap_err(&format!("prctl(PR_CAPBSET_DROP, {cap})")))?;
-        }
+        }),
     }
-    let supported: CapsHashSet = keep_set
-        .iter()
-        .copied()
-        .filter(|c| c.index() <= last)
-        .collect();
-    caps::clear(None, CapSet::Ambient).map_err(cap_err("prctl(PR_CAP_AMBIENT_CLEAR_ALL)"))?;
-    caps::set(None, CapSet::Inheritable, &supported).map_err(cap_err("capset(inheritable)"))?;
-    caps::set(None, CapSet::Effective, &supported).map_err(cap_err("capset(effective)"))?;
-    caps::set(None, CapSet::Permitted, &supported).map_err(cap_err("capset(permitted)"))?;
-    Ok(())
 }

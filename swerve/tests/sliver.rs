@@ -320,6 +320,7 @@ fn dry_run_prints_the_steps_in_order_and_runs_nothing() {
         "close_range(3",
         "KEYCTL_JOIN_SESSION_KEYRING",
         "MS_REC|MS_PRIVATE",
+        "unshare(CLONE_NEWCGROUP)",
         "AT_RECURSIVE, RDONLY|NOSUID|NODEV",
         "mount(proc",
         "/proc/sys",
