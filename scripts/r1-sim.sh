@@ -2,13 +2,14 @@
 # Simulated R1 devices on one machine: N fat-stations, each in its own network namespace
 # (a veth to a host bridge), its own memory cgroup (the R1's 2.95 GB free RAM by default),
 # CPU share (pinned to one core each with taskset, round robin over the host's cores, and a
-# cfs quota of --cpus cores), with a delay on each station's link (12 ms round trip by
-# default, the seed's USB RTT). The layers are split evenly; moonshine drives them with
-# --mesh FILE, and POST /chain runs them node to node (each node may forward to the next).
+# cfs quota of --cpus cores), with a delay (12 ms round trip by default, the seed's USB RTT)
+# and optionally a bandwidth cap on each station's link. The layers are split evenly;
+# moonshine drives them with --mesh FILE, and POST /chain runs them node to node (each node
+# may forward to the next).
 #
-#   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--delay MS]
-#                        [--knot FILE] [--delay-via auto|netem|proxy] [--kv-dtype f32|f16]
-#                        [-- STATION ARGS]
+#   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--link PROFILE]
+#                        [--delay MS] [--jitter MS] [--rate RATE] [--knot FILE]
+#                        [--delay-via auto|netem|proxy] [--kv-dtype f32|f16] [-- STATION ARGS]
 #   scripts/r1-sim.sh check         # one POST /chain through every node: prints the token
 #   scripts/r1-sim.sh status        # the mesh file, each node's peak RSS and cgroup memory
 #   scripts/r1-sim.sh down          # stop the stations, remove namespaces, cgroups, links
@@ -26,9 +27,40 @@
 # moonshine's chain (--mesh) makes every call from the host (embed, forward per node,
 # lm-head), so each chain trip pays (N + 2) x MS of link time; a POST /chain pays N x MS.
 #
+# Link profiles (--link; --delay, --jitter and --rate given after or before it override its
+# figures):
+#   none (default)  12 ms round trip, no jitter, no bandwidth cap (the script's old behaviour).
+#   usb2            the seed's links: devices on one USB 2.0 hub. 12 ms round trip (the seed
+#                   measured ~11-12 ms per hop over USB networking), no jitter, and 35 MB/s
+#                   for the whole hub, split evenly: each link gets 35MB/N per direction.
+#                   35 MB/s: USB 2.0 signals at 480 Mbit/s (60 MB/s) per host controller,
+#                   shared by every device below it; the bulk-transfer ceiling is 13 x 512-byte
+#                   packets per 125 us microframe = 53 MB/s (USB 2.0 spec 5.8.4, table 5-10),
+#                   the USB-IF puts protocol overhead at 10-15% of the 60 MB/s, and measured
+#                   hi-speed disks sustain 25-30 MB/s written and 30-42 MB/s read (CNet's tests,
+#                   as quoted by Wikipedia's "USB" article; drive makers quote "mid-30s MB/s").
+#   wifi            802.11n on 2.4 GHz, one AP: 15 ms round trip (a few ms over USB), jitter
+#                   +-1.5 ms each way, 50 Mbit/s per link per direction (the usual TCP figure
+#                   for a 20 MHz 802.11n link whose PHY rate is 65-72 Mbit/s; the link issue 36
+#                   reasons about: 600 KB of logits take ~100 ms on it). Not split: a real AP
+#                   is one shared medium, so concurrent transfers are optimistic here.
+# --rate RATE caps each link at RATE per direction (bits: 20Mbit, 500kbit, 1Gbit, powers of
+#   1000; bytes, as every size in this workspace: 35MB = 35e6 B/s, 4M = 4 MiB/s; an optional
+#   /s; `none` removes a profile's cap). --jitter MS varies each one-way delay by up to +-MS/2.
+# Shaping, and what is shared: netem adds `rate` to the delay on both ends of each veth, so
+#   the cap holds per link and per direction (a transfer host -> node i and node i -> host
+#   each get RATE; node to node crosses two links, still RATE). The proxy paces each
+#   direction of each link (all its connections together) to RATE the same way. A USB hub is
+#   one half-duplex bus for all its devices; neither mode has one queue for all links (the
+#   bridge's own qdisc sees only the host's traffic, not node to node), so usb2 approximates
+#   the shared hub by giving each link its 1/N share: pessimistic for one stream (one link
+#   busy at a time would get the whole hub), optimistic when every link carries both
+#   directions at once (the bus would give each 1/2N).
+#
 # Memory: cgroup v2 (memory.max, cpu.max) or v1 (memory.limit_in_bytes, cpu.cfs_quota_us),
 # whichever is mounted; `status` and `down` print each node's peak (memory.peak or
-# memory.max_usage_in_bytes). Needs root, ip (iproute2) and python3 for the proxy.
+# memory.max_usage_in_bytes). Needs root, ip (iproute2), tc with sch_netem for netem, and
+# python3 for the proxy.
 # Env: FAT_STATION_BIN (default target/release/fat-station), KNOT_BIN (target/release/knot),
 #      AEON_MODELS_DIR,
 #      R1SIM_STATE (default /run/r1-sim: pids, logs, mesh.json), R1SIM_NAME (default r1sim:
@@ -62,6 +94,35 @@ if not m:
 n, unit, binary = float(m[1]), m[2].upper(), m[3]
 base = 1024 if binary else 1000
 print(int(n * base ** " KMGT".index(unit or " ")))
+EOF
+}
+
+# Bytes per second of a rate like 20Mbit, 500kbit (bits, powers of 1000, as tc and network
+# gear count), 35MB or 4M (bytes, the workspace's size rule: aeon_cli::size), optionally with
+# /s; `none` prints 0 (no cap).
+rate_bytes() {
+  python3 - "$1" <<'EOF' || die "bad --rate $1 (e.g. 20Mbit, 500kbit, 35MB, none)"
+import re, sys
+s = sys.argv[1].strip()
+if s.lower() == "none":
+    print(0)
+    sys.exit(0)
+m = re.fullmatch(r"(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)(?:/s)?", s, re.I)
+if not m:
+    sys.exit(1)
+n, unit = float(m[1]), m[2].lower()
+bits = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+size = {"b": 1, "k": 2**10, "ki": 2**10, "kib": 2**10, "m": 2**20, "mi": 2**20, "mib": 2**20,
+        "g": 2**30, "gi": 2**30, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9}
+if unit in bits:
+    r = n * bits[unit] / 8
+elif unit in size:
+    r = n * size[unit]
+else:
+    sys.exit(1)
+if not 1 <= r <= 1e11:
+    sys.exit(1)
+print(int(round(r)))
 EOF
 }
 
@@ -138,14 +199,20 @@ netem_works() {
 }
 
 cmd_up() {
-  local n=2 mem=2.95G cpus=1 pin=1 delay=12 via=auto kv=f32 knot=""
+  local n=2 mem=2.95G cpus=1 pin=1 via=auto kv=f32 knot=""
+  # The link: a profile's figures, then any explicit --delay/--jitter/--rate over them.
+  local link=none delay="" jitter="" rate=""
   while [[ $# -gt 0 ]]; do
+    case $1 in --no-pin|--|-h|--help) ;; --*) [[ $# -ge 2 ]] || die "$1 needs a value" ;; esac
     case $1 in
       --nodes) n=$2; shift 2 ;;
       --mem) mem=$2; shift 2 ;;
       --cpus) cpus=$2; shift 2 ;;
       --no-pin) pin=0; shift ;;
+      --link) link=$2; shift 2 ;;
       --delay) delay=$2; shift 2 ;;
+      --jitter) jitter=$2; shift 2 ;;
+      --rate) rate=$2; shift 2 ;;
       --delay-via) via=$2; shift 2 ;;
       --knot) knot=$2; shift 2 ;;
       --kv-dtype) kv=$2; shift 2 ;;
@@ -156,7 +223,25 @@ cmd_up() {
   done
   local extra=("$@")
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be 1-99"
+  # Profile figures (sources in the header); rate "hub:" is split among the nodes.
+  local p_delay p_jitter p_rate
+  case $link in
+    none) p_delay=12 p_jitter=0 p_rate=none ;;
+    usb2) p_delay=12 p_jitter=0 p_rate=hub:35MB ;;
+    wifi) p_delay=15 p_jitter=3 p_rate=50Mbit ;;
+    *) die "--link must be none, usb2 or wifi" ;;
+  esac
+  delay=${delay:-$p_delay} jitter=${jitter:-$p_jitter} rate=${rate:-$p_rate}
   [[ $delay =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delay must be milliseconds"
+  [[ $jitter =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--jitter must be milliseconds"
+  # Bytes per second per link and direction; 0 = no cap.
+  local rate_bps
+  if [[ $rate == hub:* ]]; then
+    rate_bps=$(rate_bytes "${rate#hub:}")
+    rate_bps=$((rate_bps / n))
+  else
+    rate_bps=$(rate_bytes "$rate")
+  fi
   [[ $cpus =~ ^[0-9]+(\.[0-9]+)?$ ]] && python3 -c "import sys; sys.exit(not float('$cpus') > 0)" \
     || die "--cpus must be a positive number of cores"
   [ "$(id -u)" -eq 0 ] || die "needs root (namespaces, cgroups)"
@@ -205,9 +290,16 @@ cmd_up() {
     ip -n "$ns" link set lo up
     ip -n "$ns" link set eth0 up
     if [ "$via" = netem ]; then
-      local half; half=$(python3 -c "print($delay / 2)")
-      tc qdisc add dev "$host" root netem delay "${half}ms"
-      ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${half}ms"
+      # Each end delays its egress by half the round trip (+- half the jitter) and serialises
+      # it at the link's rate; a deeper queue than netem's 1000 packets, so a capped burst
+      # waits instead of being dropped.
+      local half jit shape=()
+      half=$(python3 -c "print($delay / 2)"); jit=$(python3 -c "print($jitter / 2)")
+      shape=(delay "${half}ms")
+      [ "$jitter" != 0 ] && shape+=("${jit}ms")
+      [ "$rate_bps" -gt 0 ] && shape+=(rate "$((rate_bps * 8))bit" limit 10000)
+      tc qdisc add dev "$host" root netem "${shape[@]}"
+      ip netns exec "$ns" tc qdisc add dev eth0 root netem "${shape[@]}"
     fi
     # Memory and CPU: a cgroup per node, the station started inside it.
     local mdir cdir; mdir=$(cg_dir memory "$i"); cdir=$(cg_dir cpu "$i")
@@ -241,6 +333,7 @@ cmd_up() {
     if [ "$via" = proxy ]; then
       local half; half=$(python3 -c "print($delay / 2)")
       python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$NET.1:$((17700 + i))" "$ip:8080" "$half" \
+        --jitter "$(python3 -c "print($jitter / 2)")" --rate "$rate_bps" \
         >"$STATE/proxy$i.log" 2>&1 &
       echo $! >"$STATE/proxy$i.pid"
     fi
@@ -264,7 +357,11 @@ EOF
   done
   local pinning="pinned round robin over $ncores cores"
   [ "$pin" = 1 ] || pinning="not pinned"
-  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, ${delay} ms per link via $via); mesh file:"
+  local shaped="${delay} ms"
+  [ "$jitter" != 0 ] && shaped+=" +-$(python3 -c "print($jitter / 2)") ms each way"
+  [ "$rate_bps" -gt 0 ] && shaped+=", $(python3 -c "print(f'{$rate_bps * 8 / 1e6:g}')") Mbit/s each way"
+  echo "$link ${delay} ${jitter} ${rate_bps}" >"$STATE/link"
+  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, link $link: $shaped per link via $via); mesh file:"
   echo "$STATE/mesh.json"
 }
 
