@@ -11,7 +11,7 @@
 #                        [--delay MS] [--jitter MS] [--rate RATE] [--knot FILE]
 #                        [--delay-via auto|netem|proxy] [--kv-dtype f32|f16] [-- STATION ARGS]
 #   scripts/r1-sim.sh check         # one POST /chain through every node: prints the token
-#   scripts/r1-sim.sh status        # the mesh file, each node's peak RSS and cgroup memory
+#   scripts/r1-sim.sh status        # the mesh file, the link, each node's peak RSS and memory
 #   scripts/r1-sim.sh down          # stop the stations, remove namespaces, cgroups, links
 #
 # Topology: a star, as devices on a USB hub: host bridge r1sim-br (10.77.0.1/24), node i at
@@ -147,6 +147,7 @@ peak_of() { # i -> "now peak" in MiB, or "? ?"
 cmd_status() {
   [ -f "$STATE/nodes" ] || die "not up (no $STATE/nodes)" 1
   echo "mesh: $STATE/mesh.json"
+  [ -f "$STATE/link" ] && cat "$STATE/link"
   cat "$STATE/mesh.json"; echo
   local n; n=$(cat "$STATE/nodes")
   for ((i = 0; i < n; i++)); do
@@ -187,7 +188,7 @@ cmd_down() {
     done
   done
   ip link del "$BR" 2>/dev/null || true
-  rm -f "$STATE/nodes"
+  rm -f "$STATE/nodes" "$STATE/link"
 }
 
 netem_works() {
@@ -296,7 +297,7 @@ cmd_up() {
       local half jit shape=()
       half=$(python3 -c "print($delay / 2)"); jit=$(python3 -c "print($jitter / 2)")
       shape=(delay "${half}ms")
-      [ "$jitter" != 0 ] && shape+=("${jit}ms")
+      python3 -c "import sys; sys.exit(not float('$jitter') > 0)" && shape+=("${jit}ms")
       [ "$rate_bps" -gt 0 ] && shape+=(rate "$((rate_bps * 8))bit" limit 10000)
       tc qdisc add dev "$host" root netem "${shape[@]}"
       ip netns exec "$ns" tc qdisc add dev eth0 root netem "${shape[@]}"
@@ -333,7 +334,7 @@ cmd_up() {
     if [ "$via" = proxy ]; then
       local half; half=$(python3 -c "print($delay / 2)")
       python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$NET.1:$((17700 + i))" "$ip:8080" "$half" \
-        --jitter "$(python3 -c "print($jitter / 2)")" --rate "$rate_bps" \
+        --jitter "$jitter" --rate "$rate_bps" \
         >"$STATE/proxy$i.log" 2>&1 &
       echo $! >"$STATE/proxy$i.pid"
     fi
@@ -358,10 +359,11 @@ EOF
   local pinning="pinned round robin over $ncores cores"
   [ "$pin" = 1 ] || pinning="not pinned"
   local shaped="${delay} ms"
-  [ "$jitter" != 0 ] && shaped+=" +-$(python3 -c "print($jitter / 2)") ms each way"
+  python3 -c "import sys; sys.exit(not float('$jitter') > 0)" \
+    && shaped+=" +-$(python3 -c "print($jitter / 2)") ms each way"
   [ "$rate_bps" -gt 0 ] && shaped+=", $(python3 -c "print(f'{$rate_bps * 8 / 1e6:g}')") Mbit/s each way"
-  echo "$link ${delay} ${jitter} ${rate_bps}" >"$STATE/link"
-  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, link $link: $shaped per link via $via); mesh file:"
+  echo "link $link: $shaped per link via $via" >"$STATE/link"
+  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, $(cat "$STATE/link")); mesh file:"
   echo "$STATE/mesh.json"
 }
 
