@@ -8,7 +8,7 @@
 # may forward to the next).
 #
 #   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--link PROFILE]
-#                        [--delay MS] [--jitter MS] [--rate RATE] [--knot FILE]
+#                        [--delay MS] [--jitter MS] [--rate RATE] [--hub RATE] [--knot FILE]
 #                        [--delay-via auto|netem|proxy] [--kv-dtype f32|f16] [-- STATION ARGS]
 #   scripts/r1-sim.sh check         # one POST /chain through every node: prints the token
 #   scripts/r1-sim.sh status        # the mesh file, the link, each node's peak RSS and memory
@@ -27,35 +27,38 @@
 # moonshine's chain (--mesh) makes every call from the host (embed, forward per node,
 # lm-head), so each chain trip pays (N + 2) x MS of link time; a POST /chain pays N x MS.
 #
-# Link profiles (--link; --delay, --jitter and --rate given after or before it override its
-# figures):
+# Link profiles (--link; --delay, --jitter, --rate and --hub override its figures):
 #   none (default)  12 ms round trip, no jitter, no bandwidth cap (the script's old behaviour).
 #   usb2            the seed's links: devices on one USB 2.0 hub. 12 ms round trip (the seed
-#                   measured ~11-12 ms per hop over USB networking), no jitter, and 35 MB/s
-#                   for the whole hub, split evenly: each link gets 35MB/N per direction.
+#                   measured ~11-12 ms per hop over USB networking), no jitter, and --hub
+#                   35MB: 35 MB/s for the whole hub, shared by every link and direction.
 #                   35 MB/s: USB 2.0 signals at 480 Mbit/s (60 MB/s) per host controller,
-#                   shared by every device below it; the bulk-transfer ceiling is 13 x 512-byte
-#                   packets per 125 us microframe = 53 MB/s (USB 2.0 spec 5.8.4, table 5-10),
-#                   the USB-IF puts protocol overhead at 10-15% of the 60 MB/s, and measured
-#                   hi-speed disks sustain 25-30 MB/s written and 30-42 MB/s read (CNet's tests,
-#                   as quoted by Wikipedia's "USB" article; drive makers quote "mid-30s MB/s").
+#                   shared by every device below it and half duplex; the bulk-transfer ceiling
+#                   is 13 x 512-byte packets per 125 us microframe = 53 MB/s (USB 2.0 spec
+#                   5.8.4, table 5-10), the USB-IF puts protocol overhead at 10-15% of the
+#                   60 MB/s, and measured hi-speed disks sustain 25-30 MB/s written and 30-42
+#                   MB/s read (CNet's tests, as quoted by Wikipedia's "USB" article; drive
+#                   makers quote "mid-30s MB/s").
 #   wifi            802.11n on 2.4 GHz, one AP: 15 ms round trip (a few ms over USB), jitter
 #                   +-1.5 ms each way, 50 Mbit/s per link per direction (the usual TCP figure
 #                   for a 20 MHz 802.11n link whose PHY rate is 65-72 Mbit/s; the link issue 36
-#                   reasons about: 600 KB of logits take ~100 ms on it). Not split: a real AP
-#                   is one shared medium, so concurrent transfers are optimistic here.
-# --rate RATE caps each link at RATE per direction (bits: 20Mbit, 500kbit, 1Gbit, powers of
-#   1000; bytes, as every size in this workspace: 35MB = 35e6 B/s, 4M = 4 MiB/s; an optional
-#   /s; `none` removes a profile's cap). --jitter MS varies each one-way delay by up to +-MS/2.
-# Shaping, and what is shared: netem adds `rate` to the delay on both ends of each veth, so
-#   the cap holds per link and per direction (a transfer host -> node i and node i -> host
-#   each get RATE; node to node crosses two links, still RATE). The proxy paces each
-#   direction of each link (all its connections together) to RATE the same way. A USB hub is
-#   one half-duplex bus for all its devices; neither mode has one queue for all links (the
-#   bridge's own qdisc sees only the host's traffic, not node to node), so usb2 approximates
-#   the shared hub by giving each link its 1/N share: pessimistic for one stream (one link
-#   busy at a time would get the whole hub), optimistic when every link carries both
-#   directions at once (the bus would give each 1/2N).
+#                   reasons about: 600 KB of logits take ~100 ms on it). Per link, not shared:
+#                   a real AP is one medium, so concurrent transfers are optimistic here.
+# Rates: bits (20Mbit, 500kbit, 1Gbit: powers of 1000) or bytes as every size in this
+#   workspace (35MB = 35e6 B/s, 4M = 4 MiB/s), an optional /s; `none` removes a cap.
+#   --rate RATE caps each link, per direction; --hub RATE caps all links and both directions
+#   together; --jitter MS varies each one-way delay by up to +-MS/2.
+# How each mode shapes:
+#   proxy: one delay-proxy.py for all links paces each direction of each link to --rate
+#     (all its connections together) and every byte through the --hub bus, first come first
+#     served (a USB host controller would interleave transfers; the total is the same). A
+#     request from a node to the next node's link crosses the bus twice (up to the host and
+#     down, as on USB); one from the host, once.
+#   netem: `rate` on both ends of each veth, per link and per direction. There is no queue
+#     all links share (the bridge's own qdisc sees only the host's traffic, not node to
+#     node), so --hub becomes a 1/N share per link and direction: pessimistic for one stream
+#     (one link busy at a time would get the whole hub), optimistic when every link carries
+#     both directions at once (the bus would give each 1/2N).
 #
 # Memory: cgroup v2 (memory.max, cpu.max) or v1 (memory.limit_in_bytes, cpu.cfs_quota_us),
 # whichever is mounted; `status` and `down` print each node's peak (memory.peak or
@@ -99,9 +102,9 @@ EOF
 
 # Bytes per second of a rate like 20Mbit, 500kbit (bits, powers of 1000, as tc and network
 # gear count), 35MB or 4M (bytes, the workspace's size rule: aeon_cli::size), optionally with
-# /s; `none` prints 0 (no cap).
+# /s; `none` prints 0 (no cap). Args: the rate, the flag it came from.
 rate_bytes() {
-  python3 - "$1" <<'EOF' || die "bad --rate $1 (e.g. 20Mbit, 500kbit, 35MB, none)"
+  python3 - "$1" <<'EOF' || die "bad $2 $1 (e.g. 20Mbit, 500kbit, 35MB, none)"
 import re, sys
 s = sys.argv[1].strip()
 if s.lower() == "none":
@@ -202,7 +205,7 @@ netem_works() {
 cmd_up() {
   local n=2 mem=2.95G cpus=1 pin=1 via=auto kv=f32 knot=""
   # The link: a profile's figures, then any explicit --delay/--jitter/--rate over them.
-  local link=none delay="" jitter="" rate=""
+  local link=none delay="" jitter="" rate="" hub=""
   while [[ $# -gt 0 ]]; do
     case $1 in --no-pin|--|-h|--help) ;; --*) [[ $# -ge 2 ]] || die "$1 needs a value" ;; esac
     case $1 in
@@ -214,6 +217,7 @@ cmd_up() {
       --delay) delay=$2; shift 2 ;;
       --jitter) jitter=$2; shift 2 ;;
       --rate) rate=$2; shift 2 ;;
+      --hub) hub=$2; shift 2 ;;
       --delay-via) via=$2; shift 2 ;;
       --knot) knot=$2; shift 2 ;;
       --kv-dtype) kv=$2; shift 2 ;;
@@ -224,25 +228,21 @@ cmd_up() {
   done
   local extra=("$@")
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be 1-99"
-  # Profile figures (sources in the header); rate "hub:" is split among the nodes.
-  local p_delay p_jitter p_rate
+  # Profile figures (sources in the header).
+  local p_delay p_jitter p_rate p_hub
   case $link in
-    none) p_delay=12 p_jitter=0 p_rate=none ;;
-    usb2) p_delay=12 p_jitter=0 p_rate=hub:35MB ;;
-    wifi) p_delay=15 p_jitter=3 p_rate=50Mbit ;;
+    none) p_delay=12 p_jitter=0 p_rate=none p_hub=none ;;
+    usb2) p_delay=12 p_jitter=0 p_rate=none p_hub=35MB ;;
+    wifi) p_delay=15 p_jitter=3 p_rate=50Mbit p_hub=none ;;
     *) die "--link must be none, usb2 or wifi" ;;
   esac
-  delay=${delay:-$p_delay} jitter=${jitter:-$p_jitter} rate=${rate:-$p_rate}
+  delay=${delay:-$p_delay} jitter=${jitter:-$p_jitter} rate=${rate:-$p_rate} hub=${hub:-$p_hub}
   [[ $delay =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delay must be milliseconds"
   [[ $jitter =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--jitter must be milliseconds"
-  # Bytes per second per link and direction; 0 = no cap.
-  local rate_bps
-  if [[ $rate == hub:* ]]; then
-    rate_bps=$(rate_bytes "${rate#hub:}")
-    rate_bps=$((rate_bps / n))
-  else
-    rate_bps=$(rate_bytes "$rate")
-  fi
+  # Bytes per second per link and direction, and for the whole hub; 0 = no cap.
+  local rate_bps hub_bps
+  rate_bps=$(rate_bytes "$rate" --rate)
+  hub_bps=$(rate_bytes "$hub" --hub)
   [[ $cpus =~ ^[0-9]+(\.[0-9]+)?$ ]] && python3 -c "import sys; sys.exit(not float('$cpus') > 0)" \
     || die "--cpus must be a positive number of cores"
   [ "$(id -u)" -eq 0 ] || die "needs root (namespaces, cgroups)"
@@ -259,6 +259,12 @@ cmd_up() {
     proxy) ;;
     *) die "--delay-via must be auto, netem or proxy" ;;
   esac
+  # netem has no queue shared by all links: each gets the hub's 1/N share (header).
+  local link_bps=$rate_bps
+  if [ "$via" = netem ] && [ "$hub_bps" -gt 0 ]; then
+    local share=$((hub_bps / n))
+    [ "$link_bps" -eq 0 ] || [ "$share" -lt "$link_bps" ] && link_bps=$share
+  fi
   [ -f "$STATE/nodes" ] && cmd_down >/dev/null 2>&1
   mkdir -p "$STATE"
   echo "$n" >"$STATE/nodes"
@@ -298,7 +304,7 @@ cmd_up() {
       half=$(python3 -c "print($delay / 2)"); jit=$(python3 -c "print($jitter / 2)")
       shape=(delay "${half}ms")
       python3 -c "import sys; sys.exit(not float('$jitter') > 0)" && shape+=("${jit}ms")
-      [ "$rate_bps" -gt 0 ] && shape+=(rate "$((rate_bps * 8))bit" limit 10000)
+      [ "$link_bps" -gt 0 ] && shape+=(rate "$((link_bps * 8))bit" limit 10000)
       tc qdisc add dev "$host" root netem "${shape[@]}"
       ip netns exec "$ns" tc qdisc add dev eth0 root netem "${shape[@]}"
     fi
@@ -331,15 +337,17 @@ cmd_up() {
       exec "${pinned[@]}" ip netns exec "$ns" "$BIN" "${args[@]}" "${extra[@]}" ) \
       >"$STATE/node$i.log" 2>&1 &
     echo $! >"$STATE/node$i.pid"
-    if [ "$via" = proxy ]; then
-      local half; half=$(python3 -c "print($delay / 2)")
-      python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$NET.1:$((17700 + i))" "$ip:8080" "$half" \
-        --jitter "$jitter" --rate "$rate_bps" \
-        >"$STATE/proxy$i.log" 2>&1 &
-      echo $! >"$STATE/proxy$i.pid"
-    fi
     hops+=("{\"url\": \"${urls[$i]}\", \"layers\": \"$a-$b\"}")
   done
+  if [ "$via" = proxy ]; then
+    # One process for every link, so they can share the hub's bus.
+    local half pairs=()
+    half=$(python3 -c "print($delay / 2)")
+    for ((i = 0; i < n; i++)); do pairs+=("$NET.1:$((17700 + i))=$NET.$((10 + i)):8080"); done
+    python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$half" "${pairs[@]}" \
+      --jitter "$jitter" --rate "$rate_bps" --bus "$hub_bps" >"$STATE/proxy.log" 2>&1 &
+    echo $! >"$STATE/proxy.pid"
+  fi
   local IFS=,
   echo "{\"model\": \"$(basename "$knot" .knot)\", \"stations\": [${hops[*]}]}" >"$STATE/mesh.json"
   unset IFS
@@ -361,8 +369,14 @@ EOF
   local shaped="${delay} ms"
   python3 -c "import sys; sys.exit(not float('$jitter') > 0)" \
     && shaped+=" +-$(python3 -c "print($jitter / 2)") ms each way"
-  [ "$rate_bps" -gt 0 ] && shaped+=", $(python3 -c "print(f'{$rate_bps * 8 / 1e6:g}')") Mbit/s each way"
-  echo "link $link: $shaped per link via $via" >"$STATE/link"
+  mbit() { python3 -c "print(f'{$1 * 8 / 1e6:g}')"; }
+  [ "$link_bps" -gt 0 ] && shaped+=", $(mbit "$link_bps") Mbit/s each way"
+  shaped+=" per link"
+  if [ "$hub_bps" -gt 0 ]; then
+    if [ "$via" = netem ]; then shaped+=" (the hub's $(mbit "$hub_bps") Mbit/s split)"
+    else shaped+=", a $(mbit "$hub_bps") Mbit/s hub shared by all"; fi
+  fi
+  echo "link $link: $shaped via $via" >"$STATE/link"
   echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, $(cat "$STATE/link")); mesh file:"
   echo "$STATE/mesh.json"
 }

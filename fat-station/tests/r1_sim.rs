@@ -1,8 +1,8 @@
 //! scripts/r1-sim.sh on the real Qwen: two stations, each in its own network namespace, memory
 //! cgroup and core, behind a 40 ms link, answer one `POST /chain` (" Paris", through both
 //! links), and `down` leaves no namespace, link, cgroup or process behind; a link capped with
-//! `--rate` takes at least its bytes' time on the wire, in both delay modes (netem where the
-//! kernel has it, the proxy always). Needs root (skipped without it, failed under
+//! `--rate` takes at least its bytes' time on the wire, and links under one `--hub` rate share
+//! it, in both delay modes (netem where the kernel has it, the proxy always). Needs root (skipped without it, failed under
 //! `SWERVE_REQUIRE_ROOT=1` as scripts/test.sh sets for root).
 
 mod support;
@@ -20,6 +20,8 @@ const NET: &str = "10.79.0";
 /// The rate test's, so it runs beside the test above (tests run in parallel).
 const RATE_NAME: &str = "r1rate";
 const RATE_NET: &str = "10.80.0";
+const HUB_NAME: &str = "r1hub";
+const HUB_NET: &str = "10.83.0";
 
 fn script(state: &Path, knot_bin: &Path, args: &[&str]) -> Output {
     script_as(NAME, NET, state, knot_bin, args)
@@ -117,12 +119,14 @@ fn two_simulated_nodes_answer_a_chain_and_go_away_cleanly() {
     );
     let guard = Down(state.path().to_path_buf(), knot_bin.clone());
     assert!(up.status.success(), "up failed: {}", text(&up));
-    // The usb2 profile: the hub's 35 MB/s split between the 2 links (140 Mbit/s each), its
-    // 12 ms overridden by --delay.
+    // The usb2 profile, its 12 ms overridden by --delay: the hub's 35 MB/s (280 Mbit/s)
+    // shared by both links (the proxy), or split between them (netem, 140 Mbit/s each).
+    let said = text(&up);
     assert!(
-        text(&up).contains("link usb2: 40 ms, 140 Mbit/s each way per link"),
-        "{}",
-        text(&up)
+        said.contains("link usb2: 40 ms")
+            && (said.contains("a 280 Mbit/s hub shared by all via proxy")
+                || said.contains("140 Mbit/s each way per link (the hub's 280 Mbit/s split)")),
+        "{said}"
     );
     let mesh = std::fs::read_to_string(state.path().join("mesh.json")).expect("mesh.json");
     assert!(
@@ -157,21 +161,26 @@ fn two_simulated_nodes_answer_a_chain_and_go_away_cleanly() {
     assert_eq!(leftovers(), Vec::<String>::new(), "down left these behind");
 }
 
-/// Seconds to send `n` bytes to node 0 (a body `/embed` reads whole, then refuses as bad
-/// JSON) and to fetch its `/vocab`, and the bytes fetched.
-fn time_transfers(url: &str, n: usize) -> (f64, f64, usize) {
+/// Seconds to send `n` bytes to a station (a body `/embed` reads whole, then refuses as bad
+/// JSON).
+fn time_upload(url: &str, n: usize) -> f64 {
     let t0 = Instant::now();
     let up = ureq::post(&format!("{url}/embed"))
         .set("Content-Type", "application/json")
         .send_bytes(&vec![b' '; n]);
     let up_s = t0.elapsed().as_secs_f64();
     match up {
-        Err(ureq::Error::Status(400, _)) => {}
+        Err(ureq::Error::Status(400, _)) => up_s,
         other => panic!(
             "POST /embed with {n} blanks: {:?}",
             other.map(|r| r.status())
         ),
     }
+}
+
+/// Seconds to send `n` bytes to a station and to fetch its `/vocab`, and the bytes fetched.
+fn time_transfers(url: &str, n: usize) -> (f64, f64, usize) {
+    let up_s = time_upload(url, n);
     let t0 = Instant::now();
     let mut vocab = Vec::new();
     ureq::get(&format!("{url}/vocab"))
@@ -281,6 +290,103 @@ fn a_rate_capped_link_carries_no_more_than_its_rate_each_way() {
     );
 }
 
+/// `--hub 20Mbit` on 2 nodes: the links share it, so two 1 MB uploads at once, one to each
+/// node, need at least 2 x 0.4 s between them (the proxy's one bus; netem's 10 Mbit/s per
+/// link gives the same floor). With `--rate 20Mbit` per link each would take 0.4 s.
+#[test]
+fn a_hub_rate_is_shared_by_its_links() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(knot) = model(QWEN) else { return };
+    let Some(knot_bin) = test_support::need(
+        test_support::release_bin("knot", "KNOT_BIN"),
+        "cargo build --release -p knot-format, or set KNOT_BIN",
+    ) else {
+        return;
+    };
+    let knot = knot.to_string_lossy().into_owned();
+    const UP: usize = 1_000_000;
+    let floor = 2.0 * UP as f64 * 8.0 / 20e6;
+    let mut ran = Vec::new();
+    for via in ["netem", "proxy"] {
+        let state = tempfile::tempdir().expect("tempdir");
+        let up = script_as(
+            HUB_NAME,
+            HUB_NET,
+            state.path(),
+            &knot_bin,
+            &[
+                "up",
+                "--nodes",
+                "2",
+                "--mem",
+                "1Gi",
+                "--delay",
+                "2",
+                "--hub",
+                "20Mbit",
+                "--delay-via",
+                via,
+                "--knot",
+                &knot,
+            ],
+        );
+        let guard = DownAs(
+            HUB_NAME,
+            HUB_NET,
+            state.path().to_path_buf(),
+            knot_bin.clone(),
+        );
+        let said = text(&up);
+        if via == "netem" && !up.status.success() && said.contains("no sch_netem") {
+            eprintln!("netem: skipped, this kernel has no sch_netem");
+            continue;
+        }
+        assert!(up.status.success(), "{via}: up failed: {said}");
+        let mesh = std::fs::read_to_string(state.path().join("mesh.json")).expect("mesh.json");
+        let urls: Vec<String> = mesh
+            .split("\"url\": \"")
+            .skip(1)
+            .filter_map(|t| t.split('"').next())
+            .map(str::to_string)
+            .collect();
+        assert_eq!(urls.len(), 2, "{mesh}");
+        let t0 = Instant::now();
+        let times: Vec<f64> = std::thread::scope(|sc| {
+            let hs: Vec<_> = urls
+                .iter()
+                .map(|u| sc.spawn(move || time_upload(u, UP)))
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("upload")).collect()
+        });
+        let wall = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "{via}: two 1 MB uploads at once: {times:?} s, {wall:.3} s in all (floor {floor})"
+        );
+        let last = times.iter().cloned().fold(0.0, f64::max);
+        assert!(
+            last >= floor,
+            "{via}: two 1 MB uploads over a 20 Mbit/s hub in {last} s"
+        );
+        assert!(
+            wall < 3.0 * floor + 1.0,
+            "{via}: {wall} s for a {floor} s pair of uploads"
+        );
+        drop(guard);
+        assert_eq!(
+            leftovers_of(HUB_NAME),
+            Vec::<String>::new(),
+            "{via}: down left these"
+        );
+        ran.push(via);
+    }
+    assert!(
+        ran.contains(&"proxy"),
+        "the proxy mode did not run: {ran:?}"
+    );
+}
+
 /// Bad link arguments are refused with exit 2 and a line saying which, before anything is
 /// set up (no root needed for that).
 #[test]
@@ -300,6 +406,7 @@ fn bad_link_arguments_exit_2() {
             "--jitter must be milliseconds",
         ),
         (&["up", "--rate"][..], "--rate needs a value"),
+        (&["up", "--hub", "fast"][..], "bad --hub fast"),
     ] {
         let o = script_as(RATE_NAME, RATE_NET, state.path(), &knot_bin, args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

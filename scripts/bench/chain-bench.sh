@@ -3,13 +3,14 @@
 # memory cgroup and core per node, a delay per link) through `moonshine serve`.
 #
 #   scripts/bench/chain-bench.sh [--nodes N] [--link none|usb2|wifi] [--delay MS] [--rate RATE]
-#                                [--cpus C] [--mem SIZE] [--streams LIST] [-n TOKENS] [--reps R]
-#                                [--kv-dtype f32|f16]
+#                                [--hub RATE] [--cpus C] [--mem SIZE] [--streams LIST]
+#                                [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
 #                                [--knot FILE]   (default: r1-sim.sh's, the real Qwen 0.5B)
 #
-# --link, --delay and --rate go to r1-sim.sh up as they are (its header has the profiles'
-# figures: usb2 is the seed's shared USB 2.0 hub, wifi a 50 Mbit/s 802.11n link; --rate caps
-# each link per direction, e.g. 20Mbit); unset, r1-sim.sh's defaults (12 ms, no cap).
+# --link, --delay, --rate and --hub go to r1-sim.sh up as they are (its header has the
+# profiles' figures: usb2 is the seed's shared USB 2.0 hub, wifi a 50 Mbit/s 802.11n link;
+# --rate caps each link per direction, e.g. 20Mbit, --hub all links together); unset,
+# r1-sim.sh's defaults (12 ms, no cap).
 # Per rep and per number of concurrent streams S in LIST (default 1,2,3): S greedy streamed
 # /v1/chat/completions at once (prose prompts, each unique so no cached prefix is reused), and
 # reports each stream's decode tok/s ((tokens - 1) / time from first to last token), the
@@ -32,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --link) link+=(--link "$2"); shift 2 ;;
     --delay) link+=(--delay "$2"); shift 2 ;;
     --rate) link+=(--rate "$2"); shift 2 ;;
+    --hub) link+=(--hub "$2"); shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --streams) streams=$2; shift 2 ;;
@@ -57,8 +59,8 @@ cleanup() {
 trap cleanup EXIT
 "$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" "${link[@]}" --cpus "$cpus" --mem "$mem" \
   --kv-dtype "$kv" "${knot[@]}" | tee "$out/up.log"
-# The link as r1-sim.sh describes it ("link usb2: 12 ms, 140 Mbit/s each way"), for the table.
-shape=$(grep -o 'link [a-z0-9]*: [^;]* per link via [a-z]*' "$out/up.log" || echo "link ?")
+# The link as r1-sim.sh says it ("link wifi: 15 ms ... via proxy"), for the table.
+shape=$(grep -o 'link [a-z0-9]*: [^;]* via [a-z]*' "$out/up.log" || echo "link ?")
 "$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 \
   >"$out/serve.log" 2>&1 &
 serve_pid=$!
