@@ -40,10 +40,12 @@
 #                   MB/s read (CNet's tests, as quoted by Wikipedia's "USB" article; drive
 #                   makers quote "mid-30s MB/s").
 #   wifi            802.11n on 2.4 GHz, one AP: 15 ms round trip (a few ms over USB), jitter
-#                   +-1.5 ms each way, 50 Mbit/s per link per direction (the usual TCP figure
-#                   for a 20 MHz 802.11n link whose PHY rate is 65-72 Mbit/s; the link issue 36
-#                   reasons about: 600 KB of logits take ~100 ms on it). Per link, not shared:
-#                   a real AP is one medium, so concurrent transfers are optimistic here.
+#                   +-1.5 ms each way, 50 Mbit/s per link per direction (the figure issue 36
+#                   reasons with: 600 KB of logits take ~100 ms on it; TCP over 802.11n gets
+#                   roughly half to two thirds of the PHY rate, 65-144 Mbit/s for one or two
+#                   streams at 20 MHz, so 50 is a middling link). Per link, not shared: an AP
+#                   is one half-duplex medium, frames between two nodes cross it twice, so
+#                   concurrent transfers are optimistic here; add --hub 50Mbit to share it.
 # Rates: bits (20Mbit, 500kbit, 1Gbit: powers of 1000) or bytes as every size in this
 #   workspace (35MB = 35e6 B/s, 4M = 4 MiB/s), an optional /s; `none` removes a cap.
 #   --rate RATE caps each link, per direction; --hub RATE caps all links and both directions
