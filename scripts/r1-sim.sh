@@ -2,15 +2,16 @@
 # Simulated R1 devices on one machine: N fat-stations, each in its own network namespace
 # (a veth to a host bridge), its own memory cgroup (the R1's 2.95 GB free RAM by default),
 # CPU share (pinned to one core each with taskset, round robin over the host's cores, and a
-# cfs quota of --cpus cores), with a delay on each station's link (12 ms round trip by
-# default, the seed's USB RTT). The layers are split evenly; moonshine drives them with
-# --mesh FILE, and POST /chain runs them node to node (each node may forward to the next).
+# cfs quota of --cpus cores), with a delay (12 ms round trip by default, the seed's USB RTT)
+# and optionally a bandwidth cap on each station's link. The layers are split evenly;
+# moonshine drives them with --mesh FILE, and POST /chain runs them node to node (each node
+# may forward to the next).
 #
-#   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--delay MS]
-#                        [--knot FILE] [--delay-via auto|netem|proxy] [--kv-dtype f32|f16]
-#                        [-- STATION ARGS]
+#   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--link PROFILE]
+#                        [--delay MS] [--jitter MS] [--rate RATE] [--hub RATE] [--knot FILE]
+#                        [--delay-via auto|netem|proxy] [--kv-dtype f32|f16] [-- STATION ARGS]
 #   scripts/r1-sim.sh check         # one POST /chain through every node: prints the token
-#   scripts/r1-sim.sh status        # the mesh file, each node's peak RSS and cgroup memory
+#   scripts/r1-sim.sh status        # the mesh file, the link, each node's peak RSS and memory
 #   scripts/r1-sim.sh down          # stop the stations, remove namespaces, cgroups, links
 #
 # Topology: a star, as devices on a USB hub: host bridge r1sim-br (10.77.0.1/24), node i at
@@ -26,9 +27,45 @@
 # moonshine's chain (--mesh) makes every call from the host (embed, forward per node,
 # lm-head), so each chain trip pays (N + 2) x MS of link time; a POST /chain pays N x MS.
 #
+# Link profiles (--link; --delay, --jitter, --rate and --hub override its figures):
+#   none (default)  12 ms round trip, no jitter, no bandwidth cap (the script's old behaviour).
+#   usb2            the seed's links: devices on one USB 2.0 hub. 12 ms round trip (the seed
+#                   measured ~11-12 ms per hop over USB networking), no jitter, and --hub
+#                   35MB: 35 MB/s for the whole hub, shared by every link and direction.
+#                   35 MB/s: USB 2.0 signals at 480 Mbit/s (60 MB/s) per host controller,
+#                   shared by every device below it and half duplex; the bulk-transfer ceiling
+#                   is 13 x 512-byte packets per 125 us microframe = 53 MB/s (USB 2.0 spec
+#                   5.8.4, table 5-10), the USB-IF puts protocol overhead at 10-15% of the
+#                   60 MB/s, and measured hi-speed disks sustain 25-30 MB/s written and 30-42
+#                   MB/s read (CNet's tests, as quoted by Wikipedia's "USB" article; drive
+#                   makers quote "mid-30s MB/s").
+#   wifi            802.11n on 2.4 GHz, one AP: 15 ms round trip (a few ms over USB), jitter
+#                   +-1.5 ms each way, 50 Mbit/s per link per direction (the figure issue 36
+#                   reasons with: 600 KB of logits take ~100 ms on it; TCP over 802.11n gets
+#                   roughly half to two thirds of the PHY rate, 65-144 Mbit/s for one or two
+#                   streams at 20 MHz, so 50 is a middling link). Per link, not shared: an AP
+#                   is one half-duplex medium, frames between two nodes cross it twice, so
+#                   concurrent transfers are optimistic here; add --hub 50Mbit to share it.
+# Rates: bits (20Mbit, 500kbit, 1Gbit: powers of 1000) or bytes as every size in this
+#   workspace (35MB = 35e6 B/s, 4M = 4 MiB/s), an optional /s; `none` removes a cap.
+#   --rate RATE caps each link, per direction; --hub RATE caps all links and both directions
+#   together; --jitter MS varies each one-way delay by up to +-MS/2.
+# How each mode shapes:
+#   proxy: one delay-proxy.py for all links paces each direction of each link to --rate
+#     (all its connections together) and every byte through the --hub bus, first come first
+#     served (a USB host controller would interleave transfers; the total is the same). A
+#     request from a node to the next node's link crosses the bus twice (up to the host and
+#     down, as on USB); one from the host, once.
+#   netem: `rate` on both ends of each veth, per link and per direction. There is no queue
+#     all links share (the bridge's own qdisc sees only the host's traffic, not node to
+#     node), so --hub becomes a 1/N share per link and direction: pessimistic for one stream
+#     (one link busy at a time would get the whole hub), optimistic when every link carries
+#     both directions at once (the bus would give each 1/2N).
+#
 # Memory: cgroup v2 (memory.max, cpu.max) or v1 (memory.limit_in_bytes, cpu.cfs_quota_us),
 # whichever is mounted; `status` and `down` print each node's peak (memory.peak or
-# memory.max_usage_in_bytes). Needs root, ip (iproute2) and python3 for the proxy.
+# memory.max_usage_in_bytes). Needs root, ip (iproute2), tc with sch_netem for netem, and
+# python3 for the proxy.
 # Env: FAT_STATION_BIN (default target/release/fat-station), KNOT_BIN (target/release/knot),
 #      AEON_MODELS_DIR,
 #      R1SIM_STATE (default /run/r1-sim: pids, logs, mesh.json), R1SIM_NAME (default r1sim:
@@ -65,6 +102,35 @@ print(int(n * base ** " KMGT".index(unit or " ")))
 EOF
 }
 
+# Bytes per second of a rate like 20Mbit, 500kbit (bits, powers of 1000, as tc and network
+# gear count), 35MB or 4M (bytes, the workspace's size rule: aeon_cli::size), optionally with
+# /s; `none` prints 0 (no cap). Args: the rate, the flag it came from.
+rate_bytes() {
+  python3 - "$1" <<'EOF' || die "bad $2 $1 (e.g. 20Mbit, 500kbit, 35MB, none)"
+import re, sys
+s = sys.argv[1].strip()
+if s.lower() == "none":
+    print(0)
+    sys.exit(0)
+m = re.fullmatch(r"(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)(?:/s)?", s, re.I)
+if not m:
+    sys.exit(1)
+n, unit = float(m[1]), m[2].lower()
+bits = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+size = {"b": 1, "k": 2**10, "ki": 2**10, "kib": 2**10, "m": 2**20, "mi": 2**20, "mib": 2**20,
+        "g": 2**30, "gi": 2**30, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9}
+if unit in bits:
+    r = n * bits[unit] / 8
+elif unit in size:
+    r = n * size[unit]
+else:
+    sys.exit(1)
+if not 1 <= r <= 1e11:
+    sys.exit(1)
+print(int(round(r)))
+EOF
+}
+
 # The cgroup directory of node i for a controller (v1: one hierarchy per controller).
 cg_v2() { [ -f /sys/fs/cgroup/cgroup.controllers ]; }
 cg_dir() { # controller i
@@ -86,6 +152,7 @@ peak_of() { # i -> "now peak" in MiB, or "? ?"
 cmd_status() {
   [ -f "$STATE/nodes" ] || die "not up (no $STATE/nodes)" 1
   echo "mesh: $STATE/mesh.json"
+  [ -f "$STATE/link" ] && cat "$STATE/link"
   cat "$STATE/mesh.json"; echo
   local n; n=$(cat "$STATE/nodes")
   for ((i = 0; i < n; i++)); do
@@ -126,7 +193,7 @@ cmd_down() {
     done
   done
   ip link del "$BR" 2>/dev/null || true
-  rm -f "$STATE/nodes"
+  rm -f "$STATE/nodes" "$STATE/link"
 }
 
 netem_works() {
@@ -138,14 +205,21 @@ netem_works() {
 }
 
 cmd_up() {
-  local n=2 mem=2.95G cpus=1 pin=1 delay=12 via=auto kv=f32 knot=""
+  local n=2 mem=2.95G cpus=1 pin=1 via=auto kv=f32 knot=""
+  # The link: a profile's figures, then any explicit --delay/--jitter/--rate over them.
+  local link=none delay="" jitter="" rate="" hub=""
   while [[ $# -gt 0 ]]; do
+    case $1 in --no-pin|--|-h|--help) ;; --*) [[ $# -ge 2 ]] || die "$1 needs a value" ;; esac
     case $1 in
       --nodes) n=$2; shift 2 ;;
       --mem) mem=$2; shift 2 ;;
       --cpus) cpus=$2; shift 2 ;;
       --no-pin) pin=0; shift ;;
+      --link) link=$2; shift 2 ;;
       --delay) delay=$2; shift 2 ;;
+      --jitter) jitter=$2; shift 2 ;;
+      --rate) rate=$2; shift 2 ;;
+      --hub) hub=$2; shift 2 ;;
       --delay-via) via=$2; shift 2 ;;
       --knot) knot=$2; shift 2 ;;
       --kv-dtype) kv=$2; shift 2 ;;
@@ -156,7 +230,21 @@ cmd_up() {
   done
   local extra=("$@")
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be 1-99"
+  # Profile figures (sources in the header).
+  local p_delay p_jitter p_rate p_hub
+  case $link in
+    none) p_delay=12 p_jitter=0 p_rate=none p_hub=none ;;
+    usb2) p_delay=12 p_jitter=0 p_rate=none p_hub=35MB ;;
+    wifi) p_delay=15 p_jitter=3 p_rate=50Mbit p_hub=none ;;
+    *) die "--link must be none, usb2 or wifi" ;;
+  esac
+  delay=${delay:-$p_delay} jitter=${jitter:-$p_jitter} rate=${rate:-$p_rate} hub=${hub:-$p_hub}
   [[ $delay =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delay must be milliseconds"
+  [[ $jitter =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--jitter must be milliseconds"
+  # Bytes per second per link and direction, and for the whole hub; 0 = no cap.
+  local rate_bps hub_bps
+  rate_bps=$(rate_bytes "$rate" --rate)
+  hub_bps=$(rate_bytes "$hub" --hub)
   [[ $cpus =~ ^[0-9]+(\.[0-9]+)?$ ]] && python3 -c "import sys; sys.exit(not float('$cpus') > 0)" \
     || die "--cpus must be a positive number of cores"
   [ "$(id -u)" -eq 0 ] || die "needs root (namespaces, cgroups)"
@@ -173,6 +261,12 @@ cmd_up() {
     proxy) ;;
     *) die "--delay-via must be auto, netem or proxy" ;;
   esac
+  # netem has no queue shared by all links: each gets the hub's 1/N share (header).
+  local link_bps=$rate_bps
+  if [ "$via" = netem ] && [ "$hub_bps" -gt 0 ]; then
+    local share=$((hub_bps / n))
+    [ "$link_bps" -eq 0 ] || [ "$share" -lt "$link_bps" ] && link_bps=$share
+  fi
   [ -f "$STATE/nodes" ] && cmd_down >/dev/null 2>&1
   mkdir -p "$STATE"
   echo "$n" >"$STATE/nodes"
@@ -205,9 +299,16 @@ cmd_up() {
     ip -n "$ns" link set lo up
     ip -n "$ns" link set eth0 up
     if [ "$via" = netem ]; then
-      local half; half=$(python3 -c "print($delay / 2)")
-      tc qdisc add dev "$host" root netem delay "${half}ms"
-      ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${half}ms"
+      # Each end delays its egress by half the round trip (+- half the jitter) and serialises
+      # it at the link's rate; a deeper queue than netem's 1000 packets, so a capped burst
+      # waits instead of being dropped.
+      local half jit shape=()
+      half=$(python3 -c "print($delay / 2)"); jit=$(python3 -c "print($jitter / 2)")
+      shape=(delay "${half}ms")
+      python3 -c "import sys; sys.exit(not float('$jitter') > 0)" && shape+=("${jit}ms")
+      [ "$link_bps" -gt 0 ] && shape+=(rate "$((link_bps * 8))bit" limit 10000)
+      tc qdisc add dev "$host" root netem "${shape[@]}"
+      ip netns exec "$ns" tc qdisc add dev eth0 root netem "${shape[@]}"
     fi
     # Memory and CPU: a cgroup per node, the station started inside it.
     local mdir cdir; mdir=$(cg_dir memory "$i"); cdir=$(cg_dir cpu "$i")
@@ -238,14 +339,17 @@ cmd_up() {
       exec "${pinned[@]}" ip netns exec "$ns" "$BIN" "${args[@]}" "${extra[@]}" ) \
       >"$STATE/node$i.log" 2>&1 &
     echo $! >"$STATE/node$i.pid"
-    if [ "$via" = proxy ]; then
-      local half; half=$(python3 -c "print($delay / 2)")
-      python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$NET.1:$((17700 + i))" "$ip:8080" "$half" \
-        >"$STATE/proxy$i.log" 2>&1 &
-      echo $! >"$STATE/proxy$i.pid"
-    fi
     hops+=("{\"url\": \"${urls[$i]}\", \"layers\": \"$a-$b\"}")
   done
+  if [ "$via" = proxy ]; then
+    # One process for every link, so they can share the hub's bus.
+    local half pairs=()
+    half=$(python3 -c "print($delay / 2)")
+    for ((i = 0; i < n; i++)); do pairs+=("$NET.1:$((17700 + i))=$NET.$((10 + i)):8080"); done
+    python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$half" "${pairs[@]}" \
+      --jitter "$jitter" --rate "$rate_bps" --bus "$hub_bps" >"$STATE/proxy.log" 2>&1 &
+    echo $! >"$STATE/proxy.pid"
+  fi
   local IFS=,
   echo "{\"model\": \"$(basename "$knot" .knot)\", \"stations\": [${hops[*]}]}" >"$STATE/mesh.json"
   unset IFS
@@ -264,7 +368,18 @@ EOF
   done
   local pinning="pinned round robin over $ncores cores"
   [ "$pin" = 1 ] || pinning="not pinned"
-  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, ${delay} ms per link via $via); mesh file:"
+  local shaped="${delay} ms"
+  python3 -c "import sys; sys.exit(not float('$jitter') > 0)" \
+    && shaped+=" +-$(python3 -c "print($jitter / 2)") ms each way"
+  mbit() { python3 -c "print(f'{$1 * 8 / 1e6:g}')"; }
+  [ "$link_bps" -gt 0 ] && shaped+=", $(mbit "$link_bps") Mbit/s each way"
+  shaped+=" per link"
+  if [ "$hub_bps" -gt 0 ]; then
+    if [ "$via" = netem ]; then shaped+=" (the hub's $(mbit "$hub_bps") Mbit/s split)"
+    else shaped+=", a $(mbit "$hub_bps") Mbit/s hub shared by all"; fi
+  fi
+  echo "link $link: $shaped via $via" >"$STATE/link"
+  echo "r1-sim: $n nodes up ($mem, $cpus cpu each, $pinning, $(cat "$STATE/link")); mesh file:"
   echo "$STATE/mesh.json"
 }
 

@@ -2,10 +2,15 @@
 # Decode, concurrency and prefill over simulated R1 nodes (scripts/r1-sim.sh: a namespace,
 # memory cgroup and core per node, a delay per link) through `moonshine serve`.
 #
-#   scripts/bench/chain-bench.sh [--nodes N] [--delay MS] [--cpus C] [--mem SIZE]
-#                                [--streams LIST] [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
+#   scripts/bench/chain-bench.sh [--nodes N] [--link none|usb2|wifi] [--delay MS] [--rate RATE]
+#                                [--hub RATE] [--cpus C] [--mem SIZE] [--streams LIST]
+#                                [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
 #                                [--knot FILE]   (default: r1-sim.sh's, the real Qwen 0.5B)
 #
+# --link, --delay, --rate and --hub go to r1-sim.sh up as they are (its header has the
+# profiles' figures: usb2 is the seed's shared USB 2.0 hub, wifi a 50 Mbit/s 802.11n link;
+# --rate caps each link per direction, e.g. 20Mbit, --hub all links together); unset,
+# r1-sim.sh's defaults (12 ms, no cap).
 # Per rep and per number of concurrent streams S in LIST (default 1,2,3): S greedy streamed
 # /v1/chat/completions at once (prose prompts, each unique so no cached prefix is reused), and
 # reports each stream's decode tok/s ((tokens - 1) / time from first to last token), the
@@ -21,11 +26,14 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MOON=${MOONSHINE_BIN:-$ROOT/target/release/moonshine}
-nodes=2 delay=12 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=()
+nodes=2 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=() link=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
-    --delay) delay=$2; shift 2 ;;
+    --link) link+=(--link "$2"); shift 2 ;;
+    --delay) link+=(--delay "$2"); shift 2 ;;
+    --rate) link+=(--rate "$2"); shift 2 ;;
+    --hub) link+=(--hub "$2"); shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --streams) streams=$2; shift 2 ;;
@@ -49,8 +57,10 @@ cleanup() {
   rm -rf "$out"
 }
 trap cleanup EXIT
-"$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" --delay "$delay" --cpus "$cpus" --mem "$mem" \
-  --kv-dtype "$kv" "${knot[@]}"
+"$ROOT/scripts/r1-sim.sh" up --nodes "$nodes" "${link[@]}" --cpus "$cpus" --mem "$mem" \
+  --kv-dtype "$kv" "${knot[@]}" | tee "$out/up.log"
+# The link as r1-sim.sh says it ("link wifi: 15 ms ... via proxy"), for the table.
+shape=$(grep -o 'link [a-z0-9]*: [^;]* via [a-z]*' "$out/up.log" || echo "link ?")
 "$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 \
   >"$out/serve.log" 2>&1 &
 serve_pid=$!
@@ -63,7 +73,7 @@ for _ in $(seq 1 100); do
 done
 [ -n "$url" ] || { echo "chain-bench: moonshine serve did not start" >&2; exit 1; }
 
-python3 - "$url" "$streams" "$ntok" "$reps" "$nodes" "$delay" "$cpus" "$kv" <<'EOF'
+python3 - "$url" "$streams" "$ntok" "$reps" "$nodes" "$shape" "$cpus" "$kv" <<'EOF'
 import json, statistics, sys, threading, time, urllib.error, urllib.request
 
 url, streams, ntok, reps = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
@@ -149,7 +159,7 @@ for rep in range(reps):
     n_prompt = j["usage"]["prompt_tokens"]
     pre.append(n_prompt / dt)
 
-print(f"\n{sys.argv[5]} nodes, {sys.argv[6]} ms per link, {sys.argv[7]} cpu each, kv {sys.argv[8]}; "
+print(f"\n{sys.argv[5]} nodes, {sys.argv[6]}, {sys.argv[7]} cpu each, kv {sys.argv[8]}; "
       f"{ntok} tokens per stream; median [min-max] of {reps}")
 print(f"{'streams':>7} {'per-stream decode tok/s':>26} {'aggregate tok/s':>24} "
       f"{'decode aggregate tok/s':>24} {'x 1 stream':>10}")
