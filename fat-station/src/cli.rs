@@ -155,6 +155,12 @@ pub struct Args {
     /// reading, a chunked body as soon as it grows past it.
     #[arg(long, value_name = "SIZE", default_value = "64Mi", value_parser = parse_ram)]
     max_body: u64,
+    /// Most response bytes held at once for clients that have not read them yet (`256Mi`):
+    /// a larger answer waiting for its client takes from this, and when it is spent a big
+    /// answer is refused with 503 `responses_busy` and Retry-After (answers up to 64 KiB
+    /// are not counted).
+    #[arg(long, value_name = "SIZE", default_value = "256Mi", value_parser = parse_ram)]
+    max_response_memory: u64,
     /// Most compute requests (and tokenizer calls) running at once; the rest wait in turn.
     /// Default: one per core.
     #[arg(long)]
@@ -319,6 +325,7 @@ pub fn run(args: Args) -> Result<()> {
         pack_weights: args.pack_weights,
         max_session_bytes: usize::try_from(args.max_session_memory).unwrap_or(usize::MAX),
         max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),
+        max_response_bytes: usize::try_from(args.max_response_memory).unwrap_or(usize::MAX),
         body_timeout: args.body_timeout,
         max_compute: args.max_compute.unwrap_or(defaults.max_compute).max(1),
         conn: ConnLimits {

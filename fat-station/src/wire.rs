@@ -189,6 +189,10 @@ pub struct Health {
     /// The node id when started from a manifest.
     #[serde(default)]
     pub node_id: Option<String>,
+    /// Most positions one session holds (`--max-positions`): the context a client checks a
+    /// prompt against before sending it (absent from stations before issue 32).
+    #[serde(default)]
+    pub max_positions: Option<usize>,
 }
 
 /// Every 4xx/5xx body.
@@ -277,13 +281,66 @@ pub fn decode_f16(b: &[u8]) -> Option<Vec<f32>> {
     })
 }
 
+// ---- Header values: the one place their text is read (the station and every client). ----
+
+/// Longest number a header may carry: 9 digits (under 10^9, well inside `u32`).
+const MAX_HEADER_DIGITS: usize = 9;
+
+/// A plain decimal number as headers carry it: ASCII digits only (no sign, space or `_`),
+/// no leading zero but `0` itself, at most [`MAX_HEADER_DIGITS`] digits; `None` otherwise.
+/// Strict so that one value has one spelling: a relay, a log and the seal all read the
+/// same number.
+pub fn parse_header_number(v: &str) -> Option<u32> {
+    let ok = (1..=MAX_HEADER_DIGITS).contains(&v.len())
+        && v.bytes().all(|b| b.is_ascii_digit())
+        && (v == "0" || !v.starts_with('0'));
+    ok.then(|| v.parse().ok()).flatten()
+}
+
+/// Parses an `X-Layer-Range`: exactly `a-b`, two [`parse_header_number`] numbers with
+/// `a <= b` (an empty range is the caller's to refuse); else why not.
+pub fn parse_layer_range(v: &str) -> Result<knot_format::LayerRange, String> {
+    let bad = || format!("X-Layer-Range {v:?} is not a-b (two plain decimal numbers, a <= b)");
+    let (a, b) = v.split_once('-').ok_or_else(bad)?;
+    let (a, b) = (
+        parse_header_number(a).ok_or_else(bad)?,
+        parse_header_number(b).ok_or_else(bad)?,
+    );
+    if a > b {
+        return Err(bad());
+    }
+    Ok(knot_format::LayerRange::new(a, b))
+}
+
+/// Parses an `X-Seal-Ts` (Unix milliseconds): 1 to 16 ASCII digits, no leading zero.
+pub fn parse_timestamp_ms(v: &str) -> Option<u64> {
+    let ok = (1..=16).contains(&v.len())
+        && v.bytes().all(|b| b.is_ascii_digit())
+        && (v == "0" || !v.starts_with('0'));
+    ok.then(|| v.parse().ok()).flatten()
+}
+
+/// Parses an `X-Dtype`: `f32` (also the default without the header) or `f16`; true for f16.
+pub fn parse_dtype(v: &str) -> Result<bool, String> {
+    match v {
+        "f32" => Ok(false),
+        "f16" => Ok(true),
+        _ => Err(format!("X-Dtype {v:?}: expected f32 or f16")),
+    }
+}
+
+/// Parses a header that carries a position or a layer index (`X-Pos`, `X-From-Layer`):
+/// [`parse_header_number`], or why not naming `name`.
+pub fn parse_index(name: &str, v: &str) -> Result<usize, String> {
+    parse_header_number(v)
+        .map(|n| n as usize)
+        .ok_or_else(|| format!("{name} {v:?} is not a plain decimal number"))
+}
+
 /// Parses an `X-Logit-Rows` value against a residual of `seq` rows: `1..=min(seq,
 /// MAX_LOGIT_ROWS)`, or why not.
 pub fn parse_logit_rows(v: &str, seq: usize) -> Result<usize, String> {
-    let n: usize = v
-        .trim()
-        .parse()
-        .map_err(|_| format!("X-Logit-Rows {v:?} is not a number"))?;
+    let n = parse_index("X-Logit-Rows", v)?;
     let most = seq.min(MAX_LOGIT_ROWS);
     if n == 0 || n > most {
         return Err(format!(
@@ -303,6 +360,42 @@ pub fn valid_session_id(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_numbers_and_ranges_have_one_spelling() {
+        use knot_format::LayerRange;
+        assert_eq!(parse_layer_range("0-1"), Ok(LayerRange::new(0, 1)));
+        assert_eq!(parse_layer_range("12-30"), Ok(LayerRange::new(12, 30)));
+        assert_eq!(parse_layer_range("3-3"), Ok(LayerRange::new(3, 3)));
+        for bad in [
+            "0 - 1",
+            " 0-1",
+            "0-1 ",
+            "00-1",
+            "0000000001-2",
+            "01-2",
+            "+0-1",
+            "0..1",
+            "1-0",
+            "0-1-2",
+            "-1",
+            "0-",
+            "",
+            "0-1234567890",
+            "\u{661}-2",
+        ] {
+            assert!(parse_layer_range(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_index("X-Pos", "0"), Ok(0));
+        assert_eq!(parse_index("X-Pos", "4095"), Ok(4095));
+        for bad in [" 5", "5 ", "+5", "05", "1e3", "", "5_0", "9999999999"] {
+            assert!(parse_index("X-Pos", bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_dtype("f16"), Ok(true));
+        assert_eq!(parse_dtype("f32"), Ok(false));
+        assert!(parse_dtype("F16").is_err() && parse_dtype("f16 ").is_err());
+        assert!(parse_logit_rows(" 2", 4).is_err() && parse_logit_rows("2", 4) == Ok(2));
+    }
 
     #[test]
     fn f32_codec_round_trips_and_rejects_ragged() {
@@ -352,7 +445,9 @@ mod tests {
     #[test]
     fn logit_rows_are_bounded_by_the_rows_sent_and_the_cap() {
         assert_eq!(parse_logit_rows("3", 8), Ok(3));
-        assert_eq!(parse_logit_rows(" 8 ", 8), Ok(8));
+        // One spelling (issue 32 item 12): hyper has already trimmed what HTTP allows.
+        assert!(parse_logit_rows(" 8 ", 8).is_err());
+        assert_eq!(parse_logit_rows("8", 8), Ok(8));
         assert!(parse_logit_rows("9", 8).is_err());
         assert!(parse_logit_rows("0", 8).is_err());
         assert!(parse_logit_rows("-1", 8).is_err());

@@ -598,3 +598,217 @@ fn hops_that_never_answer_do_not_delay_embed() {
     );
     drop(pending);
 }
+
+// ---- Issue 32, items 10 to 12: clients that never read, prompts past the context, loose
+// header values. ----
+
+/// `name`'s value in the station's `/metrics` text.
+fn station_metric(url: &str, name: &str) -> f64 {
+    let (status, text) = raw(url, &get("/metrics"), Duration::from_secs(10)).expect("metrics");
+    assert_eq!(status, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// Anonymous resident memory of `pid` (`RssAnon`: heap, not the mapped model file).
+fn anon_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("RssAnon")
+}
+
+/// A residual of `rows` rows of SmolLM2's width (576), as f32 bytes.
+fn residual(rows: usize) -> Vec<u8> {
+    (0..rows * 576)
+        .flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes())
+        .collect()
+}
+
+// 10. Clients that ask for a big answer and never read it hold at most the response budget.
+#[test]
+fn clients_that_never_read_hold_at_most_the_response_budget() {
+    let Some(path) = model(SMOLLM2) else { return };
+    // Weights stay in the mapped file, so the anonymous memory measured is the answers'.
+    let st = start(
+        &path,
+        &[
+            "--max-response-memory",
+            "16Mi",
+            "--max-compute",
+            "2",
+            "--pack-weights",
+            "never",
+        ],
+    );
+    let x = residual(64);
+    let req = post("/lm-head", "x-logit-rows: 64\r\n", &x);
+    // Warm up (pools and scratch made), then the baseline.
+    let (status, _) = raw(&st.url, &req, Duration::from_secs(60)).expect("lm-head");
+    assert_eq!(status, 200, "a reading client gets its 64 rows (12.6 MB)");
+    std::thread::sleep(Duration::from_millis(500));
+    let before = anon_kib(st.child.id());
+    // 16 clients each ask for 64 rows of logits (12.6 MB) and read only the status line.
+    let mut statuses = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let mut s = TcpStream::connect(addr(&st.url)).expect("connect");
+        s.write_all(&req).expect("request");
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut first = [0u8; 12];
+        s.read_exact(&mut first).expect("status line");
+        statuses.push(String::from_utf8_lossy(&first[9..12]).into_owned());
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = anon_kib(st.child.id());
+    eprintln!(
+        "RssAnon KiB: before {before}, with 16 unread 64-row answers {during}; statuses {statuses:?}"
+    );
+    let ok = statuses.iter().filter(|s| *s == "200").count();
+    let busy = statuses.iter().filter(|s| *s == "503").count();
+    assert!(
+        ok >= 1,
+        "the budget serves one answer at a time: {statuses:?}"
+    );
+    assert_eq!(ok + busy, 16, "{statuses:?}");
+    assert!(
+        busy >= 14,
+        "answers past the 16 MiB budget are refused: {statuses:?}"
+    );
+    assert!(
+        during < before + 80 * 1024,
+        "16 unread answers (202 MB unbounded) pinned {} MiB",
+        (during.saturating_sub(before)) / 1024
+    );
+    assert!(station_metric(&st.url, "fat_station_responses_refused_total") >= 14.0);
+    drop(held);
+    // The budget comes back once the clients are gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while station_metric(&st.url, "fat_station_response_bytes") > 0.0 {
+        assert!(Instant::now() < deadline, "the budget was not given back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, _) = raw(&st.url, &req, Duration::from_secs(60)).expect("lm-head");
+    assert_eq!(status, 200);
+}
+
+// 11. A prompt longer than the context is refused before any compute.
+#[test]
+fn a_prompt_past_the_context_is_refused_before_any_compute() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let st = start(&path, &["--max-positions", "4096"]);
+    let computed = || station_metric(&st.url, "fat_station_compute_seconds_count");
+    let before = computed();
+    let tokens: Vec<u32> = vec![1; 40_030];
+    let body = serde_json::json!({ "tokens": tokens }).to_string();
+    let t = Instant::now();
+    let (status, text) = raw(
+        &st.url,
+        &post(
+            "/chain",
+            "content-type: application/json\r\n",
+            body.as_bytes(),
+        ),
+        Duration::from_secs(60),
+    )
+    .expect("chain");
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("context_full"), "{text}");
+    // A session already holding positions: its next step is checked against them too.
+    let (status, text) = raw(
+        &st.url,
+        &post(
+            "/chain",
+            "content-type: application/json\r\nx-session: s1\r\nx-pos: 4000\r\n",
+            serde_json::json!({ "tokens": vec![1u32; 200] })
+                .to_string()
+                .as_bytes(),
+        ),
+        Duration::from_secs(60),
+    )
+    .expect("chain");
+    assert_eq!(status, 413, "{text}");
+    let (status, text) = raw(
+        &st.url,
+        &post("/forward", "x-layer-range: 0-1\r\n", &residual(4097)),
+        Duration::from_secs(60),
+    )
+    .expect("forward");
+    assert_eq!(status, 413, "{text}");
+    eprintln!("three refusals in {:?}", t.elapsed());
+    assert_eq!(
+        computed(),
+        before,
+        "a prompt past the context reached the compute pool"
+    );
+}
+
+// 12. Header values have one strict spelling; a value that is not ASCII is refused, not dropped.
+#[test]
+fn loose_header_values_are_refused() {
+    let Some(path) = model(SMOLLM2) else { return };
+    let st = start(&path, &[]);
+    let one = residual(1);
+    let forward = |headers: &[u8]| {
+        let mut r = format!(
+            "POST /forward HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n",
+            one.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(headers);
+        r.extend_from_slice(b"\r\n");
+        r.extend_from_slice(&one);
+        raw(&st.url, &r, Duration::from_secs(30)).expect("forward")
+    };
+    let (status, text) = forward(b"x-layer-range: 0-1\r\n");
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = forward(b"x-layer-range: 0-1\r\nx-session: s-1\r\nx-pos: 0\r\n");
+    assert_eq!(status, 200, "{text}");
+    let cases: [(&str, &[u8]); 7] = [
+        (
+            "non-ASCII X-Session",
+            b"x-layer-range: 0-1\r\nx-session: caf\xc3\xa9\r\n",
+        ),
+        ("spaced range", b"x-layer-range: 0 - 1\r\n"),
+        (
+            "zero-padded range",
+            b"x-layer-range: 00000000000000000001-2\r\n",
+        ),
+        ("signed range", b"x-layer-range: +0-1\r\n"),
+        ("dotted range", b"x-layer-range: 0..1\r\n"),
+        (
+            "padded X-Pos",
+            b"x-layer-range: 0-1\r\nx-session: s-2\r\nx-pos:  +0\r\n",
+        ),
+        ("unknown X-Dtype", b"x-layer-range: 0-1\r\nx-dtype: F16\r\n"),
+    ];
+    for (what, headers) in cases {
+        let (status, text) = forward(headers);
+        assert_eq!(status, 400, "{what}: {text}");
+    }
+    let x = residual(2);
+    let (status, text) = raw(
+        &st.url,
+        &post("/lm-head", "x-logit-rows: 02\r\n", &x),
+        Duration::from_secs(30),
+    )
+    .expect("lm-head");
+    assert_eq!(status, 400, "zero-padded X-Logit-Rows: {text}");
+    let (status, text) = raw(
+        &st.url,
+        &post(
+            "/chain",
+            "content-type: application/json\r\nx-session: été\r\n",
+            br#"{"tokens": [1]}"#,
+        ),
+        Duration::from_secs(30),
+    )
+    .expect("chain");
+    assert_eq!(status, 400, "non-ASCII X-Session on /chain: {text}");
+}

@@ -36,6 +36,53 @@ pub enum TemplateError {
     Compile(minijinja::Error),
     #[error("chat template failed to render: {0:#}")]
     Render(minijinja::Error),
+    /// The template ran past its budget: [`FUEL`] instructions, [`MAX_RECURSION`] nested
+    /// calls or [`MAX_RENDERED`] bytes of output (a model file's template is not trusted to
+    /// end, issue 32 item 8).
+    #[error("chat template exceeded its budget: {0}")]
+    Budget(String),
+}
+
+/// Instructions one rendering may run (minijinja's fuel). Real templates take a few
+/// thousand per message (Qwen2.5's with tools: about 1,500 for a short chat); nested
+/// `range(100000)` loops stop here within a fraction of a second.
+pub const FUEL: u64 = 5_000_000;
+/// Deepest macro and include nesting (minijinja's own default is 500, too deep for a
+/// worker thread's stack).
+pub const MAX_RECURSION: usize = 64;
+/// Most bytes one rendering may write (the messages' content goes in as placeholders, so
+/// this is the template's own text): far over any context, far under the memory.
+pub const MAX_RENDERED: usize = 4 << 20;
+
+/// A writer that refuses to grow past [`MAX_RENDERED`] bytes.
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + b.len() > MAX_RENDERED {
+            return Err(std::io::Error::other("output cap"));
+        }
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A rendering error as a [`TemplateError`]: the budget's own kinds are [`TemplateError::Budget`].
+fn render_error(e: minijinja::Error, cap_hit: bool) -> TemplateError {
+    if cap_hit {
+        return TemplateError::Budget(format!("its output passed {MAX_RENDERED} bytes"));
+    }
+    match e.kind() {
+        ErrorKind::OutOfFuel => TemplateError::Budget(format!("it ran {FUEL} instructions")),
+        ErrorKind::InvalidOperation if e.to_string().contains("recursion limit") => {
+            TemplateError::Budget(format!("it nested calls deeper than {MAX_RECURSION}"))
+        }
+        _ => TemplateError::Render(e),
+    }
 }
 
 /// A compiled chat template and the special-token texts it may refer to.
@@ -56,6 +103,8 @@ impl ChatTemplate {
         eos_token: &str,
     ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(FUEL));
+        env.set_recursion_limit(MAX_RECURSION);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -94,14 +143,27 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         let t = self.env.get_template(NAME).map_err(TemplateError::Render)?;
-        t.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            tools => tools.map_or(minijinja::Value::from(()), minijinja::Value::from_serialize),
+        let mut out = Capped(Vec::new());
+        t.render_captured_to(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+                tools => tools.map_or(minijinja::Value::from(()), minijinja::Value::from_serialize),
+            },
+            &mut out,
+        )
+        .map_err(|e| {
+            let cap_hit = e.kind() == ErrorKind::WriteFailure;
+            render_error(e, cap_hit)
+        })?;
+        String::from_utf8(out.0).map_err(|e| {
+            TemplateError::Render(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("rendered text is not UTF-8: {e}"),
+            ))
         })
-        .map_err(TemplateError::Render)
     }
 
     /// Renders `messages` as pieces `(text, is_markup)`: the template's own text (`is_markup`,
@@ -311,6 +373,30 @@ mod tests {
         // Empty content leaves no empty piece.
         let parts = t.render_parts(&[Message::new("user", "")], false).unwrap();
         assert!(parts.iter().all(|p| !p.0.is_empty() && p.1), "{parts:?}");
+    }
+
+    /// Issue 32 item 8: a template that never ends in practice (10^10 loop steps) or
+    /// writes a gigabyte stops within its budget, quickly, with a budget error.
+    #[test]
+    fn a_runaway_template_stops_at_its_budget() {
+        let m = [Message::new("user", "Hi")];
+        for src in [
+            "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+            "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        ] {
+            let t = ChatTemplate::new(src, "", "").unwrap();
+            let t0 = std::time::Instant::now();
+            let e = t.render(&m, true).unwrap_err();
+            assert!(matches!(e, TemplateError::Budget(_)), "{src}: {e}");
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(3),
+                "{src}: stopped only after {:?}",
+                t0.elapsed()
+            );
+            let e = t.render_parts(&m, true).unwrap_err();
+            assert!(matches!(e, TemplateError::Budget(_)), "{src}: {e}");
+        }
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub enum GenError {
     /// The prompt alone does not fit in the stations' context (`413 context_full` in prefill).
     #[error("the prompt ({prompt} tokens) does not fit in the model's context: {source}")]
     ContextFull { prompt: usize, source: ClientError },
+    /// The prompt is longer than the stations' context (their `/health` `max_positions`):
+    /// refused before any station compute.
+    #[error(
+        "the prompt ({prompt} tokens) is longer than the model's context of {context} positions"
+    )]
+    PromptTooLong { prompt: usize, context: usize },
     /// The chain does not run the whole model ([`chain_problem`]).
     #[error("the chain is incomplete: {0}")]
     Incomplete(String),
@@ -81,6 +87,9 @@ pub struct Backend {
     pub info: Option<TokenizerInfo>,
     /// Model name: the mesh file's `model`, else the entry station's `model_id`.
     pub model_id: String,
+    /// The chain's context: the fewest positions any hop's sessions hold (`None` when no hop
+    /// says, as stations before issue 32 did not).
+    pub context: Option<usize>,
     /// Each token's text, as detokenized alone (for logprobs), filled as asked.
     pieces: std::sync::Mutex<std::collections::HashMap<u32, String>>,
 }
@@ -209,9 +218,22 @@ impl Backend {
             chain,
             tok,
             info,
+            context: healths.iter().filter_map(|h| h.max_positions).min(),
             model_id: mesh_model.or(model_id).unwrap_or_else(|| "unknown".into()),
             pieces: Default::default(),
         })
+    }
+
+    /// Refuses a prompt of `len` tokens that cannot fit in the chain's context, before any
+    /// station computes a position of it.
+    pub fn check_context(&self, len: usize) -> Result<(), GenError> {
+        match self.context {
+            Some(context) if len > context => Err(GenError::PromptTooLong {
+                prompt: len,
+                context,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The tokenizing station, or [`GenError::NoTokenizer`].
@@ -638,6 +660,7 @@ impl<'a> Generation<'a> {
     ) -> Result<Generation<'a>, GenError> {
         let t0 = Instant::now();
         let mut timing = Timing::default();
+        b.check_context(req.prompt.len())?;
         let (logits, sent) = session.feed(&b.chain, &req.prompt, &mut timing, cancelled)?;
         let already = req.prompt.len() - sent;
         if logits.is_empty() {
@@ -910,6 +933,7 @@ mod tests {
             uptime_s: 1.0,
             mesh: None,
             node_id: None,
+            max_positions: None,
         }
     }
 

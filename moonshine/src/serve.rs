@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 use fat_station::station::metrics::Histogram;
 
 use crate::api::{self, bad, Answer, ApiError, Job, Limits, PromptSpec, Route};
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatTemplate, TemplateError};
 use crate::generate::{
     Backend, FimTokens, Finish, GenError, GenRequest, Generation, KvSession, Timing,
 };
@@ -174,6 +174,8 @@ pub struct Metrics {
     /// (hop index, url, layers) -> compute microseconds.
     hop_us: Mutex<BTreeMap<(usize, String, String), u64>>,
     generation_us: AtomicU64,
+    /// Requests whose chat template ran past its budget (fuel, recursion, output size).
+    template_budget: AtomicU64,
     latency: Latency,
 }
 
@@ -266,6 +268,12 @@ impl Metrics {
             "counter",
             "Generations stopped because the client went away.",
             one(self.cancelled.load(Ordering::Relaxed).to_string()),
+        );
+        metric(
+            "moonshine_template_budget_exceeded_total",
+            "counter",
+            "Requests refused because the chat template ran past its budget (instructions, nesting or output size).",
+            one(self.template_budget.load(Ordering::Relaxed).to_string()),
         );
         metric(
             "moonshine_prompt_tokens_total",
@@ -946,6 +954,17 @@ fn prompt_param(route: Route) -> &'static str {
 /// A generation error as the API answers it; prompt problems name `param`.
 fn api_error(e: GenError, param: &'static str) -> ApiError {
     match e {
+        GenError::Template(TemplateError::Budget(_)) => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            code: Some("template_budget_exceeded"),
+            param: None,
+            message: e.to_string(),
+        },
+        GenError::PromptTooLong { .. } => ApiError {
+            code: Some("context_length_exceeded"),
+            ..bad(Some(param), e.to_string())
+        },
         GenError::Template(_) | GenError::EmptyPrompt => bad(Some(param), e.to_string()),
         GenError::ContextFull { .. } => ApiError {
             code: Some("context_length_exceeded"),
@@ -998,6 +1017,8 @@ fn check_model(st: &AppState, route: Route, job: &Job) -> Result<(), ApiError> {
 
 /// The grammar for a job's `format`: the vocabulary's trie is fetched and built once.
 fn grammar(st: &AppState, schema: &Value) -> Result<Grammar, GenError> {
+    // The schema's bounds first: a refused schema costs no vocabulary fetch.
+    crate::structured::check_schema(schema)?;
     let mut slot = st
         .vocab
         .lock()
@@ -1084,21 +1105,33 @@ async fn completion(
     let permit = admit(st).await?;
     let queue_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    // Render and tokenize (station calls: blocking pool).
+    // Render and tokenize (station calls: blocking pool). The slot goes with the work: a
+    // client that leaves does not free it while its template or schema is still running.
     let st2 = st.clone();
     let job2 = job.clone();
     let fparam = job.format.as_ref().map_or(pparam, |f| f.0);
-    let (prompt, echo, grammar) = tokio::task::spawn_blocking(move || prompt_tokens(&st2, &job2))
-        .await
-        .map_err(|e| internal(format!("tokenize task: {e}")))?
-        .map_err(|e| match e {
-            GenError::Grammar(GrammarError::Schema(why)) => bad(
-                Some(fparam),
-                format!("{fparam}: the schema is not supported: {why}"),
-            ),
-            e => api_error(e, pparam),
-        })?;
+    let (prompted, permit) = tokio::task::spawn_blocking(move || {
+        let out = prompt_tokens(&st2, &job2);
+        // Counted here: the client may be gone by the time the handler would see it.
+        if let Err(GenError::Template(TemplateError::Budget(_))) = &out {
+            st2.metrics.template_budget.fetch_add(1, Ordering::Relaxed);
+        }
+        (out, permit)
+    })
+    .await
+    .map_err(|e| internal(format!("tokenize task: {e}")))?;
+    let (prompt, echo, grammar) = prompted.map_err(|e| match e {
+        GenError::Grammar(GrammarError::Schema(why)) => bad(
+            Some(fparam),
+            format!("{fparam}: the schema is not supported: {why}"),
+        ),
+        e => api_error(e, pparam),
+    })?;
     let tokenize_ms = t0.elapsed().as_secs_f64() * 1e3 - queue_ms;
+    // A prompt past the stations' context is refused before any of it is computed.
+    st.backend
+        .check_context(prompt.len())
+        .map_err(|e| api_error(e, pparam))?;
     let lease = Lease::new(st, permit, &prompt)?;
 
     let id = format!(

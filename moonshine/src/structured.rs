@@ -78,6 +78,8 @@ impl Vocab {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocab(e.to_string()))?;
         factory.quiet();
+        // Errors name the problem, never dump the grammar and parser state to the client.
+        factory.limits_mut().verbose_errors = false;
         Ok(Vocab {
             factory,
             eog: Arc::new(eog),
@@ -95,8 +97,25 @@ impl Vocab {
     }
 
     /// A fresh grammar state for documents matching `schema` (a JSON schema; `json_object`
-    /// is `{"type": "object"}`), or why the schema is refused.
+    /// is `{"type": "object"}`), or why the schema is refused: over the bounds of
+    /// [`check_schema`], or not compiling (a `$ref` cycle that never produces a character
+    /// included: the first mask is computed here, so it fails now and not while decoding).
+    /// llguidance compiles recursively, so the compilation runs on its own thread with a
+    /// [`COMPILE_STACK`] stack, not on the caller's.
     pub fn grammar(&self, schema: &Value) -> Result<Grammar, GrammarError> {
+        check_schema(schema)?;
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("schema-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, || self.compile(schema))
+                .map_err(|e| GrammarError::Schema(format!("cannot start its compiler: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(GrammarError::Schema("the compiler failed".into())))
+        })
+    }
+
+    fn compile(&self, schema: &Value) -> Result<Grammar, GrammarError> {
         let mut schema = schema.clone();
         if let Some(m) = schema.as_object_mut() {
             m.entry("x-guidance").or_insert_with(|| {
@@ -106,16 +125,83 @@ impl Vocab {
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_json_schema(schema))
-            .map_err(|e| GrammarError::Schema(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
+            .map_err(|e| GrammarError::Schema(short(&e.to_string())))?;
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(GrammarError::Schema(e));
+            return Err(GrammarError::Schema(short(&e)));
+        }
+        // The first mask walks the grammar from its start: a schema that cannot produce a
+        // document fails here.
+        let first = matcher
+            .compute_mask()
+            .map_err(|e| GrammarError::Schema(short(&e.to_string())))?;
+        let accepting = matcher.is_accepting().unwrap_or(false);
+        if first.is_zero() && !accepting {
+            // `{"$ref": "#"}` and its kin: rules that only refer to each other.
+            return Err(GrammarError::Schema(
+                "the schema admits no document (a $ref cycle that never reaches a value?)".into(),
+            ));
         }
         Ok(Grammar {
             matcher,
             eog: self.eog.clone(),
             done: false,
         })
+    }
+}
+
+/// Largest schema, in bytes of its JSON text.
+pub const MAX_SCHEMA_BYTES: usize = 64 << 10;
+/// Deepest nesting of objects and arrays in a schema.
+pub const MAX_SCHEMA_DEPTH: usize = 32;
+/// Most values (objects, arrays, strings, numbers...) in a schema: bounds the properties,
+/// `required` names and alternatives all together.
+pub const MAX_SCHEMA_NODES: usize = 4096;
+/// Stack of the thread that compiles a schema (reserved address space, touched only as
+/// deep as the compilation recurses).
+const COMPILE_STACK: usize = 64 << 20;
+/// Longest error message a schema's refusal carries.
+const MAX_MESSAGE: usize = 300;
+
+/// Checks `schema` against [`MAX_SCHEMA_BYTES`], [`MAX_SCHEMA_DEPTH`] and
+/// [`MAX_SCHEMA_NODES`] with a walk that keeps its own stack (a deep schema cannot overflow
+/// the caller's).
+pub fn check_schema(schema: &Value) -> Result<(), GrammarError> {
+    let bytes = serde_json::to_vec(schema).map_or(usize::MAX, |v| v.len());
+    if bytes > MAX_SCHEMA_BYTES {
+        return Err(GrammarError::Schema(format!(
+            "the schema is {bytes} bytes; at most {MAX_SCHEMA_BYTES} are accepted"
+        )));
+    }
+    let mut stack = vec![(schema, 1usize)];
+    let mut nodes = 0usize;
+    while let Some((v, depth)) = stack.pop() {
+        nodes += 1;
+        if nodes > MAX_SCHEMA_NODES {
+            return Err(GrammarError::Schema(format!(
+                "the schema has more than {MAX_SCHEMA_NODES} values"
+            )));
+        }
+        if depth > MAX_SCHEMA_DEPTH {
+            return Err(GrammarError::Schema(format!(
+                "the schema nests deeper than {MAX_SCHEMA_DEPTH} levels"
+            )));
+        }
+        match v {
+            Value::Object(m) => stack.extend(m.values().map(|c| (c, depth + 1))),
+            Value::Array(a) => stack.extend(a.iter().map(|c| (c, depth + 1))),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The first line of an engine error, cut to [`MAX_MESSAGE`] characters.
+fn short(e: &str) -> String {
+    let line = e.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(MAX_MESSAGE) {
+        Some((i, _)) => format!("{}...", &line[..i]),
+        None => line.to_string(),
     }
 }
 
@@ -327,6 +413,51 @@ mod tests {
             allowed(&mut g, &words),
             vec!["{".to_string(), "{\"".to_string()]
         );
+    }
+
+    /// Issue 32 item 9: a schema too large, too deep or with a cycle that produces nothing
+    /// is refused (a short message), and a large one never overflows the caller's stack.
+    #[test]
+    fn oversized_deep_and_cyclic_schemas_are_refused_briefly() {
+        let (v, _) = vocab();
+        let names: Vec<String> = (0..5000).map(|i| format!("property_number_{i}")).collect();
+        let props: serde_json::Map<String, Value> = names
+            .iter()
+            .map(|n| (n.clone(), json!({"type": "string"})))
+            .collect();
+        let wide = json!({"type": "object", "properties": props, "required": names});
+        // On a 256 KiB stack, as small as any caller's: the checks keep their own.
+        let r = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || v.grammar(&wide).map(|_| ()))
+            .unwrap()
+            .join()
+            .unwrap();
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("bytes") || e.contains("values"), "{e}");
+        let (v, _) = vocab();
+        let mut deep = json!({"type": "string"});
+        for _ in 0..100 {
+            deep = json!({"type": "array", "items": deep});
+        }
+        let Err(e) = v.grammar(&deep) else {
+            panic!("a 100-deep schema is refused")
+        };
+        assert!(e.to_string().contains("deeper"), "{e}");
+        for cyclic in [
+            json!({"$ref": "#"}),
+            json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        ] {
+            let Err(e) = v.grammar(&cyclic) else {
+                panic!("{cyclic} is refused")
+            };
+            let m = e.to_string();
+            assert!(matches!(e, GrammarError::Schema(_)), "{m}");
+            assert!(m.len() <= MAX_MESSAGE + 3 && !m.contains('\n'), "{m}");
+        }
+        // A recursive schema that does produce documents still compiles.
+        let tree = json!({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}});
+        assert!(v.grammar(&tree).is_ok());
     }
 
     #[test]

@@ -1127,3 +1127,260 @@ fn operator_key_cors_name_health_and_a_complete_chain() {
         "{h}"
     );
 }
+
+// ---- Issue 32, items 8, 9 and 11: hostile model files and clients against the gateway. ----
+
+/// What a [`fake_station`] serves: a byte-level tokenizer (ids 0..256 are the bytes, 256 is
+/// `<|end|>`), `template` as the model's chat template, a 4,096-position context; it counts
+/// the compute calls (`/chain`, `/embed`, `/forward`, `/lm-head`), which it refuses.
+struct FakeStation {
+    url: String,
+    compute_calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Starts a [`FakeStation`] on a loopback port (its threads end with the test process).
+fn fake_station(template: &str) -> FakeStation {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake station");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let template = template.to_string();
+    let counter = calls.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let (template, calls) = (template.clone(), counter.clone());
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().expect("clone");
+                let mut r = BufReader::new(c);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let mut len = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':') {
+                            if k.eq_ignore_ascii_case("content-length") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let json = |v: serde_json::Value| {
+                        (200, "application/json", v.to_string().into_bytes())
+                    };
+                    let (status, ctype, out) = match path.as_str() {
+                        "/health" => json(serde_json::json!({"status": "ok", "model_id": "fake",
+                            "model_hash": "00", "arch": "llama", "role": "full", "layers": "0-2",
+                            "n_layers": 2, "hidden": 8, "vocab": 257, "serves_embed": true,
+                            "serves_lm_head": true, "has_tokenizer": true, "sessions": 0,
+                            "uptime_s": 1.0, "max_positions": 4096})),
+                        "/tokenizer" => json(serde_json::json!({"vocab": 257, "bos_id": null,
+                            "eos_id": 256, "eog_ids": [256], "add_bos": false,
+                            "chat_template": template})),
+                        "/detokenize" => json(serde_json::json!({"text": ""})),
+                        "/tokenize" => {
+                            let v: serde_json::Value =
+                                serde_json::from_slice(&body).unwrap_or_default();
+                            let mut text = v["text"].as_str().unwrap_or("").to_string();
+                            for p in v["parts"].as_array().into_iter().flatten() {
+                                text.push_str(p["text"].as_str().unwrap_or(""));
+                            }
+                            json(serde_json::json!({"tokens": text.bytes().collect::<Vec<u8>>()}))
+                        }
+                        "/vocab" => {
+                            let bytes: Vec<[u8; 1]> = (0..=255u8).map(|b| [b]).collect();
+                            let words = bytes
+                                .iter()
+                                .map(|b| (false, &b[..]))
+                                .chain(std::iter::once((true, &b"<|end|>"[..])));
+                            (
+                                200,
+                                "application/octet-stream",
+                                fat_station::wire::encode_vocab(words),
+                            )
+                        }
+                        _ => {
+                            calls.fetch_add(1, Ordering::SeqCst);
+                            (
+                                500,
+                                "application/json",
+                                br#"{"error":"fake","message":"no compute here"}"#.to_vec(),
+                            )
+                        }
+                    };
+                    let head = format!("HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n\r\n", out.len());
+                    if w.write_all(head.as_bytes())
+                        .and_then(|_| w.write_all(&out))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    FakeStation {
+        url,
+        compute_calls: calls,
+    }
+}
+
+/// CPU seconds (user + system) `pid` has used.
+fn cpu_s(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = &s[s.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
+    ticks / 100.0
+}
+
+/// A model whose template loops 10^10 times for a one-message chat and writes a gigabyte
+/// for a two-message one; a longer chat renders normally.
+const HOSTILE_TEMPLATE: &str = "{% if messages|length == 1 %}{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}{% elif messages|length == 2 %}{% set s = 'x' * 100000000 %}{% for i in range(10) %}{{ s }}{% endfor %}{% else %}{% for m in messages %}{{ m.content }}{% endfor %}{% endif %}";
+
+#[test]
+fn a_runaway_chat_template_stops_at_its_budget_and_leaves_nothing_spinning() {
+    // Issue 32 item 8: nested range(100000) loops kept a thread spinning after the client
+    // left, one more per request, outside admission and every metric.
+    let fake = fake_station(HOSTILE_TEMPLATE);
+    let gw = gateway(&fake.url, &["--max-concurrent", "1", "--max-queue", "0"]);
+    let pid = gw.child.id();
+    let chat = |n: usize| {
+        let messages: Vec<serde_json::Value> = (0..n)
+            .map(|i| serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "hi"}))
+            .collect();
+        serde_json::json!({"model": "m", "max_tokens": 4, "messages": messages})
+    };
+    for n in [1, 2] {
+        let t = std::time::Instant::now();
+        let r = ureq::post(&format!("{}/v1/chat/completions", gw.url))
+            .timeout(Duration::from_secs(20))
+            .send_string(&chat(n).to_string());
+        let (status, text) = match r {
+            Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
+            other => panic!("{n} message(s): expected a refusal, got {other:?}"),
+        };
+        assert_eq!(status, 500, "{text}");
+        assert!(text.contains("template_budget_exceeded"), "{text}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{n} message(s): refused only after {:?}",
+            t.elapsed()
+        );
+    }
+    // A client that leaves at once: its rendering ends at the budget, and frees the slot.
+    {
+        use std::io::Write;
+        let addr = gw.url.trim_start_matches("http://");
+        let body = chat(1).to_string();
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+            .expect("send");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let c0 = cpu_s(pid);
+    std::thread::sleep(Duration::from_millis(1500));
+    let spent = cpu_s(pid) - c0;
+    assert!(
+        spent < 0.3,
+        "the gateway kept computing after every rendering should have stopped: {spent:.2} CPU s in 1.5 s"
+    );
+    let m = metrics(&gw);
+    assert!(
+        metric(&m, "moonshine_template_budget_exceeded_total") >= 3.0,
+        "{m}"
+    );
+    // The one slot is free again: a normal chat renders (and reaches the stations).
+    let (status, v) = call(&gw, "/v1/chat/completions", &chat(3));
+    assert_eq!(status, 502, "the fake station refuses compute: {v}");
+    assert!(fake.compute_calls.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn hostile_json_schemas_are_a_400_and_the_gateway_stays_up() {
+    // Issue 32 item 9: 5000 required properties overflowed a worker's stack (exit 134);
+    // `{"$ref": "#"}` and a `$defs` cycle answered 502 with an internal dump.
+    let fake = fake_station(chat_template_plain());
+    let gw = gateway(&fake.url, &[]);
+    let names: Vec<String> = (0..5000)
+        .map(|i| format!("property_number_{i:05}"))
+        .collect();
+    let props: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .map(|n| (n.clone(), serde_json::json!({"type": "string"})))
+        .collect();
+    let wide = serde_json::json!({"type": "object", "properties": props, "required": names});
+    let cycle = serde_json::json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"});
+    for schema in [wide, serde_json::json!({"$ref": "#"}), cycle] {
+        let body = serde_json::json!({"model": "m", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}});
+        let (status, v) = call(&gw, "/v1/chat/completions", &body);
+        let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
+        assert_eq!(status, 400, "{v}");
+        assert!(
+            msg.len() < 500 && !msg.contains('\n'),
+            "a short message: {msg}"
+        );
+    }
+    assert_eq!(
+        ureq::get(&format!("{}/v1/models", gw.url))
+            .call()
+            .expect("the gateway is still up")
+            .status(),
+        200
+    );
+    assert_eq!(
+        fake.compute_calls.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no refused schema reached the stations"
+    );
+}
+
+fn chat_template_plain() -> &'static str {
+    "{% for m in messages %}{{ m.content }}{% endfor %}"
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_refused_before_any_compute() {
+    // Issue 32 item 11: a 40,030-token prompt against a 4,096-position station was refused
+    // only after prefilling 4,096 positions.
+    let fake = fake_station(chat_template_plain());
+    let gw = gateway(&fake.url, &[]);
+    let ids: Vec<u32> = vec![65; 40_030];
+    let (status, v) = call(
+        &gw,
+        "/v1/completions",
+        &serde_json::json!({"model": "m", "max_tokens": 4, "prompt": ids}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    let text = "A".repeat(5000);
+    let (status, v) = call(
+        &gw,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    assert_eq!(
+        fake.compute_calls.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a prompt past the context cost the stations nothing"
+    );
+}

@@ -27,8 +27,8 @@ use crate::mesh::grant::GrantError;
 use crate::mesh::node::{MeshNode, DEFAULT_MAX_HOPS};
 use crate::mesh::seal::{self, SealContext, SealDir, SealError};
 use crate::station::server::{
-    binary, compute, header, json, read_body, refuse, session_of, set, with_session, Refusal, Resp,
-    Station,
+    binary, check_context, compute, header, json, read_body, refuse, session_of, set, with_session,
+    Refusal, Resp, Station,
 };
 use crate::wire;
 
@@ -124,6 +124,8 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
         h(wire::H_GRANT),
     );
     let body = read_body(&st, req).await?;
+    let (session_h, pos_h, rid_h, ret_h, route_h) = (session_h?, pos_h?, rid_h?, ret_h?, route_h?);
+    let (seal_h, ts_h, from_h, grant_h) = (seal_h?, ts_h?, from_h?, grant_h?);
     let node = st.mesh_node();
     let held = st.model().holdings();
     let want_token = match ret_h.as_deref() {
@@ -215,15 +217,16 @@ pub(crate) async fn chain(st: Arc<Station>, req: Request<Incoming>) -> Result<Re
                 "tokens must not be empty",
             ));
         }
+        check_context(&st, pos.unwrap_or(0), r.tokens.len())?;
         Input::Tokens(r.tokens)
     } else {
-        let from = match from_h.as_deref().map(str::parse::<u32>) {
-            Some(Ok(f)) => f,
-            Some(Err(_)) => {
+        let from = match from_h.as_deref().map(wire::parse_header_number) {
+            Some(Some(f)) => f,
+            Some(None) => {
                 return Err(refuse(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
-                    "X-From-Layer is not a number",
+                    "X-From-Layer is not a plain decimal number",
                 ))
             }
             None => held.layers.start,
@@ -553,7 +556,7 @@ fn unseal(
     match (&node.key, seal_h) {
         (Some(key), Some("v1")) => {
             let t = Instant::now();
-            ctx.ts_ms = ts_h.and_then(|v| v.parse().ok()).ok_or_else(|| {
+            ctx.ts_ms = ts_h.and_then(wire::parse_timestamp_ms).ok_or_else(|| {
                 refuse(
                     StatusCode::BAD_REQUEST,
                     "bad_seal",

@@ -126,6 +126,8 @@ pub struct StationMetrics {
     pub(crate) compute: Histogram,
     /// Time waiting for a compute permit.
     pub(crate) queue: Histogram,
+    /// Answers refused because the response budget was spent.
+    pub(crate) responses_refused: AtomicU64,
 }
 
 impl Default for StationMetrics {
@@ -138,6 +140,7 @@ impl Default for StationMetrics {
             evicted: AtomicU64::new(0),
             compute: Histogram::new(COMPUTE_BOUNDS),
             queue: Histogram::new(QUEUE_BOUNDS),
+            responses_refused: AtomicU64::new(0),
         }
     }
 }
@@ -164,6 +167,10 @@ pub struct Gauges {
     pub max_kv_bytes: usize,
     pub kv_tokens: usize,
     pub uptime_s: f64,
+    /// Response bytes held for clients that have not read them yet.
+    pub response_bytes: usize,
+    /// `--max-response-memory`.
+    pub max_response_bytes: usize,
 }
 
 impl StationMetrics {
@@ -265,6 +272,24 @@ impl StationMetrics {
             self.queue.lines(""),
         );
         e.one(
+            "fat_station_response_bytes",
+            "gauge",
+            "Response bytes held for clients that have not read them yet.",
+            g.response_bytes,
+        );
+        e.one(
+            "fat_station_response_bytes_max",
+            "gauge",
+            "Most response bytes held at once (--max-response-memory).",
+            g.max_response_bytes,
+        );
+        e.one(
+            "fat_station_responses_refused_total",
+            "counter",
+            "Answers refused (503 responses_busy) because the response budget was spent.",
+            self.responses_refused.load(Ordering::Relaxed),
+        );
+        e.one(
             "fat_station_uptime_seconds",
             "gauge",
             "Seconds since the station started.",
@@ -322,6 +347,8 @@ mod tests {
             max_kv_bytes: 1024,
             kv_tokens: 30,
             uptime_s: 1.0,
+            response_bytes: 0,
+            max_response_bytes: 1 << 20,
         };
         let s = m.render(&g);
         for line in [

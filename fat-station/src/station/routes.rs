@@ -6,18 +6,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, RETRY_AFTER};
-use hyper::{Method, Request, StatusCode};
-use knot_format::LayerRange;
+use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::mesh::relay;
 use crate::station::conn::serve_connections_with;
+use crate::station::response_budget::Held;
 use crate::station::server::{
-    binary, compute, header, json, read_body, refuse, session_of, set, with_session, Refusal, Resp,
-    Station,
+    binary, busy_responses, check_context, check_room, compute, dtype_f16, header, json, read_body,
+    refuse, session_of, set, with_session, Refusal, Resp, Station,
 };
 use crate::wire::{self, ErrorBody};
 
@@ -53,28 +54,49 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
     Ok((l, a))
 }
 
-async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+async fn handle(st: Arc<Station>, req: Request<Incoming>) -> Result<Response<Held>, Infallible> {
     let t0 = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let out = route(st.clone(), req).await;
-    st.metrics.request(
-        &path,
-        match &out {
-            Ok(r) => r.status().as_u16(),
-            Err(e) => e.status.as_u16(),
-        },
-    );
-    let resp = answer(&method, &path, out);
+    let resp = within_budget(&st, answer(&method, &path, out)).await;
+    st.metrics.request(&path, resp.status().as_u16());
     access_log(&method, &path, &resp, t0);
     Ok(resp)
+}
+
+/// The answer as a body within the response budget ([`crate::station::response_budget`]),
+/// else `503 responses_busy` (its body freed at once).
+async fn within_budget(st: &Station, resp: Resp) -> Response<Held> {
+    let (parts, body) = resp.into_parts();
+    let data = match body.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(never) => match never {},
+    };
+    let len = data.len();
+    if let Some(held) = st.responses.hold(data) {
+        return Response::from_parts(parts, held);
+    }
+    st.metrics
+        .responses_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let busy = answer(&Method::GET, "", Err(busy_responses(st, len)));
+    let (parts, body) = busy.into_parts();
+    let data = match body.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(never) => match never {},
+    };
+    // An error body is under the unbudgeted size, so this always holds.
+    match st.responses.hold(data) {
+        Some(held) => Response::from_parts(parts, held),
+        None => Response::from_parts(parts, Held::empty()),
+    }
 }
 
 /// The access log: one info line per request, `POST /forward 200 12.3 ms 3584 B` (method,
 /// route, status, milliseconds from the head to the answer, body bytes sent). The route is
 /// the path cut to 64 characters (hyper has already refused control characters in it).
-fn access_log(method: &Method, path: &str, resp: &Resp, t0: Instant) {
-    use hyper::body::Body;
+fn access_log<B: hyper::body::Body>(method: &Method, path: &str, resp: &Response<B>, t0: Instant) {
     let route = match path.char_indices().nth(64) {
         Some((i, _)) => &path[..i],
         None => path,
@@ -158,10 +180,12 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             // Read the body before any refusal: a response sent while the client is still
             // writing would reset the connection instead of delivering the error.
             let range_h = header(&req, wire::H_LAYER_RANGE);
-            let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
+            let dtype_h = header(&req, wire::H_DTYPE);
             let pos_h = header(&req, wire::H_POS);
             let session_h = header(&req, wire::H_SESSION);
             let bytes = read_body(&st, req).await?;
+            let (range_h, pos_h, session_h) = (range_h?, pos_h?, session_h?);
+            let f16 = dtype_f16(dtype_h?.as_deref())?;
             let range = range_h.ok_or_else(|| {
                 refuse(
                     StatusCode::BAD_REQUEST,
@@ -169,15 +193,15 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
                     "missing header X-Layer-Range: a-b",
                 )
             })?;
-            let range = LayerRange::parse(&range)
-                .filter(|r| !r.is_empty())
-                .ok_or_else(|| {
-                    refuse(
-                        StatusCode::BAD_REQUEST,
-                        "bad_range",
-                        format!("X-Layer-Range {range:?} is not a non-empty a-b"),
-                    )
-                })?;
+            let range = wire::parse_layer_range(&range)
+                .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_range", e))?;
+            if range.is_empty() {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    "bad_range",
+                    format!("X-Layer-Range {}-{} is empty", range.start, range.end),
+                ));
+            }
             let held = st.model.holdings().layers;
             if !held.contains_range(&range) {
                 return Err(refuse(
@@ -191,6 +215,8 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             }
             let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
             let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
+            check_context(&st, pos.unwrap_or(0), x.len() / st.model.cfg.hidden)?;
+            check_room(&st, bytes.len())?;
             compute(st, move |st| {
                 let t = Instant::now();
                 let start = with_session(st, session, pos, range.start as usize, |model, s| {
@@ -203,11 +229,14 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             .await
         }
         (&Method::POST, wire::ROUTE_LM_HEAD) => {
-            let f16 = header(&req, wire::H_DTYPE).as_deref() == Some("f16");
+            let dtype_h = header(&req, wire::H_DTYPE);
             let rows_h = header(&req, wire::H_LOGIT_ROWS);
             let bytes = read_body(&st, req).await?;
+            let f16 = dtype_f16(dtype_h?.as_deref())?;
+            let rows_h = rows_h?;
             let x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
             let rows = logit_rows(rows_h.as_deref(), x.len() / st.model.cfg.hidden)?;
+            check_room(&st, rows * st.model.cfg.vocab * 4)?;
             compute(st, move |st| {
                 let t = Instant::now();
                 let logits = st.model.lm_head_rows(&x, rows)?;

@@ -53,6 +53,9 @@ pub struct Limits {
     pub kv_dtype: KvDtype,
     /// Whether the weights are packed into interleaved copies or stay in the mapped file.
     pub pack_weights: super::weight_memory::PackWeights,
+    /// Most response bytes held for clients that have not read them yet
+    /// ([`super::response_budget`]); beyond it a big answer is `503 responses_busy`.
+    pub max_response_bytes: usize,
 }
 
 /// Default `--max-body`.
@@ -83,6 +86,7 @@ impl Default for Limits {
             conn: ConnLimits::default(),
             kv_dtype: KvDtype::F32,
             pack_weights: Default::default(),
+            max_response_bytes: super::response_budget::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -108,6 +112,8 @@ pub struct Station {
     mesh: OnceLock<MeshNode>,
     /// Counters and histograms for `/metrics`.
     pub(crate) metrics: StationMetrics,
+    /// Response bytes held for clients that have not read them ([`Limits::max_response_bytes`]).
+    pub(super) responses: super::response_budget::ResponseBudget,
 }
 
 pub(crate) type Resp = Response<Full<Bytes>>;
@@ -157,6 +163,7 @@ impl Station {
             tokenizer: OnceLock::new(),
             sessions: Mutex::new(HashMap::new()),
             compute_gate: Arc::new(Semaphore::new(limits.max_compute.max(1))),
+            responses: super::response_budget::ResponseBudget::new(limits.max_response_bytes),
             limits,
             started: Instant::now(),
             mesh: OnceLock::new(),
@@ -291,6 +298,7 @@ impl Station {
             uptime_s: self.started.elapsed().as_secs_f64(),
             mesh: Some(self.mesh.get().map(|m| m.mode()).unwrap_or("open").into()),
             node_id: self.mesh.get().map(|m| m.node_id.clone()),
+            max_positions: Some(self.limits.max_positions),
         }
     }
 
@@ -382,6 +390,8 @@ impl Station {
             max_kv_bytes: self.limits.max_session_bytes,
             kv_tokens,
             uptime_s: self.started.elapsed().as_secs_f64(),
+            response_bytes: self.responses.held(),
+            max_response_bytes: self.responses.limit(),
         })
     }
 
@@ -497,6 +507,46 @@ pub(crate) fn with_session<T>(
     }
 }
 
+/// Refuses (413 `context_full`) a request that would put `adding` positions after `pos` in
+/// a session of [`Limits::max_positions`], before any compute: a prompt longer than the
+/// context costs nothing but this check.
+pub(crate) fn check_context(st: &Station, pos: usize, adding: usize) -> Result<(), Refusal> {
+    let max = st.limits.max_positions;
+    if pos.saturating_add(adding) > max {
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "context_full",
+            format!(
+                "{adding} positions after position {pos} exceed this station's context of {max}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses (503 `responses_busy`, with Retry-After) before compute an answer of `bytes`
+/// that the response budget has no room for now ([`super::response_budget`]).
+pub(crate) fn check_room(st: &Station, bytes: usize) -> Result<(), Refusal> {
+    if st.responses.room_for(bytes) {
+        return Ok(());
+    }
+    st.metrics.responses_refused.fetch_add(1, Ordering::Relaxed);
+    Err(busy_responses(st, bytes))
+}
+
+/// The refusal of an answer of `bytes` the response budget cannot take.
+pub(crate) fn busy_responses(st: &Station, bytes: usize) -> Refusal {
+    refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "responses_busy",
+        format!(
+            "an answer of {bytes} bytes does not fit: {} of the {} bytes for unread answers are held",
+            st.responses.held(),
+            st.responses.limit()
+        ),
+    )
+}
+
 /// A request's session (none: stateless) and its `X-Pos`.
 pub(crate) type SessionAt = (Option<Arc<Mutex<Session>>>, Option<usize>);
 
@@ -505,16 +555,10 @@ pub(crate) fn session_of(
     session: Option<&str>,
     pos: Option<&str>,
 ) -> Result<SessionAt, Refusal> {
-    let pos = match pos {
-        Some(p) => Some(p.trim().parse::<usize>().map_err(|_| {
-            refuse(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("X-Pos {p:?} is not a number"),
-            )
-        })?),
-        None => None,
-    };
+    let pos = pos
+        .map(|p| wire::parse_index("X-Pos", p))
+        .transpose()
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
     Ok((st.session(session)?, pos))
 }
 
@@ -571,11 +615,33 @@ impl Drop for Count<'_> {
     }
 }
 
-pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Option<String> {
-    req.headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
+/// Longest wire header value the station reads (`X-Route` with a few hops, `X-Grant`'s hex
+/// fit; hyper bounds the whole head anyway).
+const MAX_HEADER_VALUE: usize = 8 << 10;
+
+/// A request header's value, `None` when absent. A value that is not visible ASCII (or is
+/// over [`MAX_HEADER_VALUE`]) is refused (400), never read as absent: a non-ASCII
+/// `X-Session` must not run the request without its session. The value's own syntax is
+/// [`crate::wire`]'s to check.
+pub(crate) fn header(req: &Request<Incoming>, name: &str) -> Result<Option<String>, Refusal> {
+    let Some(v) = req.headers().get(name) else {
+        return Ok(None);
+    };
+    match v.to_str() {
+        Ok(s) if s.len() <= MAX_HEADER_VALUE => Ok(Some(s.to_string())),
+        _ => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_header",
+            format!("header {name}: the value must be at most {MAX_HEADER_VALUE} bytes of visible ASCII"),
+        )),
+    }
+}
+
+/// A request's `X-Dtype`: true for f16; f32 without the header.
+pub(crate) fn dtype_f16(v: Option<&str>) -> Result<bool, Refusal> {
+    v.map_or(Ok(false), |v| {
+        wire::parse_dtype(v).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))
+    })
 }
 
 /// The request's body within `--max-body` and `--body-timeout` ([`crate::station::conn::read_body`]).
