@@ -104,6 +104,13 @@ pub struct GenArgs {
     pub lookup: LookupArgs,
 }
 
+impl GenArgs {
+    /// Whether these flags start the REPL: --chat with a terminal on stdin, and no --json.
+    pub fn repl(&self) -> bool {
+        self.chat && !self.json && std::io::stdin().is_terminal()
+    }
+}
+
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
@@ -220,7 +227,7 @@ fn run_gen(t: &TargetArgs, g: &GenArgs, quiet: bool) -> Result<ExitCode> {
     let params = sampling(g)?;
     let lookup = g.lookup.params().map_err(anyhow::Error::msg)?;
     if g.chat {
-        if std::io::stdin().is_terminal() && !g.json {
+        if g.repl() {
             let settings = crate::repl::Settings {
                 sampling: params,
                 max_tokens: g.max_tokens,

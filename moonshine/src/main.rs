@@ -5,11 +5,13 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args = moonshine::cli::Args::parse_checked();
-    // The gateway logs requests and session releases; the CLI keeps stderr for its own lines.
-    let default = if matches!(args.cmd, Some(moonshine::cli::Cmd::Serve(_))) {
-        aeon_cli::LevelFilter::INFO
-    } else {
-        aeon_cli::LevelFilter::WARN
+    // The gateway logs requests and session releases; the CLI keeps stderr for its own lines,
+    // and the REPL for the chat: a warning there would land in the middle of a reply (the
+    // REPL says itself what went wrong with a turn).
+    let default = match &args.cmd {
+        Some(moonshine::cli::Cmd::Serve(_)) => aeon_cli::LevelFilter::INFO,
+        None if args.gen.repl() => aeon_cli::LevelFilter::ERROR,
+        _ => aeon_cli::LevelFilter::WARN,
     };
     aeon_cli::init_logging(default, args.verbosity);
     match moonshine::cli::run(args) {

@@ -4,7 +4,10 @@
 //! `$XDG_STATE_HOME/aeon-shell/moonshine-history`, else `~/.local/state/...`), commands that
 //! never reach the model (`/help`, `/bye`, `/clear`, `/set`, `/show`), multi-line input between
 //! `"""` lines, Ctrl-C during a reply stops the reply and keeps the conversation (the partial
-//! reply stays in it, as shown), Ctrl-C at the prompt clears the line, Ctrl-D leaves.
+//! reply stays in it, as shown), Ctrl-C at the prompt clears the line, Ctrl-D leaves. A reply
+//! that breaks off (a station dies) is kept as Ctrl-C keeps one and ends with one line,
+//! `[stopped: station URL unreachable: WHY]`; log lines stay off the chat (`main.rs` logs
+//! errors only in the REPL unless -v or RUST_LOG asks for more).
 //!
 //! The pure parts (commands, `/set`, multi-line input) are functions tested below; the loop
 //! is driven in a real terminal by `tests/repl.rs` (tmux).
@@ -349,25 +352,40 @@ impl Chat<'_> {
         };
         STOP.store(false, Ordering::SeqCst);
         let stopped = || STOP.load(Ordering::SeqCst);
+        // What reached the screen, so a failure mid-reply can end that line and keep it.
+        let mut shown = String::new();
         let outcome = Generation::start(self.b, &mut self.session, &req, &stopped).and_then(|g| {
             g.run(|t| {
                 if stopped() {
                     return false;
                 }
                 say(t);
+                shown.push_str(t);
                 true
             })
         });
         let o = match outcome {
             Ok(o) => o,
-            Err(e) => {
+            Err(GenError::Cancelled { .. }) => {
+                // Stopped during the prefill: nothing was said, the turn is forgotten.
+                self.messages.pop();
+                say("[stopped]\n");
+                return Ok(());
+            }
+            Err(e) if shown.is_empty() => {
                 // Nothing was said: the conversation is as it was before this turn.
                 self.messages.pop();
-                if let GenError::Cancelled { .. } = e {
-                    say("[stopped]\n");
-                    return Ok(());
-                }
                 return Err(e).context("generating");
+            }
+            Err(e) => {
+                // The reply broke off (a station died): as with Ctrl-C, what was shown stays
+                // in the conversation, and the reason gets a line of its own.
+                if !shown.ends_with('\n') {
+                    say("\n");
+                }
+                say(&format!("[stopped: {}]\n", broke_off(&e)));
+                self.messages.push(Message::new("assistant", shown));
+                return Ok(());
             }
         };
         self.messages
@@ -385,6 +403,25 @@ impl Chat<'_> {
             eprintln!("{}", stats_line(self.b, self.turn, &o));
         }
         Ok(())
+    }
+}
+
+/// Why a reply broke off, in a few words: `station http://HOST:PORT unreachable: connection
+/// refused` rather than the client's full message (which names the route and asks whether a
+/// station runs there).
+pub fn broke_off(e: &GenError) -> String {
+    use fat_station::client::ClientError;
+    match e {
+        GenError::Station(ClientError::Transport {
+            base,
+            why,
+            unreachable: true,
+            ..
+        }) => format!("station {base} unreachable: {why}"),
+        GenError::Station(ClientError::Transport { base, why, .. }) => {
+            format!("station {base} stopped answering: {why}")
+        }
+        other => other.to_string(),
     }
 }
 
@@ -482,6 +519,29 @@ mod tests {
             assert!(apply_set(&mut s, k, v).is_err(), "{k} {v}");
         }
         assert_eq!(s, before, "a refused /set changes nothing");
+    }
+
+    #[test]
+    fn a_broken_off_reply_names_the_station_in_a_few_words() {
+        use fat_station::client::ClientError;
+        let lost = |unreachable, why: &str| {
+            GenError::Station(ClientError::Transport {
+                url: "http://10.0.0.2:8080/forward".into(),
+                base: "http://10.0.0.2:8080".into(),
+                why: why.into(),
+                unreachable,
+            })
+        };
+        assert_eq!(
+            broke_off(&lost(true, "connection refused")),
+            "station http://10.0.0.2:8080 unreachable: connection refused"
+        );
+        assert_eq!(
+            broke_off(&lost(false, "connection reset")),
+            "station http://10.0.0.2:8080 stopped answering: connection reset"
+        );
+        let other = GenError::BadLogits { got: 3, want: 4 };
+        assert_eq!(broke_off(&other), other.to_string());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `moonshine --chat` in a real terminal (tmux: send-keys to type, capture-pane to read the
 //! screen): Ctrl-C during a reply stops it and keeps the conversation, Up recalls the last
-//! line, /set changes a setting, a reply cut by the token limit is marked, /bye leaves.
-//! Uses SmolLM2-135M (the smallest cached model) for speed.
+//! line, /set changes a setting, a reply cut by the token limit is marked, /bye leaves; a
+//! station that dies mid-reply ends the reply with one line of its own and no log line lands
+//! in the chat. Uses SmolLM2-135M (the smallest cached model) for speed.
 
 mod support;
 
@@ -82,28 +83,17 @@ fn tmux_present() -> bool {
     ok
 }
 
-#[test]
-fn ctrl_c_stops_a_reply_and_keeps_the_chat_and_up_recalls_a_line() {
-    let Some(model) = test_support::model(test_support::SMOLLM2) else {
-        return;
-    };
-    let Some(bin) = station_bin() else { return };
-    if !tmux_present() {
-        return;
-    }
-    let st = station(&bin, &model, &[]);
-    let home = tempfile::tempdir().expect("tempdir");
+/// Starts `moonshine --chat` with `args` in a fresh tmux server named after `tag`, with its
+/// history in `home`, and waits for the prompt.
+fn start_repl(tag: &str, home: &std::path::Path, args: &[&str]) -> Tmux {
     let t = Tmux {
-        socket: format!("moonshine-repl-{}", std::process::id()),
+        socket: format!("moonshine-{tag}-{}", std::process::id()),
     };
     // The command as separate arguments: tmux runs it without a shell, so Ctrl-C reaches
     // moonshine alone (a `sh -c` in the pane's process group would die of it and close the pane).
-    let (h, m) = (
-        home.path().display().to_string(),
-        env!("CARGO_BIN_EXE_moonshine").to_string(),
-    );
+    let h = home.display().to_string();
     let (home_env, state_env) = (format!("HOME={h}"), format!("XDG_STATE_HOME={h}"));
-    let o = t.cmd(&[
+    let mut cmd = vec![
         "new-session",
         "-d",
         "-s",
@@ -115,20 +105,42 @@ fn ctrl_c_stops_a_reply_and_keeps_the_chat_and_up_recalls_a_line() {
         "env",
         &home_env,
         &state_env,
-        &m,
+        env!("CARGO_BIN_EXE_moonshine"),
         "--chat",
-        "--stats",
-        // Greedy: SmolLM2 then counts for as long as it is let (sampled at the chat default
-        // 0.8 it sometimes answers in 27 tokens, before Ctrl-C can stop anything).
-        "--temperature",
-        "0",
-        "-n",
-        "2000",
-        "--station",
-        &st.url,
-    ]);
+    ];
+    cmd.extend_from_slice(args);
+    let o = t.cmd(&cmd);
     assert!(o.status.success(), "tmux new-session: {o:?}");
     t.wait("the prompt", 30, |s| last_line(s) == ">>>");
+    t
+}
+
+#[test]
+fn ctrl_c_stops_a_reply_and_keeps_the_chat_and_up_recalls_a_line() {
+    let Some(model) = test_support::model(test_support::SMOLLM2) else {
+        return;
+    };
+    let Some(bin) = station_bin() else { return };
+    if !tmux_present() {
+        return;
+    }
+    let st = station(&bin, &model, &[]);
+    let home = tempfile::tempdir().expect("tempdir");
+    let t = start_repl(
+        "repl",
+        home.path(),
+        &[
+            "--stats",
+            // Greedy: SmolLM2 then counts for as long as it is let (sampled at the chat default
+            // 0.8 it sometimes answers in 27 tokens, before Ctrl-C can stop anything).
+            "--temperature",
+            "0",
+            "-n",
+            "2000",
+            "--station",
+            &st.url,
+        ],
+    );
 
     // A long reply, stopped by Ctrl-C once it has begun.
     let ask = "Count from 1 to 500, one number per line.";
@@ -197,4 +209,93 @@ fn ctrl_c_stops_a_reply_and_keeps_the_chat_and_up_recalls_a_line() {
     let history = std::fs::read_to_string(home.path().join("aeon-shell/moonshine-history"))
         .expect("the history is kept between runs");
     assert!(history.contains(ask), "{history}");
+}
+
+/// Issue 39: a station that died mid-reply glued `error: generating: ...` onto the partial
+/// text, and after it came back the client's WARN log line (`stations lost the session`)
+/// landed in the chat. Now the partial reply ends its line, the reason is one line
+/// (`[stopped: station URL ...]`), and no log line reaches the terminal.
+#[test]
+fn a_station_dying_mid_reply_stops_it_on_a_line_of_its_own_and_no_log_line_lands_in_the_chat() {
+    let Some(model) = test_support::model(test_support::SMOLLM2) else {
+        return;
+    };
+    let Some(bin) = station_bin() else { return };
+    if !tmux_present() {
+        return;
+    }
+    // A fixed port, so that the station can come back where the REPL looks for it.
+    let port = test_support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let knot = model.to_str().expect("utf-8 path");
+    let start = || spawn_with_env(&bin, &["--knot", knot, "--listen", &listen], &[]);
+    let mut st = start();
+    let home = tempfile::tempdir().expect("tempdir");
+    let t = start_repl(
+        "died",
+        home.path(),
+        &["--temperature", "0", "-n", "2000", "--station", &st.url],
+    );
+
+    let ask = "Write a long story about a cat who learns to fly.";
+    t.keys(&[ask, "Enter"]);
+    t.wait("the reply to begin", 60, |s| {
+        s.lines()
+            .skip_while(|l| !l.contains(ask))
+            .skip(1)
+            .map(str::len)
+            .sum::<usize>()
+            >= 40
+    });
+    let _ = st.child.kill();
+    let _ = st.child.wait();
+    let s = t.wait("the stopped reply and a new prompt", 30, |s| {
+        s.contains("[stopped:") && last_line(s) == ">>>"
+    });
+    let stop = s
+        .lines()
+        .find(|l| l.contains("[stopped:"))
+        .expect("the stop line");
+    assert!(
+        stop.starts_with(&format!("[stopped: station {}", st.url)) && stop.ends_with(']'),
+        "the reason is a line of its own, naming the station:\n{s}"
+    );
+    assert!(!s.contains("error: generating"), "{s}");
+    let reply: Vec<&str> = s
+        .lines()
+        .skip_while(|l| !l.contains(ask))
+        .skip(1)
+        .take_while(|l| !l.contains("[stopped:"))
+        .collect();
+    assert!(
+        reply.iter().any(|l| !l.trim().is_empty()),
+        "the partial reply stays on the screen:\n{s}"
+    );
+
+    // The station comes back (as systemd would restart it) without the conversation's KV
+    // session: the next turn sends the whole conversation again, and says nothing about it
+    // in the chat (the client's warning would have).
+    drop(st);
+    let _st = start();
+    t.keys(&["/set max_tokens 8", "Enter"]);
+    t.wait("the /set confirmation", 10, |s| {
+        s.contains("(set max_tokens 8)")
+    });
+    t.keys(&["Thanks. Now say hello.", "Enter"]);
+    let s = t.wait("the second reply and a new prompt", 60, |s| {
+        let after: Vec<&str> = s
+            .lines()
+            .skip_while(|l| !l.contains("Now say hello."))
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        after.len() >= 2 && last_line(s) == ">>>"
+    });
+    for bad in ["WARN", "ERROR", "INFO", "moonshine::"] {
+        assert!(
+            !s.contains(bad),
+            "a log line landed in the chat ({bad}):\n{s}"
+        );
+    }
+    t.keys(&["/bye", "Enter"]);
 }
