@@ -384,9 +384,8 @@ impl Op {
             IdMaps | CgroupAttach | VethHost => Phase::HostAfterClone,
             NewSession | CloseFds | SessionKeyring | MakeRootPrivate | CgroupNamespace
             | BindRootfs | OverlayRootfs | RootfsFlags | MountProc | ProcReadOnly | MountSys
-            | MaskPaths
-            | MountTmp | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot | DetachOldRoot
-            | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
+            | MaskPaths | MountTmp | MountDev | DevNode(_) | DevLinks | Bind(_) | PivotRoot
+            | DetachOldRoot | SetHostname | LoopbackUp | VethSliver | ForkCommand => Phase::Init,
             Rlimits | DropCaps | Seccomp | Exec => Phase::Command,
             Reap | CgroupRemove => Phase::Teardown,
         }
