@@ -38,7 +38,7 @@ pub enum GenError {
     /// The prompt is longer than the stations' context (their `/health` `max_positions`):
     /// refused before any station compute.
     #[error(
-        "the prompt ({prompt} tokens) is longer than the model's context of {context} positions"
+        "the prompt ({prompt} tokens) does not fit in the model's context of {context} positions"
     )]
     PromptTooLong { prompt: usize, context: usize },
     /// The chain does not run the whole model ([`chain_problem`]).
