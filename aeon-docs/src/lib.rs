@@ -9,6 +9,8 @@
 //! target/docs/completions/fish/NAME.fish      (copy to ~/.config/fish/completions/)
 //! ```
 
+pub mod cli;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -29,7 +31,13 @@ pub fn binaries() -> Vec<Command> {
     [
         ("knot", knot_format::cli::Args::command()),
         ("fat-station", fat_station::cli::Args::command()),
-        ("moonshine", moonshine::cli::Args::command()),
+        // `moonshine mesh` is parsed apart (its arguments are passed through): its own
+        // definition replaces the placeholder, so its page and completions show its commands.
+        (
+            "moonshine",
+            moonshine::cli::Args::command()
+                .mut_subcommand("mesh", |_| moonshine::mesh_cmd::command().name("mesh")),
+        ),
         ("paris-probe", paris_probe::cli::Args::command()),
         ("monster-guard", monster_guard::cli::Cli::command()),
         ("swerve", swerve::cli::Cli::command()),

@@ -14,11 +14,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// KNOT model files: page-aligned, mmap-able, BLAKE3-verified containers of GGUF's tensors.
 ///
-/// Typical use: `knot import MODEL.gguf -o MODEL.knot && knot verify MODEL.knot`.
+/// Examples:
+///   knot import MODEL.gguf -o MODEL.knot
+///   knot verify MODEL.knot
+///   knot inspect MODEL.knot
+///
 /// Exit codes: 0 success; 1 `verify` found corruption; 2 usage, I/O or other errors.
 /// Logging: -v (more), -q (errors only, no progress bar), or RUST_LOG (e.g. RUST_LOG=info).
 #[derive(Debug, Parser)]
-#[command(name = "knot", version, about, long_about)]
+// Verbatim: clap would reflow the examples (and the lines below them) into one line.
+#[command(name = "knot", version, about, long_about, verbatim_doc_comment)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Command,

@@ -47,8 +47,8 @@ enum Cmd {
     ///
     /// The first delegation of a fresh home creates the node key (as `init` would) and says so
     /// on stderr.
-    ///
-    /// Example: monster-guard delegate qwen net,fs --ttl 1h --qspec specs/qwen-facts.json
+    #[command(after_help = "Example:\n  \
+        monster-guard delegate qwen net,fs --ttl 1h --qspec specs/qwen-facts.json")]
     Delegate {
         /// Grant name (1-64 of A-Z a-z 0-9 . _ -).
         name: String,
@@ -70,8 +70,8 @@ enum Cmd {
         probe: Option<PathBuf>,
     },
     /// Run CMD under a grant for a bounded lease, with only the requested capabilities.
-    ///
-    /// Example: monster-guard run --name qwen --caps fs --lease 10m -- fat-station serve ...
+    #[command(after_help = "Example:\n  \
+        monster-guard run --name qwen --caps fs --lease 10m -- fat-station --knot qwen.knot")]
     Run {
         /// Stored grant name.
         #[arg(long, required_unless_present = "grant")]

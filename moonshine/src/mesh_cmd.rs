@@ -18,6 +18,7 @@ use fat_station::mesh::replicas::{ChainsFile, ReplicaSet};
 
 /// Mesh discovery and forming.
 ///
+/// Examples:
 ///   moonshine mesh discover --timeout 2
 ///   moonshine mesh form -o mesh.json          (then: moonshine --mesh mesh.json -c ...)
 ///   moonshine mesh form --assign -o mesh.json --manifests nodes/ --shard model.knot
@@ -27,10 +28,18 @@ use fat_station::mesh::replicas::{ChainsFile, ReplicaSet};
 /// AEON_NODE_RAM=2.4G in their environment). Exit codes: 0 ok, 1 nothing found or no chain
 /// could be formed, 2 bad arguments or I/O errors.
 #[derive(Debug, Parser)]
-#[command(name = "moonshine mesh", about, long_about)]
+// Verbatim: clap would reflow the examples into one line.
+#[command(name = "moonshine mesh", about, long_about, verbatim_doc_comment)]
 struct MeshArgs {
     #[command(subcommand)]
     cmd: MeshCmd,
+}
+
+/// The clap definition of `moonshine mesh` (parsed apart from moonshine's own flags), for
+/// the man pages and completions (`aeon-docs`).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    MeshArgs::command()
 }
 
 #[derive(Debug, clap::Args)]

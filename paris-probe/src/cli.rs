@@ -9,13 +9,15 @@ use knot_format::Knot;
 
 /// Probe a model's next-token argmax against an expected token.
 ///
-/// Example: paris-probe --dense qwen.knot --tokens 785,6722,315,9625,374 --expected 12095
-///          paris-probe --dense qwen.knot --prompt "The capital of France is" --expect " Paris"
+/// Examples:
+///   paris-probe --dense qwen.knot --tokens 785,6722,315,9625,374 --expected 12095
+///   paris-probe --dense qwen.knot --prompt "The capital of France is" --expect " Paris"
 ///
 /// Exit codes: 0 PASS, 1 FAIL, 2 error. With --json one JSON object is printed (the contract
 /// monster-guard reads; see specs/qspec.md).
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+// Verbatim: clap would reflow the examples into one line.
+#[command(version, about, long_about, verbatim_doc_comment)]
 pub struct Args {
     /// Model file to run in this process.
     #[arg(long, conflicts_with_all = ["station", "mesh"])]

@@ -14,8 +14,7 @@ use clap::Parser;
 use fat_station::engine::tokenizer::Tokenizer;
 use knot_format::Knot;
 
-/// Split a model in-process and check the chained result equals the monolithic one, bit
-/// for bit.
+/// Split a model in-process and check the chained result equals the monolithic one, bit for bit.
 ///
 /// The model is loaded once; each split is a chain of "stations" (views of the file that
 /// hold one layer range each, or with --from-shards real shard files written by shard-knot)
@@ -27,9 +26,21 @@ use knot_format::Knot;
 /// Prints cos and max |delta| of residual and logits per test and `OVERALL: PASS` only when
 /// every split is bit-identical (delta 0.0).
 ///
+/// Examples:
+///   parity-station-handoff qwen.knot --split 12
+///   parity-station-handoff qwen.knot --split 8,16
+///   parity-station-handoff qwen.knot --all-splits --step 4
+///
 /// Exit codes: 0 PASS; 1 a split differs; 2 usage, I/O or engine errors.
 #[derive(Debug, Parser)]
-#[command(name = "parity-station-handoff", version, about, long_about)]
+// Verbatim: clap would run the TEST lines and the examples together.
+#[command(
+    name = "parity-station-handoff",
+    version,
+    about,
+    long_about,
+    verbatim_doc_comment
+)]
 pub struct Args {
     /// The whole model (.knot).
     pub knot: PathBuf,

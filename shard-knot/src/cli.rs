@@ -11,10 +11,11 @@ use clap::{ArgGroup, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use knot_format::Knot;
 
-/// Split a KNOT model into per-node shards, each holding one layer range at its original
-/// indices, and inspect what a shard holds.
+/// Split a KNOT model into per-node shards, and inspect what a shard holds.
 ///
-/// Typical use:
+/// Each shard holds one layer range at its original indices.
+///
+/// Examples:
 ///   shard-knot split M.knot --nodes 3 -o shards/
 ///   shard-knot split M.knot --ranges 0..8,8..16,16..24 -o shards/
 ///   shard-knot inspect shards/M.L08-16.knot
@@ -22,7 +23,8 @@ use knot_format::Knot;
 ///
 /// Exit codes: 0 success; 2 usage, I/O or other errors. Logging: -v, -q, or RUST_LOG=info.
 #[derive(Debug, Parser)]
-#[command(name = "shard-knot", version, about, long_about)]
+// Verbatim: clap would reflow the examples into one line.
+#[command(name = "shard-knot", version, about, long_about, verbatim_doc_comment)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Command,
@@ -69,13 +71,19 @@ pub enum Command {
     /// report how many nodes the model needs and why, and with -o DIR write one node
     /// manifest per node plus the shards (see specs/mesh.md). Refuses a plan that does not
     /// fit unless --disk-paged.
-    ///
-    ///   shard-knot plan M.knot --node-ram 2.4G -o mesh/
-    ///   shard-knot plan M.knot --node-free 2.95G --kv-tokens 2048
-    ///   shard-knot plan M.knot --node phone=2.4G --node pi=1.6G
-    ///   shard-knot plan --model-bytes 7G --layers 32 --node-ram 2.4G
+    #[command(after_help = PLAN_EXAMPLES)]
     Plan(crate::plan::PlanArgs),
 }
+
+/// `shard-knot plan --help`'s examples, one command per line (a doc comment would be reflowed
+/// into one line, and `verbatim_doc_comment` would keep the summary's line breaks in the list
+/// of commands too).
+const PLAN_EXAMPLES: &str = "\
+Examples:
+  shard-knot plan M.knot --node-ram 2.4G -o mesh/
+  shard-knot plan M.knot --node-free 2.95G --kv-tokens 2048
+  shard-knot plan M.knot --node phone=2.4G --node pi=1.6G
+  shard-knot plan --model-bytes 7G --layers 32 --node-ram 2.4G";
 
 /// Runs one command; `Ok` carries the exit code.
 pub fn run(args: Args) -> Result<ExitCode> {
