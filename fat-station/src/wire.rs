@@ -291,10 +291,17 @@ const MAX_HEADER_DIGITS: usize = 9;
 /// Strict so that one value has one spelling: a relay, a log and the seal all read the
 /// same number.
 pub fn parse_header_number(v: &str) -> Option<u32> {
-    let ok = (1..=MAX_HEADER_DIGITS).contains(&v.len())
+    plain_decimal(v, MAX_HEADER_DIGITS)
+        .then(|| v.parse().ok())
+        .flatten()
+}
+
+/// 1 to `max_digits` ASCII digits, no leading zero but `0` itself: the one spelling of a
+/// number in a header.
+fn plain_decimal(v: &str, max_digits: usize) -> bool {
+    (1..=max_digits).contains(&v.len())
         && v.bytes().all(|b| b.is_ascii_digit())
-        && (v == "0" || !v.starts_with('0'));
-    ok.then(|| v.parse().ok()).flatten()
+        && (v == "0" || !v.starts_with('0'))
 }
 
 /// Parses an `X-Layer-Range`: exactly `a-b`, two [`parse_header_number`] numbers with
@@ -314,10 +321,7 @@ pub fn parse_layer_range(v: &str) -> Result<knot_format::LayerRange, String> {
 
 /// Parses an `X-Seal-Ts` (Unix milliseconds): 1 to 16 ASCII digits, no leading zero.
 pub fn parse_timestamp_ms(v: &str) -> Option<u64> {
-    let ok = (1..=16).contains(&v.len())
-        && v.bytes().all(|b| b.is_ascii_digit())
-        && (v == "0" || !v.starts_with('0'));
-    ok.then(|| v.parse().ok()).flatten()
+    plain_decimal(v, 16).then(|| v.parse().ok()).flatten()
 }
 
 /// Parses an `X-Dtype`: `f32` (also the default without the header) or `f16`; true for f16.
