@@ -14,7 +14,8 @@ pub mod grant;
 pub mod manifest;
 pub mod node;
 pub mod relay;
-pub mod replicas;
-pub mod seal;
 
 pub use node::MeshNode;
+// The client side of a chain and the seal live in `station-wire`: tools use them without
+// linking the station.
+pub use station_wire::{replicas, seal};

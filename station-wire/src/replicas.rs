@@ -131,7 +131,7 @@ pub struct MeshChain {
     /// Hex grant for `X-Grant`.
     pub grant_hex: Option<String>,
     /// The mesh key of a sealed mesh: seal the request, open the answer.
-    pub mesh_key: Option<crate::mesh::seal::MeshKey>,
+    pub mesh_key: Option<crate::seal::MeshKey>,
 }
 
 impl MeshChain {

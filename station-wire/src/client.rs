@@ -10,7 +10,7 @@ use std::time::Duration;
 use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::seal::{self, MeshKey, SealContext, SealDir};
+use crate::seal::{self, MeshKey, SealContext, SealDir};
 use crate::wire::{self, ErrorBody, Health};
 
 /// Why a station call failed.

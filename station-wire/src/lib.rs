@@ -1,0 +1,13 @@
+//! station-wire: what travels between a station and its callers, and the client that sends it.
+//!
+//! Nothing here computes on a model; the compiler keeps it so (no engine dependency), which lets
+//! tools that only talk to stations (moonshine's client paths, probes, benches) link no kernels.
+//! - [`wire`]: the contract (routes, headers, bodies; `specs/station-wire.md`).
+//! - [`seal`]: the AEAD that seals requests, residuals and answers between nodes.
+//! - [`client`]: the blocking client for one station.
+//! - [`replicas`]: the client side of a chain, with failover between replica chains.
+
+pub mod client;
+pub mod replicas;
+pub mod seal;
+pub mod wire;
