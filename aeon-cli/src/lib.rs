@@ -1,6 +1,7 @@
 //! What every binary of the workspace shares on its command line: `-v/--verbose` and
 //! `-q/--quiet` ([`Verbosity`], flattened into each tool's arguments) and logging to stderr
-//! ([`init_logging`]); and byte sizes as users type them ([`size`]).
+//! ([`init_logging`]); how a tool's result becomes its exit code ([`exit_code`]); and byte sizes
+//! as users type them ([`size`]).
 //!
 //! The rule, the same in every tool:
 //! - each tool has a default level (`warn` for the one-shot tools, `info` for servers, whose
@@ -13,6 +14,7 @@
 pub mod size;
 
 use std::io::IsTerminal;
+use std::process::ExitCode;
 
 use clap::ArgAction;
 pub use tracing_subscriber::filter::LevelFilter;
@@ -163,5 +165,26 @@ mod tests {
         let (t, bad) = filter("=nonsense=", w, v(0, false));
         assert_eq!(t.default_level(), Some(w));
         assert!(bad.is_some(), "an unreadable RUST_LOG is reported");
+    }
+}
+
+/// Whether `err` comes from writing to a closed stdout (`tool | head`): not a failure.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The one-shot tools' exit rule: the tool's own code on success, 0 when stdout was closed
+/// under it, else `tool: error: ...` (the whole context chain on one line) and `on_error`.
+pub fn exit_code(tool: &str, result: anyhow::Result<ExitCode>, on_error: u8) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{tool}: error: {err:#}");
+            ExitCode::from(on_error)
+        }
     }
 }

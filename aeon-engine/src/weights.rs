@@ -1,31 +1,12 @@
 //! Typed views into the mmapped KNOT: nothing here copies a weight.
 
-use knot_format::{DType, Knot, LayerRange};
+use knot_format::{DType, Knot};
 
 use super::kernels::{Linear, QMatrix};
 use super::{Config, EngineError};
 
-/// What part of the model a station holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Holdings {
-    /// Token embedding (serves `/embed`).
-    pub embed: bool,
-    /// Transformer blocks, original indices.
-    pub layers: LayerRange,
-    /// Final norm + output head (serves `/lm-head`).
-    pub head: bool,
-}
-
-impl Holdings {
-    /// Everything a model of `n_layers` blocks has.
-    pub fn full(n_layers: usize) -> Self {
-        Holdings {
-            embed: true,
-            layers: LayerRange::new(0, n_layers as u32),
-            head: true,
-        }
-    }
-}
+// Defined beside the shard roles it follows from; the engine loads what it names.
+pub use knot_format::Holdings;
 
 /// One transformer block's tensors.
 pub struct LayerWeights<'a> {

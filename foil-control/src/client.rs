@@ -1,4 +1,5 @@
-//! Blocking client for the collector: plain `std::net` HTTP/1.1, no async runtime needed.
+//! Blocking client for the collector: HTTP/1.1 over `ureq` (the workspace's one blocking
+//! client), no async runtime needed.
 //!
 //! ```no_run
 //! use foil_control::{client, record::ResidueRecord};
@@ -10,11 +11,10 @@
 //! # Ok::<(), foil_control::client::FoilClientError>(())
 //! ```
 //!
-//! Each call opens one connection (`Connection: close`), with a connect timeout and a
+//! Each call makes one exchange on a fresh connection, with a connect timeout and a
 //! read/write timeout ([`Client::new`] defaults: 2 s and 10 s).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::io::Read;
 use std::time::Duration;
 
 use crate::record::{AdmitResponse, Disposition, ErrorResponse, HealthResponse, ResidueRecord};
@@ -25,7 +25,6 @@ pub const CACHE_PATH: &str = "/.aeon/model-forward-cache";
 pub const HEALTH_PATH: &str = "/.aeon/health";
 /// Largest response body the client reads.
 pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
-const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Errors of the client. An unreachable collector is `Connect` (or `Resolve`).
 #[derive(Debug, thiserror::Error)]
@@ -247,30 +246,6 @@ impl Client {
         ok_json(&resp)
     }
 
-    fn connect(&self) -> Result<TcpStream, FoilClientError> {
-        let authority = self.authority();
-        let host = self.host.trim_start_matches('[').trim_end_matches(']');
-        let addrs: Vec<SocketAddr> = (host, self.port)
-            .to_socket_addrs()
-            .map_err(|source| FoilClientError::Resolve {
-                addr: authority.clone(),
-                source,
-            })?
-            .collect();
-        let mut last =
-            std::io::Error::new(std::io::ErrorKind::NotFound, "host resolved to no address");
-        for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.connect_timeout) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = e,
-            }
-        }
-        Err(FoilClientError::Connect {
-            addr: authority,
-            source: last,
-        })
-    }
-
     /// Sends one request (`path` relative to the base URL's prefix) and reads the answer.
     pub fn request(
         &self,
@@ -278,40 +253,57 @@ impl Client {
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<RawResponse, FoilClientError> {
-        let mut stream = self.connect()?;
-        let io = |step| move |source| FoilClientError::Io { step, source };
-        stream
-            .set_read_timeout(Some(self.io_timeout))
-            .map_err(io("set read timeout"))?;
-        stream
-            .set_write_timeout(Some(self.io_timeout))
-            .map_err(io("set write timeout"))?;
-        let _ = stream.set_nodelay(true);
-        let mut head = format!(
-            "{method} {}{path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: foil-control-client/{}\r\nAccept: application/json\r\nConnection: close\r\n",
-            self.prefix,
-            self.authority(),
-            env!("CARGO_PKG_VERSION"),
-        );
-        if let Some(b) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                b.len()
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(self.connect_timeout)
+            .timeout_read(self.io_timeout)
+            .timeout_write(self.io_timeout)
+            .user_agent(concat!("foil-control-client/", env!("CARGO_PKG_VERSION")))
+            .build();
+        let url = format!("http://{}{}{path}", self.authority(), self.prefix);
+        let req = agent
+            .request(method, &url)
+            .set("Accept", "application/json");
+        let sent = match body {
+            Some(b) => req.set("Content-Type", "application/json").send_bytes(b),
+            None => req.call(),
+        };
+        let resp = match sent {
+            Ok(r) => r,
+            // A non-2xx answer is still an answer: its body says why.
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(ureq::Error::Transport(t)) => return Err(self.transport_error(t)),
+        };
+        let status = resp.status();
+        let mut body = Vec::new();
+        resp.into_reader()
+            .take(MAX_RESPONSE_BYTES as u64 + 1)
+            .read_to_end(&mut body)
+            .map_err(|source| FoilClientError::Io {
+                step: "read response body",
+                source,
+            })?;
+        if body.len() > MAX_RESPONSE_BYTES {
+            return Err(FoilClientError::BadResponse(
+                "response body too large".into(),
             ));
         }
-        head.push_str("\r\n");
-        let mut req = head.into_bytes();
-        req.extend_from_slice(body.unwrap_or_default());
-        let sent = stream.write_all(&req).and_then(|()| stream.flush());
-        // If the server answered early (e.g. 413) and closed, the write fails; its answer
-        // may still be readable, so try that before reporting the write error.
-        match (read_response(&mut stream), sent) {
-            (Ok(r), _) => Ok(r),
-            (Err(_), Err(e)) => Err(FoilClientError::Io {
-                step: "send request",
-                source: e,
-            }),
-            (Err(e), Ok(())) => Err(e),
+        Ok(RawResponse { status, body })
+    }
+
+    fn transport_error(&self, t: ureq::Transport) -> FoilClientError {
+        let addr = self.authority();
+        let kind = t.kind();
+        let source = std::io::Error::other(t);
+        match kind {
+            ureq::ErrorKind::Dns => FoilClientError::Resolve { addr, source },
+            ureq::ErrorKind::ConnectionFailed => FoilClientError::Connect { addr, source },
+            ureq::ErrorKind::BadStatus | ureq::ErrorKind::BadHeader => {
+                FoilClientError::BadResponse(source.to_string())
+            }
+            _ => FoilClientError::Io {
+                step: "HTTP exchange",
+                source,
+            },
         }
     }
 }
@@ -333,130 +325,6 @@ fn ok_json<T: serde::de::DeserializeOwned>(resp: &RawResponse) -> Result<T, Foil
         });
     }
     serde_json::from_slice(&resp.body).map_err(FoilClientError::Decode)
-}
-
-fn read_more(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    step: &'static str,
-) -> Result<usize, FoilClientError> {
-    let mut chunk = [0u8; 16 << 10];
-    loop {
-        match stream.read(&mut chunk) {
-            Ok(n) => {
-                buf.extend_from_slice(&chunk[..n]);
-                return Ok(n);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(source) => return Err(FoilClientError::Io { step, source }),
-        }
-    }
-}
-
-fn read_response(stream: &mut TcpStream) -> Result<RawResponse, FoilClientError> {
-    let mut buf = Vec::new();
-    // Head.
-    let (status, head_len, content_length, chunked) = loop {
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&buf) {
-            Ok(httparse::Status::Complete(n)) => {
-                let status = resp
-                    .code
-                    .ok_or_else(|| FoilClientError::BadResponse("no status".into()))?;
-                let mut content_length = None;
-                let mut chunked = false;
-                for h in resp.headers.iter() {
-                    if h.name.eq_ignore_ascii_case("content-length") {
-                        let v = std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|v| v.trim().parse::<usize>().ok());
-                        content_length = Some(v.ok_or_else(|| {
-                            FoilClientError::BadResponse("bad Content-Length".into())
-                        })?);
-                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                        chunked = String::from_utf8_lossy(h.value)
-                            .to_ascii_lowercase()
-                            .contains("chunked");
-                    }
-                }
-                break (status, n, content_length, chunked);
-            }
-            Ok(httparse::Status::Partial) => {
-                if buf.len() > MAX_HEAD_BYTES {
-                    return Err(FoilClientError::BadResponse(
-                        "response head too large".into(),
-                    ));
-                }
-                if read_more(stream, &mut buf, "read response head")? == 0 {
-                    return Err(FoilClientError::BadResponse(format!(
-                        "connection closed after {} bytes, before the response head ended",
-                        buf.len()
-                    )));
-                }
-            }
-            Err(e) => {
-                return Err(FoilClientError::BadResponse(format!(
-                    "bad response head: {e}"
-                )))
-            }
-        }
-    };
-    let mut body = buf.split_off(head_len);
-    if let Some(len) = content_length {
-        if len > MAX_RESPONSE_BYTES {
-            return Err(FoilClientError::BadResponse(format!(
-                "response body of {len} bytes is too large"
-            )));
-        }
-        while body.len() < len {
-            if read_more(stream, &mut body, "read response body")? == 0 {
-                return Err(FoilClientError::BadResponse(format!(
-                    "connection closed after {} of {len} body bytes",
-                    body.len()
-                )));
-            }
-        }
-        body.truncate(len);
-    } else {
-        // Chunked or close-delimited: read to EOF (we sent Connection: close).
-        while read_more(stream, &mut body, "read response body")? > 0 {
-            if body.len() > MAX_RESPONSE_BYTES + MAX_HEAD_BYTES {
-                return Err(FoilClientError::BadResponse(
-                    "response body too large".into(),
-                ));
-            }
-        }
-        if chunked {
-            body = dechunk(&body)?;
-        }
-    }
-    Ok(RawResponse { status, body })
-}
-
-/// Decodes a complete chunked body.
-fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, FoilClientError> {
-    let bad = |why: &str| FoilClientError::BadResponse(format!("bad chunked body: {why}"));
-    let mut out = Vec::new();
-    loop {
-        let line_end = data
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| bad("no chunk size line"))?;
-        let size_text =
-            std::str::from_utf8(&data[..line_end]).map_err(|_| bad("size not UTF-8"))?;
-        let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| bad("size not hex"))?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if data.len() < size + 2 {
-            return Err(bad("truncated chunk"));
-        }
-        out.extend_from_slice(&data[..size]);
-        data = &data[size + 2..];
-    }
 }
 
 #[cfg(test)]
@@ -498,15 +366,6 @@ mod tests {
     fn percent_encodes_keys() {
         assert_eq!(percent_encode("m:dense:1,2"), "m%3Adense%3A1%2C2");
         assert_eq!(percent_encode("a b+é"), "a%20b%2B%C3%A9");
-    }
-
-    #[test]
-    fn dechunks() {
-        assert_eq!(
-            dechunk(b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n").unwrap(),
-            b"abcde"
-        );
-        assert!(dechunk(b"5\r\nab").is_err());
     }
 
     #[test]

@@ -17,7 +17,6 @@
 #[cfg(feature = "server")]
 pub mod cli;
 pub mod client;
-pub mod codec;
 pub mod record;
 #[cfg(feature = "server")]
 pub mod server;

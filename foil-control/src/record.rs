@@ -15,7 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{base64_decode, base64_encode, Base64Error};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 
 /// Longest key the collector accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -140,7 +141,7 @@ pub enum RecordError {
     NotFinite(&'static str),
     /// `residual_b64` is not valid base64.
     #[error("field `residual_b64`: {0}")]
-    Residual(#[from] Base64Error),
+    Residual(#[from] base64::DecodeError),
     /// `residual_b64` does not decode to whole `f32`s.
     #[error("field `residual_b64` decodes to {0} bytes, not a multiple of 4 (f32 little-endian)")]
     ResidualLength(usize),
@@ -179,7 +180,7 @@ impl ResidueRecord {
     /// Sets `residual_b64` from a residual vector (little-endian `f32`).
     pub fn set_residual(&mut self, residual: &[f32]) {
         let bytes: Vec<u8> = residual.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.residual_b64 = Some(base64_encode(&bytes));
+        self.residual_b64 = Some(BASE64.encode(&bytes));
     }
 
     /// Decodes `residual_b64`, if present.
@@ -187,7 +188,7 @@ impl ResidueRecord {
         let Some(text) = &self.residual_b64 else {
             return Ok(None);
         };
-        let bytes = base64_decode(text)?;
+        let bytes = BASE64.decode(text)?;
         if bytes.len() % 4 != 0 {
             return Err(RecordError::ResidualLength(bytes.len()));
         }

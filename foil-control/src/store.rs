@@ -37,7 +37,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::codec::crc32;
+use crc32fast::hash as crc32;
 use crate::record::{Disposition, RecordError, ResidueRecord};
 
 /// First bytes of every log file.

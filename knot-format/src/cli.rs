@@ -84,14 +84,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// True when `err` is a write to a closed stdout.
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
 /// A progress bar on stderr (drawn only on a terminal), hidden with -q.
 fn bar(total: u64, what: &str, quiet: bool) -> ProgressBar {
     if quiet {

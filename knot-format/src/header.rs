@@ -258,6 +258,43 @@ pub enum Role {
     Full,
 }
 
+/// What part of a model a station holds: the embedding, a range of blocks, the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holdings {
+    /// Token embedding (serves `/embed`).
+    pub embed: bool,
+    /// Transformer blocks, original indices.
+    pub layers: LayerRange,
+    /// Final norm + output head (serves `/lm-head`).
+    pub head: bool,
+}
+
+impl Holdings {
+    /// Everything a model of `n_layers` blocks has.
+    pub fn full(n_layers: usize) -> Self {
+        Holdings {
+            embed: true,
+            layers: LayerRange::new(0, n_layers as u32),
+            head: true,
+        }
+    }
+
+    /// What a node of `role` running `layers` holds.
+    pub fn of_role(role: Role, layers: LayerRange) -> Self {
+        let (embed, head) = match role {
+            Role::Entry => (true, false),
+            Role::Mid => (false, false),
+            Role::Exit => (false, true),
+            Role::Full => (true, true),
+        };
+        Holdings {
+            embed,
+            layers,
+            head,
+        }
+    }
+}
+
 /// Present when the file is a per-node shard of a larger model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardRecord {

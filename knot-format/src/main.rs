@@ -10,14 +10,5 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args = <cli::Args as clap::Parser>::parse();
     aeon_cli::init_logging(aeon_cli::LevelFilter::WARN, args.verbosity);
-    match cli::run(args) {
-        Ok(code) => code,
-        Err(err) => {
-            if cli::is_broken_pipe(&err) {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("knot: error: {err:#}");
-            ExitCode::from(2)
-        }
-    }
+    aeon_cli::exit_code("knot", cli::run(args), 2)
 }

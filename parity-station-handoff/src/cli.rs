@@ -69,14 +69,6 @@ pub struct Args {
     pub verbosity: aeon_cli::Verbosity,
 }
 
-/// True when `err` is a write to a closed stdout.
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
 fn default_tokens(knot: &Knot) -> Result<Vec<u32>> {
     let fallback = || -> Vec<u32> {
         let v = knot.arch().vocab.max(1);

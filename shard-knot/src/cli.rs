@@ -101,14 +101,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
-/// True when `err` is a write to a closed stdout.
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
 fn mb(b: u64) -> f64 {
     b as f64 / 1e6
 }

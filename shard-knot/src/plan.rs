@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 
 use knot_format::{layer_of, ArchConfig, DType, Knot, LayerRange, Role};
 use serde::{Deserialize, Serialize};
+// The manifest schema's one home: fat-station reads what this writes.
+use station_wire::manifest::{NodeManifest, Successor};
 
 /// RAM a node keeps for itself: ~250 MB kernel and system services on a minimal Linux or
 /// Android image, ~150 MB station binary, runtime, thread stacks and activation scratch.
@@ -656,48 +658,20 @@ fn weighted_ranges(n: u32, caps: &[u64]) -> Vec<LayerRange> {
     out
 }
 
-/// One node's manifest: what `fat-station --manifest` reads (see `specs/mesh.md`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Manifest {
-    pub node_id: String,
-    pub model_id: String,
-    /// Header hash of the whole model the shard was cut from.
-    pub model_hash: String,
-    pub role: Role,
-    /// `a-b`, half-open, original indices.
-    pub layers: String,
-    /// The next node of this chain (`null` on the exit).
-    pub successor: Option<Successor>,
-    /// Address the station listens on.
-    pub listen: String,
-    /// The shard file, relative to the manifest's directory (or absolute).
-    pub shard: String,
-    /// Replica chain index.
-    pub chain: u32,
-}
-
-/// Where a node forwards its output residual.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Successor {
-    pub node_id: String,
-    pub url: String,
-    pub layers: String,
-}
-
 /// Builds each node's manifest. Node `i` of chain `c` listens on `host:base_port + c*per_chain + i`.
 pub fn manifests(
     p: &Plan,
     host: &str,
     base_port: u16,
     shard_name: &dyn Fn(LayerRange) -> String,
-) -> Vec<Manifest> {
+) -> Vec<NodeManifest> {
     let addr = |i: usize| format!("{host}:{}", base_port as usize + i);
     p.nodes
         .iter()
         .enumerate()
         .map(|(i, node)| {
             let next = p.nodes.get(i + 1).filter(|nx| nx.chain == node.chain);
-            Manifest {
+            NodeManifest {
                 node_id: node.node_id.clone(),
                 model_id: p.model_id.clone(),
                 model_hash: p.model_hash.clone(),

@@ -5,9 +5,11 @@
 //! - [`wire`]: the contract (routes, headers, bodies; `specs/station-wire.md`).
 //! - [`seal`]: the AEAD that seals requests, residuals and answers between nodes.
 //! - [`client`]: the blocking client for one station.
+//! - [`manifest`]: one mesh node's manifest (the file `shard-knot plan` writes).
 //! - [`replicas`]: the client side of a chain, with failover between replica chains.
 
 pub mod client;
+pub mod manifest;
 pub mod replicas;
 pub mod seal;
 pub mod wire;

@@ -164,13 +164,6 @@ fn parse_pass_fd(s: &str) -> Result<i32, String> {
     Ok(fd)
 }
 
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let home = swerve_home();
     let store = CertStore::new(&home);

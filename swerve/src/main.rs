@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     match cli::run(cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
-            if cli::is_broken_pipe(&err) {
+            if aeon_cli::is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("swerve: {err:#}");

@@ -11,11 +11,10 @@
 
 pub mod beacon;
 pub mod grant;
-pub mod manifest;
 pub mod node;
 pub mod relay;
 
 pub use node::MeshNode;
 // The client side of a chain and the seal live in `station-wire`: tools use them without
 // linking the station.
-pub use station_wire::{replicas, seal};
+pub use station_wire::{manifest, replicas, seal};

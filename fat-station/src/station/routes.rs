@@ -10,6 +10,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
+use knot_format::LayerRange;
 use tokio::net::TcpListener;
 use tracing::debug;
 
@@ -132,6 +133,7 @@ fn answer(method: &Method, path: &str, out: Result<Resp, Refusal>) -> Resp {
     }
 }
 
+/// The route table: each route is one named handler below.
 async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
     if let p @ (wire::ROUTE_EMBED | wire::ROUTE_FORWARD | wire::ROUTE_LM_HEAD) = req.uri().path() {
         if let Err(e) = relay::guard_direct(&st, p) {
@@ -144,193 +146,13 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
         (&Method::POST, wire::ROUTE_CHAIN) => relay::chain(st, req).await,
         (&Method::GET, wire::ROUTE_HEALTH) => Ok(json(StatusCode::OK, &st.health())),
         (&Method::GET, wire::ROUTE_METRICS) => Ok(st.metrics_response()),
-        (&Method::POST, wire::ROUTE_EMBED) => {
-            let body: wire::EmbedRequest = read_json(&st, req).await?;
-            if body.tokens.is_empty() {
-                return Err(refuse(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    "tokens must not be empty",
-                ));
-            }
-            // The residual is tokens x hidden floats: bound it like a session before allocating.
-            if body.tokens.len() > st.limits.max_positions {
-                return Err(refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "context_full",
-                    format!(
-                        "{} tokens exceed this station's limit of {}",
-                        body.tokens.len(),
-                        st.limits.max_positions
-                    ),
-                ));
-            }
-            st.metrics.tokens.fetch_add(
-                body.tokens.len() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            compute(st, move |st| {
-                let t = Instant::now();
-                let x = st.model.embed(&body.tokens)?;
-                Ok(residual_response(&x, st.model.cfg.hidden, t, false))
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_FORWARD) => {
-            // Read the body before any refusal: a response sent while the client is still
-            // writing would reset the connection instead of delivering the error.
-            let range_h = header(&req, wire::H_LAYER_RANGE);
-            let dtype_h = header(&req, wire::H_DTYPE);
-            let pos_h = header(&req, wire::H_POS);
-            let session_h = header(&req, wire::H_SESSION);
-            let bytes = read_body(&st, req).await?;
-            let (range_h, pos_h, session_h) = (range_h?, pos_h?, session_h?);
-            let f16 = dtype_f16(dtype_h?.as_deref())?;
-            let range = range_h.ok_or_else(|| {
-                refuse(
-                    StatusCode::BAD_REQUEST,
-                    "bad_request",
-                    "missing header X-Layer-Range: a-b",
-                )
-            })?;
-            let range = wire::parse_layer_range(&range)
-                .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_range", e))?;
-            if range.is_empty() {
-                return Err(refuse(
-                    StatusCode::BAD_REQUEST,
-                    "bad_range",
-                    format!("X-Layer-Range {}-{} is empty", range.start, range.end),
-                ));
-            }
-            let held = st.model.holdings().layers;
-            if !held.contains_range(&range) {
-                return Err(refuse(
-                    StatusCode::NOT_FOUND,
-                    "not_held",
-                    format!(
-                        "this station holds layers {}-{}, not {}-{}",
-                        held.start, held.end, range.start, range.end
-                    ),
-                ));
-            }
-            let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
-            let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
-            check_context(&st, pos.unwrap_or(0), x.len() / st.model.cfg.hidden)?;
-            check_room(&st, bytes.len())?;
-            compute(st, move |st| {
-                let t = Instant::now();
-                let start = with_session(st, session, pos, range.start as usize, |model, s| {
-                    model.forward(s, &mut x, range)
-                })?;
-                let mut r = residual_response(&x, st.model.cfg.hidden, t, f16);
-                set(&mut r, wire::H_START_POS, start.to_string());
-                Ok(r)
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_LM_HEAD) => {
-            let dtype_h = header(&req, wire::H_DTYPE);
-            let rows_h = header(&req, wire::H_LOGIT_ROWS);
-            let bytes = read_body(&st, req).await?;
-            let f16 = dtype_f16(dtype_h?.as_deref())?;
-            let rows_h = rows_h?;
-            let x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
-            let rows = logit_rows(rows_h.as_deref(), x.len() / st.model.cfg.hidden)?;
-            check_room(&st, rows * st.model.cfg.vocab * 4)?;
-            compute(st, move |st| {
-                let t = Instant::now();
-                let logits = st.model.lm_head_rows(&x, rows)?;
-                let mut r = binary(wire::encode_f32(&logits));
-                set(&mut r, wire::H_COMPUTE_MS, ms(t));
-                Ok(r)
-            })
-            .await
-        }
-        (&Method::GET, wire::ROUTE_TOKENIZER) => {
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                let template = st
-                    .model
-                    .knot()
-                    .tokenizer()
-                    .ok()
-                    .flatten()
-                    .and_then(|d| d.chat_template);
-                Ok(json(
-                    StatusCode::OK,
-                    &wire::TokenizerInfo {
-                        vocab: tok.vocab_size() as u32,
-                        bos_id: tok.bos_id(),
-                        eos_id: tok.eos_id(),
-                        eog_ids: (0..tok.vocab_size() as u32)
-                            .filter(|&i| tok.is_eog(i))
-                            .collect(),
-                        add_bos: tok.add_bos_default(),
-                        chat_template: template,
-                    },
-                ))
-            })
-            .await
-        }
-        (&Method::GET, wire::ROUTE_VOCAB) => {
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                let special = tok.special_ids();
-                let body = wire::encode_vocab((0..tok.vocab_size() as u32).map(|id| {
-                    (
-                        special.binary_search(&id).is_ok(),
-                        tok.token_bytes(id).unwrap_or_default(),
-                    )
-                }));
-                Ok(binary(body))
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_TOKENIZE) => {
-            let body: wire::TokenizeRequest = read_json(&st, req).await?;
-            check_text(&st, &body)?;
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
-                let pieces = body
-                    .pieces()
-                    .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
-                Ok(json(
-                    StatusCode::OK,
-                    &wire::Tokens {
-                        tokens: tok.encode_parts(&pieces, add_bos),
-                    },
-                ))
-            })
-            .await
-        }
-        (&Method::POST, wire::ROUTE_DETOKENIZE) => {
-            let body: wire::Tokens = read_json(&st, req).await?;
-            compute(st, move |st| {
-                let tok = st.tokenizer()?;
-                if let Some(bad) = body
-                    .tokens
-                    .iter()
-                    .find(|&&t| t as usize >= tok.vocab_size())
-                {
-                    return Err(refuse(
-                        StatusCode::BAD_REQUEST,
-                        "bad_token",
-                        format!(
-                            "token id {bad} is outside the vocabulary ({})",
-                            tok.vocab_size()
-                        ),
-                    ));
-                }
-                Ok(json(
-                    StatusCode::OK,
-                    &wire::Text {
-                        text: tok.decode(&body.tokens),
-                    },
-                ))
-            })
-            .await
-        }
+        (&Method::POST, wire::ROUTE_EMBED) => embed(st, req).await,
+        (&Method::POST, wire::ROUTE_FORWARD) => forward(st, req).await,
+        (&Method::POST, wire::ROUTE_LM_HEAD) => lm_head(st, req).await,
+        (&Method::GET, wire::ROUTE_TOKENIZER) => tokenizer_info(st).await,
+        (&Method::GET, wire::ROUTE_VOCAB) => vocab(st).await,
+        (&Method::POST, wire::ROUTE_TOKENIZE) => tokenize(st, req).await,
+        (&Method::POST, wire::ROUTE_DETOKENIZE) => detokenize(st, req).await,
         (
             _,
             p @ (wire::ROUTE_HEALTH
@@ -354,6 +176,213 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             format!("no route {p}"),
         )),
     }
+}
+
+/// `POST /embed`: token ids -> the residual.
+async fn embed(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
+    let body: wire::EmbedRequest = read_json(&st, req).await?;
+    if body.tokens.is_empty() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "tokens must not be empty",
+        ));
+    }
+    // The residual is tokens x hidden floats: bound it like a session before allocating.
+    if body.tokens.len() > st.limits.max_positions {
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "context_full",
+            format!(
+                "{} tokens exceed this station's limit of {}",
+                body.tokens.len(),
+                st.limits.max_positions
+            ),
+        ));
+    }
+    st.metrics.tokens.fetch_add(
+        body.tokens.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    compute(st, move |st| {
+        let t = Instant::now();
+        let x = st.model.embed(&body.tokens)?;
+        Ok(residual_response(&x, st.model.cfg.hidden, t, false))
+    })
+    .await
+}
+
+/// `POST /forward`: parse, check the range is held and the context has room, then run it.
+async fn forward(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
+    // Read the body before any refusal: a response sent while the client is still
+    // writing would reset the connection instead of delivering the error.
+    let range_h = header(&req, wire::H_LAYER_RANGE);
+    let dtype_h = header(&req, wire::H_DTYPE);
+    let pos_h = header(&req, wire::H_POS);
+    let session_h = header(&req, wire::H_SESSION);
+    let bytes = read_body(&st, req).await?;
+    let (range_h, pos_h, session_h) = (range_h?, pos_h?, session_h?);
+    let f16 = dtype_f16(dtype_h?.as_deref())?;
+    let range = held_range(&st, range_h.as_deref())?;
+    let (session, pos) = session_of(&st, session_h.as_deref(), pos_h.as_deref())?;
+    let mut x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
+    check_context(&st, pos.unwrap_or(0), x.len() / st.model.cfg.hidden)?;
+    check_room(&st, bytes.len())?;
+    compute(st, move |st| {
+        let t = Instant::now();
+        let start = with_session(st, session, pos, range.start as usize, |model, s| {
+            model.forward(s, &mut x, range)
+        })?;
+        let mut r = residual_response(&x, st.model.cfg.hidden, t, f16);
+        set(&mut r, wire::H_START_POS, start.to_string());
+        Ok(r)
+    })
+    .await
+}
+
+/// The `X-Layer-Range` of a `/forward`: present, well formed, non-empty and held here.
+fn held_range(st: &Station, h: Option<&str>) -> Result<LayerRange, Refusal> {
+    let h = h.ok_or_else(|| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "missing header X-Layer-Range: a-b",
+        )
+    })?;
+    let range =
+        wire::parse_layer_range(h).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_range", e))?;
+    if range.is_empty() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_range",
+            format!("X-Layer-Range {}-{} is empty", range.start, range.end),
+        ));
+    }
+    let held = st.model.holdings().layers;
+    if !held.contains_range(&range) {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            "not_held",
+            format!(
+                "this station holds layers {}-{}, not {}-{}",
+                held.start, held.end, range.start, range.end
+            ),
+        ));
+    }
+    Ok(range)
+}
+
+/// `POST /lm-head`: the residual's last rows -> logits.
+async fn lm_head(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
+    let dtype_h = header(&req, wire::H_DTYPE);
+    let rows_h = header(&req, wire::H_LOGIT_ROWS);
+    let bytes = read_body(&st, req).await?;
+    let f16 = dtype_f16(dtype_h?.as_deref())?;
+    let rows_h = rows_h?;
+    let x = decode_residual(&bytes, f16, st.model.cfg.hidden)?;
+    let rows = logit_rows(rows_h.as_deref(), x.len() / st.model.cfg.hidden)?;
+    check_room(&st, rows * st.model.cfg.vocab * 4)?;
+    compute(st, move |st| {
+        let t = Instant::now();
+        let logits = st.model.lm_head_rows(&x, rows)?;
+        let mut r = binary(wire::encode_f32(&logits));
+        set(&mut r, wire::H_COMPUTE_MS, ms(t));
+        Ok(r)
+    })
+    .await
+}
+
+/// `GET /tokenizer`: the vocabulary's size, its special ids and the chat template.
+async fn tokenizer_info(st: Arc<Station>) -> Result<Resp, Refusal> {
+    compute(st, move |st| {
+        let tok = st.tokenizer()?;
+        let template = st
+            .model
+            .knot()
+            .tokenizer()
+            .ok()
+            .flatten()
+            .and_then(|d| d.chat_template);
+        Ok(json(
+            StatusCode::OK,
+            &wire::TokenizerInfo {
+                vocab: tok.vocab_size() as u32,
+                bos_id: tok.bos_id(),
+                eos_id: tok.eos_id(),
+                eog_ids: (0..tok.vocab_size() as u32)
+                    .filter(|&i| tok.is_eog(i))
+                    .collect(),
+                add_bos: tok.add_bos_default(),
+                chat_template: template,
+            },
+        ))
+    })
+    .await
+}
+
+/// `GET /vocab`: every token's bytes, for callers that detokenize themselves.
+async fn vocab(st: Arc<Station>) -> Result<Resp, Refusal> {
+    compute(st, move |st| {
+        let tok = st.tokenizer()?;
+        let special = tok.special_ids();
+        let body = wire::encode_vocab((0..tok.vocab_size() as u32).map(|id| {
+            (
+                special.binary_search(&id).is_ok(),
+                tok.token_bytes(id).unwrap_or_default(),
+            )
+        }));
+        Ok(binary(body))
+    })
+    .await
+}
+
+/// `POST /tokenize`: text (or text and special-token parts) -> ids.
+async fn tokenize(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
+    let body: wire::TokenizeRequest = read_json(&st, req).await?;
+    check_text(&st, &body)?;
+    compute(st, move |st| {
+        let tok = st.tokenizer()?;
+        let add_bos = body.add_bos.unwrap_or_else(|| tok.add_bos_default());
+        let pieces = body
+            .pieces()
+            .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad_request", e))?;
+        Ok(json(
+            StatusCode::OK,
+            &wire::Tokens {
+                tokens: tok.encode_parts(&pieces, add_bos),
+            },
+        ))
+    })
+    .await
+}
+
+/// `POST /detokenize`: ids -> text; an id outside the vocabulary is a 400.
+async fn detokenize(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal> {
+    let body: wire::Tokens = read_json(&st, req).await?;
+    compute(st, move |st| {
+        let tok = st.tokenizer()?;
+        if let Some(bad) = body
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= tok.vocab_size())
+        {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "bad_token",
+                format!(
+                    "token id {bad} is outside the vocabulary ({})",
+                    tok.vocab_size()
+                ),
+            ));
+        }
+        Ok(json(
+            StatusCode::OK,
+            &wire::Text {
+                text: tok.decode(&body.tokens),
+            },
+        ))
+    })
+    .await
 }
 
 /// Refuses a `/tokenize` body whose text (all parts together) is over [`Limits::max_text`].

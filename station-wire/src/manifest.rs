@@ -1,14 +1,13 @@
 //! Node manifests: what one mesh node serves, where it listens and whom it forwards to.
 //!
 //! Written by `shard-knot plan -o DIR` (one `NODE.json` per node), read by
-//! `fat-station --manifest NODE.json`. Contract: `specs/mesh.md`.
+//! `fat-station --manifest NODE.json`: this is the one home of that schema. Contract:
+//! `specs/mesh.md`.
 
 use std::path::{Path, PathBuf};
 
-use knot_format::{LayerRange, Role};
+use knot_format::{Holdings, LayerRange, Role};
 use serde::{Deserialize, Serialize};
-
-use crate::engine::Holdings;
 
 /// Why a manifest could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -104,18 +103,7 @@ impl NodeManifest {
 
     /// What the station must hold.
     pub fn holdings(&self) -> Option<Holdings> {
-        let layers = self.range()?;
-        let (embed, head) = match self.role {
-            Role::Entry => (true, false),
-            Role::Mid => (false, false),
-            Role::Exit => (false, true),
-            Role::Full => (true, true),
-        };
-        Some(Holdings {
-            embed,
-            layers,
-            head,
-        })
+        Some(Holdings::of_role(self.role, self.range()?))
     }
 
     /// Checks the served file belongs to this manifest's model: its own hash (a whole model)
