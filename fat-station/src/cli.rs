@@ -27,13 +27,26 @@ use knot_format::{Knot, LayerRange, Role};
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 pub struct Args {
-    /// Model or shard file (.knot). Not needed with --manifest.
-    #[arg(long, required_unless_present = "manifest")]
+    /// Model or shard file (.knot), or a GGUF: imported once into the model cache
+    /// ($AEON_MODELS_DIR, else ~/.cache/aeon-shell/models/imported) and reused after.
+    /// Not needed with --manifest. `-m/--model` as llama-server spells it.
+    #[arg(
+        long,
+        short = 'm',
+        visible_alias = "model",
+        required_unless_present = "manifest"
+    )]
     knot: Option<std::path::PathBuf>,
     /// Address to serve on; port 0 picks a free one (printed on stdout).
     /// Default: the manifest's `listen`, else 127.0.0.1:8080.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["host", "port"])]
     listen: Option<SocketAddr>,
+    /// The IP address to serve on, as llama-server takes it (with --port; default 127.0.0.1).
+    #[arg(long)]
+    host: Option<std::net::IpAddr>,
+    /// The port to serve on, as llama-server takes it (with --host; default 8080).
+    #[arg(long)]
+    port: Option<u16>,
     /// Serve as a mesh node from its manifest (written by `shard-knot plan -o DIR`): its
     /// shard, role, layers, listen address and successor. POST /chain then runs this node's
     /// layers and forwards the residual to the successor itself (specs/mesh.md).
@@ -105,13 +118,13 @@ pub struct Args {
     #[arg(long)]
     sharded: bool,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, short = 't')]
     threads: Option<usize>,
     /// Most live KV-cache sessions.
     #[arg(long, default_value_t = 64)]
     max_sessions: usize,
-    /// Most positions per session.
-    #[arg(long, default_value_t = 4096)]
+    /// Most positions per session (llama-server's `-c/--ctx-size`).
+    #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
     max_positions: usize,
     /// How sessions store keys and values: f32 (exact) or f16 (half the KV memory, llama.cpp's
     /// default; logits move slightly, see specs/station-wire.md "Sessions").
@@ -266,7 +279,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let knot_path = match (&manifest, &args.knot) {
         (Some((_, shard)), _) => shard.clone(),
-        (None, Some(k)) => k.clone(),
+        (None, Some(k)) => knot_format::cli::runnable_model(k, args.verbosity.quiet)?,
         (None, None) => bail!("give --knot FILE or --manifest NODE.json"),
     };
     let knot = Knot::open(&knot_path)?;
@@ -310,6 +323,10 @@ pub fn run(args: Args) -> Result<()> {
         .unwrap_or_else(|| "station".into());
     let listen: SocketAddr = match (args.listen, &manifest) {
         (Some(l), _) => l,
+        (None, _) if args.host.is_some() || args.port.is_some() => SocketAddr::new(
+            args.host.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()),
+            args.port.unwrap_or(8080),
+        ),
         (None, Some((m, _))) => m
             .listen
             .parse()

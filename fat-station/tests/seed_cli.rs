@@ -65,8 +65,54 @@ fn sharded_station_refuses_the_whole_model_and_serves_a_range() {
     assert!(ready.starts_with("pipeline ready in "), "{ready:?}");
 }
 
+/// A GGUF runs directly (`-m`, `--host`/`--port` as llama-server spells them): the first
+/// start imports it once into the model cache, the second reuses the cached KNOT.
 #[test]
-fn a_gguf_given_as_knot_says_to_import_it() {
+fn a_gguf_runs_directly_imported_once_into_the_model_cache() {
+    let Some(knot) = model(SMOLLM2) else { return };
+    let gguf = knot.with_extension("gguf");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let start = || {
+        let log = cache.path().join("stderr.log");
+        let st = spawn_url(
+            Command::new(station_bin())
+                .args(["-m", gguf.to_str().expect("utf-8")])
+                .args(["--host", "127.0.0.1", "--port", "0"])
+                .env("AEON_MODELS_DIR", cache.path())
+                .stderr(std::fs::File::create(&log).expect("log file")),
+        );
+        let body = ureq::get(&format!("{}/health", st.url))
+            .call()
+            .expect("health")
+            .into_string()
+            .expect("body");
+        let health: serde_json::Value = serde_json::from_str(&body).expect("json");
+        drop(st);
+        (health, std::fs::read_to_string(&log).expect("log"))
+    };
+    let (first, log1) = start();
+    assert!(log1.contains("is a GGUF: importing it once"), "{log1}");
+    let imported: Vec<_> = std::fs::read_dir(cache.path().join("imported"))
+        .expect("the import is in the cache")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(imported.len(), 1, "{imported:?}");
+    let (second, log2) = start();
+    assert!(
+        !log2.contains("importing"),
+        "reused, not imported again: {log2}"
+    );
+    // The same model as the KNOT fetch-model.sh imported, both times.
+    let want = knot_format::Knot::open(&knot)
+        .expect("knot")
+        .model_hash()
+        .to_string();
+    assert_eq!(first["model_hash"], want.as_str(), "{first}");
+    assert_eq!(second["model_hash"], want.as_str(), "{second}");
+}
+
+#[test]
+fn a_gguf_that_does_not_import_is_one_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let g = dir.path().join("my-model.gguf");
     test_support::gguf_stub(&g);
@@ -77,17 +123,25 @@ fn a_gguf_given_as_knot_says_to_import_it() {
             "--listen",
             "127.0.0.1:0",
         ])
+        .env("AEON_MODELS_DIR", dir.path().join("cache"))
         .output()
         .expect("run fat-station");
-    let p = g.display();
-    assert_eq!(
-        String::from_utf8_lossy(&o.stderr),
-        format!(
-            "fat-station: error: {p} is a GGUF file, not a KNOT: convert it first with \
-             `knot import {p} -o MODEL.knot`\n"
-        )
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("fat-station: error: importing ") && last.contains("into the model cache"),
+        "{err}"
     );
-    assert_eq!(o.status.code(), Some(2));
+    assert!(!err.contains("panicked"), "{err}");
+    // Nothing half-written is left where a later start would take it for an import.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("cache/imported"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter().all(|n| !n.to_string_lossy().ends_with(".knot")),
+        "{left:?}"
+    );
 }
 
 /// A station's stderr redirected to a file: one access line per request (method, route,

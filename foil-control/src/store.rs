@@ -37,8 +37,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crc32fast::hash as crc32;
 use crate::record::{Disposition, RecordError, ResidueRecord};
+use crc32fast::hash as crc32;
 
 /// First bytes of every log file.
 pub const LOG_MAGIC: &[u8; 8] = b"FOILLOG1";

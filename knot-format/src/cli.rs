@@ -101,6 +101,39 @@ fn bar(total: u64, what: &str, quiet: bool) -> ProgressBar {
     pb
 }
 
+/// The KNOT to open for what a user named (a KNOT, or a GGUF imported once into the model
+/// cache with a progress bar on stderr; see [`crate::model_cache`]). For every tool that
+/// takes a model path, so a GGUF runs directly everywhere.
+pub fn runnable_model(path: &Path, quiet: bool) -> anyhow::Result<PathBuf> {
+    use crate::model_cache::{cache_dir, imported_path, is_gguf, runnable_path, Resolved};
+    let dir = cache_dir();
+    let (pb, total) = if is_gguf(path)? && !imported_path(path, &dir)?.is_file() {
+        let total = GgufFile::open(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .tensor_data_len();
+        if !quiet {
+            eprintln!(
+                "{} is a GGUF: importing it once into {} (later runs reuse it)",
+                path.display(),
+                dir.join("imported").display()
+            );
+        }
+        (bar(total, "import", quiet), total)
+    } else {
+        (ProgressBar::hidden(), 0)
+    };
+    let r = runnable_path(path, &dir, &mut |done| pb.set_position(done.min(total)))
+        .with_context(|| format!("importing {} into the model cache", path.display()))?;
+    pb.finish_and_clear();
+    match &r {
+        Resolved::Cached(p) | Resolved::Imported(p) => {
+            tracing::info!("{} runs as {}", path.display(), p.display())
+        }
+        Resolved::AsGiven(_) => {}
+    }
+    Ok(r.path().to_path_buf())
+}
+
 fn mb(b: u64) -> f64 {
     b as f64 / 1e6
 }

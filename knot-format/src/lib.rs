@@ -17,6 +17,7 @@ pub mod error;
 pub mod gguf;
 pub mod header;
 pub mod import;
+pub mod model_cache;
 pub mod writer;
 
 pub use container::{layer_of, Knot, TensorView};

@@ -19,7 +19,7 @@ use knot_format::Knot;
 // Verbatim: clap would reflow the examples into one line.
 #[command(version, about, long_about, verbatim_doc_comment)]
 pub struct Args {
-    /// Model file to run in this process.
+    /// Model file to run in this process (.knot, or a GGUF: imported once into the model cache).
     #[arg(long, conflicts_with_all = ["station", "mesh"])]
     dense: Option<std::path::PathBuf>,
     /// Accepted for compatibility with the reference runs: --dense is always dense-only.
@@ -77,7 +77,11 @@ pub fn run(args: Args) -> Result<bool> {
     };
     let report = match &args.dense {
         Some(path) => {
-            let knot = Knot::open(path)?;
+            // A GGUF runs directly: imported once into the model cache.
+            let knot = Knot::open(knot_format::cli::runnable_model(
+                path,
+                args.verbosity.quiet,
+            )?)?;
             let (model, tok) = open_dense(&knot)?;
             probe(&Source::Dense(&model, tok.map(Box::new)), &q)?
         }
