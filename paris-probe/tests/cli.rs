@@ -253,22 +253,29 @@ fn a_gguf_or_an_absent_station_is_one_line_with_a_hint() {
     let g = dir.path().join("my-model.gguf");
     test_support::gguf_stub(&g);
     let p = g.display();
-    let (code, _, err) = probe(&[
-        "--dense",
-        &p.to_string(),
-        "--tokens",
-        "1",
-        "--expected",
-        "2",
-    ]);
-    assert_eq!(
-        err,
-        format!(
-            "paris-probe: error: {p} is a GGUF file, not a KNOT: convert it first with \
-             `knot import {p} -o MODEL.knot`\n"
-        )
+    // A GGUF runs directly (imported once into the model cache); one that cannot be imported
+    // is one line that says so.
+    let o = Command::new(env!("CARGO_BIN_EXE_paris-probe"))
+        .args([
+            "--dense",
+            &p.to_string(),
+            "--tokens",
+            "1",
+            "--expected",
+            "2",
+        ])
+        .env("AEON_MODELS_DIR", dir.path().join("cache"))
+        .output()
+        .expect("run paris-probe");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "paris-probe: error: importing {p} into the model cache: "
+        )),
+        "{err}"
     );
-    assert_eq!(code, 2);
+    assert_eq!(o.status.code(), Some(2), "{err}");
     // HOST:PORT without http://, and nothing listening there.
     let (code, _, err) = probe(&[
         "--station",
