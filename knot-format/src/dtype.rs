@@ -30,6 +30,15 @@ pub const QK_K: usize = 256;
 /// Elements per block of the legacy quants (Q4_0 .. Q8_0).
 pub const QK: usize = 32;
 
+// `ALL` lists the types in declaration order, so `index` is a position in it.
+const _: () = {
+    let mut i = 0;
+    while i < DType::COUNT {
+        assert!(DType::ALL[i].index() == i);
+        i += 1;
+    }
+};
+
 impl DType {
     /// Every type KNOT stores.
     pub const ALL: [DType; 13] = [
@@ -47,6 +56,15 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
     ];
+
+    /// How many types KNOT stores (the length of per-type tables).
+    pub const COUNT: usize = DType::ALL.len();
+
+    /// This type's position in [`DType::ALL`]: the index of its row in a per-type table (the
+    /// engine's kernel table), so a table never re-lists the types.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// The `ggml_type` id GGUF uses for this type.
     pub const fn ggml_id(self) -> u32 {

@@ -12,8 +12,34 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
+use super::{Dequant, Dot, KernelRow};
 use bytemuck::cast_slice;
-use knot_format::dtype::QK;
+use knot_format::dtype::{DType, QK};
+
+/// The reference kernels of `dtype`: the one place that lists every type's kernels (SIMD
+/// flavours replace entries of this row, see [`super::Kernels`]).
+pub fn row(dtype: DType) -> KernelRow {
+    let (dequant, dot): (Dequant, Dot) = match dtype {
+        DType::F32 => (dequantize_row_f32, Dot::Float(vec_dot_f32_ref)),
+        DType::F16 => (dequantize_row_f16, Dot::Float(vec_dot_f16_ref)),
+        DType::BF16 => (dequantize_row_bf16, Dot::Float(vec_dot_bf16_ref)),
+        DType::Q4_0 => (dequantize_row_q4_0, Dot::Quant(vec_dot_q4_0_q8a_ref)),
+        DType::Q4_1 => (dequantize_row_q4_1, Dot::Quant(vec_dot_q4_1_q8a_ref)),
+        DType::Q5_0 => (dequantize_row_q5_0, Dot::Quant(vec_dot_q5_0_q8a_ref)),
+        DType::Q5_1 => (dequantize_row_q5_1, Dot::Quant(vec_dot_q5_1_q8a_ref)),
+        DType::Q8_0 => (dequantize_row_q8_0, Dot::Quant(vec_dot_q8_0_q8a_ref)),
+        DType::Q2_K => (dequantize_row_q2_k, Dot::Quant(vec_dot_q2_k_q8a_ref)),
+        DType::Q3_K => (dequantize_row_q3_k, Dot::Quant(vec_dot_q3_k_q8a_ref)),
+        DType::Q4_K => (dequantize_row_q4_k, Dot::Quant(vec_dot_q4_k_q8a_ref)),
+        DType::Q5_K => (dequantize_row_q5_k, Dot::Quant(vec_dot_q5_k_q8a_ref)),
+        DType::Q6_K => (dequantize_row_q6_k, Dot::Quant(vec_dot_q6_k_q8a_ref)),
+    };
+    KernelRow {
+        dequant,
+        dot,
+        rows16: None,
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Dequantization

@@ -42,10 +42,6 @@ struct Args {
     /// Only measure this dtype (GGML name, e.g. `q5_0`).
     #[arg(long)]
     only: Option<String>,
-    /// Use only the single-row, single-token dot kernels (no multi-row / multi-token tiles;
-    /// implies --blocks).
-    #[arg(long)]
-    no_tiles: bool,
     /// Use the block kernels on the stored rows, not the 16-row interleaved copies.
     #[arg(long)]
     blocks: bool,
@@ -242,9 +238,7 @@ fn run(args: Args) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let kern = Kernels::for_isa(kernels().isa).context("kernel table")?;
-    let kern = if args.no_tiles {
-        kern.without_tiles().without_rows16()
-    } else if args.blocks {
+    let kern = if args.blocks {
         kern.without_rows16()
     } else {
         kern
@@ -252,13 +246,7 @@ fn run(args: Args) -> Result<()> {
     println!(
         "kernels: {:?}{}",
         kern.isa,
-        if args.no_tiles {
-            " (block kernels, no tiles)"
-        } else if args.blocks {
-            " (block kernels)"
-        } else {
-            ""
-        }
+        if args.blocks { " (block kernels)" } else { "" }
     );
     let buf: Vec<u64> = (0..args.bw_mib * 1024 * 1024 / 8)
         .map(|i| i as u64)

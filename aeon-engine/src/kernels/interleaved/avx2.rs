@@ -3,8 +3,8 @@
 //!
 //! Per tile: 8 weight vectors per half (64-byte chunk g = two ymm), unpacked once for all
 //! tokens of the call; per token and group g, `maddubs` against the broadcast dword g of the
-//! activation block, its i16 pair sums added in i16 as far as they cannot saturate (Q4_0, Q4_K:
-//! all 8 groups, at most 8 * 2 * 15 * 128 = 30720; Q5_0: 4 groups, 4 * 2 * 31 * 128 = 31744;
+//! activation block, its i16 pair sums added in i16 as far as they cannot saturate (Q4_0, Q4_1, Q4_K:
+//! all 8 groups, at most 8 * 2 * 15 * 128 = 30720; Q5_0, Q5_1: 4 groups, 4 * 2 * 31 * 128 = 31744;
 //! Q6_K: 2 groups, 2 * 2 * 63 * 128 = 32256), then `madd` with ones to i32. Q8_0's unsigned
 //! bytes go back to signed quants and take the sign trick (`|w|` against `x * sign(w)`, pairs
 //! at most 2 * 128 * 127), so its sums need no offset correction (the same integers as the
@@ -28,7 +28,9 @@ use super::super::avx2::bits_32;
 use super::super::blocks::BlockQ8A;
 use super::avx512::{prefetch, touch_page};
 use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
-use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
+use super::{
+    rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
+};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -37,7 +39,9 @@ use std::marker::PhantomData;
 pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
     vec![
         (DType::Q4_0, rows16_q4_0 as Rows16Dot),
+        (DType::Q4_1, rows16_q4_1 as Rows16Dot),
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
+        (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
@@ -50,12 +54,6 @@ const AHEAD: usize = 8;
 /// Tiles ahead for one token: 4, not AVX-512's 2 (kernel-bench, 896x4864 from DRAM, one
 /// thread: Q4_K 20-21 -> 19-24 GB/s, Q6_K 20 -> 22; 1 tile ahead was slower, 6 no faster).
 const AHEAD_ONE: usize = 4;
-
-/// One type's kernel for `T` activation rows at once.
-trait Kernel {
-    /// SAFETY (callers): AVX2, FMA and F16C are enabled.
-    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
-}
 
 /// Weight vectors of one 32-element block: `[half][group]`, group g holding elements
 /// 4g..4g+4 of the half's 8 rows.
@@ -106,6 +104,8 @@ trait Tile {
     const OFF: i32;
     /// Groups whose i16 pair sums can be added without saturating.
     const RUN: usize;
+    /// Where the f16 mins sit (Q4_1, Q5_1: weight `d * u + m`, `OFF` 0).
+    const MIN: Option<usize> = None;
     /// Weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i;
@@ -148,7 +148,9 @@ unsafe fn dot_fused<L: Tile>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
 }
 
 struct Q4_0;
+struct Q4_1;
 struct Q5_0;
+struct Q5_1;
 struct Q8_0;
 
 /// Weight vector `[h][g]` of the nibbles at `qs`: the low (g < 4) or high nibbles of qs
@@ -170,16 +172,45 @@ impl Tile for Q4_0 {
     }
 }
 
+impl Tile for Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const OFF: i32 = 0;
+    const RUN: usize = 8;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
+        nibble(p.add(Q41_QS), h, g)
+    }
+}
+
+/// Weight vector `[h][g]` of 5-bit quants: nibbles at `qs`, plus 16 where the masks at `hm`
+/// have a bit.
+#[inline(always)]
+unsafe fn five_bits(p: *const u8, hm: usize, qs: usize, h: usize, g: usize) -> __m256i {
+    // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
+    let m = (p.add(hm + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
+    let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
+    _mm256_or_si256(nibble(p.add(qs), h, g), hb)
+}
+
 impl Tile for Q5_0 {
     const BYTES: usize = 16 * 22;
     const OFF: i32 = 16;
     const RUN: usize = 4;
     #[inline(always)]
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
-        // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
-        let m = (p.add(Q5_HM + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
-        let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
-        _mm256_or_si256(nibble(p.add(Q5_QS), h, g), hb)
+        five_bits(p, Q5_HM, Q5_QS, h, g)
+    }
+}
+
+impl Tile for Q5_1 {
+    const BYTES: usize = 16 * 24;
+    const OFF: i32 = 0;
+    const RUN: usize = 4;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
+        five_bits(p, Q51_HM, Q51_QS, h, g)
     }
 }
 
@@ -235,6 +266,29 @@ unsafe fn block_step(acc: &mut [__m256; 2], dw: &[__m256; 2], s: [__m256i; 2], c
     }
 }
 
+/// One block's f32 steps for one token of a [`Tile`]: [`block_step`], or for the types with
+/// a min (`mw`) the reference's `acc + (d_w * d_x * isum + m_w * d_x * sum(q_x))`, each
+/// product rounded on its own (no fma), as the scalar expression is.
+#[inline(always)]
+unsafe fn tile_step<L: Tile>(
+    acc: &mut [__m256; 2],
+    dw: &[__m256; 2],
+    mw: &[__m256; 2],
+    s: [__m256i; 2],
+    a: &BlockQ8A,
+) {
+    let qsum = a.sums[0] as i32 + a.sums[1] as i32;
+    if L::MIN.is_none() {
+        return block_step(acc, dw, s, L::OFF * qsum, a.d);
+    }
+    let (dx, qs) = (_mm256_set1_ps(a.d), _mm256_set1_ps(qsum as f32));
+    for h in 0..2 {
+        let dot = _mm256_mul_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(s[h]));
+        let min = _mm256_mul_ps(_mm256_mul_ps(mw[h], dx), qs);
+        acc[h] = _mm256_add_ps(acc[h], _mm256_add_ps(dot, min));
+    }
+}
+
 /// 16 f16 scales at `p` as two halves of f32.
 #[inline(always)]
 unsafe fn scales16(p: *const u8) -> [__m256; 2] {
@@ -257,10 +311,13 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
         }
         let dw = scales16(p);
+        let mw = match L::MIN {
+            Some(at) => scales16(p.add(at)),
+            None => dw,
+        };
         if T == 1 {
             let a = x[0].get_unchecked(b);
-            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            block_step(&mut acc[0], &dw, dot_fused::<L>(p, a), corr, a.d);
+            tile_step::<L>(&mut acc[0], &dw, &mw, dot_fused::<L>(p, a), a);
             continue;
         }
         let w = unpack::<L>(p);
@@ -269,15 +326,13 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
             let s = dot_unsigned::<0, 8, 2>(L::RUN, &w, a);
             for k in 0..2 {
-                let corr = L::OFF * (a[k].sums[0] as i32 + a[k].sums[1] as i32);
-                block_step(&mut acc[t + k], &dw, s[k], corr, a[k].d);
+                tile_step::<L>(&mut acc[t + k], &dw, &mw, s[k], a[k]);
             }
             t += 2;
         }
         if t < T {
             let a = x[t].get_unchecked(b);
-            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            block_step(&mut acc[t], &dw, dot_fused::<L>(p, a), corr, a.d);
+            tile_step::<L>(&mut acc[t], &dw, &mw, dot_fused::<L>(p, a), a);
         }
     }
     rows_out(&acc)
@@ -596,27 +651,6 @@ impl Kernel for Q6K {
     }
 }
 
-/// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk).
-#[inline(always)]
-unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
-    let mut t = 0;
-    while t + 8 <= x.len() {
-        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 8].copy_from_slice(&o);
-        t += 8;
-    }
-    while t + 4 <= x.len() {
-        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 4].copy_from_slice(&o);
-        t += 4;
-    }
-    while t < x.len() {
-        out[t] = K::run::<1>(tiles, [x[t]])[0];
-        t += 1;
-    }
-}
-
 macro_rules! entry {
     ($name:ident, $imp:ident, $kernel:ty) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -633,7 +667,9 @@ macro_rules! entry {
 }
 
 entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
+entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
 entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
+entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Q8_0);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);

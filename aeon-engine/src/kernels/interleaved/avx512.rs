@@ -15,7 +15,9 @@
 
 use super::super::blocks::BlockQ8A;
 use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
-use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
+use super::{
+    rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
+};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -24,29 +26,29 @@ use std::marker::PhantomData;
 pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
     vec![
         (DType::Q4_0, rows16_q4_0 as Rows16Dot),
+        (DType::Q4_1, rows16_q4_1 as Rows16Dot),
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
+        (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
     ]
 }
 
-/// One type's kernel for `T` activation rows at once.
-trait Kernel {
-    /// SAFETY (callers): AVX-512 F/BW/VNNI, FMA and F16C are enabled.
-    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
-}
-
 /// How one type's tile becomes 8 vectors of unsigned weight bytes.
 trait Tile {
     const BYTES: usize;
     const OFF: i32;
+    /// Where the f16 mins sit (Q4_1, Q5_1: weight `d * u + m`, `OFF` 0).
+    const MIN: Option<usize> = None;
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX-512 BW is enabled.
     unsafe fn unpack(p: *const u8) -> [__m512i; 8];
 }
 
 struct Q4_0;
+struct Q4_1;
 struct Q5_0;
+struct Q5_1;
 struct Q8_0;
 
 /// The low and high nibbles of the 4 qs chunks: vectors 0..4 and 4..8.
@@ -71,18 +73,44 @@ impl Tile for Q4_0 {
     }
 }
 
+impl Tile for Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const OFF: i32 = 0;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        nibbles(p.add(Q41_QS))
+    }
+}
+
+/// The 5-bit quants of a tile: nibbles at `qs`, 16 added where the masks at `hm` have a bit.
+#[inline(always)]
+unsafe fn five_bits(p: *const u8, hm: usize, qs: usize) -> [__m512i; 8] {
+    let mut w = nibbles(p.add(qs));
+    let c16 = _mm512_set1_epi8(16);
+    for (g, v) in w.iter_mut().enumerate() {
+        let m = (p.add(hm + 8 * g) as *const u64).read_unaligned();
+        *v = _mm512_mask_add_epi8(*v, m, *v, c16);
+    }
+    w
+}
+
 impl Tile for Q5_0 {
     const BYTES: usize = 16 * 22;
     const OFF: i32 = 16;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        let mut w = nibbles(p.add(Q5_QS));
-        let c16 = _mm512_set1_epi8(16);
-        for (g, v) in w.iter_mut().enumerate() {
-            let m = (p.add(Q5_HM + 8 * g) as *const u64).read_unaligned();
-            *v = _mm512_mask_add_epi8(*v, m, *v, c16);
-        }
-        w
+        five_bits(p, Q5_HM, Q5_QS)
+    }
+}
+
+impl Tile for Q5_1 {
+    const BYTES: usize = 16 * 24;
+    const OFF: i32 = 0;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        five_bits(p, Q51_HM, Q51_QS)
     }
 }
 
@@ -113,6 +141,20 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         }
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
         let w = L::unpack(p);
+        if let Some(at) = L::MIN {
+            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+            for t in 0..T {
+                let a = x[t].get_unchecked(b);
+                let (dx, qsum) = (_mm512_set1_ps(a.d), (a.sums[0] as i32 + a.sums[1] as i32));
+                // The reference's `acc + (d_w * d_x * isum + m_w * d_x * sum(q_x))`, each
+                // product rounded on its own (no fma), as the scalar expression is.
+                let isum = _mm512_cvtepi32_ps(dot_block(&w, a));
+                let dot = _mm512_mul_ps(_mm512_mul_ps(dw, dx), isum);
+                let min = _mm512_mul_ps(_mm512_mul_ps(mw, dx), _mm512_set1_ps(qsum as f32));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(dot, min));
+            }
+            continue;
+        }
         for t in 0..T {
             let a = x[t].get_unchecked(b);
             let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
@@ -399,27 +441,6 @@ impl Kernel for Q6K {
     }
 }
 
-/// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk).
-#[inline(always)]
-unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
-    let mut t = 0;
-    while t + 8 <= x.len() {
-        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 8].copy_from_slice(&o);
-        t += 8;
-    }
-    while t + 4 <= x.len() {
-        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 4].copy_from_slice(&o);
-        t += 4;
-    }
-    while t < x.len() {
-        out[t] = K::run::<1>(tiles, [x[t]])[0];
-        t += 1;
-    }
-}
-
 macro_rules! entry {
     ($name:ident, $imp:ident, $kernel:ty) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -437,7 +458,9 @@ macro_rules! entry {
 }
 
 entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
+entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
 entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
+entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Blocks<Q8_0>);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);
