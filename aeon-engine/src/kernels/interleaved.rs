@@ -163,6 +163,7 @@ pub fn tile_bytes(dtype: DType) -> Option<usize> {
         | DType::Q5_1
         | DType::Q8_0
         | DType::Q4_K
+        | DType::Q5_K
         | DType::Q6_K => Some(ROWS * dtype.block_bytes()),
         _ => None,
     }
@@ -264,7 +265,7 @@ impl Interleaved {
 /// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
 /// time: packing runs once per matrix, on the first token).
 fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
-    if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+    if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
         return kquants::pack_tile(dtype, src, tile);
     }
     let lay = layout(dtype);
@@ -357,7 +358,7 @@ pub fn tile_mins_ref(dtype: DType, tile: &[u8]) -> Option<[f32; ROWS]> {
 /// The scalar specification of [`Rows16Dot`] for one activation row.
 pub fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let tile = tile_bytes(dtype).expect("rows16_ref: a type with a layout");
-    if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+    if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
         return kquants::rows16_ref(dtype, tiles, x);
     }
     let off = offset(dtype);
@@ -402,20 +403,21 @@ mod tests {
 
     /// The types with a layout, each with the column counts its tests use (Qwen2.5-0.5B's
     /// ffn_down has 4864 columns: 19 super-blocks).
-    const TYPES: [(DType, [usize; 3]); 7] = [
+    const TYPES: [(DType, [usize; 3]); 8] = [
         (DType::Q4_0, [32, 96, 896]),
         (DType::Q4_1, [32, 96, 896]),
         (DType::Q5_1, [32, 96, 896]),
         (DType::Q5_0, [32, 96, 896]),
         (DType::Q8_0, [32, 96, 896]),
         (DType::Q4_K, [256, 512, 4864]),
+        (DType::Q5_K, [256, 512, 4864]),
         (DType::Q6_K, [256, 512, 4864]),
     ];
 
     /// A tile's weights per row, read back through [`unpack_tile_ref`] or
     /// [`kquants::unpack_tile_ref`] and dequantized as the source format does.
     fn tile_values(dtype: DType, tile: &[u8]) -> Vec<Vec<f32>> {
-        if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+        if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
             let k = kquants::unpack_tile_ref(dtype, tile);
             return (0..ROWS)
                 .map(|r| {

@@ -27,7 +27,10 @@
 use super::super::avx2::bits_32;
 use super::super::blocks::BlockQ8A;
 use super::avx512::{prefetch, touch_page};
-use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
+use super::kquants::{
+    k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS,
+    K5_SC, K6_BYTES, K6_D, K6_SC,
+};
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
 };
@@ -44,6 +47,7 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
+        (DType::Q5_K, rows16_q5_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
     ]
 }
@@ -414,6 +418,32 @@ unsafe fn plane_i8(p: *const u8) -> __m256i {
 /// dot, its scale FMA and its min FMA.
 struct Q4K;
 
+/// `get_scale_min_k4` of sub-block `S` for 8 rows at once, from the scale planes at `sc`
+/// (offset to the half's rows): (scales, mins) as i32 lanes.
+#[inline(always)]
+unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m256i, __m256i) {
+    let plane = |i: usize| plane_u8(sc.add(ROWS * i));
+    let m6 = _mm256_set1_epi32(63);
+    if S < 4 {
+        (
+            _mm256_and_si256(plane(S), m6),
+            _mm256_and_si256(plane(S + 4), m6),
+        )
+    } else {
+        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+        (
+            _mm256_or_si256(
+                _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
+                _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_srli_epi32(lo, 4),
+                _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
+            ),
+        )
+    }
+}
+
 /// Sub-block `S` of a Q4_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of this
 /// super-block).
 #[inline(always)]
@@ -427,30 +457,10 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
 ) {
     // An eighth of a tile ahead per sub-block, spread out as the AVX-512 kernel does.
     prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    let m6 = _mm256_set1_epi32(63);
     let mut dsc = [_mm256_setzero_ps(); 2];
     let mut dm = [_mm256_setzero_ps(); 2];
     for h in 0..2 {
-        let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i + 8 * h));
-        // get_scale_min_k4, 8 rows at once.
-        let (sc, m) = if S < 4 {
-            (
-                _mm256_and_si256(plane(S), m6),
-                _mm256_and_si256(plane(S + 4), m6),
-            )
-        } else {
-            let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-            (
-                _mm256_or_si256(
-                    _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
-                    _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_srli_epi32(lo, 4),
-                    _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
-                ),
-            )
-        };
+        let (sc, m) = scale_min_planes::<S>(p.add(K4_SC + 8 * h));
         dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
         dm[h] = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(m));
     }
@@ -529,6 +539,144 @@ impl Kernel for Q4K {
             q4k_sub::<5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
             q4k_sub::<6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
             q4k_sub::<7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q5_K tiles: per sub-block s, 8 vectors per half of 5-bit quants (Q4_K's nibbles plus 16
+/// where bit s of the qh granule is set), their pair sums added in i16 four groups at a time
+/// (4 * 2 * 31 * 128 = 31744); per token the reference's terms, as the AVX-512 kernel.
+struct Q5K;
+
+/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term)
+/// per half.
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn q5k_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+) -> [[(__m256, __m256); 2]; T] {
+    prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
+    let mut sc = [_mm256_setzero_si256(); 2];
+    let mut m = [_mm256_setzero_si256(); 2];
+    for h in 0..2 {
+        (sc[h], m[h]) = scale_min_planes::<S>(p.add(K5_SC + 8 * h));
+    }
+    let qs = p.add(K5_QS + 512 * (S / 2));
+    let (m4, c16, bit) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(16),
+        _mm256_set1_epi8(1 << S),
+    );
+    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+    for h in 0..2 {
+        for k in 0..8 {
+            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+            let q = if S % 2 == 1 {
+                _mm256_srli_epi16(q, 4)
+            } else {
+                q
+            };
+            let hb = _mm256_loadu_si256(p.add(K5_QH + 64 * k + 32 * h) as *const __m256i);
+            let hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), c16);
+            w[h][k] = _mm256_or_si256(_mm256_and_si256(q, m4), hb);
+        }
+    }
+    let mut out = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; T];
+    // Tokens in pairs: each weight vector loaded once for two.
+    let mut t = 0;
+    while t + 2 <= T {
+        q5k_tokens::<S, 2, T>(t, &w, &sc, &m, xb, &mut out);
+        t += 2;
+    }
+    if t < T {
+        q5k_tokens::<S, 1, T>(t, &w, &sc, &m, xb, &mut out);
+    }
+    out
+}
+
+/// Tokens `t0..t0 + P` of [`q5k_sub`].
+#[inline(always)]
+unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
+    t0: usize,
+    w: &Wv,
+    sc: &[__m256i; 2],
+    m: &[__m256i; 2],
+    xb: &[*const BlockQ8A; T],
+    out: &mut [[(__m256, __m256); 2]; T],
+) {
+    let mut a = [&*xb[t0].add(S); P];
+    for (k, a) in a.iter_mut().enumerate() {
+        *a = &*xb[t0 + k].add(S);
+    }
+    let isum = dot_unsigned::<0, 8, P>(4, w, a);
+    for k in 0..P {
+        let dx = _mm256_set1_ps(a[k].d);
+        let qsum = _mm256_set1_epi32(a[k].sums[0] as i32 + a[k].sums[1] as i32);
+        for h in 0..2 {
+            // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
+            let is = _mm256_mullo_epi32(sc[h], isum[k][h]);
+            let ms = _mm256_mullo_epi32(m[h], qsum);
+            out[t0 + k][h] = (
+                _mm256_mul_ps(dx, _mm256_cvtepi32_ps(is)),
+                _mm256_mul_ps(dx, _mm256_cvtepi32_ps(ms)),
+            );
+        }
+    }
+}
+
+/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+#[inline(always)]
+unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [[__m256; 2]; T],
+    sm: &mut [[__m256; 2]; T],
+) {
+    let a = q5k_sub::<S0, T>(p, ahead, xb);
+    let b = q5k_sub::<S1, T>(p, ahead, xb);
+    for t in 0..T {
+        for h in 0..2 {
+            sd[t][h] = _mm256_add_ps(sd[t][h], _mm256_add_ps(a[t][h].0, b[t][h].0));
+            sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(a[t][h].1, b[t][h].1));
+        }
+    }
+}
+
+impl Kernel for Q5K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K5_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K5_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+            touch_page(p, K5_BYTES);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            let mut sd = [[_mm256_setzero_ps(); 2]; T];
+            let mut sm = [[_mm256_setzero_ps(); 2]; T];
+            q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = scales16(p.add(K5_D));
+            let dmin = scales16(p.add(K5_DMIN));
+            for t in 0..T {
+                for h in 0..2 {
+                    let v = _mm256_sub_ps(
+                        _mm256_mul_ps(d[h], sd[t][h]),
+                        _mm256_mul_ps(dmin[h], sm[t][h]),
+                    );
+                    acc[t][h] = _mm256_add_ps(acc[t][h], v);
+                }
+            }
         }
         rows_out(&acc)
     }
@@ -672,4 +820,5 @@ entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
 entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Q8_0);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
+entry!(rows16_q5_k, imp_q5_k, Q5K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);

@@ -14,7 +14,10 @@
 //! [`super::super::Isa::Avx512`] is available.
 
 use super::super::blocks::BlockQ8A;
-use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
+use super::kquants::{
+    k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS,
+    K5_SC, K6_BYTES, K6_D, K6_SC,
+};
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
 };
@@ -31,6 +34,7 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
+        (DType::Q5_K, rows16_q5_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
     ]
 }
@@ -270,6 +274,32 @@ unsafe fn plane_u8(p: *const u8) -> __m512i {
     _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// `get_scale_min_k4` of sub-block `S` for 16 rows at once, from the 12 scale planes at `sc`:
+/// (scales, mins) as i32 lanes.
+#[inline(always)]
+unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m512i, __m512i) {
+    let plane = |i: usize| plane_u8(sc.add(ROWS * i));
+    let m6 = _mm512_set1_epi32(63);
+    if S < 4 {
+        (
+            _mm512_and_si512(plane(S), m6),
+            _mm512_and_si512(plane(S + 4), m6),
+        )
+    } else {
+        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+        (
+            _mm512_or_si512(
+                _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
+                _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
+            ),
+            _mm512_or_si512(
+                _mm512_srli_epi32(lo, 4),
+                _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
+            ),
+        )
+    }
+}
+
 /// Q4_K tiles: per sub-block s, 8 vectors of 4-bit quants (low or high nibbles of the
 /// granules of qs chunk s / 2), `d * sc` and `dmin * m` as row vectors, then per token one
 /// sub-block dot, its scale FMA and its min FMA.
@@ -289,27 +319,7 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
     // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
     prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
-    let m6 = _mm512_set1_epi32(63);
-    // get_scale_min_k4, 16 rows at once.
-    let (sc, m) = if S < 4 {
-        (
-            _mm512_and_si512(plane(S), m6),
-            _mm512_and_si512(plane(S + 4), m6),
-        )
-    } else {
-        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-        (
-            _mm512_or_si512(
-                _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
-                _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
-            ),
-            _mm512_or_si512(
-                _mm512_srli_epi32(lo, 4),
-                _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
-            ),
-        )
-    };
+    let (sc, m) = scale_min_planes::<S>(p.add(K4_SC));
     let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
     let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
     let qs = p.add(K4_QS + 512 * (S / 2));
@@ -354,6 +364,99 @@ impl Kernel for Q4K {
             q4k_sub::<5, T>(p, ahead, d, dmin, &xb, &mut acc);
             q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
             q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q5_K tiles: per sub-block s, 8 vectors of 5-bit quants (nibbles as Q4_K, plus 16 where bit
+/// s of the qh granule is set); per token the reference's terms `a.d * f32(sc * isum)` and
+/// `a.d * f32(m * sum(q_x))`, summed per pair of sub-blocks into `sd` and `sm`, and once per
+/// tile `acc + (d * sd - dmin * sm)` (see [`super::kquants`]).
+struct Q5K;
+
+/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term).
+#[inline(always)]
+unsafe fn q5k_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+) -> [(__m512, __m512); T] {
+    prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
+    let (sc, m) = scale_min_planes::<S>(p.add(K5_SC));
+    let qs = p.add(K5_QS + 512 * (S / 2));
+    let (m4, c16, bit) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(16),
+        _mm512_set1_epi8(1 << S),
+    );
+    let w: [__m512i; 8] = std::array::from_fn(|k| {
+        let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+        let v = if S % 2 == 1 {
+            _mm512_srli_epi16(v, 4)
+        } else {
+            v
+        };
+        let v = _mm512_and_si512(v, m4);
+        let h = _mm512_loadu_si512(p.add(K5_QH + 64 * k) as *const _);
+        _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(h, bit), v, c16)
+    });
+    let mut out = [(_mm512_setzero_ps(), _mm512_setzero_ps()); T];
+    for (t, o) in out.iter_mut().enumerate() {
+        let a = &*xb[t].add(S);
+        let dx = _mm512_set1_ps(a.d);
+        let qsum = _mm512_set1_epi32(a.sums[0] as i32 + a.sums[1] as i32);
+        // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
+        let isum = _mm512_mullo_epi32(sc, dot_block(&w, a));
+        let msum = _mm512_mullo_epi32(m, qsum);
+        *o = (
+            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)),
+            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)),
+        );
+    }
+    out
+}
+
+/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+#[inline(always)]
+unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [__m512; T],
+    sm: &mut [__m512; T],
+) {
+    let a = q5k_sub::<S0, T>(p, ahead, xb);
+    let b = q5k_sub::<S1, T>(p, ahead, xb);
+    for t in 0..T {
+        sd[t] = _mm512_add_ps(sd[t], _mm512_add_ps(a[t].0, b[t].0));
+        sm[t] = _mm512_add_ps(sm[t], _mm512_add_ps(a[t].1, b[t].1));
+    }
+}
+
+impl Kernel for Q5K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K5_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K5_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+            touch_page(p, K5_BYTES);
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            let mut sd = [_mm512_setzero_ps(); T];
+            let mut sm = [_mm512_setzero_ps(); T];
+            q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_D) as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_DMIN) as *const __m256i));
+            for t in 0..T {
+                let v = _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]));
+                acc[t] = _mm512_add_ps(acc[t], v);
+            }
         }
         rows_out(&acc)
     }
@@ -463,4 +566,5 @@ entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
 entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Blocks<Q8_0>);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
+entry!(rows16_q5_k, imp_q5_k, Q5K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);

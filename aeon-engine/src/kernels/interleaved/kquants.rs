@@ -8,6 +8,7 @@
 //! | type | bytes | layout                                                                    |
 //! |------|-------|---------------------------------------------------------------------------|
 //! | Q4_K | 2304  | `d[16]`, `dmin[16]` f16, 12 planes of `scales`, `qs[32][16][4]`: granule k lane r = `qs[4k..4k+4]` of row r |
+//! | Q5_K | 2816  | as Q4_K, with 8 granules of `qh` (lane r = `qh[4k..4k+4]` of row r) before `qs` |
 //! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), then per 128-element half n: ql granules 16n..16n+8, qh granules 8n..8n+8, ql granules 16n+8..16n+16 (granules as Q4_K) |
 //!
 //! Both orders are the kernels' order of first touch, so a tile streams front to back (the
@@ -22,6 +23,11 @@
 //! `acc = fma(d * sc, f32(isum) * a.d, acc)`, then `acc = fma(-(dmin * m), a.s, acc)`.
 //! `d * sc` and `dmin * m` are exact in f32 (11-bit x 6-bit).
 //!
+//! Q5_K: as Q4_K, plus 16 where bit s of `qh[l]` is set (element l of sub-block s; qh granule
+//! k matches qs granule 8j + k). Its f32 steps keep the per-row reference's expression (see
+//! `q5k_ref`): per pair of sub-blocks `sd += x1 + x2`, `sm += y1 + y2`, then once per
+//! super-block `acc = acc + (d * sd - dmin * sm)`.
+//!
 //! Q6_K: Q8A block `4n + k` of a super-block (elements `128n + 32k + l`, l in 0..32) takes
 //! its low 4 bits from `ql[64n + 32(k & 1) + l]` (low nibble for k < 2, high for k >= 2) and
 //! its high 2 bits from `qh[32n + l] >> 2k`; weight = `q - 32`. It spans two 16-element scale
@@ -30,7 +36,7 @@
 //!
 //! [`rows16_ref`] is that in scalar Rust; the SIMD kernels give its bits exactly.
 
-use super::super::blocks::{f16_le, scale_min_k4, BlockQ4K, BlockQ6K, BlockQ8A};
+use super::super::blocks::{f16_le, scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8A};
 use super::ROWS;
 use knot_format::dtype::{DType, QK, QK_K};
 
@@ -41,6 +47,15 @@ pub(super) const K4_SC: usize = 4 * ROWS;
 pub(super) const K4_QS: usize = K4_SC + 12 * ROWS;
 pub(super) const K4_BYTES: usize = K4_QS + QK_K / 2 * ROWS;
 const _: () = assert!(K4_BYTES == ROWS * DType::Q4_K.block_bytes());
+
+/// Q5_K tile offsets: as Q4_K, with the 32 `qh` bytes of each row as 8 granules before `qs`.
+pub(super) const K5_D: usize = 0;
+pub(super) const K5_DMIN: usize = 2 * ROWS;
+pub(super) const K5_SC: usize = 4 * ROWS;
+pub(super) const K5_QH: usize = K5_SC + 12 * ROWS;
+pub(super) const K5_QS: usize = K5_QH + QK_K / 8 * ROWS;
+pub(super) const K5_BYTES: usize = K5_QS + QK_K / 2 * ROWS;
+const _: () = assert!(K5_BYTES == ROWS * DType::Q5_K.block_bytes());
 
 /// Q6_K tile offsets: super-scales, 16 scale planes, then two 128-element halves of
 /// `K6_HALF` bytes: ql granules (8 of them, 512 bytes), qh granules, ql granules.
@@ -92,6 +107,16 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 }
                 put_granules(tile, K4_QS, r, &b.qs);
             }
+            DType::Q5_K => {
+                let b: &BlockQ5K = bytemuck::from_bytes(s);
+                tile[K5_D + 2 * r..][..2].copy_from_slice(&b.d);
+                tile[K5_DMIN + 2 * r..][..2].copy_from_slice(&b.dmin);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K5_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K5_QH, r, &b.qh);
+                put_granules(tile, K5_QS, r, &b.qs);
+            }
             DType::Q6_K => {
                 let b: &BlockQ6K = bytemuck::from_bytes(s);
                 tile[K6_D + 2 * r..][..2].copy_from_slice(&b.d);
@@ -105,7 +130,7 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                     put_granules(tile, k6_qh(c), r, chunk);
                 }
             }
-            _ => unreachable!("kquants::pack_tile: {dtype} is not Q4_K or Q6_K"),
+            _ => unreachable!("kquants::pack_tile: {dtype} has no k-quant layout"),
         }
     }
 }
@@ -155,6 +180,22 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     *u = if s % 2 == 0 { byte & 0xF } else { byte >> 4 };
                 }
             }
+            DType::Q5_K => {
+                k.d[r] = f16_le([tile[K5_D + 2 * r], tile[K5_D + 2 * r + 1]]);
+                k.dmin[r] = f16_le([tile[K5_DMIN + 2 * r], tile[K5_DMIN + 2 * r + 1]]);
+                let planes: [u8; 12] = std::array::from_fn(|p| tile[K5_SC + ROWS * p + r]);
+                for s in 0..8 {
+                    let (sc, m) = scale_min_k4(s, &planes);
+                    k.sc[r][2 * s..2 * s + 2].fill(sc as i32);
+                    k.m[r][2 * s..2 * s + 2].fill(m as i32);
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (s, l) = (e / QK, e % QK);
+                    let byte = tile[granule_byte(K5_QS + 512 * (s / 2), r, l)];
+                    let high = tile[granule_byte(K5_QH, r, l)] >> s & 1;
+                    *u = (if s % 2 == 0 { byte & 0xF } else { byte >> 4 }) | high << 4;
+                }
+            }
             DType::Q6_K => {
                 k.off = 32;
                 k.d[r] = f16_le([tile[K6_D + 2 * r], tile[K6_D + 2 * r + 1]]);
@@ -170,7 +211,7 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     *u = lo | ((qh >> (2 * kk)) & 3) << 4;
                 }
             }
-            _ => unreachable!("kquants::unpack_tile_ref: {dtype} is not Q4_K or Q6_K"),
+            _ => unreachable!("kquants::unpack_tile_ref: {dtype} has no k-quant layout"),
         }
     }
     k
@@ -183,6 +224,10 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     let mut acc = [0f32; ROWS];
     for (t, xa) in tiles.chunks_exact(bytes).zip(x.chunks_exact(QK_K / QK)) {
         let k = unpack_tile_ref(dtype, t);
+        if dtype == DType::Q5_K {
+            q5k_ref(&k, xa, &mut acc);
+            continue;
+        }
         for (s, a) in xa.iter().enumerate() {
             for (r, acc) in acc.iter_mut().enumerate() {
                 let u = &k.u[r][QK * s..QK * (s + 1)];
@@ -209,6 +254,31 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     acc
 }
 
+/// One Q5_K tile's step, the per-row reference's order: per pair j of sub-blocks (Q8A blocks
+/// `a1 = 2j`, `a2 = 2j + 1`), `sd += a1.d * f32(sc1 * isum1) + a2.d * f32(sc2 * isum2)` and
+/// `sm += a1.d * f32(m1 * sum(a1.qs)) + a2.d * f32(m2 * sum(a2.qs))`, then
+/// `acc = acc + (d * sd - dmin * sm)` (each product rounded on its own, no fma).
+fn q5k_ref(k: &KTile, xa: &[BlockQ8A], acc: &mut [f32; ROWS]) {
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        let term = |s: usize| -> (f32, f32) {
+            let a = &xa[s];
+            let isum: i32 = (0..QK)
+                .map(|l| k.u[r][QK * s + l] as i32 * a.qs[l] as i32)
+                .sum();
+            let qsum = a.sums[0] as i32 + a.sums[1] as i32;
+            let (sc, m) = (k.sc[r][2 * s], k.m[r][2 * s]);
+            (a.d * (sc * isum) as f32, a.d * (m * qsum) as f32)
+        };
+        for j in 0..4 {
+            let ((x1, y1), (x2, y2)) = (term(2 * j), term(2 * j + 1));
+            sd += x1 + x2;
+            sm += y1 + y2;
+        }
+        *acc += k.d[r] * sd - k.dmin[r] * sm;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::super::{Isa, Kernels, QMatrix};
@@ -222,6 +292,17 @@ mod tests {
         let block = |r: usize| -> Vec<u8> {
             let d = half::f16::from_f32(0.01 * (r + 1) as f32).to_le_bytes();
             match dtype {
+                DType::Q5_K => {
+                    let dmin = half::f16::from_f32(0.003).to_le_bytes();
+                    let b = BlockQ5K {
+                        d,
+                        dmin,
+                        scales: [0xFF; 12],
+                        qh: [q; QK_K / 8],
+                        qs: [q; QK_K / 2],
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
                 DType::Q4_K => {
                     let dmin = half::f16::from_f32(0.003).to_le_bytes();
                     let b = BlockQ4K {
@@ -269,7 +350,7 @@ mod tests {
     #[test]
     fn kquant_kernels_at_the_quant_extremes_give_the_reference_bits() {
         let n = 2;
-        for dtype in [DType::Q4_K, DType::Q6_K] {
+        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
             for top in [true, false] {
                 let data = extreme_rows(dtype, n, top);
                 let w = QMatrix::new(dtype, ROWS, n * QK_K, &data).unwrap();
