@@ -60,7 +60,7 @@ pub(super) mod neon_kquants;
 use super::blocks::f16_le;
 use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8A, BlockQ8_0};
 use super::QMatrix;
-use knot_format::dtype::{DType, QK};
+use knot_format::dtype::{DType, QK, QK_K};
 use rayon::prelude::*;
 
 /// Rows per interleaved group.
@@ -162,6 +162,8 @@ pub fn tile_bytes(dtype: DType) -> Option<usize> {
         | DType::Q5_0
         | DType::Q5_1
         | DType::Q8_0
+        | DType::Q2_K
+        | DType::Q3_K
         | DType::Q4_K
         | DType::Q5_K
         | DType::Q6_K => Some(ROWS * dtype.block_bytes()),
@@ -265,7 +267,7 @@ impl Interleaved {
 /// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
 /// time: packing runs once per matrix, on the first token).
 fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
-    if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
+    if dtype.block_elems() == QK_K {
         return kquants::pack_tile(dtype, src, tile);
     }
     let lay = layout(dtype);
@@ -358,7 +360,7 @@ pub fn tile_mins_ref(dtype: DType, tile: &[u8]) -> Option<[f32; ROWS]> {
 /// The scalar specification of [`Rows16Dot`] for one activation row.
 pub fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let tile = tile_bytes(dtype).expect("rows16_ref: a type with a layout");
-    if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
+    if dtype.block_elems() == QK_K {
         return kquants::rows16_ref(dtype, tiles, x);
     }
     let off = offset(dtype);
@@ -403,12 +405,14 @@ mod tests {
 
     /// The types with a layout, each with the column counts its tests use (Qwen2.5-0.5B's
     /// ffn_down has 4864 columns: 19 super-blocks).
-    const TYPES: [(DType, [usize; 3]); 8] = [
+    const TYPES: [(DType, [usize; 3]); 10] = [
         (DType::Q4_0, [32, 96, 896]),
         (DType::Q4_1, [32, 96, 896]),
         (DType::Q5_1, [32, 96, 896]),
         (DType::Q5_0, [32, 96, 896]),
         (DType::Q8_0, [32, 96, 896]),
+        (DType::Q2_K, [256, 512, 4864]),
+        (DType::Q3_K, [256, 512, 4864]),
         (DType::Q4_K, [256, 512, 4864]),
         (DType::Q5_K, [256, 512, 4864]),
         (DType::Q6_K, [256, 512, 4864]),
@@ -417,7 +421,7 @@ mod tests {
     /// A tile's weights per row, read back through [`unpack_tile_ref`] or
     /// [`kquants::unpack_tile_ref`] and dequantized as the source format does.
     fn tile_values(dtype: DType, tile: &[u8]) -> Vec<Vec<f32>> {
-        if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
+        if dtype.block_elems() == QK_K {
             let k = kquants::unpack_tile_ref(dtype, tile);
             return (0..ROWS)
                 .map(|r| {

@@ -28,8 +28,8 @@ use super::super::avx2::bits_32;
 use super::super::blocks::BlockQ8A;
 use super::avx512::{prefetch, touch_page};
 use super::kquants::{
-    k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS,
-    K5_SC, K6_BYTES, K6_D, K6_SC,
+    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
+    K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
 };
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
@@ -46,6 +46,8 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
         (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
+        (DType::Q2_K, rows16_q2_k as Rows16Dot),
+        (DType::Q3_K, rows16_q3_k as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q5_K, rows16_q5_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
@@ -682,6 +684,212 @@ impl Kernel for Q5K {
     }
 }
 
+/// Q3_K and Q2_K tiles (16-element scale groups, 2-bit quants in qs chunks), as the AVX-512
+/// kernel: how one type's Q8A block `G` of a tile becomes weights and scales, per half.
+trait K16 {
+    const BYTES: usize;
+    /// `u - OFF` is the weight (Q3_K 4; Q2_K 0).
+    const OFF: i32;
+    /// Where the f16 mins sit (Q2_K).
+    const DMIN: Option<usize>;
+    /// Weight vector `[h][k]` of block `G` (k 0..4: scale group 2G, 4..8: 2G + 1).
+    unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i;
+    /// The scale and min (i32 lanes) of scale group 2G + j for half h's rows.
+    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i);
+}
+
+struct Q3K;
+struct Q2K;
+
+/// The 2-bit field of block `G`, vector `[h][k]`, from the qs granules at `qs`.
+#[inline(always)]
+unsafe fn two_bits<const G: usize>(qs: *const u8, h: usize, k: usize) -> __m256i {
+    let v = _mm256_loadu_si256(qs.add(512 * (G / 4) + 64 * k + 32 * h) as *const __m256i);
+    let v = match G % 4 {
+        0 => v,
+        1 => _mm256_srli_epi16(v, 2),
+        2 => _mm256_srli_epi16(v, 4),
+        _ => _mm256_srli_epi16(v, 6),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(3))
+}
+
+impl K16 for Q3K {
+    const BYTES: usize = K3_BYTES;
+    const OFF: i32 = 4;
+    const DMIN: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
+        let bit = _mm256_set1_epi8((1u8 << G) as i8);
+        let hm = _mm256_loadu_si256(p.add(K3_HM + 64 * k + 32 * h) as *const __m256i);
+        let hb = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
+            _mm256_set1_epi8(4),
+        );
+        _mm256_or_si256(two_bits::<G>(p.add(K3_QS), h, k), hb)
+    }
+    #[inline(always)]
+    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
+        // `scales_q3k`, as the AVX-512 kernel.
+        let k = 2 * G + j;
+        let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8) + 8 * h));
+        let lo = if k < 8 {
+            _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
+        } else {
+            _mm256_srli_epi32(lo, 4)
+        };
+        let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4) + 8 * h));
+        let hi = _mm256_and_si256(
+            _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (k / 4) as i32)),
+            _mm256_set1_epi32(3),
+        );
+        let sc = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+        (
+            _mm256_sub_epi32(sc, _mm256_set1_epi32(32)),
+            _mm256_setzero_si256(),
+        )
+    }
+}
+
+impl K16 for Q2K {
+    const BYTES: usize = K2_BYTES;
+    const OFF: i32 = 0;
+    const DMIN: Option<usize> = Some(K2_DMIN);
+    #[inline(always)]
+    unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
+        two_bits::<G>(p.add(K2_QS), h, k)
+    }
+    #[inline(always)]
+    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
+        let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + j) + 8 * h));
+        (
+            _mm256_and_si256(v, _mm256_set1_epi32(0xF)),
+            _mm256_srli_epi32(v, 4),
+        )
+    }
+}
+
+/// Q8A block `G` of a Q3_K / Q2_K tile for `T` tokens (pairs share the weight loads): the
+/// AVX-512 kernel's steps per half.
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [[__m256; 2]; T],
+    sm: &mut [[__m256; 2]; T],
+) {
+    prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+    let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
+    for h in 0..2 {
+        for k in 0..8 {
+            w[h][k] = K::vector::<G>(p, h, k);
+        }
+        for j in 0..2 {
+            sc[h][j] = K::scale::<G>(p, h, j);
+        }
+    }
+    let mut t = 0;
+    while t + 2 <= T {
+        k16_tokens::<K, G, 2, T>(t, &w, &sc, xb, sd, sm);
+        t += 2;
+    }
+    if t < T {
+        k16_tokens::<K, G, 1, T>(t, &w, &sc, xb, sd, sm);
+    }
+}
+
+/// Tokens `t0..t0 + P` of [`k16_block`].
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
+    t0: usize,
+    w: &Wv,
+    sc: &[[(__m256i, __m256i); 2]; 2],
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [[__m256; 2]; T],
+    sm: &mut [[__m256; 2]; T],
+) {
+    let mut a = [&*xb[t0].add(G); P];
+    for (k, a) in a.iter_mut().enumerate() {
+        *a = &*xb[t0 + k].add(G);
+    }
+    let i0 = dot_unsigned::<0, 4, P>(4, w, a);
+    let i1 = dot_unsigned::<4, 4, P>(4, w, a);
+    for k in 0..P {
+        let dx = _mm256_set1_ps(a[k].d);
+        let off = |j: usize| _mm256_set1_epi32(K::OFF * a[k].sums[j] as i32);
+        for h in 0..2 {
+            let isum = _mm256_add_epi32(
+                _mm256_mullo_epi32(sc[h][0].0, _mm256_sub_epi32(i0[k][h], off(0))),
+                _mm256_mullo_epi32(sc[h][1].0, _mm256_sub_epi32(i1[k][h], off(1))),
+            );
+            let (sd, sm) = (&mut sd[t0 + k][h], &mut sm[t0 + k][h]);
+            *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
+            if K::DMIN.is_some() {
+                let msum = _mm256_add_epi32(
+                    _mm256_mullo_epi32(sc[h][0].1, _mm256_set1_epi32(a[k].sums[0] as i32)),
+                    _mm256_mullo_epi32(sc[h][1].1, _mm256_set1_epi32(a[k].sums[1] as i32)),
+                );
+                *sm = _mm256_add_ps(*sm, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
+            }
+        }
+    }
+}
+
+/// The Q3_K / Q2_K kernel: [`k16_block`] over a tile's 8 blocks, then once per tile
+/// `acc + d * sd` (Q3_K) or `acc + (d * sd - dmin * sm)` (Q2_K).
+struct Sixteen<K>(PhantomData<K>);
+
+impl<K: K16> Kernel for Sixteen<K> {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K::BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+            touch_page(p, K::BYTES);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            let mut sd = [[_mm256_setzero_ps(); 2]; T];
+            let mut sm = [[_mm256_setzero_ps(); 2]; T];
+            k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = scales16(p);
+            let dmin = match K::DMIN {
+                Some(at) => scales16(p.add(at)),
+                None => d,
+            };
+            for t in 0..T {
+                for h in 0..2 {
+                    let v = if K::DMIN.is_some() {
+                        _mm256_sub_ps(
+                            _mm256_mul_ps(d[h], sd[t][h]),
+                            _mm256_mul_ps(dmin[h], sm[t][h]),
+                        )
+                    } else {
+                        _mm256_mul_ps(d[h], sd[t][h])
+                    };
+                    acc[t][h] = _mm256_add_ps(acc[t][h], v);
+                }
+            }
+        }
+        rows_out(&acc)
+    }
+}
+
 /// Q6_K tiles: per Q8A block `4n + k` of the super-block, 8 vectors per half of 6-bit quants
 /// (a nibble of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`),
 /// the two 16-element groups' `d * sc`, then per token two half dots, each corrected for the
@@ -819,6 +1027,8 @@ entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
 entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
 entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Q8_0);
+entry!(rows16_q2_k, imp_q2_k, Sixteen<Q2K>);
+entry!(rows16_q3_k, imp_q3_k, Sixteen<Q3K>);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
 entry!(rows16_q5_k, imp_q5_k, Q5K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);

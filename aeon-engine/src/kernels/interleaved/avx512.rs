@@ -15,8 +15,8 @@
 
 use super::super::blocks::BlockQ8A;
 use super::kquants::{
-    k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS,
-    K5_SC, K6_BYTES, K6_D, K6_SC,
+    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
+    K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
 };
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
@@ -33,6 +33,8 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
         (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
+        (DType::Q2_K, rows16_q2_k as Rows16Dot),
+        (DType::Q3_K, rows16_q3_k as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q5_K, rows16_q5_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
@@ -462,6 +464,180 @@ impl Kernel for Q5K {
     }
 }
 
+/// Q3_K and Q2_K tiles (16-element scale groups, 2-bit quants in qs chunks): how one type's
+/// Q8A block `G` of a tile becomes weights and scales.
+trait K16 {
+    const BYTES: usize;
+    /// `u - OFF` is the weight (Q3_K 4; Q2_K 0).
+    const OFF: i32;
+    /// Where the f16 mins sit (Q2_K).
+    const DMIN: Option<usize>;
+    /// The 8 weight vectors of block `G` (vectors 0..4: scale group 2G, 4..8: 2G + 1).
+    unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8];
+    /// The scales and mins (i32 lanes) of scale groups 2G + h.
+    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2];
+}
+
+struct Q3K;
+struct Q2K;
+
+/// The 2-bit field of block `G` from the qs granules at `qs` (chunk `G / 4`, bits 2(G % 4)).
+#[inline(always)]
+unsafe fn two_bits<const G: usize>(qs: *const u8) -> [__m512i; 8] {
+    let c = qs.add(512 * (G / 4));
+    let m3 = _mm512_set1_epi8(3);
+    std::array::from_fn(|k| {
+        let v = _mm512_loadu_si512(c.add(64 * k) as *const _);
+        let v = match G % 4 {
+            0 => v,
+            1 => _mm512_srli_epi16(v, 2),
+            2 => _mm512_srli_epi16(v, 4),
+            _ => _mm512_srli_epi16(v, 6),
+        };
+        _mm512_and_si512(v, m3)
+    })
+}
+
+impl K16 for Q3K {
+    const BYTES: usize = K3_BYTES;
+    const OFF: i32 = 4;
+    const DMIN: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8] {
+        let mut w = two_bits::<G>(p.add(K3_QS));
+        let (c4, bit) = (_mm512_set1_epi8(4), _mm512_set1_epi8((1u8 << G) as i8));
+        for (k, v) in w.iter_mut().enumerate() {
+            let h = _mm512_loadu_si512(p.add(K3_HM + 64 * k) as *const _);
+            *v = _mm512_mask_add_epi8(*v, _mm512_test_epi8_mask(h, bit), *v, c4);
+        }
+        w
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
+        // `scales_q3k` for scale group k: low 4 bits from byte k % 8 (low nibble for k < 8),
+        // high 2 from byte 8 + k % 4 at bit 2(k / 4); minus 32.
+        std::array::from_fn(|h| {
+            let k = 2 * G + h;
+            let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8)));
+            let lo = if k < 8 {
+                _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
+            } else {
+                _mm512_srli_epi32(lo, 4)
+            };
+            let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4)));
+            let hi = _mm512_and_si512(
+                _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (k / 4) as i32)),
+                _mm512_set1_epi32(3),
+            );
+            let sc = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+            (
+                _mm512_sub_epi32(sc, _mm512_set1_epi32(32)),
+                _mm512_setzero_si512(),
+            )
+        })
+    }
+}
+
+impl K16 for Q2K {
+    const BYTES: usize = K2_BYTES;
+    const OFF: i32 = 0;
+    const DMIN: Option<usize> = Some(K2_DMIN);
+    #[inline(always)]
+    unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8] {
+        two_bits::<G>(p.add(K2_QS))
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
+        std::array::from_fn(|h| {
+            let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + h)));
+            (
+                _mm512_and_si512(v, _mm512_set1_epi32(0xF)),
+                _mm512_srli_epi32(v, 4),
+            )
+        })
+    }
+}
+
+/// Q8A block `G` of a Q3_K / Q2_K tile for `T` tokens: per token the two halves' exact sums,
+/// `sd += a.d * f32(sc_0 * ih_0 + sc_1 * ih_1)` and (Q2_K) `sm += a.d * f32(m . sums)`.
+#[inline(always)]
+unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [__m512; T],
+    sm: &mut [__m512; T],
+) {
+    prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+    let w = K::weights::<G>(p);
+    let [(sc0, m0), (sc1, m1)] = K::scales::<G>(p);
+    for t in 0..T {
+        let a = &*xb[t].add(G);
+        let q = a.qs.as_ptr() as *const i32;
+        let half = |h: usize| {
+            let mut s = _mm512_setzero_si512();
+            for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
+                s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
+            }
+            _mm512_sub_epi32(s, _mm512_set1_epi32(K::OFF * a.sums[h] as i32))
+        };
+        let isum = _mm512_add_epi32(
+            _mm512_mullo_epi32(sc0, half(0)),
+            _mm512_mullo_epi32(sc1, half(1)),
+        );
+        let dx = _mm512_set1_ps(a.d);
+        sd[t] = _mm512_add_ps(sd[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)));
+        if K::DMIN.is_some() {
+            let msum = _mm512_add_epi32(
+                _mm512_mullo_epi32(m0, _mm512_set1_epi32(a.sums[0] as i32)),
+                _mm512_mullo_epi32(m1, _mm512_set1_epi32(a.sums[1] as i32)),
+            );
+            sm[t] = _mm512_add_ps(sm[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)));
+        }
+    }
+}
+
+/// The Q3_K / Q2_K kernel: [`k16_block`] over a tile's 8 blocks, then once per tile
+/// `acc + d * sd` (Q3_K) or `acc + (d * sd - dmin * sm)` (Q2_K).
+struct Sixteen<K>(PhantomData<K>);
+
+impl<K: K16> Kernel for Sixteen<K> {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K::BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+            touch_page(p, K::BYTES);
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            let mut sd = [_mm512_setzero_ps(); T];
+            let mut sm = [_mm512_setzero_ps(); T];
+            k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            for t in 0..T {
+                let v = match K::DMIN {
+                    Some(at) => {
+                        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+                        _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]))
+                    }
+                    None => _mm512_mul_ps(d, sd[t]),
+                };
+                acc[t] = _mm512_add_ps(acc[t], v);
+            }
+        }
+        rows_out(&acc)
+    }
+}
+
 /// Q6_K tiles: per Q8A block `4n + k` of the super-block, 8 vectors of 6-bit quants (a nibble
 /// of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`), the two
 /// 16-element groups' `d * sc`, then per token two half dots, each corrected for the offset
@@ -565,6 +741,8 @@ entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
 entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
 entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Blocks<Q8_0>);
+entry!(rows16_q2_k, imp_q2_k, Sixteen<Q2K>);
+entry!(rows16_q3_k, imp_q3_k, Sixteen<Q3K>);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
 entry!(rows16_q5_k, imp_q5_k, Q5K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);

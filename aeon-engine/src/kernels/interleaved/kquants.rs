@@ -9,6 +9,8 @@
 //! |------|-------|---------------------------------------------------------------------------|
 //! | Q4_K | 2304  | `d[16]`, `dmin[16]` f16, 12 planes of `scales`, `qs[32][16][4]`: granule k lane r = `qs[4k..4k+4]` of row r |
 //! | Q5_K | 2816  | as Q4_K, with 8 granules of `qh` (lane r = `qh[4k..4k+4]` of row r) before `qs` |
+//! | Q3_K | 1760  | `d[16]`, 12 planes of packed `scales`, 8 granules of `hmask`, 16 of `qs` (chunk n = granules 8n..8n+8) |
+//! | Q2_K | 1344  | `d[16]`, `dmin[16]`, 16 planes of `scales`, 16 granules of `qs` as Q3_K  |
 //! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), then per 128-element half n: ql granules 16n..16n+8, qh granules 8n..8n+8, ql granules 16n+8..16n+16 (granules as Q4_K) |
 //!
 //! Both orders are the kernels' order of first touch, so a tile streams front to back (the
@@ -28,6 +30,12 @@
 //! `q5k_ref`): per pair of sub-blocks `sd += x1 + x2`, `sm += y1 + y2`, then once per
 //! super-block `acc = acc + (d * sd - dmin * sm)`.
 //!
+//! Q3_K and Q2_K: Q8A block g = 4n + j of a super-block takes bits 2j, 2j + 1 of qs chunk n
+//! (and, Q3_K, bit g of `hmask` as bit 2 of `u`, weight `u - 4`); it spans two 16-element
+//! scale groups. Their f32 steps keep the per-row reference's expression (`k16_ref`): per
+//! block `sd += a.d * f32(isum)` (Q2_K also `sm += a.d * f32(msum)`), once per super-block
+//! `acc = acc + d * sd` (Q2_K: `acc + (d * sd - dmin * sm)`).
+//!
 //! Q6_K: Q8A block `4n + k` of a super-block (elements `128n + 32k + l`, l in 0..32) takes
 //! its low 4 bits from `ql[64n + 32(k & 1) + l]` (low nibble for k < 2, high for k >= 2) and
 //! its high 2 bits from `qh[32n + l] >> 2k`; weight = `q - 32`. It spans two 16-element scale
@@ -36,7 +44,9 @@
 //!
 //! [`rows16_ref`] is that in scalar Rust; the SIMD kernels give its bits exactly.
 
-use super::super::blocks::{f16_le, scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8A};
+use super::super::blocks::{
+    f16_le, scale_min_k4, scales_q3k, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8A,
+};
 use super::ROWS;
 use knot_format::dtype::{DType, QK, QK_K};
 
@@ -56,6 +66,23 @@ pub(super) const K5_QH: usize = K5_SC + 12 * ROWS;
 pub(super) const K5_QS: usize = K5_QH + QK_K / 8 * ROWS;
 pub(super) const K5_BYTES: usize = K5_QS + QK_K / 2 * ROWS;
 const _: () = assert!(K5_BYTES == ROWS * DType::Q5_K.block_bytes());
+
+/// Q3_K tile offsets: super-scales, 12 planes of packed scales, 8 `hmask` granules, 16 `qs`
+/// granules (qs chunk n, 32 bytes, is granules 8n..8n+8).
+pub(super) const K3_D: usize = 0;
+pub(super) const K3_SC: usize = 2 * ROWS;
+pub(super) const K3_HM: usize = K3_SC + 12 * ROWS;
+pub(super) const K3_QS: usize = K3_HM + QK_K / 8 * ROWS;
+pub(super) const K3_BYTES: usize = K3_QS + QK_K / 4 * ROWS;
+const _: () = assert!(K3_BYTES == ROWS * DType::Q3_K.block_bytes());
+
+/// Q2_K tile offsets: super-scales, mins, 16 scale planes, 16 `qs` granules as Q3_K's.
+pub(super) const K2_D: usize = 0;
+pub(super) const K2_DMIN: usize = 2 * ROWS;
+pub(super) const K2_SC: usize = 4 * ROWS;
+pub(super) const K2_QS: usize = K2_SC + 16 * ROWS;
+pub(super) const K2_BYTES: usize = K2_QS + QK_K / 4 * ROWS;
+const _: () = assert!(K2_BYTES == ROWS * DType::Q2_K.block_bytes());
 
 /// Q6_K tile offsets: super-scales, 16 scale planes, then two 128-element halves of
 /// `K6_HALF` bytes: ql granules (8 of them, 512 bytes), qh granules, ql granules.
@@ -116,6 +143,24 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 }
                 put_granules(tile, K5_QH, r, &b.qh);
                 put_granules(tile, K5_QS, r, &b.qs);
+            }
+            DType::Q3_K => {
+                let b: &BlockQ3K = bytemuck::from_bytes(s);
+                tile[K3_D + 2 * r..][..2].copy_from_slice(&b.d);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K3_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K3_HM, r, &b.hmask);
+                put_granules(tile, K3_QS, r, &b.qs);
+            }
+            DType::Q2_K => {
+                let b: &BlockQ2K = bytemuck::from_bytes(s);
+                tile[K2_D + 2 * r..][..2].copy_from_slice(&b.d);
+                tile[K2_DMIN + 2 * r..][..2].copy_from_slice(&b.dmin);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K2_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K2_QS, r, &b.qs);
             }
             DType::Q6_K => {
                 let b: &BlockQ6K = bytemuck::from_bytes(s);
@@ -196,6 +241,34 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     *u = (if s % 2 == 0 { byte & 0xF } else { byte >> 4 }) | high << 4;
                 }
             }
+            DType::Q3_K => {
+                k.off = 4;
+                k.d[r] = f16_le([tile[K3_D + 2 * r], tile[K3_D + 2 * r + 1]]);
+                let planes: [u8; 12] = std::array::from_fn(|p| tile[K3_SC + ROWS * p + r]);
+                let sc = scales_q3k(&planes);
+                for (g, v) in k.sc[r].iter_mut().enumerate() {
+                    *v = sc[g] as i32;
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    // Element 128n + 32j + l: bits 2j of qs[32n + l], bit 4n + j of hmask[l].
+                    let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+                    let q = tile[granule_byte(K3_QS + 512 * n, r, l)] >> (2 * j) & 3;
+                    let h = tile[granule_byte(K3_HM, r, l)] >> (4 * n + j) & 1;
+                    *u = q | h << 2;
+                }
+            }
+            DType::Q2_K => {
+                k.d[r] = f16_le([tile[K2_D + 2 * r], tile[K2_D + 2 * r + 1]]);
+                k.dmin[r] = f16_le([tile[K2_DMIN + 2 * r], tile[K2_DMIN + 2 * r + 1]]);
+                for g in 0..QK_K / 16 {
+                    let v = tile[K2_SC + ROWS * g + r];
+                    (k.sc[r][g], k.m[r][g]) = ((v & 0xF) as i32, (v >> 4) as i32);
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+                    *u = tile[granule_byte(K2_QS + 512 * n, r, l)] >> (2 * j) & 3;
+                }
+            }
             DType::Q6_K => {
                 k.off = 32;
                 k.d[r] = f16_le([tile[K6_D + 2 * r], tile[K6_D + 2 * r + 1]]);
@@ -224,9 +297,16 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     let mut acc = [0f32; ROWS];
     for (t, xa) in tiles.chunks_exact(bytes).zip(x.chunks_exact(QK_K / QK)) {
         let k = unpack_tile_ref(dtype, t);
-        if dtype == DType::Q5_K {
-            q5k_ref(&k, xa, &mut acc);
-            continue;
+        match dtype {
+            DType::Q5_K => {
+                q5k_ref(&k, xa, &mut acc);
+                continue;
+            }
+            DType::Q3_K | DType::Q2_K => {
+                k16_ref(&k, xa, &mut acc);
+                continue;
+            }
+            _ => {}
         }
         for (s, a) in xa.iter().enumerate() {
             for (r, acc) in acc.iter_mut().enumerate() {
@@ -279,6 +359,36 @@ fn q5k_ref(k: &KTile, xa: &[BlockQ8A], acc: &mut [f32; ROWS]) {
     }
 }
 
+/// One Q3_K or Q2_K tile's step, the per-row reference's order: per Q8A block g and half h
+/// (16 weights, scale `sc = sc[2g + h]`), `ih_h = sum(u * q_x) - off * a.sums[h]` (exact);
+/// `sd += a.d * f32(sc_0 * ih_0 + sc_1 * ih_1)`, and for Q2_K
+/// `sm += a.d * f32(m_0 * a.sums[0] + m_1 * a.sums[1])`; then
+/// `acc = acc + (d * sd - dmin * sm)` (Q2_K) or `acc = acc + d * sd` (Q3_K), each product
+/// rounded on its own.
+fn k16_ref(k: &KTile, xa: &[BlockQ8A], acc: &mut [f32; ROWS]) {
+    let q2 = k.off == 0;
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        for (g, a) in xa.iter().enumerate() {
+            let ih = |h: usize| -> i32 {
+                let dot: i32 = (16 * h..16 * h + 16)
+                    .map(|l| k.u[r][QK * g + l] as i32 * a.qs[l] as i32)
+                    .sum();
+                dot - k.off * a.sums[h] as i32
+            };
+            let isum = k.sc[r][2 * g] * ih(0) + k.sc[r][2 * g + 1] * ih(1);
+            sd += a.d * isum as f32;
+            let msum = k.m[r][2 * g] * a.sums[0] as i32 + k.m[r][2 * g + 1] * a.sums[1] as i32;
+            sm += a.d * msum as f32;
+        }
+        *acc += if q2 {
+            k.d[r] * sd - k.dmin[r] * sm
+        } else {
+            k.d[r] * sd
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::super::{Isa, Kernels, QMatrix};
@@ -300,6 +410,24 @@ mod tests {
                         scales: [0xFF; 12],
                         qh: [q; QK_K / 8],
                         qs: [q; QK_K / 2],
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+                DType::Q3_K => {
+                    let b = BlockQ3K {
+                        hmask: [q; QK_K / 8],
+                        qs: [q; QK_K / 4],
+                        scales: [0xFF; 12],
+                        d,
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+                DType::Q2_K => {
+                    let b = BlockQ2K {
+                        scales: [0xFF; QK_K / 16],
+                        qs: [q; QK_K / 4],
+                        d,
+                        dmin: half::f16::from_f32(0.003).to_le_bytes(),
                     };
                     bytemuck::bytes_of(&b).to_vec()
                 }
@@ -350,7 +478,13 @@ mod tests {
     #[test]
     fn kquant_kernels_at_the_quant_extremes_give_the_reference_bits() {
         let n = 2;
-        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for dtype in [
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
             for top in [true, false] {
                 let data = extreme_rows(dtype, n, top);
                 let w = QMatrix::new(dtype, ROWS, n * QK_K, &data).unwrap();
