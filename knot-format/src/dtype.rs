@@ -23,6 +23,8 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 /// Elements per super-block of the k-quants.
@@ -41,7 +43,7 @@ const _: () = {
 
 impl DType {
     /// Every type KNOT stores.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -55,6 +57,8 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
     ];
 
     /// How many types KNOT stores (the length of per-type tables).
@@ -81,6 +85,8 @@ impl DType {
             DType::Q4_K => 12,
             DType::Q5_K => 13,
             DType::Q6_K => 14,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -94,8 +100,12 @@ impl DType {
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4_NL => {
+                QK
+            }
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                QK_K
+            }
         }
     }
 
@@ -124,6 +134,10 @@ impl DType {
             DType::Q5_K => 176,
             // ql[128] + qh[64] + scales[16] i8 + d: 6.5625 bits/weight
             DType::Q6_K => 210,
+            // d f16 + 16 bytes of 4-bit indices into a 16-value table: 4.5 bits/weight
+            DType::IQ4_NL => 18,
+            // d + scales_h u16 + scales_l[4] + qs[128]: 4.25 bits/weight
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -153,6 +167,8 @@ impl DType {
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
         }
     }
 }

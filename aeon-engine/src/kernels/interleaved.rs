@@ -14,6 +14,7 @@
 //! | Q4_0 | 288   | `d[16]` f16, `qs[4][16][4]`: chunk k lane r = bytes 4k..4k+4 of row r's qs |
 //! | Q5_0 | 352   | `d[16]`, `hm[8]` u64 (bit 4r+i of mask g = row r's 5th bit of element 4g+i), `qs` as Q4_0 |
 //! | Q8_0 | 544   | `d[16]`, `u[8][16][4]`: chunk g lane r = row r's quants 4g..4g+4, XOR 0x80 |
+//! | IQ4_NL | 288 | as Q4_0 (4-bit table indices)                                            |
 //! | Q4_1 | 320   | `d[16]`, `m[16]` f16, `qs` as Q4_0                                        |
 //! | Q5_1 | 384   | `d[16]`, `m[16]`, `hm` and `qs` as Q5_0                                   |
 //!
@@ -41,7 +42,7 @@
 //! ones to i32; Q8_0 takes the sign trick on its signed quants. Same integers, same f32 steps,
 //! so the same bits as AVX-512 and NEON.
 //!
-//! Q4_K and Q6_K use the same design with one tile per 256-element super-block and per-row
+//! The k-quants (Q2_K to Q6_K) use the same design with one tile per 256-element super-block and per-row
 //! scales in byte planes; their layouts and specification are in [`kquants`].
 //!
 //! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
@@ -58,7 +59,9 @@ pub(super) mod neon;
 pub(super) mod neon_kquants;
 
 use super::blocks::f16_le;
-use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8A, BlockQ8_0};
+use super::blocks::{
+    BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8A, BlockQ8_0, KVALUES_IQ4NL,
+};
 use super::QMatrix;
 use knot_format::dtype::{DType, QK, QK_K};
 use rayon::prelude::*;
@@ -113,6 +116,18 @@ pub(super) const Q41_QS: usize = 2 * D_BYTES;
 pub(super) const Q51_HM: usize = 2 * D_BYTES;
 pub(super) const Q51_QS: usize = 2 * D_BYTES + 8 * 8;
 
+/// IQ4_NL's table as unsigned bytes (value + 128), the weights `u` of its tiles.
+#[allow(dead_code)] // used by the x86 kernels
+pub(super) const IQ4NL_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
+
 /// Where the fields of a 32-element type's tile sit (the f16 scales are at 0).
 #[derive(Clone, Copy)]
 struct Layout {
@@ -153,11 +168,12 @@ fn q5_high(tile: &[u8], hm: usize, r: usize, i: usize, g: usize) -> bool {
     }
 }
 
-/// Bytes of one tile (16 rows x one block; a super-block for Q4_K and Q6_K) of `dtype`, for
+/// Bytes of one tile (16 rows x one block; a super-block for the k-quants) of `dtype`, for
 /// the types with a layout.
 pub fn tile_bytes(dtype: DType) -> Option<usize> {
     match dtype {
         DType::Q4_0
+        | DType::IQ4_NL
         | DType::Q4_1
         | DType::Q5_0
         | DType::Q5_1
@@ -166,7 +182,8 @@ pub fn tile_bytes(dtype: DType) -> Option<usize> {
         | DType::Q3_K
         | DType::Q4_K
         | DType::Q5_K
-        | DType::Q6_K => Some(ROWS * dtype.block_bytes()),
+        | DType::Q6_K
+        | DType::IQ4_XS => Some(ROWS * dtype.block_bytes()),
         _ => None,
     }
 }
@@ -177,6 +194,7 @@ pub(super) fn offset(dtype: DType) -> i32 {
         DType::Q4_0 => 8,
         DType::Q5_0 => 16,
         DType::Q4_1 | DType::Q5_1 => 0,
+        // Table values + 128.
         _ => 128,
     }
 }
@@ -286,6 +304,10 @@ fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 let b: &BlockQ4_0 = bytemuck::from_bytes(s);
                 (b.d, None, &b.qs[..], 0)
             }
+            DType::IQ4_NL => {
+                let b: &BlockIQ4NL = bytemuck::from_bytes(s);
+                (b.d, None, &b.qs[..], 0)
+            }
             DType::Q4_1 => {
                 let b: &BlockQ4_1 = bytemuck::from_bytes(s);
                 (b.d, Some(b.m), &b.qs[..], 0)
@@ -335,6 +357,11 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; RO
             let (g, i) = (e / 4, e % 4);
             *v = match dtype {
                 DType::Q8_0 => tile[D_BYTES + 64 * g + 4 * r + i] ^ Q8_STORED_XOR ^ 0x80,
+                DType::IQ4_NL => {
+                    let byte = tile[D_BYTES + 64 * (g % 4) + 4 * r + i];
+                    let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
+                    (KVALUES_IQ4NL[nib as usize] as u8) ^ 0x80
+                }
                 DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1 => {
                     let lay = layout(dtype);
                     let byte = tile[lay.qs + 64 * (g % 4) + 4 * r + i];
@@ -405,17 +432,19 @@ mod tests {
 
     /// The types with a layout, each with the column counts its tests use (Qwen2.5-0.5B's
     /// ffn_down has 4864 columns: 19 super-blocks).
-    const TYPES: [(DType, [usize; 3]); 10] = [
+    const TYPES: [(DType, [usize; 3]); 12] = [
         (DType::Q4_0, [32, 96, 896]),
         (DType::Q4_1, [32, 96, 896]),
         (DType::Q5_1, [32, 96, 896]),
         (DType::Q5_0, [32, 96, 896]),
         (DType::Q8_0, [32, 96, 896]),
+        (DType::IQ4_NL, [32, 96, 896]),
         (DType::Q2_K, [256, 512, 4864]),
         (DType::Q3_K, [256, 512, 4864]),
         (DType::Q4_K, [256, 512, 4864]),
         (DType::Q5_K, [256, 512, 4864]),
         (DType::Q6_K, [256, 512, 4864]),
+        (DType::IQ4_XS, [256, 512, 4864]),
     ];
 
     /// A tile's weights per row, read back through [`unpack_tile_ref`] or
@@ -567,7 +596,9 @@ mod tests {
             let mut b = vec![0u8; dtype.block_bytes()];
             b[..2].copy_from_slice(&one);
             match dtype {
-                DType::Q4_0 | DType::Q5_0 => b[2..].fill(if high { 0xFF } else { 0 }),
+                DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL => {
+                    b[2..].fill(if high { 0xFF } else { 0 })
+                }
                 DType::Q4_1 | DType::Q5_1 => {
                     b[2..4].copy_from_slice(&one);
                     b[4..].fill(if high { 0xFF } else { 0 })

@@ -21,10 +21,16 @@
 //! plain NEON, NEON dotprod; block and 16-row kernels) gives the reference's bits, so a mixed x86 +
 //! aarch64 mesh computes what one node computes. Integer sums are exact (any order), and the
 //! f32 steps follow one canonical order per type, written in [`reference`]: for Q4_0, Q5_0,
-//! Q8_0, Q4_K and Q6_K the 16-row kernels' order (blocks in order, `acc = fma(d_w,
-//! f32(isum) * d_x, acc)`, see [`interleaved`]), chosen because it is the fast x86 path's
-//! and costs an in-order NEON core nothing extra per legacy block; for the other types the
-//! reference's plain expressions. Float-weight dots (F32, F16, BF16) follow one order too
+//! Q8_0, Q4_K, Q6_K, IQ4_NL and IQ4_XS the 16-row kernels' order (blocks in order,
+//! `acc = fma(d_w, f32(isum) * d_x, acc)`, see [`interleaved`]), chosen because it is the fast
+//! x86 path's and costs an in-order NEON core nothing extra per legacy block; for the other
+//! types the reference's plain expressions, which their 16-row kernels follow lane for lane
+//! (kept so the existing NEON and AVX2 block kernels keep their bits).
+//!
+//! Adding a type: its `DType` (knot-format), block struct ([`blocks`]), reference dequant and
+//! dot plus one arm of [`reference::row`]; SIMD kernels add `(DType, kernel)` pairs to an
+//! ISA's list, and a 16-row layout adds a [`interleaved::tile_bytes`] arm with its pack,
+//! unpack and specification. Float-weight dots (F32, F16, BF16) follow one order too
 //! ([`reference::float_dot`]: 32 fma lanes, element i into lane i % 32, then a fixed pairwise
 //! tree), four AVX2 or eight NEON accumulators.
 

@@ -1294,7 +1294,7 @@ mod tests {
                             DType::Q4_K | DType::Q5_K => blk[4..16].fill(0xFF),
                             _ => {}
                         }
-                        for &off in super::super::tests::f16_fields(dtype) {
+                        for &off in super::super::blocks::f16_fields(dtype) {
                             blk[off..off + 2]
                                 .copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
                         }

@@ -25,11 +25,12 @@
 //! [`super::super::Isa::Avx2`] is available.
 
 use super::super::avx2::bits_32;
-use super::super::blocks::BlockQ8A;
+use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL};
 use super::avx512::{prefetch, touch_page};
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
+    KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
@@ -46,11 +47,13 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
         (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
+        (DType::IQ4_NL, rows16_iq4_nl as Rows16Dot),
         (DType::Q2_K, rows16_q2_k as Rows16Dot),
         (DType::Q3_K, rows16_q3_k as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q5_K, rows16_q5_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
+        (DType::IQ4_XS, rows16_iq4_xs as Rows16Dot),
     ]
 }
 
@@ -220,17 +223,45 @@ impl Tile for Q5_1 {
     }
 }
 
-/// Q8_0's weights: the signed quants (the stored bytes XOR 0x80) and their magnitudes.
+/// A tile of signed 8-bit weights (Q8_0's quants, IQ4_NL's table values): no offset, dotted
+/// with the sign trick, whose pairs (at most 2 * 128 * 127) cannot saturate.
+trait Signed {
+    const BYTES: usize;
+    /// Signed weight vector `[h][g]` of the tile at `p`.
+    /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i;
+}
+
+impl Signed for Q8_0 {
+    const BYTES: usize = 16 * 34;
+    #[inline(always)]
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
+        let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
+        _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+    }
+}
+
+struct IQ4NL;
+
+impl Signed for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    #[inline(always)]
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        _mm256_shuffle_epi8(table, nibble(p.add(D_BYTES), h, g))
+    }
+}
+
+/// The signed weights and their magnitudes.
 impl Q8_0 {
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
-    unsafe fn unpack8(p: *const u8) -> [Wv; 2] {
-        let flip = _mm256_set1_epi8(-128);
+    unsafe fn unpack8<S: Signed>(p: *const u8) -> [Wv; 2] {
         let mut w = [[[_mm256_setzero_si256(); 8]; 2]; 2];
         for h in 0..2 {
             for g in 0..8 {
-                let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
-                w[0][h][g] = _mm256_xor_si256(v, flip);
+                w[0][h][g] = S::signed(p, h, g);
                 // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
                 w[1][h][g] = _mm256_abs_epi8(w[0][h][g]);
             }
@@ -344,21 +375,24 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
     rows_out(&acc)
 }
 
-/// [`rows16`] for Q8_0 (its weights are a pair of [`Wv`], no offset).
+/// [`rows16`] for the [`Signed`] tiles (their weights are a pair of [`Wv`], no offset).
 #[inline(always)]
-unsafe fn rows16_8<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-    const BYTES: usize = 16 * 34;
-    let nb = tiles.len() / BYTES;
+unsafe fn rows16_8<S: Signed, const T: usize>(
+    tiles: &[u8],
+    x: [&[BlockQ8A]; T],
+) -> [[f32; ROWS]; T] {
+    let bytes = S::BYTES;
+    let nb = tiles.len() / bytes;
     assert!(x.iter().all(|x| x.len() >= nb));
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..nb {
-        let p = tiles.as_ptr().add(b * BYTES);
-        touch_page(p, BYTES);
+        let p = tiles.as_ptr().add(b * bytes);
+        touch_page(p, bytes);
         if T > 1 {
-            prefetch(p.wrapping_add(16384 / BYTES * BYTES), BYTES);
+            prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
         }
         let dw = scales16(p);
-        let w = Q8_0::unpack8(p);
+        let w = Q8_0::unpack8::<S>(p);
         let mut t = 0;
         while t + 2 <= T {
             let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
@@ -400,7 +434,14 @@ impl<L: Tile> Kernel for Blocks<L> {
 impl Kernel for Q8_0 {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        rows16_8::<T>(tiles, x)
+        rows16_8::<Q8_0, T>(tiles, x)
+    }
+}
+
+impl Kernel for IQ4NL {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        rows16_8::<IQ4NL, T>(tiles, x)
     }
 }
 
@@ -890,6 +931,83 @@ impl<K: K16> Kernel for Sixteen<K> {
     }
 }
 
+/// IQ4_XS tiles: per sub-block s, the signed table values (IQ4_NL's [`Signed`] lookup) dotted
+/// with the sign trick, the half's `d * (ls - 32)`, then per token the canonical step.
+struct IQ4XS;
+
+/// Sub-block `S` of an IQ4_XS tile at `p` for `T` tokens.
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn iq4xs_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    d: &[__m256; 2],
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+    let mut dsc = [_mm256_setzero_ps(); 2];
+    for h in 0..2 {
+        let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
+        let lo = if S % 2 == 0 {
+            _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
+        } else {
+            _mm256_srli_epi32(lo, 4)
+        };
+        let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4) + 8 * h));
+        let hi = _mm256_and_si256(
+            _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (S % 4) as i32)),
+            _mm256_set1_epi32(3),
+        );
+        let ls = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+        let sc = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+        dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+    }
+    // IQ4NL reads its nibbles D_BYTES past the pointer it is given.
+    let w = Q8_0::unpack8::<IQ4NL>(p.add(KX_QS + 256 * S - D_BYTES));
+    let mut t = 0;
+    while t + 2 <= T {
+        let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
+        let s = Q8_0::dot8(&w, a);
+        for k in 0..2 {
+            block_step(&mut acc[t + k], &dsc, s[k], 0, a[k].d);
+        }
+        t += 2;
+    }
+    if t < T {
+        let a = &*xb[t].add(S);
+        block_step(&mut acc[t], &dsc, Q8_0::dot8(&w, [a])[0], 0, a.d);
+    }
+}
+
+impl Kernel for IQ4XS {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / KX_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * KX_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
+            touch_page(p, KX_BYTES);
+            let d = scales16(p.add(KX_D));
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            iq4xs_sub::<0, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<1, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<2, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<3, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<4, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<5, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<6, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<7, T>(p, ahead, &d, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
 /// Q6_K tiles: per Q8A block `4n + k` of the super-block, 8 vectors per half of 6-bit quants
 /// (a nibble of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`),
 /// the two 16-element groups' `d * sc`, then per token two half dots, each corrected for the
@@ -1016,7 +1134,7 @@ macro_rules! entry {
         fn $name(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: only reachable through `kernels`, used after `Isa::Avx2.available()`
             // confirmed avx2, fma and f16c; the kernels assert the activation rows cover the
-            // tile count (8 blocks per tile for Q4_K and Q6_K) and read only whole tiles.
+            // tile count (8 blocks per tile for the k-quants) and read only whole tiles.
             unsafe { $imp(tiles, x, out) }
         }
     };
@@ -1027,8 +1145,10 @@ entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
 entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
 entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Q8_0);
+entry!(rows16_iq4_nl, imp_iq4_nl, IQ4NL);
 entry!(rows16_q2_k, imp_q2_k, Sixteen<Q2K>);
 entry!(rows16_q3_k, imp_q3_k, Sixteen<Q3K>);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
 entry!(rows16_q5_k, imp_q5_k, Q5K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);
+entry!(rows16_iq4_xs, imp_iq4_xs, IQ4XS);

@@ -17,7 +17,9 @@ use super::super::blocks::BlockQ8A;
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
+    KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
+use super::IQ4NL_U;
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
 };
@@ -33,11 +35,13 @@ pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
         (DType::Q5_0, rows16_q5_0 as Rows16Dot),
         (DType::Q5_1, rows16_q5_1 as Rows16Dot),
         (DType::Q8_0, rows16_q8_0 as Rows16Dot),
+        (DType::IQ4_NL, rows16_iq4_nl as Rows16Dot),
         (DType::Q2_K, rows16_q2_k as Rows16Dot),
         (DType::Q3_K, rows16_q3_k as Rows16Dot),
         (DType::Q4_K, rows16_q4_k as Rows16Dot),
         (DType::Q5_K, rows16_q5_k as Rows16Dot),
         (DType::Q6_K, rows16_q6_k as Rows16Dot),
+        (DType::IQ4_XS, rows16_iq4_xs as Rows16Dot),
     ]
 }
 
@@ -76,6 +80,23 @@ impl Tile for Q4_0 {
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
         nibbles(p.add(D_BYTES))
+    }
+}
+
+struct IQ4NL;
+
+impl Tile for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    const OFF: i32 = 128;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        // Each index through the table (values + 128, unsigned for `vpdpbusd`).
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
+        let mut w = nibbles(p.add(D_BYTES));
+        for v in w.iter_mut() {
+            *v = _mm512_shuffle_epi8(table, *v);
+        }
+        w
     }
 }
 
@@ -638,6 +659,75 @@ impl<K: K16> Kernel for Sixteen<K> {
     }
 }
 
+/// IQ4_XS tiles: per sub-block s, 8 vectors of table values + 128 (as IQ4_NL's), the row
+/// vector `d * (ls - 32)`, then per token the canonical step.
+struct IQ4XS;
+
+/// Sub-block `S` of an IQ4_XS tile at `p` for `T` tokens.
+#[inline(always)]
+unsafe fn iq4xs_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    d: __m512,
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [__m512; T],
+) {
+    prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+    let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
+    let lo = if S % 2 == 0 {
+        _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
+    } else {
+        _mm512_srli_epi32(lo, 4)
+    };
+    let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4)));
+    let hi = _mm512_and_si512(
+        _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (S % 4) as i32)),
+        _mm512_set1_epi32(3),
+    );
+    let ls = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+    let dsc = _mm512_mul_ps(
+        d,
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))),
+    );
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
+    let mut w = nibbles(p.add(KX_QS + 256 * S));
+    for v in w.iter_mut() {
+        *v = _mm512_shuffle_epi8(table, *v);
+    }
+    for t in 0..T {
+        let a = &*xb[t].add(S);
+        let corr = _mm512_set1_epi32(128 * (a.sums[0] as i32 + a.sums[1] as i32));
+        let isum = _mm512_sub_epi32(dot_block(&w, a), corr);
+        let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+        acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+    }
+}
+
+impl Kernel for IQ4XS {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / KX_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * KX_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
+            touch_page(p, KX_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(KX_D) as *const __m256i));
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            iq4xs_sub::<0, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<1, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<2, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<3, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<4, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<5, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<6, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<7, T>(p, ahead, d, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
 /// Q6_K tiles: per Q8A block `4n + k` of the super-block, 8 vectors of 6-bit quants (a nibble
 /// of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`), the two
 /// 16-element groups' `d * sc`, then per token two half dots, each corrected for the offset
@@ -730,7 +820,7 @@ macro_rules! entry {
             // SAFETY: only reachable through `kernels`, used after `Isa::Avx512.available()`
             // confirmed avx512f/bw/vl/dq/vnni, avx2, fma and f16c; `rows16` bounds-checks the
             // activation rows against the tile count and reads only whole tiles.
-            // (Q4_K and Q6_K: 8 activation blocks per tile.)
+            // (The k-quants: 8 activation blocks per tile.)
             unsafe { $imp(tiles, x, out) }
         }
     };
@@ -741,8 +831,10 @@ entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
 entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
 entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
 entry!(rows16_q8_0, imp_q8_0, Blocks<Q8_0>);
+entry!(rows16_iq4_nl, imp_iq4_nl, Blocks<IQ4NL>);
 entry!(rows16_q2_k, imp_q2_k, Sixteen<Q2K>);
 entry!(rows16_q3_k, imp_q3_k, Sixteen<Q3K>);
 entry!(rows16_q4_k, imp_q4_k, Q4K);
 entry!(rows16_q5_k, imp_q5_k, Q5K);
 entry!(rows16_q6_k, imp_q6_k, Q6K);
+entry!(rows16_iq4_xs, imp_iq4_xs, IQ4XS);

@@ -1,4 +1,4 @@
-//! Row-interleaved Q4_K and Q6_K tiles: 16 rows x one 256-element super-block.
+//! Row-interleaved k-quant tiles (Q2_K to Q6_K): 16 rows x one 256-element super-block.
 //!
 //! A tile holds exactly the bytes of the 16 source blocks, reordered so that one 512-bit
 //! register holds 4 consecutive quant bytes of each of 16 rows (lane r = row r), and each
@@ -11,6 +11,7 @@
 //! | Q5_K | 2816  | as Q4_K, with 8 granules of `qh` (lane r = `qh[4k..4k+4]` of row r) before `qs` |
 //! | Q3_K | 1760  | `d[16]`, 12 planes of packed `scales`, 8 granules of `hmask`, 16 of `qs` (chunk n = granules 8n..8n+8) |
 //! | Q2_K | 1344  | `d[16]`, `dmin[16]`, 16 planes of `scales`, 16 granules of `qs` as Q3_K  |
+//! | IQ4_XS | 2176 | `d[16]`, 2 planes of `scales_h`, 4 of `scales_l`, 32 granules of `qs` (sub-block ib = granules 4ib..4ib+4) |
 //! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), then per 128-element half n: ql granules 16n..16n+8, qh granules 8n..8n+8, ql granules 16n+8..16n+16 (granules as Q4_K) |
 //!
 //! Both orders are the kernels' order of first touch, so a tile streams front to back (the
@@ -36,6 +37,10 @@
 //! block `sd += a.d * f32(isum)` (Q2_K also `sm += a.d * f32(msum)`), once per super-block
 //! `acc = acc + d * sd` (Q2_K: `acc + (d * sd - dmin * sm)`).
 //!
+//! IQ4_XS: sub-block ib's weights are its indices' table values + 128 (`u`, OFF 128), one
+//! scale `ls - 32` per sub-block; the canonical step per sub-block,
+//! `acc = fma(d * (ls - 32), f32(isum) * a.d, acc)` (`d * (ls - 32)` exact).
+//!
 //! Q6_K: Q8A block `4n + k` of a super-block (elements `128n + 32k + l`, l in 0..32) takes
 //! its low 4 bits from `ql[64n + 32(k & 1) + l]` (low nibble for k < 2, high for k >= 2) and
 //! its high 2 bits from `qh[32n + l] >> 2k`; weight = `q - 32`. It spans two 16-element scale
@@ -45,7 +50,8 @@
 //! [`rows16_ref`] is that in scalar Rust; the SIMD kernels give its bits exactly.
 
 use super::super::blocks::{
-    f16_le, scale_min_k4, scales_q3k, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8A,
+    f16_le, scale_min_k4, scales_q3k, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8A, KVALUES_IQ4NL,
 };
 use super::ROWS;
 use knot_format::dtype::{DType, QK, QK_K};
@@ -66,6 +72,7 @@ pub(super) const K5_QH: usize = K5_SC + 12 * ROWS;
 pub(super) const K5_QS: usize = K5_QH + QK_K / 8 * ROWS;
 pub(super) const K5_BYTES: usize = K5_QS + QK_K / 2 * ROWS;
 const _: () = assert!(K5_BYTES == ROWS * DType::Q5_K.block_bytes());
+const _: () = assert!(K5_D == K4_D && K5_DMIN == K4_DMIN && K5_SC == K4_SC);
 
 /// Q3_K tile offsets: super-scales, 12 planes of packed scales, 8 `hmask` granules, 16 `qs`
 /// granules (qs chunk n, 32 bytes, is granules 8n..8n+8).
@@ -83,6 +90,15 @@ pub(super) const K2_SC: usize = 4 * ROWS;
 pub(super) const K2_QS: usize = K2_SC + 16 * ROWS;
 pub(super) const K2_BYTES: usize = K2_QS + QK_K / 4 * ROWS;
 const _: () = assert!(K2_BYTES == ROWS * DType::Q2_K.block_bytes());
+
+/// IQ4_XS tile offsets: super-scales, 2 planes of `scales_h`, 4 of `scales_l`, 32 `qs`
+/// granules (sub-block ib's 16 bytes are granules 4ib..4ib+4, nibble order as Q4_0).
+pub(super) const KX_D: usize = 0;
+pub(super) const KX_SH: usize = 2 * ROWS;
+pub(super) const KX_SL: usize = KX_SH + 2 * ROWS;
+pub(super) const KX_QS: usize = KX_SL + 4 * ROWS;
+pub(super) const KX_BYTES: usize = KX_QS + QK_K / 2 * ROWS;
+const _: () = assert!(KX_BYTES == ROWS * DType::IQ4_XS.block_bytes());
 
 /// Q6_K tile offsets: super-scales, 16 scale planes, then two 128-element halves of
 /// `K6_HALF` bytes: ql granules (8 of them, 512 bytes), qh granules, ql granules.
@@ -162,6 +178,17 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 }
                 put_granules(tile, K2_QS, r, &b.qs);
             }
+            DType::IQ4_XS => {
+                let b: &BlockIQ4XS = bytemuck::from_bytes(s);
+                tile[KX_D + 2 * r..][..2].copy_from_slice(&b.d);
+                for (p, &v) in b.scales_h.iter().enumerate() {
+                    tile[KX_SH + ROWS * p + r] = v;
+                }
+                for (p, &v) in b.scales_l.iter().enumerate() {
+                    tile[KX_SL + ROWS * p + r] = v;
+                }
+                put_granules(tile, KX_QS, r, &b.qs);
+            }
             DType::Q6_K => {
                 let b: &BlockQ6K = bytemuck::from_bytes(s);
                 tile[K6_D + 2 * r..][..2].copy_from_slice(&b.d);
@@ -210,7 +237,8 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
     });
     for r in 0..ROWS {
         match dtype {
-            DType::Q4_K => {
+            DType::Q4_K | DType::Q5_K => {
+                // Q5_K's scales sit where Q4_K's do; its qs follow the qh granules.
                 k.d[r] = f16_le([tile[K4_D + 2 * r], tile[K4_D + 2 * r + 1]]);
                 k.dmin[r] = f16_le([tile[K4_DMIN + 2 * r], tile[K4_DMIN + 2 * r + 1]]);
                 let planes: [u8; 12] = std::array::from_fn(|p| tile[K4_SC + ROWS * p + r]);
@@ -219,25 +247,18 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     k.sc[r][2 * s..2 * s + 2].fill(sc as i32);
                     k.m[r][2 * s..2 * s + 2].fill(m as i32);
                 }
+                let (qs, q5) = match dtype {
+                    DType::Q5_K => (K5_QS, true),
+                    _ => (K4_QS, false),
+                };
                 for (e, u) in k.u[r].iter_mut().enumerate() {
                     let (s, l) = (e / QK, e % QK);
-                    let byte = tile[granule_byte(K4_QS + 512 * (s / 2), r, l)];
-                    *u = if s % 2 == 0 { byte & 0xF } else { byte >> 4 };
-                }
-            }
-            DType::Q5_K => {
-                k.d[r] = f16_le([tile[K5_D + 2 * r], tile[K5_D + 2 * r + 1]]);
-                k.dmin[r] = f16_le([tile[K5_DMIN + 2 * r], tile[K5_DMIN + 2 * r + 1]]);
-                let planes: [u8; 12] = std::array::from_fn(|p| tile[K5_SC + ROWS * p + r]);
-                for s in 0..8 {
-                    let (sc, m) = scale_min_k4(s, &planes);
-                    k.sc[r][2 * s..2 * s + 2].fill(sc as i32);
-                    k.m[r][2 * s..2 * s + 2].fill(m as i32);
-                }
-                for (e, u) in k.u[r].iter_mut().enumerate() {
-                    let (s, l) = (e / QK, e % QK);
-                    let byte = tile[granule_byte(K5_QS + 512 * (s / 2), r, l)];
-                    let high = tile[granule_byte(K5_QH, r, l)] >> s & 1;
+                    let byte = tile[granule_byte(qs + 512 * (s / 2), r, l)];
+                    let high = if q5 {
+                        tile[granule_byte(K5_QH, r, l)] >> s & 1
+                    } else {
+                        0
+                    };
                     *u = (if s % 2 == 0 { byte & 0xF } else { byte >> 4 }) | high << 4;
                 }
             }
@@ -267,6 +288,25 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                 for (e, u) in k.u[r].iter_mut().enumerate() {
                     let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
                     *u = tile[granule_byte(K2_QS + 512 * n, r, l)] >> (2 * j) & 3;
+                }
+            }
+            DType::IQ4_XS => {
+                k.off = 128;
+                k.d[r] = f16_le([tile[KX_D + 2 * r], tile[KX_D + 2 * r + 1]]);
+                let b = BlockIQ4XS {
+                    d: [0; 2],
+                    scales_h: [tile[KX_SH + r], tile[KX_SH + ROWS + r]],
+                    scales_l: std::array::from_fn(|p| tile[KX_SL + ROWS * p + r]),
+                    qs: [0; QK_K / 2],
+                };
+                for ib in 0..QK_K / QK {
+                    k.sc[r][2 * ib..2 * ib + 2].fill(b.scale(ib) - 32);
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (ib, l) = (e / QK, e % QK);
+                    let byte = tile[granule_byte(KX_QS + 256 * ib, r, l % 16)];
+                    let nib = if l < 16 { byte & 0xF } else { byte >> 4 };
+                    *u = (KVALUES_IQ4NL[nib as usize] as u8) ^ 0x80;
                 }
             }
             DType::Q6_K => {
@@ -316,7 +356,12 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
                         .map(|l| u[l] as i32 * a.qs[l] as i32)
                         .sum()
                 };
-                if dtype == DType::Q4_K {
+                if dtype == DType::IQ4_XS {
+                    // One scale per sub-block, weights `u - 128`: the canonical block step.
+                    let isum = isum(0) + isum(1) - k.off * (a.sums[0] as i32 + a.sums[1] as i32);
+                    let tmp = isum as f32 * a.d;
+                    *acc = (k.d[r] * k.sc[r][2 * s] as f32).mul_add(tmp, *acc);
+                } else if dtype == DType::Q4_K {
                     let (sc, m) = (k.sc[r][2 * s], k.m[r][2 * s]);
                     let tmp = (isum(0) + isum(1)) as f32 * a.d;
                     *acc = (k.d[r] * sc as f32).mul_add(tmp, *acc);
@@ -395,8 +440,9 @@ mod tests {
     use super::super::Interleaved;
     use super::*;
 
-    /// 16 rows of `n` super-blocks whose quants all sit at `top` (Q4_K 15, Q6_K 63) or 0, with
-    /// the largest 6-bit scales and mins (Q4_K) or scales alternating 127 / -128 (Q6_K).
+    /// 16 rows of `n` super-blocks whose quants all sit at `top` (Q2_K 3, Q3_K 7, Q4_K 15,
+    /// Q5_K 31, Q6_K 63) or 0, with the largest scales and mins, or (Q6_K) scales alternating
+    /// 127 / -128.
     fn extreme_rows(dtype: DType, n: usize, top: bool) -> Vec<u8> {
         let q = if top { 0xFF } else { 0 };
         let block = |r: usize| -> Vec<u8> {
