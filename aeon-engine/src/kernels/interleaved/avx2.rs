@@ -949,7 +949,7 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     let mut dsc = [_mm256_setzero_ps(); 2];
     for h in 0..2 {
         let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
-        let lo = if S % 2 == 0 {
+        let lo = if S.is_multiple_of(2) {
             _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
         } else {
             _mm256_srli_epi32(lo, 4)

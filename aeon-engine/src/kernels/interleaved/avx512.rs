@@ -674,7 +674,7 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
 ) {
     prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
     let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
-    let lo = if S % 2 == 0 {
+    let lo = if S.is_multiple_of(2) {
         _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
     } else {
         _mm512_srli_epi32(lo, 4)
