@@ -48,6 +48,32 @@
 //! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
 //! [`super::Linear`] does it on first use, so loading a model stays a few milliseconds.
 
+/// An x86 module's `kernels()`: the [`Rows16Dot`] of each listed type, its [`Kernel`] run
+/// through [`rows16_any`] inside a function compiled for the target features `$feat`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows16_kernels {
+    ($feat:literal, $isa:ident, $($dtype:ident => $kernel:ty,)*) => {
+        /// The 16-row kernels by type (callers must have checked that
+        #[doc = concat!("`Isa::", stringify!($isa), ".available()`).")]
+        pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
+            vec![$((DType::$dtype, {
+                #[target_feature(enable = $feat)]
+                unsafe fn imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+                    rows16_any::<$kernel>(tiles, x, out)
+                }
+                fn entry(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+                    // SAFETY: only reachable through `kernels`, which the kernel table calls
+                    // after `Isa::available()` confirmed the features `$feat` names; the
+                    // kernels assert the activation rows cover the tile count (8 blocks per
+                    // tile for the k-quants) and read only whole tiles.
+                    unsafe { imp(tiles, x, out) }
+                }
+                entry as Rows16Dot
+            })),*]
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -39,24 +39,6 @@ use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-/// The 16-row kernels by type (callers must have checked `Isa::Avx2.available()`).
-pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
-    vec![
-        (DType::Q4_0, rows16_q4_0 as Rows16Dot),
-        (DType::Q4_1, rows16_q4_1 as Rows16Dot),
-        (DType::Q5_0, rows16_q5_0 as Rows16Dot),
-        (DType::Q5_1, rows16_q5_1 as Rows16Dot),
-        (DType::Q8_0, rows16_q8_0 as Rows16Dot),
-        (DType::IQ4_NL, rows16_iq4_nl as Rows16Dot),
-        (DType::Q2_K, rows16_q2_k as Rows16Dot),
-        (DType::Q3_K, rows16_q3_k as Rows16Dot),
-        (DType::Q4_K, rows16_q4_k as Rows16Dot),
-        (DType::Q5_K, rows16_q5_k as Rows16Dot),
-        (DType::Q6_K, rows16_q6_k as Rows16Dot),
-        (DType::IQ4_XS, rows16_iq4_xs as Rows16Dot),
-    ]
-}
-
 /// Tiles ahead that the k-quant kernels prefetch into L2 for several tokens (the AVX-512
 /// kernels' figure: see `avx512::AHEAD`).
 const AHEAD: usize = 8;
@@ -1125,30 +1107,19 @@ impl Kernel for Q6K {
     }
 }
 
-macro_rules! entry {
-    ($name:ident, $imp:ident, $kernel:ty) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            rows16_any::<$kernel>(tiles, x, out)
-        }
-        fn $name(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: only reachable through `kernels`, used after `Isa::Avx2.available()`
-            // confirmed avx2, fma and f16c; the kernels assert the activation rows cover the
-            // tile count (8 blocks per tile for the k-quants) and read only whole tiles.
-            unsafe { $imp(tiles, x, out) }
-        }
-    };
-}
-
-entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
-entry!(rows16_q4_1, imp_q4_1, Blocks<Q4_1>);
-entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
-entry!(rows16_q5_1, imp_q5_1, Blocks<Q5_1>);
-entry!(rows16_q8_0, imp_q8_0, Q8_0);
-entry!(rows16_iq4_nl, imp_iq4_nl, IQ4NL);
-entry!(rows16_q2_k, imp_q2_k, Sixteen<Q2K>);
-entry!(rows16_q3_k, imp_q3_k, Sixteen<Q3K>);
-entry!(rows16_q4_k, imp_q4_k, Q4K);
-entry!(rows16_q5_k, imp_q5_k, Q5K);
-entry!(rows16_q6_k, imp_q6_k, Q6K);
-entry!(rows16_iq4_xs, imp_iq4_xs, IQ4XS);
+rows16_kernels!(
+    "avx2,fma,f16c",
+    Avx2,
+    Q4_0 => Blocks<Q4_0>,
+    Q4_1 => Blocks<Q4_1>,
+    Q5_0 => Blocks<Q5_0>,
+    Q5_1 => Blocks<Q5_1>,
+    Q8_0 => Q8_0,
+    IQ4_NL => IQ4NL,
+    Q2_K => Sixteen<Q2K>,
+    Q3_K => Sixteen<Q3K>,
+    Q4_K => Q4K,
+    Q5_K => Q5K,
+    Q6_K => Q6K,
+    IQ4_XS => IQ4XS,
+);
