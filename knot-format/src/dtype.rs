@@ -23,6 +23,8 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 /// Elements per super-block of the k-quants.
@@ -30,9 +32,18 @@ pub const QK_K: usize = 256;
 /// Elements per block of the legacy quants (Q4_0 .. Q8_0).
 pub const QK: usize = 32;
 
+// `ALL` lists the types in declaration order, so `index` is a position in it.
+const _: () = {
+    let mut i = 0;
+    while i < DType::COUNT {
+        assert!(DType::ALL[i].index() == i);
+        i += 1;
+    }
+};
+
 impl DType {
     /// Every type KNOT stores.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -46,7 +57,18 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
     ];
+
+    /// How many types KNOT stores (the length of per-type tables).
+    pub const COUNT: usize = DType::ALL.len();
+
+    /// This type's position in [`DType::ALL`]: the index of its row in a per-type table (the
+    /// engine's kernel table), so a table never re-lists the types.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// The `ggml_type` id GGUF uses for this type.
     pub const fn ggml_id(self) -> u32 {
@@ -63,6 +85,8 @@ impl DType {
             DType::Q4_K => 12,
             DType::Q5_K => 13,
             DType::Q6_K => 14,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -76,8 +100,12 @@ impl DType {
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4_NL => {
+                QK
+            }
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                QK_K
+            }
         }
     }
 
@@ -106,6 +134,10 @@ impl DType {
             DType::Q5_K => 176,
             // ql[128] + qh[64] + scales[16] i8 + d: 6.5625 bits/weight
             DType::Q6_K => 210,
+            // d f16 + 16 bytes of 4-bit indices into a 16-value table: 4.5 bits/weight
+            DType::IQ4_NL => 18,
+            // d + scales_h u16 + scales_l[4] + qs[128]: 4.25 bits/weight
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -135,6 +167,8 @@ impl DType {
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
         }
     }
 }

@@ -9,7 +9,7 @@
 //! use the sign trick: `|w| * (x * sign(w))`. The float dots (F32, F16, BF16) follow the
 //! canonical lane order of [`super::reference::float_dot`] too.
 //!
-//! Only [`install`] exposes these kernels, and only after the caller checked
+//! Only [`kernels`] exposes these kernels, and only after the caller checked
 //! [`super::Isa::Avx2`] is available; the `unsafe fn`s below must not be reached otherwise.
 
 use super::blocks::*;
@@ -18,16 +18,9 @@ use super::{Dot, DotF, DotQ};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 
-/// Replace the reference entries of `table` with AVX2 kernels.
+/// The AVX2 kernels by type (types not listed keep the scalar reference).
 ///
 /// Callers must have checked `Isa::Avx2.available()` (AVX2, FMA and F16C present).
-pub(super) fn install(table: &mut [Dot; 13]) {
-    for (dtype, dot) in kernels() {
-        table[super::dtype_index(dtype)] = dot;
-    }
-}
-
-/// The AVX2 kernels by type (types not listed keep the scalar reference).
 pub(super) fn kernels() -> Vec<(DType, Dot)> {
     vec![
         (DType::F32, Dot::Float(vec_dot_f32 as DotF)),
@@ -45,11 +38,11 @@ pub(super) fn kernels() -> Vec<(DType, Dot)> {
 }
 
 /// Safe entry points over the `unsafe` target-feature kernels. They are private and only
-/// handed out by [`install`]/[`kernels`], whose callers checked the CPU features.
+/// handed out by [`kernels`], whose callers checked the CPU features.
 macro_rules! entry {
     ($name:ident, $imp:ident, $x:ty) => {
         fn $name(w: &[u8], x: &[$x]) -> f32 {
-            // SAFETY: only reachable through `install`/`kernels`, used after
+            // SAFETY: only reachable through `kernels`, used after
             // `Isa::Avx2.available()` confirmed avx2, fma and f16c on this CPU.
             unsafe { $imp(w, x) }
         }

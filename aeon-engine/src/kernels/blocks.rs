@@ -130,6 +130,57 @@ pub struct BlockQ6K {
     pub d: [u8; 2],
 }
 
+/// The 16 weights a 4-bit IQ4_NL / IQ4_XS index selects (ggml's `kvalues_iq4nl`): a
+/// non-uniform grid, denser near zero where most weights lie.
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// `x = d * KVALUES_IQ4NL[q]`, q a 4-bit index, nibble order as Q4_0. 18 bytes / 32 = 4.5
+/// bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockIQ4NL {
+    pub d: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+
+/// 8 sub-blocks of 32: `x = d * (ls - 32) * KVALUES_IQ4NL[q]`, the 6-bit `ls` of sub-block
+/// ib = low nibble ib % 2 of `scales_l[ib / 2]` | bits 2ib..2ib+2 of the u16 `scales_h` << 4;
+/// sub-block ib's indices in `qs[16ib..16ib + 16]`, nibble order as Q4_0.
+/// 136 bytes / 256 = 4.25 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockIQ4XS {
+    pub d: [u8; 2],
+    pub scales_h: [u8; 2],
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
+impl BlockIQ4XS {
+    /// The 6-bit scale of sub-block `ib` (0..8), not yet minus 32.
+    #[inline(always)]
+    pub fn scale(&self, ib: usize) -> i32 {
+        let lo = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
+        let hi = (u16::from_le_bytes(self.scales_h) >> (2 * ib)) & 3;
+        (lo as u16 | hi << 4) as i32
+    }
+}
+
+/// Byte offsets of the f16 scale fields in one block of `dtype` (none for the float types):
+/// what a synthetic block must hold sane values in.
+pub fn f16_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        DType::F32 | DType::F16 | DType::BF16 => &[],
+    }
+}
+
 const _: () = assert!(size_of::<BlockQ4_0>() == DType::Q4_0.block_bytes());
 const _: () = assert!(size_of::<BlockQ4_1>() == DType::Q4_1.block_bytes());
 const _: () = assert!(size_of::<BlockQ5_0>() == DType::Q5_0.block_bytes());
@@ -140,6 +191,8 @@ const _: () = assert!(size_of::<BlockQ3K>() == DType::Q3_K.block_bytes());
 const _: () = assert!(size_of::<BlockQ4K>() == DType::Q4_K.block_bytes());
 const _: () = assert!(size_of::<BlockQ5K>() == DType::Q5_K.block_bytes());
 const _: () = assert!(size_of::<BlockQ6K>() == DType::Q6_K.block_bytes());
+const _: () = assert!(size_of::<BlockIQ4NL>() == DType::IQ4_NL.block_bytes());
+const _: () = assert!(size_of::<BlockIQ4XS>() == DType::IQ4_XS.block_bytes());
 
 /// The activation block every quantized dot product consumes: 32 activations as
 /// `x = d * q`, q signed 8-bit in [-127, 127], with `d = max|x| / 127` in full f32, plus the

@@ -14,6 +14,9 @@
 //! | Q4_0 | 288   | `d[16]` f16, `qs[4][16][4]`: chunk k lane r = bytes 4k..4k+4 of row r's qs |
 //! | Q5_0 | 352   | `d[16]`, `hm[8]` u64 (bit 4r+i of mask g = row r's 5th bit of element 4g+i), `qs` as Q4_0 |
 //! | Q8_0 | 544   | `d[16]`, `u[8][16][4]`: chunk g lane r = row r's quants 4g..4g+4, XOR 0x80 |
+//! | IQ4_NL | 288 | as Q4_0 (4-bit table indices)                                            |
+//! | Q4_1 | 320   | `d[16]`, `m[16]` f16, `qs` as Q4_0                                        |
+//! | Q5_1 | 384   | `d[16]`, `m[16]`, `hm` and `qs` as Q5_0                                   |
 //!
 //! On aarch64 two types store their bytes for the NEON kernels (same sizes, same offsets):
 //! Q8_0 keeps the signed quants (no XOR: `sdot` and `smull` are signed x signed), and Q5_0's
@@ -25,7 +28,9 @@
 //! Unpacked, every type is 8 vectors of unsigned bytes `u` (vector g: elements 4g..4g+4 of
 //! each row) with weight `u - OFF` (OFF = 8, 16, 128). Per (row, block, token):
 //! `isum = sum(u * q_x) - OFF * sum(q_x)` (exact i32), then
-//! `acc = fma(d_w, f32(isum) * d_x, acc)`, blocks in order. [`rows16_ref`] is that in scalar
+//! `acc = fma(d_w, f32(isum) * d_x, acc)`, blocks in order. Q4_1 and Q5_1 (weight `d * u + m`,
+//! OFF 0) keep the per-row reference's expression instead:
+//! `acc = acc + (d_w * d_x * f32(isum) + m_w * d_x * f32(sum(q_x)))`. [`rows16_ref`] is that in scalar
 //! Rust; the SIMD kernels must give its bits exactly, and every token of a multi-token call
 //! gets the bits of a one-token call (prefill == token by token). This order is also the
 //! per-row reference's ([`super::reference`]), so every other flavour (scalar, AVX2, NEON)
@@ -37,11 +42,37 @@
 //! ones to i32; Q8_0 takes the sign trick on its signed quants. Same integers, same f32 steps,
 //! so the same bits as AVX-512 and NEON.
 //!
-//! Q4_K and Q6_K use the same design with one tile per 256-element super-block and per-row
+//! The k-quants (Q2_K to Q6_K) use the same design with one tile per 256-element super-block and per-row
 //! scales in byte planes; their layouts and specification are in [`kquants`].
 //!
 //! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
 //! [`super::Linear`] does it on first use, so loading a model stays a few milliseconds.
+
+/// An x86 module's `kernels()`: the [`Rows16Dot`] of each listed type, its [`Kernel`] run
+/// through [`rows16_any`] inside a function compiled for the target features `$feat`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows16_kernels {
+    ($feat:literal, $isa:ident, $($dtype:ident => $kernel:ty,)*) => {
+        /// The 16-row kernels by type (callers must have checked that
+        #[doc = concat!("`Isa::", stringify!($isa), ".available()`).")]
+        pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
+            vec![$((DType::$dtype, {
+                #[target_feature(enable = $feat)]
+                unsafe fn imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+                    rows16_any::<$kernel>(tiles, x, out)
+                }
+                fn entry(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+                    // SAFETY: only reachable through `kernels`, which the kernel table calls
+                    // after `Isa::available()` confirmed the features `$feat` names; the
+                    // kernels assert the activation rows cover the tile count (8 blocks per
+                    // tile for the k-quants) and read only whole tiles.
+                    unsafe { imp(tiles, x, out) }
+                }
+                entry as Rows16Dot
+            })),*]
+        }
+    };
+}
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2;
@@ -54,9 +85,11 @@ pub(super) mod neon;
 pub(super) mod neon_kquants;
 
 use super::blocks::f16_le;
-use super::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8A, BlockQ8_0};
+use super::blocks::{
+    BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8A, BlockQ8_0, KVALUES_IQ4NL,
+};
 use super::QMatrix;
-use knot_format::dtype::{DType, QK};
+use knot_format::dtype::{DType, QK, QK_K};
 use rayon::prelude::*;
 
 /// Rows per interleaved group.
@@ -66,10 +99,81 @@ pub const ROWS: usize = 16;
 /// the group whose tiles are `tiles`, `x[t]`). `x.len() == out.len() <= 8`.
 pub type Rows16Dot = fn(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]);
 
+/// One type's 16-row kernel on one x86 instruction set, for `T` activation rows at once.
+#[cfg(target_arch = "x86_64")]
+trait Kernel {
+    /// SAFETY (callers): the instruction set the implementing module is for is enabled
+    /// (`avx2`: AVX2, FMA and F16C; `avx512`: those and AVX-512 F/BW/VL/DQ/VNNI).
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
+}
+
+/// A [`Rows16Dot`] from a [`Kernel`]: tokens in chunks of 8, then 4, then 1 (each token's
+/// bits are independent of the chunk).
+///
+/// SAFETY (callers): as [`Kernel::run`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
+    let mut t = 0;
+    while t + 8 <= x.len() {
+        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
+        out[t..t + 8].copy_from_slice(&o);
+        t += 8;
+    }
+    while t + 4 <= x.len() {
+        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
+        out[t..t + 4].copy_from_slice(&o);
+        t += 4;
+    }
+    while t < x.len() {
+        out[t] = K::run::<1>(tiles, [x[t]])[0];
+        t += 1;
+    }
+}
+
 /// Byte offsets inside a tile (see the module table).
 pub(super) const D_BYTES: usize = 2 * ROWS;
 pub(super) const Q5_HM: usize = D_BYTES;
 pub(super) const Q5_QS: usize = D_BYTES + 8 * 8;
+/// Q4_1 / Q5_1 tiles: the mins follow the scales, then the fields of Q4_0 / Q5_0.
+pub(super) const MIN_AT: usize = D_BYTES;
+pub(super) const Q41_QS: usize = 2 * D_BYTES;
+pub(super) const Q51_HM: usize = 2 * D_BYTES;
+pub(super) const Q51_QS: usize = 2 * D_BYTES + 8 * 8;
+
+/// IQ4_NL's table as unsigned bytes (value + 128), the weights `u` of its tiles.
+#[allow(dead_code)] // used by the x86 kernels
+pub(super) const IQ4NL_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
+
+/// Where the fields of a 32-element type's tile sit (the f16 scales are at 0).
+#[derive(Clone, Copy)]
+struct Layout {
+    /// The f16 mins (`x = d * q + m`: Q4_1, Q5_1).
+    min: Option<usize>,
+    /// The 5th-bit masks (Q5_0, Q5_1).
+    hm: Option<usize>,
+    /// The quant chunks.
+    qs: usize,
+}
+
+fn layout(dtype: DType) -> Layout {
+    let (min, hm, qs) = match dtype {
+        DType::Q5_0 => (None, Some(Q5_HM), Q5_QS),
+        DType::Q4_1 => (Some(MIN_AT), None, Q41_QS),
+        DType::Q5_1 => (Some(MIN_AT), Some(Q51_HM), Q51_QS),
+        _ => (None, None, D_BYTES),
+    };
+    Layout { min, hm, qs }
+}
 
 /// What packing XORs into each Q8_0 quant: 0x80 on x86 (unsigned bytes for `vpdpbusd`),
 /// nothing on aarch64 (signed bytes for `sdot` / `smull`). `u = stored ^ Q8_STORED_XOR ^ 0x80`.
@@ -79,24 +183,33 @@ pub(super) const Q8_STORED_XOR: u8 = if cfg!(target_arch = "aarch64") {
     0x80
 };
 
-/// Whether row `r`'s element `4g + i` of a Q5_0 tile has its 5th bit set (the mask layout
-/// of this architecture, see the module doc).
-fn q5_high(tile: &[u8], r: usize, i: usize, g: usize) -> bool {
+/// Whether row `r`'s element `4g + i` of a Q5_0 / Q5_1 tile (masks at `hm`) has its 5th bit
+/// set (the mask layout of this architecture, see the module doc).
+fn q5_high(tile: &[u8], hm: usize, r: usize, i: usize, g: usize) -> bool {
     if cfg!(target_arch = "aarch64") {
-        tile[Q5_HM + 4 * r + i] >> g & 1 == 0
+        tile[hm + 4 * r + i] >> g & 1 == 0
     } else {
         let bit = 4 * r + i;
-        tile[Q5_HM + 8 * g + bit / 8] >> (bit % 8) & 1 == 1
+        tile[hm + 8 * g + bit / 8] >> (bit % 8) & 1 == 1
     }
 }
 
-/// Bytes of one tile (16 rows x one block; a super-block for Q4_K and Q6_K) of `dtype`, for
+/// Bytes of one tile (16 rows x one block; a super-block for the k-quants) of `dtype`, for
 /// the types with a layout.
 pub fn tile_bytes(dtype: DType) -> Option<usize> {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K => {
-            Some(ROWS * dtype.block_bytes())
-        }
+        DType::Q4_0
+        | DType::IQ4_NL
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q5_1
+        | DType::Q8_0
+        | DType::Q2_K
+        | DType::Q3_K
+        | DType::Q4_K
+        | DType::Q5_K
+        | DType::Q6_K
+        | DType::IQ4_XS => Some(ROWS * dtype.block_bytes()),
         _ => None,
     }
 }
@@ -106,6 +219,8 @@ pub(super) fn offset(dtype: DType) -> i32 {
     match dtype {
         DType::Q4_0 => 8,
         DType::Q5_0 => 16,
+        DType::Q4_1 | DType::Q5_1 => 0,
+        // Table values + 128.
         _ => 128,
     }
 }
@@ -196,41 +311,55 @@ impl Interleaved {
 /// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
 /// time: packing runs once per matrix, on the first token).
 fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
-    if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+    if dtype.block_elems() == QK_K {
         return kquants::pack_tile(dtype, src, tile);
     }
+    let lay = layout(dtype);
     let mut masks = [0u64; 8];
     for (r, s) in src.iter().enumerate() {
-        let (d, chunks, qh): (_, &[u8], u32) = match dtype {
+        let (d, m, chunks, qh): (_, _, &[u8], u32) = match dtype {
             DType::Q8_0 => {
                 let b: &BlockQ8_0 = bytemuck::from_bytes(s);
-                (b.d, bytemuck::cast_slice(&b.qs), 0)
+                (b.d, None, bytemuck::cast_slice(&b.qs), 0)
             }
             DType::Q5_0 => {
                 let b: &BlockQ5_0 = bytemuck::from_bytes(s);
-                (b.d, &s[6..], u32::from_le_bytes(b.qh))
+                (b.d, None, &b.qs[..], u32::from_le_bytes(b.qh))
             }
             DType::Q4_0 => {
                 let b: &BlockQ4_0 = bytemuck::from_bytes(s);
-                (b.d, &s[2..], 0)
+                (b.d, None, &b.qs[..], 0)
+            }
+            DType::IQ4_NL => {
+                let b: &BlockIQ4NL = bytemuck::from_bytes(s);
+                (b.d, None, &b.qs[..], 0)
+            }
+            DType::Q4_1 => {
+                let b: &BlockQ4_1 = bytemuck::from_bytes(s);
+                (b.d, Some(b.m), &b.qs[..], 0)
+            }
+            DType::Q5_1 => {
+                let b: &BlockQ5_1 = bytemuck::from_bytes(s);
+                (b.d, Some(b.m), &b.qs[..], u32::from_le_bytes(b.qh))
             }
             _ => unreachable!("pack_tile: {dtype} has no interleaved layout"),
         };
         tile[2 * r..2 * r + 2].copy_from_slice(&d);
-        let at = if dtype == DType::Q5_0 { Q5_QS } else { D_BYTES };
+        if let (Some(at), Some(m)) = (lay.min, m) {
+            tile[at + 2 * r..at + 2 * r + 2].copy_from_slice(&m);
+        }
         for (k, c) in chunks.chunks_exact(4).enumerate() {
-            let dst = &mut tile[at + 64 * k + 4 * r..][..4];
+            let dst = &mut tile[lay.qs + 64 * k + 4 * r..][..4];
             dst.copy_from_slice(c);
             if dtype == DType::Q8_0 {
                 dst.iter_mut().for_each(|v| *v ^= Q8_STORED_XOR);
             }
         }
+        let Some(hm) = lay.hm else { continue };
         if cfg!(target_arch = "aarch64") {
-            if dtype == DType::Q5_0 {
-                for i in 0..4 {
-                    let bits = (0..8).fold(0u8, |v, g| v | ((qh >> (4 * g + i) & 1) as u8) << g);
-                    tile[Q5_HM + 4 * r + i] = !bits;
-                }
+            for i in 0..4 {
+                let bits = (0..8).fold(0u8, |v, g| v | ((qh >> (4 * g + i) & 1) as u8) << g);
+                tile[hm + 4 * r + i] = !bits;
             }
             continue;
         }
@@ -238,9 +367,9 @@ fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
             *m |= (((qh >> (4 * g)) & 0xF) as u64) << (4 * r);
         }
     }
-    if dtype == DType::Q5_0 && !cfg!(target_arch = "aarch64") {
+    if let (Some(hm), false) = (lay.hm, cfg!(target_arch = "aarch64")) {
         for (g, m) in masks.iter().enumerate() {
-            tile[Q5_HM + 8 * g..][..8].copy_from_slice(&m.to_le_bytes());
+            tile[hm + 8 * g..][..8].copy_from_slice(&m.to_le_bytes());
         }
     }
 }
@@ -254,11 +383,16 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; RO
             let (g, i) = (e / 4, e % 4);
             *v = match dtype {
                 DType::Q8_0 => tile[D_BYTES + 64 * g + 4 * r + i] ^ Q8_STORED_XOR ^ 0x80,
-                DType::Q4_0 | DType::Q5_0 => {
-                    let qs_at = if dtype == DType::Q5_0 { Q5_QS } else { D_BYTES };
-                    let byte = tile[qs_at + 64 * (g % 4) + 4 * r + i];
+                DType::IQ4_NL => {
+                    let byte = tile[D_BYTES + 64 * (g % 4) + 4 * r + i];
                     let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
-                    let high = dtype == DType::Q5_0 && q5_high(tile, r, i, g);
+                    (KVALUES_IQ4NL[nib as usize] as u8) ^ 0x80
+                }
+                DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1 => {
+                    let lay = layout(dtype);
+                    let byte = tile[lay.qs + 64 * (g % 4) + 4 * r + i];
+                    let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
+                    let high = lay.hm.is_some_and(|hm| q5_high(tile, hm, r, i, g));
                     nib | (high as u8) << 4
                 }
                 _ => unreachable!("unpack_tile_ref: {dtype} has no interleaved layout"),
@@ -268,25 +402,37 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; RO
     (d, u)
 }
 
+/// The per-row f16 mins of a Q4_1 / Q5_1 tile (`None` for the other types).
+pub fn tile_mins_ref(dtype: DType, tile: &[u8]) -> Option<[f32; ROWS]> {
+    let at = layout(dtype).min?;
+    Some(std::array::from_fn(|r| {
+        f16_le([tile[at + 2 * r], tile[at + 2 * r + 1]])
+    }))
+}
+
 /// The scalar specification of [`Rows16Dot`] for one activation row.
 pub fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let tile = tile_bytes(dtype).expect("rows16_ref: a type with a layout");
-    if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+    if dtype.block_elems() == QK_K {
         return kquants::rows16_ref(dtype, tiles, x);
     }
     let off = offset(dtype);
     let mut acc = [0f32; ROWS];
     for (t, a) in tiles.chunks_exact(tile).zip(x) {
         let (d, u) = unpack_tile_ref(dtype, t);
-        let corr = off * (a.sums[0] as i32 + a.sums[1] as i32);
+        let qsum = a.sums[0] as i32 + a.sums[1] as i32;
+        let mins = tile_mins_ref(dtype, t);
         for r in 0..ROWS {
             let isum: i32 = u[r]
                 .iter()
                 .zip(&a.qs)
                 .map(|(&w, &q)| w as i32 * q as i32)
                 .sum();
-            let tmp = (isum - corr) as f32 * a.d;
-            acc[r] = d[r].mul_add(tmp, acc[r]);
+            acc[r] = match mins {
+                // The reference's expression for the formats with a min.
+                Some(m) => acc[r] + (d[r] * a.d * isum as f32 + m[r] * a.d * qsum as f32),
+                None => d[r].mul_add((isum - off * qsum) as f32 * a.d, acc[r]),
+            };
         }
     }
     acc
@@ -312,18 +458,25 @@ mod tests {
 
     /// The types with a layout, each with the column counts its tests use (Qwen2.5-0.5B's
     /// ffn_down has 4864 columns: 19 super-blocks).
-    const TYPES: [(DType, [usize; 3]); 5] = [
+    const TYPES: [(DType, [usize; 3]); 12] = [
         (DType::Q4_0, [32, 96, 896]),
+        (DType::Q4_1, [32, 96, 896]),
+        (DType::Q5_1, [32, 96, 896]),
         (DType::Q5_0, [32, 96, 896]),
         (DType::Q8_0, [32, 96, 896]),
+        (DType::IQ4_NL, [32, 96, 896]),
+        (DType::Q2_K, [256, 512, 4864]),
+        (DType::Q3_K, [256, 512, 4864]),
         (DType::Q4_K, [256, 512, 4864]),
+        (DType::Q5_K, [256, 512, 4864]),
         (DType::Q6_K, [256, 512, 4864]),
+        (DType::IQ4_XS, [256, 512, 4864]),
     ];
 
     /// A tile's weights per row, read back through [`unpack_tile_ref`] or
     /// [`kquants::unpack_tile_ref`] and dequantized as the source format does.
     fn tile_values(dtype: DType, tile: &[u8]) -> Vec<Vec<f32>> {
-        if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+        if dtype.block_elems() == QK_K {
             let k = kquants::unpack_tile_ref(dtype, tile);
             return (0..ROWS)
                 .map(|r| {
@@ -339,8 +492,16 @@ mod tests {
         }
         let off = offset(dtype) as f32;
         let (d, u) = unpack_tile_ref(dtype, tile);
+        let m = tile_mins_ref(dtype, tile);
         (0..ROWS)
-            .map(|r| u[r].iter().map(|&v| d[r] * (v as f32 - off)).collect())
+            .map(|r| {
+                u[r].iter()
+                    .map(|&v| match m {
+                        Some(m) => v as f32 * d[r] + m[r],
+                        None => d[r] * (v as f32 - off),
+                    })
+                    .collect()
+            })
             .collect()
     }
 
@@ -461,8 +622,13 @@ mod tests {
             let mut b = vec![0u8; dtype.block_bytes()];
             b[..2].copy_from_slice(&one);
             match dtype {
-                DType::Q4_0 => b[2..].fill(if high { 0xFF } else { 0 }),
-                DType::Q5_0 => b[2..].fill(if high { 0xFF } else { 0 }),
+                DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL => {
+                    b[2..].fill(if high { 0xFF } else { 0 })
+                }
+                DType::Q4_1 | DType::Q5_1 => {
+                    b[2..4].copy_from_slice(&one);
+                    b[4..].fill(if high { 0xFF } else { 0 })
+                }
                 DType::Q8_0 => b[2..].fill(if high { 0x7F } else { 0x80 }),
                 _ => unreachable!(),
             }
@@ -475,7 +641,13 @@ mod tests {
             qs: [q; QK],
         };
         for k in flavours() {
-            for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+            for dtype in [
+                DType::Q4_0,
+                DType::Q4_1,
+                DType::Q5_0,
+                DType::Q5_1,
+                DType::Q8_0,
+            ] {
                 let Some(dot) = k.rows16(dtype) else { continue };
                 for (pattern, cols) in [(0usize, 64), (1, 64), (2, 96)] {
                     // Rows all low, all high, or alternating (by row and by block).

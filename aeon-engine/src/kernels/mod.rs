@@ -21,10 +21,16 @@
 //! plain NEON, NEON dotprod; block and 16-row kernels) gives the reference's bits, so a mixed x86 +
 //! aarch64 mesh computes what one node computes. Integer sums are exact (any order), and the
 //! f32 steps follow one canonical order per type, written in [`reference`]: for Q4_0, Q5_0,
-//! Q8_0, Q4_K and Q6_K the 16-row kernels' order (blocks in order, `acc = fma(d_w,
-//! f32(isum) * d_x, acc)`, see [`interleaved`]), chosen because it is the fast x86 path's
-//! and costs an in-order NEON core nothing extra per legacy block; for the other types the
-//! reference's plain expressions. Float-weight dots (F32, F16, BF16) follow one order too
+//! Q8_0, Q4_K, Q6_K, IQ4_NL and IQ4_XS the 16-row kernels' order (blocks in order,
+//! `acc = fma(d_w, f32(isum) * d_x, acc)`, see [`interleaved`]), chosen because it is the fast
+//! x86 path's and costs an in-order NEON core nothing extra per legacy block; for the other
+//! types the reference's plain expressions, which their 16-row kernels follow lane for lane
+//! (kept so the existing NEON and AVX2 block kernels keep their bits).
+//!
+//! Adding a type: its `DType` (knot-format), block struct ([`blocks`]), reference dequant and
+//! dot plus one arm of [`reference::row`]; SIMD kernels add `(DType, kernel)` pairs to an
+//! ISA's list, and a 16-row layout adds a [`interleaved::tile_bytes`] arm with its pack,
+//! unpack and specification. Float-weight dots (F32, F16, BF16) follow one order too
 //! ([`reference::float_dot`]: 32 fma lanes, element i into lane i % 32, then a fixed pairwise
 //! tree), four AVX2 or eight NEON accumulators.
 
@@ -149,32 +155,13 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         dst.len() / be * dtype.block_bytes(),
         "dequantize_row: {dtype} byte length"
     );
-    use reference::*;
-    match dtype {
-        DType::F32 => dequantize_row_f32(src, dst),
-        DType::F16 => dequantize_row_f16(src, dst),
-        DType::BF16 => dequantize_row_bf16(src, dst),
-        DType::Q4_0 => dequantize_row_q4_0(src, dst),
-        DType::Q4_1 => dequantize_row_q4_1(src, dst),
-        DType::Q5_0 => dequantize_row_q5_0(src, dst),
-        DType::Q5_1 => dequantize_row_q5_1(src, dst),
-        DType::Q8_0 => dequantize_row_q8_0(src, dst),
-        DType::Q2_K => dequantize_row_q2_k(src, dst),
-        DType::Q3_K => dequantize_row_q3_k(src, dst),
-        DType::Q4_K => dequantize_row_q4_k(src, dst),
-        DType::Q5_K => dequantize_row_q5_k(src, dst),
-        DType::Q6_K => dequantize_row_q6_k(src, dst),
-    }
+    (reference::row(dtype).dequant)(src, dst)
 }
 
 /// Dot of a float-format weight row with f32 activations.
 pub type DotF = fn(&[u8], &[f32]) -> f32;
 /// Dot of a quantized weight row with Q8A activations.
 pub type DotQ = fn(&[u8], &[BlockQ8A]) -> f32;
-
-/// One weight row against four activation rows, each result bit-identical to the type's
-/// [`DotQ`] (prefill: each weight block is unpacked once for four tokens).
-pub type DotQToks4 = fn(&[u8], [&[BlockQ8A]; 4]) -> [f32; 4];
 
 /// The dot-product kernel for one weight type.
 #[derive(Clone, Copy)]
@@ -183,6 +170,22 @@ pub enum Dot {
     Float(DotF),
     /// Block-quantized rows against [`BlockQ8A`] activations.
     Quant(DotQ),
+}
+
+/// Dequantization of one row of a weight type (`dst` whole blocks, `src` their bytes).
+pub type Dequant = fn(&[u8], &mut [f32]);
+
+/// One weight type's kernels under one instruction set: a row of [`Kernels`]. The reference
+/// rows ([`reference::row`]) list every [`DType`] once; an ISA replaces the entries it has.
+#[derive(Clone, Copy)]
+pub struct KernelRow {
+    /// Row to f32 (the reference's on every ISA: it runs once per row, off the hot path).
+    pub dequant: Dequant,
+    /// One weight row against one activation row.
+    pub dot: Dot,
+    /// 16 rows over [`Interleaved`] tiles (of [`interleaved::tile_bytes`] each) against up
+    /// to 8 activation rows, where this ISA has a kernel for the type.
+    pub rows16: Option<Rows16Dot>,
 }
 
 /// Instruction sets a kernel table can be built for.
@@ -255,15 +258,12 @@ impl Isa {
     }
 }
 
-/// A dot-product table: one kernel per [`DType`], all for the same [`Isa`].
+/// A kernel table: one [`KernelRow`] per [`DType`] (at [`DType::index`]), all for the same
+/// [`Isa`].
 pub struct Kernels {
     /// The instruction set the table was built for.
     pub isa: Isa,
-    table: [Dot; 13],
-    /// 4-token kernels where the ISA has them (same bits as `table`'s quantized dots).
-    toks4: [Option<DotQToks4>; 13],
-    /// 16-row kernels over [`Interleaved`] weights where the ISA has them.
-    rows16: [Option<Rows16Dot>; 13],
+    rows: [KernelRow; DType::COUNT],
 }
 
 impl Kernels {
@@ -272,103 +272,68 @@ impl Kernels {
         if !isa.available() {
             return None;
         }
-        use reference::*;
         let mut k = Kernels {
             isa: Isa::Scalar,
-            toks4: [None; 13],
-            rows16: [None; 13],
-            table: [
-                Dot::Float(vec_dot_f32_ref),
-                Dot::Float(vec_dot_f16_ref),
-                Dot::Float(vec_dot_bf16_ref),
-                Dot::Quant(vec_dot_q4_0_q8a_ref),
-                Dot::Quant(vec_dot_q4_1_q8a_ref),
-                Dot::Quant(vec_dot_q5_0_q8a_ref),
-                Dot::Quant(vec_dot_q5_1_q8a_ref),
-                Dot::Quant(vec_dot_q8_0_q8a_ref),
-                Dot::Quant(vec_dot_q2_k_q8a_ref),
-                Dot::Quant(vec_dot_q3_k_q8a_ref),
-                Dot::Quant(vec_dot_q4_k_q8a_ref),
-                Dot::Quant(vec_dot_q5_k_q8a_ref),
-                Dot::Quant(vec_dot_q6_k_q8a_ref),
-            ],
+            rows: DType::ALL.map(reference::row),
         };
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Avx2 | Isa::Avx512) {
             k.isa = Isa::Avx2;
-            avx2::install(&mut k.table);
-            for (dtype, f) in interleaved::avx2::kernels() {
-                k.rows16[dtype_index(dtype)] = Some(f);
-            }
+            k.set_dots(avx2::kernels());
+            k.set_rows16(interleaved::avx2::kernels());
         }
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {
             k.isa = Isa::Avx512;
-            for (dtype, f) in interleaved::avx512::kernels() {
-                k.rows16[dtype_index(dtype)] = Some(f);
-            }
+            k.set_rows16(interleaved::avx512::kernels());
         }
         #[cfg(target_arch = "aarch64")]
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
             k.isa = isa;
-            neon::install(&mut k.table, isa == Isa::NeonDotprod);
             let dotprod = isa == Isa::NeonDotprod;
-            let legacy = interleaved::neon::kernels(dotprod);
-            for (dtype, f) in legacy
-                .into_iter()
-                .chain(interleaved::neon_kquants::kernels(dotprod))
-            {
-                k.rows16[dtype_index(dtype)] = Some(f);
-            }
+            k.set_dots(neon::kernels(dotprod));
+            k.set_rows16(interleaved::neon::kernels(dotprod));
+            k.set_rows16(interleaved::neon_kquants::kernels(dotprod));
         }
         Some(k)
     }
 
-    /// The kernel for `dtype`.
-    pub fn dot(&self, dtype: DType) -> Dot {
-        self.table[dtype_index(dtype)]
+    /// Replaces the dot products of the listed types.
+    #[allow(dead_code)] // unused only where no SIMD flavour is compiled in
+    fn set_dots(&mut self, dots: impl IntoIterator<Item = (DType, Dot)>) {
+        for (dtype, dot) in dots {
+            self.rows[dtype.index()].dot = dot;
+        }
     }
 
-    /// This table without its 4-token kernels: [`matmul_with`] then makes one dot per (row,
-    /// token), with the same bits (tests and benchmarks compare the two).
-    pub fn without_tiles(mut self) -> Kernels {
-        self.toks4 = [None; 13];
-        self
+    /// Installs the 16-row kernels of the listed types.
+    #[allow(dead_code)] // unused only where no SIMD flavour is compiled in
+    fn set_rows16(&mut self, kernels: impl IntoIterator<Item = (DType, Rows16Dot)>) {
+        for (dtype, f) in kernels {
+            self.rows[dtype.index()].rows16 = Some(f);
+        }
+    }
+
+    /// The kernels for `dtype`.
+    pub fn row(&self, dtype: DType) -> &KernelRow {
+        &self.rows[dtype.index()]
+    }
+
+    /// The dot-product kernel for `dtype`.
+    pub fn dot(&self, dtype: DType) -> Dot {
+        self.row(dtype).dot
     }
 
     /// This table without its 16-row kernels: [`linear_with`] then uses the block kernels
     /// (benchmarks compare the two).
     pub fn without_rows16(mut self) -> Kernels {
-        self.rows16 = [None; 13];
+        self.rows.iter_mut().for_each(|r| r.rows16 = None);
         self
     }
 
     /// The 16-row kernel over [`Interleaved`] weights of `dtype`, where this table has one.
     pub fn rows16(&self, dtype: DType) -> Option<Rows16Dot> {
-        self.rows16[dtype_index(dtype)]
-    }
-
-    /// The 4-token kernel for `dtype`, where this table has one.
-    pub fn toks4(&self, dtype: DType) -> Option<DotQToks4> {
-        self.toks4[dtype_index(dtype)]
-    }
-}
-
-fn dtype_index(dtype: DType) -> usize {
-    match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::Q4_0 => 3,
-        DType::Q4_1 => 4,
-        DType::Q5_0 => 5,
-        DType::Q5_1 => 6,
-        DType::Q8_0 => 7,
-        DType::Q2_K => 8,
-        DType::Q3_K => 9,
-        DType::Q4_K => 10,
-        DType::Q5_K => 11,
-        DType::Q6_K => 12,
+        self.row(dtype).rows16
     }
 }
 
@@ -434,10 +399,7 @@ pub fn matmul_with(k: &Kernels, w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f
         }),
         Dot::Quant(f) => with_q8a(x, |xq| {
             let nb = w.cols / QK;
-            match k.toks4(w.dtype) {
-                Some(toks4) if n_tok >= 4 => run_rows_toks4(w, n_tok, y, xq, f, toks4),
-                _ => run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb])),
-            }
+            run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb]))
         }),
     }
 }
@@ -696,45 +658,6 @@ where
                 // SAFETY: r < rows and t < n_tok, so the index is < y.len() (asserted by the
                 // caller); row r belongs to exactly one chunk, so no two tasks write it.
                 unsafe { *out.0.add(t * rows + r) = v };
-            }
-        }
-    };
-    team::for_each_chunk(n_chunks, body);
-}
-
-/// [`run_rows`] for a quantized type with a 4-token kernel (prefill): each weight row is
-/// unpacked once per 4 tokens, the remaining tokens take the single dot. Every output has
-/// the bits of the single dot.
-fn run_rows_toks4(
-    w: &QMatrix,
-    n_tok: usize,
-    y: &mut [f32],
-    xq: &[BlockQ8A],
-    one: DotQ,
-    toks4: DotQToks4,
-) {
-    let (rows, nb) = (w.rows, w.cols / QK);
-    let xt = |t: usize| &xq[t * nb..(t + 1) * nb];
-    let full = n_tok / 4 * 4;
-    let out = OutPtr(y.as_mut_ptr());
-    let chunk = chunk_rows(rows, n_tok);
-    let n_chunks = rows.div_ceil(chunk);
-    let body = |c: usize| {
-        #[allow(clippy::redundant_locals)]
-        let out = out;
-        // SAFETY: r < rows and t < n_tok, so the index is < y.len() (asserted by the caller);
-        // row r belongs to exactly one chunk, so no two tasks write it.
-        let put = |r: usize, t: usize, v: f32| unsafe { *out.0.add(t * rows + r) = v };
-        for r in c * chunk..((c + 1) * chunk).min(rows) {
-            let row = w.row(r);
-            for t in (0..full).step_by(4) {
-                let v = toks4(row, [xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]);
-                for (i, v) in v.into_iter().enumerate() {
-                    put(r, t + i, v);
-                }
-            }
-            for t in full..n_tok {
-                put(r, t, one(row, xt(t)));
             }
         }
     };

@@ -37,7 +37,7 @@
 //! pairwise tree), so they give its bits as the quantized kernels do. Half to single uses `fcvt`/`fcvtl`, which are ARMv8.0 baseline (only half
 //! *arithmetic* needs the fp16 extension).
 //!
-//! Only [`install`] / [`kernels`] hand these out; the dotprod ones only when the caller
+//! Only [`kernels`] hands these out; the dotprod ones only when the caller
 //! checked `is_aarch64_feature_detected!("dotprod")`.
 
 use super::blocks::*;
@@ -50,15 +50,6 @@ use std::arch::asm;
 /// Whether this CPU has the ARMv8.2 dot-product instructions (`sdot`).
 pub(super) fn dotprod_available() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
-}
-
-/// Replace the reference entries of `table` with NEON kernels (`dotprod`: the `sdot` flavour).
-///
-/// With `dotprod` the caller must have checked [`dotprod_available`].
-pub(super) fn install(table: &mut [Dot; 13], dotprod: bool) {
-    for (dtype, dot) in kernels(dotprod) {
-        table[super::dtype_index(dtype)] = dot;
-    }
 }
 
 /// The NEON kernels by type (types not listed, Q2_K and Q3_K, keep the scalar reference).
@@ -101,7 +92,7 @@ macro_rules! entries {
             $body::<true>(w, x)
         }
         fn $sdot(w: &[u8], x: &[BlockQ8A]) -> f32 {
-            // SAFETY: only handed out by `kernels(true)` / `install(_, true)`, whose callers
+            // SAFETY: only handed out by `kernels(true)`, whose callers
             // checked `dotprod_available()` on this CPU.
             unsafe { $tf(w, x) }
         }
@@ -1303,7 +1294,7 @@ mod tests {
                             DType::Q4_K | DType::Q5_K => blk[4..16].fill(0xFF),
                             _ => {}
                         }
-                        for &off in super::super::tests::f16_fields(dtype) {
+                        for &off in super::super::blocks::f16_fields(dtype) {
                             blk[off..off + 2]
                                 .copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
                         }

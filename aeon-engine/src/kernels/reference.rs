@@ -12,8 +12,36 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
+use super::{Dequant, Dot, KernelRow};
 use bytemuck::cast_slice;
-use knot_format::dtype::QK;
+use knot_format::dtype::{DType, QK};
+
+/// The reference kernels of `dtype`: the one place that lists every type's kernels (SIMD
+/// flavours replace entries of this row, see [`super::Kernels`]).
+pub fn row(dtype: DType) -> KernelRow {
+    let (dequant, dot): (Dequant, Dot) = match dtype {
+        DType::F32 => (dequantize_row_f32, Dot::Float(vec_dot_f32_ref)),
+        DType::F16 => (dequantize_row_f16, Dot::Float(vec_dot_f16_ref)),
+        DType::BF16 => (dequantize_row_bf16, Dot::Float(vec_dot_bf16_ref)),
+        DType::Q4_0 => (dequantize_row_q4_0, Dot::Quant(vec_dot_q4_0_q8a_ref)),
+        DType::Q4_1 => (dequantize_row_q4_1, Dot::Quant(vec_dot_q4_1_q8a_ref)),
+        DType::Q5_0 => (dequantize_row_q5_0, Dot::Quant(vec_dot_q5_0_q8a_ref)),
+        DType::Q5_1 => (dequantize_row_q5_1, Dot::Quant(vec_dot_q5_1_q8a_ref)),
+        DType::Q8_0 => (dequantize_row_q8_0, Dot::Quant(vec_dot_q8_0_q8a_ref)),
+        DType::Q2_K => (dequantize_row_q2_k, Dot::Quant(vec_dot_q2_k_q8a_ref)),
+        DType::Q3_K => (dequantize_row_q3_k, Dot::Quant(vec_dot_q3_k_q8a_ref)),
+        DType::Q4_K => (dequantize_row_q4_k, Dot::Quant(vec_dot_q4_k_q8a_ref)),
+        DType::Q5_K => (dequantize_row_q5_k, Dot::Quant(vec_dot_q5_k_q8a_ref)),
+        DType::Q6_K => (dequantize_row_q6_k, Dot::Quant(vec_dot_q6_k_q8a_ref)),
+        DType::IQ4_NL => (dequantize_row_iq4_nl, Dot::Quant(vec_dot_iq4_nl_q8a_ref)),
+        DType::IQ4_XS => (dequantize_row_iq4_xs, Dot::Quant(vec_dot_iq4_xs_q8a_ref)),
+    };
+    KernelRow {
+        dequant,
+        dot,
+        rows16: None,
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Dequantization
@@ -234,6 +262,42 @@ pub fn dequantize_row_q6_k(src: &[u8], dst: &mut [f32]) {
                 for k in 0..4 {
                     y[128 * n + l + 32 * k] = d * sc[is + 2 * k] as f32 * q[k] as f32;
                 }
+            }
+        }
+    }
+}
+
+/// The 32 table values of one IQ4_NL / IQ4_XS index run (16 bytes), element order.
+#[inline(always)]
+fn iq4_values(qs: &[u8]) -> [i32; 32] {
+    let mut v = [0i32; 32];
+    for j in 0..16 {
+        v[j] = KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as i32;
+        v[j + 16] = KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32;
+    }
+    v
+}
+
+/// IQ4_NL row to f32.
+pub fn dequantize_row_iq4_nl(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockIQ4NL] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_le(b.d);
+        for (o, v) in y.iter_mut().zip(iq4_values(&b.qs)) {
+            *o = d * v as f32;
+        }
+    }
+}
+
+/// IQ4_XS row to f32: `dl = d * (ls - 32)`, then `dl * value`.
+pub fn dequantize_row_iq4_xs(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockIQ4XS] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(256)) {
+        let d = f16_le(b.d);
+        for (ib, y) in y.chunks_exact_mut(QK).enumerate() {
+            let dl = d * (b.scale(ib) - 32) as f32;
+            for (o, v) in y.iter_mut().zip(iq4_values(&b.qs[16 * ib..16 * ib + 16])) {
+                *o = dl * v as f32;
             }
         }
     }
@@ -537,6 +601,35 @@ pub fn vec_dot_q6_k_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
                 let sc = b.scales[8 * n + 2 * k + h];
                 acc = (d * sc as f32).mul_add(isum as f32 * a.d, acc);
             }
+        }
+    }
+    acc
+}
+
+/// IQ4_NL . Q8A: `isum = sum(value * q_x)` (exact), blocks in order with [`block_step`].
+pub fn vec_dot_iq4_nl_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockIQ4NL] = cast_slice(w);
+    let mut acc = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let v = iq4_values(&b.qs);
+        let isum: i32 = (0..QK).map(|j| v[j] * a.qs[j] as i32).sum();
+        acc = block_step(acc, f16_le(b.d), isum, a.d);
+    }
+    acc
+}
+
+/// IQ4_XS . Q8A: per 32-element sub-block ib in order (`a` its Q8A block),
+/// `acc = fma(d * (ls_ib - 32), f32(isum) * a.d, acc)` (`d * (ls - 32)` is exact: 11-bit by
+/// 6-bit).
+pub fn vec_dot_iq4_xs_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockIQ4XS] = cast_slice(w);
+    let mut acc = 0f32;
+    for (b, xa) in w.iter().zip(x.chunks_exact(8)) {
+        let d = f16_le(b.d);
+        for (ib, a) in xa.iter().enumerate() {
+            let v = iq4_values(&b.qs[16 * ib..16 * ib + 16]);
+            let isum: i32 = (0..QK).map(|j| v[j] * a.qs[j] as i32).sum();
+            acc = (d * (b.scale(ib) - 32) as f32).mul_add(isum as f32 * a.d, acc);
         }
     }
     acc

@@ -29,18 +29,6 @@ impl Rng {
     }
 }
 
-/// Byte offsets of the f16 scale fields in one block of `dtype`.
-pub(crate) fn f16_fields(dtype: DType) -> &'static [usize] {
-    match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
-        DType::Q2_K => &[80, 82],
-        DType::Q3_K => &[108],
-        DType::Q6_K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 => &[],
-    }
-}
-
 /// Random bytes for `n_elems` of `dtype`, with sane (finite, small) scales and floats.
 pub(crate) fn random_row(dtype: DType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
     let nb = n_elems / dtype.block_elems();
@@ -100,18 +88,10 @@ fn dequant_q8a(xq: &[BlockQ8A]) -> Vec<f32> {
         .collect()
 }
 
-const QUANT: [DType; 10] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+/// Every block-quantized type (the float types have one-element blocks).
+fn quant_types() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|t| t.block_elems() > 1)
+}
 
 #[test]
 fn q8a_quantization_error_is_at_most_half_a_step() {
@@ -144,7 +124,7 @@ fn q8a_quantization_error_is_at_most_half_a_step() {
 fn reference_dots_match_dequantized_dot() {
     let mut rng = Rng::new(2);
     let cols = 512;
-    for dtype in QUANT {
+    for dtype in quant_types() {
         for _ in 0..20 {
             let w = random_row(dtype, cols, &mut rng);
             let x = random_x(cols, &mut rng);
@@ -313,7 +293,7 @@ fn every_flavour_gives_the_reference_bits() {
     let scalar = Kernels::for_isa(Isa::Scalar).expect("scalar");
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let float = [DType::F32, DType::F16, DType::BF16];
-    for dtype in QUANT.into_iter().chain(float) {
+    for dtype in quant_types().chain(float) {
         // 37 rows: two 16-row groups and a tail of 5; one to 19 (super-)blocks per row; float
         // rows also with a lane tail (100 = 3 * 32 + 4) and shorter than one round (7).
         for cols in [256usize, 896, 4864, 100, 7] {

@@ -18,6 +18,7 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use fat_station::engine::kernels::blocks::f16_fields;
 use fat_station::engine::kernels::{kernels, linear_with, Kernels, Linear, QMatrix};
 use fat_station::engine::ops::argmax;
 use knot_format::DType;
@@ -42,10 +43,6 @@ struct Args {
     /// Only measure this dtype (GGML name, e.g. `q5_0`).
     #[arg(long)]
     only: Option<String>,
-    /// Use only the single-row, single-token dot kernels (no multi-row / multi-token tiles;
-    /// implies --blocks).
-    #[arg(long)]
-    no_tiles: bool,
     /// Use the block kernels on the stored rows, not the 16-row interleaved copies.
     #[arg(long)]
     blocks: bool,
@@ -170,20 +167,12 @@ fn random_weights(dtype: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut v: Vec<u8> = (0..n / dtype.block_elems() * bb)
         .map(|_| rng.next() as u8)
         .collect();
-    let fields: &[usize] = match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
-        DType::Q2_K => &[80, 82],
-        DType::Q3_K => &[108],
-        DType::Q6_K => &[208],
-        DType::F16 | DType::BF16 => &[],
-        DType::F32 => {
-            for c in v.chunks_exact_mut(4) {
-                c.copy_from_slice(&(rng.f32() * 0.1).to_le_bytes());
-            }
-            &[]
+    let fields = f16_fields(dtype);
+    if dtype == DType::F32 {
+        for c in v.chunks_exact_mut(4) {
+            c.copy_from_slice(&(rng.f32() * 0.1).to_le_bytes());
         }
-    };
+    }
     if dtype == DType::F16 {
         for c in v.chunks_exact_mut(2) {
             c.copy_from_slice(&half::f16::from_f32(rng.f32() * 0.1).to_le_bytes());
@@ -242,9 +231,7 @@ fn run(args: Args) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let kern = Kernels::for_isa(kernels().isa).context("kernel table")?;
-    let kern = if args.no_tiles {
-        kern.without_tiles().without_rows16()
-    } else if args.blocks {
+    let kern = if args.blocks {
         kern.without_rows16()
     } else {
         kern
@@ -252,13 +239,7 @@ fn run(args: Args) -> Result<()> {
     println!(
         "kernels: {:?}{}",
         kern.isa,
-        if args.no_tiles {
-            " (block kernels, no tiles)"
-        } else if args.blocks {
-            " (block kernels)"
-        } else {
-            ""
-        }
+        if args.blocks { " (block kernels)" } else { "" }
     );
     let buf: Vec<u64> = (0..args.bw_mib * 1024 * 1024 / 8)
         .map(|i| i as u64)
@@ -296,6 +277,8 @@ fn run(args: Args) -> Result<()> {
         (DType::Q5_K, 896, 4864),
         (DType::Q3_K, 896, 4864),
         (DType::Q2_K, 896, 4864),
+        (DType::IQ4_NL, 896, 4864),
+        (DType::IQ4_XS, 896, 4864),
         (DType::F16, 896, 4864),
         (DType::F32, 896, 4864),
         (DType::Q8_0, 151936, 896),

@@ -3,8 +3,8 @@
 //!
 //! Per tile: 8 weight vectors per half (64-byte chunk g = two ymm), unpacked once for all
 //! tokens of the call; per token and group g, `maddubs` against the broadcast dword g of the
-//! activation block, its i16 pair sums added in i16 as far as they cannot saturate (Q4_0, Q4_K:
-//! all 8 groups, at most 8 * 2 * 15 * 128 = 30720; Q5_0: 4 groups, 4 * 2 * 31 * 128 = 31744;
+//! activation block, its i16 pair sums added in i16 as far as they cannot saturate (Q4_0, Q4_1, Q4_K:
+//! all 8 groups, at most 8 * 2 * 15 * 128 = 30720; Q5_0, Q5_1: 4 groups, 4 * 2 * 31 * 128 = 31744;
 //! Q6_K: 2 groups, 2 * 2 * 63 * 128 = 32256), then `madd` with ones to i32. Q8_0's unsigned
 //! bytes go back to signed quants and take the sign trick (`|w|` against `x * sign(w)`, pairs
 //! at most 2 * 128 * 127), so its sums need no offset correction (the same integers as the
@@ -25,24 +25,19 @@
 //! [`super::super::Isa::Avx2`] is available.
 
 use super::super::avx2::bits_32;
-use super::super::blocks::BlockQ8A;
+use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL};
 use super::avx512::{prefetch, touch_page};
-use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
-use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
+use super::kquants::{
+    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
+    K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
+    KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
+};
+use super::{
+    rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
+};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
-
-/// The 16-row kernels by type (callers must have checked `Isa::Avx2.available()`).
-pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
-    vec![
-        (DType::Q4_0, rows16_q4_0 as Rows16Dot),
-        (DType::Q5_0, rows16_q5_0 as Rows16Dot),
-        (DType::Q8_0, rows16_q8_0 as Rows16Dot),
-        (DType::Q4_K, rows16_q4_k as Rows16Dot),
-        (DType::Q6_K, rows16_q6_k as Rows16Dot),
-    ]
-}
 
 /// Tiles ahead that the k-quant kernels prefetch into L2 for several tokens (the AVX-512
 /// kernels' figure: see `avx512::AHEAD`).
@@ -50,12 +45,6 @@ const AHEAD: usize = 8;
 /// Tiles ahead for one token: 4, not AVX-512's 2 (kernel-bench, 896x4864 from DRAM, one
 /// thread: Q4_K 20-21 -> 19-24 GB/s, Q6_K 20 -> 22; 1 tile ahead was slower, 6 no faster).
 const AHEAD_ONE: usize = 4;
-
-/// One type's kernel for `T` activation rows at once.
-trait Kernel {
-    /// SAFETY (callers): AVX2, FMA and F16C are enabled.
-    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
-}
 
 /// Weight vectors of one 32-element block: `[half][group]`, group g holding elements
 /// 4g..4g+4 of the half's 8 rows.
@@ -106,6 +95,8 @@ trait Tile {
     const OFF: i32;
     /// Groups whose i16 pair sums can be added without saturating.
     const RUN: usize;
+    /// Where the f16 mins sit (Q4_1, Q5_1: weight `d * u + m`, `OFF` 0).
+    const MIN: Option<usize> = None;
     /// Weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i;
@@ -148,7 +139,9 @@ unsafe fn dot_fused<L: Tile>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
 }
 
 struct Q4_0;
+struct Q4_1;
 struct Q5_0;
+struct Q5_1;
 struct Q8_0;
 
 /// Weight vector `[h][g]` of the nibbles at `qs`: the low (g < 4) or high nibbles of qs
@@ -170,30 +163,87 @@ impl Tile for Q4_0 {
     }
 }
 
+impl Tile for Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const OFF: i32 = 0;
+    const RUN: usize = 8;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
+        nibble(p.add(Q41_QS), h, g)
+    }
+}
+
+/// Weight vector `[h][g]` of 5-bit quants: nibbles at `qs`, plus 16 where the masks at `hm`
+/// have a bit.
+#[inline(always)]
+unsafe fn five_bits(p: *const u8, hm: usize, qs: usize, h: usize, g: usize) -> __m256i {
+    // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
+    let m = (p.add(hm + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
+    let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
+    _mm256_or_si256(nibble(p.add(qs), h, g), hb)
+}
+
 impl Tile for Q5_0 {
     const BYTES: usize = 16 * 22;
     const OFF: i32 = 16;
     const RUN: usize = 4;
     #[inline(always)]
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
-        // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
-        let m = (p.add(Q5_HM + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
-        let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
-        _mm256_or_si256(nibble(p.add(Q5_QS), h, g), hb)
+        five_bits(p, Q5_HM, Q5_QS, h, g)
     }
 }
 
-/// Q8_0's weights: the signed quants (the stored bytes XOR 0x80) and their magnitudes.
+impl Tile for Q5_1 {
+    const BYTES: usize = 16 * 24;
+    const OFF: i32 = 0;
+    const RUN: usize = 4;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
+        five_bits(p, Q51_HM, Q51_QS, h, g)
+    }
+}
+
+/// A tile of signed 8-bit weights (Q8_0's quants, IQ4_NL's table values): no offset, dotted
+/// with the sign trick, whose pairs (at most 2 * 128 * 127) cannot saturate.
+trait Signed {
+    const BYTES: usize;
+    /// Signed weight vector `[h][g]` of the tile at `p`.
+    /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i;
+}
+
+impl Signed for Q8_0 {
+    const BYTES: usize = 16 * 34;
+    #[inline(always)]
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
+        let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
+        _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+    }
+}
+
+struct IQ4NL;
+
+impl Signed for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    #[inline(always)]
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        _mm256_shuffle_epi8(table, nibble(p.add(D_BYTES), h, g))
+    }
+}
+
+/// The signed weights and their magnitudes.
 impl Q8_0 {
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
-    unsafe fn unpack8(p: *const u8) -> [Wv; 2] {
-        let flip = _mm256_set1_epi8(-128);
+    unsafe fn unpack8<S: Signed>(p: *const u8) -> [Wv; 2] {
         let mut w = [[[_mm256_setzero_si256(); 8]; 2]; 2];
         for h in 0..2 {
             for g in 0..8 {
-                let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
-                w[0][h][g] = _mm256_xor_si256(v, flip);
+                w[0][h][g] = S::signed(p, h, g);
                 // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
                 w[1][h][g] = _mm256_abs_epi8(w[0][h][g]);
             }
@@ -235,6 +285,29 @@ unsafe fn block_step(acc: &mut [__m256; 2], dw: &[__m256; 2], s: [__m256i; 2], c
     }
 }
 
+/// One block's f32 steps for one token of a [`Tile`]: [`block_step`], or for the types with
+/// a min (`mw`) the reference's `acc + (d_w * d_x * isum + m_w * d_x * sum(q_x))`, each
+/// product rounded on its own (no fma), as the scalar expression is.
+#[inline(always)]
+unsafe fn tile_step<L: Tile>(
+    acc: &mut [__m256; 2],
+    dw: &[__m256; 2],
+    mw: &[__m256; 2],
+    s: [__m256i; 2],
+    a: &BlockQ8A,
+) {
+    let qsum = a.sums[0] as i32 + a.sums[1] as i32;
+    if L::MIN.is_none() {
+        return block_step(acc, dw, s, L::OFF * qsum, a.d);
+    }
+    let (dx, qs) = (_mm256_set1_ps(a.d), _mm256_set1_ps(qsum as f32));
+    for h in 0..2 {
+        let dot = _mm256_mul_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(s[h]));
+        let min = _mm256_mul_ps(_mm256_mul_ps(mw[h], dx), qs);
+        acc[h] = _mm256_add_ps(acc[h], _mm256_add_ps(dot, min));
+    }
+}
+
 /// 16 f16 scales at `p` as two halves of f32.
 #[inline(always)]
 unsafe fn scales16(p: *const u8) -> [__m256; 2] {
@@ -257,10 +330,13 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
         }
         let dw = scales16(p);
+        let mw = match L::MIN {
+            Some(at) => scales16(p.add(at)),
+            None => dw,
+        };
         if T == 1 {
             let a = x[0].get_unchecked(b);
-            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            block_step(&mut acc[0], &dw, dot_fused::<L>(p, a), corr, a.d);
+            tile_step::<L>(&mut acc[0], &dw, &mw, dot_fused::<L>(p, a), a);
             continue;
         }
         let w = unpack::<L>(p);
@@ -269,35 +345,36 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
             let s = dot_unsigned::<0, 8, 2>(L::RUN, &w, a);
             for k in 0..2 {
-                let corr = L::OFF * (a[k].sums[0] as i32 + a[k].sums[1] as i32);
-                block_step(&mut acc[t + k], &dw, s[k], corr, a[k].d);
+                tile_step::<L>(&mut acc[t + k], &dw, &mw, s[k], a[k]);
             }
             t += 2;
         }
         if t < T {
             let a = x[t].get_unchecked(b);
-            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            block_step(&mut acc[t], &dw, dot_fused::<L>(p, a), corr, a.d);
+            tile_step::<L>(&mut acc[t], &dw, &mw, dot_fused::<L>(p, a), a);
         }
     }
     rows_out(&acc)
 }
 
-/// [`rows16`] for Q8_0 (its weights are a pair of [`Wv`], no offset).
+/// [`rows16`] for the [`Signed`] tiles (their weights are a pair of [`Wv`], no offset).
 #[inline(always)]
-unsafe fn rows16_8<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-    const BYTES: usize = 16 * 34;
-    let nb = tiles.len() / BYTES;
+unsafe fn rows16_8<S: Signed, const T: usize>(
+    tiles: &[u8],
+    x: [&[BlockQ8A]; T],
+) -> [[f32; ROWS]; T] {
+    let bytes = S::BYTES;
+    let nb = tiles.len() / bytes;
     assert!(x.iter().all(|x| x.len() >= nb));
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..nb {
-        let p = tiles.as_ptr().add(b * BYTES);
-        touch_page(p, BYTES);
+        let p = tiles.as_ptr().add(b * bytes);
+        touch_page(p, bytes);
         if T > 1 {
-            prefetch(p.wrapping_add(16384 / BYTES * BYTES), BYTES);
+            prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
         }
         let dw = scales16(p);
-        let w = Q8_0::unpack8(p);
+        let w = Q8_0::unpack8::<S>(p);
         let mut t = 0;
         while t + 2 <= T {
             let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
@@ -339,7 +416,14 @@ impl<L: Tile> Kernel for Blocks<L> {
 impl Kernel for Q8_0 {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        rows16_8::<T>(tiles, x)
+        rows16_8::<Q8_0, T>(tiles, x)
+    }
+}
+
+impl Kernel for IQ4NL {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        rows16_8::<IQ4NL, T>(tiles, x)
     }
 }
 
@@ -359,6 +443,32 @@ unsafe fn plane_i8(p: *const u8) -> __m256i {
 /// dot, its scale FMA and its min FMA.
 struct Q4K;
 
+/// `get_scale_min_k4` of sub-block `S` for 8 rows at once, from the scale planes at `sc`
+/// (offset to the half's rows): (scales, mins) as i32 lanes.
+#[inline(always)]
+unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m256i, __m256i) {
+    let plane = |i: usize| plane_u8(sc.add(ROWS * i));
+    let m6 = _mm256_set1_epi32(63);
+    if S < 4 {
+        (
+            _mm256_and_si256(plane(S), m6),
+            _mm256_and_si256(plane(S + 4), m6),
+        )
+    } else {
+        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+        (
+            _mm256_or_si256(
+                _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
+                _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_srli_epi32(lo, 4),
+                _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
+            ),
+        )
+    }
+}
+
 /// Sub-block `S` of a Q4_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of this
 /// super-block).
 #[inline(always)]
@@ -372,30 +482,10 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
 ) {
     // An eighth of a tile ahead per sub-block, spread out as the AVX-512 kernel does.
     prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    let m6 = _mm256_set1_epi32(63);
     let mut dsc = [_mm256_setzero_ps(); 2];
     let mut dm = [_mm256_setzero_ps(); 2];
     for h in 0..2 {
-        let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i + 8 * h));
-        // get_scale_min_k4, 8 rows at once.
-        let (sc, m) = if S < 4 {
-            (
-                _mm256_and_si256(plane(S), m6),
-                _mm256_and_si256(plane(S + 4), m6),
-            )
-        } else {
-            let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-            (
-                _mm256_or_si256(
-                    _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
-                    _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_srli_epi32(lo, 4),
-                    _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
-                ),
-            )
-        };
+        let (sc, m) = scale_min_planes::<S>(p.add(K4_SC + 8 * h));
         dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
         dm[h] = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(m));
     }
@@ -474,6 +564,427 @@ impl Kernel for Q4K {
             q4k_sub::<5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
             q4k_sub::<6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
             q4k_sub::<7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q5_K tiles: per sub-block s, 8 vectors per half of 5-bit quants (Q4_K's nibbles plus 16
+/// where bit s of the qh granule is set), their pair sums added in i16 four groups at a time
+/// (4 * 2 * 31 * 128 = 31744); per token the reference's terms, as the AVX-512 kernel.
+struct Q5K;
+
+/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term)
+/// per half.
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn q5k_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+) -> [[(__m256, __m256); 2]; T] {
+    prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
+    let mut sc = [_mm256_setzero_si256(); 2];
+    let mut m = [_mm256_setzero_si256(); 2];
+    for h in 0..2 {
+        (sc[h], m[h]) = scale_min_planes::<S>(p.add(K5_SC + 8 * h));
+    }
+    let qs = p.add(K5_QS + 512 * (S / 2));
+    let (m4, c16, bit) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(16),
+        _mm256_set1_epi8(1 << S),
+    );
+    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+    for h in 0..2 {
+        for k in 0..8 {
+            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+            let q = if S % 2 == 1 {
+                _mm256_srli_epi16(q, 4)
+            } else {
+                q
+            };
+            let hb = _mm256_loadu_si256(p.add(K5_QH + 64 * k + 32 * h) as *const __m256i);
+            let hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), c16);
+            w[h][k] = _mm256_or_si256(_mm256_and_si256(q, m4), hb);
+        }
+    }
+    let mut out = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; T];
+    // Tokens in pairs: each weight vector loaded once for two.
+    let mut t = 0;
+    while t + 2 <= T {
+        q5k_tokens::<S, 2, T>(t, &w, &sc, &m, xb, &mut out);
+        t += 2;
+    }
+    if t < T {
+        q5k_tokens::<S, 1, T>(t, &w, &sc, &m, xb, &mut out);
+    }
+    out
+}
+
+/// Tokens `t0..t0 + P` of [`q5k_sub`].
+#[inline(always)]
+unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
+    t0: usize,
+    w: &Wv,
+    sc: &[__m256i; 2],
+    m: &[__m256i; 2],
+    xb: &[*const BlockQ8A; T],
+    out: &mut [[(__m256, __m256); 2]; T],
+) {
+    let mut a = [&*xb[t0].add(S); P];
+    for (k, a) in a.iter_mut().enumerate() {
+        *a = &*xb[t0 + k].add(S);
+    }
+    let isum = dot_unsigned::<0, 8, P>(4, w, a);
+    for k in 0..P {
+        let dx = _mm256_set1_ps(a[k].d);
+        let qsum = _mm256_set1_epi32(a[k].sums[0] as i32 + a[k].sums[1] as i32);
+        for h in 0..2 {
+            // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
+            let is = _mm256_mullo_epi32(sc[h], isum[k][h]);
+            let ms = _mm256_mullo_epi32(m[h], qsum);
+            out[t0 + k][h] = (
+                _mm256_mul_ps(dx, _mm256_cvtepi32_ps(is)),
+                _mm256_mul_ps(dx, _mm256_cvtepi32_ps(ms)),
+            );
+        }
+    }
+}
+
+/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+#[inline(always)]
+unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [[__m256; 2]; T],
+    sm: &mut [[__m256; 2]; T],
+) {
+    let a = q5k_sub::<S0, T>(p, ahead, xb);
+    let b = q5k_sub::<S1, T>(p, ahead, xb);
+    for t in 0..T {
+        for h in 0..2 {
+            sd[t][h] = _mm256_add_ps(sd[t][h], _mm256_add_ps(a[t][h].0, b[t][h].0));
+            sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(a[t][h].1, b[t][h].1));
+        }
+    }
+}
+
+impl Kernel for Q5K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K5_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K5_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+            touch_page(p, K5_BYTES);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            let mut sd = [[_mm256_setzero_ps(); 2]; T];
+            let mut sm = [[_mm256_setzero_ps(); 2]; T];
+            q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = scales16(p.add(K5_D));
+            let dmin = scales16(p.add(K5_DMIN));
+            for t in 0..T {
+                for h in 0..2 {
+                    let v = _mm256_sub_ps(
+                        _mm256_mul_ps(d[h], sd[t][h]),
+                        _mm256_mul_ps(dmin[h], sm[t][h]),
+                    );
+                    acc[t][h] = _mm256_add_ps(acc[t][h], v);
+                }
+            }
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q3_K and Q2_K tiles (16-element scale groups, 2-bit quants in qs chunks), as the AVX-512
+/// kernel: how one type's Q8A block `G` of a tile becomes weights and scales, per half.
+trait K16 {
+    const BYTES: usize;
+    /// `u - OFF` is the weight (Q3_K 4; Q2_K 0).
+    const OFF: i32;
+    /// Where the f16 mins sit (Q2_K).
+    const DMIN: Option<usize>;
+    /// Weight vector `[h][k]` of block `G` (k 0..4: scale group 2G, 4..8: 2G + 1).
+    unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i;
+    /// The scale and min (i32 lanes) of scale group 2G + j for half h's rows.
+    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i);
+}
+
+struct Q3K;
+struct Q2K;
+
+/// The 2-bit field of block `G`, vector `[h][k]`, from the qs granules at `qs`.
+#[inline(always)]
+unsafe fn two_bits<const G: usize>(qs: *const u8, h: usize, k: usize) -> __m256i {
+    let v = _mm256_loadu_si256(qs.add(512 * (G / 4) + 64 * k + 32 * h) as *const __m256i);
+    let v = match G % 4 {
+        0 => v,
+        1 => _mm256_srli_epi16(v, 2),
+        2 => _mm256_srli_epi16(v, 4),
+        _ => _mm256_srli_epi16(v, 6),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(3))
+}
+
+impl K16 for Q3K {
+    const BYTES: usize = K3_BYTES;
+    const OFF: i32 = 4;
+    const DMIN: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
+        let bit = _mm256_set1_epi8((1u8 << G) as i8);
+        let hm = _mm256_loadu_si256(p.add(K3_HM + 64 * k + 32 * h) as *const __m256i);
+        let hb = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
+            _mm256_set1_epi8(4),
+        );
+        _mm256_or_si256(two_bits::<G>(p.add(K3_QS), h, k), hb)
+    }
+    #[inline(always)]
+    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
+        // `scales_q3k`, as the AVX-512 kernel.
+        let k = 2 * G + j;
+        let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8) + 8 * h));
+        let lo = if k < 8 {
+            _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
+        } else {
+            _mm256_srli_epi32(lo, 4)
+        };
+        let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4) + 8 * h));
+        let hi = _mm256_and_si256(
+            _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (k / 4) as i32)),
+            _mm256_set1_epi32(3),
+        );
+        let sc = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+        (
+            _mm256_sub_epi32(sc, _mm256_set1_epi32(32)),
+            _mm256_setzero_si256(),
+        )
+    }
+}
+
+impl K16 for Q2K {
+    const BYTES: usize = K2_BYTES;
+    const OFF: i32 = 0;
+    const DMIN: Option<usize> = Some(K2_DMIN);
+    #[inline(always)]
+    unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
+        two_bits::<G>(p.add(K2_QS), h, k)
+    }
+    #[inline(always)]
+    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
+        let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + j) + 8 * h));
+        (
+            _mm256_and_si256(v, _mm256_set1_epi32(0xF)),
+            _mm256_srli_epi32(v, 4),
+        )
+    }
+}
+
+/// Q8A block `G` of a Q3_K / Q2_K tile for `T` tokens (pairs share the weight loads): the
+/// AVX-512 kernel's steps per half.
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [[__m256; 2]; T],
+    sm: &mut [[__m256; 2]; T],
+) {
+    prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+    let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
+    for h in 0..2 {
+        for k in 0..8 {
+            w[h][k] = K::vector::<G>(p, h, k);
+        }
+        for j in 0..2 {
+            sc[h][j] = K::scale::<G>(p, h, j);
+        }
+    }
+    let mut t = 0;
+    while t + 2 <= T {
+        k16_tokens::<K, G, 2, T>(t, &w, &sc, xb, sd, sm);
+        t += 2;
+    }
+    if t < T {
+        k16_tokens::<K, G, 1, T>(t, &w, &sc, xb, sd, sm);
+    }
+}
+
+/// Tokens `t0..t0 + P` of [`k16_block`].
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
+    t0: usize,
+    w: &Wv,
+    sc: &[[(__m256i, __m256i); 2]; 2],
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [[__m256; 2]; T],
+    sm: &mut [[__m256; 2]; T],
+) {
+    let mut a = [&*xb[t0].add(G); P];
+    for (k, a) in a.iter_mut().enumerate() {
+        *a = &*xb[t0 + k].add(G);
+    }
+    let i0 = dot_unsigned::<0, 4, P>(4, w, a);
+    let i1 = dot_unsigned::<4, 4, P>(4, w, a);
+    for k in 0..P {
+        let dx = _mm256_set1_ps(a[k].d);
+        let off = |j: usize| _mm256_set1_epi32(K::OFF * a[k].sums[j] as i32);
+        for h in 0..2 {
+            let isum = _mm256_add_epi32(
+                _mm256_mullo_epi32(sc[h][0].0, _mm256_sub_epi32(i0[k][h], off(0))),
+                _mm256_mullo_epi32(sc[h][1].0, _mm256_sub_epi32(i1[k][h], off(1))),
+            );
+            let (sd, sm) = (&mut sd[t0 + k][h], &mut sm[t0 + k][h]);
+            *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
+            if K::DMIN.is_some() {
+                let msum = _mm256_add_epi32(
+                    _mm256_mullo_epi32(sc[h][0].1, _mm256_set1_epi32(a[k].sums[0] as i32)),
+                    _mm256_mullo_epi32(sc[h][1].1, _mm256_set1_epi32(a[k].sums[1] as i32)),
+                );
+                *sm = _mm256_add_ps(*sm, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
+            }
+        }
+    }
+}
+
+/// The Q3_K / Q2_K kernel: [`k16_block`] over a tile's 8 blocks, then once per tile
+/// `acc + d * sd` (Q3_K) or `acc + (d * sd - dmin * sm)` (Q2_K).
+struct Sixteen<K>(PhantomData<K>);
+
+impl<K: K16> Kernel for Sixteen<K> {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K::BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+            touch_page(p, K::BYTES);
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            let mut sd = [[_mm256_setzero_ps(); 2]; T];
+            let mut sm = [[_mm256_setzero_ps(); 2]; T];
+            k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = scales16(p);
+            let dmin = match K::DMIN {
+                Some(at) => scales16(p.add(at)),
+                None => d,
+            };
+            for t in 0..T {
+                for h in 0..2 {
+                    let v = if K::DMIN.is_some() {
+                        _mm256_sub_ps(
+                            _mm256_mul_ps(d[h], sd[t][h]),
+                            _mm256_mul_ps(dmin[h], sm[t][h]),
+                        )
+                    } else {
+                        _mm256_mul_ps(d[h], sd[t][h])
+                    };
+                    acc[t][h] = _mm256_add_ps(acc[t][h], v);
+                }
+            }
+        }
+        rows_out(&acc)
+    }
+}
+
+/// IQ4_XS tiles: per sub-block s, the signed table values (IQ4_NL's [`Signed`] lookup) dotted
+/// with the sign trick, the half's `d * (ls - 32)`, then per token the canonical step.
+struct IQ4XS;
+
+/// Sub-block `S` of an IQ4_XS tile at `p` for `T` tokens.
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+#[inline(always)]
+unsafe fn iq4xs_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    d: &[__m256; 2],
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+    let mut dsc = [_mm256_setzero_ps(); 2];
+    for h in 0..2 {
+        let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
+        let lo = if S.is_multiple_of(2) {
+            _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
+        } else {
+            _mm256_srli_epi32(lo, 4)
+        };
+        let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4) + 8 * h));
+        let hi = _mm256_and_si256(
+            _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (S % 4) as i32)),
+            _mm256_set1_epi32(3),
+        );
+        let ls = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+        let sc = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+        dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+    }
+    // IQ4NL reads its nibbles D_BYTES past the pointer it is given.
+    let w = Q8_0::unpack8::<IQ4NL>(p.add(KX_QS + 256 * S - D_BYTES));
+    let mut t = 0;
+    while t + 2 <= T {
+        let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
+        let s = Q8_0::dot8(&w, a);
+        for k in 0..2 {
+            block_step(&mut acc[t + k], &dsc, s[k], 0, a[k].d);
+        }
+        t += 2;
+    }
+    if t < T {
+        let a = &*xb[t].add(S);
+        block_step(&mut acc[t], &dsc, Q8_0::dot8(&w, [a])[0], 0, a.d);
+    }
+}
+
+impl Kernel for IQ4XS {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / KX_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * KX_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
+            touch_page(p, KX_BYTES);
+            let d = scales16(p.add(KX_D));
+            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+            for (xb, x) in xb.iter_mut().zip(x) {
+                *xb = x.as_ptr().add(8 * b);
+            }
+            iq4xs_sub::<0, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<1, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<2, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<3, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<4, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<5, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<6, T>(p, ahead, &d, &xb, &mut acc);
+            iq4xs_sub::<7, T>(p, ahead, &d, &xb, &mut acc);
         }
         rows_out(&acc)
     }
@@ -596,44 +1107,19 @@ impl Kernel for Q6K {
     }
 }
 
-/// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk).
-#[inline(always)]
-unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
-    let mut t = 0;
-    while t + 8 <= x.len() {
-        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 8].copy_from_slice(&o);
-        t += 8;
-    }
-    while t + 4 <= x.len() {
-        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 4].copy_from_slice(&o);
-        t += 4;
-    }
-    while t < x.len() {
-        out[t] = K::run::<1>(tiles, [x[t]])[0];
-        t += 1;
-    }
-}
-
-macro_rules! entry {
-    ($name:ident, $imp:ident, $kernel:ty) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            rows16_any::<$kernel>(tiles, x, out)
-        }
-        fn $name(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: only reachable through `kernels`, used after `Isa::Avx2.available()`
-            // confirmed avx2, fma and f16c; the kernels assert the activation rows cover the
-            // tile count (8 blocks per tile for Q4_K and Q6_K) and read only whole tiles.
-            unsafe { $imp(tiles, x, out) }
-        }
-    };
-}
-
-entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
-entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
-entry!(rows16_q8_0, imp_q8_0, Q8_0);
-entry!(rows16_q4_k, imp_q4_k, Q4K);
-entry!(rows16_q6_k, imp_q6_k, Q6K);
+rows16_kernels!(
+    "avx2,fma,f16c",
+    Avx2,
+    Q4_0 => Blocks<Q4_0>,
+    Q4_1 => Blocks<Q4_1>,
+    Q5_0 => Blocks<Q5_0>,
+    Q5_1 => Blocks<Q5_1>,
+    Q8_0 => Q8_0,
+    IQ4_NL => IQ4NL,
+    Q2_K => Sixteen<Q2K>,
+    Q3_K => Sixteen<Q3K>,
+    Q4_K => Q4K,
+    Q5_K => Q5K,
+    Q6_K => Q6K,
+    IQ4_XS => IQ4XS,
+);

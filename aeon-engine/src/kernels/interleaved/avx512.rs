@@ -14,39 +14,33 @@
 //! [`super::super::Isa::Avx512`] is available.
 
 use super::super::blocks::BlockQ8A;
-use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
-use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
+use super::kquants::{
+    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
+    K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
+    KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
+};
+use super::IQ4NL_U;
+use super::{
+    rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
+};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
-
-/// The 16-row kernels by type (callers must have checked `Isa::Avx512.available()`).
-pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
-    vec![
-        (DType::Q4_0, rows16_q4_0 as Rows16Dot),
-        (DType::Q5_0, rows16_q5_0 as Rows16Dot),
-        (DType::Q8_0, rows16_q8_0 as Rows16Dot),
-        (DType::Q4_K, rows16_q4_k as Rows16Dot),
-        (DType::Q6_K, rows16_q6_k as Rows16Dot),
-    ]
-}
-
-/// One type's kernel for `T` activation rows at once.
-trait Kernel {
-    /// SAFETY (callers): AVX-512 F/BW/VNNI, FMA and F16C are enabled.
-    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T];
-}
 
 /// How one type's tile becomes 8 vectors of unsigned weight bytes.
 trait Tile {
     const BYTES: usize;
     const OFF: i32;
+    /// Where the f16 mins sit (Q4_1, Q5_1: weight `d * u + m`, `OFF` 0).
+    const MIN: Option<usize> = None;
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX-512 BW is enabled.
     unsafe fn unpack(p: *const u8) -> [__m512i; 8];
 }
 
 struct Q4_0;
+struct Q4_1;
 struct Q5_0;
+struct Q5_1;
 struct Q8_0;
 
 /// The low and high nibbles of the 4 qs chunks: vectors 0..4 and 4..8.
@@ -71,18 +65,61 @@ impl Tile for Q4_0 {
     }
 }
 
+struct IQ4NL;
+
+impl Tile for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    const OFF: i32 = 128;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        // Each index through the table (values + 128, unsigned for `vpdpbusd`).
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
+        let mut w = nibbles(p.add(D_BYTES));
+        for v in w.iter_mut() {
+            *v = _mm512_shuffle_epi8(table, *v);
+        }
+        w
+    }
+}
+
+impl Tile for Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const OFF: i32 = 0;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        nibbles(p.add(Q41_QS))
+    }
+}
+
+/// The 5-bit quants of a tile: nibbles at `qs`, 16 added where the masks at `hm` have a bit.
+#[inline(always)]
+unsafe fn five_bits(p: *const u8, hm: usize, qs: usize) -> [__m512i; 8] {
+    let mut w = nibbles(p.add(qs));
+    let c16 = _mm512_set1_epi8(16);
+    for (g, v) in w.iter_mut().enumerate() {
+        let m = (p.add(hm + 8 * g) as *const u64).read_unaligned();
+        *v = _mm512_mask_add_epi8(*v, m, *v, c16);
+    }
+    w
+}
+
 impl Tile for Q5_0 {
     const BYTES: usize = 16 * 22;
     const OFF: i32 = 16;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        let mut w = nibbles(p.add(Q5_QS));
-        let c16 = _mm512_set1_epi8(16);
-        for (g, v) in w.iter_mut().enumerate() {
-            let m = (p.add(Q5_HM + 8 * g) as *const u64).read_unaligned();
-            *v = _mm512_mask_add_epi8(*v, m, *v, c16);
-        }
-        w
+        five_bits(p, Q5_HM, Q5_QS)
+    }
+}
+
+impl Tile for Q5_1 {
+    const BYTES: usize = 16 * 24;
+    const OFF: i32 = 0;
+    const MIN: Option<usize> = Some(MIN_AT);
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        five_bits(p, Q51_HM, Q51_QS)
     }
 }
 
@@ -113,6 +150,20 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         }
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
         let w = L::unpack(p);
+        if let Some(at) = L::MIN {
+            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+            for t in 0..T {
+                let a = x[t].get_unchecked(b);
+                let (dx, qsum) = (_mm512_set1_ps(a.d), (a.sums[0] as i32 + a.sums[1] as i32));
+                // The reference's `acc + (d_w * d_x * isum + m_w * d_x * sum(q_x))`, each
+                // product rounded on its own (no fma), as the scalar expression is.
+                let isum = _mm512_cvtepi32_ps(dot_block(&w, a));
+                let dot = _mm512_mul_ps(_mm512_mul_ps(dw, dx), isum);
+                let min = _mm512_mul_ps(_mm512_mul_ps(mw, dx), _mm512_set1_ps(qsum as f32));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(dot, min));
+            }
+            continue;
+        }
         for t in 0..T {
             let a = x[t].get_unchecked(b);
             let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
@@ -228,6 +279,32 @@ unsafe fn plane_u8(p: *const u8) -> __m512i {
     _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// `get_scale_min_k4` of sub-block `S` for 16 rows at once, from the 12 scale planes at `sc`:
+/// (scales, mins) as i32 lanes.
+#[inline(always)]
+unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m512i, __m512i) {
+    let plane = |i: usize| plane_u8(sc.add(ROWS * i));
+    let m6 = _mm512_set1_epi32(63);
+    if S < 4 {
+        (
+            _mm512_and_si512(plane(S), m6),
+            _mm512_and_si512(plane(S + 4), m6),
+        )
+    } else {
+        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+        (
+            _mm512_or_si512(
+                _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
+                _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
+            ),
+            _mm512_or_si512(
+                _mm512_srli_epi32(lo, 4),
+                _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
+            ),
+        )
+    }
+}
+
 /// Q4_K tiles: per sub-block s, 8 vectors of 4-bit quants (low or high nibbles of the
 /// granules of qs chunk s / 2), `d * sc` and `dmin * m` as row vectors, then per token one
 /// sub-block dot, its scale FMA and its min FMA.
@@ -247,27 +324,7 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
     // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
     prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    let plane = |i: usize| plane_u8(p.add(K4_SC + ROWS * i));
-    let m6 = _mm512_set1_epi32(63);
-    // get_scale_min_k4, 16 rows at once.
-    let (sc, m) = if S < 4 {
-        (
-            _mm512_and_si512(plane(S), m6),
-            _mm512_and_si512(plane(S + 4), m6),
-        )
-    } else {
-        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-        (
-            _mm512_or_si512(
-                _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
-                _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
-            ),
-            _mm512_or_si512(
-                _mm512_srli_epi32(lo, 4),
-                _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
-            ),
-        )
-    };
+    let (sc, m) = scale_min_planes::<S>(p.add(K4_SC));
     let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
     let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
     let qs = p.add(K4_QS + 512 * (S / 2));
@@ -312,6 +369,342 @@ impl Kernel for Q4K {
             q4k_sub::<5, T>(p, ahead, d, dmin, &xb, &mut acc);
             q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
             q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q5_K tiles: per sub-block s, 8 vectors of 5-bit quants (nibbles as Q4_K, plus 16 where bit
+/// s of the qh granule is set); per token the reference's terms `a.d * f32(sc * isum)` and
+/// `a.d * f32(m * sum(q_x))`, summed per pair of sub-blocks into `sd` and `sm`, and once per
+/// tile `acc + (d * sd - dmin * sm)` (see [`super::kquants`]).
+struct Q5K;
+
+/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term).
+#[inline(always)]
+unsafe fn q5k_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+) -> [(__m512, __m512); T] {
+    prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
+    let (sc, m) = scale_min_planes::<S>(p.add(K5_SC));
+    let qs = p.add(K5_QS + 512 * (S / 2));
+    let (m4, c16, bit) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(16),
+        _mm512_set1_epi8(1 << S),
+    );
+    let w: [__m512i; 8] = std::array::from_fn(|k| {
+        let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+        let v = if S % 2 == 1 {
+            _mm512_srli_epi16(v, 4)
+        } else {
+            v
+        };
+        let v = _mm512_and_si512(v, m4);
+        let h = _mm512_loadu_si512(p.add(K5_QH + 64 * k) as *const _);
+        _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(h, bit), v, c16)
+    });
+    let mut out = [(_mm512_setzero_ps(), _mm512_setzero_ps()); T];
+    for (t, o) in out.iter_mut().enumerate() {
+        let a = &*xb[t].add(S);
+        let dx = _mm512_set1_ps(a.d);
+        let qsum = _mm512_set1_epi32(a.sums[0] as i32 + a.sums[1] as i32);
+        // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
+        let isum = _mm512_mullo_epi32(sc, dot_block(&w, a));
+        let msum = _mm512_mullo_epi32(m, qsum);
+        *o = (
+            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)),
+            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)),
+        );
+    }
+    out
+}
+
+/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+#[inline(always)]
+unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [__m512; T],
+    sm: &mut [__m512; T],
+) {
+    let a = q5k_sub::<S0, T>(p, ahead, xb);
+    let b = q5k_sub::<S1, T>(p, ahead, xb);
+    for t in 0..T {
+        sd[t] = _mm512_add_ps(sd[t], _mm512_add_ps(a[t].0, b[t].0));
+        sm[t] = _mm512_add_ps(sm[t], _mm512_add_ps(a[t].1, b[t].1));
+    }
+}
+
+impl Kernel for Q5K {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K5_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K5_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+            touch_page(p, K5_BYTES);
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            let mut sd = [_mm512_setzero_ps(); T];
+            let mut sm = [_mm512_setzero_ps(); T];
+            q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_D) as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_DMIN) as *const __m256i));
+            for t in 0..T {
+                let v = _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]));
+                acc[t] = _mm512_add_ps(acc[t], v);
+            }
+        }
+        rows_out(&acc)
+    }
+}
+
+/// Q3_K and Q2_K tiles (16-element scale groups, 2-bit quants in qs chunks): how one type's
+/// Q8A block `G` of a tile becomes weights and scales.
+trait K16 {
+    const BYTES: usize;
+    /// `u - OFF` is the weight (Q3_K 4; Q2_K 0).
+    const OFF: i32;
+    /// Where the f16 mins sit (Q2_K).
+    const DMIN: Option<usize>;
+    /// The 8 weight vectors of block `G` (vectors 0..4: scale group 2G, 4..8: 2G + 1).
+    unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8];
+    /// The scales and mins (i32 lanes) of scale groups 2G + h.
+    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2];
+}
+
+struct Q3K;
+struct Q2K;
+
+/// The 2-bit field of block `G` from the qs granules at `qs` (chunk `G / 4`, bits 2(G % 4)).
+#[inline(always)]
+unsafe fn two_bits<const G: usize>(qs: *const u8) -> [__m512i; 8] {
+    let c = qs.add(512 * (G / 4));
+    let m3 = _mm512_set1_epi8(3);
+    std::array::from_fn(|k| {
+        let v = _mm512_loadu_si512(c.add(64 * k) as *const _);
+        let v = match G % 4 {
+            0 => v,
+            1 => _mm512_srli_epi16(v, 2),
+            2 => _mm512_srli_epi16(v, 4),
+            _ => _mm512_srli_epi16(v, 6),
+        };
+        _mm512_and_si512(v, m3)
+    })
+}
+
+impl K16 for Q3K {
+    const BYTES: usize = K3_BYTES;
+    const OFF: i32 = 4;
+    const DMIN: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8] {
+        let mut w = two_bits::<G>(p.add(K3_QS));
+        let (c4, bit) = (_mm512_set1_epi8(4), _mm512_set1_epi8((1u8 << G) as i8));
+        for (k, v) in w.iter_mut().enumerate() {
+            let h = _mm512_loadu_si512(p.add(K3_HM + 64 * k) as *const _);
+            *v = _mm512_mask_add_epi8(*v, _mm512_test_epi8_mask(h, bit), *v, c4);
+        }
+        w
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
+        // `scales_q3k` for scale group k: low 4 bits from byte k % 8 (low nibble for k < 8),
+        // high 2 from byte 8 + k % 4 at bit 2(k / 4); minus 32.
+        std::array::from_fn(|h| {
+            let k = 2 * G + h;
+            let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8)));
+            let lo = if k < 8 {
+                _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
+            } else {
+                _mm512_srli_epi32(lo, 4)
+            };
+            let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4)));
+            let hi = _mm512_and_si512(
+                _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (k / 4) as i32)),
+                _mm512_set1_epi32(3),
+            );
+            let sc = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+            (
+                _mm512_sub_epi32(sc, _mm512_set1_epi32(32)),
+                _mm512_setzero_si512(),
+            )
+        })
+    }
+}
+
+impl K16 for Q2K {
+    const BYTES: usize = K2_BYTES;
+    const OFF: i32 = 0;
+    const DMIN: Option<usize> = Some(K2_DMIN);
+    #[inline(always)]
+    unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8] {
+        two_bits::<G>(p.add(K2_QS))
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
+        std::array::from_fn(|h| {
+            let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + h)));
+            (
+                _mm512_and_si512(v, _mm512_set1_epi32(0xF)),
+                _mm512_srli_epi32(v, 4),
+            )
+        })
+    }
+}
+
+/// Q8A block `G` of a Q3_K / Q2_K tile for `T` tokens: per token the two halves' exact sums,
+/// `sd += a.d * f32(sc_0 * ih_0 + sc_1 * ih_1)` and (Q2_K) `sm += a.d * f32(m . sums)`.
+#[inline(always)]
+unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [__m512; T],
+    sm: &mut [__m512; T],
+) {
+    prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+    let w = K::weights::<G>(p);
+    let [(sc0, m0), (sc1, m1)] = K::scales::<G>(p);
+    for t in 0..T {
+        let a = &*xb[t].add(G);
+        let q = a.qs.as_ptr() as *const i32;
+        let half = |h: usize| {
+            let mut s = _mm512_setzero_si512();
+            for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
+                s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
+            }
+            _mm512_sub_epi32(s, _mm512_set1_epi32(K::OFF * a.sums[h] as i32))
+        };
+        let isum = _mm512_add_epi32(
+            _mm512_mullo_epi32(sc0, half(0)),
+            _mm512_mullo_epi32(sc1, half(1)),
+        );
+        let dx = _mm512_set1_ps(a.d);
+        sd[t] = _mm512_add_ps(sd[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)));
+        if K::DMIN.is_some() {
+            let msum = _mm512_add_epi32(
+                _mm512_mullo_epi32(m0, _mm512_set1_epi32(a.sums[0] as i32)),
+                _mm512_mullo_epi32(m1, _mm512_set1_epi32(a.sums[1] as i32)),
+            );
+            sm[t] = _mm512_add_ps(sm[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)));
+        }
+    }
+}
+
+/// The Q3_K / Q2_K kernel: [`k16_block`] over a tile's 8 blocks, then once per tile
+/// `acc + d * sd` (Q3_K) or `acc + (d * sd - dmin * sm)` (Q2_K).
+struct Sixteen<K>(PhantomData<K>);
+
+impl<K: K16> Kernel for Sixteen<K> {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / K::BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+            touch_page(p, K::BYTES);
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            let mut sd = [_mm512_setzero_ps(); T];
+            let mut sm = [_mm512_setzero_ps(); T];
+            k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
+            k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            for t in 0..T {
+                let v = match K::DMIN {
+                    Some(at) => {
+                        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+                        _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]))
+                    }
+                    None => _mm512_mul_ps(d, sd[t]),
+                };
+                acc[t] = _mm512_add_ps(acc[t], v);
+            }
+        }
+        rows_out(&acc)
+    }
+}
+
+/// IQ4_XS tiles: per sub-block s, 8 vectors of table values + 128 (as IQ4_NL's), the row
+/// vector `d * (ls - 32)`, then per token the canonical step.
+struct IQ4XS;
+
+/// Sub-block `S` of an IQ4_XS tile at `p` for `T` tokens.
+#[inline(always)]
+unsafe fn iq4xs_sub<const S: usize, const T: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    d: __m512,
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [__m512; T],
+) {
+    prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+    let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
+    let lo = if S.is_multiple_of(2) {
+        _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
+    } else {
+        _mm512_srli_epi32(lo, 4)
+    };
+    let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4)));
+    let hi = _mm512_and_si512(
+        _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (S % 4) as i32)),
+        _mm512_set1_epi32(3),
+    );
+    let ls = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+    let dsc = _mm512_mul_ps(
+        d,
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))),
+    );
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
+    let mut w = nibbles(p.add(KX_QS + 256 * S));
+    for v in w.iter_mut() {
+        *v = _mm512_shuffle_epi8(table, *v);
+    }
+    for t in 0..T {
+        let a = &*xb[t].add(S);
+        let corr = _mm512_set1_epi32(128 * (a.sums[0] as i32 + a.sums[1] as i32));
+        let isum = _mm512_sub_epi32(dot_block(&w, a), corr);
+        let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+        acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+    }
+}
+
+impl Kernel for IQ4XS {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        let nt = tiles.len() / KX_BYTES;
+        assert!(x.iter().all(|x| x.len() >= 8 * nt));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * KX_BYTES);
+            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
+            touch_page(p, KX_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(KX_D) as *const __m256i));
+            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+            iq4xs_sub::<0, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<1, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<2, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<3, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<4, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<5, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<6, T>(p, ahead, d, &xb, &mut acc);
+            iq4xs_sub::<7, T>(p, ahead, d, &xb, &mut acc);
         }
         rows_out(&acc)
     }
@@ -399,45 +792,19 @@ impl Kernel for Q6K {
     }
 }
 
-/// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk).
-#[inline(always)]
-unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-    assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
-    let mut t = 0;
-    while t + 8 <= x.len() {
-        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 8].copy_from_slice(&o);
-        t += 8;
-    }
-    while t + 4 <= x.len() {
-        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
-        out[t..t + 4].copy_from_slice(&o);
-        t += 4;
-    }
-    while t < x.len() {
-        out[t] = K::run::<1>(tiles, [x[t]])[0];
-        t += 1;
-    }
-}
-
-macro_rules! entry {
-    ($name:ident, $imp:ident, $kernel:ty) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-        unsafe fn $imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            rows16_any::<$kernel>(tiles, x, out)
-        }
-        fn $name(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: only reachable through `kernels`, used after `Isa::Avx512.available()`
-            // confirmed avx512f/bw/vl/dq/vnni, avx2, fma and f16c; `rows16` bounds-checks the
-            // activation rows against the tile count and reads only whole tiles.
-            // (Q4_K and Q6_K: 8 activation blocks per tile.)
-            unsafe { $imp(tiles, x, out) }
-        }
-    };
-}
-
-entry!(rows16_q4_0, imp_q4_0, Blocks<Q4_0>);
-entry!(rows16_q5_0, imp_q5_0, Blocks<Q5_0>);
-entry!(rows16_q8_0, imp_q8_0, Blocks<Q8_0>);
-entry!(rows16_q4_k, imp_q4_k, Q4K);
-entry!(rows16_q6_k, imp_q6_k, Q6K);
+rows16_kernels!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    Avx512,
+    Q4_0 => Blocks<Q4_0>,
+    Q4_1 => Blocks<Q4_1>,
+    Q5_0 => Blocks<Q5_0>,
+    Q5_1 => Blocks<Q5_1>,
+    Q8_0 => Blocks<Q8_0>,
+    IQ4_NL => Blocks<IQ4NL>,
+    Q2_K => Sixteen<Q2K>,
+    Q3_K => Sixteen<Q3K>,
+    Q4_K => Q4K,
+    Q5_K => Q5K,
+    Q6_K => Q6K,
+    IQ4_XS => IQ4XS,
+);

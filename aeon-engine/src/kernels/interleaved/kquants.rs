@@ -1,4 +1,4 @@
-//! Row-interleaved Q4_K and Q6_K tiles: 16 rows x one 256-element super-block.
+//! Row-interleaved k-quant tiles (Q2_K to Q6_K): 16 rows x one 256-element super-block.
 //!
 //! A tile holds exactly the bytes of the 16 source blocks, reordered so that one 512-bit
 //! register holds 4 consecutive quant bytes of each of 16 rows (lane r = row r), and each
@@ -8,6 +8,10 @@
 //! | type | bytes | layout                                                                    |
 //! |------|-------|---------------------------------------------------------------------------|
 //! | Q4_K | 2304  | `d[16]`, `dmin[16]` f16, 12 planes of `scales`, `qs[32][16][4]`: granule k lane r = `qs[4k..4k+4]` of row r |
+//! | Q5_K | 2816  | as Q4_K, with 8 granules of `qh` (lane r = `qh[4k..4k+4]` of row r) before `qs` |
+//! | Q3_K | 1760  | `d[16]`, 12 planes of packed `scales`, 8 granules of `hmask`, 16 of `qs` (chunk n = granules 8n..8n+8) |
+//! | Q2_K | 1344  | `d[16]`, `dmin[16]`, 16 planes of `scales`, 16 granules of `qs` as Q3_K  |
+//! | IQ4_XS | 2176 | `d[16]`, 2 planes of `scales_h`, 4 of `scales_l`, 32 granules of `qs` (sub-block ib = granules 4ib..4ib+4) |
 //! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), then per 128-element half n: ql granules 16n..16n+8, qh granules 8n..8n+8, ql granules 16n+8..16n+16 (granules as Q4_K) |
 //!
 //! Both orders are the kernels' order of first touch, so a tile streams front to back (the
@@ -22,6 +26,21 @@
 //! `acc = fma(d * sc, f32(isum) * a.d, acc)`, then `acc = fma(-(dmin * m), a.s, acc)`.
 //! `d * sc` and `dmin * m` are exact in f32 (11-bit x 6-bit).
 //!
+//! Q5_K: as Q4_K, plus 16 where bit s of `qh[l]` is set (element l of sub-block s; qh granule
+//! k matches qs granule 8j + k). Its f32 steps keep the per-row reference's expression (see
+//! `q5k_ref`): per pair of sub-blocks `sd += x1 + x2`, `sm += y1 + y2`, then once per
+//! super-block `acc = acc + (d * sd - dmin * sm)`.
+//!
+//! Q3_K and Q2_K: Q8A block g = 4n + j of a super-block takes bits 2j, 2j + 1 of qs chunk n
+//! (and, Q3_K, bit g of `hmask` as bit 2 of `u`, weight `u - 4`); it spans two 16-element
+//! scale groups. Their f32 steps keep the per-row reference's expression (`k16_ref`): per
+//! block `sd += a.d * f32(isum)` (Q2_K also `sm += a.d * f32(msum)`), once per super-block
+//! `acc = acc + d * sd` (Q2_K: `acc + (d * sd - dmin * sm)`).
+//!
+//! IQ4_XS: sub-block ib's weights are its indices' table values + 128 (`u`, OFF 128), one
+//! scale `ls - 32` per sub-block; the canonical step per sub-block,
+//! `acc = fma(d * (ls - 32), f32(isum) * a.d, acc)` (`d * (ls - 32)` exact).
+//!
 //! Q6_K: Q8A block `4n + k` of a super-block (elements `128n + 32k + l`, l in 0..32) takes
 //! its low 4 bits from `ql[64n + 32(k & 1) + l]` (low nibble for k < 2, high for k >= 2) and
 //! its high 2 bits from `qh[32n + l] >> 2k`; weight = `q - 32`. It spans two 16-element scale
@@ -30,7 +49,10 @@
 //!
 //! [`rows16_ref`] is that in scalar Rust; the SIMD kernels give its bits exactly.
 
-use super::super::blocks::{f16_le, scale_min_k4, BlockQ4K, BlockQ6K, BlockQ8A};
+use super::super::blocks::{
+    f16_le, scale_min_k4, scales_q3k, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8A, KVALUES_IQ4NL,
+};
 use super::ROWS;
 use knot_format::dtype::{DType, QK, QK_K};
 
@@ -41,6 +63,42 @@ pub(super) const K4_SC: usize = 4 * ROWS;
 pub(super) const K4_QS: usize = K4_SC + 12 * ROWS;
 pub(super) const K4_BYTES: usize = K4_QS + QK_K / 2 * ROWS;
 const _: () = assert!(K4_BYTES == ROWS * DType::Q4_K.block_bytes());
+
+/// Q5_K tile offsets: as Q4_K, with the 32 `qh` bytes of each row as 8 granules before `qs`.
+pub(super) const K5_D: usize = 0;
+pub(super) const K5_DMIN: usize = 2 * ROWS;
+pub(super) const K5_SC: usize = 4 * ROWS;
+pub(super) const K5_QH: usize = K5_SC + 12 * ROWS;
+pub(super) const K5_QS: usize = K5_QH + QK_K / 8 * ROWS;
+pub(super) const K5_BYTES: usize = K5_QS + QK_K / 2 * ROWS;
+const _: () = assert!(K5_BYTES == ROWS * DType::Q5_K.block_bytes());
+const _: () = assert!(K5_D == K4_D && K5_DMIN == K4_DMIN && K5_SC == K4_SC);
+
+/// Q3_K tile offsets: super-scales, 12 planes of packed scales, 8 `hmask` granules, 16 `qs`
+/// granules (qs chunk n, 32 bytes, is granules 8n..8n+8).
+pub(super) const K3_D: usize = 0;
+pub(super) const K3_SC: usize = 2 * ROWS;
+pub(super) const K3_HM: usize = K3_SC + 12 * ROWS;
+pub(super) const K3_QS: usize = K3_HM + QK_K / 8 * ROWS;
+pub(super) const K3_BYTES: usize = K3_QS + QK_K / 4 * ROWS;
+const _: () = assert!(K3_BYTES == ROWS * DType::Q3_K.block_bytes());
+
+/// Q2_K tile offsets: super-scales, mins, 16 scale planes, 16 `qs` granules as Q3_K's.
+pub(super) const K2_D: usize = 0;
+pub(super) const K2_DMIN: usize = 2 * ROWS;
+pub(super) const K2_SC: usize = 4 * ROWS;
+pub(super) const K2_QS: usize = K2_SC + 16 * ROWS;
+pub(super) const K2_BYTES: usize = K2_QS + QK_K / 4 * ROWS;
+const _: () = assert!(K2_BYTES == ROWS * DType::Q2_K.block_bytes());
+
+/// IQ4_XS tile offsets: super-scales, 2 planes of `scales_h`, 4 of `scales_l`, 32 `qs`
+/// granules (sub-block ib's 16 bytes are granules 4ib..4ib+4, nibble order as Q4_0).
+pub(super) const KX_D: usize = 0;
+pub(super) const KX_SH: usize = 2 * ROWS;
+pub(super) const KX_SL: usize = KX_SH + 2 * ROWS;
+pub(super) const KX_QS: usize = KX_SL + 4 * ROWS;
+pub(super) const KX_BYTES: usize = KX_QS + QK_K / 2 * ROWS;
+const _: () = assert!(KX_BYTES == ROWS * DType::IQ4_XS.block_bytes());
 
 /// Q6_K tile offsets: super-scales, 16 scale planes, then two 128-element halves of
 /// `K6_HALF` bytes: ql granules (8 of them, 512 bytes), qh granules, ql granules.
@@ -92,6 +150,45 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 }
                 put_granules(tile, K4_QS, r, &b.qs);
             }
+            DType::Q5_K => {
+                let b: &BlockQ5K = bytemuck::from_bytes(s);
+                tile[K5_D + 2 * r..][..2].copy_from_slice(&b.d);
+                tile[K5_DMIN + 2 * r..][..2].copy_from_slice(&b.dmin);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K5_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K5_QH, r, &b.qh);
+                put_granules(tile, K5_QS, r, &b.qs);
+            }
+            DType::Q3_K => {
+                let b: &BlockQ3K = bytemuck::from_bytes(s);
+                tile[K3_D + 2 * r..][..2].copy_from_slice(&b.d);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K3_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K3_HM, r, &b.hmask);
+                put_granules(tile, K3_QS, r, &b.qs);
+            }
+            DType::Q2_K => {
+                let b: &BlockQ2K = bytemuck::from_bytes(s);
+                tile[K2_D + 2 * r..][..2].copy_from_slice(&b.d);
+                tile[K2_DMIN + 2 * r..][..2].copy_from_slice(&b.dmin);
+                for (p, &v) in b.scales.iter().enumerate() {
+                    tile[K2_SC + ROWS * p + r] = v;
+                }
+                put_granules(tile, K2_QS, r, &b.qs);
+            }
+            DType::IQ4_XS => {
+                let b: &BlockIQ4XS = bytemuck::from_bytes(s);
+                tile[KX_D + 2 * r..][..2].copy_from_slice(&b.d);
+                for (p, &v) in b.scales_h.iter().enumerate() {
+                    tile[KX_SH + ROWS * p + r] = v;
+                }
+                for (p, &v) in b.scales_l.iter().enumerate() {
+                    tile[KX_SL + ROWS * p + r] = v;
+                }
+                put_granules(tile, KX_QS, r, &b.qs);
+            }
             DType::Q6_K => {
                 let b: &BlockQ6K = bytemuck::from_bytes(s);
                 tile[K6_D + 2 * r..][..2].copy_from_slice(&b.d);
@@ -105,7 +202,7 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                     put_granules(tile, k6_qh(c), r, chunk);
                 }
             }
-            _ => unreachable!("kquants::pack_tile: {dtype} is not Q4_K or Q6_K"),
+            _ => unreachable!("kquants::pack_tile: {dtype} has no k-quant layout"),
         }
     }
 }
@@ -140,7 +237,8 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
     });
     for r in 0..ROWS {
         match dtype {
-            DType::Q4_K => {
+            DType::Q4_K | DType::Q5_K => {
+                // Q5_K's scales sit where Q4_K's do; its qs follow the qh granules.
                 k.d[r] = f16_le([tile[K4_D + 2 * r], tile[K4_D + 2 * r + 1]]);
                 k.dmin[r] = f16_le([tile[K4_DMIN + 2 * r], tile[K4_DMIN + 2 * r + 1]]);
                 let planes: [u8; 12] = std::array::from_fn(|p| tile[K4_SC + ROWS * p + r]);
@@ -149,10 +247,66 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     k.sc[r][2 * s..2 * s + 2].fill(sc as i32);
                     k.m[r][2 * s..2 * s + 2].fill(m as i32);
                 }
+                let (qs, q5) = match dtype {
+                    DType::Q5_K => (K5_QS, true),
+                    _ => (K4_QS, false),
+                };
                 for (e, u) in k.u[r].iter_mut().enumerate() {
                     let (s, l) = (e / QK, e % QK);
-                    let byte = tile[granule_byte(K4_QS + 512 * (s / 2), r, l)];
-                    *u = if s % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                    let byte = tile[granule_byte(qs + 512 * (s / 2), r, l)];
+                    let high = if q5 {
+                        tile[granule_byte(K5_QH, r, l)] >> s & 1
+                    } else {
+                        0
+                    };
+                    *u = (if s % 2 == 0 { byte & 0xF } else { byte >> 4 }) | high << 4;
+                }
+            }
+            DType::Q3_K => {
+                k.off = 4;
+                k.d[r] = f16_le([tile[K3_D + 2 * r], tile[K3_D + 2 * r + 1]]);
+                let planes: [u8; 12] = std::array::from_fn(|p| tile[K3_SC + ROWS * p + r]);
+                let sc = scales_q3k(&planes);
+                for (g, v) in k.sc[r].iter_mut().enumerate() {
+                    *v = sc[g] as i32;
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    // Element 128n + 32j + l: bits 2j of qs[32n + l], bit 4n + j of hmask[l].
+                    let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+                    let q = tile[granule_byte(K3_QS + 512 * n, r, l)] >> (2 * j) & 3;
+                    let h = tile[granule_byte(K3_HM, r, l)] >> (4 * n + j) & 1;
+                    *u = q | h << 2;
+                }
+            }
+            DType::Q2_K => {
+                k.d[r] = f16_le([tile[K2_D + 2 * r], tile[K2_D + 2 * r + 1]]);
+                k.dmin[r] = f16_le([tile[K2_DMIN + 2 * r], tile[K2_DMIN + 2 * r + 1]]);
+                for g in 0..QK_K / 16 {
+                    let v = tile[K2_SC + ROWS * g + r];
+                    (k.sc[r][g], k.m[r][g]) = ((v & 0xF) as i32, (v >> 4) as i32);
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+                    *u = tile[granule_byte(K2_QS + 512 * n, r, l)] >> (2 * j) & 3;
+                }
+            }
+            DType::IQ4_XS => {
+                k.off = 128;
+                k.d[r] = f16_le([tile[KX_D + 2 * r], tile[KX_D + 2 * r + 1]]);
+                let b = BlockIQ4XS {
+                    d: [0; 2],
+                    scales_h: [tile[KX_SH + r], tile[KX_SH + ROWS + r]],
+                    scales_l: std::array::from_fn(|p| tile[KX_SL + ROWS * p + r]),
+                    qs: [0; QK_K / 2],
+                };
+                for ib in 0..QK_K / QK {
+                    k.sc[r][2 * ib..2 * ib + 2].fill(b.scale(ib) - 32);
+                }
+                for (e, u) in k.u[r].iter_mut().enumerate() {
+                    let (ib, l) = (e / QK, e % QK);
+                    let byte = tile[granule_byte(KX_QS + 256 * ib, r, l % 16)];
+                    let nib = if l < 16 { byte & 0xF } else { byte >> 4 };
+                    *u = (KVALUES_IQ4NL[nib as usize] as u8) ^ 0x80;
                 }
             }
             DType::Q6_K => {
@@ -170,7 +324,7 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     *u = lo | ((qh >> (2 * kk)) & 3) << 4;
                 }
             }
-            _ => unreachable!("kquants::unpack_tile_ref: {dtype} is not Q4_K or Q6_K"),
+            _ => unreachable!("kquants::unpack_tile_ref: {dtype} has no k-quant layout"),
         }
     }
     k
@@ -183,6 +337,17 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     let mut acc = [0f32; ROWS];
     for (t, xa) in tiles.chunks_exact(bytes).zip(x.chunks_exact(QK_K / QK)) {
         let k = unpack_tile_ref(dtype, t);
+        match dtype {
+            DType::Q5_K => {
+                q5k_ref(&k, xa, &mut acc);
+                continue;
+            }
+            DType::Q3_K | DType::Q2_K => {
+                k16_ref(&k, xa, &mut acc);
+                continue;
+            }
+            _ => {}
+        }
         for (s, a) in xa.iter().enumerate() {
             for (r, acc) in acc.iter_mut().enumerate() {
                 let u = &k.u[r][QK * s..QK * (s + 1)];
@@ -191,7 +356,12 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
                         .map(|l| u[l] as i32 * a.qs[l] as i32)
                         .sum()
                 };
-                if dtype == DType::Q4_K {
+                if dtype == DType::IQ4_XS {
+                    // One scale per sub-block, weights `u - 128`: the canonical block step.
+                    let isum = isum(0) + isum(1) - k.off * (a.sums[0] as i32 + a.sums[1] as i32);
+                    let tmp = isum as f32 * a.d;
+                    *acc = (k.d[r] * k.sc[r][2 * s] as f32).mul_add(tmp, *acc);
+                } else if dtype == DType::Q4_K {
                     let (sc, m) = (k.sc[r][2 * s], k.m[r][2 * s]);
                     let tmp = (isum(0) + isum(1)) as f32 * a.d;
                     *acc = (k.d[r] * sc as f32).mul_add(tmp, *acc);
@@ -209,19 +379,104 @@ pub(super) fn rows16_ref(dtype: DType, tiles: &[u8], x: &[BlockQ8A]) -> [f32; RO
     acc
 }
 
+/// One Q5_K tile's step, the per-row reference's order: per pair j of sub-blocks (Q8A blocks
+/// `a1 = 2j`, `a2 = 2j + 1`), `sd += a1.d * f32(sc1 * isum1) + a2.d * f32(sc2 * isum2)` and
+/// `sm += a1.d * f32(m1 * sum(a1.qs)) + a2.d * f32(m2 * sum(a2.qs))`, then
+/// `acc = acc + (d * sd - dmin * sm)` (each product rounded on its own, no fma).
+fn q5k_ref(k: &KTile, xa: &[BlockQ8A], acc: &mut [f32; ROWS]) {
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        let term = |s: usize| -> (f32, f32) {
+            let a = &xa[s];
+            let isum: i32 = (0..QK)
+                .map(|l| k.u[r][QK * s + l] as i32 * a.qs[l] as i32)
+                .sum();
+            let qsum = a.sums[0] as i32 + a.sums[1] as i32;
+            let (sc, m) = (k.sc[r][2 * s], k.m[r][2 * s]);
+            (a.d * (sc * isum) as f32, a.d * (m * qsum) as f32)
+        };
+        for j in 0..4 {
+            let ((x1, y1), (x2, y2)) = (term(2 * j), term(2 * j + 1));
+            sd += x1 + x2;
+            sm += y1 + y2;
+        }
+        *acc += k.d[r] * sd - k.dmin[r] * sm;
+    }
+}
+
+/// One Q3_K or Q2_K tile's step, the per-row reference's order: per Q8A block g and half h
+/// (16 weights, scale `sc = sc[2g + h]`), `ih_h = sum(u * q_x) - off * a.sums[h]` (exact);
+/// `sd += a.d * f32(sc_0 * ih_0 + sc_1 * ih_1)`, and for Q2_K
+/// `sm += a.d * f32(m_0 * a.sums[0] + m_1 * a.sums[1])`; then
+/// `acc = acc + (d * sd - dmin * sm)` (Q2_K) or `acc = acc + d * sd` (Q3_K), each product
+/// rounded on its own.
+fn k16_ref(k: &KTile, xa: &[BlockQ8A], acc: &mut [f32; ROWS]) {
+    let q2 = k.off == 0;
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let (mut sd, mut sm) = (0f32, 0f32);
+        for (g, a) in xa.iter().enumerate() {
+            let ih = |h: usize| -> i32 {
+                let dot: i32 = (16 * h..16 * h + 16)
+                    .map(|l| k.u[r][QK * g + l] as i32 * a.qs[l] as i32)
+                    .sum();
+                dot - k.off * a.sums[h] as i32
+            };
+            let isum = k.sc[r][2 * g] * ih(0) + k.sc[r][2 * g + 1] * ih(1);
+            sd += a.d * isum as f32;
+            let msum = k.m[r][2 * g] * a.sums[0] as i32 + k.m[r][2 * g + 1] * a.sums[1] as i32;
+            sm += a.d * msum as f32;
+        }
+        *acc += if q2 {
+            k.d[r] * sd - k.dmin[r] * sm
+        } else {
+            k.d[r] * sd
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::super::{Isa, Kernels, QMatrix};
     use super::super::Interleaved;
     use super::*;
 
-    /// 16 rows of `n` super-blocks whose quants all sit at `top` (Q4_K 15, Q6_K 63) or 0, with
-    /// the largest 6-bit scales and mins (Q4_K) or scales alternating 127 / -128 (Q6_K).
+    /// 16 rows of `n` super-blocks whose quants all sit at `top` (Q2_K 3, Q3_K 7, Q4_K 15,
+    /// Q5_K 31, Q6_K 63) or 0, with the largest scales and mins, or (Q6_K) scales alternating
+    /// 127 / -128.
     fn extreme_rows(dtype: DType, n: usize, top: bool) -> Vec<u8> {
         let q = if top { 0xFF } else { 0 };
         let block = |r: usize| -> Vec<u8> {
             let d = half::f16::from_f32(0.01 * (r + 1) as f32).to_le_bytes();
             match dtype {
+                DType::Q5_K => {
+                    let dmin = half::f16::from_f32(0.003).to_le_bytes();
+                    let b = BlockQ5K {
+                        d,
+                        dmin,
+                        scales: [0xFF; 12],
+                        qh: [q; QK_K / 8],
+                        qs: [q; QK_K / 2],
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+                DType::Q3_K => {
+                    let b = BlockQ3K {
+                        hmask: [q; QK_K / 8],
+                        qs: [q; QK_K / 4],
+                        scales: [0xFF; 12],
+                        d,
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+                DType::Q2_K => {
+                    let b = BlockQ2K {
+                        scales: [0xFF; QK_K / 16],
+                        qs: [q; QK_K / 4],
+                        d,
+                        dmin: half::f16::from_f32(0.003).to_le_bytes(),
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
                 DType::Q4_K => {
                     let dmin = half::f16::from_f32(0.003).to_le_bytes();
                     let b = BlockQ4K {
@@ -269,7 +524,13 @@ mod tests {
     #[test]
     fn kquant_kernels_at_the_quant_extremes_give_the_reference_bits() {
         let n = 2;
-        for dtype in [DType::Q4_K, DType::Q6_K] {
+        for dtype in [
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
             for top in [true, false] {
                 let data = extreme_rows(dtype, n, top);
                 let w = QMatrix::new(dtype, ROWS, n * QK_K, &data).unwrap();
