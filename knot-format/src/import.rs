@@ -266,6 +266,32 @@ impl ArchConfig {
         let swa_layers = m.swa_layers(&k("attention.sliding_window_pattern"), n_layers)?;
         let rope_base_swa = m.f32(&k("rope.freq_base_swa"))?;
         let final_logit_softcap = m.f32(&k("final_logit_softcapping"))?.filter(|&c| c > 0.0);
+        // Mixture of experts: an expert count > 0. The expert width defaults as llama.cpp's
+        // does (`feed_forward_length / expert_used_count`); qwen3moe renormalises its top-k
+        // weights whatever the file says (llama.cpp passes norm_w = true for it).
+        let moe = match m.u32(&k("expert_count"))?.filter(|&n| n > 0) {
+            None => None,
+            Some(n_experts) => {
+                let n_experts_used = m.u32(&k("expert_used_count"))?.unwrap_or(0);
+                if n_experts_used == 0 || n_experts_used > n_experts {
+                    return Err(m.err(
+                        &k("expert_used_count"),
+                        format!("{n_experts_used} is outside 1..={n_experts} experts"),
+                    ));
+                }
+                let expert_ffn = m
+                    .u32(&k("expert_feed_forward_length"))?
+                    .unwrap_or(ffn / n_experts_used);
+                let norm_topk =
+                    arch == "qwen3moe" || m.bool(&k("expert_weights_norm"))?.unwrap_or(false);
+                Some(crate::MoeConfig {
+                    n_experts,
+                    n_experts_used,
+                    expert_ffn,
+                    norm_topk,
+                })
+            }
+        };
         Ok(ArchConfig {
             arch,
             n_layers,
@@ -287,6 +313,7 @@ impl ArchConfig {
             swa_layers,
             rope_base_swa,
             final_logit_softcap,
+            moe,
         })
     }
 }
