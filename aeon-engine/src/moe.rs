@@ -64,6 +64,18 @@ struct MoeScratch {
 
 thread_local! {
     static MOE: RefCell<MoeScratch> = RefCell::new(MoeScratch::default());
+    /// Where [`record_routes`] collects each [`MoeFfn::forward`]'s choices on this thread.
+    static ROUTES: RefCell<Option<Vec<Vec<(u32, f32)>>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` and returns, with its result, the expert choice of every MoE block it ran on this
+/// thread, one entry per block call in call order, each `seq * k` (expert, weight) pairs as
+/// [`MoeFfn::route`] gives them (tools and tests compare routing with llama.cpp's with it).
+pub fn record_routes<R>(f: impl FnOnce() -> R) -> (R, Vec<Vec<(u32, f32)>>) {
+    let outer = ROUTES.with(|r| r.borrow_mut().replace(Vec::new()));
+    let out = f();
+    let got = ROUTES.with(|r| std::mem::replace(&mut *r.borrow_mut(), outer));
+    (out, got.unwrap_or_default())
 }
 
 /// Smallest sum the top-k weights are divided by (llama.cpp clamps to f16's smallest normal).
@@ -126,6 +138,11 @@ impl MoeFfn<'_> {
         let mut probs = std::mem::take(&mut s.probs);
         let mut choice = std::mem::take(&mut s.choice);
         self.route_into(xn, seq, &mut probs, &mut choice);
+        ROUTES.with(|r| {
+            if let Some(v) = r.borrow_mut().as_mut() {
+                v.push(choice.clone());
+            }
+        });
         s.ys.resize(seq * k * h, 0.0);
         for (e, ex) in self.experts.iter().enumerate() {
             s.slots.clear();

@@ -12,13 +12,16 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use fat_station::engine::moe::record_routes;
 use fat_station::engine::{Ffn, Model};
 use knot_format::Knot;
 use support::*;
 
 /// A prompt of 12 ids in Qwen's tokenizer ("The capital of France is Paris. The capital of
 /// Germany is"): long enough that experts get several tokens of one batch.
-const PROMPT: [u32; 12] = [785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374];
+const PROMPT: [u32; 12] = [
+    785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374,
+];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -78,7 +81,14 @@ fn tiny_moe(dir: &Path) -> Option<(PathBuf, PathBuf)> {
         .arg(repo().join("scripts/make-synthetic-model.py"))
         .arg(&gguf)
         .args([
-            "--preset", "tiny-moe", "--type", "q8_0", "--seed", "0", "-q", "--tokenizer",
+            "--preset",
+            "tiny-moe",
+            "--type",
+            "q8_0",
+            "--seed",
+            "0",
+            "-q",
+            "--tokenizer",
         ])
         .arg(&tokenizer));
     let knot = dir.join("tiny-moe.knot");
@@ -130,9 +140,15 @@ fn tiny_moe_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() 
     assert!(batched.iter().all(|x| x.is_finite()), "non-finite logits");
     for (what, other) in [
         ("1 thread", with_threads(1, || chunked(&m, &PROMPT, &[12]))),
-        ("token by token", with_threads(2, || chunked(&m, &PROMPT, &[1; 12]))),
+        (
+            "token by token",
+            with_threads(2, || chunked(&m, &PROMPT, &[1; 12])),
+        ),
         ("5+7", with_threads(2, || chunked(&m, &PROMPT, &[5, 7]))),
-        ("3+1+8", with_threads(1, || chunked(&m, &PROMPT, &[3, 1, 8]))),
+        (
+            "3+1+8",
+            with_threads(1, || chunked(&m, &PROMPT, &[3, 1, 8])),
+        ),
     ] {
         assert_eq!(bits(&batched), bits(&other), "batched vs {what} differ");
     }
@@ -172,7 +188,30 @@ fn tiny_moe_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() 
         top_ids(&batched, 5),
         top_ids(&peer, 5)
     );
-    assert_eq!(argmax(&batched), argmax(&peer), "top-1 differs from llama.cpp");
+    assert_eq!(
+        argmax(&batched),
+        argmax(&peer),
+        "top-1 differs from llama.cpp"
+    );
+
+    // Expert choice per token and block equal to llama.cpp's (same top-k order).
+    let (_, routes) = record_routes(|| chunked(&m, &PROMPT, &[12]));
+    let ours: Vec<i32> = routes
+        .iter()
+        .flat_map(|r| r.iter().map(|&(e, _)| e as i32))
+        .collect();
+    let theirs: Vec<i32> = std::fs::read(golden.join("tiny_moe_seed0_experts.i32"))
+        .expect("experts golden")
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(ours.len(), 4 * PROMPT.len() * 2);
+    let same = ours.iter().zip(&theirs).filter(|(a, b)| a == b).count();
+    eprintln!(
+        "tiny-moe: expert choice equal to llama.cpp's at {same}/{}",
+        ours.len()
+    );
+    assert_eq!(ours, theirs, "expert choice differs from llama.cpp's");
     assert!(
         rms <= 1.5 * own,
         "rms {rms} against llama.cpp is over 1.5x its own batching noise {own}"
