@@ -518,6 +518,52 @@ mod tests {
     }
 
     #[test]
+    fn qwen3moe_reads_the_expert_config_and_keeps_3d_experts_bit_for_bit() {
+        let moe = |used: u32| {
+            let mut g = Builder::new();
+            g.string("general.architecture", "qwen3moe")
+                .u32("qwen3moe.block_count", 1)
+                .u32("qwen3moe.context_length", 128)
+                .u32("qwen3moe.embedding_length", 64)
+                .u32("qwen3moe.feed_forward_length", 256)
+                .u32("qwen3moe.attention.head_count", 4)
+                .f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
+                .u32("qwen3moe.expert_count", 4)
+                .u32("qwen3moe.expert_used_count", used)
+                .u32("qwen3moe.vocab_size", 4)
+                .tensor("blk.0.ffn_gate_inp.weight", DType::F32, &[64, 4], 1)
+                .tensor("blk.0.ffn_gate_exps.weight", DType::Q8_0, &[64, 32, 4], 2)
+                .tensor("blk.0.ffn_down_exps.weight", DType::Q4_K, &[256, 64, 4], 3);
+            g
+        };
+        let g = moe(2);
+        let raw = g.build();
+        let parsed = Gguf::parse(&raw, Path::new("m.gguf")).unwrap();
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        // No expert_feed_forward_length: llama.cpp's default, feed_forward_length / used.
+        assert_eq!(
+            a.moe,
+            Some(crate::MoeConfig {
+                n_experts: 4,
+                n_experts_used: 2,
+                expert_ffn: 128,
+                norm_topk: true,
+            })
+        );
+        assert!(a.runs_here());
+        for info in &parsed.tensors {
+            let v = k.tensor(&info.name).unwrap();
+            assert_eq!(v.entry.shape, info.shape, "{}", info.name);
+            assert_eq!(v.bytes, parsed.tensor_bytes(info, &raw).unwrap());
+        }
+        k.verify(&mut |_| {}).unwrap();
+        // More experts used than there are: refused, naming the key.
+        let e = import(&moe(5)).err().expect("refused").to_string();
+        assert!(e.contains("expert_used_count"), "{e}");
+    }
+
+    #[test]
     fn llama_is_normal_rope_and_untied_with_output() {
         let mut g = Builder::new();
         g.string("general.architecture", "llama")
