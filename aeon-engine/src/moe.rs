@@ -62,16 +62,19 @@ struct MoeScratch {
     ys: Vec<f32>,
 }
 
+/// The experts of each token of one block call, `seq * k` (expert, weight) in top-k order.
+pub type Routes = Vec<(u32, f32)>;
+
 thread_local! {
     static MOE: RefCell<MoeScratch> = RefCell::new(MoeScratch::default());
     /// Where [`record_routes`] collects each [`MoeFfn::forward`]'s choices on this thread.
-    static ROUTES: RefCell<Option<Vec<Vec<(u32, f32)>>>> = const { RefCell::new(None) };
+    static ROUTES: RefCell<Option<Vec<Routes>>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` and returns, with its result, the expert choice of every MoE block it ran on this
 /// thread, one entry per block call in call order, each `seq * k` (expert, weight) pairs as
 /// [`MoeFfn::route`] gives them (tools and tests compare routing with llama.cpp's with it).
-pub fn record_routes<R>(f: impl FnOnce() -> R) -> (R, Vec<Vec<(u32, f32)>>) {
+pub fn record_routes<R>(f: impl FnOnce() -> R) -> (R, Vec<Routes>) {
     let outer = ROUTES.with(|r| r.borrow_mut().replace(Vec::new()));
     let out = f();
     let got = ROUTES.with(|r| std::mem::replace(&mut *r.borrow_mut(), outer));
@@ -89,7 +92,7 @@ impl MoeFfn<'_> {
 
     /// The chosen experts of each of the `seq` normed rows `xn` (seq, hidden): `seq * k`
     /// pairs (expert, weight), each token's in top-k order.
-    pub fn route(&self, xn: &[f32], seq: usize) -> Vec<(u32, f32)> {
+    pub fn route(&self, xn: &[f32], seq: usize) -> Routes {
         let mut probs = Vec::new();
         let mut choice = Vec::new();
         self.route_into(xn, seq, &mut probs, &mut choice);
