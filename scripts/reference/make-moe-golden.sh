@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the golden of fat-station/tests/engine_moe.rs (llama.cpp on the tiny qwen3moe):
 #   fat-station/tests/golden/moe/tiny_moe_seed0.sha256          the tiny-moe GGUF's sha256
+#   fat-station/tests/golden/moe/tiny_moe_seed0_numpy.f32       NumPy f32 logits of the last
+#                                                              position (ref_forward.py)
 #   fat-station/tests/golden/moe/tiny_moe_seed0_llamacpp.f32    llama.cpp's logits of the last
 #                                                              position, the prompt in one batch
 #   fat-station/tests/golden/moe/tiny_moe_seed0_llamacpp_tbt.f32  the same fed token by token
@@ -22,6 +24,8 @@ python3 "$root/scripts/make-synthetic-model.py" "$tmp/tiny-moe.gguf" --preset ti
 (cd "$tmp" && sha256sum tiny-moe.gguf | cut -d' ' -f1) > "$out/tiny_moe_seed0.sha256"
 # The test's PROMPT ("The capital of France is Paris. The capital of Germany is").
 prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
+python3 "$here/ref_forward.py" "$tmp/tiny-moe.gguf" "${prompt[@]}" \
+  --logits-out "$out/tiny_moe_seed0_numpy.f32" --top 5
 
 version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
