@@ -274,3 +274,36 @@ fn tiny_moe_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() 
     );
     assert!(ties <= 1, "{ties} near-ties");
 }
+
+/// A header whose expert config disagrees with the tensors, or is out of range, is refused
+/// with an error naming what is wrong: no panic, no out-of-bounds read of the expert bytes.
+#[test]
+fn bad_expert_config_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = tiny_moe(dir.path()) else {
+        return;
+    };
+    let edited = |f: &dyn Fn(&mut serde_json::Value)| {
+        let p = dir.path().join("edited.knot");
+        std::fs::copy(&knot_path, &p).expect("copy");
+        test_support::reseal(&p, |v| f(&mut v["arch"]["moe"]));
+        p
+    };
+    // 16 experts claimed, 8 stored: the stacked tensor's shape says so.
+    let p = edited(&|m| m["n_experts"] = 16.into());
+    let knot = Knot::open(&p).expect("open");
+    let e = Model::load(&knot, None).err().expect("refused").to_string();
+    assert!(
+        e.contains("blk.0.ffn_gate_exps.weight") && e.contains("[128, 64, 16]"),
+        "{e}"
+    );
+    // An expert width the tensors do not have.
+    let p = edited(&|m| m["expert_ffn"] = 32.into());
+    let knot = Knot::open(&p).expect("open");
+    let e = Model::load(&knot, None).err().expect("refused").to_string();
+    assert!(e.contains("ffn_gate_exps") && e.contains("expected"), "{e}");
+    // More experts per token than there are: the header check refuses the file.
+    let p = edited(&|m| m["n_experts_used"] = 9.into());
+    let e = Knot::open(&p).err().expect("refused").to_string();
+    assert!(e.contains("n_experts_used"), "{e}");
+}
