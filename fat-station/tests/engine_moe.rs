@@ -304,6 +304,6 @@ fn bad_expert_config_is_refused_by_name() {
     assert!(e.contains("ffn_gate_exps") && e.contains("expected"), "{e}");
     // More experts per token than there are: the header check refuses the file.
     let p = edited(&|m| m["n_experts_used"] = 9.into());
-    let e = Knot::open(&p).err().expect("refused").to_string();
+    let e = Knot::open(&p).expect_err("refused").to_string();
     assert!(e.contains("n_experts_used"), "{e}");
 }
