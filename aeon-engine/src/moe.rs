@@ -197,7 +197,15 @@ impl MoeFfn<'_> {
         }
         s.probs = probs;
         s.choice = choice;
-        MOE.with(|m| *m.borrow_mut() = s);
+        // A long prefill's buffers are let go, as the session's scratch is (a small node keeps
+        // no tens of MB for the next one-token step).
+        let floats = [&s.probs, &s.xg, &s.g, &s.u, &s.yd, &s.ys]
+            .iter()
+            .map(|v| v.capacity())
+            .sum::<usize>();
+        if floats * 4 + s.choice.capacity() * 8 <= super::SCRATCH_KEEP_BYTES {
+            MOE.with(|m| *m.borrow_mut() = s);
+        }
     }
 }
 
