@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A qwen2 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2 or qwen3moe GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
-usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b] [--seed N]
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b] [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
 
@@ -13,7 +13,13 @@ Presets (hyper-parameters from the models' config.json):
   tiny           2 layers, hidden 256, 4 heads / 2 KV heads (head_dim 64), ffn 512, untied
   qwen2.5-0.5b   24 layers, hidden 896, 14 / 2 heads, ffn 4864, tied embeddings
   qwen2.5-7b     28 layers, hidden 3584, 28 / 4 heads, ffn 18944, untied
-All: rope theta 1e6, rms eps 1e-6, q/k/v biases. --hidden keeps head_dim and recomputes the head
+  tiny-moe       qwen3moe: 4 layers, hidden 128, 4 / 2 heads of 32, 8 experts, top-2, expert
+                 ffn 64 (dense ffn 256 in the metadata only), untied
+  qwen3-30b-a3b  qwen3moe: 48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts, top-8,
+                 expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its f16
+                 file is ~61 GB: use --layers for a shallower one of the real widths.
+All: rope theta 1e6, rms eps 1e-6; qwen2 presets have q/k/v biases, qwen3moe ones per-head q/k
+RMSNorm (weights 1 + N(0, 0.05)) and no biases. --hidden keeps head_dim and recomputes the head
 counts (heads = hidden / head_dim, KV heads = heads / the preset's group size).
 
 Vocabulary: the tokenizer is copied (every tokenizer.* key) from the real Qwen2.5-Coder-0.5B
@@ -29,7 +35,12 @@ trained model's is 2-4): with W_out ~ N(0, 0.02) and a unit-RMS input a logit ha
 0.02*sqrt(hidden), so the norm weight is 3 / (0.02*sqrt(hidden)) (+-5%). Checked on tiny seed 0
 with ref_forward.py: logits finite, std 2.99, top logit 13.2 (4.4 std above the mean), top-1
 probability 0.04. The distribution is flatter than a trained model's (entropy 7.7 nats): random
-weights have no confident token, which does not matter for speed or for engine-vs-reference tests. Each tensor has
+weights have no confident token, which does not matter for speed or for engine-vs-reference tests. The qwen3moe router
+(ffn_gate_inp, F32 in every type as llama-quantize leaves it) has rows N(0, s_e / sqrt(hidden))
+with a per-expert s_e = 2 * exp(N(0, 0.5)): logits of std ~2 give a peaked softmax (a trained
+router's top-8 of 128 carry most of the mass) and the spread of s_e makes some experts popular,
+so the expert choice is non-uniform. Expert tensors are 3-D [E, rows, cols] (GGUF ffn_*_exps).
+Each tensor has
 its own generator, seeded by (seed, crc32(name)): the bytes do not depend on the order tensors
 are made in, and --layers N keeps layers 0..N-1 of a deeper model identical.
 
@@ -69,6 +80,13 @@ PRESETS = {
     "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, True, 32768),
     "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
 }
+MOE_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, used, expert_ffn, vocab, tied, context)
+    "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
+    "qwen3-30b-a3b": (48, 2048, 32, 4, 128, 6144, 128, 8, 768, 151936, False, 40960),
+}
+ROUTER_STD = 2.0  # router logit std: a peaked softmax
+ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
 RMS_EPS = 1e-6
 STD = 0.02  # embeddings and projections, like trained Qwen's
@@ -188,8 +206,10 @@ def tokenizer_fields(path, vocab):
 def plan(cfg, wtype):
     """(name, numpy shape (rows, cols), ggml type, kind) for every tensor, in file order."""
     L, D, H, KVH, F, V, tied = cfg["layers"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["vocab"], cfg["tied"]
-    hd = D // H
+    hd = cfg.get("head_dim") or D // H
     kv = KVH * hd
+    qd = H * hd
+    moe = cfg["arch"] == "qwen3moe"
 
     def mat(name, layer=None):
         if wtype == "f16":
@@ -199,13 +219,30 @@ def plan(cfg, wtype):
         # legacy-mix: Q4_K_M's rule with its non-256 fallbacks
         if name == "output.weight":
             return Q.Q8_0
-        if layer is not None and name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(layer, L):
+        if layer is not None and name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and use_more_bits(layer, L):
             return Q.Q8_0
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
     for i in range(L):
         p = f"blk.{i}."
+        if moe:
+            E, FE = cfg["experts"], cfg["expert_ffn"]
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (qd, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_q_norm.weight", (hd,), Q.F32, "norm"),
+                (p + "attn_k_norm.weight", (hd,), Q.F32, "norm"),
+                (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate_inp.weight", (E, D), Q.F32, "router"),
+                (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
+                (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
+                (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+            ]
+            continue
         t += [
             (p + "attn_norm.weight", (D,), Q.F32, "norm"),
             (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
@@ -245,6 +282,13 @@ def values(name, shape, kind, seed, hidden, qtype):
         return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
     if kind == "bias":
         return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "router":
+        rows, cols = shape
+        scale = ROUTER_STD * np.exp(ROUTER_SPREAD * g.standard_normal((rows, 1), dtype=np.float32))
+        return (g.standard_normal(shape, dtype=np.float32) * (scale / np.sqrt(cols))).astype(np.float32)
+    if len(shape) == 3:
+        # Stacked experts: one after another, each in row chunks.
+        return np.stack([values(f"{name}#{e}", shape[1:], kind, seed, hidden, qtype) for e in range(shape[0])])
     rows, cols = shape
     parts = []
     for r0 in range(0, rows, CHUNK_ROWS):
@@ -259,7 +303,7 @@ def nbytes(shape, qtype):
     if len(shape) == 1 or qtype in (Q.F32, Q.F16):
         return int(np.prod(shape)) * (4 if qtype == Q.F32 else 2)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
-    rows, cols = shape
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
     if cols % block:
         die(f"a row of {cols} is not a multiple of {qtype.name}'s block of {block}")
     return rows * cols // block * size
@@ -268,7 +312,7 @@ def nbytes(shape, qtype):
 def write_gguf(path, cfg, wtype, seed, tok, quiet):
     ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
              "legacy-mix": gguf.LlamaFileType.MOSTLY_Q5_0}[wtype]
-    w = gguf.GGUFWriter(path, "qwen2")
+    w = gguf.GGUFWriter(path, cfg["arch"])
     w.add_type("model")
     w.add_name(f"synthetic {cfg['preset']} seed {seed}")
     w.add_description(f"seeded random weights (scripts/make-synthetic-model.py --seed {seed}), not a trained model")
@@ -278,6 +322,12 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     w.add_feed_forward_length(cfg["ffn"])
     w.add_head_count(cfg["heads"])
     w.add_head_count_kv(cfg["kv_heads"])
+    if cfg["arch"] == "qwen3moe":
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_expert_count(cfg["experts"])
+        w.add_expert_used_count(cfg["used"])
+        w.add_expert_feed_forward_length(cfg["expert_ffn"])
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_file_type(ftype)
@@ -305,7 +355,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -318,7 +368,14 @@ def main():
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args()
 
-    L, D, H, KVH, F, V, tied, ctx = PRESETS[a.preset]
+    moe = {}
+    if a.preset in MOE_PRESETS:
+        L, D, H, KVH, hd, F, E, K, FE, V, tied, ctx = MOE_PRESETS[a.preset]
+        moe = dict(arch="qwen3moe", head_dim=hd, experts=E, used=K, expert_ffn=FE)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    else:
+        L, D, H, KVH, F, V, tied, ctx = PRESETS[a.preset]
     hd, group = D // H, H // KVH
     if a.hidden is not None:
         if a.hidden <= 0 or a.hidden % hd or (a.hidden // hd) % group:
@@ -336,7 +393,8 @@ def main():
     if not os.path.exists(a.tokenizer):
         die(f"{a.tokenizer} not found (scripts/fetch-model.sh qwen, or --tokenizer)")
     tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
-    cfg = dict(preset=a.preset, layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
+    cfg = dict(preset=a.preset, arch="qwen2", layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
+    cfg.update(moe)
     if not a.quiet:
         pad = f" ({V - n_tok} [PAD] tokens after the tokenizer's {n_tok})" if V > n_tok else ""
         print(f"make-synthetic-model: {a.preset} L={L} D={D} H={H}/{KVH} F={F} V={V}{pad} tied={tied} "

@@ -1,6 +1,6 @@
 //! Validated hyper-parameters of the forward pass, derived from the KNOT header.
 
-use knot_format::{ArchConfig, RopeStyle};
+use knot_format::{ArchConfig, MoeConfig, RopeStyle};
 
 use super::EngineError;
 
@@ -16,15 +16,19 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3: see [`Recipe::GEMMA3`].
     Gemma3,
+    /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
+    /// experts, the top-k weights renormalised (see [`crate::moe`]).
+    Qwen3Moe,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 4] = [
+    pub const ALL: [(Arch, &'static str); 5] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
         (Arch::Gemma3, "gemma3"),
+        (Arch::Qwen3Moe, "qwen3moe"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -37,7 +41,7 @@ impl Arch {
     /// detected from the file.
     pub fn recipe(self) -> Recipe {
         match self {
-            Arch::Qwen2 | Arch::Llama | Arch::Qwen3 => Recipe::BASELINE,
+            Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
         }
     }
@@ -134,6 +138,8 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// `cap * tanh(logit / cap)` on the output logits, when set.
     pub final_logit_softcap: Option<f32>,
+    /// Routed experts instead of a dense FFN in every block (qwen3moe).
+    pub moe: Option<MoeConfig>,
 }
 
 impl Config {
@@ -194,6 +200,13 @@ impl TryFrom<&ArchConfig> for Config {
                 a.norm_eps, a.rope_base
             )));
         }
+        if (arch == Arch::Qwen3Moe) != a.moe.is_some() {
+            return Err(EngineError::BadConfig(format!(
+                "{}: expert_count {} (the engine runs experts for qwen3moe only)",
+                a.arch,
+                a.moe.as_ref().map_or(0, |m| m.n_experts)
+            )));
+        }
         let n_layers = a.n_layers as usize;
         let sliding_window = a.sliding_window.map(|w| w as usize);
         let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
@@ -234,6 +247,7 @@ impl TryFrom<&ArchConfig> for Config {
             swa_layers,
             rope_base_swa,
             final_logit_softcap: a.final_logit_softcap,
+            moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
             hidden: a.hidden as usize,
             n_heads: a.n_heads as usize,
@@ -277,6 +291,7 @@ mod tests {
             swa_layers: None,
             rope_base_swa: None,
             final_logit_softcap: None,
+            moe: None,
         }
     }
 

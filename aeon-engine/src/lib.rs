@@ -7,6 +7,7 @@
 mod config;
 pub mod kernels;
 mod model;
+pub mod moe;
 pub mod ops;
 mod session;
 mod team;
@@ -16,7 +17,7 @@ mod weights;
 pub use config::{Activation, Arch, Config, Recipe};
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
-pub use weights::{Holdings, LayerWeights, Weights};
+pub use weights::{Ffn, Holdings, LayerWeights, Weights};
 
 use knot_format::LayerRange;
 

@@ -7,7 +7,7 @@ use super::ops::{
     add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
     rope_rotate, softcap, swiglu, AttnShape,
 };
-use super::{Activation, Config, EngineError, Holdings, KvDtype, KvRows, Session, Weights};
+use super::{Activation, Config, EngineError, Ffn, Holdings, KvDtype, KvRows, Session, Weights};
 use knot_format::{Knot, LayerRange, Role};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
@@ -145,7 +145,11 @@ impl<'a> Model<'a> {
         self.weights
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(l.ffn.matrices())
+            })
             .chain(self.weights.output.as_ref())
     }
 
@@ -359,21 +363,26 @@ impl<'a> Model<'a> {
         add_inplace(x, &s.xb2[..seq * h]);
 
         // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
-        // input.
+        // input; or routed experts.
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
-        linears(
-            &mut [(&w.w_gate, &mut s.hb[..]), (&w.w_up, &mut s.hb2[..])],
-            &s.xb,
-            seq,
-        );
-        let (gate, up) = (&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
-        match cfg.recipe.activation {
-            Activation::Silu => swiglu(gate, up),
-            Activation::GeluTanh => geglu_tanh(gate, up),
+        match &w.ffn {
+            Ffn::Dense { gate, up, down } => {
+                linears(
+                    &mut [(gate, &mut s.hb[..]), (up, &mut s.hb2[..])],
+                    &s.xb,
+                    seq,
+                );
+                let (g, u) = (&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
+                match cfg.recipe.activation {
+                    Activation::Silu => swiglu(g, u),
+                    Activation::GeluTanh => geglu_tanh(g, u),
+                }
+                linear(down, &s.hb, seq, &mut s.xb2);
+            }
+            Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
         }
-        linear(&w.w_down, &s.hb, seq, &mut s.xb2);
         post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
         add_inplace(x, &s.xb2[..seq * h]);
     }

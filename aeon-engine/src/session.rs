@@ -142,8 +142,10 @@ impl Scratch {
         fit(&mut self.k, seq * cfg.kv_dim());
         fit(&mut self.v, seq * cfg.kv_dim());
         fit(&mut self.att, seq * cfg.q_dim());
-        fit(&mut self.hb, seq * cfg.ffn);
-        fit(&mut self.hb2, seq * cfg.ffn);
+        // A mixture-of-experts block keeps its own buffers (crate::moe).
+        let ffn = if cfg.moe.is_some() { 0 } else { cfg.ffn };
+        fit(&mut self.hb, seq * ffn);
+        fit(&mut self.hb2, seq * ffn);
     }
 
     /// Bytes allocated.

@@ -3,6 +3,7 @@
 use knot_format::{DType, Knot};
 
 use super::kernels::{Linear, QMatrix};
+use super::moe::{Expert, MoeFfn};
 use super::{Config, EngineError};
 
 // Defined beside the shard roles it follows from; the engine loads what it names.
@@ -31,14 +32,37 @@ pub struct LayerWeights<'a> {
     pub post_attn_norm: Option<&'a [f32]>,
     /// (hidden)
     pub ffn_norm: &'a [f32],
-    /// (ffn rows, hidden cols)
-    pub w_gate: Linear<'a>,
-    /// (ffn rows, hidden cols)
-    pub w_up: Linear<'a>,
-    /// (hidden rows, ffn cols)
-    pub w_down: Linear<'a>,
+    pub ffn: Ffn<'a>,
     /// (hidden) RMSNorm of the FFN output before the residual add (gemma3).
     pub post_ffn_norm: Option<&'a [f32]>,
+}
+
+/// The FFN of a block.
+pub enum Ffn<'a> {
+    /// One gated FFN.
+    Dense {
+        /// (ffn rows, hidden cols)
+        gate: Linear<'a>,
+        /// (ffn rows, hidden cols)
+        up: Linear<'a>,
+        /// (hidden rows, ffn cols)
+        down: Linear<'a>,
+    },
+    /// Routed experts (qwen3moe).
+    Moe(MoeFfn<'a>),
+}
+
+impl<'a> Ffn<'a> {
+    /// Every matrix of the FFN.
+    pub fn matrices(&self) -> Box<dyn Iterator<Item = &Linear<'a>> + '_> {
+        match self {
+            Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
+            Ffn::Moe(m) => Box::new(
+                std::iter::once(&m.router)
+                    .chain(m.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down])),
+            ),
+        }
+    }
 }
 
 /// The tensors a station holds, at their original layer indices.
@@ -111,9 +135,43 @@ impl<'a> Weights<'a> {
                 ),
                 post_attn_norm,
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
-                w_gate: Linear::mapped(matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?, knot),
-                w_up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
-                w_down: Linear::mapped(matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?, knot),
+                ffn: match &cfg.moe {
+                    None => Ffn::Dense {
+                        gate: Linear::mapped(
+                            matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?,
+                            knot,
+                        ),
+                        up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
+                        down: Linear::mapped(
+                            matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?,
+                            knot,
+                        ),
+                    },
+                    Some(m) => {
+                        let (ne, f) = (m.n_experts as usize, m.expert_ffn as usize);
+                        let gates = stacked(knot, &name("ffn_gate_exps.weight"), ne, f, h)?;
+                        let ups = stacked(knot, &name("ffn_up_exps.weight"), ne, f, h)?;
+                        let downs = stacked(knot, &name("ffn_down_exps.weight"), ne, h, f)?;
+                        Ffn::Moe(MoeFfn {
+                            router: Linear::mapped(
+                                matrix(knot, &name("ffn_gate_inp.weight"), ne, h)?,
+                                knot,
+                            ),
+                            experts: gates
+                                .into_iter()
+                                .zip(ups)
+                                .zip(downs)
+                                .map(|((g, u), d)| Expert {
+                                    gate: Linear::mapped(g, knot),
+                                    up: Linear::mapped(u, knot),
+                                    down: Linear::mapped(d, knot),
+                                })
+                                .collect(),
+                            n_used: m.n_experts_used as usize,
+                            norm_topk: m.norm_topk,
+                        })
+                    }
+                },
                 post_ffn_norm,
             });
         }
@@ -175,6 +233,39 @@ fn matrix<'a>(
         name: name.to_string(),
         why: e.to_string(),
     })
+}
+
+/// A 3-D tensor of `n` stacked `rows x cols` matrices (GGUF shape `[cols, rows, n]`, the
+/// experts of a block), as `n` views: matrix `e` is the bytes at `e * rows * row_bytes`.
+fn stacked<'a>(
+    knot: &'a Knot,
+    name: &str,
+    n: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<QMatrix<'a>>, EngineError> {
+    let t = find(knot, name)?;
+    let shape = &t.entry.shape;
+    let bad = |why: String| EngineError::BadTensor {
+        name: name.to_string(),
+        why,
+    };
+    if shape.len() != 3
+        || shape[0] != cols as u64
+        || shape[1] != rows as u64
+        || shape[2] != n as u64
+    {
+        return Err(bad(format!(
+            "shape {shape:?}, expected [{cols}, {rows}, {n}]"
+        )));
+    }
+    if !t.bytes.len().is_multiple_of(n) {
+        return Err(bad(format!("{} bytes for {n} matrices", t.bytes.len())));
+    }
+    t.bytes
+        .chunks_exact(t.bytes.len() / n)
+        .map(|b| QMatrix::new(t.entry.dtype, rows, cols, b).map_err(|e| bad(e.to_string())))
+        .collect()
 }
 
 /// A 1-D F32 tensor of `n` elements, viewed in place (tensors are page-aligned).

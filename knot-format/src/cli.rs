@@ -223,6 +223,20 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         "flags       tied_embeddings={} qk_norm={} qkv_bias={}",
         a.tied_embeddings, a.qk_norm, a.qkv_bias
     )?;
+    if let Some(m) = &a.moe {
+        writeln!(
+            o,
+            "experts     {} per block, {} used per token, expert ffn {}{}",
+            m.n_experts,
+            m.n_experts_used,
+            m.expert_ffn,
+            if m.norm_topk {
+                ", top-k weights renormalised"
+            } else {
+                ""
+            }
+        )?;
+    }
     if let Some(w) = a.sliding_window {
         let local = a
             .swa_layers

@@ -58,12 +58,29 @@ pub struct ArchConfig {
     /// Final logit soft-capping `cap * tanh(logit / cap)` (`final_logit_softcapping`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_logit_softcap: Option<f32>,
+    /// Mixture-of-experts FFN (`expert_count` > 0 in GGUF): every block's FFN is a router
+    /// over stacked experts (`ffn_{gate,up,down}_exps`, 3-D) instead of one dense FFN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeConfig>,
+}
+
+/// The routed-experts FFN of a mixture-of-experts model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Experts per block (`expert_count`).
+    pub n_experts: u32,
+    /// Experts each token runs (`expert_used_count`, top-k).
+    pub n_experts_used: u32,
+    /// Inner width of one expert (`expert_feed_forward_length`).
+    pub expert_ffn: u32,
+    /// The top-k routing weights are renormalised to sum to 1 (qwen3moe always).
+    pub norm_topk: bool,
 }
 
 /// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
-pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3"];
+pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3", "qwen3moe"];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
 pub const MAX_LAYERS: u32 = 1 << 16;
@@ -71,6 +88,8 @@ pub const MAX_LAYERS: u32 = 1 << 16;
 pub const MAX_DIM: u32 = 1 << 20;
 /// Largest trained context length a header may claim.
 pub const MAX_CONTEXT: u32 = 1 << 24;
+/// Most experts a block may have (the largest released models have 384).
+pub const MAX_EXPERTS: u32 = 1 << 12;
 /// Longest architecture name.
 pub const MAX_ARCH_NAME: usize = 64;
 
@@ -115,6 +134,26 @@ impl ArchConfig {
                     "arch.swa_layers has {} flags for {} layers",
                     l.len(),
                     self.n_layers
+                ));
+            }
+        }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0 || m.n_experts > MAX_EXPERTS {
+                return Err(format!(
+                    "arch.moe.n_experts = {} is outside 1..={MAX_EXPERTS}",
+                    m.n_experts
+                ));
+            }
+            if m.n_experts_used == 0 || m.n_experts_used > m.n_experts {
+                return Err(format!(
+                    "arch.moe.n_experts_used = {} is outside 1..={}",
+                    m.n_experts_used, m.n_experts
+                ));
+            }
+            if m.expert_ffn == 0 || m.expert_ffn > MAX_DIM {
+                return Err(format!(
+                    "arch.moe.expert_ffn = {} is outside 1..={MAX_DIM}",
+                    m.expert_ffn
                 ));
             }
         }

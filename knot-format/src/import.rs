@@ -266,6 +266,32 @@ impl ArchConfig {
         let swa_layers = m.swa_layers(&k("attention.sliding_window_pattern"), n_layers)?;
         let rope_base_swa = m.f32(&k("rope.freq_base_swa"))?;
         let final_logit_softcap = m.f32(&k("final_logit_softcapping"))?.filter(|&c| c > 0.0);
+        // Mixture of experts: an expert count > 0. The expert width defaults as llama.cpp's
+        // does (`feed_forward_length / expert_used_count`); qwen3moe renormalises its top-k
+        // weights whatever the file says (llama.cpp passes norm_w = true for it).
+        let moe = match m.u32(&k("expert_count"))?.filter(|&n| n > 0) {
+            None => None,
+            Some(n_experts) => {
+                let n_experts_used = m.u32(&k("expert_used_count"))?.unwrap_or(0);
+                if n_experts_used == 0 || n_experts_used > n_experts {
+                    return Err(m.err(
+                        &k("expert_used_count"),
+                        format!("{n_experts_used} is outside 1..={n_experts} experts"),
+                    ));
+                }
+                let expert_ffn = m
+                    .u32(&k("expert_feed_forward_length"))?
+                    .unwrap_or(ffn / n_experts_used);
+                let norm_topk =
+                    arch == "qwen3moe" || m.bool(&k("expert_weights_norm"))?.unwrap_or(false);
+                Some(crate::MoeConfig {
+                    n_experts,
+                    n_experts_used,
+                    expert_ffn,
+                    norm_topk,
+                })
+            }
+        };
         Ok(ArchConfig {
             arch,
             n_layers,
@@ -287,6 +313,7 @@ impl ArchConfig {
             swa_layers,
             rope_base_swa,
             final_logit_softcap,
+            moe,
         })
     }
 }
@@ -488,6 +515,55 @@ mod tests {
             assert_eq!(v.entry.shape, info.shape);
         }
         k.verify(&mut |_| {}).unwrap();
+    }
+
+    #[test]
+    fn qwen3moe_reads_the_expert_config_and_keeps_3d_experts_bit_for_bit() {
+        let moe = |used: u32| {
+            let mut g = Builder::new();
+            g.string("general.architecture", "qwen3moe")
+                .u32("qwen3moe.block_count", 1)
+                .u32("qwen3moe.context_length", 128)
+                .u32("qwen3moe.embedding_length", 64)
+                .u32("qwen3moe.feed_forward_length", 256)
+                .u32("qwen3moe.attention.head_count", 4)
+                .f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
+                .u32("qwen3moe.expert_count", 4)
+                .u32("qwen3moe.expert_used_count", used)
+                .u32("qwen3moe.vocab_size", 4)
+                .tensor("blk.0.ffn_gate_inp.weight", DType::F32, &[64, 4], 1)
+                .tensor("blk.0.ffn_gate_exps.weight", DType::Q8_0, &[64, 32, 4], 2)
+                .tensor("blk.0.ffn_down_exps.weight", DType::Q4_K, &[256, 64, 4], 3);
+            g
+        };
+        let g = moe(2);
+        let raw = g.build();
+        let parsed = Gguf::parse(&raw, Path::new("m.gguf")).unwrap();
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        // No expert_feed_forward_length: llama.cpp's default, feed_forward_length / used.
+        assert_eq!(
+            a.moe,
+            Some(crate::MoeConfig {
+                n_experts: 4,
+                n_experts_used: 2,
+                expert_ffn: 128,
+                norm_topk: true,
+            })
+        );
+        assert!(a.runs_here());
+        for info in &parsed.tensors {
+            let v = k.tensor(&info.name).unwrap();
+            assert_eq!(v.entry.shape, info.shape, "{}", info.name);
+            assert_eq!(v.bytes, parsed.tensor_bytes(info, &raw).unwrap());
+        }
+        k.verify(&mut |_| {}).unwrap();
+        // More experts used than there are: refused, naming the key.
+        let Err(e) = import(&moe(5)) else {
+            panic!("5 of 4 experts accepted")
+        };
+        let e = e.to_string();
+        assert!(e.contains("expert_used_count"), "{e}");
     }
 
     #[test]

@@ -1,16 +1,35 @@
 // llama.cpp's logits of the last position for given token ids, one thread, as little-endian f32:
-//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] ID...
+//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] [--experts OUT.i32] ID...
 // Built by scripts/reference/make-synthetic-golden.sh against the static libraries of
 // scripts/bench/build-llama-bench.sh's native build (the same llama.cpp as the benchmarks).
 // Weight repacking (extra CPU buffer types) is off: in llama.cpp 0.3.36 it sometimes dies of
 // SIGSEGV on this AVX-512 box; the plain ggml kernels compute the same model.
 // --token-by-token feeds one id per llama_decode (llama.cpp quantizes activations per batch
 // shape, so the two differ a little: that difference is llama.cpp's own noise).
+// --experts (mixture-of-experts models) writes the experts each token chose in every block, in
+// llama.cpp's top-k order, as little-endian i32 (block, token, k), read from the graph's
+// `ffn_moe_topk-N` tensors through the eval callback.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ggml.h"
 #include "llama.h"
+
+static FILE *experts_out;
+
+// Eval callback: asks for the `ffn_moe_topk-N` tensors and appends their rows (k ids each).
+static bool topk_cb(struct ggml_tensor *t, bool ask, void *user) {
+    (void)user;
+    if (strncmp(t->name, "ffn_moe_topk-", 13) != 0) return ask ? false : true;
+    if (ask) return true;
+    if (t->type != GGML_TYPE_I32) return true;
+    for (int64_t r = 0; r < t->ne[1]; r++) {
+        const char *row = (const char *)t->data + r * t->nb[1];
+        fwrite(row, sizeof(int32_t), (size_t)t->ne[0], experts_out);
+    }
+    return true;
+}
 
 static void quiet(enum ggml_log_level level, const char *text, void *user) {
     (void)user;
@@ -23,9 +42,17 @@ int main(int argc, char **argv) {
         return 2;
     }
     int first = 3, one_by_one = 0;
-    if (strcmp(argv[3], "--token-by-token") == 0) {
+    if (first < argc && strcmp(argv[first], "--token-by-token") == 0) {
         one_by_one = 1;
-        first = 4;
+        first++;
+    }
+    if (first + 1 < argc && strcmp(argv[first], "--experts") == 0) {
+        experts_out = fopen(argv[first + 1], "wb");
+        if (!experts_out) {
+            fprintf(stderr, "llamacpp-logits: cannot write %s\n", argv[first + 1]);
+            return 1;
+        }
+        first += 2;
     }
     int n = argc - first;
     if (n <= 0 || n > 4096) {
@@ -60,6 +87,10 @@ int main(int argc, char **argv) {
     cp.n_batch = (uint32_t)(n + 16);
     cp.n_threads = 1;
     cp.n_threads_batch = 1;
+    if (experts_out) {
+        cp.cb_eval = topk_cb;
+        cp.cb_eval_user_data = NULL;
+    }
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "llamacpp-logits: cannot make a context\n");
@@ -81,6 +112,10 @@ int main(int argc, char **argv) {
     FILE *f = fopen(argv[2], "wb");
     if (!f || fwrite(logits, sizeof(float), (size_t)vocab, f) != (size_t)vocab || fclose(f) != 0) {
         fprintf(stderr, "llamacpp-logits: cannot write %s\n", argv[2]);
+        return 1;
+    }
+    if (experts_out && fclose(experts_out) != 0) {
+        fprintf(stderr, "llamacpp-logits: cannot write the experts\n");
         return 1;
     }
     llama_free(ctx);

@@ -138,6 +138,10 @@ pub struct ModelCosts {
     pub model_hash: String,
     /// Tensor bytes of each block.
     pub layer_bytes: Vec<u64>,
+    /// Of `layer_bytes`, what one decoded token reads: everything but the experts it does not
+    /// run (mixture of experts: `k / E` of the stacked `*_exps` tensors); a dense block's
+    /// whole bytes.
+    pub layer_active_bytes: Vec<u64>,
     /// Token embedding (+ anything outside the blocks that is not the head).
     pub entry_bytes: u64,
     /// Of `entry_bytes`, the token embedding (read one row per token, not resident under a
@@ -157,12 +161,21 @@ impl ModelCosts {
     pub fn from_knot(knot: &Knot) -> ModelCosts {
         let a = knot.arch();
         let mut layer_bytes = vec![0u64; a.n_layers as usize];
+        let mut layer_active_bytes = vec![0u64; a.n_layers as usize];
         let (mut entry, mut exit) = (0u64, 0u64);
         let mut embed = 0u64;
         for t in knot.tensors() {
             let len = t.entry.len;
             match (layer_of(t.name()), t.name()) {
-                (Some(l), _) if (l as usize) < layer_bytes.len() => layer_bytes[l as usize] += len,
+                (Some(l), name) if (l as usize) < layer_bytes.len() => {
+                    layer_bytes[l as usize] += len;
+                    layer_active_bytes[l as usize] += match &a.moe {
+                        Some(m) if name.contains("_exps.") => {
+                            (len as u128 * m.n_experts_used as u128 / m.n_experts as u128) as u64
+                        }
+                        _ => len,
+                    };
+                }
                 (_, "output.weight" | "output_norm.weight") => exit += len,
                 (_, "token_embd.weight") => {
                     embed = len;
@@ -179,6 +192,7 @@ impl ModelCosts {
             model_id: knot.header().model_id.clone(),
             model_hash: knot.model_hash().to_string(),
             layer_bytes,
+            layer_active_bytes,
             entry_bytes: entry,
             embed_bytes: embed,
             exit_bytes: exit,
@@ -197,11 +211,26 @@ impl ModelCosts {
         let q = a.n_heads as u64 * a.head_dim as u64;
         let kv = a.n_kv_heads as u64 * a.head_dim as u64;
         let f32s = |n: u64| n.checked_mul(4);
-        let matrices = [h * q, h * kv, h * kv, q * h, h * ffn, h * ffn, ffn * h];
         let mut layer = 0u64;
-        for n in matrices {
+        for n in [h * q, h * kv, h * kv, q * h] {
             layer = layer.checked_add(dtype.bytes_for(n)?)?;
         }
+        // The FFN: dense, or E experts of which a token runs k, plus the F32 router.
+        let (ffn_bytes, ffn_active) = match &a.moe {
+            None => {
+                let b = dtype.bytes_for(3 * h * ffn)?;
+                (b, b)
+            }
+            Some(m) => {
+                let one = dtype.bytes_for(3 * h * m.expert_ffn as u64)?;
+                let router = f32s(h * m.n_experts as u64)?;
+                (
+                    one.checked_mul(m.n_experts as u64)?.checked_add(router)?,
+                    one.checked_mul(m.n_experts_used as u64)?
+                        .checked_add(router)?,
+                )
+            }
+        };
         // attn_norm, ffn_norm; q/k/v biases (qwen2); q/k head norms (qwen3).
         let mut vectors = 2 * h;
         if a.qkv_bias {
@@ -215,7 +244,8 @@ impl ModelCosts {
         Some(ModelCosts {
             model_id: model_id.into(),
             model_hash: "synthetic".into(),
-            layer_bytes: vec![layer; a.n_layers as usize],
+            layer_bytes: vec![layer.checked_add(ffn_bytes)?; a.n_layers as usize],
+            layer_active_bytes: vec![layer.checked_add(ffn_active)?; a.n_layers as usize],
             entry_bytes: embed,
             embed_bytes: embed,
             // output_norm + the head (the embedding again when tied, as `from_knot` counts it).
@@ -234,6 +264,7 @@ impl ModelCosts {
         ModelCosts {
             model_id: format!("synthetic-{}", human(bytes).replace(' ', "")),
             model_hash: "synthetic".into(),
+            layer_active_bytes: layer_bytes.clone(),
             layer_bytes,
             entry_bytes: 0,
             embed_bytes: 0,
@@ -297,6 +328,10 @@ pub struct PlannedNode {
     pub kv_bytes: u64,
     /// Bytes over `usable` (re-read from disk every token; only with `disk_paged`).
     pub paged_bytes: u64,
+    /// Weight bytes this node reads per decoded token: its blocks' active bytes (the chosen
+    /// experts only) and, on the exit, the head (the embedding row the entry reads is not
+    /// counted).
+    pub active_bytes: u64,
 }
 
 /// A whole plan.
@@ -322,6 +357,8 @@ pub struct Plan {
     pub why: String,
     /// Disk bytes each token re-reads (0 unless disk-paged and over RAM).
     pub disk_bytes_per_token: u64,
+    /// Weight bytes one chain reads per decoded token (sum of its nodes' `active_bytes`).
+    pub active_bytes_per_token: u64,
     pub nodes: Vec<PlannedNode>,
 }
 
@@ -588,10 +625,18 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
 
     let mut nodes = Vec::new();
     let mut disk = 0u64;
+    let mut active_total = 0u64;
     let per_chain = ranges.len() as u32;
     for chain in 0..req.replicas {
         for (i, (r, &ram)) in ranges.iter().zip(&rams).enumerate() {
             let bytes = range_cost(m, *r, kv);
+            let active = m.layer_active_bytes[r.start as usize..r.end as usize]
+                .iter()
+                .sum::<u64>()
+                + if r.end == n { m.exit_bytes } else { 0 };
+            if chain == 0 {
+                active_total += active;
+            }
             let usable = usable_of(ram);
             let paged = bytes.saturating_sub(usable);
             if chain == 0 {
@@ -616,6 +661,7 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 bytes,
                 kv_bytes: kv_layer(m, kv) * r.len() as u64,
                 paged_bytes: paged,
+                active_bytes: active,
             });
         }
     }
@@ -633,6 +679,7 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
         replicas: req.replicas,
         why,
         disk_bytes_per_token: disk,
+        active_bytes_per_token: active_total,
         nodes,
     })
 }
@@ -887,7 +934,7 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
     for n in &p.nodes {
         writeln!(
             o,
-            "  {:<10} chain {} {:<5} layers {:>3}-{:<3} {:>10} of {:>10} usable{}",
+            "  {:<10} chain {} {:<5} layers {:>3}-{:<3} {:>10} of {:>10} usable, {:>10} read per token{}",
             n.node_id,
             n.chain,
             format!("{:?}", n.role).to_lowercase(),
@@ -895,6 +942,7 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
             n.layers.end,
             human(n.bytes),
             human(n.usable),
+            human(n.active_bytes),
             if n.paged_bytes > 0 {
                 format!("  ({} paged from disk per token)", human(n.paged_bytes))
             } else {
@@ -902,6 +950,12 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
             }
         )?;
     }
+    writeln!(
+        o,
+        "read per decoded token: {} per chain (the blocks' active weights and the head; a \
+         mixture of experts reads only the experts a token runs)",
+        human(p.active_bytes_per_token)
+    )?;
     if p.disk_bytes_per_token > 0 {
         writeln!(
             o,

@@ -83,6 +83,7 @@ fn header(s: &Shape) -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        moe: None,
     }
 }
 
@@ -231,5 +232,67 @@ fn six_r1s_hold_up_to_13_14b() {
     ] {
         let r = plan(&costs(model), &request(Budget::Weights, Some(R1S), 1));
         assert_eq!(r.is_ok(), fits, "{model}: {r:?}");
+    }
+}
+
+/// Qwen3-30B-A3B (48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts of 768, top-8) at
+/// Q4_K: the planner sizes the nodes by all the experts' bytes, and reports that a decoded
+/// token reads only the active ones (~3.3B of ~30.5B parameters).
+#[test]
+fn qwen3_30b_a3b_is_sized_by_total_bytes_and_reads_its_active_bytes() {
+    let a = ArchConfig {
+        arch: "qwen3moe".into(),
+        n_layers: 48,
+        hidden: 2048,
+        n_heads: 32,
+        n_kv_heads: 4,
+        head_dim: 128,
+        ffn: 6144,
+        vocab: 151936,
+        rope_style: RopeStyle::Neox,
+        tied_embeddings: false,
+        qk_norm: true,
+        qkv_bias: false,
+        moe: Some(knot_format::MoeConfig {
+            n_experts: 128,
+            n_experts_used: 8,
+            expert_ffn: 768,
+            norm_topk: true,
+        }),
+        ..header(&SHAPES[0])
+    };
+    let m = ModelCosts::from_arch("qwen3-30b-a3b", &a, DType::Q4_K).expect("whole Q4_K blocks");
+    let p = plan(&m, &request(Budget::Weights, None, 1)).expect("plan");
+    assert_sound(&p);
+    // 30.5B parameters at 4.5 bits: ~17.2 GB; a 2.4 GiB budget holds ~2.58 GB: 7 nodes.
+    let gb = |b: u64| b as f64 / 1e9;
+    eprintln!(
+        "qwen3-30b-a3b Q4_K: {:.2} GB weights on {} nodes of 2.4 GiB, {:.2} GB read per token",
+        gb(p.weight_bytes),
+        p.nodes_per_chain,
+        gb(p.active_bytes_per_token)
+    );
+    assert!(
+        (16.5..18.0).contains(&gb(p.weight_bytes)),
+        "{}",
+        gb(p.weight_bytes)
+    );
+    assert_eq!(
+        p.nodes_needed,
+        Some(p.weight_bytes.div_ceil(budget()) as u32)
+    );
+    // Active: attention (48 x 2048 x 12288 at Q4_K) + 8 of 128 experts + routers + the head:
+    // ~3.3B parameters, ~1.9 GB; a node reads about its share of that.
+    assert!(
+        (1.7..2.1).contains(&gb(p.active_bytes_per_token)),
+        "{}",
+        gb(p.active_bytes_per_token)
+    );
+    assert_eq!(
+        p.active_bytes_per_token,
+        p.nodes.iter().map(|n| n.active_bytes).sum::<u64>()
+    );
+    for n in &p.nodes {
+        assert!(n.active_bytes < n.bytes / 4, "{n:?}");
     }
 }

@@ -205,12 +205,19 @@ fn prompt_tokens(knot: &Knot, n: usize) -> Result<Vec<u32>> {
     Ok(ids.iter().copied().cycle().take(n).collect())
 }
 
-/// Weight bytes a decoded token reads: all block tensors, the final norm and the output head.
+/// Weight bytes a decoded token reads: all block tensors, the final norm and the output head;
+/// of a mixture of experts' stacked experts (`*_exps`), the `k / E` a token runs.
 fn bytes_per_token(knot: &Knot) -> u64 {
+    let moe = knot.arch().moe.as_ref();
     let mut sum: u64 = knot
         .tensors()
         .filter(|t| t.name().starts_with("blk.") || t.name() == "output_norm.weight")
-        .map(|t| t.bytes.len() as u64)
+        .map(|t| match moe {
+            Some(m) if t.name().contains("_exps.") => {
+                t.bytes.len() as u64 * m.n_experts_used as u64 / m.n_experts as u64
+            }
+            _ => t.bytes.len() as u64,
+        })
         .sum();
     // The head is `output.weight`, or the embedding when tied (then all of it is read too).
     let head = knot

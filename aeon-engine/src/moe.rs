@@ -1,0 +1,311 @@
+//! Mixture-of-experts FFN (qwen3moe): a router picks `k` of `E` experts per token, each a
+//! gated FFN; the token's output is the routing-weighted sum of its experts' outputs.
+//!
+//! Weights: the GGUF stacks the experts of a block in 3-D tensors `[cols, rows, E]`; expert `e`
+//! is the 2-D slice at byte offset `e * rows * row_bytes`, viewed in place ([`Linear`] over
+//! that slice, so a kernel reads only the chosen experts' rows, and the interleaved copy of an
+//! expert is made on its first use).
+//!
+//! Batches: the tokens routed to one expert are gathered and run through it together, so each
+//! chosen expert's weights are read once per batch.
+//!
+//! Determinism: each expert output row depends only on its input row (the kernels' contract),
+//! and a token's outputs are summed in its top-k order, weight-scaled first (llama.cpp's order),
+//! whatever the batch, chunking, thread count or split point.
+
+use std::cell::RefCell;
+
+use super::kernels::{linear, linears, Linear};
+use super::ops::{exp, geglu_tanh, swiglu};
+use super::Activation;
+
+/// One expert: a gated FFN of `expert_ffn` inner width.
+pub struct Expert<'a> {
+    /// (expert_ffn rows, hidden cols)
+    pub gate: Linear<'a>,
+    /// (expert_ffn rows, hidden cols)
+    pub up: Linear<'a>,
+    /// (hidden rows, expert_ffn cols)
+    pub down: Linear<'a>,
+}
+
+/// The routed-experts FFN of one block.
+pub struct MoeFfn<'a> {
+    /// (n_experts rows, hidden cols): `ffn_gate_inp`, token -> expert logits.
+    pub router: Linear<'a>,
+    /// (n_experts) views into `ffn_{gate,up,down}_exps`.
+    pub experts: Vec<Expert<'a>>,
+    /// Experts each token runs (top-k).
+    pub n_used: usize,
+    /// Renormalise the top-k weights to sum to 1.
+    pub norm_topk: bool,
+}
+
+/// Per-thread buffers of [`MoeFfn::forward`], reused across calls.
+#[derive(Default)]
+struct MoeScratch {
+    /// (seq, n_experts) router logits, then probabilities
+    probs: Vec<f32>,
+    /// (seq, k) chosen (expert, weight) of each token, in top-k order
+    choice: Vec<(u32, f32)>,
+    /// slots `t * k + j` routed to the expert being run
+    slots: Vec<usize>,
+    /// (n, hidden) gathered input rows
+    xg: Vec<f32>,
+    /// (n, expert_ffn) gate, then the activation
+    g: Vec<f32>,
+    /// (n, expert_ffn)
+    u: Vec<f32>,
+    /// (n, hidden) an expert's outputs
+    yd: Vec<f32>,
+    /// (seq, k, hidden) weighted outputs of every slot
+    ys: Vec<f32>,
+}
+
+/// The experts of each token of one block call, `seq * k` (expert, weight) in top-k order.
+pub type Routes = Vec<(u32, f32)>;
+
+thread_local! {
+    static MOE: RefCell<MoeScratch> = RefCell::new(MoeScratch::default());
+    /// Where [`record_routes`] collects each [`MoeFfn::forward`]'s choices on this thread.
+    static ROUTES: RefCell<Option<Vec<Routes>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` and returns, with its result, the expert choice of every MoE block it ran on this
+/// thread, one entry per block call in call order, each `seq * k` (expert, weight) pairs as
+/// [`MoeFfn::route`] gives them (tools and tests compare routing with llama.cpp's with it).
+pub fn record_routes<R>(f: impl FnOnce() -> R) -> (R, Vec<Routes>) {
+    let outer = ROUTES.with(|r| r.borrow_mut().replace(Vec::new()));
+    let out = f();
+    let got = ROUTES.with(|r| std::mem::replace(&mut *r.borrow_mut(), outer));
+    (out, got.unwrap_or_default())
+}
+
+/// Smallest sum the top-k weights are divided by (llama.cpp clamps to f16's smallest normal).
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
+impl MoeFfn<'_> {
+    /// Experts in the block.
+    pub fn n_experts(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// The chosen experts of each of the `seq` normed rows `xn` (seq, hidden): `seq * k`
+    /// pairs (expert, weight), each token's in top-k order.
+    pub fn route(&self, xn: &[f32], seq: usize) -> Routes {
+        let mut probs = Vec::new();
+        let mut choice = Vec::new();
+        self.route_into(xn, seq, &mut probs, &mut choice);
+        choice
+    }
+
+    fn route_into(
+        &self,
+        xn: &[f32],
+        seq: usize,
+        probs: &mut Vec<f32>,
+        choice: &mut Vec<(u32, f32)>,
+    ) {
+        let (ne, k) = (self.n_experts(), self.n_used);
+        probs.resize(seq * ne, 0.0);
+        linear(&self.router, xn, seq, probs);
+        choice.clear();
+        let mut order: Vec<u32> = Vec::with_capacity(ne);
+        for p in probs.chunks_exact_mut(ne) {
+            softmax(p);
+            // Highest probability first; equal ones by expert index (a fixed rule, so a tie
+            // picks the same experts on every node).
+            order.clear();
+            order.extend(0..ne as u32);
+            order.sort_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]).then(a.cmp(&b)));
+            let top = &order[..k];
+            let scale = if self.norm_topk {
+                let sum: f32 = top.iter().map(|&e| p[e as usize]).sum();
+                1.0 / sum.max(MIN_WEIGHT_SUM)
+            } else {
+                1.0
+            };
+            choice.extend(top.iter().map(|&e| {
+                let w = p[e as usize];
+                (e, if self.norm_topk { w * scale } else { w })
+            }));
+        }
+    }
+
+    /// `out = sum_j w_j * expert_j(xn)` for each of the `seq` normed rows `xn` (seq, hidden);
+    /// `out` is (seq, hidden).
+    pub fn forward(&self, xn: &[f32], seq: usize, act: Activation, out: &mut [f32]) {
+        let mut s = MOE.with(|m| std::mem::take(&mut *m.borrow_mut()));
+        let k = self.n_used;
+        let h = self.router.cols;
+        let mut probs = std::mem::take(&mut s.probs);
+        let mut choice = std::mem::take(&mut s.choice);
+        self.route_into(xn, seq, &mut probs, &mut choice);
+        ROUTES.with(|r| {
+            if let Some(v) = r.borrow_mut().as_mut() {
+                v.push(choice.clone());
+            }
+        });
+        s.ys.resize(seq * k * h, 0.0);
+        for (e, ex) in self.experts.iter().enumerate() {
+            s.slots.clear();
+            s.slots.extend(
+                choice
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &(c, _))| c as usize == e)
+                    .map(|(i, _)| i),
+            );
+            let n = s.slots.len();
+            if n == 0 {
+                continue;
+            }
+            let f = ex.gate.rows;
+            s.xg.resize(n * h, 0.0);
+            for (row, &slot) in s.xg.chunks_exact_mut(h).zip(&s.slots) {
+                let t = slot / k;
+                row.copy_from_slice(&xn[t * h..(t + 1) * h]);
+            }
+            s.g.resize(n * f, 0.0);
+            s.u.resize(n * f, 0.0);
+            linears(
+                &mut [(&ex.gate, &mut s.g[..]), (&ex.up, &mut s.u[..])],
+                &s.xg,
+                n,
+            );
+            match act {
+                Activation::Silu => swiglu(&mut s.g, &s.u),
+                Activation::GeluTanh => geglu_tanh(&mut s.g, &s.u),
+            }
+            s.yd.resize(n * h, 0.0);
+            linear(&ex.down, &s.g, n, &mut s.yd);
+            for (y, &slot) in s.yd.chunks_exact(h).zip(&s.slots) {
+                let w = choice[slot].1;
+                for (o, &v) in s.ys[slot * h..(slot + 1) * h].iter_mut().zip(y) {
+                    *o = v * w;
+                }
+            }
+        }
+        for (o, ys) in out[..seq * h]
+            .chunks_exact_mut(h)
+            .zip(s.ys.chunks_exact(k * h))
+        {
+            o.copy_from_slice(&ys[..h]);
+            for y in ys[h..].chunks_exact(h) {
+                o.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
+            }
+        }
+        s.probs = probs;
+        s.choice = choice;
+        // A long prefill's buffers are let go, as the session's scratch is (a small node keeps
+        // no tens of MB for the next one-token step).
+        let floats = [&s.probs, &s.xg, &s.g, &s.u, &s.yd, &s.ys]
+            .iter()
+            .map(|v| v.capacity())
+            .sum::<usize>();
+        if floats * 4 + s.choice.capacity() * 8 <= super::SCRATCH_KEEP_BYTES {
+            MOE.with(|m| *m.borrow_mut() = s);
+        }
+    }
+}
+
+/// In-place softmax, the max subtracted first; the sum in f64, in index order.
+fn softmax(p: &mut [f32]) {
+    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in p.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    p.iter_mut().for_each(|v| *v *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::QMatrix;
+    use knot_format::DType;
+
+    fn f32_matrix(rows: usize, cols: usize, v: &[f32]) -> Linear<'_> {
+        Linear::new(QMatrix::new(DType::F32, rows, cols, bytemuck::cast_slice(v)).unwrap())
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_order() {
+        let mut p = [1.0f32, 3.0, 2.0, -100.0];
+        softmax(&mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(p[1] > p[2] && p[2] > p[0] && p[0] > p[3]);
+    }
+
+    /// Two experts of width 32 over hidden 32, each the identity scaled (gate rows large so
+    /// silu(g) ~ g): routing picks by the router's logits, renormalises, and the output is
+    /// the weighted sum, for each token alone and in a batch, bit for bit.
+    #[test]
+    fn routes_top_k_and_sums_weighted_experts_batch_invariant() {
+        let h = 32;
+        let ne = 4;
+        // Router: expert e's logit is x[e] * 4.
+        let mut router = vec![0f32; ne * h];
+        for e in 0..ne {
+            router[e * h + e] = 4.0;
+        }
+        let eye = |s: f32| -> Vec<f32> {
+            let mut m = vec![0f32; h * h];
+            for i in 0..h {
+                m[i * h + i] = s;
+            }
+            m
+        };
+        let mats: Vec<[Vec<f32>; 3]> = (0..ne)
+            .map(|e| [eye(1.0), eye(1.0), eye((e + 1) as f32)])
+            .collect();
+        let moe = MoeFfn {
+            router: f32_matrix(ne, h, &router),
+            experts: mats
+                .iter()
+                .map(|[g, u, d]| Expert {
+                    gate: f32_matrix(h, h, g),
+                    up: f32_matrix(h, h, u),
+                    down: f32_matrix(h, h, d),
+                })
+                .collect(),
+            n_used: 2,
+            norm_topk: true,
+        };
+        let mut x = vec![0f32; 3 * h];
+        // token 0 prefers experts 2 then 0; token 1: 1 then 3; token 2: 3 then 2
+        for (t, (a, b)) in [(2, 0), (1, 3), (3, 2)].into_iter().enumerate() {
+            x[t * h + a] = 1.0;
+            x[t * h + b] = 0.5;
+            x[t * h + 10] = 2.0;
+        }
+        let choice = moe.route(&x, 3);
+        let picked: Vec<u32> = choice.iter().map(|c| c.0).collect();
+        assert_eq!(picked, [2, 0, 1, 3, 3, 2]);
+        for t in 0..3 {
+            let s = choice[2 * t].1 + choice[2 * t + 1].1;
+            assert!((s - 1.0).abs() < 1e-6, "weights of token {t} sum to {s}");
+            assert!(choice[2 * t].1 > choice[2 * t + 1].1);
+        }
+        let mut batch = vec![0f32; 3 * h];
+        moe.forward(&x, 3, Activation::Silu, &mut batch);
+        for t in 0..3 {
+            let mut one = vec![0f32; h];
+            moe.forward(&x[t * h..(t + 1) * h], 1, Activation::Silu, &mut one);
+            assert_eq!(
+                one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                batch[t * h..(t + 1) * h]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            );
+            // Column 10: silu(2) * 2 through each chosen expert, scaled by (e + 1).
+            let v = 2.0f32 / (1.0 + (-2.0f32).exp()) * 2.0;
+            let (c0, c1) = (choice[2 * t], choice[2 * t + 1]);
+            let want = c0.1 * v * (c0.0 + 1) as f32 + c1.1 * v * (c1.0 + 1) as f32;
+            assert!((one[10] - want).abs() < 1e-4, "{} vs {want}", one[10]);
+        }
+    }
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Regenerates the golden of fat-station/tests/engine_moe.rs (llama.cpp on the tiny qwen3moe):
+#   fat-station/tests/golden/moe/tiny_moe_seed0.sha256          the tiny-moe GGUF's sha256
+#   fat-station/tests/golden/moe/tiny_moe_seed0_numpy.f32       NumPy f32 logits of the last
+#                                                              position (ref_forward.py)
+#   fat-station/tests/golden/moe/tiny_moe_seed0_llamacpp.f32    llama.cpp's logits of the last
+#                                                              position, the prompt in one batch
+#   fat-station/tests/golden/moe/tiny_moe_seed0_llamacpp_tbt.f32  the same fed token by token
+#                                                              (llama.cpp's own batching noise)
+#   fat-station/tests/golden/moe/tiny_moe_seed0_experts.i32     the experts llama.cpp chose, i32
+#                                                              (block, token, k), batched run
+# The GGUF: scripts/make-synthetic-model.py --preset tiny-moe --type q8_0 --seed 0. When the
+# test's GGUF has another sha256 (another numpy or gguf), it does not compare with llama.cpp.
+# Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer (scripts/fetch-model.sh qwen);
+# llama.cpp's static libraries from scripts/bench/build-llama-bench.sh; gcc with OpenMP.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$root/fat-station/tests/golden/moe
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out"
+python3 "$root/scripts/make-synthetic-model.py" "$tmp/tiny-moe.gguf" --preset tiny-moe --type q8_0 --seed 0 -q
+(cd "$tmp" && sha256sum tiny-moe.gguf | cut -d' ' -f1) > "$out/tiny_moe_seed0.sha256"
+# The test's PROMPT ("The capital of France is Paris. The capital of Germany is").
+prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
+python3 "$here/ref_forward.py" "$tmp/tiny-moe.gguf" "${prompt[@]}" \
+  --logits-out "$out/tiny_moe_seed0_numpy.f32" --top 5
+
+version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
+[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
+[ -f "$llama/build/src/libllama.a" ] || { echo "make-moe-golden: no llama.cpp build in $llama" >&2; exit 1; }
+gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
+  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
+  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
+  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+"$tmp/llamacpp-logits" "$tmp/tiny-moe.gguf" "$out/tiny_moe_seed0_llamacpp.f32" \
+  --experts "$out/tiny_moe_seed0_experts.i32" "${prompt[@]}"
+"$tmp/llamacpp-logits" "$tmp/tiny-moe.gguf" "$out/tiny_moe_seed0_llamacpp_tbt.f32" \
+  --token-by-token "${prompt[@]}"
+echo "make-moe-golden: wrote $out (llama.cpp $version)" >&2
