@@ -8,6 +8,7 @@ mod config;
 pub mod kernels;
 mod model;
 pub mod ops;
+pub mod sampling;
 mod session;
 mod team;
 pub mod tokenizer;
