@@ -618,6 +618,60 @@ mod tests {
         assert_ne!(run(1), run(2));
     }
 
+    /// Issue 36: the chain's exit samples with the state the gateway sends. A sampler that is
+    /// handed over after every pick (resumed from [`Sampler::state`], its picks recorded back
+    /// with [`Sampler::record`]) picks exactly the ids of one that ran alone, with penalties,
+    /// bias and drafts in play; a state that dropped the RNG or the counts would not.
+    #[test]
+    fn a_sampler_resumed_from_its_state_picks_the_same_ids() {
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            min_p: 0.01,
+            repeat_penalty: 1.3,
+            repeat_last_n: 8,
+            presence_penalty: 0.7,
+            frequency_penalty: 0.9,
+            logit_bias: vec![(3, -1.5), (7, 2.0)],
+            seed: 11,
+            ..Default::default()
+        };
+        let vocab = 40;
+        let row = |t: usize| -> Vec<f32> {
+            (0..vocab)
+                .map(|i| (((i * 31 + t * 17) % 23) as f32) * 0.25)
+                .collect()
+        };
+        let mut alone = Sampler::new(params.clone());
+        alone.observe(&[1, 2, 3]);
+        let mut here = Sampler::new(params.clone());
+        here.observe(&[1, 2, 3]);
+        let (mut ids, mut handed) = (Vec::new(), Vec::new());
+        for t in 0..48 {
+            // Every third step verifies a draft: two rows, the second scored after it.
+            let draft = (t % 3 == 0).then_some((t % 5) as u32);
+            let (id, _) = alone.pick(&mut row(t), draft, None);
+            ids.push(id);
+            let mut rows = row(t);
+            if draft.is_some() {
+                rows.extend(row(t + 100));
+                if draft == Some(id) {
+                    ids.push(alone.pick(&mut row(t + 100), None, None).0);
+                }
+            }
+            let mut exit = Sampler::resume(params.clone(), here.state());
+            for (id, lp) in exit.pick_rows(&mut rows, vocab, draft.as_slice(), Some(2)) {
+                assert_eq!(lp.map(|l| l.id), Some(id));
+                here.record(id, exit.rng_state());
+                handed.push(id);
+            }
+        }
+        assert_eq!(ids, handed);
+        let counts = here.state().counts;
+        assert!(counts.windows(2).all(|w| w[0].0 < w[1].0), "sorted by id");
+        assert_eq!(here.state().recent.len(), 8);
+    }
+
     /// Speculative sampling with a fixed draft must give each token its probability under
     /// the target distribution, whichever token is drafted (always accepting, or resampling
     /// from the full p on rejection, would not).

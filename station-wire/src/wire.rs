@@ -454,6 +454,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_exit_ask_travels_after_the_residual_and_is_cut_off_by_its_length() {
+        let ask = ExitAsk {
+            drafts: vec![5, 6],
+            logprobs: Some(3),
+            ..Default::default()
+        };
+        let mut body = encode_f32(&[1.0, -2.5]);
+        let trailer = serde_json::to_vec(&ask).expect("json");
+        body.extend_from_slice(&trailer);
+        let (rows, got) = split_exit_ask(&body, trailer.len()).expect("split");
+        assert_eq!(decode_f32(rows), Some(vec![1.0, -2.5]));
+        assert_eq!(got, ask);
+        let e = split_exit_ask(&body, body.len() + 1).unwrap_err();
+        assert!(e.contains("longer than the body"), "{e}");
+        assert!(split_exit_ask(&body, trailer.len() - 1).is_err());
+        // A request without an ask is what it was before the ask existed.
+        let plain = serde_json::to_string(&ChainRequest {
+            tokens: vec![1],
+            exit: None,
+        })
+        .expect("json");
+        assert_eq!(plain, r#"{"tokens":[1]}"#);
+    }
+
+    #[test]
     fn header_numbers_and_ranges_have_one_spelling() {
         use knot_format::LayerRange;
         assert_eq!(parse_layer_range("0-1"), Ok(LayerRange::new(0, 1)));
