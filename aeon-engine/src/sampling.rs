@@ -397,6 +397,58 @@ impl Sampler {
         self.rng.state = rng;
     }
 
+    /// The logit bias and the penalties, in place: what every pick starts from.
+    pub fn adjust(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        apply_logit_bias(logits, &p.logit_bias);
+        let recent = &self.history[self.history.len().saturating_sub(p.repeat_last_n)..];
+        apply_repeat_penalty(logits, recent, p.repeat_penalty);
+        apply_presence_frequency(
+            logits,
+            &self.counts,
+            p.presence_penalty,
+            p.frequency_penalty,
+        );
+    }
+
+    /// The `k` best tokens of each of `rows` after the bias and the penalties, best first (the
+    /// first on ties), without picking: for a caller that masks them (a grammar) and picks
+    /// greedily itself. Row `i + 1` is adjusted as if `drafts[i]` was picked for row `i`
+    /// (it counts only then); minus-infinity candidates are left out.
+    pub fn candidates(
+        &self,
+        rows: &mut [f32],
+        vocab: usize,
+        drafts: &[u32],
+        k: usize,
+    ) -> Vec<Vec<(u32, f32)>> {
+        let mut s = self.clone();
+        let mut out = Vec::new();
+        if vocab == 0 {
+            return out;
+        }
+        for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
+            s.adjust(row);
+            let c = row
+                .iter()
+                .enumerate()
+                .map(|(id, &p)| Candidate { id: id as u32, p })
+                .collect();
+            out.push(
+                top_k(c, k)
+                    .into_iter()
+                    .filter(|c| c.p > f32::NEG_INFINITY)
+                    .map(|c| (c.id, c.p))
+                    .collect(),
+            );
+            if let Some(&d) = drafts.get(i) {
+                s.history.push(d);
+                *s.counts.entry(d).or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// The RNG state (for [`Sampler::record`]).
     pub fn rng_state(&self) -> u64 {
         self.rng.state
@@ -463,16 +515,8 @@ impl Sampler {
         draft: Option<u32>,
         top: Option<usize>,
     ) -> (u32, Option<TokenLogprob>) {
+        self.adjust(logits);
         let p = &self.params;
-        apply_logit_bias(logits, &p.logit_bias);
-        let recent = &self.history[self.history.len().saturating_sub(p.repeat_last_n)..];
-        apply_repeat_penalty(logits, recent, p.repeat_penalty);
-        apply_presence_frequency(
-            logits,
-            &self.counts,
-            p.presence_penalty,
-            p.frequency_penalty,
-        );
         let id = if p.is_greedy() {
             argmax(logits)
         } else {

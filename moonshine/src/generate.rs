@@ -781,6 +781,7 @@ impl<'a> Generation<'a> {
             let mut done = false;
             let n = match &answer {
                 Answer::Logits(rows) => rows.len() / vocab.max(1),
+                Answer::Picks(t) if !t.rows.is_empty() => t.rows.len(),
                 Answer::Picks(t) => t.picks.len().max(1),
             };
             for i in 0..n {
@@ -794,6 +795,52 @@ impl<'a> Generation<'a> {
                             mask_s += t.elapsed().as_secs_f64();
                         }
                         sampler.pick(row, draft, req.logprobs)
+                    }
+                    Answer::Picks(t) if !t.rows.is_empty() => {
+                        let mut row = vec![f32::NEG_INFINITY; vocab];
+                        for &(id, l) in &t.rows[i] {
+                            if let Some(x) = row.get_mut(id as usize) {
+                                *x = l;
+                            }
+                        }
+                        let t0 = Instant::now();
+                        if let Some(g) = grammar.as_mut() {
+                            g.mask(&mut row)?;
+                        }
+                        mask_s += t0.elapsed().as_secs_f64();
+                        if row.iter().any(|&l| l > f32::NEG_INFINITY) {
+                            let id = crate::sampling::argmax(&row);
+                            sampler.record(id, sampler.rng_state());
+                            (id, None)
+                        } else {
+                            // The grammar allows none of the best: this row's logits whole.
+                            // Re-sending `context`'s last token rolls the stations back to
+                            // this row's position.
+                            let ask = Ask::Logits { rows: 1 };
+                            trips += 1;
+                            let (mut row, _) = match session.feed_ask(
+                                &b.chain,
+                                &context,
+                                &ask,
+                                &mut timing,
+                                cancelled,
+                            )? {
+                                (Answer::Logits(l), sent) if l.len() == vocab => (l, sent),
+                                (a, _) => {
+                                    check_answer(b, &a, &[])?;
+                                    return Err(GenError::BadLogits {
+                                        got: 0,
+                                        want: vocab,
+                                    });
+                                }
+                            };
+                            let t0 = Instant::now();
+                            if let Some(g) = grammar.as_mut() {
+                                g.mask(&mut row)?;
+                            }
+                            mask_s += t0.elapsed().as_secs_f64();
+                            sampler.pick(&mut row, draft, None)
+                        }
                     }
                     Answer::Picks(t) => taken(&mut sampler, t, i, req.logprobs),
                 };
@@ -900,17 +947,23 @@ impl<'a> Generation<'a> {
     }
 }
 
-/// What a trip asks of the chain's exit: with a grammar the logit rows (the mask is applied
-/// here, before the sampler), else the exit's picks with the sampler's parameters and state
-/// (the exit runs the same sampler: same ids, same seed determinism), `drafts` to verify and
-/// the logprobs asked.
+/// What a trip asks of the chain's exit: the exit's picks with the sampler's parameters and
+/// state (the exit runs the same sampler: same ids, same seed determinism), `drafts` to verify
+/// and the logprobs asked. With a grammar (its mask applies here, before the sampler): greedy
+/// without logprobs, each row's best candidates; else the logit rows.
 fn exit_ask(sampler: &Sampler, req: &GenRequest, drafts: Vec<u32>) -> Ask {
-    if req.grammar.is_some() {
-        return Ask::Logits {
-            rows: drafts.len() + 1,
-        };
-    }
     let p = sampler.params();
+    // With a grammar the mask comes first, here: greedy needs only the best tokens (the
+    // allowed one among them is the allowed argmax), sampling and logprobs every logit.
+    let candidates = match req.grammar {
+        Some(_) if p.is_greedy() && req.logprobs.is_none() => Some(GRAMMAR_CANDIDATES),
+        Some(_) => {
+            return Ask::Logits {
+                rows: drafts.len() + 1,
+            }
+        }
+        None => None,
+    };
     let st = sampler.state();
     Ask::Token(ExitAsk {
         rows: 0,
@@ -930,8 +983,13 @@ fn exit_ask(sampler: &Sampler, req: &GenRequest, drafts: Vec<u32>) -> Ask {
         }),
         drafts,
         logprobs: req.logprobs,
+        candidates,
     })
 }
+
+/// Best tokens per row a greedy grammar-constrained generation asks of the exit: when the
+/// grammar allows none of them, that row's logits are fetched whole (one more trip).
+const GRAMMAR_CANDIDATES: usize = 64;
 
 /// Pick `i` of the exit's answer, recorded in `sampler` as if it had picked it (history,
 /// counts, the RNG state the exit left), with its log-probabilities when asked. An answer
@@ -972,6 +1030,14 @@ fn check_answer(b: &Backend, a: &Answer, drafts: &[u32]) -> Result<(), GenError>
                     got: l.len(),
                     want: rows * b.vocab_size,
                 });
+            }
+        }
+        Answer::Picks(t) if !t.rows.is_empty() => {
+            if t.rows.len() != rows {
+                return Err(GenError::BadPicks(format!(
+                    "{} candidate rows for {rows}",
+                    t.rows.len()
+                )));
             }
         }
         Answer::Picks(t) => {

@@ -112,12 +112,14 @@ struct Run {
     bytes: usize,
 }
 
-fn run(gw: &Proc, stations: &[&str], down: &AtomicUsize, extra: serde_json::Value) -> Run {
+fn run(gw: &Proc, stations: &[&str], down: &[Arc<AtomicUsize>], extra: serde_json::Value) -> Run {
     let before: Vec<_> = stations.iter().map(|u| requests(u)).collect();
-    let b0 = down.load(Ordering::SeqCst);
+    let sum = || -> usize { down.iter().map(|d| d.load(Ordering::SeqCst)).sum() };
+    let b0 = sum();
     let answer = chat(gw, extra);
-    // The metrics' own bytes are counted too: read the link before them.
-    let bytes = down.load(Ordering::SeqCst) - b0;
+    // The relay counts a response's bytes after writing them on: let it finish.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let bytes = sum() - b0;
     let per_station = delta(&before, stations);
     let tokens = answer["usage"]["completion_tokens"]
         .as_f64()
@@ -130,8 +132,15 @@ fn run(gw: &Proc, stations: &[&str], down: &AtomicUsize, extra: serde_json::Valu
     }
 }
 
+/// Station requests that scale with the tokens generated (the prompt's one `/tokenize` left
+/// out).
 fn total(r: &Run) -> f64 {
-    r.per_station.iter().flat_map(|m| m.values()).sum()
+    r.per_station
+        .iter()
+        .flat_map(|m| m.iter())
+        .filter(|(k, _)| *k != "/tokenize")
+        .map(|(_, v)| v)
+        .sum()
 }
 
 #[test]
@@ -162,18 +171,28 @@ fn serve_sends_one_request_per_token_into_a_three_station_chain() {
             &mid.url,
         ],
     );
-    // The gateway reaches the entry through a relay that counts what comes back.
-    let (link, down) = byte_relay(&entry.url);
+    // The gateways reach each station through a relay that counts what comes back (the
+    // stations reach each other directly): the bytes crossing the gateway's link.
+    let links: Vec<(String, Arc<AtomicUsize>)> = [&entry, &mid, &exit]
+        .iter()
+        .map(|p| byte_relay(&p.url))
+        .collect();
+    let down: Vec<Arc<AtomicUsize>> = links.iter().map(|l| l.1.clone()).collect();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mesh = dir.path().join("mesh-3.json");
-    let m = serde_json::json!({"model": "qwen-3hop", "stations": [
-        {"url": link, "layers": "0-8"}, {"url": mid.url, "layers": "8-16"},
-        {"url": exit.url, "layers": "16-24"}]});
-    std::fs::write(&mesh, m.to_string()).expect("write mesh");
-    let mesh = mesh.to_str().expect("utf-8");
+    let write_mesh = |name: &str, urls: [&str; 3]| {
+        let p = dir.path().join(name);
+        let m = serde_json::json!({"model": "qwen-3hop", "stations": [
+            {"url": urls[0], "layers": "0-8"}, {"url": urls[1], "layers": "8-16"},
+            {"url": urls[2], "layers": "16-24"}]});
+        std::fs::write(&p, m.to_string()).expect("write mesh");
+        p.to_str().expect("utf-8").to_string()
+    };
+    // Relaying, the entry forwards to the URLs it was allowed (--route-to): the real ones.
+    let one_trip = write_mesh("relayed.json", [&links[0].0, &mid.url, &exit.url]);
+    let hop_by_hop = write_mesh("per-hop.json", [&links[0].0, &links[1].0, &links[2].0]);
     let moonshine = std::path::Path::new(env!("CARGO_BIN_EXE_moonshine"));
-    let relayed = spawn_listening(moonshine, &["serve", "--mesh", mesh]);
-    let per_hop = spawn_listening(moonshine, &["serve", "--mesh", mesh, "--per-hop"]);
+    let relayed = spawn_listening(moonshine, &["serve", "--mesh", &one_trip]);
+    let per_hop = spawn_listening(moonshine, &["serve", "--mesh", &hop_by_hop, "--per-hop"]);
     let stations = [entry.url.as_str(), mid.url.as_str(), exit.url.as_str()];
     // Warm both (the vocabulary fetch, the chat template) so the counts are the decode's.
     run(
@@ -253,6 +272,32 @@ fn serve_sends_one_request_per_token_into_a_three_station_chain() {
     );
     assert_eq!(content(&a), content(&b));
     assert!(chain(&a, 0) <= a.tokens + 1.0, "{:?}", a.per_station);
+
+    // Structured output, greedy: the exit answers each row's best candidates, the gateway
+    // masks them; the same document as masking every logit, and no logits asked.
+    let schema = serde_json::json!({"max_tokens": 40, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "count", "schema": {"type": "object",
+            "properties": {"numbers": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["numbers"]}}}});
+    let a = run(&relayed, &stations, &down, schema.clone());
+    let b = run(&per_hop, &stations, &down, schema);
+    eprintln!(
+        "structured: relayed {:?} {} B, per hop {:?} {} B, {} tokens",
+        a.per_station, a.bytes, b.per_station, b.bytes, a.tokens
+    );
+    assert_eq!(a.answer["choices"], b.answer["choices"]);
+    assert!(
+        !a.per_station[2].contains_key("/lm-head"),
+        "{:?}",
+        a.per_station
+    );
+    // A row whose candidates the grammar all refuses costs its logits: rare, not never.
+    assert!(
+        a.bytes * 10 < b.bytes,
+        "{} B relayed, {} B per hop",
+        a.bytes,
+        b.bytes
+    );
 
     // A bad ask is a one-line 400, at the entry and at a forwarded hop.
     let post = |url: &str, headers: &[(&str, &str)], body: Vec<u8>| {

@@ -95,7 +95,15 @@ pub struct ExitAsk {
     /// `X-Return: token`: answer each pick's log-probability with this many alternatives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<usize>,
+    /// `X-Return: token`: pick nothing; answer each row's this many best tokens after the
+    /// bias and penalties ([`ChainToken::rows`]), for a gateway that masks them with a
+    /// grammar and picks greedily itself. At most [`MAX_CANDIDATES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<usize>,
 }
+
+/// Most candidates an [`ExitAsk`] may ask per row.
+pub const MAX_CANDIDATES: usize = 1024;
 
 /// The sampler's parameters and its state between two picks (`aeon_engine::sampling`), so
 /// the exit picks exactly the ids the gateway would: same seed, same ids.
@@ -135,6 +143,10 @@ pub struct ChainToken {
     /// The PCG32 state after the last pick.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rng: Option<u64>,
+    /// With [`ExitAsk::candidates`]: each row's best `(id, logit)` after the bias and the
+    /// penalties, best first (row `i + 1` as if `drafts[i]` was picked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<Vec<(u32, f32)>>,
 }
 
 /// One token the exit picked, with its log-probability when asked.

@@ -325,6 +325,15 @@ fn check_ask(ask: &wire::ExitAsk, want_token: bool, tokens: usize) -> Result<(),
     if want_token && ask.rows > 1 {
         return bad("with X-Return: token the rows are the drafts plus one".into());
     }
+    if ask
+        .candidates
+        .is_some_and(|k| k == 0 || k > wire::MAX_CANDIDATES)
+    {
+        return bad(format!("candidates: 1 to {} per row", wire::MAX_CANDIDATES));
+    }
+    if !want_token && ask.candidates.is_some() {
+        return bad("candidates need X-Return: token".into());
+    }
     if ask.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
         return bad(format!("logprobs: at most {MAX_TOP_LOGPROBS} alternatives"));
     }
@@ -524,6 +533,7 @@ fn pick(logits: &mut [f32], vocab: usize, ask: Option<&wire::ExitAsk>) -> wire::
                 .unwrap_or(f32::NEG_INFINITY),
             picks: Vec::new(),
             rng: None,
+            rows: Vec::new(),
         };
     };
     let mut sampler = match &ask.sample {
@@ -537,6 +547,21 @@ fn pick(logits: &mut [f32], vocab: usize, ask: Option<&wire::ExitAsk>) -> wire::
         ),
         None => Sampler::new(SamplingParams::default()),
     };
+    if let Some(k) = ask.candidates {
+        let rows = sampler.candidates(logits, vocab, &ask.drafts, k);
+        let (token, logit) = rows
+            .last()
+            .and_then(|r| r.first())
+            .copied()
+            .unwrap_or((0, f32::NEG_INFINITY));
+        return wire::ChainToken {
+            token,
+            logit,
+            picks: Vec::new(),
+            rng: Some(sampler.rng_state()),
+            rows,
+        };
+    }
     let raw = logits.to_vec();
     let picked = sampler.pick_rows(logits, vocab, &ask.drafts, ask.logprobs);
     let last = picked.len().saturating_sub(1);
@@ -565,6 +590,7 @@ fn pick(logits: &mut [f32], vocab: usize, ask: Option<&wire::ExitAsk>) -> wire::
             })
             .collect(),
         rng: Some(sampler.rng_state()),
+        rows: Vec::new(),
     }
 }
 
