@@ -411,13 +411,13 @@ fn residual_and_ask(
 
 /// Step 3 (on the compute pool): embed or take the residual, run this node's layers, then
 /// answer at the exit or prepare the forward.
-fn run_step(st: &Station, a: Admitted) -> Result<Step, Refusal> {
+fn run_step(st: &Station, mut a: Admitted) -> Result<Step, Refusal> {
     let t = Instant::now();
     let node = st.mesh_node();
     let held = st.model().holdings();
-    let mut x = match a.input {
-        Input::Tokens(ref t) => st.model().embed(t)?,
-        Input::Residual(ref x) => x.clone(),
+    let mut x = match std::mem::replace(&mut a.input, Input::Tokens(Vec::new())) {
+        Input::Tokens(t) => st.model().embed(&t)?,
+        Input::Residual(x) => x,
     };
     let range = held.layers;
     if !range.is_empty() {
