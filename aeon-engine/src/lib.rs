@@ -9,6 +9,7 @@ pub mod kernels;
 mod model;
 pub mod moe;
 pub mod ops;
+pub mod sampling;
 mod session;
 mod team;
 pub mod tokenizer;

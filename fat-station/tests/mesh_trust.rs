@@ -118,6 +118,7 @@ fn monster_guard() -> Option<PathBuf> {
 fn chain_with_grant(url: &str, grant: &str) -> (u16, Vec<u8>) {
     let body = serde_json::to_vec(&wire::ChainRequest {
         tokens: vec![1, 2, 3],
+        exit: None,
     })
     .expect("json");
     send(
@@ -645,6 +646,7 @@ fn a_keyed_chain_seals_request_and_answer_and_matches_the_open_chain() {
     let mut step = SealedStep::new(&key, None, &route, true);
     let plain = serde_json::to_vec(&wire::ChainRequest {
         tokens: PROMPT.to_vec(),
+        exit: None,
     })
     .expect("json");
     let (body, ts) = step.seal_request(&plain);

@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fat_station::client::{Chain, ClientError, MeshFile, StationClient, StepTrace};
-use fat_station::wire::{Health, TokenizerInfo};
 use knot_format::LayerRange;
 use serde::Serialize;
+use station_wire::client::{Answer, Ask, Chain, ClientError, MeshFile, StationClient, StepTrace};
+use station_wire::wire::{self, ChainToken, ExitAsk, Health, SampleSpec, TokenizerInfo};
 
 use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
 use crate::lookup::{self, LookupParams};
@@ -32,6 +32,10 @@ pub enum GenError {
     EmptyPrompt,
     #[error("station returned {got} logits, expected {want}")]
     BadLogits { got: usize, want: usize },
+    /// The exit's picks do not answer the trip (no pick, too many, a kept draft that was not
+    /// drafted, an id outside the vocabulary).
+    #[error("the chain's exit answered bad picks: {0}")]
+    BadPicks(String),
     /// The prompt alone does not fit in the stations' context (`413 context_full` in prefill).
     #[error("the prompt ({prompt} tokens) does not fit in the model's context: {source}")]
     ContextFull { prompt: usize, source: ClientError },
@@ -90,8 +94,11 @@ pub struct Backend {
     /// The chain's context: the fewest positions any hop's sessions hold (`None` when no hop
     /// says, as stations before issue 32 did not).
     pub context: Option<usize>,
-    /// Each token's text, as detokenized alone (for logprobs), filled as asked.
-    pieces: std::sync::Mutex<std::collections::HashMap<u32, String>>,
+    /// The vocabulary size (the entry's `/health`).
+    pub vocab_size: usize,
+    /// Each token's bytes and whether it is special (the tokenizing station's `/vocab`,
+    /// fetched once when first needed): detokenizing needs no station trip.
+    vocab_bytes: std::sync::OnceLock<Vec<wire::VocabToken>>,
 }
 
 /// What one hop's `/health` says is wrong for the blocks `r` the chain gives it: it does not
@@ -214,13 +221,20 @@ impl Backend {
             Some(t) => Some(t.tokenizer_info()?),
             None => None,
         };
+        // One trip per step (POST /chain to the entry) when every station holds exactly its
+        // hop's layers; full stations split by a mesh file are driven hop by hop.
+        let exact = hops
+            .iter()
+            .all(|(_, r, h)| LayerRange::parse(&h.layers) == Some(*r));
+        chain.set_relay(exact);
         Ok(Backend {
             chain,
             tok,
             info,
             context: healths.iter().filter_map(|h| h.max_positions).min(),
             model_id: mesh_model.or(model_id).unwrap_or_else(|| "unknown".into()),
-            pieces: Default::default(),
+            vocab_size: healths.first().map_or(0, |h| h.vocab as usize),
+            vocab_bytes: Default::default(),
         })
     }
 
@@ -246,21 +260,29 @@ impl Backend {
         Ok(self.tokenizer()?.tokenize(text, add_bos)?)
     }
 
-    /// Detokenizes `ids` (lossy at an incomplete character).
-    pub fn detokenize(&self, ids: &[u32]) -> Result<String, GenError> {
-        Ok(self.tokenizer()?.detokenize(ids)?)
+    /// Every token's bytes (the tokenizing station's `/vocab`, fetched on first use).
+    pub fn vocab_bytes(&self) -> Result<&[wire::VocabToken], GenError> {
+        if let Some(v) = self.vocab_bytes.get() {
+            return Ok(v);
+        }
+        let v = self.tokenizer()?.vocab()?;
+        Ok(self.vocab_bytes.get_or_init(|| v))
     }
 
-    /// One token's text alone (lossy when the token is part of a character), cached.
+    /// Detokenizes `ids` (lossy at an incomplete character) from the `/vocab` bytes, with the
+    /// station's own detokenizer ([`aeon_engine::tokenizer::decode_pieces`]): no station trip
+    /// per token. Ids outside the vocabulary have no text.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String, GenError> {
+        let v = self.vocab_bytes()?;
+        Ok(aeon_engine::tokenizer::decode_pieces(
+            ids.iter()
+                .filter_map(|&id| v.get(id as usize).map(|t| t.bytes.as_slice())),
+        ))
+    }
+
+    /// One token's text alone (lossy when the token is part of a character).
     pub fn token_text(&self, id: u32) -> Result<String, GenError> {
-        if let Some(t) = self.pieces.lock().ok().and_then(|m| m.get(&id).cloned()) {
-            return Ok(t);
-        }
-        let t = self.detokenize(&[id])?;
-        if let Ok(mut m) = self.pieces.lock() {
-            m.insert(id, t.clone());
-        }
-        Ok(t)
+        self.detokenize(&[id])
     }
 
     /// The id of `text` when the vocabulary holds it as one token (with special parsing).
@@ -327,12 +349,11 @@ impl Backend {
     pub fn vocab(&self) -> Result<Vocab, GenError> {
         let info = self.info.as_ref().ok_or(GenError::NoTokenizer)?;
         let tokens: Vec<VocabToken> = self
-            .tokenizer()?
-            .vocab()?
-            .into_iter()
+            .vocab_bytes()?
+            .iter()
             .map(|t| VocabToken {
                 special: t.special,
-                bytes: t.bytes,
+                bytes: t.bytes.clone(),
             })
             .collect();
         Ok(Vocab::new(&tokens, &info.eog_ids)?)
@@ -477,24 +498,33 @@ impl KvSession {
         timing: &mut Timing,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<(Vec<f32>, usize), GenError> {
-        self.feed_rows(chain, tokens, 1, timing, cancelled)
+        match self.feed_ask(chain, tokens, &Ask::Logits { rows: 1 }, timing, cancelled)? {
+            (Answer::Logits(l), sent) => Ok((l, sent)),
+            (Answer::Picks(_), _) => Err(GenError::BadLogits { got: 0, want: 1 }),
+        }
     }
 
-    /// [`KvSession::feed`] returning the logits after each of the last `rows` tokens,
-    /// `(rows, vocab)` row-major (fewer rows when fewer tokens had to be sent; at most
-    /// [`PREFILL_STEP`]): one trip verifies a token plus `rows - 1` drafted ones. The last
-    /// request always carries at least `rows` tokens when that many are new.
-    pub fn feed_rows(
+    /// [`KvSession::feed`] answering `ask` from the last request: the logits after each of
+    /// the last `rows` tokens, `(rows, vocab)` row-major (fewer rows when fewer tokens had to
+    /// be sent; at most [`PREFILL_STEP`]), or the exit's picks over them: one trip verifies a
+    /// token plus `rows - 1` drafted ones. The last request always carries at least `rows`
+    /// tokens when that many are new; the requests before it ask only the exit's argmax (a
+    /// few bytes, discarded).
+    pub fn feed_ask(
         &mut self,
         chain: &Chain,
         tokens: &[u32],
-        rows: usize,
+        ask: &Ask,
         timing: &mut Timing,
         cancelled: &dyn Fn() -> bool,
-    ) -> Result<(Vec<f32>, usize), GenError> {
+    ) -> Result<(Answer, usize), GenError> {
         if tokens.is_empty() {
             return Err(GenError::EmptyPrompt);
         }
+        let rows = match ask {
+            Ask::Logits { rows } => *rows,
+            Ask::Token(a) => a.drafts.len() + 1,
+        };
         let rows = rows.clamp(1, PREFILL_STEP);
         let mut pos = self
             .cached
@@ -506,7 +536,8 @@ impl KvSession {
             pos -= 1; // logits need at least one row to run
         }
         self.cached.truncate(pos);
-        let (mut logits, mut sent, mut refilled) = (Vec::new(), 0, false);
+        let (mut answer, mut sent, mut refilled) = (Answer::Logits(Vec::new()), 0, false);
+        let skim = Ask::Token(ExitAsk::default());
         while pos < tokens.len() {
             if cancelled() {
                 return Err(GenError::Cancelled { prefilled: sent });
@@ -515,14 +546,16 @@ impl KvSession {
             if end < tokens.len() && tokens.len() - end < rows {
                 end = tokens.len() - rows; // the last request carries every wanted row
             }
-            let want = if end == tokens.len() {
-                rows.min(end - pos)
-            } else {
-                1
+            let last = end == tokens.len();
+            let ask = match ask {
+                _ if !last => &skim,
+                // Fewer tokens to send than rows asked: only the last rows' logits.
+                Ask::Logits { rows } if *rows > end - pos => &Ask::Logits { rows: end - pos },
+                a => a,
             };
             let mut trace = StepTrace::default();
-            match chain.step_rows(&tokens[pos..end], Some((&self.id, pos)), want, &mut trace) {
-                Ok(l) => logits = l,
+            match chain.trip(&tokens[pos..end], Some((&self.id, pos)), ask, &mut trace) {
+                Ok(a) => answer = a,
                 Err(ClientError::Refused {
                     status: 409,
                     ref code,
@@ -546,7 +579,7 @@ impl KvSession {
             sent += end - pos;
             pos = end;
         }
-        Ok((logits, sent))
+        Ok((answer, sent))
     }
 }
 
@@ -642,7 +675,9 @@ pub struct Generation<'a> {
     req: &'a GenRequest,
     /// Polled between chain steps; true stops prefill or decoding.
     cancelled: &'a dyn Fn() -> bool,
-    logits: Vec<f32>,
+    /// What the prefill's last trip answered: the first token's logits or the exit's pick.
+    first: Answer,
+    sampler: Sampler,
     timing: Timing,
     prefill_s: f64,
     already: usize,
@@ -661,28 +696,20 @@ impl<'a> Generation<'a> {
         let t0 = Instant::now();
         let mut timing = Timing::default();
         b.check_context(req.prompt.len())?;
-        let (logits, sent) = session.feed(&b.chain, &req.prompt, &mut timing, cancelled)?;
+        let mut sampler = Sampler::new(req.sampling.clone());
+        sampler.observe(&req.prompt);
+        let ask = exit_ask(&sampler, req, Vec::new());
+        let (first, sent) =
+            session.feed_ask(&b.chain, &req.prompt, &ask, &mut timing, cancelled)?;
         let already = req.prompt.len() - sent;
-        if logits.is_empty() {
-            return Err(GenError::BadLogits { got: 0, want: 1 });
-        }
-        if let Some(v) = b
-            .info
-            .as_ref()
-            .map(|i| i.vocab as usize)
-            .filter(|&v| v != logits.len())
-        {
-            return Err(GenError::BadLogits {
-                got: logits.len(),
-                want: v,
-            });
-        }
+        check_answer(b, &first, &[])?;
         Ok(Generation {
             b,
             session,
             req,
             cancelled,
-            logits,
+            first,
+            sampler,
             timing,
             prefill_s: t0.elapsed().as_secs_f64(),
             already,
@@ -721,15 +748,14 @@ impl<'a> Generation<'a> {
             session,
             req,
             cancelled,
-            logits,
+            first,
+            mut sampler,
             mut timing,
             prefill_s,
             already,
         } = self;
-        let mut sampler = Sampler::new(req.sampling.clone());
         let mut grammar = req.grammar.clone();
         let mut mask_s = 0.0;
-        sampler.observe(&req.prompt);
         let mut stream = TextStream::new(req.stops.clone());
         let mut detok = |ids: &[u32]| {
             if b.tok.is_some() {
@@ -745,22 +771,79 @@ impl<'a> Generation<'a> {
         let t1 = Instant::now();
         let mut finish = Finish::Length;
         let mut context = req.prompt.clone();
-        let vocab = logits.len();
-        // Logits after each token the stations were last sent, and the drafts among them:
-        // `rows[i]` scores the position `drafts[i]` was proposed for.
-        let mut rows = logits;
+        let vocab = b.vocab_size;
+        // What the last trip answered, and the drafts it carried: logit row `i` (or pick `i`)
+        // is for the position `drafts[i]` was proposed for.
+        let mut answer = first;
         let mut drafts: Vec<u32> = Vec::new();
         let (mut trips, mut drafted, mut accepted) = (0, 0, 0);
         'decode: while tokens.len() < req.max_tokens {
             let mut done = false;
-            for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
+            let n = match &answer {
+                Answer::Logits(rows) => rows.len() / vocab.max(1),
+                Answer::Picks(t) if !t.rows.is_empty() => t.rows.len(),
+                Answer::Picks(t) => t.picks.len().max(1),
+            };
+            for i in 0..n {
                 let draft = drafts.get(i).copied();
-                if let Some(g) = grammar.as_mut() {
-                    let t = Instant::now();
-                    g.mask(row)?;
-                    mask_s += t.elapsed().as_secs_f64();
-                }
-                let (id, lp) = sampler.pick(row, draft, req.logprobs);
+                let (id, lp) = match &mut answer {
+                    Answer::Logits(rows) => {
+                        let row = &mut rows[i * vocab..(i + 1) * vocab];
+                        if let Some(g) = grammar.as_mut() {
+                            let t = Instant::now();
+                            g.mask(row)?;
+                            mask_s += t.elapsed().as_secs_f64();
+                        }
+                        sampler.pick(row, draft, req.logprobs)
+                    }
+                    Answer::Picks(t) if !t.rows.is_empty() => {
+                        let mut row = vec![f32::NEG_INFINITY; vocab];
+                        for &(id, l) in &t.rows[i] {
+                            if let Some(x) = row.get_mut(id as usize) {
+                                *x = l;
+                            }
+                        }
+                        let t0 = Instant::now();
+                        if let Some(g) = grammar.as_mut() {
+                            g.mask(&mut row)?;
+                        }
+                        mask_s += t0.elapsed().as_secs_f64();
+                        if row.iter().any(|&l| l > f32::NEG_INFINITY) {
+                            let id = crate::sampling::argmax(&row);
+                            sampler.record(id, sampler.rng_state());
+                            (id, None)
+                        } else {
+                            // The grammar allows none of the best: this row's logits whole.
+                            // Re-sending `context`'s last token rolls the stations back to
+                            // this row's position.
+                            let ask = Ask::Logits { rows: 1 };
+                            trips += 1;
+                            let (mut row, _) = match session.feed_ask(
+                                &b.chain,
+                                &context,
+                                &ask,
+                                &mut timing,
+                                cancelled,
+                            )? {
+                                (Answer::Logits(l), sent) if l.len() == vocab => (l, sent),
+                                (a, _) => {
+                                    check_answer(b, &a, &[])?;
+                                    return Err(GenError::BadLogits {
+                                        got: 0,
+                                        want: vocab,
+                                    });
+                                }
+                            };
+                            let t0 = Instant::now();
+                            if let Some(g) = grammar.as_mut() {
+                                g.mask(&mut row)?;
+                            }
+                            mask_s += t0.elapsed().as_secs_f64();
+                            sampler.pick(&mut row, draft, None)
+                        }
+                    }
+                    Answer::Picks(t) => taken(&mut sampler, t, i, req.logprobs),
+                };
                 if let Some(g) = grammar.as_mut() {
                     g.consume(id)?;
                 }
@@ -814,15 +897,16 @@ impl<'a> Generation<'a> {
             };
             let mut fed = context.clone();
             fed.extend_from_slice(&drafts);
-            let mut out =
-                session.feed_rows(&b.chain, &fed, drafts.len() + 1, &mut timing, cancelled);
+            let ask = exit_ask(&sampler, req, drafts.clone());
+            let mut out = session.feed_ask(&b.chain, &fed, &ask, &mut timing, cancelled);
             if matches!(out, Err(GenError::ContextFull { .. })) && !drafts.is_empty() {
                 // The drafts do not fit, the token alone may: decode it as plain decoding would.
                 drafts.clear();
-                out = session.feed(&b.chain, &context, &mut timing, cancelled);
+                let ask = exit_ask(&sampler, req, Vec::new());
+                out = session.feed_ask(&b.chain, &context, &ask, &mut timing, cancelled);
             }
             trips += 1;
-            rows = match out {
+            answer = match out {
                 Ok((l, _)) => l,
                 Err(GenError::ContextFull { .. }) => {
                     tracing::debug!(session = %session.id, "context full: generation ends");
@@ -834,12 +918,7 @@ impl<'a> Generation<'a> {
                 }
                 Err(e) => return Err(e),
             };
-            if rows.len() != (drafts.len() + 1) * vocab {
-                return Err(GenError::BadLogits {
-                    got: rows.len(),
-                    want: (drafts.len() + 1) * vocab,
-                });
-            }
+            check_answer(b, &answer, &drafts)?;
             drafted += drafts.len();
         }
         if finish != Finish::Cancelled {
@@ -868,6 +947,130 @@ impl<'a> Generation<'a> {
     }
 }
 
+/// What a trip asks of the chain's exit: the exit's picks with the sampler's parameters and
+/// state (the exit runs the same sampler: same ids, same seed determinism), `drafts` to verify
+/// and the logprobs asked. With a grammar (its mask applies here, before the sampler): greedy
+/// without logprobs, each row's best candidates; else the logit rows.
+fn exit_ask(sampler: &Sampler, req: &GenRequest, drafts: Vec<u32>) -> Ask {
+    let p = sampler.params();
+    // With a grammar the mask comes first, here: greedy needs only the best tokens (the
+    // allowed one among them is the allowed argmax), sampling and logprobs every logit.
+    let candidates = match req.grammar {
+        Some(_) if p.is_greedy() && req.logprobs.is_none() => Some(GRAMMAR_CANDIDATES),
+        Some(_) => {
+            return Ask::Logits {
+                rows: drafts.len() + 1,
+            }
+        }
+        None => None,
+    };
+    let st = sampler.state();
+    Ask::Token(ExitAsk {
+        rows: 0,
+        sample: Some(SampleSpec {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repeat_penalty: p.repeat_penalty,
+            repeat_last_n: p.repeat_last_n,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            logit_bias: p.logit_bias.clone(),
+            rng: st.rng,
+            recent: st.recent,
+            counts: st.counts,
+        }),
+        drafts,
+        logprobs: req.logprobs,
+        candidates,
+    })
+}
+
+/// Best tokens per row a greedy grammar-constrained generation asks of the exit: when the
+/// grammar allows none of them, that row's logits are fetched whole (one more trip).
+const GRAMMAR_CANDIDATES: usize = 64;
+
+/// Pick `i` of the exit's answer, recorded in `sampler` as if it had picked it (history,
+/// counts, the RNG state the exit left), with its log-probabilities when asked. An answer
+/// without picks (a station before the exit sampled) is its one argmax token.
+fn taken(
+    sampler: &mut Sampler,
+    t: &ChainToken,
+    i: usize,
+    logprobs: Option<usize>,
+) -> (u32, Option<TokenLogprob>) {
+    let rng = t.rng.unwrap_or_else(|| sampler.rng_state());
+    let Some(p) = t.picks.get(i) else {
+        sampler.record(t.token, rng);
+        return (t.token, None);
+    };
+    sampler.record(p.id, rng);
+    let lp = logprobs.map(|_| TokenLogprob {
+        id: p.id,
+        logprob: p.logprob.unwrap_or(f32::NEG_INFINITY),
+        top: p
+            .top
+            .iter()
+            .map(|&(id, v)| (id, v.unwrap_or(f32::NEG_INFINITY)))
+            .collect(),
+    });
+    (p.id, lp)
+}
+
+/// Checks that a trip's answer fits the request: `drafts.len() + 1` whole logit rows of the
+/// vocabulary, or 1 to `drafts.len() + 1` picks inside it whose every pick but the last kept
+/// its draft.
+fn check_answer(b: &Backend, a: &Answer, drafts: &[u32]) -> Result<(), GenError> {
+    let rows = drafts.len() + 1;
+    match a {
+        Answer::Logits(l) => {
+            if l.len() != rows * b.vocab_size || l.is_empty() {
+                return Err(GenError::BadLogits {
+                    got: l.len(),
+                    want: rows * b.vocab_size,
+                });
+            }
+        }
+        Answer::Picks(t) if !t.rows.is_empty() => {
+            if t.rows.len() != rows {
+                return Err(GenError::BadPicks(format!(
+                    "{} candidate rows for {rows}",
+                    t.rows.len()
+                )));
+            }
+        }
+        Answer::Picks(t) => {
+            let ids: Vec<u32> = match t.picks.is_empty() {
+                true => vec![t.token],
+                false => t.picks.iter().map(|p| p.id).collect(),
+            };
+            if ids.len() > rows {
+                return Err(GenError::BadPicks(format!(
+                    "{} picks for {rows} rows",
+                    ids.len()
+                )));
+            }
+            if let Some(bad) = ids.iter().find(|&&id| id as usize >= b.vocab_size) {
+                return Err(GenError::BadPicks(format!(
+                    "token {bad} is outside the vocabulary ({})",
+                    b.vocab_size
+                )));
+            }
+            if ids[..ids.len() - 1]
+                .iter()
+                .zip(drafts)
+                .any(|(id, d)| id != d)
+            {
+                return Err(GenError::BadPicks(
+                    "a pick before the last is not its row's draft".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The result of one stateless greedy step (`--oneoff`).
 #[derive(Clone, Debug, Serialize)]
 pub struct OneOff {
@@ -886,13 +1089,19 @@ pub fn oneoff(b: &Backend, tokens: &[u32]) -> Result<OneOff, GenError> {
     }
     let t0 = Instant::now();
     let mut trace = StepTrace::default();
-    let logits = b.chain.step(tokens, None, &mut trace)?;
+    let ask = Ask::Token(ExitAsk::default());
+    let (next_id, logit) = match b.chain.trip(tokens, None, &ask, &mut trace)? {
+        Answer::Picks(t) => (t.token, t.logit),
+        Answer::Logits(logits) => {
+            let id = crate::sampling::argmax(&logits);
+            let logit = logits
+                .get(id as usize)
+                .copied()
+                .ok_or(GenError::BadLogits { got: 0, want: 1 })?;
+            (id, logit)
+        }
+    };
     let ms = t0.elapsed().as_secs_f64() * 1e3;
-    let next_id = crate::sampling::argmax(&logits);
-    let logit = logits
-        .get(next_id as usize)
-        .copied()
-        .ok_or(GenError::BadLogits { got: 0, want: 1 })?;
     let next_text = match &b.tok {
         Some(_) => Some(b.detokenize(&[next_id])?),
         None => None,

@@ -32,6 +32,11 @@ pub struct TargetArgs {
     /// Seconds one station call may take.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Drive every hop from here (`/embed`, `/forward` per station, `/lm-head`: the logits
+    /// of every token cross this link) instead of one `POST /chain` per token into the
+    /// chain's entry. For comparison and for stations that may not forward to each other.
+    #[arg(long)]
+    pub per_hop: bool,
 }
 
 impl TargetArgs {
@@ -50,9 +55,10 @@ impl TargetArgs {
     /// Connects to the chain. No context added: every error names the station's URL, the
     /// mesh file or the discovery address itself.
     pub fn connect(&self) -> Result<Backend> {
-        Ok(Backend::connect(
-            &self.target(),
-            Duration::from_secs(self.timeout),
-        )?)
+        let b = Backend::connect(&self.target(), Duration::from_secs(self.timeout))?;
+        if self.per_hop {
+            b.chain.set_relay(false);
+        }
+        Ok(b)
     }
 }

@@ -5,6 +5,7 @@
 //! per client; every call has a timeout so a dead hop never hangs the caller.
 
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use knot_format::LayerRange;
@@ -592,6 +593,38 @@ pub struct MeshFile {
 /// Stations chained in layer order.
 pub struct Chain {
     hops: Vec<(StationClient, LayerRange)>,
+    /// Send each step as one `POST /chain` to the entry (the stations forward node to node),
+    /// rather than `/embed`, `/forward` per hop and `/lm-head` from here.
+    relay: AtomicBool,
+}
+
+/// What one step asks of the chain's exit.
+#[derive(Clone, Debug)]
+pub enum Ask {
+    /// The logits of the last `rows` tokens, `(rows, vocab)` row-major.
+    Logits { rows: usize },
+    /// `X-Return: token` with this ask: the exit's sampler picks (through `POST /chain`). The
+    /// per-hop path answers the logits of `drafts.len() + 1` rows instead, for the caller to
+    /// pick from.
+    Token(wire::ExitAsk),
+}
+
+/// What the exit answered.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    /// Logit rows, `(rows, vocab)` row-major.
+    Logits(Vec<f32>),
+    /// The exit's picks.
+    Picks(wire::ChainToken),
+}
+
+/// `/chain` refusals that mean "this chain cannot relay" (not "this request is wrong"):
+/// an entry that may not forward to the next hop (`route_refused`), a full station whose
+/// head comes before the mesh's end (`route_past_exit`), a node with no next hop
+/// (`no_successor`), a station without `/chain` (404).
+fn cannot_relay(e: &ClientError) -> bool {
+    matches!(e, ClientError::Refused { status, code, .. }
+        if *status == 404 || matches!(code.as_str(), "route_refused" | "route_past_exit" | "no_successor"))
 }
 
 /// What one token step through the chain cost, hop by hop.
@@ -621,7 +654,139 @@ impl Chain {
             }
             next = r.end;
         }
-        Ok(Chain { hops })
+        Ok(Chain {
+            hops,
+            relay: AtomicBool::new(false),
+        })
+    }
+
+    /// Sends each step as one `POST /chain` to the entry when `on` (the caller checked that
+    /// every station holds exactly its hop's layers); a chain that refuses to relay
+    /// ([`Chain::trip`]) turns it off again.
+    pub fn set_relay(&self, on: bool) {
+        self.relay.store(on, Ordering::Relaxed);
+    }
+
+    /// True while steps go through `POST /chain`.
+    pub fn relays(&self) -> bool {
+        self.relay.load(Ordering::Relaxed)
+    }
+
+    /// One step: `tokens` at `pos` of `session` (or stateless), answering what `ask` asks.
+    /// Relaying, one `POST /chain` to the entry with the other hops in `X-Route`; a chain that
+    /// refuses to relay (a station that may not forward to the next, a full station in a
+    /// split) falls back to the per-hop path for good, with a warning. Per hop: `/embed`,
+    /// `/forward` on each, `/lm-head`, and always logits.
+    pub fn trip(
+        &self,
+        tokens: &[u32],
+        session: Option<(&str, usize)>,
+        ask: &Ask,
+        trace: &mut StepTrace,
+    ) -> Result<Answer, ClientError> {
+        if self.relays() {
+            match self.relay_trip(tokens, session, ask, trace) {
+                Err(e) if cannot_relay(&e) => {
+                    tracing::warn!("the chain does not relay ({e}); driving each hop instead");
+                    self.set_relay(false);
+                    *trace = StepTrace::default();
+                }
+                other => return other,
+            }
+        }
+        let rows = match ask {
+            Ask::Logits { rows } => *rows,
+            Ask::Token(a) => a.drafts.len() + 1,
+        };
+        self.step_rows(tokens, session, rows, trace)
+            .map(Answer::Logits)
+    }
+
+    /// [`Chain::trip`] through `POST /chain`.
+    fn relay_trip(
+        &self,
+        tokens: &[u32],
+        session: Option<(&str, usize)>,
+        ask: &Ask,
+        trace: &mut StepTrace,
+    ) -> Result<Answer, ClientError> {
+        let entry = self.entry();
+        let url = format!("{}{}", entry.base, wire::ROUTE_CHAIN);
+        let mut req = entry
+            .agent
+            .post(&url)
+            .set("content-type", "application/json");
+        let (exit, rows, want_token) = match ask {
+            Ask::Logits { rows } => {
+                let rows = (*rows).max(1);
+                let exit = (rows > 1).then(|| wire::ExitAsk {
+                    rows,
+                    ..Default::default()
+                });
+                (exit, rows, false)
+            }
+            Ask::Token(a) => (Some(a.clone()), a.drafts.len() + 1, true),
+        };
+        if want_token {
+            req = req.set(wire::H_RETURN, "token");
+        }
+        if let Some((id, pos)) = session {
+            req = req
+                .set(wire::H_SESSION, id)
+                .set(wire::H_POS, &pos.to_string());
+        }
+        let route: Vec<&str> = self.hops[1..].iter().map(|(c, _)| c.url()).collect();
+        if !route.is_empty() {
+            req = req.set(wire::H_ROUTE, &route.join(","));
+        }
+        let body = serde_json::to_vec(&wire::ChainRequest {
+            tokens: tokens.to_vec(),
+            exit,
+        })
+        .unwrap_or_default();
+        let r = entry.call(req, Some(&body))?;
+        let ran = r
+            .header(wire::H_CHAIN_TRACE)
+            .map(parse_chain_trace)
+            .unwrap_or_default();
+        let (url, b) = body_bytes(r)?;
+        let want: Vec<LayerRange> = self.hops.iter().map(|h| h.1).collect();
+        let got: Vec<LayerRange> = ran.iter().map(|t| t.0).collect();
+        if got != want {
+            let show = |v: &[LayerRange]| {
+                v.iter()
+                    .map(|r| format!("{}-{}", r.start, r.end))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(ClientError::Mesh(format!(
+                "{url}: the chain ran {} but the mesh assigns {}",
+                show(&got),
+                show(&want)
+            )));
+        }
+        trace.hops = self
+            .hops
+            .iter()
+            .zip(&ran)
+            .map(|((c, r), t)| (c.url().to_string(), *r, 0, t.1))
+            .collect();
+        if let Some(last) = trace.hops.last_mut() {
+            last.2 = b.len();
+        }
+        let bad = |why: String| ClientError::BadResponse {
+            url: url.clone(),
+            why,
+        };
+        if want_token {
+            let t: wire::ChainToken =
+                serde_json::from_slice(&b).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            return Ok(Answer::Picks(t));
+        }
+        let logits = wire::decode_f32(&b)
+            .filter(|l| !l.is_empty() && l.len().is_multiple_of(rows))
+            .ok_or_else(|| bad(format!("{} bytes are not {rows} rows of logits", b.len())))?;
+        Ok(Answer::Logits(logits))
     }
 
     /// Parses a mesh file's hops.
@@ -696,6 +861,20 @@ impl Chain {
         trace.head_ms = h.compute_ms;
         Ok(h.residual)
     }
+}
+
+/// `X-Chain-Trace` (`node=a-b:ms:seal_ms,...`) as each node's range and compute ms (entries
+/// that do not parse are left out).
+fn parse_chain_trace(v: &str) -> Vec<(LayerRange, f64)> {
+    v.split(',')
+        .filter_map(|item| {
+            let (_, rest) = item.trim().split_once('=')?;
+            let mut p = rest.split(':');
+            let range = LayerRange::parse(p.next()?)?;
+            let ms = p.next()?.parse().ok()?;
+            Some((range, ms))
+        })
+        .collect()
 }
 
 /// Largest binary response read from a hop: far above any real one (a 4096-row residual of a

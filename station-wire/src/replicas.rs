@@ -196,6 +196,7 @@ impl MeshChain {
         }
         let body = serde_json::to_vec(&wire::ChainRequest {
             tokens: tokens.to_vec(),
+            exit: None,
         })
         .map_err(|e| MeshError::Config(e.to_string()))?;
         let t = Instant::now();

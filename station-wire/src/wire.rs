@@ -57,6 +57,8 @@ pub const H_SEAL: &str = "x-seal";
 pub const H_SEAL_TS: &str = "x-seal-ts";
 /// Layer boundary a forwarded residual is at (the sender's range end).
 pub const H_FROM_LAYER: &str = "x-from-layer";
+/// Byte length of the [`ExitAsk`] JSON after a forwarded `/chain` residual (inside the seal).
+pub const H_EXIT_ASK: &str = "x-exit-ask";
 /// Hex of a monster-guard grant file (entry stations started with `--require-grant`).
 pub const H_GRANT: &str = "x-grant";
 /// Per-node timing of a chain step: `node=a-b:ms,...` in chain order.
@@ -65,17 +67,115 @@ pub const H_CHAIN_TRACE: &str = "x-chain-trace";
 pub const H_FAILED_HOP: &str = "x-failed-hop";
 
 /// `POST /chain` body at the entry.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ChainRequest {
     pub tokens: Vec<u32>,
+    /// What the exit answers (rows, sampling, log-probabilities); absent: the last row's
+    /// logits, or its argmax with `X-Return: token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitAsk>,
+}
+
+/// What the chain's exit answers, as the entry got it; travels to every hop after the
+/// residual (inside the seal) as a JSON trailer whose length is `X-Exit-Ask`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExitAsk {
+    /// Logit rows (the last `rows` tokens of the request), `X-Return: logits`; 0 or absent
+    /// is 1. With `X-Return: token` the rows are `drafts.len() + 1`.
+    #[serde(default)]
+    pub rows: usize,
+    /// `X-Return: token`: how to pick (absent: greedy argmax, no penalties).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<SampleSpec>,
+    /// `X-Return: token`: tokens drafted for the request's last `drafts.len()` positions (a
+    /// lookup trip); the exit keeps each its sampler accepts and stops at the first it does
+    /// not ([`ChainToken::picks`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drafts: Vec<u32>,
+    /// `X-Return: token`: answer each pick's log-probability with this many alternatives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<usize>,
+    /// `X-Return: token`: pick nothing; answer each row's this many best tokens after the
+    /// bias and penalties ([`ChainToken::rows`]), for a gateway that masks them with a
+    /// grammar and picks greedily itself. At most [`MAX_CANDIDATES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<usize>,
+}
+
+/// Most candidates an [`ExitAsk`] may ask per row.
+pub const MAX_CANDIDATES: usize = 1024;
+
+/// The sampler's parameters and its state between two picks (`aeon_engine::sampling`), so
+/// the exit picks exactly the ids the gateway would: same seed, same ids.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampleSpec {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The PCG32 state before this pick.
+    pub rng: u64,
+    /// The last `repeat_last_n` tokens (prompt and generated).
+    #[serde(default)]
+    pub recent: Vec<u32>,
+    /// `(id, times generated)` so far, for the presence and frequency penalties.
+    #[serde(default)]
+    pub counts: Vec<(u32, u32)>,
 }
 
 /// `POST /chain` response with `X-Return: token`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChainToken {
-    /// Argmax of the last row's logits.
+    /// The last pick (without an [`ExitAsk`]: the argmax of the last row's logits).
     pub token: u32,
+    /// Its raw logit.
     pub logit: f32,
+    /// Every pick in order when the request carried an [`ExitAsk`]: accepted drafts, then the
+    /// correction or the token after the last draft.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub picks: Vec<ChainPick>,
+    /// The PCG32 state after the last pick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng: Option<u64>,
+    /// With [`ExitAsk::candidates`]: each row's best `(id, logit)` after the bias and the
+    /// penalties, best first (row `i + 1` as if `drafts[i]` was picked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<Vec<(u32, f32)>>,
+}
+
+/// One token the exit picked, with its log-probability when asked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChainPick {
+    pub id: u32,
+    /// Log-probability after bias and penalties, when asked (absent when asked: minus
+    /// infinity, a banned token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob: Option<f32>,
+    /// The most likely alternatives, best first, `(id, logprob or null)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<(u32, Option<f32>)>,
+}
+
+/// A log-probability for JSON: minus infinity (and NaN) as `None`.
+pub fn finite(v: f32) -> Option<f32> {
+    v.is_finite().then_some(v)
+}
+
+/// The trailer of a forwarded `/chain` residual: `body` is `residual || ask JSON` and `len`
+/// is `X-Exit-Ask`. Returns the residual bytes and the ask, or why not.
+pub fn split_exit_ask(body: &[u8], len: usize) -> Result<(&[u8], ExitAsk), String> {
+    let cut = body
+        .len()
+        .checked_sub(len)
+        .ok_or_else(|| format!("X-Exit-Ask {len} is longer than the body ({})", body.len()))?;
+    let ask = serde_json::from_slice(&body[cut..]).map_err(|e| format!("exit ask: {e}"))?;
+    Ok((&body[..cut], ask))
 }
 
 /// `POST /embed` body.
@@ -364,6 +464,31 @@ pub fn valid_session_id(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exit_ask_travels_after_the_residual_and_is_cut_off_by_its_length() {
+        let ask = ExitAsk {
+            drafts: vec![5, 6],
+            logprobs: Some(3),
+            ..Default::default()
+        };
+        let mut body = encode_f32(&[1.0, -2.5]);
+        let trailer = serde_json::to_vec(&ask).expect("json");
+        body.extend_from_slice(&trailer);
+        let (rows, got) = split_exit_ask(&body, trailer.len()).expect("split");
+        assert_eq!(decode_f32(rows), Some(vec![1.0, -2.5]));
+        assert_eq!(got, ask);
+        let e = split_exit_ask(&body, body.len() + 1).unwrap_err();
+        assert!(e.contains("longer than the body"), "{e}");
+        assert!(split_exit_ask(&body, trailer.len() - 1).is_err());
+        // A request without an ask is what it was before the ask existed.
+        let plain = serde_json::to_string(&ChainRequest {
+            tokens: vec![1],
+            exit: None,
+        })
+        .expect("json");
+        assert_eq!(plain, r#"{"tokens":[1]}"#);
+    }
 
     #[test]
     fn header_numbers_and_ranges_have_one_spelling() {

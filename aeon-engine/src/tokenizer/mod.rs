@@ -480,16 +480,7 @@ impl Tokenizer {
     /// slice) become U+FFFD; ids outside the vocabulary are skipped. Special tokens decode to
     /// their text.
     pub fn decode(&self, ids: &[u32]) -> String {
-        let mut buf = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
-            if let Some(b) = self.token_bytes(id) {
-                buf.extend_from_slice(b);
-            }
-        }
-        match String::from_utf8(buf) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        }
+        decode_pieces(ids.iter().filter_map(|&id| self.token_bytes(id)))
     }
 
     /// The id of the token whose bytes are `key`.
@@ -666,6 +657,21 @@ impl Hasher for FxHasher {
     #[inline]
     fn finish(&self) -> u64 {
         self.hash
+    }
+}
+
+/// The text of a run of token pieces (each token's bytes, as [`Tokenizer::token_bytes`] and
+/// `GET /vocab` give them): their bytes joined, lossy at an incomplete character. The one
+/// detokenizer for BPE and SentencePiece vocabularies (both store a token's text as bytes),
+/// used by the station and by a gateway holding only `/vocab`.
+pub fn decode_pieces<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut buf = Vec::new();
+    for b in pieces {
+        buf.extend_from_slice(b);
+    }
+    match String::from_utf8(buf) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     }
 }
 

@@ -1,0 +1,70 @@
+//! Who may call: CORS origins and the preflight, the bearer key (compared whole).
+
+use super::*;
+
+/// The request's `Origin` when `--allowed-origins` lists it (or `*`): the value of
+/// `Access-Control-Allow-Origin` for the answer.
+pub(super) fn allowed_origin<B>(allowed: &[String], req: &Request<B>) -> Option<HeaderValue> {
+    let o = req.headers().get(hyper::header::ORIGIN)?;
+    let s = o.to_str().ok()?;
+    allowed
+        .iter()
+        .any(|a| a == "*" || a.trim_end_matches('/') == s)
+        .then(|| o.clone())
+}
+
+/// A CORS preflight (`OPTIONS`): which methods and headers a browser may use; the
+/// allow-origin header is added by [`handle`] for an allowed origin only. No key is asked
+/// (browsers send none on a preflight).
+pub(super) fn preflight() -> Resp {
+    let mut r = Response::new(Full::new(Bytes::new()).boxed());
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    let h = r.headers_mut();
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("authorization, content-type"),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("600"));
+    r
+}
+
+/// With `--api-key`, every route but `/health` and the web page's files needs
+/// `Authorization: Bearer KEY`; else 401 in OpenAI's shape (`invalid_api_key`). The page's
+/// files are public constants (a browser sends no key when it opens a page); the page sends
+/// the key on its calls to the API and `/mesh`.
+pub(super) fn authorize<B>(st: &AppState, req: &Request<B>, path: &str) -> Result<(), ApiError> {
+    let Some(key) = &st.api_key else {
+        return Ok(());
+    };
+    if path == "/health" || (req.method() == Method::GET && web::asset(path).is_some()) {
+        return Ok(());
+    }
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        kind: "invalid_request_error",
+        code: Some("invalid_api_key"),
+        param: None,
+        message: match given {
+            None => "no API key: send Authorization: Bearer KEY".into(),
+            Some(_) => "incorrect API key".into(),
+        },
+    })
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

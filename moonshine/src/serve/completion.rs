@@ -1,0 +1,509 @@
+//! `POST /v1/chat/completions`, `/v1/completions`, `/infill`, as named steps: parse, admit,
+//! tokenize, generate (on the blocking pool), answer whole or as server-sent events.
+
+use super::*;
+
+/// What the generation thread reports once the prompt is in the cache.
+pub(super) struct Started {
+    /// Whether the answer streams (the handler answers the event stream at once).
+    pub(super) stream: bool,
+    pub(super) timing: Timing,
+}
+
+/// The `param` a route's prompt problems name.
+pub(super) fn prompt_param(route: Route) -> &'static str {
+    match route {
+        Route::Chat => "messages",
+        Route::Completions => "prompt",
+        Route::Infill => "input_prefix",
+    }
+}
+
+/// A generation error as the API answers it; prompt problems name `param`.
+pub(super) fn api_error(e: GenError, param: &'static str) -> ApiError {
+    match e {
+        GenError::Template(TemplateError::Budget(_)) => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            code: Some("template_budget_exceeded"),
+            param: None,
+            message: e.to_string(),
+        },
+        GenError::PromptTooLong { .. } => ApiError {
+            code: Some("context_length_exceeded"),
+            ..bad(Some(param), e.to_string())
+        },
+        GenError::Template(_) | GenError::EmptyPrompt => bad(Some(param), e.to_string()),
+        GenError::ContextFull { .. } => ApiError {
+            code: Some("context_length_exceeded"),
+            ..bad(Some(param), e.to_string())
+        },
+        GenError::Station(fat_station::client::ClientError::Refused {
+            status: 400 | 413, ..
+        }) => bad(Some(param), e.to_string()),
+        GenError::NoTokenizer => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            code: Some("no_tokenizer"),
+            param: None,
+            message: e.to_string(),
+        },
+        _ => ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            kind: "server_error",
+            code: Some("station_error"),
+            param: None,
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Checks what a job needs from the model before admission: a chat template for chat, the
+/// fill-in-the-middle tokens for a suffix, a tokenizer for text.
+pub(super) fn check_model(st: &AppState, route: Route, job: &Job) -> Result<(), ApiError> {
+    match &job.prompt {
+        PromptSpec::Ids(_) => Ok(()),
+        _ if st.backend.tok.is_none() => Err(api_error(GenError::NoTokenizer, "")),
+        PromptSpec::Chat(_) if st.template.is_none() => Err(api_error(GenError::NoTokenizer, "")),
+        PromptSpec::Fim { .. } if st.fim.is_none() => {
+            let param = if route == Route::Infill {
+                "input_suffix"
+            } else {
+                "suffix"
+            };
+            Err(bad(
+                Some(param),
+                format!(
+                    "{param}: model {} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>)",
+                    st.backend.model_id
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The grammar for a job's `format`: the vocabulary's trie is fetched and built once.
+pub(super) fn grammar(st: &AppState, schema: &Value) -> Result<Grammar, GenError> {
+    // The schema's bounds first: a refused schema costs no vocabulary fetch.
+    crate::structured::check_schema(schema)?;
+    let mut slot = st
+        .vocab
+        .lock()
+        .map_err(|_| GrammarError::Vocab("a request building it failed".into()))?;
+    let vocab = match slot.as_ref() {
+        Some(v) => v.clone(),
+        None => {
+            let t = Instant::now();
+            let v = Arc::new(st.backend.vocab()?);
+            info!(
+                tokens = v.len(),
+                ms = t.elapsed().as_millis() as u64,
+                "vocabulary trie for structured output built"
+            );
+            *slot = Some(v.clone());
+            v
+        }
+    };
+    drop(slot);
+    Ok(vocab.grammar(schema)?)
+}
+
+/// A job's prompt ids, its text for `echo`, and the grammar of its format.
+pub(super) type Prompted = (Vec<u32>, Option<String>, Option<Grammar>);
+
+/// The prompt's ids, for `echo` its text, and the grammar of its `format` (station calls:
+/// run on the blocking pool).
+pub(super) fn prompt_tokens(st: &AppState, job: &Job) -> Result<Prompted, GenError> {
+    let grammar = match &job.format {
+        Some((_, schema)) => Some(grammar(st, schema)?),
+        None => None,
+    };
+    let b = &st.backend;
+    let ids = match &job.prompt {
+        PromptSpec::Chat(m) => {
+            let template = st.template.as_ref().ok_or(GenError::NoTokenizer)?;
+            let tools = job.tools.as_ref();
+            let mut ids = b.chat_tokens_with_tools(template, m, tools.map(|t| &t.list))?;
+            if tools.is_some_and(|t| t.forced) {
+                // A forced call: the answer starts inside the call block, under its schema.
+                let open = format!("{}\n", crate::tools::OPEN);
+                ids.extend(
+                    b.tokenizer()?
+                        .tokenize_parts(&[(&open, true)], Some(false))?,
+                );
+            }
+            ids
+        }
+        PromptSpec::Text(t) => b.tokenize(t, None)?,
+        PromptSpec::Ids(ids) => ids.clone(),
+        PromptSpec::Fim {
+            prefix,
+            suffix,
+            middle,
+        } => b.fim_prompt(st.fim.ok_or(GenError::NoTokenizer)?, prefix, suffix, middle)?,
+    };
+    let echo = match (&job.prompt, job.echo) {
+        (_, false) => None,
+        (PromptSpec::Text(t), true) => Some(t.clone()),
+        (_, true) => Some(b.detokenize(&ids)?),
+    };
+    Ok((ids, echo, grammar))
+}
+
+/// `POST /v1/chat/completions`, `/v1/completions`, `/infill`: parse, admit, tokenize,
+/// generate on the blocking pool, answer whole or as server-sent events.
+pub(super) async fn completion(
+    st: &Arc<AppState>,
+    req: Request<Incoming>,
+    route: Route,
+) -> Result<Resp, ApiError> {
+    let t0 = Instant::now();
+    let job = parse(st, req, route).await?;
+    // Admission before any station call; the slot is held from here on (RAII).
+    let permit = admit(st).await?;
+    let queue_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (prompt, echo, grammar, permit) = tokenize(st, &job, route, permit).await?;
+    let tokenize_ms = t0.elapsed().as_secs_f64() * 1e3 - queue_ms;
+    let pparam = prompt_param(route);
+    // A prompt past the stations' context is refused before any of it is computed.
+    st.backend
+        .check_context(prompt.len())
+        .map_err(|e| api_error(e, pparam))?;
+    let lease = Lease::new(st, permit, &prompt)?;
+    let gen = GenRequest {
+        prompt,
+        max_tokens: job.max_tokens,
+        sampling: job.sampling.clone(),
+        stops: job.stops.clone(),
+        logprobs: job.logprobs,
+        lookup: st.args.lookup.params().ok().flatten(),
+        grammar,
+    };
+    let (ready_tx, ready_rx) = oneshot::channel::<Result<Started, ApiError>>();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let cancel_guard = CancelOnDrop(cancel.clone());
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let task = GenTask {
+        st: st.clone(),
+        route,
+        id: format!(
+            "{}{:x}{:x}",
+            Answer::id_prefix(route),
+            now_s(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ),
+        echo,
+        job,
+        gen,
+        lease,
+        cancel,
+        tx,
+        ready_tx,
+        t0,
+    };
+    let gen_task = tokio::task::spawn_blocking(move || task.run());
+    let timing_header = move |t: &Timing| {
+        format!(
+            "tokenize;dur={tokenize_ms:.1}, queue;dur={queue_ms:.1}, {}",
+            t.server_timing()
+        )
+    };
+    let started = match ready_rx.await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(gen_task
+                .await
+                .map_err(|e| internal(format!("generation task: {e}")))?
+                .err()
+                .unwrap_or_else(|| internal("generation ended early".into())))
+        }
+    };
+    if started.stream {
+        // The generation thread owns the rest; the body ends when it drops `tx`.
+        drop(gen_task);
+        return Ok(answer_stream(
+            rx,
+            cancel_guard,
+            &timing_header(&started.timing),
+        ));
+    }
+    drop(rx);
+    let _cancel_guard = cancel_guard;
+    let (body, timing) = gen_task
+        .await
+        .map_err(|e| internal(format!("generation task: {e}")))??;
+    let total = format!(
+        "{}, total;dur={:.1}",
+        timing_header(&timing),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(answer_whole(&body, &total))
+}
+
+/// Step 1: the body, parsed and checked against the served model.
+async fn parse(st: &Arc<AppState>, req: Request<Incoming>, route: Route) -> Result<Job, ApiError> {
+    let body = read_body(st, req).await?;
+    let limits = Limits {
+        default_max_tokens: st.args.default_max_tokens,
+        max_tokens_limit: st.args.max_tokens_limit,
+        vocab: st.backend.info.as_ref().map(|i| i.vocab),
+    };
+    let job = api::parse(route, &body, &limits)?;
+    check_model(st, route, &job)?;
+    Ok(job)
+}
+
+/// Step 2 (after admission): render and tokenize (station calls: blocking pool). The slot goes
+/// with the work: a client that leaves does not free it while its template or schema is
+/// still running.
+async fn tokenize(
+    st: &Arc<AppState>,
+    job: &Job,
+    route: Route,
+    permit: OwnedSemaphorePermit,
+) -> Result<
+    (
+        Vec<u32>,
+        Option<String>,
+        Option<Grammar>,
+        OwnedSemaphorePermit,
+    ),
+    ApiError,
+> {
+    let pparam = prompt_param(route);
+    let fparam = job.format.as_ref().map_or(pparam, |f| f.0);
+    let (st2, job2) = (st.clone(), job.clone());
+    let (prompted, permit) = tokio::task::spawn_blocking(move || {
+        let out = prompt_tokens(&st2, &job2);
+        // Counted here: the client may be gone by the time the handler would see it.
+        if let Err(GenError::Template(TemplateError::Budget(_))) = &out {
+            st2.metrics.template_budget.fetch_add(1, Ordering::Relaxed);
+        }
+        (out, permit)
+    })
+    .await
+    .map_err(|e| internal(format!("tokenize task: {e}")))?;
+    let (prompt, echo, grammar) = prompted.map_err(|e| match e {
+        GenError::Grammar(GrammarError::Schema(why)) => bad(
+            Some(fparam),
+            format!("{fparam}: the schema is not supported: {why}"),
+        ),
+        e => api_error(e, pparam),
+    })?;
+    Ok((prompt, echo, grammar, permit))
+}
+
+/// One generation on the blocking pool, and what it reports back.
+struct GenTask {
+    st: Arc<AppState>,
+    route: Route,
+    id: String,
+    echo: Option<String>,
+    job: Job,
+    gen: GenRequest,
+    lease: Lease,
+    cancel: Arc<AtomicBool>,
+    /// Server-sent events, when streaming.
+    tx: mpsc::Sender<Bytes>,
+    /// The prefill's outcome, which decides the status line.
+    ready_tx: oneshot::Sender<Result<Started, ApiError>>,
+    t0: Instant,
+}
+
+impl GenTask {
+    /// Step 3: prefill, decode (streaming each piece when asked), count, and the whole answer
+    /// (`Null` when it was streamed or the client left).
+    fn run(self) -> Result<(Value, Timing), ApiError> {
+        let GenTask {
+            st,
+            route,
+            id,
+            echo,
+            job,
+            gen,
+            mut lease,
+            cancel,
+            tx,
+            ready_tx,
+            t0,
+        } = self;
+        let pparam = prompt_param(route);
+        let stream = job.stream;
+        let t = Instant::now();
+        let is_cancelled = || cancel.load(Ordering::Relaxed);
+        let text_of = |tok: u32| st.backend.token_text(tok).unwrap_or_default();
+        let mut answer = Answer::new(
+            route,
+            id.clone(),
+            now_s(),
+            st.served_name.clone(),
+            echo,
+            job.logprobs.is_some(),
+            &text_of,
+        );
+        if let Some(t) = &job.tools {
+            answer = answer.with_tools(t);
+        }
+        let session = lease
+            .session
+            .as_mut()
+            .ok_or_else(|| internal("lease without session".into()))?;
+        let g = match Generation::start(&st.backend, session, &gen, &is_cancelled) {
+            Ok(g) => g,
+            Err(GenError::Cancelled { prefilled }) => {
+                lease.finish = "cancelled";
+                st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                st.metrics
+                    .prompt_tokens
+                    .fetch_add(gen.prompt.len() as u64, Ordering::Relaxed);
+                st.metrics
+                    .prefill_tokens
+                    .fetch_add(prefilled as u64, Ordering::Relaxed);
+                info!(id = %id, prefilled, prompt = gen.prompt.len(), "client went away during prefill: generation cancelled");
+                return Err(internal("cancelled".into()));
+            }
+            Err(e) => {
+                warn!(id = %id, "prefill failed: {e}");
+                let _ = ready_tx.send(Err(api_error(e, pparam)));
+                return Err(internal("prefill failed".into()));
+            }
+        };
+        let prefill_timing = g.timing().clone();
+        let _ = ready_tx.send(Ok(Started {
+            timing: prefill_timing.clone(),
+            stream,
+        }));
+        let gone = stream
+            && answer
+                .first_chunk()
+                .is_some_and(|c| tx.blocking_send(sse(&c)).is_err());
+        let mut sent_lps = 0;
+        let out = g.run_with_logprobs(|text, lps| {
+            sent_lps += lps.len();
+            !gone
+                && !is_cancelled()
+                && (!stream
+                    || tx
+                        .blocking_send(sse(&answer.chunk(text, lps, None)))
+                        .is_ok())
+        });
+        st.metrics
+            .generation_us
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let o = match out {
+            Ok(o) => o,
+            Err(e) => {
+                warn!(id = %id, "generation failed: {e}");
+                if stream {
+                    let _ = tx.blocking_send(sse(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": "station_error"}})));
+                    let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+                }
+                return Err(api_error(e, pparam));
+            }
+        };
+        let completion = o.completion_tokens(&st.backend);
+        lease.tokens = completion;
+        count(&st, &id, &gen, &o, &prefill_timing, t0);
+        let reason = match o.finish {
+            Finish::Cancelled => {
+                lease.finish = "cancelled";
+                st.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                info!(id = %id, tokens = completion, "client went away: generation cancelled");
+                return Ok((Value::Null, o.timing));
+            }
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        };
+        lease.finish = reason;
+        let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion, "total_tokens": o.prompt_tokens + completion});
+        if stream {
+            // The last chunk carries the logprobs of tokens that added no text (a stop
+            // string's), so the streamed logprobs are the whole answer's.
+            let rest = &o.logprobs[sent_lps.min(o.logprobs.len())..];
+            let mut done = answer
+                .last_chunks(&o.text, rest, reason)
+                .iter()
+                .all(|c| tx.blocking_send(sse(c)).is_ok());
+            if done && job.include_usage {
+                done = tx.blocking_send(sse(&answer.usage_chunk(&usage))).is_ok();
+            }
+            if done {
+                let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+            }
+            return Ok((Value::Null, o.timing));
+        }
+        let stop_type = match (o.finish, o.tokens.last()) {
+            (Finish::Length, _) => "limit",
+            (_, Some(&t)) if st.backend.is_eog(t) => "eos",
+            _ => "word",
+        };
+        Ok((
+            answer.whole(&o.text, &o.logprobs, reason, stop_type, &usage),
+            o.timing,
+        ))
+    }
+}
+
+/// A finished generation in the metrics and in `/mesh`'s last generation.
+fn count(
+    st: &AppState,
+    id: &str,
+    gen: &GenRequest,
+    o: &GenOutcome,
+    prefill_timing: &Timing,
+    t0: Instant,
+) {
+    if gen.grammar.is_some() {
+        let per = o.mask_s * 1e3 / o.tokens.len().max(1) as f64;
+        info!(id = %id, tokens = o.tokens.len(), mask_ms_per_token = format!("{per:.3}"), decode_s = format!("{:.2}", o.decode_s), "constrained decoding");
+    }
+    let m = &st.metrics;
+    m.prompt_tokens
+        .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
+    m.prompt_tokens_reused
+        .fetch_add((o.prompt_tokens - o.prompt_sent) as u64, Ordering::Relaxed);
+    m.prefill_tokens
+        .fetch_add(o.prompt_sent as u64, Ordering::Relaxed);
+    m.completion_tokens
+        .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
+    m.timing(&o.timing);
+    m.latency.observe(t0, &o.token_times);
+    if let Ok(mut l) = st.last.lock() {
+        *l = Some(LastGeneration::new(
+            prefill_timing,
+            &o.timing,
+            o.tokens.len(),
+            o.decode_s,
+            now_s(),
+        ));
+    }
+}
+
+/// Step 4, streamed: the event stream, with the prefill's `Server-Timing`.
+fn answer_stream(rx: mpsc::Receiver<Bytes>, cancel: CancelOnDrop, timing: &str) -> Resp {
+    let mut r = Response::new(
+        SseBody {
+            rx,
+            _cancel: cancel,
+        }
+        .boxed(),
+    );
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
+    if let Ok(v) = HeaderValue::from_str(timing) {
+        h.insert("server-timing", v);
+    }
+    r
+}
+
+/// Step 4, whole: the JSON answer with the whole generation's `Server-Timing`.
+fn answer_whole(body: &Value, timing: &str) -> Resp {
+    let mut r = json_resp(StatusCode::OK, body);
+    if let Ok(v) = HeaderValue::from_str(timing) {
+        r.headers_mut().insert("server-timing", v);
+    }
+    r
+}
