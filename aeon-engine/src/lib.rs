@@ -9,6 +9,7 @@ pub mod kernels;
 mod model;
 pub mod ops;
 mod session;
+mod shortconv;
 mod team;
 pub mod tokenizer;
 mod weights;
@@ -16,7 +17,10 @@ mod weights;
 pub use config::{Activation, Arch, Config, Recipe};
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
-pub use weights::{Holdings, LayerWeights, Weights};
+pub use shortconv::{Checkpoints, ConvState};
+pub use weights::{
+    AttnWeights, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights,
+};
 
 use knot_format::LayerRange;
 

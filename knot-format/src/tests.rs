@@ -27,6 +27,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        recurrent: None,
     }
 }
 

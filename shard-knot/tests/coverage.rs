@@ -83,6 +83,7 @@ fn header(s: &Shape) -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        recurrent: None,
     }
 }
 

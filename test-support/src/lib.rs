@@ -151,6 +151,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        recurrent: None,
     }
 }
 
