@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A qwen2 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2 (or lfm2) GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
-usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b] [--seed N]
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|lfm2-tiny|lfm2-1.2b] [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
 
@@ -13,7 +13,14 @@ Presets (hyper-parameters from the models' config.json):
   tiny           2 layers, hidden 256, 4 heads / 2 KV heads (head_dim 64), ffn 512, untied
   qwen2.5-0.5b   24 layers, hidden 896, 14 / 2 heads, ffn 4864, tied embeddings
   qwen2.5-7b     28 layers, hidden 3584, 28 / 4 heads, ffn 18944, untied
-All: rope theta 1e6, rms eps 1e-6, q/k/v biases. --hidden keeps head_dim and recomputes the head
+  lfm2-tiny      lfm2 (Liquid's hybrid): 5 layers, hidden 256, short convolutions (3 taps) on
+                 layers 0, 1, 3 and GQA attention (4 / 2 heads, q/k norms) on 2 and 4, ffn 512
+  lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
+                 on layers 2, 5, 8, 10, 12, 14, convolutions elsewhere; Qwen's 151936-token
+                 vocabulary stands in for LFM2's 65536 (a larger head: benches say so)
+qwen2 presets: rope theta 1e6, rms eps 1e-6, q/k/v biases. lfm2: no biases, rms eps 1e-5, tied
+embeddings, the final norm named token_embd_norm (as llama.cpp's converter writes it),
+convolution taps N(0, 0.5) in F32. --hidden keeps head_dim and recomputes the head
 counts (heads = hidden / head_dim, KV heads = heads / the preset's group size).
 
 Vocabulary: the tokenizer is copied (every tokenizer.* key) from the real Qwen2.5-Coder-0.5B
@@ -68,7 +75,14 @@ PRESETS = {
     "tiny": (2, 256, 4, 2, 512, None, False, 4096),
     "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, True, 32768),
     "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
+    "lfm2-tiny": (5, 256, 4, 2, 512, None, True, 4096),
+    "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
+# lfm2 presets: which layers are attention (the others are short convolutions).
+LFM2_ATTN = {"lfm2-tiny": [2, 4], "lfm2-1.2b": [2, 5, 8, 10, 12, 14]}
+LFM2_L_CACHE = 3
+LFM2_RMS_EPS = 1e-5
+CONV_STD = 0.5
 ROPE_THETA = 1e6
 RMS_EPS = 1e-6
 STD = 0.02  # embeddings and projections, like trained Qwen's
@@ -188,6 +202,7 @@ def tokenizer_fields(path, vocab):
 def plan(cfg, wtype):
     """(name, numpy shape (rows, cols), ggml type, kind) for every tensor, in file order."""
     L, D, H, KVH, F, V, tied = cfg["layers"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["vocab"], cfg["tied"]
+    attn = cfg.get("attn")  # lfm2: the attention layers
     hd = D // H
     kv = KVH * hd
 
@@ -206,6 +221,30 @@ def plan(cfg, wtype):
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
     for i in range(L):
         p = f"blk.{i}."
+        if attn is not None:
+            t.append((p + "attn_norm.weight", (D,), Q.F32, "norm"))
+            if i in attn:
+                t += [
+                    (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                    (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                    (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                    (p + "attn_q_norm.weight", (hd,), Q.F32, "norm"),
+                    (p + "attn_k_norm.weight", (hd,), Q.F32, "norm"),
+                    (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+                ]
+            else:
+                t += [
+                    (p + "shortconv.in_proj.weight", (3 * D, D), mat(p + "shortconv.in_proj.weight", i), "proj"),
+                    (p + "shortconv.conv.weight", (D, LFM2_L_CACHE), Q.F32, "conv"),
+                    (p + "shortconv.out_proj.weight", (D, D), mat(p + "shortconv.out_proj.weight", i), "proj"),
+                ]
+            t += [
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
         t += [
             (p + "attn_norm.weight", (D,), Q.F32, "norm"),
             (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
@@ -220,7 +259,7 @@ def plan(cfg, wtype):
             (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
             (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
         ]
-    t.append(("output_norm.weight", (D,), Q.F32, "out_norm"))
+    t.append(("token_embd_norm.weight" if attn is not None else "output_norm.weight", (D,), Q.F32, "out_norm"))
     if not tied:
         t.append(("output.weight", (V, D), mat("output.weight"), "proj"))
     return t
@@ -243,6 +282,8 @@ def values(name, shape, kind, seed, hidden, qtype):
     if kind == "out_norm":
         scale = LOGIT_STD / (STD * np.sqrt(hidden))
         return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
+    if kind == "conv":
+        return CONV_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "bias":
         return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
     rows, cols = shape
@@ -268,7 +309,8 @@ def nbytes(shape, qtype):
 def write_gguf(path, cfg, wtype, seed, tok, quiet):
     ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
              "legacy-mix": gguf.LlamaFileType.MOSTLY_Q5_0}[wtype]
-    w = gguf.GGUFWriter(path, "qwen2")
+    attn = cfg.get("attn")
+    w = gguf.GGUFWriter(path, "lfm2" if attn is not None else "qwen2")
     w.add_type("model")
     w.add_name(f"synthetic {cfg['preset']} seed {seed}")
     w.add_description(f"seeded random weights (scripts/make-synthetic-model.py --seed {seed}), not a trained model")
@@ -277,9 +319,15 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     w.add_block_count(cfg["layers"])
     w.add_feed_forward_length(cfg["ffn"])
     w.add_head_count(cfg["heads"])
-    w.add_head_count_kv(cfg["kv_heads"])
+    if attn is not None:
+        # Per-layer KV heads: 0 marks a short-convolution layer (llama.cpp's is_recr).
+        w.add_head_count_kv([cfg["kv_heads"] if i in attn else 0 for i in range(cfg["layers"])])
+        w.add_uint32("lfm2.shortconv.l_cache", LFM2_L_CACHE)
+        w.add_vocab_size(cfg["vocab"])
+    else:
+        w.add_head_count_kv(cfg["kv_heads"])
     w.add_rope_freq_base(ROPE_THETA)
-    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None else RMS_EPS)
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, val, t, sub in tok:
@@ -337,6 +385,8 @@ def main():
         die(f"{a.tokenizer} not found (scripts/fetch-model.sh qwen, or --tokenizer)")
     tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
     cfg = dict(preset=a.preset, layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
+    if a.preset in LFM2_ATTN:
+        cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]
     if not a.quiet:
         pad = f" ({V - n_tok} [PAD] tokens after the tokenizer's {n_tok})" if V > n_tok else ""
         print(f"make-synthetic-model: {a.preset} L={L} D={D} H={H}/{KVH} F={F} V={V}{pad} tied={tied} "

@@ -18,9 +18,7 @@ pub use config::{Activation, Arch, Config, Recipe};
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use shortconv::{Checkpoints, ConvState};
-pub use weights::{
-    AttnWeights, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights,
-};
+pub use weights::{AttnWeights, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights};
 
 use knot_format::LayerRange;
 

@@ -251,7 +251,11 @@ impl<'a> Model<'a> {
             if has_state != cfg.is_recurrent(l) {
                 return Err(EngineError::SessionMismatch(format!(
                     "block {l} is {} but the session {} a recurrent state for it",
-                    if cfg.is_recurrent(l) { "recurrent" } else { "attention" },
+                    if cfg.is_recurrent(l) {
+                        "recurrent"
+                    } else {
+                        "attention"
+                    },
                     if has_state { "holds" } else { "has no" },
                 )));
             }

@@ -173,14 +173,7 @@ impl Scratch {
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
         [
-            &self.xb,
-            &self.xb2,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.att,
-            &self.hb,
-            &self.hb2,
+            &self.xb, &self.xb2, &self.q, &self.k, &self.v, &self.att, &self.hb, &self.hb2,
             &self.bcx,
         ]
         .iter()

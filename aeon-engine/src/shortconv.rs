@@ -107,7 +107,8 @@ impl ConvState {
     /// The `keep` rows before position `p`, when still held.
     fn rows_before(&self, p: usize) -> Option<&[f32]> {
         let v = p.checked_sub(self.first)?;
-        self.hist.get(v * self.hidden..(v + self.keep) * self.hidden)
+        self.hist
+            .get(v * self.hidden..(v + self.keep) * self.hidden)
     }
 
     /// The latest position `<= p` this state can be cut back to without recomputing:

@@ -192,7 +192,10 @@ impl<'a> Meta<'a> {
             .next()
             .ok_or_else(|| self.err(key, "no layer has KV heads"))?;
         if attn.any(|n| n != first) {
-            return Err(self.err(key, format!("attention layers differ in KV heads: {counts:?}")));
+            return Err(self.err(
+                key,
+                format!("attention layers differ in KV heads: {counts:?}"),
+            ));
         }
         Ok((Some(first), counts.iter().map(|&n| n == 0).collect()))
     }
