@@ -27,18 +27,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum")
         .arg(path)
@@ -53,27 +41,8 @@ fn sha256(path: &Path) -> String {
 
 /// The tiny LFM2 as GGUF and KNOT in `dir`; `None` (skipped) without python's gguf or the
 /// Qwen tokenizer.
-pub fn tiny_lfm2(dir: &Path) -> Option<(PathBuf, PathBuf)> {
-    let tokenizer = model(test_support::QWEN_GGUF)?;
-    let ok = Command::new("python3")
-        .args(["-c", "import gguf, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
-        assert!(!test_support::required(), "AEON_REQUIRE_MODELS=1: {why}");
-        eprintln!("skipping: {why}");
-        return None;
-    }
-    let gguf = dir.join("lfm2-tiny.gguf");
-    run(Command::new("python3")
-        .arg(repo().join("scripts/make-synthetic-model.py"))
-        .arg(&gguf)
-        .args(["--preset", "lfm2-tiny", "--seed", "0", "-q", "--tokenizer"])
-        .arg(&tokenizer));
-    let knot = dir.join("lfm2-tiny.knot");
-    knot_format::import_gguf(&gguf, &knot, &mut |_| {}).expect("knot import");
-    Some((gguf, knot))
+fn tiny_lfm2(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    test_support::synthetic_model(dir, "lfm2-tiny")
 }
 
 /// Logits of every row of `tokens` fed in chunks of `chunk` (the last row of each chunk).

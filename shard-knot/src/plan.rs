@@ -161,7 +161,9 @@ impl ModelCosts {
             let len = t.entry.len;
             match (layer_of(t.name()), t.name()) {
                 (Some(l), _) if (l as usize) < layer_bytes.len() => layer_bytes[l as usize] += len,
-                (_, "output.weight" | "output_norm.weight") => exit += len,
+                (_, "output.weight" | "output_norm.weight" | "token_embd_norm.weight") => {
+                    exit += len
+                }
                 (_, "token_embd.weight") => {
                     embed = len;
                     entry += len
