@@ -680,4 +680,47 @@ mod tests {
         let e = import(&g).unwrap_err().to_string();
         assert!(e.contains("outside the 4-token vocabulary"), "{e}");
     }
+
+    /// A GGUF array of u32 as `raw_kv` takes it.
+    fn u32_array(v: &[u32]) -> Vec<u8> {
+        let mut b = 4u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        b
+    }
+
+    fn lfm2_like(kv: &[u32]) -> Builder {
+        let mut g = Builder::new();
+        g.string("general.architecture", "lfm2")
+            .u32("lfm2.block_count", 4)
+            .u32("lfm2.context_length", 64)
+            .u32("lfm2.embedding_length", 32)
+            .u32("lfm2.feed_forward_length", 64)
+            .u32("lfm2.attention.head_count", 4)
+            .u32("lfm2.vocab_size", 7)
+            .f32("lfm2.attention.layer_norm_rms_epsilon", 1e-5)
+            .u32("lfm2.shortconv.l_cache", 3)
+            .raw_kv("lfm2.attention.head_count_kv", 9, &u32_array(kv));
+        g
+    }
+
+    #[test]
+    fn lfm2_per_layer_kv_heads_mark_its_convolution_layers() {
+        let (_dir, k) = import(&lfm2_like(&[0, 0, 2, 0])).unwrap();
+        let a = k.arch();
+        assert_eq!(a.n_kv_heads, 2, "the attention layers' count");
+        assert_eq!(a.rope_style, RopeStyle::Neox);
+        let r = a.recurrent.as_ref().expect("recurrent layers");
+        assert_eq!(
+            (&r.layers[..], r.conv_kernel),
+            (&[true, true, false, true][..], 3)
+        );
+        assert!(a.runs_here());
+        // Attention layers that disagree, or a count per layer of the wrong length: refused
+        // by key.
+        for bad in [&[0, 2, 4, 0][..], &[0, 2, 2][..], &[0, 0, 0, 0][..]] {
+            let e = import(&lfm2_like(bad)).unwrap_err().to_string();
+            assert!(e.contains("head_count_kv"), "{bad:?}: {e}");
+        }
+    }
 }

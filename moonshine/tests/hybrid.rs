@@ -9,13 +9,27 @@ mod support;
 use serde_json::Value;
 use support::*;
 
-/// `fat_station_tokens_total` of the station at `url`: token rows that entered the model.
-fn tokens_embedded(url: &str) -> u64 {
-    let text = ureq::get(&format!("{url}/metrics"))
+fn metrics(url: &str) -> String {
+    ureq::get(&format!("{url}/metrics"))
         .call()
         .expect("GET /metrics")
         .into_string()
-        .expect("metrics text");
+        .expect("metrics text")
+}
+
+/// Asserts the station never answered `409` (a session it could not rewind, which the gateway
+/// would answer by filling the session again from position 0).
+fn assert_no_conflicts(url: &str) {
+    let text = metrics(url);
+    assert!(
+        !text.contains("code=\"409\""),
+        "the station refused a rewind:\n{text}"
+    );
+}
+
+/// `fat_station_tokens_total` of the station at `url`: token rows that entered the model.
+fn tokens_embedded(url: &str) -> u64 {
+    let text = metrics(url);
     text.lines()
         .find_map(|l| l.strip_prefix("fat_station_tokens_total "))
         .and_then(|v| v.trim().parse().ok())
@@ -63,6 +77,7 @@ fn a_second_chat_turn_on_a_hybrid_processes_only_its_new_tokens() {
     );
     // On the station: both prompts' new tokens and the decoded ones, nothing re-processed
     // (a refill of turn 2 from position 0 would embed its `total` tokens again).
+    assert_no_conflicts(&st.url);
     let (gen1, gen2) = (t1[4], t2[4]);
     let embedded = tokens_embedded(&st.url) as usize;
     assert!(
@@ -81,9 +96,9 @@ fn lookup_decoding_on_a_hybrid_gives_the_plain_greedy_ids() {
         return;
     };
     let st = station(&bin, &knot, &[]);
-    // A prompt that repeats itself, so prompt-lookup drafts something; random weights decide
-    // how many drafts survive, the ids must not change either way.
-    let prompt = "one two three four one two three four one two three four one two three";
+    // A prompt that repeats itself, so prompt-lookup drafts something; on this model and
+    // prompt some drafts are rejected (measured: 17 of 18 kept), so the stations roll back.
+    let prompt = "the cat sat on the mat and the dog sat on the log and the cat";
     let run = |extra: &[&str]| -> Value {
         let mut a = vec![
             "--chat",
@@ -107,6 +122,15 @@ fn lookup_decoding_on_a_hybrid_gives_the_plain_greedy_ids() {
         plain["tokens"], fast["tokens"],
         "lookup changed greedy output on lfm2"
     );
+    let (acc, dr) = (
+        fast["accepted"].as_u64().expect("accepted"),
+        fast["drafted"].as_u64().expect("drafted"),
+    );
+    assert!(
+        acc < dr,
+        "every draft was kept ({acc} of {dr}): no rollback was exercised"
+    );
+    assert_no_conflicts(&st.url);
     eprintln!(
         "lfm2 lookup: {} tokens, plain {} trips, lookup {} trips ({} of {} drafts kept)",
         fast["tokens"].as_array().map_or(0, |a| a.len()),

@@ -565,8 +565,19 @@ fn lfm2_split_between_convolution_and_attention_equals_one_station() {
         greedy.push(id);
         next = vec![id];
     }
-    // Rejected drafts: back two positions, another token (every node restores its state).
+    // Rejected drafts: back two positions, another token (every node restores its state);
+    // the same as a fresh session given the whole sequence at once.
     let c = both(&[11], pos - 2, "rollback");
-    assert!(c.iter().all(|x| x.is_finite()));
+    let mut whole = PARIS.to_vec();
+    whole.extend_from_slice(&greedy[..pos - 2 - PARIS.len()]);
+    whole.push(11);
+    assert_eq!(whole.len(), pos - 1);
+    let fresh = single
+        .step(&whole, Some(("lfm2-fresh", 0)), &mut StepTrace::default())
+        .expect("fresh session");
+    assert!(
+        bits(&c) == bits(&fresh),
+        "the rolled-back chain differs from a fresh session"
+    );
     eprintln!("lfm2 chain greedy: {greedy:?}");
 }
