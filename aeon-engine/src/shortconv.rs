@@ -259,8 +259,10 @@ mod tests {
         for p in 21..=25 {
             assert_eq!(s.restorable(p), p);
         }
-        // Beyond it: the checkpoints at 16 and 8, the prompt's end at 5, else 0.
-        assert_eq!(s.restorable(18), 16);
+        // Rows go in batches of window + keep: positions 18.. are still held.
+        assert_eq!(s.restorable(18), 18);
+        // Beyond them: the checkpoints at 16 and 8, the prompt's end at 5, else 0.
+        assert_eq!(s.restorable(17), 16);
         assert_eq!(s.restorable(9), 8);
         assert_eq!(s.restorable(7), 5);
         assert_eq!(s.restorable(4), 0);
