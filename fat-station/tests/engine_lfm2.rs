@@ -1,7 +1,7 @@
 //! The engine on a synthetic Liquid LFM2 hybrid: `scripts/make-synthetic-model.py --preset
 //! lfm2-tiny --seed 0` (5 layers, hidden 256: gated short convolutions on layers 0, 1, 3, GQA
 //! attention on 2 and 4; seeded random weights; Qwen's tokenizer), imported with `knot import`,
-//! against llama.cpp on the same GGUF (golden from scripts/reference/make-lfm2-golden.sh), and
+//! against llama.cpp on the same GGUF in f16 (golden from scripts/reference/make-lfm2-golden.sh), and
 //! against itself: chunked prefill == token by token, bit for bit; a session cut back restores
 //! its recurrent state from the window or a checkpoint.
 //!
@@ -42,7 +42,7 @@ fn sha256(path: &Path) -> String {
 /// The tiny LFM2 as GGUF and KNOT in `dir`; `None` (skipped) without python's gguf or the
 /// Qwen tokenizer.
 fn tiny_lfm2(dir: &Path) -> Option<(PathBuf, PathBuf)> {
-    test_support::synthetic_model(dir, "lfm2-tiny")
+    test_support::synthetic_model(dir, "lfm2-tiny", &[])
 }
 
 /// Logits of every row of `tokens` fed in chunks of `chunk` (the last row of each chunk).
@@ -83,10 +83,19 @@ fn lfm2_imports_as_a_hybrid_and_chunked_prefill_equals_token_by_token() {
     assert_ne!(last_logits_chunked(&m, &other, 12), whole);
 }
 
+/// Against llama.cpp on the f16 variant of the tiny LFM2 (both engines then compute the dots
+/// in floating point, no 8-bit activations, so a real difference in the layer's definition
+/// shows): top-5 equal and rms within 1.5x of llama.cpp's own batched-vs-token-by-token
+/// difference. Measured: rms 0.0025, max 0.012 against llama.cpp's own 0.0027 (the logits'
+/// rms is 3.0). The default legacy mix (Q5_0/Q8_0) gives rms 0.076, max 0.36, the same top-5,
+/// and a llama.cpp self-difference of 0 (one code path per row there), so it is not the file
+/// for this bound.
 #[test]
 fn lfm2_matches_llama_cpp_on_the_same_gguf() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some((gguf, knot_path)) = tiny_lfm2(dir.path()) else {
+    let Some((gguf, knot_path)) =
+        test_support::synthetic_model(dir.path(), "lfm2-tiny", &["--type", "f16"])
+    else {
         return;
     };
     let golden = repo().join("fat-station/tests/golden/synthetic");

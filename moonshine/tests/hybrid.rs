@@ -40,7 +40,7 @@ fn tokens_embedded(url: &str) -> u64 {
 fn a_second_chat_turn_on_a_hybrid_processes_only_its_new_tokens() {
     let Some(bin) = station_bin() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some((_, knot)) = test_support::synthetic_model(dir.path(), "lfm2-tiny") else {
+    let Some((_, knot)) = test_support::synthetic_model(dir.path(), "lfm2-tiny", &[]) else {
         return;
     };
     let st = station(&bin, &knot, &[]);
@@ -92,7 +92,7 @@ fn a_second_chat_turn_on_a_hybrid_processes_only_its_new_tokens() {
 fn lookup_decoding_on_a_hybrid_gives_the_plain_greedy_ids() {
     let Some(bin) = station_bin() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some((_, knot)) = test_support::synthetic_model(dir.path(), "lfm2-tiny") else {
+    let Some((_, knot)) = test_support::synthetic_model(dir.path(), "lfm2-tiny", &[]) else {
         return;
     };
     let st = station(&bin, &knot, &[]);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Regenerates the golden of fat-station/tests/engine_lfm2.rs:
 #   fat-station/tests/golden/synthetic/lfm2_tiny_seed0.sha256         the tiny LFM2 GGUF's sha256
+#                                                                      (f16 weights: no 8-bit
+#                                                                      activations either side)
 #   fat-station/tests/golden/synthetic/lfm2_tiny_seed0_llamacpp.f32     llama.cpp's logits of the
 #                                                                      last position, the prompt
 #                                                                      in one batch (one thread)
 #   fat-station/tests/golden/synthetic/lfm2_tiny_seed0_llamacpp_tbt.f32 the same, token by token
 #                                                                      (llama.cpp's own noise)
-# The test makes the same GGUF (scripts/make-synthetic-model.py --preset lfm2-tiny --seed 0); when
+# The test makes the same GGUF (scripts/make-synthetic-model.py --preset lfm2-tiny --seed 0 --type f16); when
 # its sha256 differs from the recorded one (another numpy or gguf version), it skips the
 # comparison. Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer
 # (scripts/fetch-model.sh qwen); llama.cpp's static libraries from scripts/bench/build-llama-bench.sh
@@ -18,7 +20,7 @@ out=$root/fat-station/tests/golden/synthetic
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
-python3 "$root/scripts/make-synthetic-model.py" "$tmp/lfm2.gguf" --preset lfm2-tiny --seed 0 -q
+python3 "$root/scripts/make-synthetic-model.py" "$tmp/lfm2.gguf" --preset lfm2-tiny --seed 0 --type f16 -q
 (cd "$tmp" && sha256sum lfm2.gguf | cut -d' ' -f1) > "$out/lfm2_tiny_seed0.sha256"
 # engine_lfm2.rs's PROMPT.
 prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)

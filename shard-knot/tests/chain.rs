@@ -512,7 +512,7 @@ fn lfm2_split_between_convolution_and_attention_equals_one_station() {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let Some((_, model)) = test_support::synthetic_model(dir.path(), "lfm2-tiny") else {
+    let Some((_, model)) = test_support::synthetic_model(dir.path(), "lfm2-tiny", &[]) else {
         return;
     };
     let out = dir.path().join("shards");

@@ -183,11 +183,11 @@ pub fn gguf_stub(path: &Path) {
     std::fs::write(path, b).expect("write GGUF stub");
 }
 
-/// A synthetic model made by `scripts/make-synthetic-model.py --preset PRESET --seed 0` in
-/// `dir` (Qwen's tokenizer copied from the cached GGUF) and imported: `(gguf, knot)`. `None`
+/// A synthetic model made by `scripts/make-synthetic-model.py --preset PRESET --seed 0 ARGS`
+/// in `dir` (Qwen's tokenizer copied from the cached GGUF) and imported: `(gguf, knot)`. `None`
 /// (the test skips, or fails under `AEON_REQUIRE_MODELS=1`) without python3's `gguf` and
 /// `numpy` or the Qwen GGUF.
-pub fn synthetic_model(dir: &Path, preset: &str) -> Option<(PathBuf, PathBuf)> {
+pub fn synthetic_model(dir: &Path, preset: &str, args: &[&str]) -> Option<(PathBuf, PathBuf)> {
     let tokenizer = model(QWEN_GGUF)?;
     let python = Command::new("python3")
         .args(["-c", "import gguf, numpy"])
@@ -200,12 +200,19 @@ pub fn synthetic_model(dir: &Path, preset: &str) -> Option<(PathBuf, PathBuf)> {
         return None;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-synthetic-model.py");
-    let gguf = dir.join(format!("{preset}.gguf"));
+    let name = [preset]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("_");
+    let gguf = dir.join(format!("{name}.gguf"));
     let out = Command::new("python3")
         .arg(&script)
         .arg(&gguf)
         .args(["--preset", preset, "--seed", "0", "-q", "--tokenizer"])
         .arg(&tokenizer)
+        .args(args)
         .output()
         .expect("spawn python3");
     assert!(
@@ -213,7 +220,7 @@ pub fn synthetic_model(dir: &Path, preset: &str) -> Option<(PathBuf, PathBuf)> {
         "make-synthetic-model.py --preset {preset}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let knot = dir.join(format!("{preset}.knot"));
+    let knot = dir.join(format!("{name}.knot"));
     knot_format::import_gguf(&gguf, &knot, &mut |_| {}).expect("knot import");
     Some((gguf, knot))
 }
