@@ -193,8 +193,8 @@ impl ConvState {
         let end = pos + seq;
         let every = self.policy.every;
         let snap = |s: &Self, p: usize| s.rows_before(p).map(<[f32]>::to_vec);
-        if every > 0 {
-            let mut p = (pos / every + 1) * every;
+        if let Some(n) = pos.checked_div(every) {
+            let mut p = (n + 1) * every;
             while p <= end {
                 // Older than the window: kept as a checkpoint, or restorable from the rows.
                 if let Some(rows) = snap(self, p) {

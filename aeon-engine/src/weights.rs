@@ -47,7 +47,9 @@ pub struct LayerWeights<'a> {
     pub post_ffn_norm: Option<&'a [f32]>,
 }
 
-/// What mixes information across positions in one block.
+/// What mixes information across positions in one block. (The variants differ in size, but
+/// there is one per held block, built once: boxing would only add an indirection per token.)
+#[allow(clippy::large_enum_variant)]
 pub enum Mixer<'a> {
     Attention(AttnWeights<'a>),
     /// LFM2's gated short convolution (`shortconv.rs`).
