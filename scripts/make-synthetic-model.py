@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A qwen2 or qwen3moe GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, qwen3moe or lfm2 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
-usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b] [--seed N]
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b]
+           [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
 
@@ -18,8 +19,15 @@ Presets (hyper-parameters from the models' config.json):
   qwen3-30b-a3b  qwen3moe: 48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts, top-8,
                  expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its f16
                  file is ~61 GB: use --layers for a shallower one of the real widths.
+  lfm2-tiny      lfm2 (Liquid's hybrid): 5 layers, hidden 256, short convolutions (3 taps) on
+                 layers 0, 1, 3 and GQA attention (4 / 2 heads, q/k norms) on 2 and 4, ffn 512
+  lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
+                 on layers 2, 5, 8, 10, 12, 14, convolutions elsewhere; Qwen's 151936-token
+                 vocabulary stands in for LFM2's 65536 (a larger head: benches say so)
 All: rope theta 1e6, rms eps 1e-6; qwen2 presets have q/k/v biases, qwen3moe ones per-head q/k
-RMSNorm (weights 1 + N(0, 0.05)) and no biases. --hidden keeps head_dim and recomputes the head
+RMSNorm (weights 1 + N(0, 0.05)) and no biases. lfm2: no biases, rms eps 1e-5, tied
+embeddings, the final norm named token_embd_norm (as llama.cpp's converter writes it),
+convolution taps N(0, 0.5) in F32. --hidden keeps head_dim and recomputes the head
 counts (heads = hidden / head_dim, KV heads = heads / the preset's group size).
 
 Vocabulary: the tokenizer is copied (every tokenizer.* key) from the real Qwen2.5-Coder-0.5B
@@ -79,7 +87,14 @@ PRESETS = {
     "tiny": (2, 256, 4, 2, 512, None, False, 4096),
     "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, True, 32768),
     "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
+    "lfm2-tiny": (5, 256, 4, 2, 512, None, True, 4096),
+    "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
+# lfm2 presets: which layers are attention (the others are short convolutions).
+LFM2_ATTN = {"lfm2-tiny": [2, 4], "lfm2-1.2b": [2, 5, 8, 10, 12, 14]}
+LFM2_L_CACHE = 3
+LFM2_RMS_EPS = 1e-5
+CONV_STD = 0.5
 MOE_PRESETS = {
     # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, used, expert_ffn, vocab, tied, context)
     "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
@@ -210,6 +225,7 @@ def plan(cfg, wtype):
     kv = KVH * hd
     qd = H * hd
     moe = cfg["arch"] == "qwen3moe"
+    attn = cfg.get("attn")  # lfm2: the attention layers
 
     def mat(name, layer=None):
         if wtype == "f16":
@@ -226,6 +242,30 @@ def plan(cfg, wtype):
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
     for i in range(L):
         p = f"blk.{i}."
+        if attn is not None:
+            t.append((p + "attn_norm.weight", (D,), Q.F32, "norm"))
+            if i in attn:
+                t += [
+                    (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                    (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                    (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                    (p + "attn_q_norm.weight", (hd,), Q.F32, "norm"),
+                    (p + "attn_k_norm.weight", (hd,), Q.F32, "norm"),
+                    (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+                ]
+            else:
+                t += [
+                    (p + "shortconv.in_proj.weight", (3 * D, D), mat(p + "shortconv.in_proj.weight", i), "proj"),
+                    (p + "shortconv.conv.weight", (D, LFM2_L_CACHE), Q.F32, "conv"),
+                    (p + "shortconv.out_proj.weight", (D, D), mat(p + "shortconv.out_proj.weight", i), "proj"),
+                ]
+            t += [
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
         if moe:
             E, FE = cfg["experts"], cfg["expert_ffn"]
             t += [
@@ -257,7 +297,7 @@ def plan(cfg, wtype):
             (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
             (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
         ]
-    t.append(("output_norm.weight", (D,), Q.F32, "out_norm"))
+    t.append(("token_embd_norm.weight" if attn is not None else "output_norm.weight", (D,), Q.F32, "out_norm"))
     if not tied:
         t.append(("output.weight", (V, D), mat("output.weight"), "proj"))
     return t
@@ -282,6 +322,8 @@ def values(name, shape, kind, seed, hidden, qtype):
         return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
     if kind == "bias":
         return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "conv":
+        return CONV_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "router":
         rows, cols = shape
         scale = ROUTER_STD * np.exp(ROUTER_SPREAD * g.standard_normal((rows, 1), dtype=np.float32))
@@ -321,7 +363,14 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     w.add_block_count(cfg["layers"])
     w.add_feed_forward_length(cfg["ffn"])
     w.add_head_count(cfg["heads"])
-    w.add_head_count_kv(cfg["kv_heads"])
+    attn = cfg.get("attn")
+    if attn is not None:
+        # Per-layer KV heads: 0 marks a short-convolution layer (llama.cpp's is_recr).
+        w.add_head_count_kv([cfg["kv_heads"] if i in attn else 0 for i in range(cfg["layers"])])
+        w.add_uint32("lfm2.shortconv.l_cache", LFM2_L_CACHE)
+        w.add_vocab_size(cfg["vocab"])
+    else:
+        w.add_head_count_kv(cfg["kv_heads"])
     if cfg["arch"] == "qwen3moe":
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
@@ -329,7 +378,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
     w.add_rope_freq_base(ROPE_THETA)
-    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None else RMS_EPS)
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, val, t, sub in tok:
@@ -395,6 +444,9 @@ def main():
     tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
     cfg = dict(preset=a.preset, arch="qwen2", layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
     cfg.update(moe)
+    if a.preset in LFM2_ATTN:
+        cfg["arch"] = "lfm2"
+        cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]
     if not a.quiet:
         pad = f" ({V - n_tok} [PAD] tokens after the tokenizer's {n_tok})" if V > n_tok else ""
         print(f"make-synthetic-model: {a.preset} L={L} D={D} H={H}/{KVH} F={F} V={V}{pad} tied={tied} "

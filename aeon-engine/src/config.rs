@@ -19,16 +19,19 @@ pub enum Arch {
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
+    /// Liquid LFM2: see [`Recipe::LFM2`].
+    Lfm2,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 5] = [
+    pub const ALL: [(Arch, &'static str); 6] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
         (Arch::Gemma3, "gemma3"),
         (Arch::Qwen3Moe, "qwen3moe"),
+        (Arch::Lfm2, "lfm2"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -43,6 +46,7 @@ impl Arch {
         match self {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
+            Arch::Lfm2 => Recipe::LFM2,
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct Recipe {
     /// RoPE base of local layers when the file has no `rope.freq_base_swa` (gemma3: 10k,
     /// while the global layers use `rope.freq_base`, 1M).
     pub default_rope_base_swa: Option<f32>,
+    /// Name of the final norm's weight (LFM2's converter calls it `token_embd_norm`).
+    pub output_norm: &'static str,
 }
 
 impl Recipe {
@@ -85,6 +91,7 @@ impl Recipe {
         activation: Activation::Silu,
         default_swa_period: None,
         default_rope_base_swa: None,
+        output_norm: "output_norm.weight",
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -100,6 +107,15 @@ impl Recipe {
         activation: Activation::GeluTanh,
         default_swa_period: Some(6),
         default_rope_base_swa: Some(10_000.0),
+        output_norm: "output_norm.weight",
+    };
+    /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
+    /// with per-head q/k RMSNorm and NeoX RoPE (as qwen3), or a gated short convolution
+    /// (`Config::recurrent_layers`, see `shortconv.rs`); every layer then has the SwiGLU FFN.
+    /// The final norm is `token_embd_norm.weight`; the output head is tied.
+    pub const LFM2: Recipe = Recipe {
+        output_norm: "token_embd_norm.weight",
+        ..Recipe::BASELINE
     };
 }
 
@@ -140,6 +156,11 @@ pub struct Config {
     pub final_logit_softcap: Option<f32>,
     /// Routed experts instead of a dense FFN in every block (qwen3moe).
     pub moe: Option<MoeConfig>,
+    /// (n_layers) true for a recurrent layer (LFM2's short convolution) in place of
+    /// attention; all false for a transformer.
+    pub recurrent_layers: Vec<bool>,
+    /// Taps of a recurrent layer's causal convolution (0 without recurrent layers).
+    pub conv_kernel: usize,
 }
 
 impl Config {
@@ -160,6 +181,11 @@ impl Config {
             Some(true) => self.sliding_window,
             _ => None,
         }
+    }
+
+    /// Whether layer `l` is recurrent (a short convolution) rather than attention.
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.recurrent_layers.get(l).copied().unwrap_or(false)
     }
 }
 
@@ -234,7 +260,30 @@ impl TryFrom<&ArchConfig> for Config {
                 "rope_base_swa {rope_base_swa} invalid"
             )));
         }
+        let (recurrent_layers, conv_kernel) = match &a.recurrent {
+            Some(r) => (r.layers.clone(), r.conv_kernel as usize),
+            None => (vec![false; n_layers], 0),
+        };
+        if recurrent_layers.len() != n_layers {
+            return Err(EngineError::BadConfig(format!(
+                "{} recurrent-layer flags for {n_layers} layers",
+                recurrent_layers.len()
+            )));
+        }
+        if conv_kernel > 0 && arch != Arch::Lfm2 {
+            return Err(EngineError::Unsupported(format!(
+                "recurrent layers in a {:?} model",
+                a.arch
+            )));
+        }
+        if arch == Arch::Lfm2 && conv_kernel < 2 {
+            return Err(EngineError::BadConfig(
+                "lfm2 without short-convolution layers (shortconv.l_cache)".into(),
+            ));
+        }
         Ok(Config {
+            recurrent_layers,
+            conv_kernel,
             arch,
             recipe,
             embed_scale: if recipe.scale_embedding {
@@ -292,6 +341,7 @@ mod tests {
             rope_base_swa: None,
             final_logit_softcap: None,
             moe: None,
+            recurrent: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod moe;
 pub mod ops;
 pub mod sampling;
 mod session;
+mod shortconv;
 mod team;
 pub mod tokenizer;
 mod weights;
@@ -18,7 +19,8 @@ mod weights;
 pub use config::{Activation, Arch, Config, Recipe};
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
-pub use weights::{Ffn, Holdings, LayerWeights, Weights};
+pub use shortconv::{Checkpoints, ConvState};
+pub use weights::{AttnWeights, Ffn, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights};
 
 use knot_format::LayerRange;
 

@@ -7,7 +7,10 @@ use super::ops::{
     add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
     rope_rotate, softcap, swiglu, AttnShape,
 };
-use super::{Activation, Config, EngineError, Ffn, Holdings, KvDtype, KvRows, Session, Weights};
+use super::weights::{AttnWeights, Mixer};
+use super::{
+    Activation, Checkpoints, Config, EngineError, Ffn, Holdings, KvDtype, KvRows, Session, Weights,
+};
 use knot_format::{Knot, LayerRange, Role};
 
 /// A loaded model (or a station's slice of one) over a mmapped KNOT.
@@ -21,6 +24,8 @@ pub struct Model<'a> {
     inv_freq_swa: Vec<f64>,
     /// How new sessions store keys and values (`--kv-dtype`).
     kv_dtype: KvDtype,
+    /// Which earlier states new sessions keep for their recurrent layers.
+    checkpoints: Checkpoints,
 }
 
 /// Forward-pass scratch that is not per session: reused by every call on this thread.
@@ -82,6 +87,7 @@ impl<'a> Model<'a> {
             inv_freq,
             inv_freq_swa,
             kv_dtype: KvDtype::default(),
+            checkpoints: Checkpoints::default(),
         })
     }
 
@@ -145,11 +151,7 @@ impl<'a> Model<'a> {
         self.weights
             .layers
             .iter()
-            .flat_map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .into_iter()
-                    .chain(l.ffn.matrices())
-            })
+            .flat_map(|l| l.matrices())
             .chain(self.weights.output.as_ref())
     }
 
@@ -157,6 +159,18 @@ impl<'a> Model<'a> {
     /// [`Model::kv_dtype`].
     pub fn new_session(&self, max_positions: usize) -> Session {
         Session::new(&self.weights.holdings, max_positions, self.kv_dtype)
+            .with_recurrent(&self.cfg, self.checkpoints)
+    }
+
+    /// Sets which earlier states new sessions keep for recurrent layers.
+    pub fn with_checkpoints(mut self, policy: Checkpoints) -> Self {
+        self.checkpoints = policy;
+        self
+    }
+
+    /// Which earlier states new sessions keep for recurrent layers.
+    pub fn checkpoints(&self) -> Checkpoints {
+        self.checkpoints
     }
 
     /// How new sessions store keys and values.
@@ -232,6 +246,20 @@ impl<'a> Model<'a> {
                 )));
             }
         }
+        for l in range.start as usize..range.end as usize {
+            let has_state = session.cache(l).is_some_and(|c| c.conv.is_some());
+            if has_state != cfg.is_recurrent(l) {
+                return Err(EngineError::SessionMismatch(format!(
+                    "block {l} is {} but the session {} a recurrent state for it",
+                    if cfg.is_recurrent(l) {
+                        "recurrent"
+                    } else {
+                        "attention"
+                    },
+                    if has_state { "holds" } else { "has no" },
+                )));
+            }
+        }
         if pos + seq > session.max_positions() {
             return Err(EngineError::ContextFull {
                 have: pos,
@@ -290,7 +318,64 @@ impl<'a> Model<'a> {
         pos: usize,
     ) {
         let cfg = &self.cfg;
-        let (h, hd, q_dim, kv_dim) = (cfg.hidden, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        let h = cfg.hidden;
+        for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
+        }
+        // The mixer reads the normed rows in `s.xb` and leaves its output in `s.xb2`.
+        match &w.mixer {
+            Mixer::Attention(a) => self.attention(layer, a, cache, s, f, seq, pos),
+            Mixer::ShortConv(c) => {
+                let Some(state) = cache.conv.as_mut() else {
+                    unreachable!("forward checked that every recurrent block has its state");
+                };
+                let (bcx, y) = s.bcx.split_at_mut(seq * 3 * h);
+                state.forward(c, &s.xb, seq, bcx, y, &mut s.xb2);
+            }
+        }
+
+        post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
+        add_inplace(x, &s.xb2[..seq * h]);
+
+        // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
+        // input; or routed experts.
+        for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
+        }
+        match &w.ffn {
+            Ffn::Dense { gate, up, down } => {
+                linears(
+                    &mut [(gate, &mut s.hb[..]), (up, &mut s.hb2[..])],
+                    &s.xb,
+                    seq,
+                );
+                let (g, u) = (&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
+                match cfg.recipe.activation {
+                    Activation::Silu => swiglu(g, u),
+                    Activation::GeluTanh => geglu_tanh(g, u),
+                }
+                linear(down, &s.hb, seq, &mut s.xb2);
+            }
+            Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
+        }
+        post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
+        add_inplace(x, &s.xb2[..seq * h]);
+    }
+
+    /// Self-attention of block `layer` over the normed rows in `s.xb`; output in `s.xb2`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        layer: usize,
+        w: &AttnWeights<'_>,
+        cache: &mut super::session::LayerCache,
+        s: &mut super::session::Scratch,
+        f: &mut FwdScratch,
+        seq: usize,
+        pos: usize,
+    ) {
+        let cfg = &self.cfg;
+        let (hd, q_dim, kv_dim) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
         // A local layer sees the last `window` positions, rotated at its own RoPE base.
         let window = cfg.window(layer);
         let rope = if window.is_some() {
@@ -299,10 +384,7 @@ impl<'a> Model<'a> {
             &f.rope
         };
 
-        // Attention: normed input -> q, k, v projections (+ biases), one shared quantization.
-        for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-            rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
-        }
+        // Normed input -> q, k, v projections (+ biases), one shared quantization.
         linears(
             &mut [
                 (&w.wq, &mut s.q[..]),
@@ -359,32 +441,6 @@ impl<'a> Model<'a> {
             _ => unreachable!("a session stores keys and values in one type"),
         }
         linear(&w.wo, &s.att, seq, &mut s.xb2);
-        post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
-        add_inplace(x, &s.xb2[..seq * h]);
-
-        // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
-        // input; or routed experts.
-        for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-            rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
-        }
-        match &w.ffn {
-            Ffn::Dense { gate, up, down } => {
-                linears(
-                    &mut [(gate, &mut s.hb[..]), (up, &mut s.hb2[..])],
-                    &s.xb,
-                    seq,
-                );
-                let (g, u) = (&mut s.hb[..seq * cfg.ffn], &s.hb2[..seq * cfg.ffn]);
-                match cfg.recipe.activation {
-                    Activation::Silu => swiglu(g, u),
-                    Activation::GeluTanh => geglu_tanh(g, u),
-                }
-                linear(down, &s.hb, seq, &mut s.xb2);
-            }
-            Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
-        }
-        post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
-        add_inplace(x, &s.xb2[..seq * h]);
     }
 
     /// Final norm + output head on the LAST row of `x` (seq, hidden) -> logits (vocab).

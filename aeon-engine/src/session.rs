@@ -2,6 +2,7 @@
 
 use half::f16;
 
+use super::shortconv::{Checkpoints, ConvState};
 use super::{Config, Holdings};
 
 /// How a session stores keys and values: `f32` (default; exact) or `f16` (llama.cpp's
@@ -88,12 +89,15 @@ impl KvRows {
     }
 }
 
-/// Keys and values of one block, one row of `kv_dim` per position.
+/// Keys and values of one block, one row of `kv_dim` per position; or, for a recurrent
+/// block, its state (and no keys or values).
 pub struct LayerCache {
     /// (positions, kv_dim)
     pub k: KvRows,
     /// (positions, kv_dim)
     pub v: KvRows,
+    /// A short-convolution block's state (LFM2).
+    pub conv: Option<ConvState>,
 }
 
 impl LayerCache {
@@ -102,7 +106,21 @@ impl LayerCache {
         LayerCache {
             k: KvRows::new(dtype),
             v: KvRows::new(dtype),
+            conv: None,
         }
+    }
+
+    /// Positions this block has seen.
+    pub fn positions(&self, kv_dim: usize) -> usize {
+        match &self.conv {
+            Some(c) => c.len(),
+            None => self.k.len() / kv_dim.max(1),
+        }
+    }
+
+    /// Bytes held: keys and values, or the recurrent state with its checkpoints.
+    pub fn bytes(&self) -> usize {
+        self.k.bytes() + self.v.bytes() + self.conv.as_ref().map_or(0, ConvState::bytes)
     }
 }
 
@@ -131,6 +149,9 @@ pub struct Scratch {
     pub hb: Vec<f32>,
     /// (seq, ffn) up
     pub hb2: Vec<f32>,
+    /// (seq, 4 * hidden) a short convolution's `b, c, x`, then its gated output (empty
+    /// without recurrent layers)
+    pub bcx: Vec<f32>,
 }
 
 impl Scratch {
@@ -146,12 +167,16 @@ impl Scratch {
         let ffn = if cfg.moe.is_some() { 0 } else { cfg.ffn };
         fit(&mut self.hb, seq * ffn);
         fit(&mut self.hb2, seq * ffn);
+        if cfg.conv_kernel > 0 {
+            fit(&mut self.bcx, seq * 4 * cfg.hidden);
+        }
     }
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
         [
             &self.xb, &self.xb2, &self.q, &self.k, &self.v, &self.att, &self.hb, &self.hb2,
+            &self.bcx,
         ]
         .iter()
         .map(|v| v.capacity() * 4)
@@ -186,6 +211,17 @@ impl Session {
         }
     }
 
+    /// Gives the recurrent blocks among the held ones (`cfg.recurrent_layers`) their state,
+    /// keeping earlier states as `policy` says.
+    pub fn with_recurrent(mut self, cfg: &Config, policy: Checkpoints) -> Self {
+        for (i, c) in self.caches.iter_mut().enumerate() {
+            if cfg.is_recurrent(self.first_layer + i) {
+                c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy));
+            }
+        }
+        self
+    }
+
     /// The cache of original block `layer`, if this session covers it.
     pub fn cache(&self, layer: usize) -> Option<&LayerCache> {
         layer
@@ -201,7 +237,7 @@ impl Session {
 
     /// Positions block `layer` has seen (its cache length), if covered.
     pub fn positions(&self, layer: usize, kv_dim: usize) -> Option<usize> {
-        self.cache(layer).map(|c| c.k.len() / kv_dim.max(1))
+        self.cache(layer).map(|c| c.positions(kv_dim))
     }
 
     /// Most positions this session may hold.
@@ -209,9 +245,9 @@ impl Session {
         self.max_positions
     }
 
-    /// Bytes held by the KV cache.
+    /// Bytes held by the KV cache and the recurrent states (with their checkpoints).
     pub fn kv_bytes(&self) -> usize {
-        self.caches.iter().map(|c| c.k.bytes() + c.v.bytes()).sum()
+        self.caches.iter().map(LayerCache::bytes).sum()
     }
 
     /// Bytes held by the scratch buffers (at most [`SCRATCH_KEEP_BYTES`] between calls).
@@ -219,11 +255,40 @@ impl Session {
         self.scratch.bytes()
     }
 
-    /// Forgets positions from `pos` on in every block (rewind for a retried or edited turn).
-    pub fn truncate(&mut self, pos: usize, kv_dim: usize) {
+    /// The latest position `<= pos` every block can be cut back to without recomputing:
+    /// `pos` for a transformer; for a hybrid, where its recurrent states' checkpoints allow
+    /// (see [`Checkpoints`]).
+    pub fn restorable(&self, pos: usize) -> usize {
+        let mut p = pos;
+        // Each state's answer is <= what it was asked; repeat until all agree.
+        loop {
+            let q = self
+                .caches
+                .iter()
+                .filter_map(|c| c.conv.as_ref())
+                .map(|s| s.restorable(p))
+                .min()
+                .unwrap_or(p);
+            if q == p {
+                return p;
+            }
+            p = q;
+        }
+    }
+
+    /// Forgets positions from `pos` on in every block (rewind for a retried or edited turn,
+    /// rejected drafts, a new turn sharing a prefix). Returns the positions the session holds
+    /// now: `pos`, or less when a recurrent state can only go back to an earlier checkpoint
+    /// ([`Session::restorable`]); the caller then feeds the tokens from there again.
+    pub fn truncate(&mut self, pos: usize, kv_dim: usize) -> usize {
+        let pos = self.restorable(pos);
         for c in &mut self.caches {
             c.k.truncate(pos * kv_dim);
             c.v.truncate(pos * kv_dim);
+            if let Some(s) = &mut c.conv {
+                s.truncate(pos);
+            }
         }
+        pos
     }
 }

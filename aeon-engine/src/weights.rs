@@ -9,10 +9,32 @@ use super::{Config, EngineError};
 // Defined beside the shard roles it follows from; the engine loads what it names.
 pub use knot_format::Holdings;
 
-/// One transformer block's tensors.
+/// One block's tensors: a token mixer (attention, or a recurrent layer in a hybrid), then
+/// the gated FFN.
 pub struct LayerWeights<'a> {
-    /// (hidden)
+    /// (hidden) the norm before the mixer
     pub attn_norm: &'a [f32],
+    pub mixer: Mixer<'a>,
+    /// (hidden) RMSNorm of the attention output before the residual add (gemma3).
+    pub post_attn_norm: Option<&'a [f32]>,
+    /// (hidden)
+    pub ffn_norm: &'a [f32],
+    pub ffn: Ffn<'a>,
+    /// (hidden) RMSNorm of the FFN output before the residual add (gemma3).
+    pub post_ffn_norm: Option<&'a [f32]>,
+}
+
+/// What mixes information across positions in one block. (The variants differ in size, but
+/// there is one per held block, built once: boxing would only add an indirection per token.)
+#[allow(clippy::large_enum_variant)]
+pub enum Mixer<'a> {
+    Attention(AttnWeights<'a>),
+    /// LFM2's gated short convolution (`shortconv.rs`).
+    ShortConv(ShortConvWeights<'a>),
+}
+
+/// Self-attention's tensors.
+pub struct AttnWeights<'a> {
     /// (q_dim rows, hidden cols)
     pub wq: Linear<'a>,
     /// (kv_dim rows, hidden cols)
@@ -28,13 +50,28 @@ pub struct LayerWeights<'a> {
     pub k_norm: Option<&'a [f32]>,
     /// (hidden rows, q_dim cols)
     pub wo: Linear<'a>,
-    /// (hidden) RMSNorm of the attention output before the residual add (gemma3).
-    pub post_attn_norm: Option<&'a [f32]>,
-    /// (hidden)
-    pub ffn_norm: &'a [f32],
-    pub ffn: Ffn<'a>,
-    /// (hidden) RMSNorm of the FFN output before the residual add (gemma3).
-    pub post_ffn_norm: Option<&'a [f32]>,
+}
+
+/// A gated short convolution's tensors (llama.cpp `shortconv.*`).
+pub struct ShortConvWeights<'a> {
+    /// (3 * hidden rows, hidden cols): the gate `b`, the output gate `c` and the input `x`.
+    pub in_proj: Linear<'a>,
+    /// (hidden, conv_kernel) one causal filter per channel, oldest tap first.
+    pub conv: &'a [f32],
+    /// (hidden rows, hidden cols)
+    pub out_proj: Linear<'a>,
+}
+
+impl<'a> LayerWeights<'a> {
+    /// The block's matrices, in forward order.
+    pub fn matrices(&self) -> Vec<&Linear<'a>> {
+        let mut m = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+        };
+        m.extend(self.ffn.matrices());
+        m
+    }
 }
 
 /// The FFN of a block.
@@ -91,7 +128,8 @@ impl<'a> Weights<'a> {
                     None => Ok(None),
                 }
             };
-            let (bq, bk, bv) = if cfg.qkv_bias {
+            let attn = !cfg.is_recurrent(l as usize);
+            let (bq, bk, bv) = if cfg.qkv_bias && attn {
                 (
                     Some(vector(knot, &name("attn_q.bias"), cfg.q_dim())?),
                     Some(vector(knot, &name("attn_k.bias"), cfg.kv_dim())?),
@@ -100,7 +138,7 @@ impl<'a> Weights<'a> {
             } else {
                 (None, None, None)
             };
-            let (q_norm, k_norm) = if cfg.qk_norm {
+            let (q_norm, k_norm) = if cfg.qk_norm && attn {
                 (
                     Some(vector(knot, &name("attn_q_norm.weight"), cfg.head_dim)?),
                     Some(vector(knot, &name("attn_k_norm.weight"), cfg.head_dim)?),
@@ -119,20 +157,51 @@ impl<'a> Weights<'a> {
             } else {
                 (None, None)
             };
+            let mixer = if cfg.is_recurrent(l as usize) {
+                let k = cfg.conv_kernel;
+                let conv = find(knot, &name("shortconv.conv.weight"))?;
+                if conv.entry.shape != [k as u64, h as u64] {
+                    return Err(EngineError::BadTensor {
+                        name: name("shortconv.conv.weight"),
+                        why: format!("shape {:?}, expected [{k}, {h}]", conv.entry.shape),
+                    });
+                }
+                Mixer::ShortConv(ShortConvWeights {
+                    in_proj: Linear::mapped(
+                        matrix(knot, &name("shortconv.in_proj.weight"), 3 * h, h)?,
+                        knot,
+                    ),
+                    conv: vector(knot, &name("shortconv.conv.weight"), k * h)?,
+                    out_proj: Linear::mapped(
+                        matrix(knot, &name("shortconv.out_proj.weight"), h, h)?,
+                        knot,
+                    ),
+                })
+            } else {
+                Mixer::Attention(AttnWeights {
+                    wq: Linear::mapped(matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?, knot),
+                    wk: Linear::mapped(
+                        matrix(knot, &name("attn_k.weight"), cfg.kv_dim(), h)?,
+                        knot,
+                    ),
+                    wv: Linear::mapped(
+                        matrix(knot, &name("attn_v.weight"), cfg.kv_dim(), h)?,
+                        knot,
+                    ),
+                    bq,
+                    bk,
+                    bv,
+                    q_norm,
+                    k_norm,
+                    wo: Linear::mapped(
+                        matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
+                        knot,
+                    ),
+                })
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(knot, &name("attn_norm.weight"), h)?,
-                wq: Linear::mapped(matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?, knot),
-                wk: Linear::mapped(matrix(knot, &name("attn_k.weight"), cfg.kv_dim(), h)?, knot),
-                wv: Linear::mapped(matrix(knot, &name("attn_v.weight"), cfg.kv_dim(), h)?, knot),
-                bq,
-                bk,
-                bv,
-                q_norm,
-                k_norm,
-                wo: Linear::mapped(
-                    matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
-                    knot,
-                ),
+                mixer,
                 post_attn_norm,
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
                 ffn: match &cfg.moe {
@@ -187,7 +256,7 @@ impl<'a> Weights<'a> {
                 None => matrix(knot, "token_embd.weight", cfg.vocab, h)?,
             };
             (
-                Some(vector(knot, "output_norm.weight", h)?),
+                Some(vector(knot, cfg.recipe.output_norm, h)?),
                 Some(Linear::mapped(head, knot)),
             )
         } else {

@@ -237,6 +237,18 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
         )?;
     }
+    if let Some(r) = &a.recurrent {
+        let layers: Vec<String> = (0..r.layers.len())
+            .filter(|&l| r.layers[l])
+            .map(|l| l.to_string())
+            .collect();
+        writeln!(
+            o,
+            "recurrent   layers {} (short convolution, {} taps); the others attention",
+            layers.join(","),
+            r.conv_kernel
+        )?;
+    }
     if let Some(w) = a.sliding_window {
         let local = a
             .swa_layers

@@ -62,6 +62,10 @@ pub struct ArchConfig {
     /// over stacked experts (`ffn_{gate,up,down}_exps`, 3-D) instead of one dense FFN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
+    /// Hybrid models: which layers are recurrent instead of attention, and their shape
+    /// (`None`: every layer is attention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent: Option<RecurrentLayers>,
 }
 
 /// The routed-experts FFN of a mixture-of-experts model.
@@ -77,10 +81,22 @@ pub struct MoeConfig {
     pub norm_topk: bool,
 }
 
+/// The recurrent layers of a hybrid model (LFM2: gated short convolutions between GQA
+/// attention layers). GGUF says which layers they are with a per-layer
+/// `attention.head_count_kv` array whose recurrent entries are 0.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecurrentLayers {
+    /// One flag per layer: true for a recurrent layer.
+    pub layers: Vec<bool>,
+    /// Taps of the depthwise causal convolution (LFM2's `shortconv.l_cache`, 3); the state
+    /// a layer carries between tokens is the last `conv_kernel - 1` inputs.
+    pub conv_kernel: u32,
+}
+
 /// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
-pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3", "qwen3moe"];
+pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2"];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
 pub const MAX_LAYERS: u32 = 1 << 16;
@@ -90,6 +106,8 @@ pub const MAX_DIM: u32 = 1 << 20;
 pub const MAX_CONTEXT: u32 = 1 << 24;
 /// Most experts a block may have (the largest released models have 384).
 pub const MAX_EXPERTS: u32 = 1 << 12;
+/// Most taps a recurrent layer's convolution may have (LFM2: 3, Mamba: 4).
+pub const MAX_CONV_KERNEL: u32 = 64;
 /// Longest architecture name.
 pub const MAX_ARCH_NAME: usize = 64;
 
@@ -154,6 +172,21 @@ impl ArchConfig {
                 return Err(format!(
                     "arch.moe.expert_ffn = {} is outside 1..={MAX_DIM}",
                     m.expert_ffn
+                ));
+            }
+        }
+        if let Some(r) = &self.recurrent {
+            if r.layers.len() != self.n_layers as usize {
+                return Err(format!(
+                    "arch.recurrent has {} flags for {} layers",
+                    r.layers.len(),
+                    self.n_layers
+                ));
+            }
+            if !(2..=MAX_CONV_KERNEL).contains(&r.conv_kernel) {
+                return Err(format!(
+                    "arch.recurrent.conv_kernel = {} is outside 2..={MAX_CONV_KERNEL}",
+                    r.conv_kernel
                 ));
             }
         }

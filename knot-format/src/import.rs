@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::container::Knot;
 use crate::error::KnotError;
 use crate::gguf::{Gguf, GgufFile, GgufValue};
-use crate::header::{ArchConfig, RopeScaling, RopeStyle, TokenizerData};
+use crate::header::{ArchConfig, RecurrentLayers, RopeScaling, RopeStyle, TokenizerData};
 use crate::writer::KnotWriter;
 use crate::DType;
 
@@ -43,6 +43,7 @@ const NEOX_ARCHS: &[&str] = &[
     "orion",
     "codeshell",
     "plamo",
+    "lfm2",
 ];
 /// Architectures with normal RoPE: dimension `2i` pairs with `2i + 1` (llama.cpp
 /// `LLAMA_ROPE_TYPE_NORM`).
@@ -162,6 +163,42 @@ impl<'a> Meta<'a> {
             )),
         }
     }
+    /// `attention.head_count_kv`: one count for every layer, or one per layer (hybrids,
+    /// whose recurrent layers have 0). Returns the attention layers' count (which must be the
+    /// same on every attention layer) and one flag per layer, true where the count is 0.
+    fn kv_heads(&self, key: &str, n_layers: u32) -> Result<(Option<u32>, Vec<bool>), KnotError> {
+        let none = vec![false; n_layers as usize];
+        let Some(v) = self.g.get(key) else {
+            return Ok((None, none));
+        };
+        if v.as_u64().is_some() {
+            return Ok((self.u32(key)?, none));
+        }
+        let Some(a) = v.as_array() else {
+            return Err(self.err(
+                key,
+                format!("expected an integer or an array, found {}", v.type_name()),
+            ));
+        };
+        if a.len() != n_layers as usize {
+            return Err(self.err(key, format!("{} entries for {n_layers} layers", a.len())));
+        }
+        let counts: Vec<u32> = (0..a.len())
+            .map(|i| a.u64_at(i).and_then(|n| u32::try_from(n).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| self.err(key, "expected non-negative integers"))?;
+        let mut attn = counts.iter().copied().filter(|&n| n > 0);
+        let first = attn
+            .next()
+            .ok_or_else(|| self.err(key, "no layer has KV heads"))?;
+        if attn.any(|n| n != first) {
+            return Err(self.err(
+                key,
+                format!("attention layers differ in KV heads: {counts:?}"),
+            ));
+        }
+        Ok((Some(first), counts.iter().map(|&n| n == 0).collect()))
+    }
     fn i32s(&self, key: &str) -> Result<Option<Vec<i32>>, KnotError> {
         self.typed(key, "an array of integers", |v| {
             let a = v.as_array()?;
@@ -210,7 +247,23 @@ impl ArchConfig {
             .f32(&k("attention.layer_norm_rms_epsilon"))?
             .unwrap_or_default();
         // Defaults beside their keys.
-        let n_kv_heads = m.u32(&k("attention.head_count_kv"))?.unwrap_or(n_heads);
+        let (n_kv_heads, kv_zero) = m.kv_heads(&k("attention.head_count_kv"), n_layers)?;
+        let n_kv_heads = n_kv_heads.unwrap_or(n_heads);
+        // Hybrids (LFM2): layers with no KV heads are recurrent (short convolutions).
+        let recurrent = match m.u32(&k("shortconv.l_cache"))? {
+            Some(conv_kernel) if kv_zero.iter().any(|&z| z) => Some(RecurrentLayers {
+                layers: kv_zero,
+                conv_kernel,
+            }),
+            Some(_) => None,
+            None if kv_zero.iter().any(|&z| z) => {
+                return Err(m.err(
+                    &k("attention.head_count_kv"),
+                    "layers without KV heads but no recurrent layer shape (shortconv.l_cache)",
+                ))
+            }
+            None => None,
+        };
         let head_dim = m
             .u32(&k("attention.key_length"))?
             .unwrap_or(hidden / n_heads);
@@ -314,6 +367,7 @@ impl ArchConfig {
             rope_base_swa,
             final_logit_softcap,
             moe,
+            recurrent,
         })
     }
 }
@@ -701,5 +755,48 @@ mod tests {
         g.u32("tokenizer.ggml.bos_token_id", 99);
         let e = import(&g).unwrap_err().to_string();
         assert!(e.contains("outside the 4-token vocabulary"), "{e}");
+    }
+
+    /// A GGUF array of u32 as `raw_kv` takes it.
+    fn u32_array(v: &[u32]) -> Vec<u8> {
+        let mut b = 4u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        b
+    }
+
+    fn lfm2_like(kv: &[u32]) -> Builder {
+        let mut g = Builder::new();
+        g.string("general.architecture", "lfm2")
+            .u32("lfm2.block_count", 4)
+            .u32("lfm2.context_length", 64)
+            .u32("lfm2.embedding_length", 32)
+            .u32("lfm2.feed_forward_length", 64)
+            .u32("lfm2.attention.head_count", 4)
+            .u32("lfm2.vocab_size", 7)
+            .f32("lfm2.attention.layer_norm_rms_epsilon", 1e-5)
+            .u32("lfm2.shortconv.l_cache", 3)
+            .raw_kv("lfm2.attention.head_count_kv", 9, &u32_array(kv));
+        g
+    }
+
+    #[test]
+    fn lfm2_per_layer_kv_heads_mark_its_convolution_layers() {
+        let (_dir, k) = import(&lfm2_like(&[0, 0, 2, 0])).unwrap();
+        let a = k.arch();
+        assert_eq!(a.n_kv_heads, 2, "the attention layers' count");
+        assert_eq!(a.rope_style, RopeStyle::Neox);
+        let r = a.recurrent.as_ref().expect("recurrent layers");
+        assert_eq!(
+            (&r.layers[..], r.conv_kernel),
+            (&[true, true, false, true][..], 3)
+        );
+        assert!(a.runs_here());
+        // Attention layers that disagree, or a count per layer of the wrong length: refused
+        // by key.
+        for bad in [&[0, 2, 4, 0][..], &[0, 2, 2][..], &[0, 0, 0, 0][..]] {
+            let e = import(&lfm2_like(bad)).unwrap_err().to_string();
+            assert!(e.contains("head_count_kv"), "{bad:?}: {e}");
+        }
     }
 }

@@ -28,6 +28,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         rope_base_swa: None,
         final_logit_softcap: None,
         moe: None,
+        recurrent: None,
     }
 }
 

@@ -81,7 +81,9 @@ pub fn summarize(knot: &Knot) -> ShardSummary {
             }
             (None, "token_embd.weight") if embed_is_head_only => b.head += len,
             (None, "token_embd.weight") => b.embedding += len,
-            (None, "output_norm.weight" | "output.weight") => b.head += len,
+            (None, "output_norm.weight" | "token_embd_norm.weight" | "output.weight") => {
+                b.head += len
+            }
             (None, _) => b.other += len,
         }
     }

@@ -176,7 +176,9 @@ impl ModelCosts {
                         _ => len,
                     };
                 }
-                (_, "output.weight" | "output_norm.weight") => exit += len,
+                (_, "output.weight" | "output_norm.weight" | "token_embd_norm.weight") => {
+                    exit += len
+                }
                 (_, "token_embd.weight") => {
                     embed = len;
                     entry += len

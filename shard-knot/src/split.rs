@@ -9,6 +9,8 @@ use crate::ShardError;
 /// Tensor names outside the blocks that have a fixed role.
 const EMBED: &str = "token_embd.weight";
 const OUTPUT_NORM: &str = "output_norm.weight";
+/// LFM2's final norm (llama.cpp's converter names it so).
+const OUTPUT_NORM_LFM2: &str = "token_embd_norm.weight";
 const OUTPUT: &str = "output.weight";
 
 /// One shard written by [`split`].
@@ -170,7 +172,7 @@ pub fn select_tensors(parent: &Knot, range: LayerRange) -> Result<Vec<TensorView
                 inside
             }
             (None, EMBED) => has_embed || (has_head && tied),
-            (None, OUTPUT_NORM | OUTPUT) => has_head,
+            (None, OUTPUT_NORM | OUTPUT_NORM_LFM2 | OUTPUT) => has_head,
             (None, _) => true,
         };
         if keep {
@@ -184,7 +186,7 @@ pub fn select_tensors(parent: &Knot, range: LayerRange) -> Result<Vec<TensorView
     if has_embed && !held(EMBED) {
         return Err(incomplete(EMBED.into()));
     }
-    if has_head && !held(OUTPUT_NORM) {
+    if has_head && !held(OUTPUT_NORM) && !held(OUTPUT_NORM_LFM2) {
         return Err(incomplete(OUTPUT_NORM.into()));
     }
     if has_head && !held(OUTPUT) && !held(EMBED) {

@@ -500,3 +500,84 @@ fn gemma3_three_shard_stations_equal_one_full_station_for_a_greedy_run() {
     eprintln!("gemma3 chain greedy: {text:?}");
     assert!(!text.trim().is_empty(), "{greedy:?}");
 }
+
+/// Issue 35: a hybrid (LFM2: short convolutions on layers 0, 1, 3, attention on 2 and 4; the
+/// synthetic `lfm2-tiny`) split so that a convolution node hands on to an attention node and
+/// back (0..2 | 2..3 | 3..5): the prefill, eight greedy decode steps and a rollback of two
+/// positions with another token give the full station's logits bit for bit. Each node keeps
+/// the recurrent state of its own layers.
+#[test]
+fn lfm2_split_between_convolution_and_attention_equals_one_station() {
+    let Some(bin) = station_bin() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let Some((_, model)) = test_support::synthetic_model(dir.path(), "lfm2-tiny", &[]) else {
+        return;
+    };
+    let out = dir.path().join("shards");
+    split(&model, "0..2,2..3,3..5", &out);
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(&out)
+        .expect("shard dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "knot"))
+        .collect();
+    shards.sort();
+    assert_eq!(shards.len(), 3, "{shards:?}");
+
+    let full = start(&bin, &model, None);
+    let stations: Vec<Station> = shards.iter().map(|p| start(&bin, p, None)).collect();
+    let timeout = Duration::from_secs(120);
+    let mesh = MeshFile {
+        model: None,
+        stations: stations
+            .iter()
+            .zip(["0-2", "2-3", "3-5"])
+            .map(|(s, layers)| MeshHop {
+                url: s.url.clone(),
+                layers: layers.to_string(),
+            })
+            .collect(),
+    };
+    let chain = Chain::from_mesh(&mesh, timeout).expect("chain");
+    let single = Chain::single(&full.url, timeout).expect("single full station");
+    let both = |next: &[u32], pos: usize, what: &str| -> Vec<f32> {
+        let mut trace = StepTrace::default();
+        let c = chain
+            .step(next, Some(("lfm2-chain", pos)), &mut trace)
+            .unwrap_or_else(|e| panic!("{what} through the chain: {e}"));
+        let f = single
+            .step(next, Some(("lfm2-full", pos)), &mut StepTrace::default())
+            .unwrap_or_else(|e| panic!("{what} through the full station: {e}"));
+        assert_eq!(trace.hops.len(), 3, "three hops");
+        assert!(
+            bits(&c) == bits(&f),
+            "{what}: the chain's logits differ from the full station's"
+        );
+        c
+    };
+    let (mut pos, mut next) = (0usize, PARIS.to_vec());
+    let mut greedy = Vec::new();
+    for step in 0..9 {
+        let c = both(&next, pos, &format!("step {step}"));
+        pos += next.len();
+        let id = argmax(&c) as u32;
+        greedy.push(id);
+        next = vec![id];
+    }
+    // Rejected drafts: back two positions, another token (every node restores its state);
+    // the same as a fresh session given the whole sequence at once.
+    let c = both(&[11], pos - 2, "rollback");
+    let mut whole = PARIS.to_vec();
+    whole.extend_from_slice(&greedy[..pos - 2 - PARIS.len()]);
+    whole.push(11);
+    assert_eq!(whole.len(), pos - 1);
+    let fresh = single
+        .step(&whole, Some(("lfm2-fresh", 0)), &mut StepTrace::default())
+        .expect("fresh session");
+    assert!(
+        bits(&c) == bits(&fresh),
+        "the rolled-back chain differs from a fresh session"
+    );
+    eprintln!("lfm2 chain greedy: {greedy:?}");
+}

@@ -84,6 +84,7 @@ fn header(s: &Shape) -> ArchConfig {
         rope_base_swa: None,
         final_logit_softcap: None,
         moe: None,
+        recurrent: None,
     }
 }
 

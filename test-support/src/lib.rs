@@ -152,6 +152,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         rope_base_swa: None,
         final_logit_softcap: None,
         moe: None,
+        recurrent: None,
     }
 }
 
@@ -181,4 +182,46 @@ pub fn gguf_stub(path: &Path) {
     let mut b = b"GGUF\x03\0\0\0".to_vec();
     b.resize(4096, 0);
     std::fs::write(path, b).expect("write GGUF stub");
+}
+
+/// A synthetic model made by `scripts/make-synthetic-model.py --preset PRESET --seed 0 ARGS`
+/// in `dir` (Qwen's tokenizer copied from the cached GGUF) and imported: `(gguf, knot)`. `None`
+/// (the test skips, or fails under `AEON_REQUIRE_MODELS=1`) without python3's `gguf` and
+/// `numpy` or the Qwen GGUF.
+pub fn synthetic_model(dir: &Path, preset: &str, args: &[&str]) -> Option<(PathBuf, PathBuf)> {
+    let tokenizer = model(QWEN_GGUF)?;
+    let python = Command::new("python3")
+        .args(["-c", "import gguf, numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !python {
+        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
+        assert!(!required(), "AEON_REQUIRE_MODELS=1: {why}");
+        eprintln!("skipping: {why}");
+        return None;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-synthetic-model.py");
+    let name = [preset]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("_");
+    let gguf = dir.join(format!("{name}.gguf"));
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(&gguf)
+        .args(["--preset", preset, "--seed", "0", "-q", "--tokenizer"])
+        .arg(&tokenizer)
+        .args(args)
+        .output()
+        .expect("spawn python3");
+    assert!(
+        out.status.success(),
+        "make-synthetic-model.py --preset {preset}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let knot = dir.join(format!("{name}.knot"));
+    knot_format::import_gguf(&gguf, &knot, &mut |_| {}).expect("knot import");
+    Some((gguf, knot))
 }

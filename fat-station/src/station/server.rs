@@ -495,7 +495,19 @@ pub(crate) fn with_session<T>(
                     ));
                 }
                 if p < have {
-                    s.truncate(p, kv_dim);
+                    // A hybrid's recurrent state may only go back to an earlier checkpoint:
+                    // then the caller re-sends from there (409 names the position).
+                    let held = s.truncate(p, kv_dim);
+                    if held < p {
+                        return Err(refuse(
+                            StatusCode::CONFLICT,
+                            "session_mismatch",
+                            format!(
+                                "X-Pos {p} but the session's recurrent state goes back only \
+                                 to position {held}; it holds {held} positions now"
+                            ),
+                        ));
+                    }
                 }
             }
             let out = f(&st.model, &mut s);
