@@ -100,6 +100,27 @@ pub fn filter(spec: &str, default: LevelFilter, v: Verbosity) -> (Targets, Optio
     }
 }
 
+/// Whether `err` comes from writing to a closed stdout (`tool | head`): not a failure.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The one-shot tools' exit rule: the tool's own code on success, 0 when stdout was closed
+/// under it, else `tool: error: ...` (the whole context chain on one line) and `on_error`.
+pub fn exit_code(tool: &str, result: anyhow::Result<ExitCode>, on_error: u8) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{tool}: error: {err:#}");
+            ExitCode::from(on_error)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,26 +186,5 @@ mod tests {
         let (t, bad) = filter("=nonsense=", w, v(0, false));
         assert_eq!(t.default_level(), Some(w));
         assert!(bad.is_some(), "an unreadable RUST_LOG is reported");
-    }
-}
-
-/// Whether `err` comes from writing to a closed stdout (`tool | head`): not a failure.
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// The one-shot tools' exit rule: the tool's own code on success, 0 when stdout was closed
-/// under it, else `tool: error: ...` (the whole context chain on one line) and `on_error`.
-pub fn exit_code(tool: &str, result: anyhow::Result<ExitCode>, on_error: u8) -> ExitCode {
-    match result {
-        Ok(code) => code,
-        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("{tool}: error: {err:#}");
-            ExitCode::from(on_error)
-        }
     }
 }
