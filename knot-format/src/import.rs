@@ -167,6 +167,16 @@ impl<'a> Meta<'a> {
     /// whose recurrent layers have 0). Returns the attention layers' count (which must be the
     /// same on every attention layer) and one flag per layer, true where the count is 0.
     fn kv_heads(&self, key: &str, n_layers: u32) -> Result<(Option<u32>, Vec<bool>), KnotError> {
+        // The layer count is the file's word: bound it before a flag per layer is allocated.
+        if n_layers > crate::header::MAX_LAYERS {
+            return Err(self.err(
+                key,
+                format!(
+                    "the file claims {n_layers} blocks, over the limit of {}",
+                    crate::header::MAX_LAYERS
+                ),
+            ));
+        }
         let none = vec![false; n_layers as usize];
         let Some(v) = self.g.get(key) else {
             return Ok((None, none));
