@@ -44,7 +44,9 @@ def main():
         if s.name.endswith("_total"):
             by_route[s.labels["route"]] = by_route.get(s.labels["route"], 0) + s.value
     check("requests counted", ctype.startswith("text/plain") and reqs is not None and reqs.type == "counter"
-          and by_route.get("/embed", 0) > 0 and by_route.get("/lm-head", 0) > 0,
+          # one trip per token (/chain), or the gateway driving each hop (/embed ... /lm-head)
+          and (by_route.get("/chain", 0) > 0
+               or (by_route.get("/embed", 0) > 0 and by_route.get("/lm-head", 0) > 0)),
           f"{len(fams)} families; requests by route {by_route}")
 
     gauges = ["fat_station_sessions", "fat_station_kv_cache_bytes", "fat_station_kv_cache_usage_ratio",
