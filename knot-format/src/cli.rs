@@ -105,9 +105,13 @@ fn bar(total: u64, what: &str, quiet: bool) -> ProgressBar {
 /// cache with a progress bar on stderr; see [`crate::model_cache`]). For every tool that
 /// takes a model path, so a GGUF runs directly everywhere.
 pub fn runnable_model(path: &Path, quiet: bool) -> anyhow::Result<PathBuf> {
-    use crate::model_cache::{cache_dir, imported_path, is_gguf, runnable_path, Resolved};
+    use crate::model_cache::{cache_dir, imported_path, is_gguf};
+    if !is_gguf(path)? {
+        return Ok(path.to_path_buf());
+    }
     let dir = cache_dir();
-    let (pb, total) = if is_gguf(path)? && !imported_path(path, &dir)?.is_file() {
+    let out = imported_path(path, &dir)?;
+    if !out.is_file() {
         let total = GgufFile::open(path)
             .with_context(|| format!("reading {}", path.display()))?
             .tensor_data_len();
@@ -118,20 +122,17 @@ pub fn runnable_model(path: &Path, quiet: bool) -> anyhow::Result<PathBuf> {
                 dir.join("imported").display()
             );
         }
-        (bar(total, "import", quiet), total)
-    } else {
-        (ProgressBar::hidden(), 0)
-    };
-    let r = runnable_path(path, &dir, &mut |done| pb.set_position(done.min(total)))
-        .with_context(|| format!("importing {} into the model cache", path.display()))?;
-    pb.finish_and_clear();
-    match &r {
-        Resolved::Cached(p) | Resolved::Imported(p) => {
-            tracing::info!("{} runs as {}", path.display(), p.display())
+        let pb = bar(total, "import", quiet);
+        let importing = || format!("importing {} into the model cache", path.display());
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent).with_context(importing)?;
         }
-        Resolved::AsGiven(_) => {}
+        import_gguf(path, &out, &mut |done| pb.set_position(done.min(total)))
+            .with_context(importing)?;
+        pb.finish_and_clear();
     }
-    Ok(r.path().to_path_buf())
+    tracing::info!("{} runs as {}", path.display(), out.display());
+    Ok(out)
 }
 
 fn mb(b: u64) -> f64 {

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use crate::{import_gguf, KnotError};
+use crate::KnotError;
 
 /// The model cache: `$AEON_MODELS_DIR`, else `$XDG_CACHE_HOME/aeon-shell/models`, else
 /// `~/.cache/aeon-shell/models` (where `scripts/fetch-model.sh` keeps the real models).
@@ -65,44 +65,4 @@ pub fn imported_path(gguf: &Path, dir: &Path) -> Result<PathBuf, KnotError> {
     Ok(dir
         .join("imported")
         .join(format!("{stem}-{}.knot", &key[..16])))
-}
-
-/// What [`runnable_path`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolved {
-    /// The path was a KNOT (or not a GGUF: opening it will say what it is).
-    AsGiven(PathBuf),
-    /// A GGUF whose import was already cached.
-    Cached(PathBuf),
-    /// A GGUF imported now.
-    Imported(PathBuf),
-}
-
-impl Resolved {
-    /// The KNOT to open.
-    pub fn path(&self) -> &Path {
-        match self {
-            Resolved::AsGiven(p) | Resolved::Cached(p) | Resolved::Imported(p) => p,
-        }
-    }
-}
-
-/// The KNOT to open for `path`: itself, or for a GGUF its import in `dir` (made now when
-/// missing; `progress` gets cumulative tensor bytes written, see [`import_gguf`]).
-pub fn runnable_path(
-    path: &Path,
-    dir: &Path,
-    progress: &mut dyn FnMut(u64),
-) -> Result<Resolved, KnotError> {
-    if !is_gguf(path)? {
-        return Ok(Resolved::AsGiven(path.to_path_buf()));
-    }
-    let out = imported_path(path, dir)?;
-    if out.is_file() {
-        return Ok(Resolved::Cached(out));
-    }
-    let parent = out.parent().unwrap_or(dir);
-    std::fs::create_dir_all(parent).map_err(|e| KnotError::io("create", parent, e))?;
-    import_gguf(path, &out, progress)?;
-    Ok(Resolved::Imported(out))
 }
