@@ -22,7 +22,8 @@
 #   proxy (no sch_netem, e.g. Firecracker VMs): scripts/r1-sim/delay-proxy.py on the bridge
 #     address 10.77.0.1:(17700+i) in front of node i, MS/2 each way; the mesh file and the
 #     nodes' next hops (--route-to) name the proxies, so a request to a node pays MS from the
-#     host and from the previous node alike.
+#     host and from the previous node alike. The proxy keeps the bytes each link carried in
+#     $R1SIM_STATE/link-bytes.json (by who opened the connection, host or node; see its header).
 #   auto (default): netem when `tc qdisc add ... netem` works, else proxy.
 # moonshine's chain (--mesh) makes every call from the host (embed, forward per node,
 # lm-head), so each chain trip pays (N + 2) x MS of link time; a POST /chain pays N x MS.
@@ -347,7 +348,8 @@ cmd_up() {
     half=$(python3 -c "print($delay / 2)")
     for ((i = 0; i < n; i++)); do pairs+=("$NET.1:$((17700 + i))=$NET.$((10 + i)):8080"); done
     python3 "$ROOT/scripts/r1-sim/delay-proxy.py" "$half" "${pairs[@]}" \
-      --jitter "$jitter" --rate "$rate_bps" --bus "$hub_bps" >"$STATE/proxy.log" 2>&1 &
+      --jitter "$jitter" --rate "$rate_bps" --bus "$hub_bps" --counts "$STATE/link-bytes.json" \
+      >"$STATE/proxy.log" 2>&1 &
     echo $! >"$STATE/proxy.pid"
   fi
   local IFS=,

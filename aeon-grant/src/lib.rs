@@ -19,17 +19,20 @@
 //! attenuation), [`revocation`] (the signed, sequenced revocation list, the highest-sequence
 //! watermark that refuses an older or deleted list, and a watched list that re-reads on change),
 //! [`verifier`] (verification against one trusted issuer, as the station uses it), [`caps`]
-//! (the capability names a grant can carry), [`encoding`] (the one hex form).
+//! (the capability names a grant can carry), [`encoding`] (the one hex form), [`probe`] (what a
+//! quality probe reports, the figures a grant's [`ProbeSummary`] is judged from).
 
 pub mod caps;
 pub mod encoding;
 pub mod error;
 pub mod grant;
+pub mod probe;
 pub mod revocation;
 pub mod verifier;
 
 pub use caps::{Caps, CAPS};
 pub use error::GrantError;
+pub use probe::{ProbeReport, TopEntry};
 pub use grant::{
     attenuate, check_name, human_secs, model_file_hash, short, GrantPayload, ProbeSummary,
     SignedGrant, GRANT_DOMAIN,

@@ -6,13 +6,14 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::engine::{Holdings, KvDtype};
-use crate::mesh::beacon::{self, Announcement, Beacon};
+use station_wire::beacon::{self, Announcement, Beacon};
 use crate::mesh::grant::GrantVerifier;
 use crate::mesh::manifest::NodeManifest;
 use crate::mesh::seal::MeshKey;
 use crate::mesh::MeshNode;
 use crate::station::weight_memory::PackWeights;
-use crate::station::{self, ConnLimits, Limits, Station};
+use crate::station::{self, Limits, Station};
+use http_frame::conn::ConnLimits;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use knot_format::{Knot, LayerRange, Role};
@@ -353,6 +354,7 @@ pub fn run(args: Args) -> Result<()> {
             header_timeout: args.header_timeout,
             idle_timeout: args.idle_timeout,
             send_timeout: args.send_timeout,
+            shutdown_grace: defaults.conn.shutdown_grace,
         },
         ..defaults
     };
@@ -409,10 +411,10 @@ pub fn run(args: Args) -> Result<()> {
                 };
                 let ram_bytes = match args.ram {
                     Some(r) => Some(r),
-                    None => beacon::ram_from_env().context("the RAM budget")?,
+                    None => ram_from_env().context("the RAM budget")?,
                 };
                 Some(
-                    Beacon::spawn_heard(
+                    Beacon::spawn(
                         &beacon::Heard { ann, ram_bytes },
                         target,
                         Duration::from_millis(args.beacon_interval_ms.max(10)),
@@ -479,6 +481,19 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 /// `--kv-dtype`: `f32` or `f16`.
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     KvDtype::parse(s).ok_or_else(|| format!("{s:?}: expected f32 or f16"))
+}
+
+/// Environment variable holding the RAM budget a station announces when `--ram` is not given.
+const RAM_ENV: &str = "AEON_NODE_RAM";
+
+/// The RAM budget from [`RAM_ENV`]: `None` when unset, an error when it does not parse.
+fn ram_from_env() -> anyhow::Result<Option<u64>> {
+    match std::env::var(RAM_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => aeon_cli::size::parse_size_nonzero(&v)
+            .map(Some)
+            .with_context(|| format!("{RAM_ENV}={v}")),
+    }
 }
 
 /// `--ram`: a positive size (`2.4G`, `1GiB`; the workspace's rule, `aeon_cli::size`).

@@ -11,8 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fat_station::engine::Model;
-use fat_station::mesh::beacon;
-use fat_station::mesh::replicas::{ChainsFile, MeshChain, ReplicaSet};
+use station_wire::beacon;
+use fat_station::mesh::mesh_file::{MeshFile, MeshHop};
+use fat_station::mesh::replicas::{MeshChain, ReplicaSet};
 use fat_station::mesh::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use knot_format::{Knot, LayerRange};
@@ -110,7 +111,7 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     assert!(heard
         .iter()
         .all(|a| a.mesh == "sealed" && a.model_hash == knot.model_hash()));
-    let formed: ChainsFile = beacon::form(&heard, None).expect("form");
+    let formed: MeshFile = beacon::form(&heard, None).expect("form");
     let ids: Vec<Vec<&str>> = formed
         .chains
         .iter()
@@ -283,7 +284,7 @@ fn mesh_by_discovery_matches_single_station_survives_a_dead_node_and_refuses_bad
     .expect("json");
     assert_eq!(h.mesh.as_deref(), Some("open"));
     let one = MeshChain::new(
-        vec![fat_station::mesh::replicas::ChainHop {
+        vec![MeshHop {
             node_id: "full".into(),
             url: open.url.clone(),
             layers: "0-24".into(),

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use ed25519_dalek::{Signer, SigningKey};
 use fat_station::client::SealedStep;
 use fat_station::mesh::grant::{hex, GRANT_DOMAIN, REVOCATION_DOMAIN};
-use fat_station::mesh::replicas::{ChainHop, MeshChain, MeshError, ReplicaSet, StepOut};
+use fat_station::mesh::mesh_file::MeshHop;
+use fat_station::mesh::replicas::{MeshChain, MeshError, ReplicaSet, StepOut};
 use fat_station::mesh::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use support::*;
@@ -551,7 +552,7 @@ fn chain_of(nodes: &[StationProc], key: Option<&MeshKey>) -> MeshChain {
         .iter()
         .zip(RANGES)
         .enumerate()
-        .map(|(i, (n, (_, l)))| ChainHop {
+        .map(|(i, (n, (_, l)))| MeshHop {
             node_id: format!("n{i}"),
             url: n.url.clone(),
             layers: l.replace("..", "-"),
@@ -630,7 +631,7 @@ fn a_keyed_chain_seals_request_and_answer_and_matches_the_open_chain() {
 
     // An unsealed client request to the keyed entry: 401.
     match chain_of(&sealed, None).step(&PROMPT, None, false) {
-        Err(MeshError::Refused { status, code, .. }) => {
+        Err(MeshError::Refused(fat_station::wire::Refusal { status, code, .. })) => {
             assert_eq!((status, code.as_str()), (401, "unsealed"))
         }
         other => panic!("expected 401 unsealed, got {other:?}"),

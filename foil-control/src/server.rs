@@ -1,4 +1,5 @@
-//! The HTTP server (hyper 1.x): accept loop, one task per connection, one `async fn` router.
+//! The HTTP server: one `async fn` router on the accept loop the station runs on
+//! (`http_frame::conn`: a bound on connections, header/idle/send timeouts, a graceful drain).
 //!
 //! | method | path | answer |
 //! |---|---|---|
@@ -12,7 +13,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,11 +20,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use http_frame::conn::{serve_connections_with, ConnLimits};
 use tokio::net::TcpListener;
 
 use crate::client::{CACHE_PATH, HEALTH_PATH};
@@ -351,51 +348,20 @@ async fn health(state: &Arc<AppState>) -> Resp {
     )
 }
 
-/// Serves `listener` until `shutdown` resolves, then stops accepting and gives open
-/// connections `shutdown_grace` to finish. Every acknowledged admission is already on disk.
+/// Serves `listener` until `shutdown` resolves, then stops accepting and gives the requests in
+/// flight `shutdown_grace` to finish. Every acknowledged admission is already on disk.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer): (_, SocketAddr) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // E.g. EMFILE: log, back off briefly, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let st = Arc::clone(&state);
-                let service = service_fn(move |req| handle(req, Arc::clone(&st)));
-                let conn = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(state.cfg.header_read_timeout)
-                    .serve_connection(TokioIo::new(stream), service);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracing::info!("shutdown signal: no longer accepting; draining open connections");
-    tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
-        () = tokio::time::sleep(state.cfg.shutdown_grace) => {
-            tracing::warn!(grace_s = state.cfg.shutdown_grace.as_secs(), "grace period over; closing remaining connections");
-        }
-    }
+    let limits = ConnLimits {
+        header_timeout: state.cfg.header_read_timeout,
+        shutdown_grace: state.cfg.shutdown_grace,
+        ..ConnLimits::default()
+    };
+    serve_connections_with(listener, state, |st, req| handle(req, st), limits, shutdown).await;
+    tracing::info!("no longer serving");
 }
 
 /// Resolves on ctrl-c (SIGINT) or SIGTERM.

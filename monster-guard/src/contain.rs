@@ -686,16 +686,8 @@ fn readonly_mounts(everything: bool, hide: &[CString]) -> std::result::Result<()
         if !std::path::Path::new(path).exists() {
             continue;
         }
-        // A bind of the path onto itself makes it a mount of its own, then read-only.
-        mount(
-            Some(path),
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(|e| format!("bind {path}: {e}"))?;
-        readonly_tree(path)?;
+        mount_tree::bind_read_only(std::path::Path::new(path), false)
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

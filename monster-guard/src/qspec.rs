@@ -530,7 +530,7 @@ pub fn knot_model_hash(knot: &Path) -> Result<String> {
 /// The probe must say it judged this model: its `model_hash` equals the guard's own
 /// [`knot_model_hash`] of the file. A missing or different hash means its verdict is about
 /// something else, and fails the run (issue 32.1).
-pub fn check_judged_model(name: &str, out: &ProbeOutput, expected: &str) -> Result<()> {
+pub fn check_judged_model(name: &str, out: &ProbeReport, expected: &str) -> Result<()> {
     match out.model_hash.as_deref() {
         Some(h) if h == expected => Ok(()),
         Some(h) => Err(GuardError::Probe {
@@ -549,48 +549,10 @@ pub fn check_judged_model(name: &str, out: &ProbeOutput, expected: &str) -> Resu
     }
 }
 
-/// One entry of the probe's `top` list.
-#[derive(Clone, Debug, Deserialize)]
-pub struct TopEntry {
-    pub id: u32,
-    pub logit: f64,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-/// `paris-probe --json` output (the contract in `specs/qspec.md`).
-#[derive(Clone, Debug, Deserialize)]
-pub struct ProbeOutput {
-    #[serde(default)]
-    pub model_id: Option<String>,
-    #[serde(default)]
-    pub model_hash: Option<String>,
-    #[serde(default)]
-    pub tokens: Vec<u32>,
-    pub argmax: u32,
-    #[serde(default)]
-    pub argmax_text: Option<String>,
-    pub logit: f64,
-    pub expected: u32,
-    #[serde(default)]
-    pub expected_text: Option<String>,
-    pub expected_logit: f64,
-    pub expected_rank: u32,
-    pub margin: f64,
-    #[serde(default)]
-    pub top: Vec<TopEntry>,
-    #[serde(default)]
-    pub nll: Option<f64>,
-    #[serde(default)]
-    pub nll_tokens: Option<u32>,
-    #[serde(default)]
-    pub pass: Option<bool>,
-}
-
-pub use aeon_grant::ProbeSummary;
+pub use aeon_grant::{ProbeReport, ProbeSummary};
 
 /// Judges one probe's output against its spec.
-pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeOutput) -> Result<ProbeSummary> {
+pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeReport) -> Result<ProbeSummary> {
     let nums = [out.logit, out.expected_logit, out.margin];
     if nums.iter().any(|x| !x.is_finite()) || out.nll.is_some_and(|x| !x.is_finite()) {
         return Err(GuardError::Probe {
@@ -622,7 +584,7 @@ pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeOutput) -> Result<ProbeSum
         _ => {}
     }
     if let Some(m) = spec.min_margin {
-        if out.margin < m {
+        if f64::from(out.margin) < m {
             failures.push(format!(
                 "margin {:+.3} below the minimum {m:+.3}",
                 out.margin
@@ -632,7 +594,7 @@ pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeOutput) -> Result<ProbeSum
     if let Some(pp) = &spec.perplexity {
         match out.nll {
             None => failures.push("probe reported no NLL for the perplexity passage".into()),
-            Some(n) if n > pp.max_nll => failures.push(format!(
+            Some(n) if f64::from(n) > pp.max_nll => failures.push(format!(
                 "passage NLL {n:.3} above the ceiling {:.3}",
                 pp.max_nll
             )),
@@ -647,10 +609,10 @@ pub fn judge(name: &str, spec: &ProbeSpec, out: &ProbeOutput) -> Result<ProbeSum
         expected_rank: out.expected_rank,
         argmax: out.argmax,
         argmax_text: out.argmax_text.clone(),
-        logit: out.logit,
-        expected_logit: out.expected_logit,
-        margin: out.margin,
-        nll: out.nll,
+        logit: out.logit.into(),
+        expected_logit: out.expected_logit.into(),
+        margin: out.margin.into(),
+        nll: out.nll.map(f64::from),
         failures,
     })
 }
@@ -698,7 +660,7 @@ pub fn run_probe(
     args: &[std::ffi::OsString],
     name: &str,
     timeout: Duration,
-) -> Result<ProbeOutput> {
+) -> Result<ProbeReport> {
     use std::os::unix::process::CommandExt;
     let perr = |reason: String| GuardError::Probe {
         probe: name.into(),
@@ -747,7 +709,7 @@ pub fn run_probe(
         .trim()
         .to_string();
     match status.code() {
-        Some(0) | Some(1) => serde_json::from_slice::<ProbeOutput>(&stdout).map_err(|e| {
+        Some(0) | Some(1) => serde_json::from_slice::<ProbeReport>(&stdout).map_err(|e| {
             perr(format!(
                 "exit {} but its output is not the probe JSON ({e}); stderr: {}",
                 status.code().unwrap_or(-1),
@@ -778,8 +740,8 @@ fn tail(s: &str) -> &str {
 mod tests {
     use super::*;
 
-    fn out(argmax: u32, expected: u32, rank: u32, margin: f64) -> ProbeOutput {
-        ProbeOutput {
+    fn out(argmax: u32, expected: u32, rank: u32, margin: f32) -> ProbeReport {
+        ProbeReport {
             model_id: None,
             model_hash: None,
             tokens: vec![1],

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use knot_format::LayerRange;
 use serde::Serialize;
-use station_wire::client::{Answer, Ask, Chain, ClientError, MeshFile, StationClient, StepTrace};
+use station_wire::client::{Answer, Ask, Chain, ClientError, StationClient, StepTrace};
+use station_wire::mesh_file::MeshFile;
 use station_wire::wire::{self, ChainToken, ExitAsk, Health, SampleSpec, TokenizerInfo};
 
 use crate::chat::{fallback_template, ChatTemplate, Message, TemplateError};
@@ -58,7 +59,7 @@ pub enum GenError {
 
 /// True for the stations' refusal of a step that would pass their `--max-positions`.
 fn is_context_full(e: &ClientError) -> bool {
-    matches!(e, ClientError::Refused { status: 413, code, .. } if code == "context_full")
+    matches!(e, ClientError::Refused(station_wire::wire::Refusal { status: 413, code, .. }) if code == "context_full")
 }
 
 /// Prompt tokens sent per prefill step. Between steps a generation checks whether it was
@@ -179,21 +180,10 @@ impl Backend {
                     listen: listen.to_string(),
                     why,
                 };
-                let heard = fat_station::mesh::beacon::discover(*listen, *wait)
+                let heard = station_wire::beacon::discover(*listen, *wait)
                     .map_err(|e| err(e.to_string()))?;
-                let formed = fat_station::mesh::beacon::form(&heard, None)
+                let mesh = station_wire::beacon::form(&heard, None)
                     .map_err(|e| err(e.to_string()))?;
-                let mesh = MeshFile {
-                    model: formed.model.clone(),
-                    stations: formed
-                        .stations
-                        .iter()
-                        .map(|h| fat_station::client::MeshHop {
-                            url: h.url.clone(),
-                            layers: h.layers.clone(),
-                        })
-                        .collect(),
-                };
                 (Chain::from_mesh(&mesh, timeout)?, mesh.model.clone())
             }
         };
@@ -556,11 +546,11 @@ impl KvSession {
             let mut trace = StepTrace::default();
             match chain.trip(&tokens[pos..end], Some((&self.id, pos)), ask, &mut trace) {
                 Ok(a) => answer = a,
-                Err(ClientError::Refused {
+                Err(ClientError::Refused(station_wire::wire::Refusal {
                     status: 409,
                     ref code,
                     ..
-                }) if pos > 0 && sent == 0 && !refilled && code == "session_mismatch" => {
+                })) if pos > 0 && sent == 0 && !refilled && code == "session_mismatch" => {
                     tracing::warn!(session = %self.id, "stations lost the session; prefilling again");
                     (pos, refilled) = (0, true);
                     self.cached.clear();

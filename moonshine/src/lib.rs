@@ -5,7 +5,7 @@
 //! Modules, bottom up: [`sampling`] (pure functions and a seeded RNG), [`textstream`]
 //! (UTF-8-safe streaming with stop strings), [`chat`] (Jinja chat templates), [`lookup`] (prompt-lookup drafts), [`structured`] (token masks from a JSON schema), [`api`]
 //! (the OpenAI API's requests, the field rule and the answers' shapes), [`generate`]
-//! (the generation loop over [`fat_station::client::Chain`] with a station-side KV session),
+//! (the generation loop over [`station_wire::client::Chain`] with a station-side KV session),
 //! [`target`] (which stations to drive), [`repl`] (the chat REPL), [`cli`] (the command line),
 //! [`serve`] (the gateway), [`web`] (its web page).
 

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use fat_station::client::StationClient;
-use fat_station::mesh::beacon::{self, Announcement, AssignRequest, Heard};
-use fat_station::mesh::replicas::{ChainsFile, ReplicaSet};
+use station_wire::client::StationClient;
+use station_wire::beacon::{self, Announcement, AssignRequest, Heard};
+use station_wire::mesh_file::MeshFile;
+use station_wire::replicas::ReplicaSet;
 
 /// Mesh discovery and forming.
 ///
@@ -308,7 +309,7 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
             grant,
             mesh_key,
         } => {
-            let formed: ChainsFile = match (mesh, discover) {
+            let formed: MeshFile = match (mesh, discover) {
                 (Some(p), false) => {
                     let t = std::fs::read_to_string(&p)
                         .with_context(|| format!("reading {}", p.display()))?;
@@ -323,13 +324,13 @@ fn exec(a: MeshArgs) -> Result<ExitCode> {
             if let Some(g) = grant {
                 let b =
                     std::fs::read(&g).with_context(|| format!("reading grant {}", g.display()))?;
-                let grant_hex = fat_station::mesh::grant::hex(&b);
+                let grant_hex = aeon_grant::encoding::hex(&b);
                 for c in rs.chains_mut() {
                     c.grant_hex = Some(grant_hex.clone());
                 }
             }
             if let Some(k) = mesh_key {
-                let key = fat_station::mesh::seal::MeshKey::load(&k)?;
+                let key = station_wire::seal::MeshKey::load(&k)?;
                 for c in rs.chains_mut() {
                     c.mesh_key = Some(key.clone());
                 }

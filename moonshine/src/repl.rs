@@ -410,7 +410,7 @@ impl Chat<'_> {
 /// refused` rather than the client's full message (which names the route and asks whether a
 /// station runs there).
 pub fn broke_off(e: &GenError) -> String {
-    use fat_station::client::ClientError;
+    use station_wire::client::ClientError;
     match e {
         GenError::Station(ClientError::Transport {
             base,
@@ -523,7 +523,7 @@ mod tests {
 
     #[test]
     fn a_broken_off_reply_names_the_station_in_a_few_words() {
-        use fat_station::client::ClientError;
+        use station_wire::client::ClientError;
         let lost = |unreachable, why: &str| {
             GenError::Station(ClientError::Transport {
                 url: "http://10.0.0.2:8080/forward".into(),

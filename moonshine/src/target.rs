@@ -13,7 +13,7 @@ use crate::generate::{Backend, Target};
 pub struct TargetArgs {
     /// One station serving every layer (`http://HOST:PORT`, or `HOST:PORT`).
     #[arg(long, default_value = "http://127.0.0.1:8080", conflicts_with = "mesh",
-          value_parser = fat_station::client::station_url)]
+          value_parser = station_wire::client::station_url)]
     pub station: String,
     /// A mesh file: `{"model": .., "stations": [{"url": .., "layers": "a-b"}, ..]}` in layer
     /// order; the first station embeds (and tokenizes), the last runs the LM head.
@@ -24,7 +24,7 @@ pub struct TargetArgs {
     #[arg(long, conflicts_with = "mesh")]
     pub discover: bool,
     /// UDP address to hear beacons on, with --discover.
-    #[arg(long, default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], fat_station::mesh::beacon::DEFAULT_PORT)))]
+    #[arg(long, default_value_t = std::net::SocketAddr::from(([0, 0, 0, 0], station_wire::beacon::DEFAULT_PORT)))]
     pub discover_listen: std::net::SocketAddr,
     /// Seconds to listen for beacons, with --discover.
     #[arg(long, default_value_t = 2.0)]

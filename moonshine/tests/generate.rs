@@ -351,7 +351,7 @@ fn a_session_evicted_mid_generation_is_refilled_and_the_tokens_are_unchanged() {
     let plain = generate(&b, &mut KvSession::new("plain"), &req, |_| true).expect("plain");
 
     // Another client's session takes the only slot after each piece of text.
-    let intruder = fat_station::client::StationClient::new(&st.url, Duration::from_secs(120));
+    let intruder = station_wire::client::StationClient::new(&st.url, Duration::from_secs(120));
     let row = intruder.embed(&[100]).expect("embed").residual;
     let all = knot_format::LayerRange::new(0, 24);
     let mut evictions = 0;

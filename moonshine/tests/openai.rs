@@ -1209,7 +1209,7 @@ fn fake_station(template: &str) -> FakeStation {
                             (
                                 200,
                                 "application/octet-stream",
-                                fat_station::wire::encode_vocab(words),
+                                station_wire::wire::encode_vocab(words),
                             )
                         }
                         _ => {

@@ -168,6 +168,28 @@ pub fn set_recursive(path: &Path, attrs: Attrs, fallback: bool) -> Result<()> {
     Ok(())
 }
 
+/// Makes the tree at `path` read-only where it stands: binds `path` onto itself (so it is a
+/// mount of its own even when it was only a directory of a larger one), then sets RDONLY on
+/// that bind and every mount under it ([`set_recursive`]).
+pub fn bind_read_only(path: &Path, fallback: bool) -> Result<()> {
+    mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|errno| MountError::Step {
+        step: format!("mount({0}, {0}, MS_BIND|MS_REC)", path.display()),
+        errno,
+    })?;
+    let rdonly = Attrs {
+        rdonly: true,
+        ..Attrs::default()
+    };
+    set_recursive(path, rdonly, fallback)
+}
+
 /// `MS_REMOUNT|MS_BIND|flags` on the mount at `path`, keeping the flags it already has.
 pub fn remount(path: &Path, flags: MsFlags) -> Result<()> {
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags | current_flags(path);

@@ -93,21 +93,23 @@ pub fn run(args: Args) -> Result<bool> {
             &q,
         )?,
     };
-    crate::foil::admit_if_configured(&report, args.dense.as_deref());
+    crate::foil::admit_if_configured(&report.probe, args.dense.as_deref());
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        println!("{}", serde_json::to_string(&report.probe)?);
     } else {
         print_text(&report);
     }
-    Ok(report.pass)
+    Ok(report.probe.pass == Some(true))
 }
 
-fn print_text(r: &Report) {
+fn print_text(report: &Report) {
+    let r = &report.probe;
     let show = |t: &Option<String>| t.as_deref().map(|s| format!(" {s:?}")).unwrap_or_default();
+    let hash = r.model_hash.as_deref().unwrap_or_default();
     println!(
         "model: {} ({})",
-        r.model_id,
-        &r.model_hash[..r.model_hash.len().min(16)]
+        r.model_id.as_deref().unwrap_or_default(),
+        &hash[..hash.len().min(16)]
     );
     println!("tokens: {:?}", r.tokens);
     println!(
@@ -128,11 +130,11 @@ fn print_text(r: &Report) {
     }
     // The verdict line as the seed report prints it, so scripts that grep it work:
     // `max finite logit +14.34 at token_id 12095 -> PASS: argmax 12095 matches`.
-    let best = match crate::max_finite(&r.logits) {
+    let best = match crate::max_finite(&report.logits) {
         Some((id, l)) => format!("max finite logit {l:+.2} at token_id {id}"),
         None => "no finite logit".to_string(),
     };
-    if r.pass {
+    if r.pass == Some(true) {
         println!(
             "{best} -> PASS: argmax {} matches (margin {:.4})",
             r.argmax, r.margin

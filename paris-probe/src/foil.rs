@@ -7,14 +7,14 @@ use std::path::Path;
 use foil_control::client;
 use foil_control::record::{ResidueRecord, TopK};
 
-use crate::Report;
+use aeon_grant::ProbeReport;
 
 /// Environment variable naming the collector's base URL.
 pub const FOIL_URL_ENV: &str = "GNOSIS_FOIL_CACHE_URL";
 
 /// Admits `report` to the collector named by the environment, logging the outcome on stderr.
 /// `file` is the model file the probe ran (`--dense`), `None` for a station or a mesh.
-pub fn admit_if_configured(report: &Report, file: Option<&Path>) {
+pub fn admit_if_configured(report: &ProbeReport, file: Option<&Path>) {
     let Ok(url) = std::env::var(FOIL_URL_ENV) else {
         return;
     };
@@ -22,7 +22,7 @@ pub fn admit_if_configured(report: &Report, file: Option<&Path>) {
         return;
     }
     let mut rec = ResidueRecord::dense(
-        &collector_model(file, &report.model_id),
+        &collector_model(file, report.model_id.as_deref().unwrap_or_default()),
         &report.tokens,
         report.argmax,
         report.logit,

@@ -9,11 +9,12 @@ pub mod foil;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use fat_station::client::{Chain, MeshFile, StepTrace};
+use fat_station::client::{Chain, StepTrace};
+use fat_station::mesh::mesh_file::MeshFile;
 use fat_station::engine::tokenizer::Tokenizer;
 use fat_station::engine::Model;
 use knot_format::Knot;
-use serde::Serialize;
+use aeon_grant::{ProbeReport, TopEntry};
 
 /// Where the logits come from.
 pub enum Source<'a> {
@@ -34,37 +35,12 @@ pub struct Question {
     pub perplexity_text: Option<String>,
 }
 
-/// One candidate token.
-#[derive(Clone, Debug, Serialize)]
-pub struct Candidate {
-    pub id: u32,
-    pub logit: f32,
-    pub text: Option<String>,
-}
-
-/// The probe's verdict and the figures behind it.
-#[derive(Clone, Debug, Serialize)]
+/// The probe's verdict and the figures behind it: the report `--json` prints (one type with
+/// monster-guard, which judges it) and the final logits, kept for the verdict line and the foil
+/// collector but not printed.
+#[derive(Clone, Debug)]
 pub struct Report {
-    pub model_id: String,
-    pub model_hash: String,
-    pub tokens: Vec<u32>,
-    pub argmax: u32,
-    pub argmax_text: Option<String>,
-    pub logit: f32,
-    pub expected: u32,
-    pub expected_text: Option<String>,
-    pub expected_logit: f32,
-    /// 0 when the expected token is the argmax.
-    pub expected_rank: u32,
-    /// Expected logit minus the best other logit (negative when it is not the argmax).
-    pub margin: f32,
-    pub top: Vec<Candidate>,
-    /// Mean negative log-likelihood (nats/token) of the perplexity passage.
-    pub nll: Option<f32>,
-    pub nll_tokens: Option<u32>,
-    pub pass: bool,
-    /// The final residual row (for the foil collector), not printed.
-    #[serde(skip)]
+    pub probe: ProbeReport,
     pub logits: Vec<f32>,
 }
 
@@ -241,29 +217,31 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
     };
     let (model_id, model_hash) = src.model_id_hash()?;
     Ok(Report {
-        model_id,
-        model_hash,
-        tokens,
-        argmax,
-        argmax_text: src.token_text(argmax),
-        logit,
-        expected,
-        expected_text: src.token_text(expected),
-        expected_logit,
-        expected_rank,
-        margin: expected_logit - best_other,
-        top: top
-            .iter()
-            .take(q.top_k.max(1))
-            .map(|&(id, logit)| Candidate {
-                id,
-                logit,
-                text: src.token_text(id),
-            })
-            .collect(),
-        nll,
-        nll_tokens,
-        pass: argmax == expected,
+        probe: ProbeReport {
+            model_id: Some(model_id),
+            model_hash: Some(model_hash),
+            tokens,
+            argmax,
+            argmax_text: src.token_text(argmax),
+            logit,
+            expected,
+            expected_text: src.token_text(expected),
+            expected_logit,
+            expected_rank,
+            margin: expected_logit - best_other,
+            top: top
+                .iter()
+                .take(q.top_k.max(1))
+                .map(|&(id, logit)| TopEntry {
+                    id,
+                    logit,
+                    text: src.token_text(id),
+                })
+                .collect(),
+            nll,
+            nll_tokens,
+            pass: Some(argmax == expected),
+        },
         logits,
     })
 }

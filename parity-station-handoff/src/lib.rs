@@ -305,7 +305,8 @@ pub fn reference(knot: &Knot, tokens: &[u32]) -> Result<Reference, ParityError> 
     let full = Pipeline::views(knot, &[LayerRange::new(0, knot.arch().n_layers)])?;
     let test1 = full.test1(tokens)?;
     let test2 = full.test2(tokens)?;
-    let (argmax, top_logit) = argmax(&test1.logits);
+    let argmax = fat_station::engine::ops::argmax(&test1.logits);
+    let top_logit = test1.logits.get(argmax as usize).copied().unwrap_or(f32::NAN);
     Ok(Reference {
         test1,
         test2,
@@ -335,17 +336,6 @@ fn need_tokens(tokens: &[u32]) -> Result<(), ParityError> {
         });
     }
     Ok(())
-}
-
-/// Index and value of the largest logit.
-pub fn argmax(x: &[f32]) -> (u32, f32) {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    (best as u32, x.get(best).copied().unwrap_or(f32::NAN))
 }
 
 fn judge(

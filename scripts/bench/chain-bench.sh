@@ -20,6 +20,11 @@
 # "x 1 stream" column compares these). Then prefill: a ~400-token prompt, 1 token
 # out, prompt tokens / time to first token. Prints median [min-max] over R reps, then each
 # node's peak RSS (VmHWM) and cgroup memory peak (r1-sim.sh status). Measure on a quiet machine.
+# The floor, measured in the same run on the same nodes: a bare loop of `POST /chain` to the
+# entry with `X-Return: token` (greedy, one token per request, no gateway), decode tok/s as
+# above; the 1-stream row says serve's decode as a fraction of it. Bytes per token: what
+# crossed the gateway's links (r1-sim's proxy counts, connections the host opened, both
+# directions) per generated token of the 1-stream runs (proxy links only; netem: n/a).
 # Needs what r1-sim.sh needs, plus target/release/moonshine.
 # Exit codes: 0 measured (the table is not a gate); 1 a run failed; 2 bad usage or a missing
 # binary.
@@ -73,10 +78,46 @@ for _ in $(seq 1 100); do
 done
 [ -n "$url" ] || { echo "chain-bench: moonshine serve did not start" >&2; exit 1; }
 
-python3 - "$url" "$streams" "$ntok" "$reps" "$nodes" "$shape" "$cpus" "$kv" <<'EOF'
-import json, statistics, sys, threading, time, urllib.error, urllib.request
+python3 - "$url" "$streams" "$ntok" "$reps" "$nodes" "$shape" "$cpus" "$kv" "$R1SIM_STATE" <<'EOF'
+import json, os, statistics, sys, threading, time, urllib.error, urllib.request
 
 url, streams, ntok, reps = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
+state = sys.argv[9]
+entry = json.load(open(os.path.join(state, "mesh.json")))["stations"][0]["url"]
+
+
+def host_bytes():
+    """Bytes through every link on connections the host opened (None without proxy counts)."""
+    path = os.path.join(state, "link-bytes.json")
+    if not os.path.exists(path):
+        return None
+    time.sleep(0.5)  # the proxy rewrites the file every 0.2 s
+    with open(path) as f:
+        return sum(sum(v.get("host", [0, 0])) for v in json.load(f).values())
+
+
+def post(path, body, headers, timeout=600):
+    req = urllib.request.Request(entry + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **headers}, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def floor(rep):
+    """A bare /chain loop: prefill a prompt, then ntok greedy tokens one request each;
+    (tokens - 1) / time from the first token to the last."""
+    prompt = f"Story {rep}. Write a long story about {topics[rep % len(topics)]}.\n\n"
+    toks = post("/tokenize", {"text": prompt}, {})["tokens"]
+    sid = f"chain-bench-floor-{os.getpid()}-{rep}"
+    head = {"X-Session": sid, "X-Return": "token"}
+    tok = post("/chain", {"tokens": toks}, {**head, "X-Pos": "0"})["token"]
+    pos, times = len(toks), [time.monotonic()]
+    for _ in range(ntok - 1):
+        tok = post("/chain", {"tokens": [tok]}, {**head, "X-Pos": str(pos)})["token"]
+        pos += 1
+        times.append(time.monotonic())
+    return (len(times) - 1) / (times[-1] - times[0])
+
 topics = ["a lighthouse keeper who finds a letter", "a baker who wakes before dawn",
           "a cartographer mapping a river", "a child who builds a radio",
           "an old ferry crossing a lake", "a beekeeper in a mountain village"]
@@ -114,8 +155,11 @@ def spread(xs):
 with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
     model = json.load(r)["data"][0]["id"]
 rows = {}
+floors, per_token = [], []
 for rep in range(reps):
+    floors.append(floor(rep))
     for s in streams:
+        before = host_bytes() if s == 1 else None
         results = [None] * s
         def one(i):
             prompt = f"Story {rep}.{s}.{i}. Write a long story about {topics[(rep + i) % len(topics)]}.\n\n"
@@ -140,6 +184,8 @@ for rep in range(reps):
         rows[s]["per"].append(statistics.mean(per))
         rows[s]["agg"].append(agg)
         rows[s]["dec"].append(dec)
+        if before is not None:
+            per_token.append((host_bytes() - before) / sum(r[0] for r in results))
 
 # Prefill: a long unique prompt, one token out.
 filler = ("The committee met on the third floor to review the quarterly figures, the hiring "
@@ -168,6 +214,16 @@ for s in streams:
     dec = statistics.median(rows[s]["dec"])
     ratio = f"{dec / base:10.2f}" if base else f"{'-':>10}"
     print(f"{s:7} {spread(rows[s]['per']):>26} {spread(rows[s]['agg']):>24} {spread(rows[s]['dec']):>24} {ratio}")
+fl = statistics.median(floors)
+print(f"floor (bare POST /chain loop, X-Return: token): {spread(floors)} tok/s")
+if 1 in rows:
+    one = statistics.median(rows[1]["per"])
+    print(f"serve, 1 stream: {one:.2f} tok/s = {one / fl:.3f} x the floor "
+          f"({'within' if one >= 0.9 * fl else 'NOT within'} 10%)")
+if per_token:
+    print(f"bytes across the gateway's links per generated token (1 stream): {spread(per_token)}")
+else:
+    print("bytes per token: n/a (links shaped by netem; the proxy counts them)")
 print(f"prefill ({n_prompt} prompt tokens, 1 out): {spread(pre)} tok/s (prompt tokens / time to answer)")
 EOF
 "$ROOT/scripts/r1-sim.sh" status | grep '^node' || true

@@ -16,13 +16,21 @@ A connection that comes from another address than the one it reached (a node cal
 next node's link, not the host) pays the bus twice: on USB its bytes go up to the host and
 down again. 0 (the default) for --rate or --bus: no cap. Chunks are at most 16 KiB when
 capped, so a transfer leaves in steps of at most 16 KiB / rate. No loss. Runs until killed.
-Used by scripts/r1-sim.sh (--delay-via proxy); prints `listening on HOST:PORT` for each link
-once ready. Exit codes: 0 killed, 2 bad arguments.
+With --counts FILE, the bytes each link carried are kept in FILE (JSON, rewritten at most every
+0.2 s): `{"PORT": {"host": [up, down], "node": [up, down]}}` per listening port, split by who
+opened the connection (the host, e.g. a gateway, or another node) and by direction (up: toward
+the node behind the link). Used by scripts/r1-sim.sh (--delay-via proxy); prints `listening on
+HOST:PORT` for each link once ready. Exit codes: 0 killed, 2 bad arguments.
 """
 
 import argparse
 import asyncio
+import json
+import os
 import random
+
+# (listening port, "host" | "node") -> [bytes up, bytes down]; written by --counts.
+COUNTS = {}
 
 
 def parse_addr(s):
@@ -71,7 +79,7 @@ class Direction:
         return self.last_due
 
 
-async def pump(reader, writer, link, bus_trips):
+async def pump(reader, writer, link, bus_trips, tally=None):
     loop = asyncio.get_running_loop()
     queue = asyncio.Queue()
     capped = link.wire.rate > 0 or link.bus.rate > 0
@@ -83,6 +91,8 @@ async def pump(reader, writer, link, bus_trips):
                 data = await reader.read(chunk)
                 if not data:
                     break
+                if tally is not None:
+                    tally[0][tally[1]] += len(data)
                 queue.put_nowait((link.due(loop.time(), len(data), bus_trips), data))
         except (ConnectionError, OSError):
             pass
@@ -120,7 +130,9 @@ async def serve(listen, target, up, down):
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(pump(client_r, up_w, up, trips), pump(up_r, client_w, down, trips))
+        c = COUNTS.setdefault((listen[1], "host" if trips == 1 else "node"), [0, 0])
+        await asyncio.gather(pump(client_r, up_w, up, trips, (c, 0)),
+                             pump(up_r, client_w, down, trips, (c, 1)))
 
     server = await asyncio.start_server(handle, *listen)
     print(f"listening on {listen[0]}:{listen[1]}", flush=True)
@@ -128,8 +140,26 @@ async def serve(listen, target, up, down):
         await server.serve_forever()
 
 
+async def write_counts(path):
+    """Keeps `path` up to date with COUNTS (atomically: a reader never sees half a file)."""
+    last = None
+    while True:
+        now = {}
+        for (port, who), ud in COUNTS.items():
+            now.setdefault(str(port), {})[who] = list(ud)
+        text = json.dumps(now, sort_keys=True)
+        if text != last:
+            with open(path + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+            last = text
+        await asyncio.sleep(0.2)
+
+
 async def main(args):
     bus = Wire(args.bus)
+    if args.counts:
+        asyncio.get_running_loop().create_task(write_counts(args.counts))
 
     def direction():
         return Direction(args.delay_ms / 1000.0, args.jitter / 1000.0, args.rate, bus)
@@ -155,6 +185,7 @@ if __name__ == "__main__":
                     help="bytes per second per link and direction (0: no cap)")
     ap.add_argument("--bus", type=non_negative, default=0.0,
                     help="bytes per second for all links and directions together (0: no cap)")
+    ap.add_argument("--counts", metavar="FILE", help="keep the bytes each link carried in FILE (JSON)")
     args = ap.parse_args()  # exits 2 on bad arguments
     try:
         asyncio.run(main(args))

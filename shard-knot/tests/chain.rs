@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use fat_station::client::{Chain, ClientError, MeshFile, MeshHop, StationClient, StepTrace};
+use fat_station::client::{Chain, ClientError, StationClient, StepTrace};
+use fat_station::mesh::mesh_file::{MeshFile, MeshHop};
 use knot_format::{Knot, LayerRange, Role};
 use test_support::{model, spawn_url, station_bin, Proc, GEMMA, QWEN};
 
@@ -182,7 +183,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 fn argmax(x: &[f32]) -> usize {
-    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+    fat_station::engine::ops::argmax(x) as usize
 }
 
 /// Prefill the Paris prompt in a session, then decode " Paris": (prefill logits, decode logits).
@@ -293,12 +294,12 @@ fn three_shard_stations_equal_one_full_station_bit_for_bit() {
     // The mid station holds 8-16 only: /embed and other ranges are refused, naming its range.
     let mid = StationClient::new(&stations[1].url, timeout);
     match mid.embed(&PARIS) {
-        Err(ClientError::Refused {
+        Err(ClientError::Refused(fat_station::wire::Refusal {
             status: 404,
             code,
             message,
             ..
-        }) => {
+        })) => {
             assert_eq!(code, "not_held");
             assert!(
                 message.contains("8") && message.contains("16"),
@@ -309,11 +310,11 @@ fn three_shard_stations_equal_one_full_station_bit_for_bit() {
     }
     assert!(matches!(
         mid.forward(&vec![0.0; 896], LayerRange::new(0, 8), None, false),
-        Err(ClientError::Refused { status: 404, .. })
+        Err(ClientError::Refused(fat_station::wire::Refusal { status: 404, .. }))
     ));
     assert!(matches!(
         mid.lm_head(&vec![0.0; 896]),
-        Err(ClientError::Refused { status: 404, .. })
+        Err(ClientError::Refused(fat_station::wire::Refusal { status: 404, .. }))
     ));
 
     // The same prefill + decode through the chain and through the full station.

@@ -11,19 +11,15 @@ use std::time::Duration;
 use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
+use crate::mesh_file::MeshFile;
 use crate::seal::{self, MeshKey, SealContext, SealDir};
-use crate::wire::{self, ErrorBody, Health};
+use crate::wire::{self, Health, Refusal};
 
 /// Why a station call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("{url}: {status} {code}: {message}")]
-    Refused {
-        url: String,
-        status: u16,
-        code: String,
-        message: String,
-    },
+    #[error(transparent)]
+    Refused(Refusal),
     /// The call did not get an answer: `why` is the cause in a few words (`connection
     /// refused`, `timed out`); `unreachable` when no connection was made at all, and then the
     /// message asks whether a station runs at `base`.
@@ -200,16 +196,7 @@ impl StationClient {
             Ok(r) => Ok(r),
             Err(ureq::Error::Status(status, r)) => {
                 let text = r.into_string().unwrap_or_default();
-                let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
-                    Ok(e) => (e.error, e.message),
-                    Err(_) => ("http".into(), text),
-                };
-                Err(ClientError::Refused {
-                    url,
-                    status,
-                    code,
-                    message,
-                })
+                Err(ClientError::Refused(Refusal::from_body(url, status, text)))
             }
             Err(e) => {
                 let (why, unreachable) = transport_cause(&e);
@@ -265,7 +252,7 @@ impl StationClient {
             )
             .and_then(|r| self.json(r));
         match answer {
-            Err(e @ (ClientError::BadResponse { .. } | ClientError::Refused { .. })) => {
+            Err(e @ (ClientError::BadResponse { .. } | ClientError::Refused(_))) => {
                 Err(self.openai_server().unwrap_or(e))
             }
             other => other,
@@ -574,22 +561,6 @@ impl<'a> SealedStep<'a> {
     }
 }
 
-/// One hop of a chain: a station and the blocks it runs.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct MeshHop {
-    pub url: String,
-    /// `a-b`, half-open original layer indices.
-    pub layers: String,
-}
-
-/// A mesh file: stations in order; the first serves `/embed`, the last `/lm-head`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct MeshFile {
-    #[serde(default)]
-    pub model: Option<String>,
-    pub stations: Vec<MeshHop>,
-}
-
 /// Stations chained in layer order.
 pub struct Chain {
     hops: Vec<(StationClient, LayerRange)>,
@@ -623,7 +594,7 @@ pub enum Answer {
 /// head comes before the mesh's end (`route_past_exit`), a node with no next hop
 /// (`no_successor`), a station without `/chain` (404).
 fn cannot_relay(e: &ClientError) -> bool {
-    matches!(e, ClientError::Refused { status, code, .. }
+    matches!(e, ClientError::Refused(Refusal { status, code, .. })
         if *status == 404 || matches!(code.as_str(), "route_refused" | "route_past_exit" | "no_successor"))
 }
 

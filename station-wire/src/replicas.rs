@@ -10,47 +10,9 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use knot_format::LayerRange;
-use serde::{Deserialize, Serialize};
 
+use crate::mesh_file::{MeshFile, MeshHop};
 use crate::wire;
-
-/// One hop of a chain as a chains file lists it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChainHop {
-    pub node_id: String,
-    /// `http://host:port`.
-    pub url: String,
-    /// `a-b`.
-    pub layers: String,
-}
-
-/// What `moonshine mesh form` writes: every chain found, and (for tools that read a plain
-/// mesh file, `client::MeshFile`) the first chain as `stations`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ChainsFile {
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub model_hash: Option<String>,
-    #[serde(default)]
-    pub n_layers: Option<u32>,
-    /// The first chain (compatible with `client::MeshFile`).
-    pub stations: Vec<ChainHop>,
-    /// Every disjoint chain (replicas), in order of preference.
-    #[serde(default)]
-    pub chains: Vec<Vec<ChainHop>>,
-}
-
-impl ChainsFile {
-    /// The chains; a plain mesh file (only `stations`) is one chain.
-    pub fn all_chains(&self) -> Vec<Vec<ChainHop>> {
-        if self.chains.is_empty() {
-            vec![self.stations.clone()]
-        } else {
-            self.chains.clone()
-        }
-    }
-}
 
 /// Why a mesh step failed.
 #[derive(Debug, thiserror::Error)]
@@ -64,13 +26,8 @@ pub enum MeshError {
         why: String,
     },
     /// A station refused the request (4xx): not a node failure, no failover.
-    #[error("{url}: {status} {code}: {message}")]
-    Refused {
-        url: String,
-        status: u16,
-        code: String,
-        message: String,
-    },
+    #[error(transparent)]
+    Refused(wire::Refusal),
     #[error("{url}: bad response: {why}")]
     BadResponse { url: String, why: String },
     /// The stations ran other ranges than the chain lists (e.g. full-model stations given
@@ -124,7 +81,7 @@ pub fn parse_trace(v: &str) -> Vec<(String, String, f64, f64)> {
 
 /// One forwarding chain, called at its entry.
 pub struct MeshChain {
-    pub hops: Vec<ChainHop>,
+    pub hops: Vec<MeshHop>,
     agent: ureq::Agent,
     /// Send `X-Route` (the hops after the entry) rather than relying on manifest successors.
     pub source_route: bool,
@@ -136,7 +93,7 @@ pub struct MeshChain {
 
 impl MeshChain {
     /// A chain; `timeout` bounds each whole step (all hops).
-    pub fn new(hops: Vec<ChainHop>, timeout: Duration) -> Result<MeshChain, MeshError> {
+    pub fn new(hops: Vec<MeshHop>, timeout: Duration) -> Result<MeshChain, MeshError> {
         if hops.is_empty() {
             return Err(MeshError::Config(
                 "a chain needs at least one station".into(),
@@ -220,25 +177,17 @@ impl MeshChain {
             Err(ureq::Error::Status(status, r)) => {
                 let failed = r.header(wire::H_FAILED_HOP).map(str::to_string);
                 let text = r.into_string().unwrap_or_default();
-                let (code, message) = match serde_json::from_str::<wire::ErrorBody>(&text) {
-                    Ok(e) => (e.error, e.message),
-                    Err(_) => ("http".into(), text),
-                };
+                let refusal = wire::Refusal::from_body(url, status, text);
                 if status >= 500 {
                     let u = failed.unwrap_or_else(|| entry.to_string());
                     return Err(MeshError::HopFailed {
                         who: self.who(&u),
                         url: u,
                         status: Some(status),
-                        why: format!("{status} {code}: {message}"),
+                        why: format!("{status} {}: {}", refusal.code, refusal.message),
                     });
                 }
-                return Err(MeshError::Refused {
-                    url,
-                    status,
-                    code,
-                    message,
-                });
+                return Err(MeshError::Refused(refusal));
             }
             Err(e) => {
                 return Err(MeshError::HopFailed {
@@ -385,7 +334,7 @@ impl ReplicaSet {
 
     /// From a chains file.
     pub fn from_file(
-        f: &ChainsFile,
+        f: &MeshFile,
         timeout: Duration,
         session: &str,
     ) -> Result<ReplicaSet, MeshError> {
@@ -507,7 +456,7 @@ mod tests {
         let url = format!("http://{}", l.local_addr().unwrap());
         drop(l);
         let c = MeshChain::new(
-            vec![ChainHop {
+            vec![MeshHop {
                 node_id: "n0".into(),
                 url,
                 layers: "0-24".into(),

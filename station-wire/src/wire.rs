@@ -303,6 +303,35 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// A station's 4xx/5xx answer as a caller reports it: the one shape the station client
+/// ([`crate::client::ClientError::Refused`]) and the chain client
+/// ([`crate::replicas::MeshError::Refused`]) share.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{url}: {status} {code}: {message}")]
+pub struct Refusal {
+    pub url: String,
+    pub status: u16,
+    /// [`ErrorBody::error`], or `http` when the body is not an [`ErrorBody`].
+    pub code: String,
+    pub message: String,
+}
+
+impl Refusal {
+    /// The refusal `url` answered with `status` and body `text`.
+    pub fn from_body(url: String, status: u16, text: String) -> Refusal {
+        let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(e) => (e.error, e.message),
+            Err(_) => ("http".into(), text),
+        };
+        Refusal {
+            url,
+            status,
+            code,
+            message,
+        }
+    }
+}
+
 /// Encodes f32 rows as little-endian bytes.
 pub fn encode_f32(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()

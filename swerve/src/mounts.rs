@@ -26,25 +26,7 @@ pub fn read_only(path: &Path, fallback: bool) -> Result<bool> {
     if std::fs::symlink_metadata(path).is_err() {
         return Ok(false);
     }
-    mount(
-        Some(path),
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|errno| SwerveError::Step {
-        step: format!("mount({0}, {0}, MS_BIND|MS_REC)", path.display()),
-        errno,
-    })?;
-    set_recursive(
-        path,
-        Attrs {
-            rdonly: true,
-            ..Attrs::default()
-        },
-        fallback,
-    )?;
+    mount_tree::bind_read_only(path, fallback)?;
     Ok(true)
 }
 

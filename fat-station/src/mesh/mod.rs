@@ -1,20 +1,18 @@
 //! The mesh: stations that each hold a layer range and pass one token's residual along a
 //! chain (contract: `specs/mesh.md`).
 //!
-//! - [`manifest`]: what one node serves and whom it forwards to (read at start).
-//! - [`beacon`]: discovery over UDP and the elector that forms chains (control path only).
 //! - [`node`]: a station's place in a mesh ([`MeshNode`]); [`relay`]: `POST /chain`, which
 //!   runs this node's layers and forwards the residual to the next hop.
-//! - [`seal`]: the AEAD that seals requests, residuals and answers between nodes.
 //! - [`grant`]: admission at the entry (monster-guard grants, verified by `aeon-grant`).
-//! - [`replicas`]: the client side of a chain, with failover between replica chains.
+//!
+//! What tools share with the station lives in `station-wire`, so they link no engine: the node
+//! [`manifest`], the [`mesh_file`], the [`seal`] between nodes, the client side of a chain with failover
+//! ([`replicas`]) and discovery over UDP with the elector that forms chains
+//! (`station_wire::beacon`).
 
-pub mod beacon;
 pub mod grant;
 pub mod node;
 pub mod relay;
 
 pub use node::MeshNode;
-// The client side of a chain and the seal live in `station-wire`: tools use them without
-// linking the station.
-pub use station_wire::{manifest, replicas, seal};
+pub use station_wire::{manifest, mesh_file, replicas, seal};

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::mesh::relay;
-use crate::station::conn::serve_connections_with;
+use http_frame::conn::serve_connections_with;
 use crate::station::response_budget::Held;
 use crate::station::server::{
     binary, busy_responses, check_context, check_room, compute, dtype_f16, header, json, read_body,

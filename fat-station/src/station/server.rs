@@ -1,7 +1,7 @@
 //! The station's state and the helpers every handler uses: hyper 1.x over the engine. Routes
 //! and encodings come from [`crate::wire`]; the route table is [`crate::station::routes`].
 //!
-//! One task per connection ([`crate::station::conn`]: connection bound, header/idle timeouts, bodies
+//! One task per connection ([`http_frame::conn`]: connection bound, header/idle timeouts, bodies
 //! read under a size bound and a timeout); compute and tokenizer work run on the blocking pool
 //! (rayon inside), at most `max_compute` at once with the rest waiting their turn, so a long
 //! prefill or a big `/tokenize` never stalls `/health` or other sessions.
@@ -20,7 +20,7 @@ use knot_format::Knot;
 use tokio::sync::Semaphore;
 
 use crate::mesh::node::{MeshNode, DEFAULT_HOP_TIMEOUT, DEFAULT_REPLAY_WINDOW};
-use crate::station::conn::{BodyError, ConnLimits};
+use http_frame::conn::{BodyError, ConnLimits};
 use crate::station::metrics::{Gauges, StationMetrics};
 
 use crate::engine::tokenizer::Tokenizer;
@@ -80,7 +80,7 @@ impl Default for Limits {
             max_positions: 4096,
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             max_body: DEFAULT_MAX_BODY,
-            body_timeout: crate::station::conn::DEFAULT_BODY_TIMEOUT,
+            body_timeout: http_frame::conn::DEFAULT_BODY_TIMEOUT,
             max_text: DEFAULT_MAX_TEXT,
             max_compute: default_max_compute(),
             conn: ConnLimits::default(),
@@ -439,7 +439,7 @@ impl Station {
             .evicted
             .fetch_add(gone as u64, Ordering::Relaxed);
         if gone > 0 {
-            crate::station::heap::return_free_heap();
+            http_frame::heap::return_free_heap();
         }
         gone
     }
@@ -656,9 +656,9 @@ pub(crate) fn dtype_f16(v: Option<&str>) -> Result<bool, Refusal> {
     })
 }
 
-/// The request's body within `--max-body` and `--body-timeout` ([`crate::station::conn::read_body`]).
+/// The request's body within `--max-body` and `--body-timeout` ([`http_frame::conn::read_body`]).
 pub(crate) async fn read_body(st: &Station, req: Request<Incoming>) -> Result<Bytes, Refusal> {
-    crate::station::conn::read_body(req, st.limits.max_body, st.limits.body_timeout)
+    http_frame::conn::read_body(req, st.limits.max_body, st.limits.body_timeout)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge { .. } => {

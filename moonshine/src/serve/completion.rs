@@ -38,9 +38,9 @@ pub(super) fn api_error(e: GenError, param: &'static str) -> ApiError {
             code: Some("context_length_exceeded"),
             ..bad(Some(param), e.to_string())
         },
-        GenError::Station(fat_station::client::ClientError::Refused {
+        GenError::Station(station_wire::client::ClientError::Refused(station_wire::wire::Refusal {
             status: 400 | 413, ..
-        }) => bad(Some(param), e.to_string()),
+        })) => bad(Some(param), e.to_string()),
         GenError::NoTokenizer => ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             kind: "server_error",

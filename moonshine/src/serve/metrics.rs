@@ -89,12 +89,9 @@ impl Metrics {
 
     /// Prometheus text exposition.
     pub fn render(&self, sessions_total: usize) -> String {
-        let mut s = String::new();
+        let mut e = Exposition::default();
         let mut metric = |name: &str, kind: &str, help: &str, lines: Vec<(String, String)>| {
-            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for (labels, v) in lines {
-                s.push_str(&format!("{name}{labels} {v}\n"));
-            }
+            e.family(name, kind, help, lines)
         };
         let one = |v: String| vec![(String::new(), v)];
         let reqs = self
@@ -248,6 +245,6 @@ impl Metrics {
                 self.generation_us.load(Ordering::Relaxed) as f64 / 1e6
             )),
         );
-        s
+        e.finish()
     }
 }

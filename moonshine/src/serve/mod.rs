@@ -37,7 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
-use fat_station::station::metrics::Histogram;
+use http_frame::prometheus::{Exposition, Histogram};
 
 use crate::api::{self, bad, Answer, ApiError, Job, Limits, PromptSpec, Route};
 use crate::chat::{ChatTemplate, TemplateError};
@@ -227,7 +227,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Serves on `listener` until `shutdown` resolves (the station's accept loop,
-/// [`fat_station::station::serve_connections`]).
+/// [`http_frame::conn::serve_connections`]).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -243,12 +243,12 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 if state.metrics.active.load(Ordering::Relaxed) == 0 {
-                    fat_station::station::heap::return_free_heap();
+                    http_frame::heap::return_free_heap();
                 }
             }
         })
     };
-    fat_station::station::serve_connections(listener, state, handle, shutdown).await;
+    http_frame::conn::serve_connections(listener, state, handle, shutdown).await;
     trimmer.abort();
 }
 
@@ -325,7 +325,7 @@ struct HopProbe {
     url: String,
     /// `a-b`.
     layers: String,
-    health: Option<fat_station::wire::Health>,
+    health: Option<station_wire::wire::Health>,
     /// Why the hop cannot serve its part (`None`: fine).
     problem: Option<String>,
 }
@@ -339,7 +339,7 @@ async fn probe_hops(st: &Arc<AppState>, timeout: Duration) -> Result<Vec<HopProb
             .hops()
             .iter()
             .map(|(c, r)| {
-                let probe = fat_station::client::StationClient::new(c.url(), timeout);
+                let probe = station_wire::client::StationClient::new(c.url(), timeout);
                 let (health, problem) = match probe.health() {
                     Ok(h) => {
                         let p = crate::generate::hop_problem(c.url(), *r, &h);
@@ -494,7 +494,7 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
 }
 
 async fn read_body(st: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    use fat_station::station::conn::{self, BodyError};
+    use http_frame::conn::{self, BodyError};
     let max = st.args.max_body;
     let refusal = |status, code, message| ApiError {
         status,

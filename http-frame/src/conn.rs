@@ -69,6 +69,9 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// Time a response write may stay blocked on a client that does not read.
     pub send_timeout: Duration,
+    /// After the shutdown signal: how long the requests in flight may take to finish once the
+    /// listener is closed (connections with none are not waited for).
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ConnLimits {
@@ -78,6 +81,7 @@ impl Default for ConnLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             send_timeout: DEFAULT_SEND_TIMEOUT,
+            shutdown_grace: Duration::ZERO,
         }
     }
 }
@@ -184,6 +188,18 @@ impl Registry {
 
     fn len(&self) -> usize {
         self.conns.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Connections with a request in flight.
+    fn busy(&self) -> usize {
+        self.conns
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|c| c.in_flight.load(Ordering::Acquire) > 0)
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     fn add(&self) -> (u64, Arc<Conn>) {
@@ -421,6 +437,26 @@ pub async fn serve_connections_with<S, H, F, B>(
             _ = &mut shutdown => { info!("shutting down"); break; }
         }
     }
+    drop(listener);
+    drain(&registry, limits.shutdown_grace).await;
+}
+
+/// Waits until no request is in flight, at most `grace`.
+async fn drain(registry: &Registry, grace: Duration) {
+    let deadline = Instant::now() + grace;
+    loop {
+        let busy = registry.busy();
+        if busy == 0 {
+            return;
+        }
+        if Instant::now() >= deadline {
+            if !grace.is_zero() {
+                warn!("shutdown grace over; closing {busy} connection(s) with a request in flight");
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Failed accepts: backoff and a report at most every [`ACCEPT_REPORT_EVERY`].
@@ -630,6 +666,7 @@ mod tests {
             header_timeout: Duration::from_millis(100),
             idle_timeout: Duration::from_millis(1000),
             send_timeout: Duration::from_millis(500),
+            shutdown_grace: Duration::ZERO,
         };
         // A head started at 50 ms: closed at 150 ms, not before.
         assert_eq!(conn(0, 0, 51).expired(&l, 149), None);
@@ -659,6 +696,7 @@ mod tests {
             header_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),
             send_timeout: Duration::from_millis(300),
+            shutdown_grace: Duration::ZERO,
         };
         let handle = |_: Arc<()>, _: Request<Incoming>| async {
             let body = http_body_util::Full::new(Bytes::from(vec![7u8; BODY]));

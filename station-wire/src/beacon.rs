@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use knot_format::LayerRange;
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::manifest::{NodeManifest, Successor};
-use crate::mesh::replicas::{ChainHop, ChainsFile};
+use crate::manifest::{NodeManifest, Successor};
+use crate::mesh_file::{MeshFile, MeshHop};
 use knot_format::Role;
 
 /// Default beacon port.
@@ -56,11 +56,6 @@ pub struct Announcement {
 /// Protocol tag of a beacon.
 pub const PROTO: &str = "aeon-mesh/1";
 
-/// Environment variable holding the RAM budget a station announces (`2.4G`, `512M`, `1Gi` or
-/// bytes): what the node can give to weights and KV cache. [`Beacon::spawn`] reads it; a
-/// station without it announces no budget.
-pub const RAM_ENV: &str = "AEON_NODE_RAM";
-
 /// One node as the elector hears it: the announcement and, when the station gave one, its RAM
 /// budget. On the wire `ram_bytes` is one more optional key of the same JSON object, so a
 /// beacon without it (an older station) still parses, and an older listener ignores it.
@@ -68,19 +63,9 @@ pub const RAM_ENV: &str = "AEON_NODE_RAM";
 pub struct Heard {
     #[serde(flatten)]
     pub ann: Announcement,
-    /// RAM budget in bytes (`aeon_cli::size`), from the station's [`RAM_ENV`].
+    /// RAM budget in bytes (the station's `--ram` or `AEON_NODE_RAM`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_bytes: Option<u64>,
-}
-
-/// The RAM budget from [`RAM_ENV`]: `None` when unset, an error when it does not parse.
-pub fn ram_from_env() -> std::io::Result<Option<u64>> {
-    match std::env::var(RAM_ENV) {
-        Err(_) => Ok(None),
-        Ok(v) => aeon_cli::size::parse_size_nonzero(&v)
-            .map(Some)
-            .map_err(|e| std::io::Error::other(format!("{RAM_ENV}: {e}"))),
-    }
 }
 
 /// Sends `ann` to `target` every `interval` until the returned handle is dropped.
@@ -95,21 +80,8 @@ impl Drop for Beacon {
 }
 
 impl Beacon {
-    /// Starts announcing on a background thread, with the RAM budget of [`RAM_ENV`] when set.
-    pub fn spawn(
-        ann: &Announcement,
-        target: SocketAddr,
-        interval: Duration,
-    ) -> std::io::Result<Beacon> {
-        let heard = Heard {
-            ann: ann.clone(),
-            ram_bytes: ram_from_env()?,
-        };
-        Beacon::spawn_heard(&heard, target, interval)
-    }
-
     /// Starts announcing `ann` with its RAM budget on a background thread.
-    pub fn spawn_heard(
+    pub fn spawn(
         ann: &Heard,
         target: SocketAddr,
         interval: Duration,
@@ -224,7 +196,7 @@ fn one_model<'a, T>(
 /// The ephemeral elector: validates that announced ranges tile the model and groups the
 /// stations into as many disjoint chains (replicas) as they allow. Stations that announced a
 /// `chain` are kept in it; the rest are assigned greedily (lowest node id first).
-pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFile, FormError> {
+pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<MeshFile, FormError> {
     let nodes = one_model(anns, |a| a.model_hash.as_str(), model_hash)?;
     let n_layers = nodes[0].n_layers;
     let mut pool: Vec<(&Announcement, LayerRange)> = nodes
@@ -285,9 +257,9 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
             }
             break;
         }
-        let chain: Vec<ChainHop> = hops
+        let chain: Vec<MeshHop> = hops
             .iter()
-            .map(|&i| ChainHop {
+            .map(|&i| MeshHop {
                 node_id: pool[i].0.node_id.clone(),
                 url: pool[i].0.address.clone(),
                 layers: pool[i].0.layers.clone(),
@@ -299,7 +271,7 @@ pub fn form(anns: &[Announcement], model_hash: Option<&str>) -> Result<ChainsFil
         }
         chains.push(chain);
     }
-    Ok(ChainsFile {
+    Ok(MeshFile {
         model: Some(nodes[0].model_id.clone()),
         model_hash: Some(nodes[0].model_hash.clone()),
         n_layers: Some(n_layers),
@@ -352,13 +324,13 @@ pub struct Assignment {
 impl Assignment {
     /// The chains file (`moonshine --mesh`, `moonshine mesh generate --mesh`): each hop with
     /// its assigned range.
-    pub fn chains_file(&self) -> ChainsFile {
-        let chains: Vec<Vec<ChainHop>> = self
+    pub fn chains_file(&self) -> MeshFile {
+        let chains: Vec<Vec<MeshHop>> = self
             .chains
             .iter()
             .map(|c| {
                 c.iter()
-                    .map(|a| ChainHop {
+                    .map(|a| MeshHop {
                         node_id: a.node_id.clone(),
                         url: a.address.clone(),
                         layers: dash(a.layers),
@@ -366,7 +338,7 @@ impl Assignment {
                     .collect()
             })
             .collect();
-        ChainsFile {
+        MeshFile {
             model: Some(self.model_id.clone()),
             model_hash: Some(self.model_hash.clone()),
             n_layers: Some(self.n_layers),
@@ -843,11 +815,14 @@ mod tests {
         let port = probe.local_addr().unwrap().port();
         drop(probe);
         let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let _b1 =
-            Beacon::spawn(&ann("n1", "0-12", None), target, Duration::from_millis(50)).unwrap();
-        let _b2 =
-            Beacon::spawn(&ann("n2", "12-24", None), target, Duration::from_millis(50)).unwrap();
-        let _b3 = Beacon::spawn_heard(
+        let plain = |a| Heard {
+            ann: a,
+            ram_bytes: None,
+        };
+        let every = Duration::from_millis(50);
+        let _b1 = Beacon::spawn(&plain(ann("n1", "0-12", None)), target, every).unwrap();
+        let _b2 = Beacon::spawn(&plain(ann("n2", "12-24", None)), target, every).unwrap();
+        let _b3 = Beacon::spawn(
             &Heard {
                 ann: ann("n3", "0-24", None),
                 ram_bytes: Some(7),
