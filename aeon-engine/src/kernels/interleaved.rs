@@ -647,6 +647,7 @@ mod tests {
                 DType::Q5_0,
                 DType::Q5_1,
                 DType::Q8_0,
+                DType::IQ4_NL,
             ] {
                 let Some(dot) = k.rows16(dtype) else { continue };
                 for (pattern, cols) in [(0usize, 64), (1, 64), (2, 96)] {
