@@ -828,8 +828,9 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
             p.add(KX_SH + ROWS * (S / 4) + 4 * j),
         );
         let (s_lo, s_hi) = ((4 * (S % 2)) as u64, (2 * (S % 4)) as u64);
-        let shifts = (s_lo.wrapping_neg() & 0xFF) * 0x0101_0101
-            | ((s_hi.wrapping_neg() & 0xFF) * 0x0101_0101) << 32;
+        // Per byte lane the right-shift count as a negative `ushl` count.
+        let shifts = ((s_lo.wrapping_neg() & 0xFF) * 0x0101_0101)
+            | (((s_hi.wrapping_neg() & 0xFF) * 0x0101_0101) << 32);
         let t = vand_u8(
             vshl_u8(v, vcreate_s8(shifts)),
             vcreate_u8(0x0303_0303_0F0F_0F0F),
