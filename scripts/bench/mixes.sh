@@ -9,9 +9,11 @@
 # and decode as % of the bandwidth roofline (ours, llama.cpp's). Each mix's full table is in
 # OUT/MIX/table.txt.
 #
-# Usage: scripts/bench/mixes.sh [--mix LIST] [--out DIR] [--llama-reps N] [-- aeon-bench args]
+# Usage: scripts/bench/mixes.sh [--mix LIST] [--out DIR] [--llama-reps N] [--no-build]
+#                               [-- aeon-bench args]
 #   --mix LIST   comma separated, default q4_1,q5_k_m,q3_k_m,q2_k,iq4_xs (q4_1: SmolLM2's real file)
 #   --out DIR    default target/bench/mixes
+#   --no-build   use target/release's binaries as they are
 # Env: AEON_SYNTH_DIR (default ~/.cache/aeon-shell/synthetic), AEON_MODELS_DIR, LLAMA_QUANTIZE
 #      (else scripts/bench/build-llama-bench.sh --quantize builds it), PYTHON.
 # Exit: 0 when every mix was measured; 2 when one could not be made or measured.
@@ -25,20 +27,24 @@ out=$root/target/bench/mixes
 mixes=q4_1,q5_k_m,q3_k_m,q2_k,iq4_xs
 llama_reps=3
 extra=()
+build=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --mix) mixes=$2; shift ;;
     --out) out=$2; shift ;;
     --llama-reps) llama_reps=$2; shift ;;
+    --no-build) build=0 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "mixes.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 mkdir -p "$out" "$synth"
-(cd "$root" && cargo build --release -p fat-station -p knot-format --bins >&2) \
-  || { echo "mixes.sh: build failed" >&2; exit 2; }
+if [ "$build" = 1 ]; then
+  (cd "$root" && cargo build --release -p fat-station -p knot-format --bins >&2) \
+    || { echo "mixes.sh: build failed" >&2; exit 2; }
+fi
 rows=()
 for mix in ${mixes//,/ }; do
   if [ "$mix" = q4_1 ]; then
