@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --llama-reps) llama_reps=$2; shift ;;
     --no-build) build=0 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "mixes.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
