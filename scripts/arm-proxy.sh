@@ -119,14 +119,16 @@ for cpu in cortex_a53 cortex_a55; do
         "$GGML/src/ggml-cpu/arch/arm/quants.c" -o "$WORK/llama-$cpu.s" 2>"$WORK/zig.log" \
         || { tail -5 "$WORK/zig.log" >&2; die "zig cc failed on quants.c"; }
 done
-say "fat-station (aarch64, release) -> asm"
-rm -f "$DEV/$TARGET/release/deps/fat_station-"*.s
-touch fat-station/src/lib.rs # else an up-to-date lib emits no .s
-CARGO_TARGET_DIR="$DEV" cargo-zigbuild rustc --release --target "$TARGET" -p fat-station --lib \
+# The kernels live in aeon-engine (fat-station only re-exports them since the engine became
+# its own crate).
+say "aeon-engine (aarch64, release) -> asm"
+rm -f "$DEV/$TARGET/release/deps/aeon_engine-"*.s
+touch aeon-engine/src/lib.rs # else an up-to-date lib emits no .s
+CARGO_TARGET_DIR="$DEV" cargo-zigbuild rustc --release --target "$TARGET" -p aeon-engine --lib \
     -- --emit asm -C codegen-units=1 >"$WORK/rustc.log" 2>&1 \
     || { tail -20 "$WORK/rustc.log" >&2; die "cargo rustc --emit asm failed"; }
-OURS="$(ls -t "$DEV/$TARGET/release/deps/fat_station-"*.s | head -1)"
-[[ -f "$OURS" ]] || die "no fat_station .s emitted"
+OURS="$(ls -t "$DEV/$TARGET/release/deps/aeon_engine-"*.s | head -1)"
+[[ -f "$OURS" ]] || die "no aeon_engine .s emitted"
 
 # kernel, ours (symbol, loop, blocks/iter), llama.cpp (symbol, loop, blocks/iter). Each loop is
 # the function's first outer loop unless said; blocks per iteration read off the source.
@@ -145,10 +147,17 @@ ROWS16=(
     "Q4_0  interleaved4neon10q4_0_plain 1 16  interleaved4neon7q4_0_tf 1 16  ^ggml_vec_dot_q4_0_q8_0$ 0 2"
     "Q5_0  interleaved4neon10q5_0_plain 1 16  interleaved4neon7q5_0_tf 1 16  ^ggml_vec_dot_q5_0_q8_0$ 0 2"
     "Q8_0  interleaved4neon10q8_0_plain 1 16  interleaved4neon7q8_0_tf 1 16  ^ggml_vec_dot_q8_0_q8_0$ 0 2"
+    "Q4_1  interleaved4neon10q4_1_plain 1 16  interleaved4neon7q4_1_tf 1 16  ^ggml_vec_dot_q4_1_q8_1$ 0 2"
+    "Q5_1  interleaved4neon10q5_1_plain 1 16  interleaved4neon7q5_1_tf 1 16  ^ggml_vec_dot_q5_1_q8_1$ 0 2"
+    "IQ4NL interleaved4neon12iq4_nl_plain 1 16  interleaved4neon9iq4_nl_tf 1 16  ^ggml_vec_dot_iq4_nl_q8_0$ 0 2"
     # interleaved/neon_kquants.rs: an iteration is a row quad of a tile (4 row-blocks), but for the plain
     # Q6_K kernel a whole tile (16: tile-major, see q6k_block_tile).
     "Q4_K  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
     "Q6_K  neon_kquants13q6k_one_plain 0 16 neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
+    "Q5_K  neon_kquants13q5k_one_plain 0 4  neon_kquants10q5k_one_tf 0 4  ^ggml_vec_dot_q5_K_q8_K$ 0 1"
+    "Q3_K  neon_kquants13q3k_one_plain 0 4  neon_kquants10q3k_one_tf 0 4  ^ggml_vec_dot_q3_K_q8_K$ 0 1"
+    "Q2_K  neon_kquants13q2k_one_plain 0 4  neon_kquants10q2k_one_tf 0 4  ^ggml_vec_dot_q2_K_q8_K$ 0 1"
+    "IQ4XS neon_kquants15iq4xs_one_plain 0 4  neon_kquants12iq4xs_one_tf 0 4  ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
     "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \

@@ -3,7 +3,8 @@
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b]
            [--seed N]
-           [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
+           [--layers N] [--hidden N] [--ffn N]
+           [--type legacy-mix|q8_0|f16|q4_k_m|q5_k_m|q3_k_m|q2_k|iq4_xs|iq4_nl|q4_1|q5_1]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
 
 What it is for: tests that need a model of a given shape without downloading one (`tiny`, a
@@ -63,6 +64,12 @@ Types (--type):
   q4_k_m      the real Q4_K_M mix (Q4_K / Q6_K): an f16 GGUF written next to OUT, then
               `llama-quantize F16 OUT Q4_K_M` (scripts/bench/build-llama-bench.sh --quantize builds
               it), the f16 file removed. gguf-py cannot quantize K types (NotImplementedError).
+  q5_k_m, q3_k_m, q2_k, iq4_xs, iq4_nl, q4_1, q5_1
+              the same way, llama-quantize's mix of that name (its per-tensor rules: e.g.
+              Q3_K_M keeps attn_v / ffn_down in Q4_K / Q5_K, Q2_K uses Q3_K / Q4_K there, and
+              rows that are not whole 256-element super-blocks fall back to a legacy type).
+              No importance matrix: llama-quantize requires one only for IQ1_*, IQ2_* and
+              Q2_K_S, not for these (IQ4_XS / IQ4_NL are then quantized with uniform weights).
 Norms and biases are F32 in every type. Same seed and arguments: the same bytes (legacy-mix,
 q8_0, f16 are pure NumPy; llama-quantize is deterministic too, checked by hashing two runs).
 
@@ -401,6 +408,10 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     w.close()
 
 
+# --type values llama-quantize makes from an f16 file (its ftype name is the upper-case value).
+LLAMA_QUANTIZE_TYPES = {"q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "q4_1", "q5_1"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
@@ -409,10 +420,11 @@ def main():
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
     ap.add_argument("--ffn", type=int, help="override the feed-forward size")
-    ap.add_argument("--type", dest="wtype", choices=["legacy-mix", "q8_0", "f16", "q4_k_m"], default="legacy-mix")
+    ap.add_argument("--type", dest="wtype", choices=["legacy-mix", "q8_0", "f16"] + sorted(LLAMA_QUANTIZE_TYPES),
+                    default="legacy-mix")
     ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="the GGUF whose tokenizer.* keys are copied")
     ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"),
-                    help="llama-quantize binary for --type q4_k_m (default: $LLAMA_QUANTIZE, else "
+                    help="llama-quantize binary for the --type it makes (default: $LLAMA_QUANTIZE, else "
                     "scripts/bench/build-llama-bench.sh --quantize builds one)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args()
@@ -454,7 +466,7 @@ def main():
 
     out = os.path.abspath(a.out)
     tmp = out + ".partial"
-    if a.wtype != "q4_k_m":
+    if a.wtype not in LLAMA_QUANTIZE_TYPES:
         write_gguf(tmp, cfg, a.wtype, a.seed, tok, a.quiet)
         os.replace(tmp, out)
         return 0
@@ -471,8 +483,8 @@ def main():
     try:
         write_gguf(f16, cfg, "f16", a.seed, tok, a.quiet)
         if not a.quiet:
-            print(f"make-synthetic-model: {lq} {f16} {tmp} Q4_K_M", file=sys.stderr)
-        p = subprocess.run([lq, f16, tmp, "Q4_K_M"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            print(f"make-synthetic-model: {lq} {f16} {tmp} {a.wtype.upper()}", file=sys.stderr)
+        p = subprocess.run([lq, f16, tmp, a.wtype.upper()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if p.returncode != 0:
             die(f"llama-quantize failed (exit {p.returncode}):\n{p.stdout[-2000:]}")
         os.replace(tmp, out)

@@ -65,6 +65,15 @@ if ! python3 -c "import gguf, numpy" 2>/dev/null; then
     || echo "== pip install gguf numpy failed: the synthetic-model test will fail" >&2
 fi
 
+# llama-quantize (llama.cpp's, built outside the repo and cached): fat-station's
+# engine_quant_mixes.rs makes the synthetic model in each llama-quantize mix (Q4_1 ... IQ4_XS).
+# Built when missing; when that works the test fails instead of skipping.
+if lq=$(bash scripts/bench/build-llama-bench.sh --quantize 2>/dev/null | tail -1) && [ -x "$lq" ]; then
+  export LLAMA_QUANTIZE=$lq AEON_REQUIRE_LLAMA_QUANTIZE=1
+else
+  echo "== llama-quantize build failed: the quantization-mix test will skip" >&2
+fi
+
 echo "== models"
 scripts/fetch-model.sh all
 echo "== build (release binaries used across crates)"

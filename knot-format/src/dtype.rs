@@ -96,6 +96,52 @@ impl DType {
         DType::ALL.into_iter().find(|t| t.ggml_id() == id)
     }
 
+    /// A `ggml_type` id KNOT does not store, named, with why (for the import's refusal):
+    /// e.g. `IQ2_XXS (an importance-matrix codebook quantization below 4 bits: ...)`.
+    pub fn unsupported_ggml_label(id: u32) -> String {
+        let (name, why) = match id {
+            9 => (
+                "Q8_1",
+                "an intermediate activation format, never a weight type in a file",
+            ),
+            15 => (
+                "Q8_K",
+                "an intermediate activation format, never a weight type in a file",
+            ),
+            16 | 17 | 22 => (
+                match id {
+                    16 => "IQ2_XXS",
+                    17 => "IQ2_XS",
+                    _ => "IQ2_S",
+                },
+                "a codebook (E8 lattice grid) quantization below 3 bits; the engine has no grid \
+                 tables or kernels for it: requantize to Q2_K, Q3_K or IQ4_XS",
+            ),
+            18 | 21 => (
+                if id == 18 { "IQ3_XXS" } else { "IQ3_S" },
+                "a codebook (grid) quantization below 4 bits; the engine has no grid tables or \
+                 kernels for it: requantize to Q3_K or IQ4_XS",
+            ),
+            19 | 29 => (
+                if id == 19 { "IQ1_S" } else { "IQ1_M" },
+                "a codebook quantization below 2 bits; the engine has no kernels for it: \
+                 requantize to Q2_K",
+            ),
+            24..=28 => ("I8/I16/I32/I64/F64", "a non-weight element type"),
+            34 | 35 => (
+                if id == 34 { "TQ1_0" } else { "TQ2_0" },
+                "a ternary format; the engine has no kernels for it",
+            ),
+            39 => ("MXFP4", "the engine has no kernels for it yet"),
+            4 | 5 | 31..=33 | 36..=38 => (
+                "a removed GGML type",
+                "llama.cpp itself no longer reads it: requantize from the original weights",
+            ),
+            _ => ("unknown", "not a type this reader knows"),
+        };
+        format!("{name}: {why}")
+    }
+
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
         match self {

@@ -104,7 +104,10 @@ pub enum KnotError {
         known: String,
     },
     /// A GGUF tensor has a type KNOT does not store.
-    #[error("{path}: tensor {tensor:?} has GGML type {ggml_type}, which KNOT does not support")]
+    #[error(
+        "{path}: tensor {tensor:?} has GGML type {ggml_type}, which KNOT does not support ({})",
+        crate::dtype::DType::unsupported_ggml_label(*.ggml_type)
+    )]
     UnsupportedDType {
         path: PathBuf,
         tensor: String,

@@ -760,6 +760,13 @@ mod tests {
         g.n_t += 1;
         let e = import(&g).unwrap_err();
         assert_eq!(e.tensor(), Some("blk.0.ffn_up.weight"), "{e}");
+        // ... with the type's name and the reason, on one line.
+        let msg = e.to_string();
+        assert!(
+            msg.contains("GGML type 16") && msg.contains("IQ2_XXS") && msg.contains("requantize"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "{msg}");
 
         let mut g = qwen_like();
         g.u32("tokenizer.ggml.bos_token_id", 99);

@@ -18,9 +18,9 @@
 //! | Q4_1 | 320   | `d[16]`, `m[16]` f16, `qs` as Q4_0                                        |
 //! | Q5_1 | 384   | `d[16]`, `m[16]`, `hm` and `qs` as Q5_0                                   |
 //!
-//! On aarch64 two types store their bytes for the NEON kernels (same sizes, same offsets):
+//! On aarch64 three types store their bytes for the NEON kernels (same sizes, same offsets):
 //! Q8_0 keeps the signed quants (no XOR: `sdot` and `smull` are signed x signed), and Q5_0's
-//! 64 mask bytes are transposed and inverted: byte 4r+i, bit g = NOT row r's 5th bit of element
+//! and Q5_1's 64 mask bytes are transposed and inverted: byte 4r+i, bit g = NOT row r's 5th bit of element
 //! 4g+i (so byte lane l of the 16 bytes from 16j is lane l of weight vector g's rows 4j..4j+4,
 //! and one `cmtst` marks the weights whose 5th bit is clear; see [`neon`]).
 //! [`unpack_tile_ref`] reads either layout back to the same `u`.
@@ -647,6 +647,7 @@ mod tests {
                 DType::Q5_0,
                 DType::Q5_1,
                 DType::Q8_0,
+                DType::IQ4_NL,
             ] {
                 let Some(dot) = k.rows16(dtype) else { continue };
                 for (pattern, cols) in [(0usize, 64), (1, 64), (2, 96)] {

@@ -441,7 +441,7 @@ mod tests {
     use super::*;
 
     /// 16 rows of `n` super-blocks whose quants all sit at `top` (Q2_K 3, Q3_K 7, Q4_K 15,
-    /// Q5_K 31, Q6_K 63) or 0, with the largest scales and mins, or (Q6_K) scales alternating
+    /// Q5_K 31, Q6_K 63, IQ4_XS index 15) or 0, with the largest scales and mins, or (Q6_K) scales alternating
     /// 127 / -128.
     fn extreme_rows(dtype: DType, n: usize, top: bool) -> Vec<u8> {
         let q = if top { 0xFF } else { 0 };
@@ -474,6 +474,16 @@ mod tests {
                         qs: [q; QK_K / 4],
                         d,
                         dmin: half::f16::from_f32(0.003).to_le_bytes(),
+                    };
+                    bytemuck::bytes_of(&b).to_vec()
+                }
+                DType::IQ4_XS => {
+                    // Indices 0xF / 0: table values 113 / -127; scales at their largest.
+                    let b = BlockIQ4XS {
+                        d,
+                        scales_h: [0xFF; 2],
+                        scales_l: [0xFF; 4],
+                        qs: [q; QK_K / 2],
                     };
                     bytemuck::bytes_of(&b).to_vec()
                 }
@@ -519,7 +529,8 @@ mod tests {
 
     /// Regression guard for the i16 accumulation of the plain NEON kernels: every weight quant
     /// at its top against activations at +-127 puts each i16 lane at its bound (Q4_K 15240,
-    /// Q6_K 32004); one product more per lane would wrap and change the bits. Every flavour
+    /// Q6_K 32004, IQ4_XS two products of -127 * -127: 32258); one product more per lane would
+    /// wrap and change the bits. Every flavour
     /// with a 16-row k-quant kernel must give the specification's bits, at 1 and 8 tokens.
     #[test]
     fn kquant_kernels_at_the_quant_extremes_give_the_reference_bits() {
@@ -530,6 +541,7 @@ mod tests {
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
+            DType::IQ4_XS,
         ] {
             for top in [true, false] {
                 let data = extreme_rows(dtype, n, top);

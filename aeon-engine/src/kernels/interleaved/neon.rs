@@ -1,4 +1,5 @@
-//! NEON kernels over [`super::Interleaved`] tiles (Q4_0, Q5_0, Q8_0), in two flavours: plain
+//! NEON kernels over [`super::Interleaved`] tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), in two
+//! flavours: plain
 //! (ARMv8.0, e.g. the Cortex-A53: `smull`/`smlal` into i16 lanes) and dotprod (`sdot`).
 //!
 //! A 128-bit register holds 4 weights of 4 rows (a "quad": rows 4j..4j+4, 16 bytes of a
@@ -29,13 +30,20 @@
 //!   5th bit is clear, and `sli`/`sri` by 4 put that into the high nibble next to the low /
 //!   high quant nibble: `nib - 16` or `nib`, i.e. `nib + 16 h - 16`. Two ops per vector.
 //! - Q8_0: the signed quants as stored on aarch64 (no XOR), loads only.
+//! - Q4_1: as Q4_0 with no offset; Q5_1: as Q5_0 (signed `u - 16`), the 16 added back through
+//!   the accumulator's initial value (`+16 * sum(q_x)`). Their f32 step is the reference's
+//!   `acc + (d_w * d_x * f32(isum) + m_w * d_x * f32(sum(q_x)))`, every product rounded on
+//!   its own (no fma).
+//! - IQ4_NL: the nibbles as Q4_0, then one `tbl` into the signed table: weights in
+//!   [-127, 113], two products per i16 lane as Q8_0.
 //!
 //! Only [`kernels`] exposes these; the dotprod ones only after the caller checked
 //! [`super::super::Isa::NeonDotprod`] is available.
 
 use super::super::blocks::BlockQ8A;
+use super::super::blocks::KVALUES_IQ4NL;
 use super::super::neon::f16x4;
-use super::{Rows16Dot, D_BYTES, Q5_HM, Q5_QS, ROWS};
+use super::{Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -43,10 +51,13 @@ use std::arch::asm;
 /// The 16-row kernels by type (`dotprod`: the `sdot` flavour; the caller must have checked
 /// `Isa::NeonDotprod.available()`).
 pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
-    let k: [(DType, Rows16Dot, Rows16Dot); 3] = [
+    let k: [(DType, Rows16Dot, Rows16Dot); 6] = [
         (DType::Q4_0, q4_0_plain, q4_0_sdot),
+        (DType::Q4_1, q4_1_plain, q4_1_sdot),
         (DType::Q5_0, q5_0_plain, q5_0_sdot),
+        (DType::Q5_1, q5_1_plain, q5_1_sdot),
         (DType::Q8_0, q8_0_plain, q8_0_sdot),
+        (DType::IQ4_NL, iq4_nl_plain, iq4_nl_sdot),
     ];
     k.iter()
         .map(|&(t, plain, sdot)| (t, if dotprod { sdot } else { plain }))
@@ -59,8 +70,11 @@ type Chunk = [[int8x16_t; 4]; 2];
 /// How one type's tile becomes weight vectors.
 trait Tile {
     const BYTES: usize;
-    /// Subtracted per token as `OFF * sum(q_x)`: the unpacked bytes are `weight + OFF`.
+    /// Subtracted per token as `OFF * sum(q_x)`: the specification's `isum` is
+    /// `sum(unpacked * q_x) - OFF * sum(q_x)` (Q5_1: -16, its unpacked bytes are `u - 16`).
     const OFF: i32;
+    /// Where the f16 mins sit (Q4_1, Q5_1: the f32 step with a min, see the module doc).
+    const MIN: Option<usize> = None;
     /// |unpacked byte| <= 16, so the plain flavour may add 16 products (|q_x| <= 127) in one
     /// i16 lane: `16 * 16 * 127 = 32512 <= 32767`. Else (Q8_0) at most 2 per lane.
     const SMALL: bool;
@@ -76,8 +90,11 @@ trait Tile {
 }
 
 struct Q4_0;
+struct Q4_1;
 struct Q5_0;
+struct Q5_1;
 struct Q8_0;
+struct IQ4NL;
 
 /// 64 bytes as 4 registers (one `ld1`).
 #[inline(always)]
@@ -93,6 +110,38 @@ fn s8(v: uint8x16_t) -> int8x16_t {
     unsafe { vreinterpretq_s8_u8(v) }
 }
 
+/// Chunk `K` of the nibble quants at `qs`: unsigned `u` in 0..16.
+#[inline(always)]
+unsafe fn nibble_chunk<const K: usize>(p: *const u8, qs: usize) -> Chunk {
+    // SAFETY: chunk K's 64 bytes lie inside the tile (the caller's contract).
+    let q = unsafe { load4(p.add(qs + 64 * K)) };
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let m4 = vdupq_n_u8(0x0F);
+        [
+            q.map(|v| s8(vandq_u8(v, m4))),
+            q.map(|v| s8(vshrq_n_u8::<4>(v))),
+        ]
+    }
+}
+
+/// Quad `j`'s 8 vectors of the nibble quants at `qs` (groups 0..8).
+#[inline(always)]
+unsafe fn nibble_quad(p: *const u8, qs: usize, j: usize) -> [int8x16_t; 8] {
+    // SAFETY: 16 bytes of each chunk inside the tile (j < 4); register-only NEON.
+    unsafe {
+        let q: [uint8x16_t; 4] = std::array::from_fn(|k| vld1q_u8(p.add(qs + 64 * k + 16 * j)));
+        let m4 = vdupq_n_u8(0x0F);
+        std::array::from_fn(|g| {
+            if g < 4 {
+                s8(vandq_u8(q[g], m4))
+            } else {
+                s8(vshrq_n_u8::<4>(q[g - 4]))
+            }
+        })
+    }
+}
+
 impl Tile for Q4_0 {
     const BYTES: usize = 16 * 18;
     const OFF: i32 = 8;
@@ -102,32 +151,100 @@ impl Tile for Q4_0 {
     unsafe fn pre(_: *const u8) {}
     #[inline(always)]
     unsafe fn chunk<const K: usize>(p: *const u8, _: ()) -> Chunk {
-        // SAFETY: chunk K's 64 bytes lie inside the tile.
-        let q = unsafe { load4(p.add(D_BYTES + 64 * K)) };
-        // SAFETY: register-only NEON (baseline).
+        // SAFETY: the caller's contract.
+        unsafe { nibble_chunk::<K>(p, D_BYTES) }
+    }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: the caller's contract.
+        unsafe { nibble_quad(p, D_BYTES, j) }
+    }
+}
+
+impl Tile for Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const OFF: i32 = 0;
+    const MIN: Option<usize> = Some(MIN_AT);
+    const SMALL: bool = true; // as Q4_0
+    type Pre = ();
+    #[inline(always)]
+    unsafe fn pre(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn chunk<const K: usize>(p: *const u8, _: ()) -> Chunk {
+        // SAFETY: the caller's contract.
+        unsafe { nibble_chunk::<K>(p, Q41_QS) }
+    }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: the caller's contract.
+        unsafe { nibble_quad(p, Q41_QS, j) }
+    }
+}
+
+impl Tile for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    const OFF: i32 = 0;
+    const SMALL: bool = false; // table values down to -127: two products per i16 lane
+    type Pre = int8x16_t;
+    #[inline(always)]
+    unsafe fn pre(_: *const u8) -> int8x16_t {
+        // SAFETY: the 16-byte table.
+        unsafe { vld1q_s8(KVALUES_IQ4NL.as_ptr()) }
+    }
+    #[inline(always)]
+    unsafe fn chunk<const K: usize>(p: *const u8, tbl: int8x16_t) -> Chunk {
+        // SAFETY: the caller's contract; `tbl` is baseline NEON (indices < 16).
         unsafe {
-            let m4 = vdupq_n_u8(0x0F);
-            [
-                q.map(|v| s8(vandq_u8(v, m4))),
-                q.map(|v| s8(vshrq_n_u8::<4>(v))),
-            ]
+            nibble_chunk::<K>(p, D_BYTES)
+                .map(|h| h.map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v))))
         }
     }
     #[inline(always)]
     unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
-        // SAFETY: 16 bytes of each chunk inside the tile (j < 4); register-only NEON.
+        // SAFETY: the caller's contract; the table as in `pre`.
         unsafe {
-            let q: [uint8x16_t; 4] =
-                std::array::from_fn(|k| vld1q_u8(p.add(D_BYTES + 64 * k + 16 * j)));
-            let m4 = vdupq_n_u8(0x0F);
-            std::array::from_fn(|g| {
-                if g < 4 {
-                    s8(vandq_u8(q[g], m4))
-                } else {
-                    s8(vshrq_n_u8::<4>(q[g - 4]))
-                }
-            })
+            let tbl = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+            nibble_quad(p, D_BYTES, j).map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v)))
         }
+    }
+}
+
+/// Chunk `K` of 5-bit quants (masks `h` from `hm`, nibbles at `qs`) as signed `u - 16`.
+#[inline(always)]
+unsafe fn five_chunk<const K: usize>(p: *const u8, qs: usize, h: [uint8x16_t; 4]) -> Chunk {
+    // SAFETY: chunk K's 64 qs bytes lie inside the tile (the caller's contract).
+    let q = unsafe { load4(p.add(qs + 64 * K)) };
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let (blo, bhi) = (opaque(vdupq_n_u8(1 << K)), opaque(vdupq_n_u8(1 << (K + 4))));
+        let mut out = [[vdupq_n_s8(0); 4]; 2];
+        for j in 0..4 {
+            // 0xFF where the 5th bit is clear (the mask bytes are stored inverted).
+            let (clo, chi) = (vtstq_u8(h[j], blo), vtstq_u8(h[j], bhi));
+            // High nibble | 0xF0 where clear: `nib + 16 h - 16` as a signed byte.
+            out[1][j] = s8(vsriq_n_u8::<4>(chi, q[j]));
+            out[0][j] = s8(vsliq_n_u8::<4>(q[j], clo));
+        }
+        out
+    }
+}
+
+/// Quad `j`'s 8 vectors of 5-bit quants (masks at `hm`, nibbles at `qs`) as signed `u - 16`.
+#[inline(always)]
+unsafe fn five_quad(p: *const u8, hm: usize, qs: usize, j: usize) -> [int8x16_t; 8] {
+    // SAFETY: quad j's 16 mask bytes and 16 bytes of each qs chunk lie inside the tile;
+    // register-only NEON. As `five_chunk`: 0xFF where the 5th bit is clear, then `sli`/`sri`.
+    unsafe {
+        let h = vld1q_u8(p.add(hm + 16 * j));
+        let q: [uint8x16_t; 4] = std::array::from_fn(|k| vld1q_u8(p.add(qs + 64 * k + 16 * j)));
+        std::array::from_fn(|g| {
+            let clear = vtstq_u8(h, opaque(vdupq_n_u8(1 << g)));
+            if g < 4 {
+                s8(vsliq_n_u8::<4>(q[g], clear))
+            } else {
+                s8(vsriq_n_u8::<4>(clear, q[g - 4]))
+            }
+        })
     }
 }
 
@@ -143,39 +260,37 @@ impl Tile for Q5_0 {
     }
     #[inline(always)]
     unsafe fn chunk<const K: usize>(p: *const u8, h: [uint8x16_t; 4]) -> Chunk {
-        // SAFETY: chunk K's 64 qs bytes lie inside the tile.
-        let q = unsafe { load4(p.add(Q5_QS + 64 * K)) };
-        // SAFETY: register-only NEON (baseline).
-        unsafe {
-            let (blo, bhi) = (opaque(vdupq_n_u8(1 << K)), opaque(vdupq_n_u8(1 << (K + 4))));
-            let mut out = [[vdupq_n_s8(0); 4]; 2];
-            for j in 0..4 {
-                // 0xFF where the 5th bit is clear (the mask bytes are stored inverted).
-                let (clo, chi) = (vtstq_u8(h[j], blo), vtstq_u8(h[j], bhi));
-                // High nibble | 0xF0 where clear: `nib + 16 h - 16` as a signed byte.
-                out[1][j] = s8(vsriq_n_u8::<4>(chi, q[j]));
-                out[0][j] = s8(vsliq_n_u8::<4>(q[j], clo));
-            }
-            out
-        }
+        // SAFETY: the caller's contract.
+        unsafe { five_chunk::<K>(p, Q5_QS, h) }
     }
     #[inline(always)]
     unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
-        // SAFETY: quad j's 16 mask bytes and 16 bytes of each qs chunk lie inside the tile;
-        // register-only NEON. As `chunk`: 0xFF where the 5th bit is clear, then `sli`/`sri`.
-        unsafe {
-            let h = vld1q_u8(p.add(Q5_HM + 16 * j));
-            let q: [uint8x16_t; 4] =
-                std::array::from_fn(|k| vld1q_u8(p.add(Q5_QS + 64 * k + 16 * j)));
-            std::array::from_fn(|g| {
-                let clear = vtstq_u8(h, opaque(vdupq_n_u8(1 << g)));
-                if g < 4 {
-                    s8(vsliq_n_u8::<4>(q[g], clear))
-                } else {
-                    s8(vsriq_n_u8::<4>(clear, q[g - 4]))
-                }
-            })
-        }
+        // SAFETY: the caller's contract.
+        unsafe { five_quad(p, Q5_HM, Q5_QS, j) }
+    }
+}
+
+impl Tile for Q5_1 {
+    const BYTES: usize = 16 * 24;
+    // The unpacked bytes are `u - 16`; the specification's isum is `sum(u * q_x)`.
+    const OFF: i32 = -16;
+    const MIN: Option<usize> = Some(MIN_AT);
+    const SMALL: bool = true; // as Q5_0
+    type Pre = [uint8x16_t; 4];
+    #[inline(always)]
+    unsafe fn pre(p: *const u8) -> [uint8x16_t; 4] {
+        // SAFETY: the 64 mask bytes lie inside the tile.
+        unsafe { load4(p.add(Q51_HM)) }
+    }
+    #[inline(always)]
+    unsafe fn chunk<const K: usize>(p: *const u8, h: [uint8x16_t; 4]) -> Chunk {
+        // SAFETY: the caller's contract.
+        unsafe { five_chunk::<K>(p, Q51_QS, h) }
+    }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: the caller's contract.
+        unsafe { five_quad(p, Q51_HM, Q51_QS, j) }
     }
 }
 
@@ -388,6 +503,7 @@ unsafe fn token_step<L: Tile, S: Src, const SDOT: bool>(
     src: &S,
     a: &BlockQ8A,
     dw: &[float32x4_t; 4],
+    mw: &[float32x4_t; 4],
     acc: &mut [float32x4_t; 4],
 ) {
     // SAFETY: the caller's source and flavour; the rest is register-only NEON (baseline) and
@@ -418,10 +534,33 @@ unsafe fn token_step<L: Tile, S: Src, const SDOT: bool>(
             chunk_wide::<S, 3>(src, x, &mut s);
             s.map(|[lo, hi]| vaddq_s32(init, vpaddq_s32(lo, hi)))
         };
-        let xd = vdupq_n_f32(a.d);
         for j in 0..4 {
-            acc[j] = vfmaq_f32(acc[j], dw[j], vmulq_f32(vcvtq_f32_s32(isum[j]), xd));
+            acc[j] = f32_step::<L>(acc[j], dw[j], mw[j], isum[j], a);
         }
+    }
+}
+
+/// One block's f32 step on 4 rows: `fma(d_w, f32(isum) * d_x, acc)`, or for the types with
+/// a min the reference's `acc + (d_w * d_x * f32(isum) + m_w * d_x * f32(sum(q_x)))`, each
+/// product rounded on its own.
+#[inline(always)]
+unsafe fn f32_step<L: Tile>(
+    acc: float32x4_t,
+    dw: float32x4_t,
+    mw: float32x4_t,
+    isum: int32x4_t,
+    a: &BlockQ8A,
+) -> float32x4_t {
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let xd = vdupq_n_f32(a.d);
+        if L::MIN.is_none() {
+            return vfmaq_f32(acc, dw, vmulq_f32(vcvtq_f32_s32(isum), xd));
+        }
+        let qsum = vdupq_n_f32((a.sums[0] as i32 + a.sums[1] as i32) as f32);
+        let dot = vmulq_f32(vmulq_f32(dw, xd), vcvtq_f32_s32(isum));
+        let min = vmulq_f32(vmulq_f32(mw, xd), qsum);
+        vaddq_f32(acc, vaddq_f32(dot, min))
     }
 }
 
@@ -554,11 +693,13 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
                 let p = tiles.as_ptr().add(b * L::BYTES);
                 let w = L::quad(p, j);
                 let dw = f16x4(p.add(8 * j));
+                let mw = match L::MIN {
+                    Some(at) => f16x4(p.add(at + 8 * j)),
+                    None => dw,
+                };
                 each_token!(T, |t| {
                     let a = &*xp[t].add(b);
-                    let tmp =
-                        vmulq_f32(vcvtq_f32_s32(quad_isum::<L, SDOT>(&w, a)), vdupq_n_f32(a.d));
-                    acc[t] = vfmaq_f32(acc[t], dw, tmp);
+                    acc[t] = f32_step::<L>(acc[t], dw, mw, quad_isum::<L, SDOT>(&w, a), a);
                 });
             }
         }
@@ -595,7 +736,12 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
             for b in 0..nb {
                 let p = tiles.as_ptr().add(b * L::BYTES);
                 let src = Direct::<L> { p, pre: L::pre(p) };
-                token_step::<L, _, SDOT>(&src, x[0].get_unchecked(b), &scales(p), &mut acc);
+                let dw = scales(p);
+                let mw = match L::MIN {
+                    Some(at) => scales(p.add(at)),
+                    None => dw,
+                };
+                token_step::<L, _, SDOT>(&src, x[0].get_unchecked(b), &dw, &mw, &mut acc);
             }
             store(&acc, &mut out[0]);
             return;
@@ -638,3 +784,6 @@ macro_rules! entries {
 entries!(Q4_0, q4_0_plain, q4_0_sdot, q4_0_tf);
 entries!(Q5_0, q5_0_plain, q5_0_sdot, q5_0_tf);
 entries!(Q8_0, q8_0_plain, q8_0_sdot, q8_0_tf);
+entries!(Q4_1, q4_1_plain, q4_1_sdot, q4_1_tf);
+entries!(Q5_1, q5_1_plain, q5_1_sdot, q5_1_tf);
+entries!(IQ4NL, iq4_nl_plain, iq4_nl_sdot, iq4_nl_tf);

@@ -1,4 +1,5 @@
-//! NEON kernels (aarch64) over the Q4_K / Q6_K 16-row tiles of [`super::kquants`].
+//! NEON kernels (aarch64) over the k-quant 16-row tiles of [`super::kquants`] (Q2_K, Q3_K,
+//! Q4_K, Q5_K, Q6_K, IQ4_XS).
 //!
 //! A 64-byte granule of a tile is 16 rows x 4 consecutive quant bytes; NEON register `j` of it
 //! (16 bytes) holds rows `4j..4j + 4`. So the kernels work one *row quad* `j` at a time: per
@@ -18,6 +19,11 @@
 //!   i32 and one `addp` to a lane per row. The i16 bounds are written where the products are
 //!   added.
 //!
+//! Q5_K, Q3_K and Q2_K keep the per-row reference's f32 expressions (`q5k_ref`, `k16_ref`
+//! in [`super::kquants`]): per-token partial sums `sd` (and `sm`) over the tile, added to the
+//! accumulator once per tile, every product rounded on its own. IQ4_XS's weights are its
+//! table values (`tbl`), signed, so the plain flavour adds two products per i16 lane only.
+//!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
 //! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
 //!
@@ -25,8 +31,13 @@
 //! CPU has dotprod ([`super::super::Isa::NeonDotprod`]).
 
 use super::super::blocks::BlockQ8A;
+use super::super::blocks::KVALUES_IQ4NL;
 use super::super::neon::f16x4;
-use super::kquants::{k6_qh, k6_ql, K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K6_BYTES, K6_D, K6_SC};
+use super::kquants::{
+    k6_qh, k6_ql, K2_BYTES, K2_D, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_D, K3_HM, K3_QS, K3_SC,
+    K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K6_BYTES, K6_D,
+    K6_SC, KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
+};
 use super::{Rows16Dot, ROWS};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
@@ -38,11 +49,19 @@ pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
         vec![
             (DType::Q4_K, rows16_q4_k_sdot as Rows16Dot),
             (DType::Q6_K, rows16_q6_k_sdot as Rows16Dot),
+            (DType::Q5_K, rows16_q5_k_sdot as Rows16Dot),
+            (DType::Q3_K, rows16_q3_k_sdot as Rows16Dot),
+            (DType::Q2_K, rows16_q2_k_sdot as Rows16Dot),
+            (DType::IQ4_XS, rows16_iq4_xs_sdot as Rows16Dot),
         ]
     } else {
         vec![
             (DType::Q4_K, rows16_q4_k_plain as Rows16Dot),
             (DType::Q6_K, rows16_q6_k_plain as Rows16Dot),
+            (DType::Q5_K, rows16_q5_k_plain as Rows16Dot),
+            (DType::Q3_K, rows16_q3_k_plain as Rows16Dot),
+            (DType::Q2_K, rows16_q2_k_plain as Rows16Dot),
+            (DType::IQ4_XS, rows16_iq4_xs_plain as Rows16Dot),
         ]
     }
 }
@@ -169,6 +188,19 @@ unsafe fn q4k_scales<const S: usize>(
     d: float32x4_t,
     dmin: float32x4_t,
 ) -> (float32x4_t, float32x4_t) {
+    // SAFETY: the caller's contract, passed on; the rest is register-only.
+    unsafe {
+        let v = k4_scale_min::<S>(p, j);
+        let sc = vcvtq_f32_u32(vmovl_u16(vget_low_u16(v)));
+        let m = vcvtq_f32_u32(vmovl_high_u16(v));
+        (vmulq_f32(d, sc), vmulq_f32(dmin, m))
+    }
+}
+
+/// Sub-block `S`'s 6-bit scales (lanes 0..4) and mins (lanes 4..8) of the quad at plane
+/// offset `j`, from the 12 scale planes of a Q4_K or Q5_K tile at `p` (same offsets).
+#[inline(always)]
+unsafe fn k4_scale_min<const S: usize>(p: *const u8, j: usize) -> uint16x8_t {
     // SAFETY: the planes lie inside the tile at `p` (the caller's contract); the rest is
     // register-only.
     unsafe {
@@ -185,10 +217,7 @@ unsafe fn q4k_scales<const S: usize>(
             let lo = vand_u8(lo, vdup_n_u8(0x0F));
             vsli_n_u8::<4>(lo, vshr_n_u8::<6>(hi))
         };
-        let v = vmovl_u8(v);
-        let sc = vcvtq_f32_u32(vmovl_u16(vget_low_u16(v)));
-        let m = vcvtq_f32_u32(vmovl_high_u16(v));
-        (vmulq_f32(d, sc), vmulq_f32(dmin, m))
+        vmovl_u8(v)
     }
 }
 
@@ -448,6 +477,432 @@ unsafe fn q6k_half_tile<const N: usize, const K: usize, const H: usize>(
     }
 }
 
+/// `init + ` the exact i32 sums of rows `4j..4j + 4` over 8 granules of signed weights as
+/// large as 127 in magnitude (IQ4_XS's table values): as [`isum_quad`], but the plain flavour
+/// adds only two products per i16 lane (`2 * 127 * 127 = 32258 <= 32767`) before widening.
+///
+/// SAFETY (callers): `x` points at 32 readable bytes; with `SDOT` the CPU has dotprod.
+#[inline(always)]
+unsafe fn isum_quad_wide<const SDOT: bool>(
+    w: &[[int8x16_t; 4]; 2],
+    x: *const i8,
+    init: int32x4_t,
+) -> int32x4_t {
+    if SDOT {
+        // SAFETY: the caller's contract.
+        return unsafe { isum_quad::<true, 2>(w, x, init) };
+    }
+    // SAFETY: the loads read `x[0..32]`; everything else is register-only.
+    unsafe {
+        let (mut slo, mut shi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+        for (h, wh) in w.iter().enumerate() {
+            let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h)));
+            for i in (0..4).step_by(2) {
+                let (x0, x1) = (lane_bytes(xr, i), lane_bytes(xr, i + 1));
+                let lo = vmull_s8(vget_low_s8(wh[i]), vget_low_s8(x0));
+                let lo = vmlal_s8(lo, vget_low_s8(wh[i + 1]), vget_low_s8(x1));
+                let hi = vmull_high_s8(wh[i], x0);
+                let hi = vmlal_high_s8(hi, wh[i + 1], x1);
+                slo = vpadalq_s16(slo, lo);
+                shi = vpadalq_s16(shi, hi);
+            }
+        }
+        vaddq_s32(init, vpaddq_s32(slo, shi))
+    }
+}
+
+/// `v >> n` on every byte, `n` (0..8) a constant after inlining (`ushl` by a negative count;
+/// LLVM folds it to an immediate shift).
+#[inline(always)]
+fn shr_u8(v: uint8x16_t, n: usize) -> uint8x16_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe { vshlq_u8(v, vdupq_n_s8(-(n as i8))) }
+}
+
+/// Q5_K: per sub-block 8 registers of 5-bit quants (Q4_K's nibble and one `qh` bit), then per
+/// token the reference's terms `d_x * f32(sc * isum)` and `d_x * f32(m * sum(q_x))`, added in
+/// pairs of sub-blocks into `sd` / `sm`, and once per tile `acc + (d * sd - dmin * sm)`.
+struct Q5K;
+
+/// Sub-block `S` of row quad `j` of a Q5_K tile at `p` for `T` tokens: each token's
+/// `(d_x * f32(sc * isum), d_x * f32(m * sum(q_x)))`.
+#[inline(always)]
+unsafe fn q5k_sub<const SDOT: bool, const T: usize, const S: usize>(
+    p: *const u8,
+    j: usize,
+    xb: &[*const BlockQ8A; T],
+) -> [(float32x4_t, float32x4_t); T] {
+    // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
+    // contract); the rest is register-only.
+    unsafe {
+        let v = k4_scale_min::<S>(p, j);
+        let sc = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(v)));
+        let m = vreinterpretq_s32_u32(vmovl_high_u16(v));
+        let qs = p.add(K5_QS + 512 * (S / 2) + 16 * j);
+        let qh = p.add(K5_QH + 16 * j);
+        let mut w = [[vdupq_n_s8(0); 4]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (i, wg) in wh.iter_mut().enumerate() {
+                let g = 4 * h + i;
+                let q = vld1q_u8(qs.add(64 * g));
+                let nib = if S % 2 == 1 { vshrq_n_u8::<4>(q) } else { q };
+                // Bit S of qh to bit 4 beside the nibble (junk above bit 4 masked off).
+                let u = vsliq_n_u8::<4>(nib, shr_u8(vld1q_u8(qh.add(64 * g)), S));
+                *wg = vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x1F)));
+            }
+        }
+        // i16 lanes: 8 products of at most 31 * 127 (31496 <= 32767), see `isum_quad`.
+        std::array::from_fn(|t| {
+            let a = xb[t].add(S);
+            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+            let qsum = (*a).sums[0] as i32 + (*a).sums[1] as i32;
+            let xd = (*a).d;
+            (
+                vmulq_n_f32(vcvtq_f32_s32(vmulq_s32(sc, isum)), xd),
+                vmulq_n_f32(vcvtq_f32_s32(vmulq_n_s32(m, qsum)), xd),
+            )
+        })
+    }
+}
+
+/// Sub-blocks `S` and `S + 1` of a Q5_K tile: `sd += x1 + x2`, `sm += y1 + y2`.
+#[inline(always)]
+unsafe fn q5k_pair<const SDOT: bool, const T: usize, const S: usize, const S1: usize>(
+    p: *const u8,
+    j: usize,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [float32x4_t; T],
+    sm: &mut [float32x4_t; T],
+) {
+    // SAFETY: the caller's contract, passed on; the rest is register-only.
+    unsafe {
+        let a = q5k_sub::<SDOT, T, S>(p, j, xb);
+        let b = q5k_sub::<SDOT, T, S1>(p, j, xb);
+        for t in 0..T {
+            sd[t] = vaddq_f32(sd[t], vaddq_f32(a[t].0, b[t].0));
+            sm[t] = vaddq_f32(sm[t], vaddq_f32(a[t].1, b[t].1));
+        }
+    }
+}
+
+impl KTile for Q5K {
+    const BYTES: usize = K5_BYTES;
+    #[inline(always)]
+    unsafe fn quad<const SDOT: bool, const T: usize>(
+        p: *const u8,
+        j: usize,
+        xb: &[*const BlockQ8A; T],
+        acc: &mut [float32x4_t; T],
+    ) {
+        // SAFETY: the caller's contract (see `KTile::quad`).
+        unsafe {
+            let d = f16x4(p.add(K5_D + 8 * j));
+            let dmin = f16x4(p.add(K5_DMIN + 8 * j));
+            let mut sd = [vdupq_n_f32(0.0); T];
+            let mut sm = [vdupq_n_f32(0.0); T];
+            q5k_pair::<SDOT, T, 0, 1>(p, j, xb, &mut sd, &mut sm);
+            q5k_pair::<SDOT, T, 2, 3>(p, j, xb, &mut sd, &mut sm);
+            q5k_pair::<SDOT, T, 4, 5>(p, j, xb, &mut sd, &mut sm);
+            q5k_pair::<SDOT, T, 6, 7>(p, j, xb, &mut sd, &mut sm);
+            for t in 0..T {
+                let v = vsubq_f32(vmulq_f32(d, sd[t]), vmulq_f32(dmin, sm[t]));
+                acc[t] = vaddq_f32(acc[t], v);
+            }
+        }
+    }
+}
+
+/// Q3_K and Q2_K: 2-bit quants (Q3_K: and an `hmask` bit), 16-element scale groups; per Q8A
+/// block the two halves' exact sums, `isum = sc_0 * ih_0 + sc_1 * ih_1`, and (Q2_K)
+/// `msum = m_0 * sums[0] + m_1 * sums[1]`, then the reference's `sd += d_x * f32(isum)`
+/// (`sm` alike); once per tile `acc + d * sd` (Q3_K) or `acc + (d * sd - dmin * sm)` (Q2_K).
+trait K16 {
+    const BYTES: usize;
+    /// Where the f16 mins sit (Q2_K).
+    const DMIN: Option<usize>;
+    /// Row quad `j`'s weight vectors of Q8A block `G` (signed: Q3_K `u - 4`, Q2_K `u`).
+    ///
+    /// SAFETY (callers): `p` points at a whole tile.
+    unsafe fn weights<const G: usize>(p: *const u8, j: usize) -> [[int8x16_t; 4]; 2];
+    /// Row quad `j`'s scales and mins (0 for Q3_K) of groups `2G` and `2G + 1`.
+    ///
+    /// SAFETY (callers): as [`K16::weights`].
+    unsafe fn scales<const G: usize>(p: *const u8, j: usize) -> [int32x4_t; 4];
+}
+
+struct Q3K;
+struct Q2K;
+
+/// Row quad `j`'s 2-bit fields of Q8A block `G` (= 4n + k: bits 2k, 2k + 1 of qs chunk n,
+/// whose granules start at `qs + 512 n`), 8 registers.
+#[inline(always)]
+unsafe fn two_bits<const G: usize>(qs: *const u8, j: usize) -> [[uint8x16_t; 4]; 2] {
+    let (n, k) = (G / 4, G % 4);
+    // SAFETY: 16 bytes of each of the chunk's 8 granules (the caller's contract).
+    unsafe {
+        let base = qs.add(512 * n + 16 * j);
+        std::array::from_fn(|h| {
+            std::array::from_fn(|i| {
+                vandq_u8(
+                    shr_u8(vld1q_u8(base.add(64 * (4 * h + i))), 2 * k),
+                    vdupq_n_u8(3),
+                )
+            })
+        })
+    }
+}
+
+impl K16 for Q3K {
+    const BYTES: usize = K3_BYTES;
+    const DMIN: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn weights<const G: usize>(p: *const u8, j: usize) -> [[int8x16_t; 4]; 2] {
+        let (n, k) = (G / 4, G % 4);
+        // SAFETY: the caller's contract; the hmask granules lie inside the tile.
+        unsafe {
+            let q = two_bits::<G>(p.add(K3_QS), j);
+            let hm = p.add(K3_HM + 16 * j);
+            let bit = vdupq_n_u8(1 << (4 * n + k));
+            std::array::from_fn(|h| {
+                std::array::from_fn(|i| {
+                    // u - 4 = q - 4 where the hmask bit is clear, q where it is set.
+                    let set = vtstq_u8(vld1q_u8(hm.add(64 * (4 * h + i))), bit);
+                    let four = vbicq_u8(vdupq_n_u8(4), set);
+                    vreinterpretq_s8_u8(vsubq_u8(q[h][i], four))
+                })
+            })
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(p: *const u8, j: usize) -> [int32x4_t; 4] {
+        // Groups a = 2G, b = 2G + 1 (both in the same quarter): low 4 bits from plane
+        // `g % 8` (high nibble for g >= 8), high 2 bits from plane `8 + g % 4` at bit
+        // `2 (g / 4)`; minus 32 (`scales_q3k`).
+        let (a, b) = (2 * G, 2 * G + 1);
+        // SAFETY: the scale planes lie inside the tile; the rest is register-only.
+        unsafe {
+            let plane = |i: usize| p.add(K3_SC + ROWS * i + 4 * j);
+            let lo = two_planes(plane(a % 8), plane(b % 8));
+            let lo = vand_u8(vshl_u8(lo, vdup_n_s8(-4 * (a / 8) as i8)), vdup_n_u8(0x0F));
+            let hi = two_planes(plane(8 + a % 4), plane(8 + b % 4));
+            let hi = vand_u8(vshl_u8(hi, vdup_n_s8(-2 * (a / 4) as i8)), vdup_n_u8(3));
+            let s = vsub_s8(vreinterpret_s8_u8(vsli_n_u8::<4>(lo, hi)), vdup_n_s8(32));
+            let s = vmovl_s8(s);
+            let zero = vdupq_n_s32(0);
+            [vmovl_s16(vget_low_s16(s)), vmovl_high_s16(s), zero, zero]
+        }
+    }
+}
+
+impl K16 for Q2K {
+    const BYTES: usize = K2_BYTES;
+    const DMIN: Option<usize> = Some(K2_DMIN);
+    #[inline(always)]
+    unsafe fn weights<const G: usize>(p: *const u8, j: usize) -> [[int8x16_t; 4]; 2] {
+        // SAFETY: the caller's contract.
+        unsafe { two_bits::<G>(p.add(K2_QS), j).map(|h| h.map(|v| vreinterpretq_s8_u8(v))) }
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(p: *const u8, j: usize) -> [int32x4_t; 4] {
+        // SAFETY: the scale planes lie inside the tile; the rest is register-only.
+        unsafe {
+            let v = two_planes(
+                p.add(K2_SC + ROWS * (2 * G) + 4 * j),
+                p.add(K2_SC + ROWS * (2 * G + 1) + 4 * j),
+            );
+            let sc = vmovl_u8(vand_u8(v, vdup_n_u8(0x0F)));
+            let m = vmovl_u8(vshr_n_u8::<4>(v));
+            let w = |v: uint16x4_t| vreinterpretq_s32_u32(vmovl_u16(v));
+            [
+                w(vget_low_u16(sc)),
+                w(vget_high_u16(sc)),
+                w(vget_low_u16(m)),
+                w(vget_high_u16(m)),
+            ]
+        }
+    }
+}
+
+/// Q8A block `G` of row quad `j` of a Q3_K / Q2_K tile for `T` tokens onto `sd` and `sm`.
+#[inline(always)]
+unsafe fn k16_block<K: K16, const SDOT: bool, const T: usize, const G: usize>(
+    p: *const u8,
+    j: usize,
+    xb: &[*const BlockQ8A; T],
+    sd: &mut [float32x4_t; T],
+    sm: &mut [float32x4_t; T],
+) {
+    // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
+    // contract); the rest is register-only.
+    unsafe {
+        let w = K::weights::<G>(p, j);
+        let [sc0, sc1, m0, m1] = K::scales::<G>(p, j);
+        for t in 0..T {
+            let a = xb[t].add(G);
+            let x = (*a).qs.as_ptr();
+            // i16 lanes: 4 products of at most 4 * 127 each.
+            let zero = vdupq_n_s32(0);
+            let i0 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[0]), x, zero);
+            let i1 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[1]), x.add(16), zero);
+            let isum = vmlaq_s32(vmulq_s32(sc0, i0), sc1, i1);
+            let xd = (*a).d;
+            sd[t] = vaddq_f32(sd[t], vmulq_n_f32(vcvtq_f32_s32(isum), xd));
+            if K::DMIN.is_some() {
+                let msum = vmlaq_n_s32(
+                    vmulq_n_s32(m0, (*a).sums[0] as i32),
+                    m1,
+                    (*a).sums[1] as i32,
+                );
+                sm[t] = vaddq_f32(sm[t], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
+            }
+        }
+    }
+}
+
+/// The Q3_K / Q2_K [`KTile`].
+struct Sixteen<K>(std::marker::PhantomData<K>);
+
+impl<K: K16> KTile for Sixteen<K> {
+    const BYTES: usize = K::BYTES;
+    #[inline(always)]
+    unsafe fn quad<const SDOT: bool, const T: usize>(
+        p: *const u8,
+        j: usize,
+        xb: &[*const BlockQ8A; T],
+        acc: &mut [float32x4_t; T],
+    ) {
+        // SAFETY: the caller's contract (see `KTile::quad`).
+        unsafe {
+            // Q3_K's and Q2_K's super-scales are both at 0.
+            const _: () = assert!(K3_D == 0 && K2_D == 0);
+            let d = f16x4(p.add(8 * j));
+            let mut sd = [vdupq_n_f32(0.0); T];
+            let mut sm = [vdupq_n_f32(0.0); T];
+            k16_block::<K, SDOT, T, 0>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 1>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 2>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 3>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 4>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 5>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 6>(p, j, xb, &mut sd, &mut sm);
+            k16_block::<K, SDOT, T, 7>(p, j, xb, &mut sd, &mut sm);
+            match K::DMIN {
+                Some(at) => {
+                    let dmin = f16x4(p.add(at + 8 * j));
+                    for t in 0..T {
+                        let v = vsubq_f32(vmulq_f32(d, sd[t]), vmulq_f32(dmin, sm[t]));
+                        acc[t] = vaddq_f32(acc[t], v);
+                    }
+                }
+                None => {
+                    for t in 0..T {
+                        acc[t] = vaddq_f32(acc[t], vmulq_f32(d, sd[t]));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// IQ4_XS: per sub-block 8 registers of signed table values (`tbl`), `d * (ls - 32)` for the
+/// quad, then per token `acc = fma(d * (ls - 32), f32(isum) * d_x, acc)`.
+struct IQ4XS;
+
+/// Sub-block `S` of row quad `j` of an IQ4_XS tile at `p` for `T` tokens.
+#[inline(always)]
+unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
+    p: *const u8,
+    j: usize,
+    d: float32x4_t,
+    tbl: int8x16_t,
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [float32x4_t; T],
+) {
+    // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
+    // contract); the rest is register-only.
+    unsafe {
+        // Lanes 0..4: the quad's `scales_l` byte S / 2, lanes 4..8: its `scales_h` byte S / 4;
+        // ls = (low nibble or high nibble) | (2 bits at 2 (S % 4)) << 4.
+        let v = two_planes(
+            p.add(KX_SL + ROWS * (S / 2) + 4 * j),
+            p.add(KX_SH + ROWS * (S / 4) + 4 * j),
+        );
+        let (s_lo, s_hi) = ((4 * (S % 2)) as u64, (2 * (S % 4)) as u64);
+        // Per byte lane the right-shift count as a negative `ushl` count.
+        let shifts = ((s_lo.wrapping_neg() & 0xFF) * 0x0101_0101)
+            | (((s_hi.wrapping_neg() & 0xFF) * 0x0101_0101) << 32);
+        let t = vand_u8(
+            vshl_u8(v, vcreate_s8(shifts)),
+            vcreate_u8(0x0303_0303_0F0F_0F0F),
+        );
+        let ls = vsli_n_u8::<4>(t, vext_u8::<4>(t, t));
+        let ls = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(ls))));
+        let dsc = vmulq_f32(d, vcvtq_f32_s32(vsubq_s32(ls, vdupq_n_s32(32))));
+        let qs = p.add(KX_QS + 256 * S + 16 * j);
+        let mut w = [[vdupq_n_s8(0); 4]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (i, wg) in wh.iter_mut().enumerate() {
+                let q = vld1q_u8(qs.add(64 * i));
+                let nib = if h == 0 {
+                    vandq_u8(q, vdupq_n_u8(0x0F))
+                } else {
+                    vshrq_n_u8::<4>(q)
+                };
+                *wg = vqtbl1q_s8(tbl, nib);
+            }
+        }
+        for t in 0..T {
+            let a = xb[t].add(S);
+            let isum = isum_quad_wide::<SDOT>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+            acc[t] = vfmaq_f32(acc[t], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), (*a).d));
+        }
+    }
+}
+
+impl KTile for IQ4XS {
+    const BYTES: usize = KX_BYTES;
+    #[inline(always)]
+    unsafe fn quad<const SDOT: bool, const T: usize>(
+        p: *const u8,
+        j: usize,
+        xb: &[*const BlockQ8A; T],
+        a: &mut [float32x4_t; T],
+    ) {
+        // SAFETY: the caller's contract (see `KTile::quad`); the table is 16 bytes.
+        unsafe {
+            let d = f16x4(p.add(KX_D + 8 * j));
+            let tbl = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+            iq4xs_sub::<SDOT, T, 0>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 1>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 2>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 3>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 4>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 5>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 6>(p, j, d, tbl, xb, a);
+            iq4xs_sub::<SDOT, T, 7>(p, j, d, tbl, xb, a);
+        }
+    }
+}
+
+/// One-token plain kernels of the types above (their own functions, as `q4k_one_plain`).
+macro_rules! one_plain {
+    ($($name:ident: $kind:ty),*) => {$(
+        #[inline(never)]
+        fn $name(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+            // SAFETY: NEON is baseline on aarch64; `run` bounds-checks the activation rows
+            // against the tile count and reads only whole tiles.
+            unsafe { run::<$kind, false, 1>(tiles, [x])[0] }
+        }
+    )*};
+}
+
+one_plain!(
+    q5k_one_plain: Q5K,
+    q3k_one_plain: Sixteen<Q3K>,
+    q2k_one_plain: Sixteen<Q2K>,
+    iq4xs_one_plain: IQ4XS
+);
+
 /// The one-token plain Q4_K kernel.
 #[inline(never)]
 fn q4k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
@@ -607,4 +1062,40 @@ entries!(
     q6k_one_sdot,
     rows16_q6_k_tf,
     q6k_one_tf
+);
+entries!(
+    Q5K,
+    rows16_q5_k_plain,
+    q5k_one_plain,
+    rows16_q5_k_sdot,
+    q5k_one_sdot,
+    rows16_q5_k_tf,
+    q5k_one_tf
+);
+entries!(
+    Sixteen<Q3K>,
+    rows16_q3_k_plain,
+    q3k_one_plain,
+    rows16_q3_k_sdot,
+    q3k_one_sdot,
+    rows16_q3_k_tf,
+    q3k_one_tf
+);
+entries!(
+    Sixteen<Q2K>,
+    rows16_q2_k_plain,
+    q2k_one_plain,
+    rows16_q2_k_sdot,
+    q2k_one_sdot,
+    rows16_q2_k_tf,
+    q2k_one_tf
+);
+entries!(
+    IQ4XS,
+    rows16_iq4_xs_plain,
+    iq4xs_one_plain,
+    rows16_iq4_xs_sdot,
+    iq4xs_one_sdot,
+    rows16_iq4_xs_tf,
+    iq4xs_one_tf
 );
