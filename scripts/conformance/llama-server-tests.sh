@@ -21,13 +21,13 @@ py=${PYTHON:-python3}
 die() { echo "llama-server-tests: $*" >&2; exit 2; }
 version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 cache=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}
-rel=vendor/llama.cpp/tools/server/tests
-src=$cache/$version/$rel
-if [ ! -f "$src/utils.py" ]; then
-  # Our own copy of the tests alone, beside the llama-bench build's (which unpacks the whole sdist).
-  src=$HOME/.cache/aeon-shell/llama-server-tests/$version/tests
+# The llama.cpp tree's root: the tests read chat templates from its models/templates.
+tree=$cache/$version/vendor/llama.cpp
+if [ ! -f "$tree/tools/server/tests/utils.py" ] || [ ! -d "$tree/models/templates" ]; then
+  # Our own copy of those two folders, beside the llama-bench build's (which unpacks the whole sdist).
+  tree=$HOME/.cache/aeon-shell/llama-server-tests/$version
 fi
-if [ ! -f "$src/utils.py" ]; then
+if [ ! -f "$tree/tools/server/tests/utils.py" ] || [ ! -d "$tree/models/templates" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   echo "llama-server-tests: pip download --no-binary llama-cpp-python --no-deps llama-cpp-python==$version" >&2
@@ -35,10 +35,11 @@ if [ ! -f "$src/utils.py" ]; then
     -d "$tmp" "llama-cpp-python==$version" >&2 || die "pip download llama-cpp-python==$version failed"
   sdist=$(ls "$tmp"/llama_cpp_python-*.tar.gz 2>/dev/null | head -n1)
   [ -n "$sdist" ] || die "no llama_cpp_python-*.tar.gz in the download"
-  mkdir -p "$tmp/x" "$(dirname "$src")"
-  tar -xzf "$sdist" -C "$tmp/x" --strip-components=1 "llama_cpp_python-$version/$rel" \
-    || die "no $rel in $sdist"
-  rm -rf "$src" && mv "$tmp/x/$rel" "$src"
+  mkdir -p "$tmp/x"
+  top=llama_cpp_python-$version/vendor/llama.cpp
+  tar -xzf "$sdist" -C "$tmp/x" --strip-components=3 "$top/tools/server/tests" "$top/models/templates" \
+    || die "no tools/server/tests or models/templates in $sdist"
+  mkdir -p "$(dirname "$tree")" && rm -rf "$tree" && mv "$tmp/x" "$tree"
 fi
 "$py" -c "import pytest, requests, openai, wget, filelock" 2>/dev/null \
   || die "python3 needs pytest requests openai wget filelock (pip install pytest requests openai wget filelock)"
@@ -51,9 +52,13 @@ export AEON_BIN_DIR=$bin
 export AEON_MODELS_DIR=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
 export AEON_SKIP_LIST=$root/scripts/conformance/llama-server-skip.txt
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/llama-server-tests.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-cp -a "$src/." "$work/"
+top=$(mktemp -d "${TMPDIR:-/tmp}/llama-server-tests.XXXXXX")
+trap 'rm -rf "$top"' EXIT
+# The tree's layout, so the tests' ../../../models/templates paths hold.
+mkdir -p "$top/tools/server" "$top/models"
+cp -a "$tree/tools/server/tests" "$top/tools/server/"
+cp -a "$tree/models/templates" "$top/models/"
+work=$top/tools/server/tests
 mkdir -p "$work/tmp"
 # The gateway's port: a free one (llama-server's tests default to 8080, which others may hold).
 PORT=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
