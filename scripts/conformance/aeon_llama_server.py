@@ -25,6 +25,8 @@ import requests
 import utils
 
 BIN = os.environ.get("AEON_BIN_DIR", "")
+STATION_BIN = os.environ.get("AEON_STATION_BIN") or os.path.join(BIN, "fat-station")
+MOONSHINE_BIN = os.environ.get("AEON_MOONSHINE_BIN") or os.path.join(BIN, "moonshine")
 MODELS = os.environ.get("AEON_MODELS_DIR", os.path.expanduser("~/.cache/aeon-shell/models"))
 
 # The suite's models (hub repo, file) -> our cached ones. stories260K (a 260K-parameter toy) is
@@ -55,6 +57,7 @@ LLAMA_SERVER_ONLY = [
     ("chat_template", "a chat template other than the model's own"),
     ("chat_template_file", "a chat template other than the model's own"),
     ("reasoning_format", "reasoning-format parsing"),
+    ("kv_unified", "one KV cache shared by all slots (--kv-unified)"),
 ]
 
 _stations = {}  # (knot, positions) -> (Popen, url)
@@ -86,7 +89,7 @@ def _station(knot, positions, sessions):
         del _stations[k]
     log = os.path.join(utils.TMP_DIR, f"station-{len(_stations)}-{os.getpid()}.log")
     os.makedirs(utils.TMP_DIR, exist_ok=True)
-    args = [os.path.join(BIN, "fat-station"), "--knot", knot, "--listen", "127.0.0.1:0",
+    args = [STATION_BIN, "--knot", knot, "--listen", "127.0.0.1:0",
             "--max-sessions", str(max(8, sessions * 2))]
     if positions:
         args += ["--max-positions", str(positions)]
@@ -113,16 +116,21 @@ def _start(self, timeout_seconds=utils.DEFAULT_HTTP_TIMEOUT):
     positions = self.n_ctx // slots if self.n_ctx else None
     station = _station(knot, positions, slots)
     host = self.server_host.split(",")[0].strip()
-    args = [os.path.join(BIN, "moonshine"), "serve", "--station", station, "-q",
+    args = [MOONSHINE_BIN, "serve", "--station", station, "-q",
             "--listen", f"{host}:{self.server_port}", "--max-concurrent", str(slots)]
     if self.model_alias:
         args += ["--served-model-name", self.model_alias]
     if self.api_key:
         args += ["--api-key", self.api_key]
-    if self.n_predict:
+    if self.n_predict and self.n_predict > 0:
         args += ["--default-max-tokens", str(self.n_predict)]
-    if self.cors_origins:
-        args += ["--allowed-origins", self.cors_origins]
+    if self.seed is not None and self.seed >= 0:
+        args += ["--seed", str(self.seed)]
+    # llama-server answers any origin unless --cors-origins narrows it; ours answers none
+    # unless --allowed-origins lists it.
+    args += ["--allowed-origins", self.cors_origins or "*"]
+    if not self.server_slots:
+        args.append("--no-slots")
     log = os.path.join(utils.TMP_DIR, f"gateway-{os.getpid()}.log")
     self._log = open(log, "w")
     self._log_path = log

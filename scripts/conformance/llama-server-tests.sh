@@ -13,7 +13,8 @@
 # Prints pytest's report and a per-file table (passed/failed/skipped); with
 # AEON_CONFORMANCE_JSON=FILE also writes that table as JSON. Exit: pytest's status (0: every
 # test that ran passed), 2 when the suite or a binary or a model is missing.
-# Env: LLAMA_CPP_PYTHON_VERSION (0.3.36), AEON_BIN_DIR (target/release), AEON_MODELS_DIR,
+# Env: LLAMA_CPP_PYTHON_VERSION (0.3.36), AEON_BIN_DIR (target/release; or AEON_STATION_BIN and
+# AEON_MOONSHINE_BIN, each binary's path), AEON_MODELS_DIR,
 # AEON_LLAMA_BENCH_DIR (where build-llama-bench.sh unpacked the sdist), PYTHON (python3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,8 +46,10 @@ fi
   || die "python3 needs pytest requests openai wget filelock (pip install pytest requests openai wget filelock)"
 
 bin=${AEON_BIN_DIR:-$root/target/release}
-for b in fat-station moonshine; do
-  [ -x "$bin/$b" ] || die "no $bin/$b (cargo build --release -p fat-station -p moonshine)"
+export AEON_STATION_BIN=${AEON_STATION_BIN:-$bin/fat-station}
+export AEON_MOONSHINE_BIN=${AEON_MOONSHINE_BIN:-$bin/moonshine}
+for b in "$AEON_STATION_BIN" "$AEON_MOONSHINE_BIN"; do
+  [ -x "$b" ] || die "no $b (cargo build --release -p fat-station -p moonshine)"
 done
 export AEON_BIN_DIR=$bin
 export AEON_MODELS_DIR=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
@@ -86,7 +89,7 @@ fi
 cd "$work"
 set +e
 PYTHONPATH="$root/scripts/conformance${PYTHONPATH:+:$PYTHONPATH}" \
-  "$py" -m pytest -p aeon_llama_server -q -rs --no-header -o cache_dir="$work/.pytest_cache" \
+  "$py" -m pytest -p aeon_llama_server -q -rfEs --no-header -o cache_dir="$work/.pytest_cache" \
   "${files[@]}" ${args[@]+"${args[@]}"}
 rc=$?
 set -e
