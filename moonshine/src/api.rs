@@ -1446,7 +1446,8 @@ mod tests {
         assert_eq!(indent_cut("x\n    y\nz = 3\n", 4), Some(8));
         // Blank lines and lines whose first character has not come are not judged.
         assert_eq!(indent_cut("x\n\n   ", 4), None);
-        assert_eq!(indent_cut("x\n\t\ty\n  }", 2), Some(6));
+        assert_eq!(indent_cut("x\n\t\ty\n  }", 2), None);
+        assert_eq!(indent_cut("x\n\t\ty\n }", 2), Some(6));
         assert_eq!(indent_cut("x\n}", 0), None);
     }
 
