@@ -1,8 +1,10 @@
 //! `moonshine serve`: an OpenAI-compatible gateway over a chain of stations.
 //!
-//! Routes: `POST /v1/chat/completions` (SSE when `stream: true`), `GET /v1/models`,
-//! `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the web page)
-//! and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
+//! Routes: `POST /v1/chat/completions` (SSE when `stream: true`), `/v1/completions`,
+//! `GET /v1/models` (each also without `/v1`), llama-server's own ([`llama_server`]:
+//! `/completion`, `/tokenize`, `/detokenize`, `/apply-template`, `/props`, `/slots`; and
+//! `/infill`), `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the
+//! web page) and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
 //!
 //! Shape (hyper 1.x, house style "Servers"): accept loop, one task per connection, an async
 //! handler matching `(method, path)`, state in `Arc<AppState>`, generation on the blocking
