@@ -57,6 +57,16 @@ if python3 -c "import litellm" 2>/dev/null \
   export AEON_REQUIRE_LITELLM=1
 fi
 
+# llama.cpp's own server tests (moonshine/tests/llama_server_suite.rs, through
+# scripts/conformance/llama-server-tests.sh) run under pytest and import requests, openai, wget
+# and filelock; the script fetches the tests from the llama-cpp-python sdist (pip download).
+suite_pkgs="pytest requests openai wget filelock"
+if python3 -c "import pytest, requests, openai, wget, filelock" 2>/dev/null \
+   || python3 -m pip install -q $suite_pkgs >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages $suite_pkgs >/dev/null 2>&1; then
+  export AEON_REQUIRE_LLAMA_SUITE=1
+fi
+
 # PyPI gguf + numpy: fat-station's synthetic-model test makes its model with
 # scripts/make-synthetic-model.py (and, when the golden's numpy differs, runs ref_forward.py).
 if ! python3 -c "import gguf, numpy" 2>/dev/null; then

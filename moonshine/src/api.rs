@@ -49,6 +49,8 @@ pub struct Limits {
     pub max_tokens_limit: usize,
     /// The model's vocabulary size (token ids in `logit_bias` and prompts must be below it).
     pub vocab: Option<u32>,
+    /// The seed of a request that gives none (`--seed`); `None`: a fresh one each time.
+    pub seed: Option<u64>,
 }
 
 /// What a generation continues.
@@ -60,12 +62,24 @@ pub enum PromptSpec {
     Text(String),
     /// Token ids as given.
     Ids(Vec<u32>),
+    /// llama-server's mixed prompt: text (special-token text parsed) and ids, in order.
+    Mixed(Vec<MixedPart>),
     /// Fill-in-the-middle: the code before and after the hole, and the start of the middle.
     Fim {
         prefix: String,
         suffix: String,
         middle: String,
+        /// llama-server's `input_extra`: other files of the project as (filename, text),
+        /// rendered before the prefix in the model's repository format.
+        extra: Vec<(String, String)>,
     },
+}
+
+/// One piece of a [`PromptSpec::Mixed`] prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MixedPart {
+    Text(String),
+    Ids(Vec<u32>),
 }
 
 /// A validated request.
@@ -89,6 +103,31 @@ pub struct Job {
     /// Chat with `tools` (and `tool_choice` not `none`): what the template renders and
     /// whether a call is forced.
     pub tools: Option<Tools>,
+    /// llama-server's `/completion` and `/infill` answer shape: what it asks beyond the
+    /// OpenAI fields (`None` for the OpenAI routes).
+    pub llama: Option<LlamaOpts>,
+}
+
+/// What llama-server's `/completion` and `/infill` bodies ask beyond the OpenAI fields.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LlamaOpts {
+    /// `n_probs`: alternatives per token in `completion_probabilities` (0: none shown).
+    pub n_probs: usize,
+    /// `return_tokens`: the answer lists the generated ids.
+    pub return_tokens: bool,
+    /// `n_indent`: stop at the first line indented less than this many whitespace characters.
+    pub n_indent: usize,
+}
+
+impl Job {
+    /// Whether the answer shows log-probabilities (the llama-server routes ask the sampler
+    /// for them always, to know each streamed piece's token ids).
+    pub fn shows_logprobs(&self) -> bool {
+        match &self.llama {
+            Some(l) => l.n_probs > 0,
+            None => self.logprobs.is_some(),
+        }
+    }
 }
 
 /// A JSON schema the output must match and the field that asked for it ([`Job::format`]).
@@ -138,7 +177,8 @@ struct SamplingFields {
 /// `POST /v1/chat/completions` body.
 #[derive(Deserialize, Debug)]
 struct ChatRequest {
-    model: Option<String>,
+    // `model` is not read: the served model answers whatever a request names, or when it
+    // names none (llama-server does the same; there is one model behind a gateway).
     messages: Option<Vec<ApiMessage>>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -156,7 +196,6 @@ struct ChatRequest {
 /// `POST /v1/completions` body.
 #[derive(Deserialize, Debug)]
 struct CompletionRequest {
-    model: Option<String>,
     prompt: Option<Prompt>,
     suffix: Option<String>,
     echo: Option<bool>,
@@ -181,6 +220,22 @@ struct InfillRequest {
     n_predict: Option<i64>,
     max_tokens: Option<i64>,
     stream: Option<bool>,
+    n_indent: Option<i64>,
+    n_probs: Option<i64>,
+    return_tokens: Option<bool>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
+}
+
+/// llama-server's `POST /completion` body.
+#[derive(Deserialize, Debug)]
+struct LlamaCompletionRequest {
+    prompt: Option<Value>,
+    n_predict: Option<i64>,
+    max_tokens: Option<i64>,
+    stream: Option<bool>,
+    n_probs: Option<i64>,
+    return_tokens: Option<bool>,
     #[serde(flatten)]
     sampling: SamplingFields,
 }
@@ -236,6 +291,8 @@ pub enum Route {
     Chat,
     Completions,
     Infill,
+    /// llama-server's `POST /completion`.
+    Completion,
 }
 
 /// Parses and validates a body for `route`.
@@ -258,6 +315,9 @@ pub fn parse(route: Route, body: &[u8], limits: &Limits) -> Result<Job, ApiError
             validate_completion(serde_json::from_value(v).map_err(typed)?, limits)
         }
         Route::Infill => validate_infill(serde_json::from_value(v).map_err(typed)?, limits),
+        Route::Completion => {
+            validate_llama_completion(serde_json::from_value(v).map_err(typed)?, limits)
+        }
     }
 }
 
@@ -269,7 +329,21 @@ fn format(s: &SamplingFields) -> Result<Option<(&'static str, Value)>, ApiError>
         let what = "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}";
         match rf.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some("json_object") => found.push(("response_format", json!({"type": "object"}))),
+            // llama-server's form: `{"type": "json_object", "schema": {...}}`.
+            Some("json_object") => match rf.get("schema") {
+                None | Some(Value::Null) => {
+                    found.push(("response_format", json!({"type": "object"})))
+                }
+                Some(s) if s.is_object() || s.is_boolean() => {
+                    found.push(("response_format", s.clone()))
+                }
+                Some(s) => {
+                    return Err(bad(
+                        Some("response_format"),
+                        format!("response_format.schema must be a JSON schema object, got {s}"),
+                    ))
+                }
+            },
             Some("json_schema") => {
                 let schema = rf
                     .get("json_schema")
@@ -316,6 +390,7 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
     let off = none || *v == Value::Bool(false);
     let is = |vals: &[&str]| v.as_str().is_some_and(|s| vals.contains(&s));
     let num = |n: f64| none || v.as_f64() == Some(n);
+    let llama = matches!(route, Route::Infill | Route::Completion);
     let (field, ok): (&'static str, bool) = match key {
         // OpenAI chat fields not built here, with the values that ask for nothing.
         "tools" if route != Route::Chat => ("tools", empty),
@@ -347,7 +422,6 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
         // The chat route has no `suffix` or `echo` (vLLM's chat `echo` included).
         "suffix" if route != Route::Completions => ("suffix", none),
         "echo" if route != Route::Completions => ("echo", off),
-        "input_extra" if route == Route::Infill => ("input_extra", empty),
         // llama-server and vLLM extensions that change the output and are not built here.
         "grammar" => ("grammar", none || v.as_str() == Some("")),
         "guided_regex" => ("guided_regex", none),
@@ -364,8 +438,8 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
         "ignore_eos" => ("ignore_eos", off),
         "min_tokens" => ("min_tokens", num(0.0)),
         "repetition_penalty" => ("repetition_penalty", num(1.0)),
-        "n_probs" => ("n_probs", num(0.0)),
-        "n_indent" => ("n_indent", num(0.0)),
+        "n_probs" if !llama => ("n_probs", num(0.0)),
+        "n_indent" if route != Route::Infill => ("n_indent", num(0.0)),
         "continue_final_message" => ("continue_final_message", off),
         "add_generation_prompt" => ("add_generation_prompt", none || *v == Value::Bool(true)),
         "chat_template_kwargs" => ("chat_template_kwargs", none),
@@ -376,7 +450,6 @@ pub fn unhonoured(route: Route, key: &str, v: &Value) -> Option<&'static str> {
 
 fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
     let fmt = format(&r.sampling)?;
-    need_model(r.model.as_deref())?;
     let msgs = r
         .messages
         .ok_or_else(|| bad(Some("messages"), "messages is required"))?;
@@ -464,12 +537,12 @@ fn validate_chat(r: ChatRequest, limits: &Limits) -> Result<Job, ApiError> {
         echo: false,
         format,
         tools,
+        llama: None,
     })
 }
 
 fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, ApiError> {
     let fmt = format(&r.sampling)?;
-    need_model(r.model.as_deref())?;
     one_choice(r.n, "n")?;
     let one = "one prompt per request (an array of one string or of one token list)";
     let prompt = match r
@@ -503,6 +576,7 @@ fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, Api
             prefix,
             suffix,
             middle: String::new(),
+            extra: Vec::new(),
         },
         (Some(_), _) => {
             return Err(bad(
@@ -523,44 +597,134 @@ fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, Api
         echo,
         format: fmt,
         tools: None,
+        llama: None,
     })
 }
 
 fn validate_infill(r: InfillRequest, limits: &Limits) -> Result<Job, ApiError> {
     let fmt = format(&r.sampling)?;
-    if r.stream == Some(true) {
-        return Err(bad(
-            Some("stream"),
-            "/infill does not stream here; use /v1/completions with suffix and stream",
-        ));
-    }
-    if r.input_extra.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(bad(Some("input_extra"), "input_extra is not supported"));
+    let mut extra = Vec::new();
+    for (i, chunk) in r.input_extra.iter().flatten().enumerate() {
+        // llama-server's rule: each chunk is {"text": string, "filename": string (optional)}.
+        let text = chunk.get("text").and_then(Value::as_str);
+        let filename = match chunk.get("filename") {
+            None | Some(Value::Null) => Some("tmp"),
+            Some(f) => f.as_str(),
+        };
+        let (Some(text), Some(filename)) = (text, filename) else {
+            return Err(bad(
+                Some("input_extra"),
+                format!("input_extra[{i}] must be {{\"text\": string, \"filename\": string}}, got {chunk}"),
+            ));
+        };
+        extra.push((filename.to_string(), text.to_string()));
     }
     let (prefix, suffix) = (
         r.input_prefix.unwrap_or_default(),
         r.input_suffix.unwrap_or_default(),
     );
-    let n = match r.n_predict.or(r.max_tokens) {
-        // llama-server's "no limit".
-        Some(-1) => None,
-        n => n,
+    let n_indent = match r.n_indent {
+        None => 0,
+        Some(n) if n >= 0 => n as usize,
+        Some(n) => {
+            return Err(bad(
+                Some("n_indent"),
+                format!("n_indent must be >= 0, got {n}"),
+            ))
+        }
     };
+    let n_probs = top_n(r.n_probs.unwrap_or(0), "n_probs")?;
     Ok(Job {
         prompt: PromptSpec::Fim {
             prefix,
             suffix,
             middle: r.prompt.unwrap_or_default(),
+            extra,
         },
-        stream: false,
+        stream: r.stream.unwrap_or(false),
         include_usage: false,
-        max_tokens: max_tokens(n, limits)?,
+        max_tokens: max_tokens(n_predict(r.n_predict.or(r.max_tokens)), limits)?,
         sampling: sampling(&r.sampling, limits)?,
         stops: stops(r.sampling.stop)?,
-        logprobs: None,
+        logprobs: Some(n_probs),
         echo: false,
         format: fmt,
         tools: None,
+        llama: Some(LlamaOpts {
+            n_probs,
+            return_tokens: r.return_tokens.unwrap_or(false),
+            n_indent,
+        }),
+    })
+}
+
+/// llama-server's `n_predict`: -1 is "no limit" (the gateway's default here).
+fn n_predict(n: Option<i64>) -> Option<i64> {
+    n.filter(|&n| n != -1)
+}
+
+/// llama-server's `/completion`: `prompt` is a string, token ids, or one list mixing both
+/// (ids and strings in order); several prompts in one request are refused.
+fn validate_llama_completion(r: LlamaCompletionRequest, limits: &Limits) -> Result<Job, ApiError> {
+    let fmt = format(&r.sampling)?;
+    let one = "prompt must be a string, a list of token ids, or one list mixing ids and strings (one prompt per request)";
+    let prompt = match r.prompt {
+        Some(Value::String(t)) => PromptSpec::Text(t),
+        // llama-server's JSON prompt: `{"prompt_string"}` (with `multimodal_data`: media,
+        // which no model here reads).
+        Some(Value::Object(o)) => match (o.get("prompt_string"), o.get("multimodal_data")) {
+            (Some(Value::String(t)), None) => PromptSpec::Text(t.clone()),
+            (_, Some(_)) => {
+                return Err(bad(
+                    Some("prompt"),
+                    "multimodal_data: this model reads text only",
+                ))
+            }
+            _ => return Err(bad(Some("prompt"), one)),
+        },
+        Some(Value::Array(items)) if !items.is_empty() => {
+            if items.iter().all(|i| i.is_i64() || i.is_u64()) {
+                let ids: Vec<i64> = items.iter().filter_map(Value::as_i64).collect();
+                if ids.len() != items.len() {
+                    return Err(bad(Some("prompt"), one));
+                }
+                PromptSpec::Ids(token_ids(&ids, limits)?)
+            } else if items.iter().all(|i| i.is_string() || i.is_i64()) {
+                let mut parts = Vec::new();
+                for i in &items {
+                    match i {
+                        Value::String(t) => parts.push(MixedPart::Text(t.clone())),
+                        v => parts.push(MixedPart::Ids(token_ids(
+                            &[v.as_i64().unwrap_or(-1)],
+                            limits,
+                        )?)),
+                    }
+                }
+                PromptSpec::Mixed(parts)
+            } else {
+                return Err(bad(Some("prompt"), one));
+            }
+        }
+        None => return Err(bad(Some("prompt"), "prompt is required")),
+        Some(_) => return Err(bad(Some("prompt"), one)),
+    };
+    let n_probs = top_n(r.n_probs.unwrap_or(0), "n_probs")?;
+    Ok(Job {
+        prompt,
+        stream: r.stream.unwrap_or(false),
+        include_usage: false,
+        max_tokens: max_tokens(n_predict(r.n_predict.or(r.max_tokens)), limits)?,
+        sampling: sampling(&r.sampling, limits)?,
+        stops: stops(r.sampling.stop)?,
+        logprobs: Some(n_probs),
+        echo: false,
+        format: fmt,
+        tools: None,
+        llama: Some(LlamaOpts {
+            n_probs,
+            return_tokens: r.return_tokens.unwrap_or(false),
+            n_indent: 0,
+        }),
     })
 }
 
@@ -641,13 +805,6 @@ fn tools(
         }),
         format,
     ))
-}
-
-fn need_model(model: Option<&str>) -> Result<(), ApiError> {
-    if model.is_none_or(str::is_empty) {
-        return Err(bad(Some("model"), "you must provide a model parameter"));
-    }
-    Ok(())
 }
 
 fn one_choice(n: Option<i64>, field: &'static str) -> Result<(), ApiError> {
@@ -742,7 +899,7 @@ fn sampling(f: &SamplingFields, limits: &Limits) -> Result<SamplingParams, ApiEr
         top_p: f.top_p.unwrap_or(1.0),
         repeat_penalty: f.repeat_penalty.unwrap_or(1.0),
         repeat_last_n: 64,
-        seed: f.seed.map(|s| s as u64).unwrap_or_else(|| {
+        seed: f.seed.map(|s| s as u64).or(limits.seed).unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
@@ -797,6 +954,37 @@ pub struct Answer<'a> {
     tools: Option<(bool, crate::tools::CallFilter)>,
     /// The request's function names (a bare call must name one).
     tool_names: Vec<String>,
+    /// llama-server's routes: what the request asked and its `generation_settings`.
+    llama: Option<(LlamaOpts, Value)>,
+    /// llama-server's routes, set when the generation ends: `{"stop_type", "usage",
+    /// "timings", "tokens"}` for the last chunk or the whole answer.
+    pub llama_done: Option<Value>,
+}
+
+/// What `system_fingerprint` says: this gateway's build (llama-server's is `b<build>-<commit>`,
+/// which clients and its tests read as starting with `b`).
+pub const SYSTEM_FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-moonshine");
+
+/// Where `text` (generated after the prompt's line) first has a line that starts less
+/// indented than `n` whitespace characters (llama-server's `n_indent`): the byte offset of
+/// that line's start. A line is judged at its first character that is not a space or a tab.
+pub fn indent_cut(text: &str, n: usize) -> Option<usize> {
+    if n == 0 {
+        return None;
+    }
+    let mut start = text.find('\n')? + 1;
+    loop {
+        let line = &text[start..];
+        let indent = line.chars().take_while(|c| *c == ' ' || *c == '\t').count();
+        match line[indent..].chars().next() {
+            // Not judged yet: an empty line, or one whose first character has not come.
+            Some('\n') => {}
+            None => return None,
+            Some(_) if indent < n => return Some(start),
+            Some(_) => {}
+        }
+        start += line.find('\n')? + 1;
+    }
 }
 
 impl<'a> Answer<'a> {
@@ -821,7 +1009,56 @@ impl<'a> Answer<'a> {
             offset,
             tools: None,
             tool_names: Vec::new(),
+            llama: None,
+            llama_done: None,
         }
+    }
+
+    /// llama-server's `/completion` and `/infill` shapes, with the request's
+    /// `generation_settings`.
+    pub fn with_llama(mut self, opts: LlamaOpts, settings: Value) -> Self {
+        self.llama = Some((opts, settings));
+        self
+    }
+
+    /// llama-server's last event or whole answer: `content` shown (the whole text, or empty
+    /// in a stream's last event), `full` the whole generated text.
+    fn llama_final(&mut self, content: &str, full: &str, lps: &[TokenLogprob]) -> Value {
+        let done = self.llama_done.clone().unwrap_or(Value::Null);
+        let (opts, settings) = self.llama.clone().unwrap_or_default();
+        let usage = &done["usage"];
+        let tokens = if opts.return_tokens {
+            done["tokens"].clone()
+        } else {
+            json!([])
+        };
+        let mut v = json!({"index": 0, "content": content, "tokens": tokens, "id_slot": -1,
+            "stop": true, "model": self.model, "tokens_predicted": usage["completion_tokens"],
+            "tokens_evaluated": usage["prompt_tokens"], "generation_settings": settings,
+            "has_new_line": full.contains('\n'), "truncated": false,
+            "stop_type": done["stop_type"], "stopping_word": "",
+            "tokens_cached": usage["prompt_tokens_details"]["cached_tokens"], "timings": done["timings"]});
+        if opts.n_probs > 0 {
+            v["completion_probabilities"] = self.llama_probs(lps);
+        }
+        v
+    }
+
+    /// llama-server's `completion_probabilities`: per token its id, text, bytes, log-probability
+    /// and the `n_probs` most likely alternatives.
+    fn llama_probs(&self, lps: &[TokenLogprob]) -> Value {
+        let text_of = self.text_of;
+        let entry = |id: u32, lp: f32| {
+            let t = text_of(id);
+            json!({"id": id, "token": t, "logprob": finite(lp), "bytes": t.as_bytes()})
+        };
+        lps.iter()
+            .map(|t| {
+                let mut e = entry(t.id, t.logprob);
+                e["top_logprobs"] = t.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                e
+            })
+            .collect()
     }
 
     /// Chat with tools: calls in the output become `tool_calls`; `forced`: the whole output
@@ -885,7 +1122,11 @@ impl<'a> Answer<'a> {
                 }
             }
         }
-        out.push(self.chunk("", lps, Some(finish)));
+        if self.llama.is_some() {
+            out.push(self.llama_final("", full, lps));
+            return out;
+        }
+        out.extend(self.chunk("", lps, Some(finish)));
         out
     }
 
@@ -893,7 +1134,7 @@ impl<'a> Answer<'a> {
     pub fn id_prefix(route: Route) -> &'static str {
         match route {
             Route::Chat => "chatcmpl-",
-            Route::Completions | Route::Infill => "cmpl-",
+            Route::Completions | Route::Infill | Route::Completion => "cmpl-",
         }
     }
 
@@ -918,7 +1159,8 @@ impl<'a> Answer<'a> {
                     .collect();
                 json!({ "content": content })
             }
-            Route::Completions | Route::Infill => {
+            Route::Infill | Route::Completion => self.llama_probs(lps),
+            Route::Completions => {
                 let (mut tokens, mut lp, mut top, mut offs) = (vec![], vec![], vec![], vec![]);
                 for t in lps {
                     let text = text_of(t.id);
@@ -943,14 +1185,16 @@ impl<'a> Answer<'a> {
             Route::Chat => "chat.completion.chunk",
             _ => "text_completion",
         };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]})
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice]})
     }
 
     /// The stream's opening chunk: chat's role, or completions' echoed prompt.
     pub fn first_chunk(&self) -> Option<Value> {
         match (self.route, &self.echo) {
+            // `content: null`, not "": no client is to see an empty piece of text.
             (Route::Chat, _) => Some(self.chunk_json(
-                json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+                json!({"index": 0, "delta": {"role": "assistant", "content": null}, "logprobs": null, "finish_reason": null}),
             )),
             (_, Some(e)) => Some(self.chunk_json(
                 json!({"index": 0, "text": e, "logprobs": null, "finish_reason": null}),
@@ -960,7 +1204,31 @@ impl<'a> Answer<'a> {
     }
 
     /// A chunk of text with the logprobs of the tokens behind it; with `finish`, the last.
-    pub fn chunk(&mut self, text: &str, lps: &[TokenLogprob], finish: Option<&str>) -> Value {
+    /// `None` when it would carry nothing (a chat piece whose text is held back, as a tool
+    /// call's, with no logprobs): no `{"delta": {"content": ""}}` chunks.
+    pub fn chunk(
+        &mut self,
+        text: &str,
+        lps: &[TokenLogprob],
+        finish: Option<&str>,
+    ) -> Option<Value> {
+        if self.llama.is_some() && finish.is_none() {
+            let shown = if self.logprobs {
+                Some(self.llama_probs(lps))
+            } else {
+                None
+            };
+            if text.is_empty() && lps.is_empty() {
+                return None;
+            }
+            let ids: Vec<u32> = lps.iter().map(|t| t.id).collect();
+            let mut v =
+                json!({"index": 0, "content": text, "tokens": ids, "stop": false, "id_slot": -1});
+            if let Some(p) = shown {
+                v["completion_probabilities"] = p;
+            }
+            return Some(v);
+        }
         let logprobs = self.logprobs_json(lps);
         let choice = match (self.route, finish) {
             (Route::Chat, None) => {
@@ -969,14 +1237,22 @@ impl<'a> Answer<'a> {
                     Some((false, f)) => f.push(text),
                     None => text.to_string(),
                 };
-                json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
+                if text.is_empty() && logprobs.is_null() {
+                    return None;
+                }
+                let delta = if text.is_empty() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null})
             }
             (Route::Chat, Some(f)) => {
                 json!({"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": f})
             }
             (_, f) => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": f}),
         };
-        self.chunk_json(choice)
+        Some(self.chunk_json(choice))
     }
 
     /// The stream's usage chunk (no choices).
@@ -994,12 +1270,11 @@ impl<'a> Answer<'a> {
         text: &str,
         lps: &[TokenLogprob],
         finish: &str,
-        stop_type: &str,
         usage: &Value,
     ) -> Value {
         let logprobs = self.logprobs_json(lps);
-        let head =
-            json!({"id": self.id, "created": self.created, "model": self.model, "usage": usage});
+        let head = json!({"id": self.id, "created": self.created, "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT, "usage": usage});
         let mut v = match self.route {
             Route::Chat => {
                 let (content, calls) = self.calls(text);
@@ -1019,9 +1294,8 @@ impl<'a> Answer<'a> {
                 json!({"object": "text_completion",
                     "choices": [{"index": 0, "text": full, "logprobs": logprobs, "finish_reason": finish}]})
             }
-            Route::Infill => {
-                return json!({"content": text, "stop": true, "stop_type": stop_type, "model": self.model,
-                    "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"]});
+            Route::Infill | Route::Completion => {
+                return self.llama_final(text, text, lps);
             }
         };
         for (k, x) in head.as_object().into_iter().flatten() {
@@ -1040,6 +1314,7 @@ mod tests {
         default_max_tokens: 16,
         max_tokens_limit: 100,
         vocab: Some(1000),
+        seed: None,
     };
 
     fn chat(v: Value) -> Result<Job, ApiError> {
@@ -1088,7 +1363,6 @@ mod tests {
     fn bad_requests_name_the_parameter() {
         let hi = json!([{"role": "user", "content": "hi"}]);
         let cases = [
-            (json!({"messages": hi}), "model"),
             (json!({"model": "m"}), "messages"),
             (json!({"model": "m", "messages": []}), "messages"),
             (
@@ -1155,6 +1429,82 @@ mod tests {
             refused(chat(json!({"model": "m", "messages": "hi"}))).0,
             StatusCode::BAD_REQUEST
         );
+    }
+
+    #[test]
+    fn a_request_without_model_is_served() {
+        let j = chat(json!({"messages": [{"role": "user", "content": "hi"}]}));
+        assert!(j.is_ok(), "{:?}", j.err());
+        let j = completion(json!({"prompt": "a"}));
+        assert!(j.is_ok(), "{:?}", j.err());
+    }
+
+    #[test]
+    fn n_indent_cuts_at_the_first_line_indented_less() {
+        // The first line continues the prompt's: never judged.
+        assert_eq!(indent_cut("x = 1\n    y = 2\n", 4), None);
+        assert_eq!(indent_cut("x\n    y\nz = 3\n", 4), Some(8));
+        // Blank lines and lines whose first character has not come are not judged.
+        assert_eq!(indent_cut("x\n\n   ", 4), None);
+        assert_eq!(indent_cut("x\n\t\ty\n  }", 2), None);
+        assert_eq!(indent_cut("x\n\t\ty\n }", 2), Some(6));
+        assert_eq!(indent_cut("x\n}", 0), None);
+    }
+
+    #[test]
+    fn llama_completion_prompts_and_infill_extra_validate() {
+        let p = |v: Value| parse(Route::Completion, v.to_string().as_bytes(), &LIMITS);
+        assert_eq!(
+            p(json!({"prompt": [1, "a", 2]})).unwrap().prompt,
+            PromptSpec::Mixed(vec![
+                MixedPart::Ids(vec![1]),
+                MixedPart::Text("a".into()),
+                MixedPart::Ids(vec![2])
+            ])
+        );
+        let j = p(json!({"prompt": [5, 6], "n_predict": -1, "n_probs": 3})).unwrap();
+        assert_eq!(
+            (j.prompt, j.max_tokens, j.logprobs),
+            (PromptSpec::Ids(vec![5, 6]), 16, Some(3))
+        );
+        for bad in [json!([[1], [2]]), json!({}), json!([1.5]), json!([5000])] {
+            assert_eq!(
+                refused(p(json!({ "prompt": bad }))).1,
+                Some("prompt"),
+                "{bad}"
+            );
+        }
+        let infill = |extra: Value| {
+            parse(
+                Route::Infill,
+                json!({"input_prefix": "a", "input_extra": extra})
+                    .to_string()
+                    .as_bytes(),
+                &LIMITS,
+            )
+        };
+        match infill(json!([{"filename": "f.h", "text": "int x;"}, {"text": "y"}]))
+            .unwrap()
+            .prompt
+        {
+            PromptSpec::Fim { extra, .. } => assert_eq!(
+                extra,
+                vec![("f.h".into(), "int x;".into()), ("tmp".into(), "y".into())]
+            ),
+            p => panic!("{p:?}"),
+        }
+        for bad in [
+            json!({}),
+            json!({"filename": "ok"}),
+            json!({"filename": 1, "text": "a"}),
+            json!({"text": 4}),
+        ] {
+            assert_eq!(
+                refused(infill(json!([bad]))).1,
+                Some("input_extra"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -1232,6 +1582,17 @@ mod tests {
         assert_eq!(
             f(json!({"response_format": {"type": "text"}})).unwrap(),
             None
+        );
+        // llama-server's form: the schema inside json_object.
+        assert_eq!(
+            f(json!({"response_format": {"type": "json_object", "schema": schema}})).unwrap(),
+            Some(("response_format", schema.clone()))
+        );
+        assert_eq!(
+            refused(f(
+                json!({"response_format": {"type": "json_object", "schema": 123}})
+            )),
+            (StatusCode::BAD_REQUEST, Some("response_format"))
         );
         assert_eq!(
             f(json!({"guided_json": schema})).unwrap(),
@@ -1321,7 +1682,8 @@ mod tests {
                 PromptSpec::Fim {
                     prefix: "a".into(),
                     suffix: "b".into(),
-                    middle: String::new()
+                    middle: String::new(),
+                    extra: vec![],
                 },
                 Some(2)
             )
@@ -1369,19 +1731,11 @@ mod tests {
                 PromptSpec::Fim {
                     prefix: "p".into(),
                     suffix: "s".into(),
-                    middle: "m".into()
+                    middle: "m".into(),
+                    extra: vec![],
                 },
                 7
             )
         );
-        let e = parse(
-            Route::Infill,
-            json!({"input_prefix": "p", "input_extra": [{"filename": "a", "text": "b"}]})
-                .to_string()
-                .as_bytes(),
-            &LIMITS,
-        )
-        .expect_err("refused");
-        assert_eq!(e.param, Some("input_extra"));
     }
 }

@@ -115,7 +115,9 @@ impl GenArgs {
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Serve an OpenAI-compatible API (`POST /v1/chat/completions`, `/v1/completions`,
-    /// `/infill`, `GET /v1/models`, `/metrics`, `/health`) over the stations.
+    /// `GET /v1/models`, also without `/v1`) and llama-server's routes (`/completion`,
+    /// `/infill`, `/tokenize`, `/detokenize`, `/apply-template`, `/props`, `/slots`), with
+    /// `/metrics` and `/health`, over the stations.
     Serve(Box<crate::serve::ServeArgs>),
     /// Discover stations and form a mesh (`moonshine mesh --help`).
     #[command(disable_help_flag = true)]

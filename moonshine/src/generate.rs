@@ -313,6 +313,7 @@ impl Backend {
         prefix: &str,
         suffix: &str,
         middle: &str,
+        extra: &[(String, String)],
     ) -> Result<Vec<u32>, GenError> {
         let t = self.tokenizer()?;
         let plain = |s: &str| -> Result<Vec<u32>, GenError> {
@@ -325,6 +326,27 @@ impl Backend {
             Some(i) if i.add_bos => i.bos_id.into_iter().collect(),
             _ => Vec::new(),
         };
+        if !extra.is_empty() {
+            // Other files of the project first, in the repository format Qwen2.5-Coder was
+            // trained on (`<|repo_name|>NAME\n`, then `<|file_sep|>PATH\nTEXT` per file); a
+            // model without those tokens gets each file as a plain `PATH\nTEXT` block.
+            let repo = self.special_id("<|repo_name|>")?;
+            let sep = self.special_id("<|file_sep|>")?;
+            if let Some(r) = repo {
+                ids.push(r);
+                ids.extend(plain("project\n")?);
+            }
+            for (name, text) in extra {
+                ids.extend(sep);
+                ids.extend(plain(&format!("{name}\n"))?);
+                ids.extend(plain(text)?);
+                if sep.is_none() && !text.ends_with('\n') {
+                    ids.extend(plain("\n")?);
+                }
+            }
+            // The file being edited comes last, unnamed.
+            ids.extend(sep);
+        }
         ids.push(fim.prefix);
         ids.extend(plain(prefix)?);
         ids.push(fim.suffix);

@@ -15,10 +15,22 @@ pub(super) fn allowed_origin<B>(allowed: &[String], req: &Request<B>) -> Option<
 
 /// A CORS preflight (`OPTIONS`): which methods and headers a browser may use; the
 /// allow-origin header is added by [`handle`] for an allowed origin only. No key is asked
-/// (browsers send none on a preflight).
-pub(super) fn preflight() -> Resp {
+/// (browsers send none on a preflight). The headers asked for are allowed back as asked
+/// (the OpenAI JS SDK sends `x-stainless-*` ones, a list no fixed answer keeps up with; a
+/// `*` would not cover `authorization`); a request naming none gets the two the API reads.
+pub(super) fn preflight<B>(req: &Request<B>) -> Resp {
+    // 200, not 204: both are a preflight's success, and llama-server's clients check for 200.
     let mut r = Response::new(Full::new(Bytes::new()).boxed());
-    *r.status_mut() = StatusCode::NO_CONTENT;
+    let asked = req
+        .headers()
+        .get("access-control-request-headers")
+        .filter(|v| {
+            // Header names, commas and spaces only: nothing else is echoed back.
+            v.as_bytes().iter().all(|&c| {
+                c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b',' | b' ' | b'.')
+            }) && !v.is_empty()
+        })
+        .cloned();
     let h = r.headers_mut();
     h.insert(
         "access-control-allow-methods",
@@ -26,9 +38,16 @@ pub(super) fn preflight() -> Resp {
     );
     h.insert(
         "access-control-allow-headers",
-        HeaderValue::from_static("authorization, content-type"),
+        asked.unwrap_or(HeaderValue::from_static("authorization, content-type")),
     );
     h.insert("access-control-max-age", HeaderValue::from_static("600"));
+    if req.headers().contains_key("access-control-request-headers") {
+        // The answer depends on what was asked: caches keep one per list.
+        h.insert(
+            "vary",
+            HeaderValue::from_static("access-control-request-headers"),
+        );
+    }
     r
 }
 

@@ -14,7 +14,7 @@ pub(super) struct Started {
 pub(super) fn prompt_param(route: Route) -> &'static str {
     match route {
         Route::Chat => "messages",
-        Route::Completions => "prompt",
+        Route::Completions | Route::Completion => "prompt",
         Route::Infill => "input_prefix",
     }
 }
@@ -137,11 +137,32 @@ pub(super) fn prompt_tokens(st: &AppState, job: &Job) -> Result<Prompted, GenErr
         }
         PromptSpec::Text(t) => b.tokenize(t, None)?,
         PromptSpec::Ids(ids) => ids.clone(),
+        PromptSpec::Mixed(parts) => {
+            // The model's BOS rule once, at the start; then each part as given.
+            let mut ids = match b.info.as_ref() {
+                Some(i) if i.add_bos => i.bos_id.into_iter().collect(),
+                _ => Vec::new(),
+            };
+            for p in parts {
+                match p {
+                    api::MixedPart::Text(t) => ids.extend(b.tokenize(t, Some(false))?),
+                    api::MixedPart::Ids(i) => ids.extend(i),
+                }
+            }
+            ids
+        }
         PromptSpec::Fim {
             prefix,
             suffix,
             middle,
-        } => b.fim_prompt(st.fim.ok_or(GenError::NoTokenizer)?, prefix, suffix, middle)?,
+            extra,
+        } => b.fim_prompt(
+            st.fim.ok_or(GenError::NoTokenizer)?,
+            prefix,
+            suffix,
+            middle,
+            extra,
+        )?,
     };
     let echo = match (&job.prompt, job.echo) {
         (_, false) => None,
@@ -249,6 +270,7 @@ async fn parse(st: &Arc<AppState>, req: Request<Incoming>, route: Route) -> Resu
         default_max_tokens: st.args.default_max_tokens,
         max_tokens_limit: st.args.max_tokens_limit,
         vocab: st.backend.info.as_ref().map(|i| i.vocab),
+        seed: st.args.seed,
     };
     let job = api::parse(route, &body, &limits)?;
     check_model(st, route, &job)?;
@@ -340,11 +362,14 @@ impl GenTask {
             now_s(),
             st.served_name.clone(),
             echo,
-            job.logprobs.is_some(),
+            job.shows_logprobs(),
             &text_of,
         );
         if let Some(t) = &job.tools {
             answer = answer.with_tools(t);
+        }
+        if let Some(l) = &job.llama {
+            answer = answer.with_llama(l.clone(), generation_settings(&job));
         }
         let session = lease
             .session
@@ -380,14 +405,28 @@ impl GenTask {
                 .first_chunk()
                 .is_some_and(|c| tx.blocking_send(sse(&c)).is_err());
         let mut sent_lps = 0;
+        // llama-server's `n_indent`: the text so far, and whether a line indented less than
+        // asked ended the answer (then the callback's `false` is a stop, not a client gone).
+        let n_indent = job.llama.as_ref().map_or(0, |l| l.n_indent);
+        let (mut so_far, mut indent_stop) = (String::new(), false);
         let out = g.run_with_logprobs(|text, lps| {
             sent_lps += lps.len();
-            !gone
-                && !is_cancelled()
-                && (!stream
-                    || tx
-                        .blocking_send(sse(&answer.chunk(text, lps, None)))
-                        .is_ok())
+            let mut text = text;
+            if n_indent > 0 {
+                let before = so_far.len();
+                so_far.push_str(text);
+                if let Some(cut) = api::indent_cut(&so_far, n_indent) {
+                    indent_stop = true;
+                    text = &text[..cut.saturating_sub(before).min(text.len())];
+                }
+            }
+            let failed = gone
+                || is_cancelled()
+                || (stream
+                    && answer
+                        .chunk(text, lps, None)
+                        .is_some_and(|c| tx.blocking_send(sse(&c)).is_err()));
+            !failed && !indent_stop
         });
         st.metrics
             .generation_us
@@ -403,6 +442,13 @@ impl GenTask {
                 return Err(api_error(e, pparam));
             }
         };
+        let mut o = o;
+        if indent_stop && o.finish == Finish::Cancelled && !is_cancelled() {
+            if let Some(cut) = api::indent_cut(&o.text, n_indent) {
+                o.text.truncate(cut);
+            }
+            o.finish = Finish::Stop;
+        }
         let completion = o.completion_tokens(&st.backend);
         lease.tokens = completion;
         count(&st, &id, &gen, &o, &prefill_timing, t0);
@@ -417,7 +463,20 @@ impl GenTask {
             Finish::Length => "length",
         };
         lease.finish = reason;
-        let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion, "total_tokens": o.prompt_tokens + completion});
+        // The prompt tokens the session already held (its prefix reused, not computed again).
+        let cached = o.prompt_tokens - o.prompt_sent;
+        let usage = json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": o.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}});
+        let stop_type = match (o.finish, o.tokens.last()) {
+            (Finish::Length, _) => "limit",
+            (_, Some(&t)) if st.backend.is_eog(t) => "eos",
+            _ => "word",
+        };
+        if job.llama.is_some() {
+            answer.llama_done = Some(json!({"stop_type": stop_type, "usage": usage,
+                "timings": llama_timings(&o, completion), "tokens": o.tokens}));
+        }
         if stream {
             // The last chunk carries the logprobs of tokens that added no text (a stop
             // string's), so the streamed logprobs are the whole answer's.
@@ -429,21 +488,38 @@ impl GenTask {
             if done && job.include_usage {
                 done = tx.blocking_send(sse(&answer.usage_chunk(&usage))).is_ok();
             }
-            if done {
+            // llama-server's own routes end with their `stop: true` event, no `[DONE]`.
+            if done && job.llama.is_none() {
                 let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
             }
             return Ok((Value::Null, o.timing));
         }
-        let stop_type = match (o.finish, o.tokens.last()) {
-            (Finish::Length, _) => "limit",
-            (_, Some(&t)) if st.backend.is_eog(t) => "eos",
-            _ => "word",
-        };
-        Ok((
-            answer.whole(&o.text, &o.logprobs, reason, stop_type, &usage),
-            o.timing,
-        ))
+        Ok((answer.whole(&o.text, &o.logprobs, reason, &usage), o.timing))
     }
+}
+
+/// llama-server's `generation_settings`: the sampling a request ran with.
+fn generation_settings(job: &Job) -> Value {
+    let s = &job.sampling;
+    json!({"n_predict": job.max_tokens, "seed": s.seed, "temperature": s.temperature,
+        "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty,
+        "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "stop": job.stops, "stream": job.stream,
+        "logit_bias": s.logit_bias.iter().map(|(id, b)| json!({"token": id, "bias": b})).collect::<Vec<_>>(),
+        "n_probs": job.llama.as_ref().map_or(0, |l| l.n_probs),
+        "n_indent": job.llama.as_ref().map_or(0, |l| l.n_indent)})
+}
+
+/// llama-server's `timings` from a finished generation.
+fn llama_timings(o: &GenOutcome, completion: usize) -> Value {
+    let (pms, dms) = (o.prefill_s * 1e3, o.decode_s * 1e3);
+    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    let rate = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    json!({"cache_n": o.prompt_tokens - o.prompt_sent, "prompt_n": o.prompt_sent,
+        "prompt_ms": pms, "prompt_per_token_ms": per(pms, o.prompt_sent),
+        "prompt_per_second": rate(pms, o.prompt_sent), "predicted_n": completion,
+        "predicted_ms": dms, "predicted_per_token_ms": per(dms, completion),
+        "predicted_per_second": rate(dms, completion)})
 }
 
 /// A finished generation in the metrics and in `/mesh`'s last generation.

@@ -1,8 +1,10 @@
 //! `moonshine serve`: an OpenAI-compatible gateway over a chain of stations.
 //!
-//! Routes: `POST /v1/chat/completions` (SSE when `stream: true`), `GET /v1/models`,
-//! `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the web page)
-//! and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
+//! Routes: `POST /v1/chat/completions` (SSE when `stream: true`), `/v1/completions`,
+//! `GET /v1/models` (each also without `/v1`), llama-server's own ([`llama_server`]:
+//! `/completion`, `/tokenize`, `/detokenize`, `/apply-template`, `/props`, `/slots`; and
+//! `/infill`), `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the
+//! web page) and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
 //!
 //! Shape (hyper 1.x, house style "Servers"): accept loop, one task per connection, an async
 //! handler matching `(method, path)`, state in `Arc<AppState>`, generation on the blocking
@@ -52,6 +54,7 @@ mod admission;
 mod auth;
 mod completion;
 mod lease;
+mod llama_server;
 mod metrics;
 mod sse;
 
@@ -101,6 +104,14 @@ pub struct ServeArgs {
     /// word (`Qwen2.5 Coder 0.5B Instruct AWQ` -> `qwen2.5-coder-0.5b-instruct`).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// The seed of a request that gives none (llama-server's `--seed`): the same request
+    /// then gets the same answer. Default: a fresh seed per request.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Answer `GET /slots` with 501 instead of listing the generation slots (llama-server's
+    /// `--no-slots`).
+    #[arg(long)]
+    pub no_slots: bool,
     #[command(flatten)]
     pub lookup: crate::lookup::LookupArgs,
 }
@@ -281,7 +292,7 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
     let t0 = Instant::now();
     let origin = allowed_origin(&st.args.allowed_origins, &req);
     let answer = if method == Method::OPTIONS {
-        Ok(preflight())
+        Ok(preflight(&req))
     } else if let Err(e) = authorize(&st, &req, &path) {
         Err(e)
     } else {
@@ -297,7 +308,7 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
     if let Some(o) = origin {
         let h = r.headers_mut();
         h.insert("access-control-allow-origin", o);
-        h.insert("vary", HeaderValue::from_static("origin"));
+        h.append("vary", HeaderValue::from_static("origin"));
     }
     // No answer is to be read as another type than it says (an error echoing a path, say).
     r.headers_mut().insert(
@@ -305,7 +316,10 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
         HeaderValue::from_static("nosniff"),
     );
     st.metrics.request(
-        if API_ROUTES.contains(&path.as_str()) || web::asset(&path).is_some() {
+        if API_ROUTES.contains(&path.as_str())
+            || llama_server::ROUTES.contains(&path.as_str())
+            || web::asset(&path).is_some()
+        {
             &path
         } else {
             "other"
@@ -446,6 +460,10 @@ const API_ROUTES: &[&str] = &[
     "/v1/completions",
     "/infill",
     "/v1/models",
+    // Without `/v1`, as llama-server and clients given a base URL without it call them.
+    "/chat/completions",
+    "/completions",
+    "/models",
     "/metrics",
     "/health",
     "/mesh",
@@ -457,11 +475,19 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
             return Ok(page(a));
         }
     }
+    let req = match llama_server::route(st, req).await {
+        Ok(answer) => return answer,
+        Err(req) => req,
+    };
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions") => completion(st, req, Route::Chat).await,
-        (&Method::POST, "/v1/completions") => completion(st, req, Route::Completions).await,
+        (&Method::POST, "/v1/chat/completions" | "/chat/completions") => {
+            completion(st, req, Route::Chat).await
+        }
+        (&Method::POST, "/v1/completions" | "/completions") => {
+            completion(st, req, Route::Completions).await
+        }
         (&Method::POST, "/infill") => completion(st, req, Route::Infill).await,
-        (&Method::GET, "/v1/models") => Ok(json_resp(
+        (&Method::GET, "/v1/models" | "/models") => Ok(json_resp(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": st.served_name, "object": "model", "created": st.created, "owned_by": "aeon-shell"}]}),
         )),
@@ -476,13 +502,19 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         }
         (&Method::GET, "/health") => health(st).await,
         (&Method::GET, "/mesh") => mesh(st).await,
-        (_, p) if API_ROUTES.contains(&p) || web::asset(p).is_some() => Err(ApiError {
-            status: StatusCode::METHOD_NOT_ALLOWED,
-            kind: "invalid_request_error",
-            code: Some("method_not_allowed"),
-            param: None,
-            message: format!("{} is not allowed on {p}", req.method()),
-        }),
+        (_, p)
+            if API_ROUTES.contains(&p)
+                || llama_server::ROUTES.contains(&p)
+                || web::asset(p).is_some() =>
+        {
+            Err(ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                kind: "invalid_request_error",
+                code: Some("method_not_allowed"),
+                param: None,
+                message: format!("{} is not allowed on {p}", req.method()),
+            })
+        }
         (_, p) => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
