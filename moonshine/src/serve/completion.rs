@@ -160,6 +160,17 @@ pub(super) async fn completion(
 ) -> Result<Resp, ApiError> {
     let t0 = Instant::now();
     let job = parse(st, req, route).await?;
+    generate(st, job, route, Box::new(OpenAi), t0).await
+}
+
+/// Admits, tokenizes and runs a parsed job; `dialect` writes the answer in its API's shapes.
+pub(super) async fn generate(
+    st: &Arc<AppState>,
+    job: Job,
+    route: Route,
+    mut dialect: Box<dyn Dialect>,
+    t0: Instant,
+) -> Result<Resp, ApiError> {
     // Admission before any station call; the slot is held from here on (RAII).
     let permit = admit(st).await?;
     let queue_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -170,6 +181,7 @@ pub(super) async fn completion(
     st.backend
         .check_context(prompt.len())
         .map_err(|e| api_error(e, pparam))?;
+    dialect.prompt(prompt.len());
     let lease = Lease::new(st, permit, &prompt)?;
     let gen = GenRequest {
         prompt,
@@ -201,7 +213,9 @@ pub(super) async fn completion(
         tx,
         ready_tx,
         t0,
+        dialect,
     };
+    let stream_type = task.dialect.stream_type();
     let gen_task = tokio::task::spawn_blocking(move || task.run());
     let timing_header = move |t: &Timing| {
         format!(
@@ -227,6 +241,7 @@ pub(super) async fn completion(
             rx,
             cancel_guard,
             &timing_header(&started.timing),
+            stream_type,
         ));
     }
     drop(rx);
@@ -310,6 +325,8 @@ struct GenTask {
     /// The prefill's outcome, which decides the status line.
     ready_tx: oneshot::Sender<Result<Started, ApiError>>,
     t0: Instant,
+    /// The API whose shapes the answer takes.
+    dialect: Box<dyn Dialect>,
 }
 
 impl GenTask {
@@ -328,7 +345,10 @@ impl GenTask {
             tx,
             ready_tx,
             t0,
+            mut dialect,
         } = self;
+        // Sends the translation of one chunk (false: the client is gone).
+        let send = |out: Vec<Bytes>| out.into_iter().all(|b| tx.blocking_send(b).is_ok());
         let pparam = prompt_param(route);
         let stream = job.stream;
         let t = Instant::now();
@@ -378,16 +398,13 @@ impl GenTask {
         let gone = stream
             && answer
                 .first_chunk()
-                .is_some_and(|c| tx.blocking_send(sse(&c)).is_err());
+                .is_some_and(|c| !send(dialect.chunk(&c)));
         let mut sent_lps = 0;
         let out = g.run_with_logprobs(|text, lps| {
             sent_lps += lps.len();
             !gone
                 && !is_cancelled()
-                && (!stream
-                    || tx
-                        .blocking_send(sse(&answer.chunk(text, lps, None)))
-                        .is_ok())
+                && (!stream || send(dialect.chunk(&answer.chunk(text, lps, None))))
         });
         st.metrics
             .generation_us
@@ -396,11 +413,19 @@ impl GenTask {
             Ok(o) => o,
             Err(e) => {
                 warn!(id = %id, "generation failed: {e}");
+                let e = api_error(e, pparam);
                 if stream {
-                    let _ = tx.blocking_send(sse(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": "station_error"}})));
-                    let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+                    let failed = ApiError {
+                        status: e.status,
+                        kind: "server_error",
+                        code: Some("station_error"),
+                        param: None,
+                        message: e.message.clone(),
+                    };
+                    send(dialect.stream_error(&failed));
+                    send(dialect.done());
                 }
-                return Err(api_error(e, pparam));
+                return Err(e);
             }
         };
         let completion = o.completion_tokens(&st.backend);
@@ -425,12 +450,12 @@ impl GenTask {
             let mut done = answer
                 .last_chunks(&o.text, rest, reason)
                 .iter()
-                .all(|c| tx.blocking_send(sse(c)).is_ok());
+                .all(|c| send(dialect.chunk(c)));
             if done && job.include_usage {
-                done = tx.blocking_send(sse(&answer.usage_chunk(&usage))).is_ok();
+                done = send(dialect.chunk(&answer.usage_chunk(&usage)));
             }
             if done {
-                let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+                send(dialect.done());
             }
             return Ok((Value::Null, o.timing));
         }
@@ -440,7 +465,7 @@ impl GenTask {
             _ => "word",
         };
         Ok((
-            answer.whole(&o.text, &o.logprobs, reason, stop_type, &usage),
+            dialect.whole(answer.whole(&o.text, &o.logprobs, reason, stop_type, &usage)),
             o.timing,
         ))
     }
@@ -482,7 +507,12 @@ fn count(
 }
 
 /// Step 4, streamed: the event stream, with the prefill's `Server-Timing`.
-fn answer_stream(rx: mpsc::Receiver<Bytes>, cancel: CancelOnDrop, timing: &str) -> Resp {
+fn answer_stream(
+    rx: mpsc::Receiver<Bytes>,
+    cancel: CancelOnDrop,
+    timing: &str,
+    content_type: &'static str,
+) -> Resp {
     let mut r = Response::new(
         SseBody {
             rx,
@@ -491,7 +521,7 @@ fn answer_stream(rx: mpsc::Receiver<Bytes>, cancel: CancelOnDrop, timing: &str) 
         .boxed(),
     );
     let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert("cache-control", HeaderValue::from_static("no-cache"));
     if let Ok(v) = HeaderValue::from_str(timing) {
         h.insert("server-timing", v);

@@ -49,15 +49,20 @@ use crate::target::TargetArgs;
 use crate::web::{self, ChainView, HopView, LastGeneration, MeshView};
 
 mod admission;
+mod anthropic;
 mod auth;
 mod completion;
+mod dialect;
 mod lease;
 mod metrics;
+mod ollama;
+mod responses;
 mod sse;
 
 use admission::*;
 use auth::*;
 use completion::*;
+use dialect::{Dialect, OpenAi};
 use lease::*;
 pub use metrics::{Latency, Metrics};
 use sse::*;
@@ -449,6 +454,14 @@ const API_ROUTES: &[&str] = &[
     "/metrics",
     "/health",
     "/mesh",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/version",
+    "/v1/responses",
 ];
 
 async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
@@ -461,6 +474,15 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         (&Method::POST, "/v1/chat/completions") => completion(st, req, Route::Chat).await,
         (&Method::POST, "/v1/completions") => completion(st, req, Route::Completions).await,
         (&Method::POST, "/infill") => completion(st, req, Route::Infill).await,
+        // The other APIs clients speak: translations at the edge (serve::dialect).
+        (&Method::POST, "/v1/messages") => anthropic::messages(st, req).await,
+        (&Method::POST, "/v1/messages/count_tokens") => anthropic::count_tokens(st, req).await,
+        (&Method::POST, "/v1/responses") => responses::responses(st, req).await,
+        (&Method::POST, "/api/chat") => ollama::chat(st, req).await,
+        (&Method::POST, "/api/generate") => ollama::generate_route(st, req).await,
+        (&Method::GET, "/api/tags") => Ok(ollama::tags(st)),
+        (&Method::POST, "/api/show") => ollama::show(st, req).await,
+        (&Method::GET | &Method::HEAD, "/api/version") => Ok(ollama::version()),
         (&Method::GET, "/v1/models") => Ok(json_resp(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": st.served_name, "object": "model", "created": st.created, "owned_by": "aeon-shell"}]}),
