@@ -59,7 +59,7 @@ fi
 
 # The other APIs' clients (moonshine/tests/apis.rs): Anthropic's and Ollama's official Python
 # libraries drive /v1/messages and /api/*.
-if python3 -c "import anthropic, ollama" 2>/dev/null \
+if python3 -c "import anthropic, ollama, httpx" 2>/dev/null \
    || python3 -m pip install -q anthropic ollama >/dev/null 2>&1 \
    || python3 -m pip install -q --break-system-packages anthropic ollama >/dev/null 2>&1; then
   export AEON_REQUIRE_API_CLIENTS=1

@@ -55,3 +55,29 @@ fn the_anthropic_client_chats_streams_and_calls_tools() {
     let gw = gateway(&st.url, &[]);
     run_script(&gw.url, "check_anthropic.py", "9 passed, 0 failed");
 }
+
+#[test]
+fn the_ollama_client_chats_generates_streams_and_calls_tools() {
+    let Some((knot, bin)) = setup() else { return };
+    if !python_has(&["ollama", "httpx"], "AEON_REQUIRE_API_CLIENTS") {
+        return;
+    }
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &[]);
+    run_script(&gw.url, "check_ollama.py", "8 passed, 0 failed");
+}
+
+#[test]
+fn the_openai_client_drives_the_responses_api() {
+    let Some((knot, bin)) = setup() else { return };
+    if !python_has(&["openai"], "AEON_REQUIRE_OPENAI") {
+        return;
+    }
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &[]);
+    run_script(
+        &format!("{}/v1", gw.url),
+        "check_responses.py",
+        "8 passed, 0 failed",
+    );
+}

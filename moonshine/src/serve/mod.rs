@@ -3,6 +3,8 @@
 //! Routes: `POST /v1/chat/completions` (SSE when `stream: true`), `GET /v1/models`,
 //! `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the web page)
 //! and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
+//! The other APIs (Anthropic's `/v1/messages`, Ollama's `/api/*`, OpenAI's `/v1/responses`)
+//! are translations onto the same request model ([`dialect`]; `specs/other-apis.md`).
 //!
 //! Shape (hyper 1.x, house style "Servers"): accept loop, one task per connection, an async
 //! handler matching `(method, path)`, state in `Arc<AppState>`, generation on the blocking
