@@ -894,3 +894,38 @@ fn seal_refusal(e: SealError) -> Refusal {
     };
     refuse(status, code, e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hidden_ask_goes_alone_with_logits() {
+        let hidden = wire::ExitAsk {
+            hidden: true,
+            ..Default::default()
+        };
+        assert!(check_ask(&hidden, false, 3).is_ok());
+        // Hidden states of every row: not with a token answer, a sampler or candidates.
+        assert!(check_ask(&hidden, true, 3).is_err());
+        for ask in [
+            wire::ExitAsk {
+                logprobs: Some(2),
+                ..hidden.clone()
+            },
+            wire::ExitAsk {
+                candidates: Some(4),
+                ..hidden.clone()
+            },
+            wire::ExitAsk {
+                drafts: vec![1],
+                ..hidden.clone()
+            },
+        ] {
+            assert!(check_ask(&ask, false, 3).is_err(), "{ask:?}");
+        }
+        // An ask without it serializes as before (older stations read it unchanged).
+        let plain = serde_json::to_string(&wire::ExitAsk::default()).expect("json");
+        assert!(!plain.contains("hidden"), "{plain}");
+    }
+}

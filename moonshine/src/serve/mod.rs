@@ -55,6 +55,7 @@ mod anthropic;
 mod auth;
 mod completion;
 mod dialect;
+mod embeddings;
 mod lease;
 mod metrics;
 mod ollama;
@@ -108,6 +109,10 @@ pub struct ServeArgs {
     /// word (`Qwen2.5 Coder 0.5B Instruct AWQ` -> `qwen2.5-coder-0.5b-instruct`).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// How `/v1/embeddings` pools an input's rows into one vector (mean, as llama-server
+    /// `--embeddings --pooling mean` on a generative model; `last`; `cls`: the first row).
+    #[arg(long, value_enum, default_value_t = embeddings::Pooling::Mean)]
+    pub pooling: embeddings::Pooling,
     #[command(flatten)]
     pub lookup: crate::lookup::LookupArgs,
 }
@@ -464,6 +469,7 @@ const API_ROUTES: &[&str] = &[
     "/api/show",
     "/api/version",
     "/v1/responses",
+    "/v1/embeddings",
 ];
 
 async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
@@ -479,6 +485,7 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         // The other APIs clients speak: translations at the edge (serve::dialect).
         (&Method::POST, "/v1/messages") => anthropic::messages(st, req).await,
         (&Method::POST, "/v1/messages/count_tokens") => anthropic::count_tokens(st, req).await,
+        (&Method::POST, "/v1/embeddings") => embeddings::embeddings(st, req).await,
         (&Method::POST, "/v1/responses") => responses::responses(st, req).await,
         (&Method::POST, "/api/chat") => ollama::chat(st, req).await,
         (&Method::POST, "/api/generate") => ollama::generate_route(st, req).await,
