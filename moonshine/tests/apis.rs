@@ -64,7 +64,7 @@ fn the_ollama_client_chats_generates_streams_and_calls_tools() {
     }
     let st = station(&bin, &knot, &[]);
     let gw = gateway(&st.url, &[]);
-    run_script(&gw.url, "check_ollama.py", "8 passed, 0 failed");
+    run_script(&gw.url, "check_ollama.py", "9 passed, 0 failed");
 }
 
 #[test]

@@ -11,7 +11,8 @@ Against a gateway already running on --base-url (e.g. http://127.0.0.1:8000):
   6. format "json" and a schema: the answer parses as JSON (and matches the schema);
   7. tools: a weather question becomes a get_weather call with the city; a tool result in
      the history is answered from;
-  8. bad input (an image, a bad format, no model): a 400 with Ollama's {"error": ...}.
+  8. bad input (an image, a bad format, no model): a 400 with Ollama's {"error": ...};
+  9. embed (/api/embed): one unit vector per input, the same as /v1/embeddings'.
 Prints one line per check and exits 0 only if all pass.
 
 Used by moonshine/tests/apis.rs; run by hand as
@@ -116,7 +117,14 @@ def main():
         client_err = e.status_code
     check("errors", all(r == 400 for _, r in refused) and client_err == 400, f"{refused} client={client_err}")
 
-    total = 8
+    e = c.embed(model=model, input=["The capital of France is Paris.", "def f(): pass"])
+    o = httpx.post(f"{args.base_url}/v1/embeddings", json={"input": ["The capital of France is Paris."]}, timeout=60).json()
+    norms = [sum(x * x for x in v) ** 0.5 for v in e.embeddings]
+    check("embed", len(e.embeddings) == 2 and all(abs(n - 1) < 1e-4 for n in norms)
+          and list(e.embeddings[0]) == o["data"][0]["embedding"] and e.prompt_eval_count > 5,
+          f"{len(e.embeddings)} vectors of {len(e.embeddings[0]) if e.embeddings else 0}, norms {norms}")
+
+    total = 9
     print(f"{total - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 

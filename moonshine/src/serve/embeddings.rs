@@ -169,9 +169,36 @@ pub(super) async fn embeddings(
         .filter(|v| !v.is_null())
         .ok_or_else(|| bad_input("input is required"))?;
     let list = inputs(input, st.backend.info.as_ref().map(|i| i.vocab))?;
+    let (vectors, tokens) = embed(st, list).await?;
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(json_resp(
+        StatusCode::OK,
+        &json!({"object": "list", "data": data, "model": body.get("model").and_then(Value::as_str).unwrap_or(&st.served_name),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
+    ))
+}
+
+/// The inputs' vectors and their token count: one slot of the gateway's (as a generation),
+/// one stateless chain trip per input on the blocking pool.
+async fn embed(
+    st: &Arc<AppState>,
+    list: Vec<Vec<Piece>>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let permit = admit(st).await?;
     let st2 = st.clone();
-    let vectors = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let mut out = Vec::with_capacity(list.len());
         let mut tokens = 0;
@@ -213,26 +240,7 @@ pub(super) async fn embeddings(
         Ok((out, tokens))
     })
     .await
-    .map_err(|e| internal(format!("embedding task: {e}")))?;
-    let (vectors, tokens) = vectors?;
-    let data: Vec<Value> = vectors
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let embedding = if base64 {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-            } else {
-                json!(v)
-            };
-            json!({"object": "embedding", "index": i, "embedding": embedding})
-        })
-        .collect();
-    Ok(json_resp(
-        StatusCode::OK,
-        &json!({"object": "list", "data": data, "model": body.get("model").and_then(Value::as_str).unwrap_or(&st.served_name),
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
-    ))
+    .map_err(|e| internal(format!("embedding task: {e}")))?
 }
 
 /// An input's token ids: texts with the model's special tokens (BOS when it adds one) on the
@@ -247,6 +255,51 @@ fn ids_of(st: &AppState, pieces: &[Piece]) -> Result<Vec<u32>, GenError> {
         }
     }
     Ok(ids)
+}
+
+/// Ollama's `POST /api/embed`: `{"model", "input": string or strings}` ->
+/// `{"model", "embeddings": [[...]], "prompt_eval_count"}`; errors `{"error": ...}`.
+pub(super) async fn ollama_embed(
+    st: &Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Resp, ApiError> {
+    let answer = async {
+        let body = super::dialect::json_body(st, req).await?;
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| bad(Some("model"), "model is required"))?
+            .to_string();
+        if body.get("dimensions").is_some_and(|v| !v.is_null()) {
+            return Err(bad(
+                Some("dimensions"),
+                "dimensions is not supported: the vectors have the model's hidden size",
+            ));
+        }
+        let list = match body.get("input") {
+            Some(Value::String(s)) => vec![vec![Piece::Text(s.clone())]],
+            Some(Value::Array(a)) if !a.is_empty() && a.len() <= MAX_INPUTS => a
+                .iter()
+                .map(|x| match x {
+                    Value::String(s) => Ok(vec![Piece::Text(s.clone())]),
+                    _ => Err(bad_input("input must be a string or an array of strings")),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => {
+                return Err(bad_input(format!(
+                    "input must be a string or an array of 1 to {MAX_INPUTS} strings"
+                )))
+            }
+        };
+        let (vectors, tokens) = embed(st, list).await?;
+        Ok(json_resp(
+            StatusCode::OK,
+            &json!({"model": model, "embeddings": vectors, "prompt_eval_count": tokens}),
+        ))
+    }
+    .await;
+    Ok(answer.unwrap_or_else(|e| super::ollama::error(&e)))
 }
 
 #[cfg(test)]

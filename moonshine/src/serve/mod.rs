@@ -468,6 +468,7 @@ const API_ROUTES: &[&str] = &[
     "/api/tags",
     "/api/show",
     "/api/version",
+    "/api/embed",
     "/v1/responses",
     "/v1/embeddings",
 ];
@@ -490,6 +491,7 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         (&Method::POST, "/api/chat") => ollama::chat(st, req).await,
         (&Method::POST, "/api/generate") => ollama::generate_route(st, req).await,
         (&Method::GET, "/api/tags") => Ok(ollama::tags(st)),
+        (&Method::POST, "/api/embed") => embeddings::ollama_embed(st, req).await,
         (&Method::POST, "/api/show") => ollama::show(st, req).await,
         (&Method::GET | &Method::HEAD, "/api/version") => Ok(ollama::version()),
         (&Method::GET, "/v1/models") => Ok(json_resp(
