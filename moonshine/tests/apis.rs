@@ -81,3 +81,94 @@ fn the_openai_client_drives_the_responses_api() {
         "8 passed, 0 failed",
     );
 }
+
+/// Every new route answers bad input with a 4xx in its API's own shape, at once: wrong
+/// types everywhere, invalid JSON, a body past `--max-body`, the wrong method.
+#[test]
+fn bad_input_is_a_4xx_in_each_apis_shape() {
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &["--max-body", "4096"]);
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(60))
+        .build();
+    let send = |path: &str, body: &str| -> (u16, serde_json::Value) {
+        let r = agent.post(&format!("{}{path}", gw.url)).send_string(body);
+        let (code, text) = match r {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{path}: {e}"),
+        };
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        )
+    };
+    let hostile = [
+        "not json",
+        "[]",
+        "{\"model\": 3, \"messages\": 3, \"input\": {}, \"system\": 7, \"tools\": {}, \"options\": []}",
+        "{\"model\": \"m\", \"messages\": [3, null, {\"role\": []}], \"input\": [null, 3.5], \"prompt\": 5}",
+        "{\"model\": \"m\", \"prompt\": [], \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"content\": 5}]}]}",
+        "{\"model\": \"m\", \"prompt\": {}, \"input\": [{\"type\": \"function_call\"}], \"tool_choice\": 5}",
+    ];
+    let anthropic = |v: &serde_json::Value| {
+        v["type"] == "error" && v["error"]["type"].is_string() && v["error"]["message"].is_string()
+    };
+    let openai = |v: &serde_json::Value| v["error"]["message"].is_string();
+    let ollama = |v: &serde_json::Value| v["error"].is_string();
+    type Shape<'a> = &'a dyn Fn(&serde_json::Value) -> bool;
+    let routes: [(&str, Shape); 7] = [
+        ("/v1/messages", &anthropic),
+        ("/v1/messages/count_tokens", &anthropic),
+        ("/v1/responses", &openai),
+        ("/v1/embeddings", &openai),
+        ("/api/chat", &ollama),
+        ("/api/generate", &ollama),
+        ("/api/embed", &ollama),
+    ];
+    // A body declared past --max-body: 413 before any of it is read (headers only are sent,
+    // so the early answer is not lost to a reset).
+    let too_large = |path: &str| -> (u16, serde_json::Value) {
+        use std::io::{Read, Write};
+        let addr = gw.url.trim_start_matches("http://");
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+        (
+            code,
+            serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        )
+    };
+    for (path, shape) in routes {
+        let (code, v) = too_large(path);
+        assert!(code == 413 && shape(&v), "{path} too large: {code} {v}");
+        for body in hostile {
+            let (code, v) = send(path, body);
+            let head: String = body.chars().take(60).collect();
+            assert!(
+                (400..500).contains(&code) && shape(&v),
+                "{path} {head}: {code} {v}"
+            );
+        }
+    }
+    // The wrong method: 405; the gateway still serves afterwards.
+    let r = agent.get(&format!("{}/v1/messages", gw.url)).call();
+    assert!(matches!(r, Err(ureq::Error::Status(405, _))), "{r:?}");
+    let (code, v) = send(
+        "/v1/messages/count_tokens",
+        "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
+    );
+    assert_eq!(code, 200, "{v}");
+    assert!(v["input_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
+}

@@ -41,6 +41,13 @@ async fn run(st: &Arc<AppState>, req: Request<Incoming>, gen: bool) -> Result<Re
             .filter(|m| !m.is_empty())
             .ok_or_else(|| bad(Some("model"), "model is required"))?
             .to_string();
+        if gen && body.get("prompt").is_none_or(|p| p.as_str() == Some("")) {
+            // Ollama's "load the model": no prompt, nothing generated.
+            return Ok(json_resp(
+                StatusCode::OK,
+                &json!({"model": model, "created_at": created_at(), "response": "", "done": true, "done_reason": "load"}),
+            ));
+        }
         let (openai, route) = to_openai(st, &body, gen)?;
         let limits = Limits {
             default_max_tokens: st.args.default_max_tokens,
