@@ -172,3 +172,44 @@ fn bad_input_is_a_4xx_in_each_apis_shape() {
     assert_eq!(code, 200, "{v}");
     assert!(v["input_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
 }
+
+/// `--api-key`: Anthropic's clients send it as `x-api-key`, the others as a bearer token; a
+/// refusal is in the shape of the API called.
+#[test]
+fn the_key_is_taken_as_each_api_sends_it() {
+    let Some((knot, bin)) = setup() else { return };
+    let st = station(&bin, &knot, &[]);
+    let gw = gateway(&st.url, &["--api-key", "k-123"]);
+    let count = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}";
+    let call = |path: &str, header: Option<(&str, &str)>| -> (u16, serde_json::Value) {
+        let mut r = ureq::post(&format!("{}{path}", gw.url));
+        if let Some((k, v)) = header {
+            r = r.set(k, v);
+        }
+        let (code, text) = match r.send_string(count) {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{path}: {e}"),
+        };
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        )
+    };
+    let path = "/v1/messages/count_tokens";
+    assert_eq!(call(path, Some(("x-api-key", "k-123"))).0, 200);
+    assert_eq!(call(path, Some(("authorization", "Bearer k-123"))).0, 200);
+    let (code, v) = call(path, Some(("x-api-key", "wrong")));
+    assert_eq!(
+        (code, v["type"].as_str(), v["error"]["type"].as_str()),
+        (401, Some("error"), Some("authentication_error")),
+        "{v}"
+    );
+    let (code, v) = call("/api/show", None);
+    assert!(code == 401 && v["error"].is_string(), "{code} {v}");
+    let (code, v) = call("/v1/embeddings", None);
+    assert!(
+        code == 401 && v["error"]["message"].is_string(),
+        "{code} {v}"
+    );
+}

@@ -45,6 +45,18 @@ impl Dialect for OpenAi {
     }
 }
 
+/// An error refused before a route's handler ran (the key, the method, no route) in the
+/// shape of the API the path belongs to.
+pub(super) fn error_for(path: &str, e: &ApiError) -> Resp {
+    if path.starts_with("/v1/messages") {
+        super::anthropic::error(e)
+    } else if path.starts_with("/api/") {
+        super::ollama::error(e)
+    } else {
+        e.response()
+    }
+}
+
 /// A named server-sent event: `event: NAME\ndata: JSON\n\n` (Anthropic's and the
 /// Responses API's form; the name repeats the data's `type`).
 pub(super) fn named_event(v: &Value) -> Bytes {

@@ -303,7 +303,7 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
         Ok(r) => r,
         Err(e) => {
             info!("{method} {path} -> {} {}", e.status.as_u16(), e.message);
-            e.response()
+            dialect::error_for(&path, &e)
         }
     };
     if let Some(o) = origin {
