@@ -67,6 +67,14 @@ if python3 -c "import pytest, requests, openai, wget, filelock" 2>/dev/null \
   export AEON_REQUIRE_LLAMA_SUITE=1
 fi
 
+# The other APIs' clients (moonshine/tests/apis.rs): Anthropic's and Ollama's official Python
+# libraries drive /v1/messages and /api/*.
+if python3 -c "import anthropic, ollama, httpx" 2>/dev/null \
+   || python3 -m pip install -q anthropic ollama >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages anthropic ollama >/dev/null 2>&1; then
+  export AEON_REQUIRE_API_CLIENTS=1
+fi
+
 # PyPI gguf + numpy: fat-station's synthetic-model test makes its model with
 # scripts/make-synthetic-model.py (and, when the golden's numpy differs, runs ref_forward.py).
 if ! python3 -c "import gguf, numpy" 2>/dev/null; then

@@ -507,6 +507,30 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
+    /// The final hidden state of every row of `x` (seq, hidden): each row through the output
+    /// norm, as the head sees it (what an embedding is pooled from; llama.cpp's embeddings are
+    /// the same normed rows). Needs only the output norm of the head.
+    pub fn final_hidden(&self, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+        let h = self.cfg.hidden;
+        let Some(norm) = self.weights.output_norm else {
+            return Err(EngineError::NotHeld {
+                what: "the output norm".into(),
+                held: self.weights.holdings.layers,
+            });
+        };
+        if x.is_empty() || !x.len().is_multiple_of(h) {
+            return Err(EngineError::BadResidual {
+                len: x.len(),
+                hidden: h,
+            });
+        }
+        let mut out = vec![0.0; x.len()];
+        for (o, xi) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rmsnorm(o, xi, norm, self.cfg.norm_eps);
+        }
+        Ok(out)
+    }
+
     /// Tokens -> logits of the last position, through every held block, in one session.
     /// Needs the whole model (embedding, all blocks, head).
     pub fn logits(&self, session: &mut Session, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {

@@ -536,6 +536,7 @@ impl KvSession {
         let rows = match ask {
             Ask::Logits { rows } => *rows,
             Ask::Token(a) => a.drafts.len() + 1,
+            Ask::Hidden => 1,
         };
         let rows = rows.clamp(1, PREFILL_STEP);
         let mut pos = self
@@ -996,6 +997,7 @@ fn exit_ask(sampler: &Sampler, req: &GenRequest, drafts: Vec<u32>) -> Ask {
         drafts,
         logprobs: req.logprobs,
         candidates,
+        hidden: false,
     })
 }
 

@@ -578,6 +578,9 @@ pub enum Ask {
     /// per-hop path answers the logits of `drafts.len() + 1` rows instead, for the caller to
     /// pick from.
     Token(wire::ExitAsk),
+    /// Every row's final hidden state (after the output norm), `(tokens, hidden)` row-major,
+    /// answered as [`Answer::Logits`]; only through `POST /chain` ([`wire::ExitAsk::hidden`]).
+    Hidden,
 }
 
 /// What the exit answered.
@@ -668,6 +671,10 @@ impl Chain {
         let rows = match ask {
             Ask::Logits { rows } => *rows,
             Ask::Token(a) => a.drafts.len() + 1,
+            Ask::Hidden => return Err(ClientError::Mesh(
+                "hidden states need the one-trip POST /chain path, which this chain does not relay"
+                    .into(),
+            )),
         };
         self.step_rows(tokens, session, rows, trace)
             .map(Answer::Logits)
@@ -697,6 +704,14 @@ impl Chain {
                 (exit, rows, false)
             }
             Ask::Token(a) => (Some(a.clone()), a.drafts.len() + 1, true),
+            Ask::Hidden => (
+                Some(wire::ExitAsk {
+                    hidden: true,
+                    ..Default::default()
+                }),
+                tokens.len(),
+                false,
+            ),
         };
         if want_token {
             req = req.set(wire::H_RETURN, "token");

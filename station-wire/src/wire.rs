@@ -100,6 +100,11 @@ pub struct ExitAsk {
     /// grammar and picks greedily itself. At most [`MAX_CANDIDATES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidates: Option<usize>,
+    /// `X-Return: logits`: answer the final hidden state (after the output norm) of every
+    /// row of the step instead of logits, `(tokens, hidden)` f32 row-major (what the
+    /// gateway pools into an embedding); `rows` is then ignored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hidden: bool,
 }
 
 /// Most candidates an [`ExitAsk`] may ask per row.

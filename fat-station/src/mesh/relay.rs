@@ -312,6 +312,21 @@ fn check_grant(node: &MeshNode, grant: Option<&str>) -> Result<(), Refusal> {
 /// parameters out of range.
 fn check_ask(ask: &wire::ExitAsk, want_token: bool, tokens: usize) -> Result<(), Refusal> {
     let bad = |m: String| Err(refuse(StatusCode::BAD_REQUEST, "bad_request", m));
+    if ask.hidden {
+        // Every row's hidden state: no rows, sampling or candidates go with it.
+        return if want_token
+            || *ask
+                != (wire::ExitAsk {
+                    hidden: true,
+                    rows: ask.rows,
+                    ..Default::default()
+                })
+        {
+            bad("hidden answers every row's hidden state: with X-Return: logits and no sample, drafts, logprobs or candidates".into())
+        } else {
+            Ok(())
+        };
+    }
     let rows = ask_rows(ask, want_token);
     if rows > tokens || rows > wire::MAX_LOGIT_ROWS {
         return bad(format!(
@@ -459,7 +474,11 @@ fn answer(st: &Station, a: &Admitted, x: &[f32], t: Instant) -> Result<Resp, Ref
     let node = st.mesh_node();
     let range = st.model().holdings().layers;
     let want_token = a.h.want_token;
-    let rows = a.ask.as_ref().map_or(1, |k| ask_rows(k, want_token));
+    let hidden = a.ask.as_ref().is_some_and(|k| k.hidden);
+    let rows = match &a.ask {
+        Some(k) if !k.hidden => ask_rows(k, want_token),
+        _ => 1,
+    };
     let seq = x.len() / st.model().cfg.hidden.max(1);
     if rows > seq {
         return Err(refuse(
@@ -468,14 +487,20 @@ fn answer(st: &Station, a: &Admitted, x: &[f32], t: Instant) -> Result<Resp, Ref
             format!("the exit ask wants {rows} rows of a step of {seq} tokens"),
         ));
     }
-    let mut logits = st.model().lm_head_rows(x, rows)?;
-    let (plain, ctype) = if want_token {
+    let (plain, ctype) = if hidden {
+        (
+            wire::encode_f32(&st.model().final_hidden(x)?),
+            "application/octet-stream",
+        )
+    } else if want_token {
+        let mut logits = st.model().lm_head_rows(x, rows)?;
         let tok = pick(&mut logits, st.model().cfg.vocab, a.ask.as_ref());
         (
             serde_json::to_vec(&tok).unwrap_or_default(),
             "application/json",
         )
     } else {
+        let logits = st.model().lm_head_rows(x, rows)?;
         (wire::encode_f32(&logits), "application/octet-stream")
     };
     let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -868,4 +893,39 @@ fn seal_refusal(e: SealError) -> Refusal {
         SealError::Key { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "key"),
     };
     refuse(status, code, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hidden_ask_goes_alone_with_logits() {
+        let hidden = wire::ExitAsk {
+            hidden: true,
+            ..Default::default()
+        };
+        assert!(check_ask(&hidden, false, 3).is_ok());
+        // Hidden states of every row: not with a token answer, a sampler or candidates.
+        assert!(check_ask(&hidden, true, 3).is_err());
+        for ask in [
+            wire::ExitAsk {
+                logprobs: Some(2),
+                ..hidden.clone()
+            },
+            wire::ExitAsk {
+                candidates: Some(4),
+                ..hidden.clone()
+            },
+            wire::ExitAsk {
+                drafts: vec![1],
+                ..hidden.clone()
+            },
+        ] {
+            assert!(check_ask(&ask, false, 3).is_err(), "{ask:?}");
+        }
+        // An ask without it serializes as before (older stations read it unchanged).
+        let plain = serde_json::to_string(&wire::ExitAsk::default()).expect("json");
+        assert!(!plain.contains("hidden"), "{plain}");
+    }
 }

@@ -52,7 +52,7 @@ pub(super) fn preflight<B>(req: &Request<B>) -> Resp {
 }
 
 /// With `--api-key`, every route but `/health` and the web page's files needs
-/// `Authorization: Bearer KEY`; else 401 in OpenAI's shape (`invalid_api_key`). The page's
+/// `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`); else 401 in OpenAI's shape (`invalid_api_key`). The page's
 /// files are public constants (a browser sends no key when it opens a page); the page sends
 /// the key on its calls to the API and `/mesh`.
 pub(super) fn authorize<B>(st: &AppState, req: &Request<B>, path: &str) -> Result<(), ApiError> {
@@ -67,6 +67,8 @@ pub(super) fn authorize<B>(st: &AppState, req: &Request<B>, path: &str) -> Resul
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        // Anthropic's clients send the key as `x-api-key`.
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     if given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
         return Ok(());

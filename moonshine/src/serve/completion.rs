@@ -181,6 +181,17 @@ pub(super) async fn completion(
 ) -> Result<Resp, ApiError> {
     let t0 = Instant::now();
     let job = parse(st, req, route).await?;
+    generate(st, job, route, Box::new(OpenAi), t0).await
+}
+
+/// Admits, tokenizes and runs a parsed job; `dialect` writes the answer in its API's shapes.
+pub(super) async fn generate(
+    st: &Arc<AppState>,
+    job: Job,
+    route: Route,
+    mut dialect: Box<dyn Dialect>,
+    t0: Instant,
+) -> Result<Resp, ApiError> {
     // Admission before any station call; the slot is held from here on (RAII).
     let permit = admit(st).await?;
     let queue_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -191,6 +202,7 @@ pub(super) async fn completion(
     st.backend
         .check_context(prompt.len())
         .map_err(|e| api_error(e, pparam))?;
+    dialect.prompt(prompt.len());
     let lease = Lease::new(st, permit, &prompt)?;
     let gen = GenRequest {
         prompt,
@@ -222,7 +234,9 @@ pub(super) async fn completion(
         tx,
         ready_tx,
         t0,
+        dialect,
     };
+    let stream_type = task.dialect.stream_type();
     let gen_task = tokio::task::spawn_blocking(move || task.run());
     let timing_header = move |t: &Timing| {
         format!(
@@ -248,6 +262,7 @@ pub(super) async fn completion(
             rx,
             cancel_guard,
             &timing_header(&started.timing),
+            stream_type,
         ));
     }
     drop(rx);
@@ -332,6 +347,8 @@ struct GenTask {
     /// The prefill's outcome, which decides the status line.
     ready_tx: oneshot::Sender<Result<Started, ApiError>>,
     t0: Instant,
+    /// The API whose shapes the answer takes.
+    dialect: Box<dyn Dialect>,
 }
 
 impl GenTask {
@@ -350,7 +367,10 @@ impl GenTask {
             tx,
             ready_tx,
             t0,
+            mut dialect,
         } = self;
+        // Sends the translation of one chunk (false: the client is gone).
+        let send = |out: Vec<Bytes>| out.into_iter().all(|b| tx.blocking_send(b).is_ok());
         let pparam = prompt_param(route);
         let stream = job.stream;
         let t = Instant::now();
@@ -403,7 +423,7 @@ impl GenTask {
         let gone = stream
             && answer
                 .first_chunk()
-                .is_some_and(|c| tx.blocking_send(sse(&c)).is_err());
+                .is_some_and(|c| !send(dialect.chunk(&c)));
         let mut sent_lps = 0;
         // llama-server's `n_indent`: the text so far, and whether a line indented less than
         // asked ended the answer (then the callback's `false` is a stop, not a client gone).
@@ -425,7 +445,7 @@ impl GenTask {
                 || (stream
                     && answer
                         .chunk(text, lps, None)
-                        .is_some_and(|c| tx.blocking_send(sse(&c)).is_err()));
+                        .is_some_and(|c| !send(dialect.chunk(&c))));
             !failed && !indent_stop
         });
         st.metrics
@@ -435,11 +455,19 @@ impl GenTask {
             Ok(o) => o,
             Err(e) => {
                 warn!(id = %id, "generation failed: {e}");
+                let e = api_error(e, pparam);
                 if stream {
-                    let _ = tx.blocking_send(sse(&json!({"error": {"message": e.to_string(), "type": "server_error", "code": "station_error"}})));
-                    let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+                    let failed = ApiError {
+                        status: e.status,
+                        kind: "server_error",
+                        code: Some("station_error"),
+                        param: None,
+                        message: e.message.clone(),
+                    };
+                    send(dialect.stream_error(&failed));
+                    send(dialect.done());
                 }
-                return Err(api_error(e, pparam));
+                return Err(e);
             }
         };
         let mut o = o;
@@ -484,17 +512,20 @@ impl GenTask {
             let mut done = answer
                 .last_chunks(&o.text, rest, reason)
                 .iter()
-                .all(|c| tx.blocking_send(sse(c)).is_ok());
+                .all(|c| send(dialect.chunk(c)));
             if done && job.include_usage {
-                done = tx.blocking_send(sse(&answer.usage_chunk(&usage))).is_ok();
+                done = send(dialect.chunk(&answer.usage_chunk(&usage)));
             }
             // llama-server's own routes end with their `stop: true` event, no `[DONE]`.
             if done && job.llama.is_none() {
-                let _ = tx.blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+                send(dialect.done());
             }
             return Ok((Value::Null, o.timing));
         }
-        Ok((answer.whole(&o.text, &o.logprobs, reason, &usage), o.timing))
+        Ok((
+            dialect.whole(answer.whole(&o.text, &o.logprobs, reason, &usage)),
+            o.timing,
+        ))
     }
 }
 
@@ -558,7 +589,12 @@ fn count(
 }
 
 /// Step 4, streamed: the event stream, with the prefill's `Server-Timing`.
-fn answer_stream(rx: mpsc::Receiver<Bytes>, cancel: CancelOnDrop, timing: &str) -> Resp {
+fn answer_stream(
+    rx: mpsc::Receiver<Bytes>,
+    cancel: CancelOnDrop,
+    timing: &str,
+    content_type: &'static str,
+) -> Resp {
     let mut r = Response::new(
         SseBody {
             rx,
@@ -567,7 +603,7 @@ fn answer_stream(rx: mpsc::Receiver<Bytes>, cancel: CancelOnDrop, timing: &str) 
         .boxed(),
     );
     let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert("cache-control", HeaderValue::from_static("no-cache"));
     if let Ok(v) = HeaderValue::from_str(timing) {
         h.insert("server-timing", v);

@@ -5,6 +5,9 @@
 //! `/completion`, `/tokenize`, `/detokenize`, `/apply-template`, `/props`, `/slots`; and
 //! `/infill`), `GET /metrics` (Prometheus text), `GET /health`, `GET /mesh` (the chain for the
 //! web page) and the web page itself (`GET /`, [`crate::web`]). Contract: `specs/openai-api.md`.
+//! The other APIs (Anthropic's `/v1/messages`, Ollama's `/api/*`, OpenAI's `/v1/responses`,
+//! `/v1/embeddings`) are translations onto the same request model ([`dialect`];
+//! `specs/other-apis.md`).
 //!
 //! Shape (hyper 1.x, house style "Servers"): accept loop, one task per connection, an async
 //! handler matching `(method, path)`, state in `Arc<AppState>`, generation on the blocking
@@ -51,16 +54,22 @@ use crate::target::TargetArgs;
 use crate::web::{self, ChainView, HopView, LastGeneration, MeshView};
 
 mod admission;
+mod anthropic;
 mod auth;
 mod completion;
+mod dialect;
+mod embeddings;
 mod lease;
 mod llama_server;
 mod metrics;
+mod ollama;
+mod responses;
 mod sse;
 
 use admission::*;
 use auth::*;
 use completion::*;
+use dialect::{Dialect, OpenAi};
 use lease::*;
 pub use metrics::{Latency, Metrics};
 use sse::*;
@@ -112,6 +121,10 @@ pub struct ServeArgs {
     /// `--no-slots`).
     #[arg(long)]
     pub no_slots: bool,
+    /// How `/v1/embeddings` pools an input's rows into one vector (mean, as llama-server
+    /// `--embeddings --pooling mean` on a generative model; `last`; `cls`: the first row).
+    #[arg(long, value_enum, default_value_t = embeddings::Pooling::Mean)]
+    pub pooling: embeddings::Pooling,
     #[command(flatten)]
     pub lookup: crate::lookup::LookupArgs,
 }
@@ -302,7 +315,7 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Result<Resp, Infal
         Ok(r) => r,
         Err(e) => {
             info!("{method} {path} -> {} {}", e.status.as_u16(), e.message);
-            e.response()
+            dialect::error_for(&path, &e)
         }
     };
     if let Some(o) = origin {
@@ -467,6 +480,16 @@ const API_ROUTES: &[&str] = &[
     "/metrics",
     "/health",
     "/mesh",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/version",
+    "/api/embed",
+    "/v1/responses",
+    "/v1/embeddings",
 ];
 
 async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
@@ -487,6 +510,17 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
             completion(st, req, Route::Completions).await
         }
         (&Method::POST, "/infill") => completion(st, req, Route::Infill).await,
+        // The other APIs clients speak: translations at the edge (serve::dialect).
+        (&Method::POST, "/v1/messages") => anthropic::messages(st, req).await,
+        (&Method::POST, "/v1/messages/count_tokens") => anthropic::count_tokens(st, req).await,
+        (&Method::POST, "/v1/embeddings" | "/embeddings") => embeddings::embeddings(st, req).await,
+        (&Method::POST, "/v1/responses" | "/responses") => responses::responses(st, req).await,
+        (&Method::POST, "/api/chat") => ollama::chat(st, req).await,
+        (&Method::POST, "/api/generate") => ollama::generate_route(st, req).await,
+        (&Method::GET, "/api/tags") => Ok(ollama::tags(st)),
+        (&Method::POST, "/api/embed") => embeddings::ollama_embed(st, req).await,
+        (&Method::POST, "/api/show") => ollama::show(st, req).await,
+        (&Method::GET | &Method::HEAD, "/api/version") => Ok(ollama::version()),
         (&Method::GET, "/v1/models" | "/models") => Ok(json_resp(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": st.served_name, "object": "model", "created": st.created, "owned_by": "aeon-shell"}]}),

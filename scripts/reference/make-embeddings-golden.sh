@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Regenerates the golden of moonshine/tests/embeddings.rs: llama.cpp's sentence embeddings
+# (scripts/reference/llamacpp-embed.c: embeddings on, mean pooling, L2-normalised, as
+# llama-server --embeddings --pooling mean answers /v1/embeddings) of the 20 lines of
+#   moonshine/tests/golden/embeddings/texts.txt
+# on the real Qwen2.5-Coder-0.5B GGUF, into
+#   moonshine/tests/golden/embeddings/qwen_mean.f32      20 x 896 little-endian f32
+#   moonshine/tests/golden/embeddings/qwen_tokens.txt    each line's token count
+# Needs: the Qwen GGUF (scripts/fetch-model.sh qwen); llama.cpp's static libraries from
+# scripts/bench/build-llama-bench.sh (run when missing) and a C compiler with OpenMP (gcc).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$root/moonshine/tests/golden/embeddings
+gguf=${AEON_QWEN_GGUF:-$HOME/.cache/aeon-shell/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+[ -f "$gguf" ] || { echo "make-embeddings-golden: no $gguf (scripts/fetch-model.sh qwen)" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
+[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
+[ -f "$llama/build/src/libllama.a" ] || { echo "make-embeddings-golden: no llama.cpp build in $llama" >&2; exit 1; }
+gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
+  "$here/llamacpp-embed.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
+  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
+  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-embed"
+"$tmp/llamacpp-embed" "$gguf" mean "$out/texts.txt" "$out/qwen_mean.f32" "$out/qwen_tokens.txt"
+echo "make-embeddings-golden: wrote $out (llama.cpp $version, mean pooling)" >&2
