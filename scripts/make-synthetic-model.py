@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A qwen2, qwen3moe or lfm2 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
-usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b]
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
+                                                  gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
@@ -24,7 +25,25 @@ Presets (hyper-parameters from the models' config.json):
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
                  on layers 2, 5, 8, 10, 12, 14, convolutions elsewhere; Qwen's 151936-token
                  vocabulary stands in for LFM2's 65536 (a larger head: benches say so)
-All: rope theta 1e6, rms eps 1e-6; qwen2 presets have q/k/v biases, qwen3moe ones per-head q/k
+  gemma2-tiny    gemma2: 4 layers, hidden 256, 4 / 2 heads of 128 (q width 512 != hidden),
+                 ffn 512, sliding window 5 on layers 0 and 2 (local and global alternate),
+                 attention soft-cap 0.1 and final soft-cap 10: far below Gemma 2's 50 / 30 so
+                 that random weights' small scores and logits are bent by them (a test can
+                 see both)
+  gemma2-2b      Gemma-2-2B's shape: 26 layers, hidden 2304, 8 / 4 heads of 256, ffn 9216,
+                 window 4096, caps 50 / 30; Qwen's vocabulary padded to Gemma 2's 256000
+  phi3-tiny      phi3: 3 layers, hidden 256, 4 / 2 heads of 64, ffn 512, untied; q/k/v fused
+                 in attn_qkv, gate and up in ffn_up (gate rows first); LongRoPE: context
+                 131072 over an original 4096, rope_factors_short / _long of 1 + 2 U(0, 1)
+                 and rope.scaling.attn_factor sqrt(1 + ln(32) / ln(4096))
+  phi3-mini      Phi-3-mini-128k's shape: 32 layers, hidden 3072, 32 / 32 heads of 96, ffn
+                 8192, vocab 32064 (Qwen's first 32064 tokens are not a vocabulary: the
+                 tokenizer's count wins, 151936; benches say so), the same LongRoPE keys
+phi3 presets: no biases, rope theta 10000, rms eps 1e-5.
+gemma2 presets: no biases, no q/k norms, post-attention and post-FFN norms, tied embeddings,
+rope theta 10000, rms eps 1e-6 (the keys llama.cpp reads: attention.sliding_window,
+attn_logit_softcapping, final_logit_softcapping, attention.key_length).
+All others: rope theta 1e6, rms eps 1e-6; qwen2 presets have q/k/v biases, qwen3moe ones per-head q/k
 RMSNorm (weights 1 + N(0, 0.05)) and no biases. lfm2: no biases, rms eps 1e-5, tied
 embeddings, the final norm named token_embd_norm (as llama.cpp's converter writes it),
 convolution taps N(0, 0.5) in F32. --hidden keeps head_dim and recomputes the head
@@ -100,6 +119,18 @@ MOE_PRESETS = {
     "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
     "qwen3-30b-a3b": (48, 2048, 32, 4, 128, 6144, 128, 8, 768, 151936, False, 40960),
 }
+GEMMA2_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, window, attn_cap, final_cap)
+    "gemma2-tiny": (4, 256, 4, 2, 128, 512, None, 4096, 5, 0.1, 10.0),
+    "gemma2-2b": (26, 2304, 8, 4, 256, 9216, 256000, 8192, 4096, 50.0, 30.0),
+}
+GEMMA2_ROPE_THETA = 10000.0
+PHI3_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, ffn, vocab, context, original context)
+    "phi3-tiny": (3, 256, 4, 2, 512, None, 131072, 4096),
+    "phi3-mini": (32, 3072, 32, 32, 8192, None, 131072, 4096),
+}
+PHI3_RMS_EPS = 1e-5
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -225,6 +256,8 @@ def plan(cfg, wtype):
     kv = KVH * hd
     qd = H * hd
     moe = cfg["arch"] == "qwen3moe"
+    gemma2 = cfg["arch"] == "gemma2"
+    phi3 = cfg["arch"] == "phi3"
     attn = cfg.get("attn")  # lfm2: the attention layers
 
     def mat(name, layer=None):
@@ -240,6 +273,9 @@ def plan(cfg, wtype):
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
+    if phi3:
+        t += [("rope_factors_long.weight", (hd // 2,), Q.F32, "rope_factors"),
+              ("rope_factors_short.weight", (hd // 2,), Q.F32, "rope_factors")]
     for i in range(L):
         p = f"blk.{i}."
         if attn is not None:
@@ -264,6 +300,31 @@ def plan(cfg, wtype):
                 (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
                 (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
                 (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
+        if phi3:
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_qkv.weight", (qd + 2 * kv, D), mat(p + "attn_qkv.weight", i), "proj"),
+                (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_up.weight", (2 * F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
+        if gemma2:
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (qd, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                (p + "post_attention_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+                (p + "post_ffw_norm.weight", (D,), Q.F32, "norm"),
             ]
             continue
         if moe:
@@ -322,6 +383,8 @@ def values(name, shape, kind, seed, hidden, qtype):
         return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
     if kind == "bias":
         return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "rope_factors":
+        return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
     if kind == "conv":
         return CONV_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "router":
@@ -371,14 +434,24 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_vocab_size(cfg["vocab"])
     else:
         w.add_head_count_kv(cfg["kv_heads"])
+    if cfg["arch"] == "gemma2":
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_sliding_window(cfg["window"])
+        w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_cap"])
+        w.add_float32("gemma2.final_logit_softcapping", cfg["final_cap"])
+    if cfg["arch"] == "phi3":
+        w.add_rope_dimension_count(cfg["head_dim"])
+        w.add_rope_scaling_orig_ctx_len(cfg["orig_context"])
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(cfg["context"] / cfg["orig_context"]) / np.log(cfg["orig_context"]))))
     if cfg["arch"] == "qwen3moe":
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
-    w.add_rope_freq_base(ROPE_THETA)
-    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None else RMS_EPS)
+    w.add_rope_freq_base(GEMMA2_ROPE_THETA if cfg["arch"] in ("gemma2", "phi3") else ROPE_THETA)
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] == "phi3" else RMS_EPS)
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, val, t, sub in tok:
@@ -404,7 +477,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
-    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -421,6 +494,18 @@ def main():
     if a.preset in MOE_PRESETS:
         L, D, H, KVH, hd, F, E, K, FE, V, tied, ctx = MOE_PRESETS[a.preset]
         moe = dict(arch="qwen3moe", head_dim=hd, experts=E, used=K, expert_ffn=FE)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    elif a.preset in GEMMA2_PRESETS:
+        L, D, H, KVH, hd, F, V, ctx, window, attn_cap, final_cap = GEMMA2_PRESETS[a.preset]
+        tied = True
+        moe = dict(arch="gemma2", head_dim=hd, window=window, attn_cap=attn_cap, final_cap=final_cap)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    elif a.preset in PHI3_PRESETS:
+        L, D, H, KVH, F, V, ctx, orig = PHI3_PRESETS[a.preset]
+        tied = False
+        moe = dict(arch="phi3", head_dim=D // H, orig_context=orig)
         if a.hidden is not None:
             die("--hidden is for the qwen2 presets")
     else:

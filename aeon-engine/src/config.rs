@@ -16,6 +16,8 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3: see [`Recipe::GEMMA3`].
     Gemma3,
+    /// Gemma 2: see [`Recipe::GEMMA2`].
+    Gemma2,
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
@@ -25,13 +27,14 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 6] = [
+    pub const ALL: [(Arch, &'static str); 7] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
         (Arch::Gemma3, "gemma3"),
         (Arch::Qwen3Moe, "qwen3moe"),
         (Arch::Lfm2, "lfm2"),
+        (Arch::Gemma2, "gemma2"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -46,6 +49,7 @@ impl Arch {
         match self {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
+            Arch::Gemma2 => Recipe::GEMMA2,
             Arch::Lfm2 => Recipe::LFM2,
         }
     }
@@ -58,6 +62,17 @@ pub enum Activation {
     Silu,
     /// GeGLU: GELU, tanh approximation (gemma; llama.cpp `LLM_FFN_GELU`).
     GeluTanh,
+}
+
+/// What the attention scores are scaled by: `1 / sqrt(query_pre_attn_scalar)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryScale {
+    /// `1 / sqrt(head_dim)`.
+    HeadDim,
+    /// Gemma 2: `query_pre_attn_scalar` is `head_dim`, except in the 27B (46 layers), where
+    /// it is `hidden / n_heads` (144, not its head_dim 128). GGUF carries no key for it; this
+    /// is llama.cpp's rule, from the reference implementation's per-size configs.
+    Gemma2,
 }
 
 /// How one architecture's block differs from the llama/qwen2 baseline.
@@ -81,6 +96,13 @@ pub struct Recipe {
     pub default_rope_base_swa: Option<f32>,
     /// Name of the final norm's weight (LFM2's converter calls it `token_embd_norm`).
     pub output_norm: &'static str,
+    /// Sliding window when the file names none (gemma2: 4096, as llama.cpp assumes).
+    pub default_sliding_window: Option<u32>,
+    /// Attention logit soft-capping when the file has no `attn_logit_softcapping` (gemma2: 50).
+    pub default_attn_softcap: Option<f32>,
+    /// Final logit soft-capping when the file has no `final_logit_softcapping` (gemma2: 30).
+    pub default_final_softcap: Option<f32>,
+    pub query_scale: QueryScale,
 }
 
 impl Recipe {
@@ -92,6 +114,10 @@ impl Recipe {
         default_swa_period: None,
         default_rope_base_swa: None,
         output_norm: "output_norm.weight",
+        default_sliding_window: None,
+        default_attn_softcap: None,
+        default_final_softcap: None,
+        query_scale: QueryScale::HeadDim,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -107,7 +133,24 @@ impl Recipe {
         activation: Activation::GeluTanh,
         default_swa_period: Some(6),
         default_rope_base_swa: Some(10_000.0),
-        output_norm: "output_norm.weight",
+        ..Recipe::BASELINE
+    };
+    /// Gemma 2 (llama.cpp `gemma2`): gemma3's embedding scale, sandwich norms, GeGLU and
+    /// tied head, without q/k norms; local and global layers alternate (layer 0 local,
+    /// window 4096) at one RoPE base; the scaled attention scores are soft-capped
+    /// (`50 tanh(s / 50)`) before the softmax and the output logits too (`30 tanh(l / 30)`);
+    /// scores scaled by `query_pre_attn_scalar` ([`QueryScale::Gemma2`]). Its norm weights
+    /// carry the converter's `+ 1` as gemma3's do.
+    pub const GEMMA2: Recipe = Recipe {
+        scale_embedding: true,
+        post_norms: true,
+        activation: Activation::GeluTanh,
+        default_swa_period: Some(2),
+        default_sliding_window: Some(4096),
+        default_attn_softcap: Some(50.0),
+        default_final_softcap: Some(30.0),
+        query_scale: QueryScale::Gemma2,
+        ..Recipe::BASELINE
     };
     /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
     /// with per-head q/k RMSNorm and NeoX RoPE (as qwen3), or a gated short convolution
@@ -154,6 +197,8 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// `cap * tanh(logit / cap)` on the output logits, when set.
     pub final_logit_softcap: Option<f32>,
+    /// `cap * tanh(score / cap)` on the scaled attention scores, when set (gemma2).
+    pub attn_softcap: Option<f32>,
     /// Routed experts instead of a dense FFN in every block (qwen3moe).
     pub moe: Option<MoeConfig>,
     /// (n_layers) true for a recurrent layer (LFM2's short convolution) in place of
@@ -234,7 +279,10 @@ impl TryFrom<&ArchConfig> for Config {
             )));
         }
         let n_layers = a.n_layers as usize;
-        let sliding_window = a.sliding_window.map(|w| w as usize);
+        let sliding_window = a
+            .sliding_window
+            .or(recipe.default_sliding_window)
+            .map(|w| w as usize);
         let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
             (None, _, _) => vec![false; n_layers],
             (Some(_), Some(flags), _) => flags.clone(),
@@ -291,11 +339,17 @@ impl TryFrom<&ArchConfig> for Config {
             } else {
                 1.0
             },
-            attn_scale: 1.0 / (a.head_dim as f32).sqrt(),
+            attn_scale: 1.0
+                / match recipe.query_scale {
+                    QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
+                    _ => a.head_dim as f32,
+                }
+                .sqrt(),
             sliding_window,
             swa_layers,
             rope_base_swa,
-            final_logit_softcap: a.final_logit_softcap,
+            final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
+            attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
             moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
             hidden: a.hidden as usize,
@@ -340,6 +394,8 @@ mod tests {
             swa_layers: None,
             rope_base_swa: None,
             final_logit_softcap: None,
+            attn_logit_softcap: None,
+            rope_attn_factor: None,
             moe: None,
             recurrent: None,
         }
@@ -353,9 +409,9 @@ mod tests {
             assert_eq!(Arch::from_name(name), Some(arch));
         }
         let mut a = gemma3_270m();
-        a.arch = "gemma2".into();
+        a.arch = "gemma".into();
         let e = Config::try_from(&a).unwrap_err().to_string();
-        assert!(e.contains("\"gemma2\"") && e.contains("gemma3"), "{e}");
+        assert!(e.contains("\"gemma\"") && e.contains("gemma3"), "{e}");
     }
 
     #[test]
@@ -385,5 +441,39 @@ mod tests {
         a.arch = "qwen2".into();
         let c = Config::try_from(&a).unwrap();
         assert_eq!((c.recipe, c.embed_scale), (Recipe::BASELINE, 1.0));
+    }
+
+    #[test]
+    fn gemma2_alternates_local_and_global_layers_and_caps_by_default() {
+        // Gemma-2-2B's header as llama.cpp's converter writes it, less the optional keys.
+        let mut a = gemma3_270m();
+        a.arch = "gemma2".into();
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (26, 2304, 8, 4, 256);
+        (a.qk_norm, a.rope_base, a.sliding_window) = (false, 10_000.0, None);
+        let c = Config::try_from(&a).unwrap();
+        // Layer 0 local, then every other one; the window llama.cpp assumes; one RoPE base.
+        let local: Vec<usize> = (0..26).filter(|&l| c.window(l).is_some()).collect();
+        assert_eq!(local, (0..26).step_by(2).collect::<Vec<_>>());
+        assert_eq!(c.window(0), Some(4096));
+        assert_eq!(c.rope_base_swa, c.rope_base);
+        assert_eq!((c.attn_softcap, c.final_logit_softcap), (Some(50.0), Some(30.0)));
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        assert_eq!(c.embed_scale, 2304f32.sqrt());
+        assert!(c.recipe.post_norms && c.recipe.activation == Activation::GeluTanh);
+
+        // The file's values win; the 27B (46 layers) scales by hidden / heads = 144, not 128.
+        a.sliding_window = Some(7);
+        a.attn_logit_softcap = Some(20.0);
+        a.final_logit_softcap = Some(5.0);
+        let c = Config::try_from(&a).unwrap();
+        assert_eq!(c.window(2), Some(7));
+        assert_eq!((c.attn_softcap, c.final_logit_softcap), (Some(20.0), Some(5.0)));
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (46, 4608, 32, 16, 128);
+        let c = Config::try_from(&a).unwrap();
+        assert_eq!(c.attn_scale, 1.0 / 12.0);
+        // Gemma 3 and qwen2 have no attention soft-cap.
+        a.arch = "gemma3".into();
+        a.attn_logit_softcap = None;
+        assert_eq!(Config::try_from(&a).unwrap().attn_softcap, None);
     }
 }

@@ -429,6 +429,7 @@ impl<'a> Model<'a> {
             n_kv_heads: cfg.n_kv_heads,
             head_dim: hd,
             scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
             window,
         };
         match (&cache.k, &cache.v) {

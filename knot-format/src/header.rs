@@ -58,6 +58,14 @@ pub struct ArchConfig {
     /// Final logit soft-capping `cap * tanh(logit / cap)` (`final_logit_softcapping`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_logit_softcap: Option<f32>,
+    /// Attention logit soft-capping `cap * tanh(score / cap)` on every scaled q·k score
+    /// before the softmax (`attn_logit_softcapping`, gemma2: 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_logit_softcap: Option<f32>,
+    /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`; Phi-3's LongRoPE
+    /// writes `sqrt(1 + ln(scale) / ln(original_context))`): q and k are each scaled by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_attn_factor: Option<f32>,
     /// Mixture-of-experts FFN (`expert_count` > 0 in GGUF): every block's FFN is a router
     /// over stacked experts (`ffn_{gate,up,down}_exps`, 3-D) instead of one dense FFN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -96,7 +104,9 @@ pub struct RecurrentLayers {
 /// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
-pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2"];
+pub const RUNNABLE_ARCHS: &[&str] = &[
+    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2",
+];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
 pub const MAX_LAYERS: u32 = 1 << 16;
@@ -193,6 +203,8 @@ impl ArchConfig {
         for (name, v) in [
             ("rope_base_swa", self.rope_base_swa),
             ("final_logit_softcap", self.final_logit_softcap),
+            ("attn_logit_softcap", self.attn_logit_softcap),
+            ("rope_attn_factor", self.rope_attn_factor),
         ] {
             if let Some(v) = v {
                 if !(v.is_finite() && v > 0.0) {

@@ -329,6 +329,8 @@ impl ArchConfig {
         let swa_layers = m.swa_layers(&k("attention.sliding_window_pattern"), n_layers)?;
         let rope_base_swa = m.f32(&k("rope.freq_base_swa"))?;
         let final_logit_softcap = m.f32(&k("final_logit_softcapping"))?.filter(|&c| c > 0.0);
+        let attn_logit_softcap = m.f32(&k("attn_logit_softcapping"))?.filter(|&c| c > 0.0);
+        let rope_attn_factor = m.f32(&k("rope.scaling.attn_factor"))?.filter(|&f| f > 0.0);
         // Mixture of experts: an expert count > 0. The expert width defaults as llama.cpp's
         // does (`feed_forward_length / expert_used_count`); qwen3moe renormalises its top-k
         // weights whatever the file says (llama.cpp passes norm_w = true for it).
@@ -376,6 +378,8 @@ impl ArchConfig {
             swa_layers,
             rope_base_swa,
             final_logit_softcap,
+            attn_logit_softcap,
+            rope_attn_factor,
             moe,
             recurrent,
         })

@@ -27,6 +27,8 @@ pub(crate) fn test_arch() -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        attn_logit_softcap: None,
+        rope_attn_factor: None,
         moe: None,
         recurrent: None,
     }

@@ -1,0 +1,234 @@
+//! The engine on synthetic dense architectures beyond qwen2/llama/qwen3/gemma3 (issue 37),
+//! each a `scripts/make-synthetic-model.py` preset of a real model's layout at a tiny width
+//! (seeded random weights, Qwen's tokenizer), imported with `knot import`, against llama.cpp on
+//! the same GGUF in f16 (goldens from `scripts/reference/make-dense-golden.sh PRESET`), and
+//! against itself: chunked prefill and shards split between any two blocks give the whole
+//! model's logits bit for bit.
+//!
+//! Needs python3 with PyPI `gguf` and `numpy` and the Qwen GGUF (its tokenizer is copied);
+//! without them the tests skip with a line on stderr, unless `AEON_REQUIRE_MODELS=1`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fat_station::engine::Model;
+use knot_format::{Holdings, Knot, KnotWriter, LayerRange, Role, ShardRecord};
+use support::*;
+
+/// The goldens' prompt: "The capital of France is ..." in Qwen's tokenizer; 12 positions,
+/// more than the tiny presets' sliding windows.
+const PROMPT: [u32; 12] = [
+    785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374,
+];
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synthetic")
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// `preset` in f16 as GGUF and KNOT in `dir`; `None` (skipped) without python's gguf or the
+/// Qwen tokenizer.
+fn synthetic(dir: &Path, preset: &str) -> Option<(PathBuf, PathBuf)> {
+    test_support::synthetic_model(dir, preset, &["--type", "f16"])
+}
+
+/// llama.cpp's logits for `preset` (batched, token by token), or `None` when this machine's
+/// GGUF is not the one the golden was made from (another numpy or gguf draws other bytes).
+fn llamacpp_golden(preset: &str, gguf: &Path) -> Option<(Vec<f32>, Vec<f32>)> {
+    let name = preset.replace('-', "_");
+    let dir = golden_dir();
+    let want = std::fs::read_to_string(dir.join(format!("{name}_seed0.sha256"))).expect("sha256");
+    let got = sha256(gguf);
+    if got != want.trim() {
+        assert!(
+            !test_support::required(),
+            "{preset}'s sha256 {got} is not the golden's {}",
+            want.trim()
+        );
+        eprintln!("skipping: {preset}'s sha256 {got} is not the golden's; not compared");
+        return None;
+    }
+    Some((
+        read_f32(&dir.join(format!("{name}_seed0_llamacpp.f32"))),
+        read_f32(&dir.join(format!("{name}_seed0_llamacpp_tbt.f32"))),
+    ))
+}
+
+/// Our logits against llama.cpp's: top-1 equal, rms within 1.5x of llama.cpp's own
+/// batched-vs-token-by-token difference (floored at 0.01, the f16 weights' rounding scale).
+/// Returns our rms against llama.cpp, and the bound.
+fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f32]) -> (f64, f64) {
+    let (own, _) = rms_max(batched, tbt);
+    let (rms, max) = rms_max(ours, batched);
+    eprintln!(
+        "{preset}: vs llama.cpp rms {rms:.4} max {max:.4}; llama.cpp batched vs token by token \
+         rms {own:.4}; top-5 ours {:?} llama.cpp {:?}",
+        top_ids(ours, 5),
+        top_ids(batched, 5)
+    );
+    assert_eq!(argmax(ours), argmax(batched), "{preset}: top-1 differs from llama.cpp");
+    let bound = 1.5 * own.max(0.01);
+    assert!(
+        rms <= bound,
+        "{preset}: rms {rms} against llama.cpp exceeds 1.5x its own batched-vs-token-by-token {own}"
+    );
+    (rms, bound)
+}
+
+/// Logits of the last row of `tokens` fed in chunks of the given sizes.
+fn chunked(m: &Model<'_>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let mut s = m.new_session(64);
+    let mut at = 0;
+    let mut logits = Vec::new();
+    for &c in chunks {
+        logits = m.logits(&mut s, &tokens[at..at + c]).expect("forward");
+        at += c;
+    }
+    assert_eq!(at, tokens.len());
+    logits
+}
+
+/// Writes a shard of `src` as `shard-knot split` does: the tokenizer, the blocks in
+/// `layers`, the embedding for an entry, the final norm and head (the embedding when tied)
+/// for an exit, every other non-block tensor (RoPE factors) in each shard.
+fn shard(src: &Knot, dst: &Path, role: Role, layers: LayerRange) {
+    let h = src.header().clone();
+    let mut w = KnotWriter::new(h.model_id.clone(), h.arch.clone());
+    if let Some(t) = src.tokenizer().expect("tokenizer") {
+        w.tokenizer(t);
+    }
+    w.shard(ShardRecord {
+        role,
+        layers,
+        parent_hash: src.model_hash().to_string(),
+        parent_layers: h.arch.n_layers,
+    });
+    let (entry, exit) = (role == Role::Entry, role == Role::Exit);
+    for t in src.tensors() {
+        let keep = match t.layer() {
+            Some(l) => layers.start <= l && l < layers.end,
+            None => match t.entry.name.as_str() {
+                "token_embd.weight" => entry || (exit && h.arch.tied_embeddings),
+                "output_norm.weight" | "output.weight" => exit,
+                _ => true,
+            },
+        };
+        if keep {
+            w.add_tensor(&t.entry.name, t.entry.dtype, t.entry.shape.clone(), t.bytes)
+                .expect("add tensor");
+        }
+    }
+    w.write(dst, &mut |_| {}).expect("write shard");
+}
+
+/// Chunked prefill equals the whole prompt, and an entry shard `0..cut` chained to an exit
+/// shard `cut..n` equals the whole model, bit for bit, for every cut.
+fn assert_chunks_and_splits_are_bit_identical(dir: &Path, knot_path: &Path) {
+    let knot = Knot::open(knot_path).expect("open");
+    assert!(knot.arch().runs_here(), "knot inspect would not say runs here: yes");
+    let m = Model::load(&knot, None).expect("load");
+    let whole = chunked(&m, &PROMPT, &[12]);
+    assert!(whole.iter().all(|x| x.is_finite()));
+    for c in [&[1; 12][..], &[5, 7], &[3, 1, 8]] {
+        assert_eq!(bits(&chunked(&m, &PROMPT, c)), bits(&whole), "chunks {c:?}");
+    }
+    let n = m.cfg.n_layers as u32;
+    for cut in 1..n {
+        let (e, x) = (dir.join("entry.knot"), dir.join("exit.knot"));
+        shard(&knot, &e, Role::Entry, LayerRange::new(0, cut));
+        shard(&knot, &x, Role::Exit, LayerRange::new(cut, n));
+        let (ek, xk) = (Knot::open(&e).expect("entry"), Knot::open(&x).expect("exit"));
+        let (em, xm) = (
+            Model::load(&ek, None).expect("load entry"),
+            Model::load(&xk, None).expect("load exit"),
+        );
+        assert_eq!(
+            em.holdings(),
+            Holdings {
+                embed: true,
+                layers: LayerRange::new(0, cut),
+                head: false
+            }
+        );
+        let (mut es, mut xs) = (em.new_session(64), xm.new_session(64));
+        let mut logits = Vec::new();
+        for c in PROMPT.chunks(5) {
+            let mut r = em.embed(c).expect("embed");
+            em.forward(&mut es, &mut r, LayerRange::new(0, cut))
+                .expect("entry forward");
+            xm.forward(&mut xs, &mut r, LayerRange::new(cut, n))
+                .expect("exit forward");
+            logits = xm.lm_head(&r).expect("head");
+        }
+        assert_eq!(bits(&logits), bits(&whole), "split at block {cut}");
+    }
+}
+
+/// Gemma 2 (`gemma2-tiny`: 4 blocks, local (window 5) and global alternating, q width 512
+/// over hidden 256, attention and final soft-caps small enough to bend random weights'
+/// scores): llama.cpp's logits, and each Gemma 2 feature is needed to get them.
+#[test]
+fn gemma2_matches_llama_cpp_and_needs_each_of_its_features() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "gemma2-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let a = knot.arch();
+    assert_eq!(
+        (a.sliding_window, a.attn_logit_softcap, a.final_logit_softcap),
+        (Some(5), Some(0.1), Some(10.0))
+    );
+    let m = Model::load(&knot, None).expect("load");
+    assert_eq!(
+        (0..4).map(|l| m.cfg.window(l)).collect::<Vec<_>>(),
+        [Some(5), None, Some(5), None]
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("gemma2-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("gemma2-tiny", &ours, &batched, &tbt);
+
+    // Without any one of them the logits are far from llama.cpp's.
+    type Tweak = fn(&mut fat_station::engine::Config);
+    let tweaks: [(&str, Tweak); 4] = [
+        ("attention soft-cap", |c| c.attn_softcap = None),
+        ("final soft-cap", |c| c.final_logit_softcap = None),
+        ("sliding window", |c| c.sliding_window = None),
+        ("embedding scale", |c| c.embed_scale = 1.0),
+    ];
+    for (what, tweak) in tweaks {
+        let mut m = Model::load(&knot, None).expect("load");
+        tweak(&mut m.cfg);
+        let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+        eprintln!("gemma2-tiny without the {what}: rms {rms:.4} against llama.cpp");
+        assert!(rms > 4.0 * bound, "without the {what}: rms {rms}");
+    }
+}
+
+#[test]
+fn gemma2_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "gemma2-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
