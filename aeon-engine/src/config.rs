@@ -18,6 +18,8 @@ pub enum Arch {
     Gemma3,
     /// Gemma 2: see [`Recipe::GEMMA2`].
     Gemma2,
+    /// Phi-3: see [`Recipe::PHI3`].
+    Phi3,
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
@@ -27,7 +29,7 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 7] = [
+    pub const ALL: [(Arch, &'static str); 8] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -35,6 +37,7 @@ impl Arch {
         (Arch::Qwen3Moe, "qwen3moe"),
         (Arch::Lfm2, "lfm2"),
         (Arch::Gemma2, "gemma2"),
+        (Arch::Phi3, "phi3"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -50,6 +53,7 @@ impl Arch {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
             Arch::Gemma2 => Recipe::GEMMA2,
+            Arch::Phi3 => Recipe::PHI3,
             Arch::Lfm2 => Recipe::LFM2,
         }
     }
@@ -103,6 +107,12 @@ pub struct Recipe {
     /// Final logit soft-capping when the file has no `final_logit_softcapping` (gemma2: 30).
     pub default_final_softcap: Option<f32>,
     pub query_scale: QueryScale,
+    /// The gate and up projections are one `ffn_up` matrix, gate rows first (phi3); used
+    /// as two row ranges of it, not copied.
+    pub fused_gate_up: bool,
+    /// The file's sliding window is not applied (phi3: llama.cpp runs Phi-3 without it,
+    /// its converters' window being unreliable; matching llama.cpp is the contract).
+    pub ignore_sliding_window: bool,
 }
 
 impl Recipe {
@@ -118,6 +128,8 @@ impl Recipe {
         default_attn_softcap: None,
         default_final_softcap: None,
         query_scale: QueryScale::HeadDim,
+        fused_gate_up: false,
+        ignore_sliding_window: false,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -150,6 +162,16 @@ impl Recipe {
         default_attn_softcap: Some(50.0),
         default_final_softcap: Some(30.0),
         query_scale: QueryScale::Gemma2,
+        ..Recipe::BASELINE
+    };
+    /// Phi-3 (llama.cpp `phi3`): the llama block with NeoX RoPE, q/k/v fused in one
+    /// `attn_qkv` matrix (split by rows in `weights.rs`) and gate/up fused in `ffn_up`;
+    /// LongRoPE's per-frequency factors (`rope_factors_short`; `rope_factors_long` beyond the
+    /// original context, not applied here) divide RoPE's frequencies and
+    /// `rope.scaling.attn_factor` scales its cosines and sines. No sliding window.
+    pub const PHI3: Recipe = Recipe {
+        fused_gate_up: true,
+        ignore_sliding_window: true,
         ..Recipe::BASELINE
     };
     /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
@@ -199,6 +221,8 @@ pub struct Config {
     pub final_logit_softcap: Option<f32>,
     /// `cap * tanh(score / cap)` on the scaled attention scores, when set (gemma2).
     pub attn_softcap: Option<f32>,
+    /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`, else 1).
+    pub rope_attn_factor: f32,
     /// Routed experts instead of a dense FFN in every block (qwen3moe).
     pub moe: Option<MoeConfig>,
     /// (n_layers) true for a recurrent layer (LFM2's short convolution) in place of
@@ -282,6 +306,7 @@ impl TryFrom<&ArchConfig> for Config {
         let sliding_window = a
             .sliding_window
             .or(recipe.default_sliding_window)
+            .filter(|_| !recipe.ignore_sliding_window)
             .map(|w| w as usize);
         let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
             (None, _, _) => vec![false; n_layers],
@@ -350,6 +375,7 @@ impl TryFrom<&ArchConfig> for Config {
             rope_base_swa,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
+            rope_attn_factor: a.rope_attn_factor.unwrap_or(1.0),
             moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
             hidden: a.hidden as usize,
@@ -456,7 +482,10 @@ mod tests {
         assert_eq!(local, (0..26).step_by(2).collect::<Vec<_>>());
         assert_eq!(c.window(0), Some(4096));
         assert_eq!(c.rope_base_swa, c.rope_base);
-        assert_eq!((c.attn_softcap, c.final_logit_softcap), (Some(50.0), Some(30.0)));
+        assert_eq!(
+            (c.attn_softcap, c.final_logit_softcap),
+            (Some(50.0), Some(30.0))
+        );
         assert_eq!(c.attn_scale, 1.0 / 16.0);
         assert_eq!(c.embed_scale, 2304f32.sqrt());
         assert!(c.recipe.post_norms && c.recipe.activation == Activation::GeluTanh);
@@ -467,7 +496,10 @@ mod tests {
         a.final_logit_softcap = Some(5.0);
         let c = Config::try_from(&a).unwrap();
         assert_eq!(c.window(2), Some(7));
-        assert_eq!((c.attn_softcap, c.final_logit_softcap), (Some(20.0), Some(5.0)));
+        assert_eq!(
+            (c.attn_softcap, c.final_logit_softcap),
+            (Some(20.0), Some(5.0))
+        );
         (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (46, 4608, 32, 16, 128);
         let c = Config::try_from(&a).unwrap();
         assert_eq!(c.attn_scale, 1.0 / 12.0);

@@ -78,8 +78,15 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        let inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
-        let inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        let mut inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
+        let mut inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
+        // `theta / ff` does, on every layer.
+        if let Some(f) = super::weights::rope_factors(knot, &cfg)? {
+            for inv in [&mut inv_freq, &mut inv_freq_swa] {
+                inv.iter_mut().zip(f).for_each(|(i, &d)| *i /= d as f64);
+            }
+        }
         Ok(Model {
             cfg,
             weights,
@@ -277,10 +284,17 @@ impl<'a> Model<'a> {
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
         }
+        let mscale = cfg.rope_attn_factor;
+        if mscale != 1.0 {
+            fwd.rope.iter_mut().for_each(|c| *c *= mscale);
+        }
         if (range.start..range.end).any(|l| cfg.window(l as usize).is_some()) {
             fwd.rope_swa.resize(seq * hd, 0.0);
             for (t, cs) in fwd.rope_swa.chunks_exact_mut(hd).enumerate() {
                 rope_angles(cs, &self.inv_freq_swa, pos + t);
+            }
+            if mscale != 1.0 {
+                fwd.rope_swa.iter_mut().for_each(|c| *c *= mscale);
             }
         }
         let mut result = Ok(pos);

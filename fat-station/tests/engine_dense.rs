@@ -83,7 +83,11 @@ fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f
         top_ids(ours, 5),
         top_ids(batched, 5)
     );
-    assert_eq!(argmax(ours), argmax(batched), "{preset}: top-1 differs from llama.cpp");
+    assert_eq!(
+        argmax(ours),
+        argmax(batched),
+        "{preset}: top-1 differs from llama.cpp"
+    );
     let bound = 1.5 * own.max(0.01);
     assert!(
         rms <= bound,
@@ -142,7 +146,10 @@ fn shard(src: &Knot, dst: &Path, role: Role, layers: LayerRange) {
 /// shard `cut..n` equals the whole model, bit for bit, for every cut.
 fn assert_chunks_and_splits_are_bit_identical(dir: &Path, knot_path: &Path) {
     let knot = Knot::open(knot_path).expect("open");
-    assert!(knot.arch().runs_here(), "knot inspect would not say runs here: yes");
+    assert!(
+        knot.arch().runs_here(),
+        "knot inspect would not say runs here: yes"
+    );
     let m = Model::load(&knot, None).expect("load");
     let whole = chunked(&m, &PROMPT, &[12]);
     assert!(whole.iter().all(|x| x.is_finite()));
@@ -154,7 +161,10 @@ fn assert_chunks_and_splits_are_bit_identical(dir: &Path, knot_path: &Path) {
         let (e, x) = (dir.join("entry.knot"), dir.join("exit.knot"));
         shard(&knot, &e, Role::Entry, LayerRange::new(0, cut));
         shard(&knot, &x, Role::Exit, LayerRange::new(cut, n));
-        let (ek, xk) = (Knot::open(&e).expect("entry"), Knot::open(&x).expect("exit"));
+        let (ek, xk) = (
+            Knot::open(&e).expect("entry"),
+            Knot::open(&x).expect("exit"),
+        );
         let (em, xm) = (
             Model::load(&ek, None).expect("load entry"),
             Model::load(&xk, None).expect("load exit"),
@@ -193,7 +203,11 @@ fn gemma2_matches_llama_cpp_and_needs_each_of_its_features() {
     let knot = Knot::open(&knot_path).expect("open");
     let a = knot.arch();
     assert_eq!(
-        (a.sliding_window, a.attn_logit_softcap, a.final_logit_softcap),
+        (
+            a.sliding_window,
+            a.attn_logit_softcap,
+            a.final_logit_softcap
+        ),
         (Some(5), Some(0.1), Some(10.0))
     );
     let m = Model::load(&knot, None).expect("load");
@@ -228,6 +242,53 @@ fn gemma2_matches_llama_cpp_and_needs_each_of_its_features() {
 fn gemma2_chunks_and_split_points_are_bit_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
     let Some((_, knot_path)) = synthetic(dir.path(), "gemma2-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// Phi-3 (`phi3-tiny`: 3 blocks, 4 / 2 heads of 64, q/k/v fused in `attn_qkv`, gate and up in
+/// `ffn_up`, LongRoPE short factors and attention factor): llama.cpp's logits; the fused
+/// matrices are used as row ranges of the file's bytes, not copied.
+#[test]
+fn phi3_matches_llama_cpp_with_fused_matrices_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "phi3-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let m = Model::load(&knot, None).expect("load");
+    assert!((m.cfg.rope_attn_factor - 1.190_238).abs() < 1e-5);
+    // The three projections lie inside the fused tensor's mapped bytes, back to back.
+    let qkv = knot
+        .tensor("blk.1.attn_qkv.weight")
+        .expect("attn_qkv")
+        .bytes;
+    let fat_station::engine::Mixer::Attention(a) = &m.weights.layers[1].mixer else {
+        panic!("block 1 is attention");
+    };
+    assert_eq!(a.wq.q.data.as_ptr(), qkv.as_ptr());
+    assert_eq!(a.wk.q.data.as_ptr(), qkv[a.wq.q.data.len()..].as_ptr());
+    assert_eq!(
+        a.wq.q.data.len() + a.wk.q.data.len() + a.wv.q.data.len(),
+        qkv.len()
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("phi3-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("phi3-tiny", &ours, &batched, &tbt);
+    let mut m = Model::load(&knot, None).expect("load");
+    m.cfg.rope_attn_factor = 1.0;
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("phi3-tiny without the RoPE attention factor: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * bound, "without the attention factor: rms {rms}");
+}
+
+#[test]
+fn phi3_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "phi3-tiny") else {
         return;
     };
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
