@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""A qwen2, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, llama, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
-                                                  gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini]
+                                                  gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
+                                                  tiny-yarn|llama3-tiny]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
@@ -20,6 +21,13 @@ Presets (hyper-parameters from the models' config.json):
   qwen3-30b-a3b  qwen3moe: 48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts, top-8,
                  expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its f16
                  file is ~61 GB: use --layers for a shallower one of the real widths.
+  tiny-yarn      tiny with YaRN context scaling: rope.scaling.type yarn, factor 4, original
+                 context 32 (so that the ramp and the interpolation act within a short prompt)
+  llama3-tiny    llama (Llama-3.2's layout: no biases, normal RoPE, tied, theta 500000, rms
+                 eps 1e-5): 3 layers, hidden 256, 4 / 2 heads of 64, ffn 512; a rope_freqs
+                 tensor made by llama3's rule (factor 32, low / high frequency factors 1 / 4)
+                 over an original context of 32 instead of 8192, so that the scaled band
+                 turns within a short prompt
   lfm2-tiny      lfm2 (Liquid's hybrid): 5 layers, hidden 256, short convolutions (3 taps) on
                  layers 0, 1, 3 and GQA attention (4 / 2 heads, q/k norms) on 2 and 4, ffn 512
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
@@ -107,6 +115,8 @@ PRESETS = {
     "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, True, 32768),
     "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
     "lfm2-tiny": (5, 256, 4, 2, 512, None, True, 4096),
+    "tiny-yarn": (2, 256, 4, 2, 512, None, False, 4096),
+    "llama3-tiny": (3, 256, 4, 2, 512, None, True, 4096),
     "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
 # lfm2 presets: which layers are attention (the others are short convolutions).
@@ -114,6 +124,13 @@ LFM2_ATTN = {"lfm2-tiny": [2, 4], "lfm2-1.2b": [2, 5, 8, 10, 12, 14]}
 LFM2_L_CACHE = 3
 LFM2_RMS_EPS = 1e-5
 CONV_STD = 0.5
+# tiny-yarn: rope.scaling (type, factor, original context).
+YARN = ("yarn", 4.0, 32)
+# llama3-tiny: llama3's rope_freqs rule (factor, low_freq_factor, high_freq_factor, original
+# context), theta, rms eps.
+LLAMA3_ROPE = (32.0, 1.0, 4.0, 32)
+LLAMA3_THETA = 500000.0
+LLAMA3_RMS_EPS = 1e-5
 MOE_PRESETS = {
     # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, used, expert_ffn, vocab, tied, context)
     "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
@@ -273,6 +290,9 @@ def plan(cfg, wtype):
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
+    llama = cfg["arch"] == "llama"
+    if llama:
+        t.append(("rope_freqs.weight", (hd // 2,), Q.F32, "llama3_freqs"))
     if phi3:
         t += [("rope_factors_long.weight", (hd // 2,), Q.F32, "rope_factors"),
               ("rope_factors_short.weight", (hd // 2,), Q.F32, "rope_factors")]
@@ -344,6 +364,19 @@ def plan(cfg, wtype):
                 (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
             ]
             continue
+        if llama:
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
         t += [
             (p + "attn_norm.weight", (D,), Q.F32, "norm"),
             (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
@@ -383,6 +416,23 @@ def values(name, shape, kind, seed, hidden, qtype):
         return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
     if kind == "bias":
         return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "llama3_freqs":
+        # llama3's rule (as llama.cpp's converter computes rope_freqs): long wavelengths
+        # divided by the factor, short ones kept, a smooth blend between.
+        factor, low, high, orig = LLAMA3_ROPE
+        d = 2 * shape[0]
+        freqs = 1.0 / (LLAMA3_THETA ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        out = []
+        for f in freqs:
+            wavelen = 2 * np.pi / f
+            if wavelen < orig / high:
+                out.append(1.0)
+            elif wavelen > orig / low:
+                out.append(factor)
+            else:
+                smooth = (orig / wavelen - low) / (high - low)
+                out.append(1.0 / ((1 - smooth) / factor + smooth))
+        return np.array(out, dtype=np.float32)
     if kind == "rope_factors":
         return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
     if kind == "conv":
@@ -450,8 +500,16 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
-    w.add_rope_freq_base(GEMMA2_ROPE_THETA if cfg["arch"] in ("gemma2", "phi3") else ROPE_THETA)
-    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] == "phi3" else RMS_EPS)
+    theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA}
+    w.add_rope_freq_base(theta.get(cfg["arch"], ROPE_THETA))
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama") else RMS_EPS)
+    if cfg["preset"] == "tiny-yarn":
+        kind, factor, orig = YARN
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(orig)
+    if cfg["arch"] == "llama":
+        w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, val, t, sub in tok:
@@ -529,6 +587,8 @@ def main():
     tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
     cfg = dict(preset=a.preset, arch="qwen2", layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
     cfg.update(moe)
+    if a.preset == "llama3-tiny":
+        cfg["arch"] = "llama"
     if a.preset in LFM2_ATTN:
         cfg["arch"] = "lfm2"
         cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]

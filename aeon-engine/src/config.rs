@@ -184,6 +184,69 @@ impl Recipe {
     };
 }
 
+/// RoPE context scaling from the file's `rope.scaling.*` (llama.cpp's rules): every
+/// frequency times `freq_scale` (`1 / rope.scaling.factor`), and with YaRN only the low
+/// frequencies, blended per dimension by a ramp between the dimensions that turn
+/// `beta_fast` (32) and `beta_slow` (1) times over the original context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScale {
+    pub freq_scale: f32,
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN's ramp (llama.cpp's `ggml_rope_yarn_corr_dims`; beta_fast 32, beta_slow 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// `rope.scaling.original_context_length` (else the trained context).
+    pub original_context: u32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl RopeScale {
+    /// No scaling.
+    pub const NONE: RopeScale = RopeScale {
+        freq_scale: 1.0,
+        yarn: None,
+    };
+
+    /// From the header; an unknown scaling type is refused by name (running it unscaled
+    /// would be a quietly different model).
+    fn from_arch(a: &ArchConfig) -> Result<RopeScale, EngineError> {
+        let Some(s) = &a.rope_scaling else {
+            return Ok(RopeScale::NONE);
+        };
+        if !(s.factor.is_finite() && s.factor > 0.0) {
+            return Err(EngineError::BadConfig(format!(
+                "rope.scaling.factor {} is not a positive number",
+                s.factor
+            )));
+        }
+        let freq_scale = 1.0 / s.factor;
+        match s.kind.as_str() {
+            // longrope: the factor tensors carry it; llama.cpp still applies a file's factor.
+            "linear" | "longrope" => Ok(RopeScale {
+                freq_scale,
+                yarn: None,
+            }),
+            "yarn" => Ok(RopeScale {
+                freq_scale,
+                yarn: Some(Yarn {
+                    original_context: match s.original_context {
+                        0 => a.context_len,
+                        n => n,
+                    },
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                }),
+            }),
+            other => Err(EngineError::Unsupported(format!(
+                "rope.scaling.type {other:?} (the engine scales linear, yarn, longrope)"
+            ))),
+        }
+    }
+}
+
 /// Hyper-parameters, checked once so the forward pass can index without surprises.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -221,8 +284,11 @@ pub struct Config {
     pub final_logit_softcap: Option<f32>,
     /// `cap * tanh(score / cap)` on the scaled attention scores, when set (gemma2).
     pub attn_softcap: Option<f32>,
-    /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`, else 1).
+    /// Multiplier of RoPE's cosines and sines: `rope.scaling.attn_factor` (else 1), times
+    /// YaRN's `1 + 0.1 ln(factor)`.
     pub rope_attn_factor: f32,
+    /// Context scaling of RoPE's frequencies.
+    pub rope_scale: RopeScale,
     /// Routed experts instead of a dense FFN in every block (qwen3moe).
     pub moe: Option<MoeConfig>,
     /// (n_layers) true for a recurrent layer (LFM2's short convolution) in place of
@@ -333,6 +399,7 @@ impl TryFrom<&ArchConfig> for Config {
                 "rope_base_swa {rope_base_swa} invalid"
             )));
         }
+        let rope_scale = RopeScale::from_arch(a)?;
         let (recurrent_layers, conv_kernel) = match &a.recurrent {
             Some(r) => (r.layers.clone(), r.conv_kernel as usize),
             None => (vec![false; n_layers], 0),
@@ -375,7 +442,15 @@ impl TryFrom<&ArchConfig> for Config {
             rope_base_swa,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
-            rope_attn_factor: a.rope_attn_factor.unwrap_or(1.0),
+            rope_attn_factor: a.rope_attn_factor.unwrap_or(1.0)
+                * match rope_scale.yarn {
+                    // llama.cpp: YaRN's magnitude correction, for a factor above 1.
+                    Some(_) if rope_scale.freq_scale < 1.0 => {
+                        1.0 + 0.1 * (1.0 / rope_scale.freq_scale).ln()
+                    }
+                    _ => 1.0,
+                },
+            rope_scale,
             moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
             hidden: a.hidden as usize,

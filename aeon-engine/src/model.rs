@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
     add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
-    rope_rotate, softcap, swiglu, AttnShape,
+    rope_rotate, rope_scale_freqs, softcap, swiglu, AttnShape,
 };
 use super::weights::{AttnWeights, Mixer};
 use super::{
@@ -86,6 +86,10 @@ impl<'a> Model<'a> {
             for inv in [&mut inv_freq, &mut inv_freq_swa] {
                 inv.iter_mut().zip(f).for_each(|(i, &d)| *i /= d as f64);
             }
+        }
+        if cfg.rope_scale != super::RopeScale::NONE {
+            rope_scale_freqs(&mut inv_freq, cfg.rope_base, cfg.rope_scale);
+            rope_scale_freqs(&mut inv_freq_swa, cfg.rope_base_swa, cfg.rope_scale);
         }
         Ok(Model {
             cfg,

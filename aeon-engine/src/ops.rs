@@ -125,6 +125,35 @@ pub fn rope_inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
         .collect()
 }
 
+/// Applies context scaling to inverse frequencies from [`rope_inv_freq`] at `base`, as
+/// llama.cpp's `rope_yarn` does: each `f` becomes `f * scale`, except that YaRN blends it back
+/// towards `f` on the high-frequency dimensions by a ramp between its correction dimensions.
+pub fn rope_scale_freqs(inv_freq: &mut [f64], base: f32, s: crate::RopeScale) {
+    let n_dims = (2 * inv_freq.len()) as f64;
+    let ramp = s.yarn.map(|y| {
+        // The dimension whose wavelength turns `rot` times over the original context.
+        let corr = |rot: f32| {
+            n_dims * (y.original_context as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * (base as f64).ln())
+        };
+        let low = corr(y.beta_fast).floor().max(0.0);
+        let high = corr(y.beta_slow).ceil().min(n_dims - 1.0);
+        (low, high)
+    });
+    let scale = s.freq_scale as f64;
+    for (i, f) in inv_freq.iter_mut().enumerate() {
+        let interp = *f * scale;
+        *f = match ramp {
+            None => interp,
+            Some((low, high)) => {
+                let y = (i as f64 - low) / (high - low).max(0.001);
+                let mix = 1.0 - y.clamp(0.0, 1.0);
+                interp * (1.0 - mix) + *f * mix
+            }
+        };
+    }
+}
+
 /// Cosines then sines of position `pos`: `cs[i] = cos(pos * f_i)`, `cs[half + i] = sin(..)`;
 /// `cs.len() == 2 * inv_freq.len()`.
 pub fn rope_angles(cs: &mut [f32], inv_freq: &[f64], pos: usize) {

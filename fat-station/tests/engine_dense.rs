@@ -293,3 +293,81 @@ fn phi3_chunks_and_split_points_are_bit_identical() {
     };
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
 }
+
+/// A copy of `src` with its header changed by `arch` and without the tensor `drop`: the same
+/// weights read as another model (what a missing feature would compute).
+fn variant(src: &Knot, dst: &Path, arch: impl FnOnce(&mut knot_format::ArchConfig), drop: &str) {
+    let h = src.header().clone();
+    let mut a = h.arch.clone();
+    arch(&mut a);
+    let mut w = KnotWriter::new(h.model_id.clone(), a);
+    if let Some(t) = src.tokenizer().expect("tokenizer") {
+        w.tokenizer(t);
+    }
+    for t in src.tensors().filter(|t| t.entry.name != drop) {
+        w.add_tensor(&t.entry.name, t.entry.dtype, t.entry.shape.clone(), t.bytes)
+            .expect("add tensor");
+    }
+    w.write(dst, &mut |_| {}).expect("write variant");
+}
+
+/// RoPE scaling from the metadata: llama3's `rope_freqs` tensor (`llama3-tiny`, a
+/// Llama-3.2-shaped file whose factors act within the prompt) and YaRN (`tiny-yarn`: factor
+/// 4 over an original context of 32): llama.cpp's logits, and far from them without it.
+#[test]
+fn rope_scaling_llama3_freqs_and_yarn_match_llama_cpp() {
+    for (preset, drop) in [("llama3-tiny", "rope_freqs.weight"), ("tiny-yarn", "")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((gguf, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        let knot = Knot::open(&knot_path).expect("open");
+        let m = Model::load(&knot, None).expect("load");
+        let ours = chunked(&m, &PROMPT, &[12]);
+        let Some((batched, tbt)) = llamacpp_golden(preset, &gguf) else {
+            return;
+        };
+        let (_, bound) = assert_matches_llamacpp(preset, &ours, &batched, &tbt);
+        let plain = dir.path().join("plain.knot");
+        variant(&knot, &plain, |a| a.rope_scaling = None, drop);
+        let plain = Knot::open(&plain).expect("open variant");
+        let m = Model::load(&plain, None).expect("load variant");
+        let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+        eprintln!("{preset} without its RoPE scaling: rms {rms:.4} against llama.cpp");
+        assert!(rms > 4.0 * bound, "{preset} unscaled: rms {rms}");
+    }
+}
+
+/// A scaling type the engine does not implement is refused by name, not run unscaled.
+#[test]
+fn an_unknown_rope_scaling_type_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "tiny-yarn") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let other = dir.path().join("other.knot");
+    variant(
+        &knot,
+        &other,
+        |a| a.rope_scaling.as_mut().expect("scaling").kind = "dynamic-ntk".into(),
+        "",
+    );
+    let other = Knot::open(&other).expect("open variant");
+    let e = Model::load(&other, None)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("dynamic-ntk"), "{e}");
+}
+
+#[test]
+fn llama3_and_yarn_chunks_and_split_points_are_bit_identical() {
+    for preset in ["llama3-tiny", "tiny-yarn"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((_, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+    }
+}
