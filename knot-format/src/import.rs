@@ -696,6 +696,33 @@ mod tests {
     }
 
     #[test]
+    fn gemma2_attention_softcap_and_phi3_rope_attn_factor_are_read() {
+        let mut g = Builder::new();
+        g.string("general.architecture", "gemma2")
+            .u32("gemma2.block_count", 2)
+            .u32("gemma2.context_length", 64)
+            .u32("gemma2.embedding_length", 32)
+            .u32("gemma2.feed_forward_length", 64)
+            .u32("gemma2.attention.head_count", 2)
+            .f32("gemma2.attention.layer_norm_rms_epsilon", 1e-6)
+            .f32("gemma2.attn_logit_softcapping", 50.0)
+            .f32("gemma2.rope.scaling.attn_factor", 1.19)
+            .string("tokenizer.ggml.model", "gpt2")
+            .strings("tokenizer.ggml.tokens", &["a", "b"]);
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        assert_eq!(
+            (a.attn_logit_softcap, a.rope_attn_factor),
+            (Some(50.0), Some(1.19))
+        );
+        assert!(a.runs_here());
+        // Absent: neither is serialized (older files keep their model hash).
+        let (_dir, k) = import(&qwen_like()).unwrap();
+        let json = serde_json::to_string(k.arch()).unwrap();
+        assert!(!json.contains("attn_logit_softcap") && !json.contains("rope_attn_factor"));
+    }
+
+    #[test]
     fn gemma3_keeps_sliding_window_softcap_and_sentencepiece_fields() {
         let (_dir, k) = import(&gemma_like(&[0.0, -1.5, -2.0])).unwrap();
         let a = k.arch();
