@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, llama, granite, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
-                                                  tiny-yarn|llama3-tiny]
+                                                  tiny-yarn|llama3-tiny|granite-tiny]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
@@ -28,6 +28,11 @@ Presets (hyper-parameters from the models' config.json):
                  tensor made by llama3's rule (factor 32, low / high frequency factors 1 / 4)
                  over an original context of 32 instead of 8192, so that the scaled band
                  turns within a short prompt
+  granite-tiny   granite (IBM Granite 3.x's dense layout: llama's block, tied, theta 10000, rms
+                 eps 1e-5): 3 layers, hidden 256, 4 / 2 heads of 64, ffn 512, with
+                 Granite-3.0-2B's multipliers (embedding_scale 12, residual_scale 0.22,
+                 logit_scale 8) but attention.scale 1.0 (its 0.015625 leaves random
+                 weights' tiny scores uniform either way: a test could not see it)
   lfm2-tiny      lfm2 (Liquid's hybrid): 5 layers, hidden 256, short convolutions (3 taps) on
                  layers 0, 1, 3 and GQA attention (4 / 2 heads, q/k norms) on 2 and 4, ffn 512
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
@@ -117,6 +122,7 @@ PRESETS = {
     "lfm2-tiny": (5, 256, 4, 2, 512, None, True, 4096),
     "tiny-yarn": (2, 256, 4, 2, 512, None, False, 4096),
     "llama3-tiny": (3, 256, 4, 2, 512, None, True, 4096),
+    "granite-tiny": (3, 256, 4, 2, 512, None, True, 4096),
     "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
 # lfm2 presets: which layers are attention (the others are short convolutions).
@@ -131,6 +137,8 @@ YARN = ("yarn", 4.0, 32)
 LLAMA3_ROPE = (32.0, 1.0, 4.0, 32)
 LLAMA3_THETA = 500000.0
 LLAMA3_RMS_EPS = 1e-5
+# granite-tiny: (embedding_scale, residual_scale, attention.scale, logit_scale).
+GRANITE_MULTIPLIERS = (12.0, 0.22, 1.0, 8.0)
 MOE_PRESETS = {
     # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, used, expert_ffn, vocab, tied, context)
     "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
@@ -290,8 +298,8 @@ def plan(cfg, wtype):
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
-    llama = cfg["arch"] == "llama"
-    if llama:
+    llama = cfg["arch"] in ("llama", "granite")
+    if cfg["arch"] == "llama":
         t.append(("rope_freqs.weight", (hd // 2,), Q.F32, "llama3_freqs"))
     if phi3:
         t += [("rope_factors_long.weight", (hd // 2,), Q.F32, "rope_factors"),
@@ -500,15 +508,22 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
-    theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA}
+    theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
+             "granite": GEMMA2_ROPE_THETA}
     w.add_rope_freq_base(theta.get(cfg["arch"], ROPE_THETA))
-    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama") else RMS_EPS)
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite") else RMS_EPS)
     if cfg["preset"] == "tiny-yarn":
         kind, factor, orig = YARN
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(orig)
-    if cfg["arch"] == "llama":
+    if cfg["arch"] == "granite":
+        e, r, at, lg = GRANITE_MULTIPLIERS
+        w.add_float32("granite.embedding_scale", e)
+        w.add_float32("granite.residual_scale", r)
+        w.add_float32("granite.attention.scale", at)
+        w.add_float32("granite.logit_scale", lg)
+    if cfg["arch"] in ("llama", "granite"):
         w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -589,6 +604,8 @@ def main():
     cfg.update(moe)
     if a.preset == "llama3-tiny":
         cfg["arch"] = "llama"
+    if a.preset == "granite-tiny":
+        cfg["arch"] = "granite"
     if a.preset in LFM2_ATTN:
         cfg["arch"] = "lfm2"
         cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]

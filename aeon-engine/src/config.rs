@@ -20,6 +20,8 @@ pub enum Arch {
     Gemma2,
     /// Phi-3: see [`Recipe::PHI3`].
     Phi3,
+    /// IBM Granite (3.x dense): see [`Recipe::GRANITE`].
+    Granite,
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
@@ -29,7 +31,7 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 8] = [
+    pub const ALL: [(Arch, &'static str); 9] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -38,6 +40,7 @@ impl Arch {
         (Arch::Lfm2, "lfm2"),
         (Arch::Gemma2, "gemma2"),
         (Arch::Phi3, "phi3"),
+        (Arch::Granite, "granite"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -54,6 +57,7 @@ impl Arch {
             Arch::Gemma3 => Recipe::GEMMA3,
             Arch::Gemma2 => Recipe::GEMMA2,
             Arch::Phi3 => Recipe::PHI3,
+            Arch::Granite => Recipe::GRANITE,
             Arch::Lfm2 => Recipe::LFM2,
         }
     }
@@ -113,6 +117,9 @@ pub struct Recipe {
     /// The file's sliding window is not applied (phi3: llama.cpp runs Phi-3 without it,
     /// its converters' window being unreliable; matching llama.cpp is the contract).
     pub ignore_sliding_window: bool,
+    /// The file's multipliers (`embedding_scale`, `residual_scale`, `attention.scale`,
+    /// `logit_scale`) apply (granite); other architectures ignore them, as llama.cpp does.
+    pub multipliers: bool,
 }
 
 impl Recipe {
@@ -130,6 +137,7 @@ impl Recipe {
         query_scale: QueryScale::HeadDim,
         fused_gate_up: false,
         ignore_sliding_window: false,
+        multipliers: false,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -172,6 +180,14 @@ impl Recipe {
     pub const PHI3: Recipe = Recipe {
         fused_gate_up: true,
         ignore_sliding_window: true,
+        ..Recipe::BASELINE
+    };
+    /// IBM Granite (llama.cpp `granite`): the llama block (normal RoPE) with four scalars
+    /// from the file: embedding rows times `embedding_scale`, each attention and FFN output
+    /// times `residual_scale` before its residual add, attention scores times
+    /// `attention.scale` (not `1 / sqrt(head_dim)`), logits divided by `logit_scale`.
+    pub const GRANITE: Recipe = Recipe {
+        multipliers: true,
         ..Recipe::BASELINE
     };
     /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
@@ -289,6 +305,10 @@ pub struct Config {
     pub rope_attn_factor: f32,
     /// Context scaling of RoPE's frequencies.
     pub rope_scale: RopeScale,
+    /// Multiplier of each block's attention and FFN outputs before the residual add (granite).
+    pub residual_scale: Option<f32>,
+    /// The output logits are multiplied by this (`1 / logit_scale`, granite).
+    pub logit_mul: Option<f32>,
     /// Routed experts instead of a dense FFN in every block (qwen3moe).
     pub moe: Option<MoeConfig>,
     /// (n_layers) true for a recurrent layer (LFM2's short convolution) in place of
@@ -421,22 +441,29 @@ impl TryFrom<&ArchConfig> for Config {
                 "lfm2 without short-convolution layers (shortconv.l_cache)".into(),
             ));
         }
+        let mult = match (&a.multipliers, recipe.multipliers) {
+            (Some(m), true) => m.clone(),
+            _ => Default::default(),
+        };
         Ok(Config {
+            residual_scale: mult.residual,
+            logit_mul: mult.logit.map(|s| 1.0 / s),
             recurrent_layers,
             conv_kernel,
             arch,
             recipe,
-            embed_scale: if recipe.scale_embedding {
-                (a.hidden as f32).sqrt()
-            } else {
-                1.0
+            embed_scale: match (recipe.scale_embedding, mult.embedding) {
+                (true, _) => (a.hidden as f32).sqrt(),
+                (false, Some(m)) => m,
+                (false, None) => 1.0,
             },
-            attn_scale: 1.0
-                / match recipe.query_scale {
+            attn_scale: mult.attention.unwrap_or(
+                1.0 / match recipe.query_scale {
                     QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
                     _ => a.head_dim as f32,
                 }
                 .sqrt(),
+            ),
             sliding_window,
             swa_layers,
             rope_base_swa,
@@ -497,6 +524,7 @@ mod tests {
             final_logit_softcap: None,
             attn_logit_softcap: None,
             rope_attn_factor: None,
+            multipliers: None,
             moe: None,
             recurrent: None,
         }

@@ -353,6 +353,7 @@ impl<'a> Model<'a> {
         }
 
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
+        residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);
         add_inplace(x, &s.xb2[..seq * h]);
 
         // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
@@ -377,6 +378,7 @@ impl<'a> Model<'a> {
             Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
         }
         post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
+        residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);
         add_inplace(x, &s.xb2[..seq * h]);
     }
 
@@ -519,6 +521,9 @@ impl<'a> Model<'a> {
         }
         logits.resize(rows * self.cfg.vocab, 0.0);
         linear(out, &f.xn, rows, logits);
+        if let Some(m) = self.cfg.logit_mul {
+            logits.iter_mut().for_each(|l| *l *= m);
+        }
         if let Some(cap) = self.cfg.final_logit_softcap {
             softcap(logits, cap);
         }
@@ -541,6 +546,14 @@ fn post_norm(rows: &mut [f32], norm: Option<&[f32]>, h: usize, eps: f32) {
     if let Some(w) = norm {
         rows.chunks_exact_mut(h)
             .for_each(|r| rmsnorm_inplace(r, w, eps));
+    }
+}
+
+/// A sub-block's output times the residual multiplier, when the architecture has one
+/// (granite's `residual_scale`).
+fn residual_scale(rows: &mut [f32], scale: Option<f32>) {
+    if let Some(m) = scale {
+        rows.iter_mut().for_each(|v| *v *= m);
     }
 }
 

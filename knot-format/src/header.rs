@@ -66,6 +66,12 @@ pub struct ArchConfig {
     /// writes `sqrt(1 + ln(scale) / ln(original_context))`): q and k are each scaled by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_attn_factor: Option<f32>,
+    /// Granite's multipliers: of the embedding rows (`embedding_scale`), of each block's
+    /// attention and FFN outputs before the residual add (`residual_scale`), the attention
+    /// score scale in place of `1 / sqrt(head_dim)` (`attention.scale`), and the divisor of
+    /// the output logits (`logit_scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multipliers: Option<Multipliers>,
     /// Mixture-of-experts FFN (`expert_count` > 0 in GGUF): every block's FFN is a router
     /// over stacked experts (`ffn_{gate,up,down}_exps`, 3-D) instead of one dense FFN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +80,19 @@ pub struct ArchConfig {
     /// (`None`: every layer is attention).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent: Option<RecurrentLayers>,
+}
+
+/// Granite's scalar multipliers (llama.cpp reads them for `granite`; 0 or absent: unused).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Multipliers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit: Option<f32>,
 }
 
 /// The routed-experts FFN of a mixture-of-experts model.
@@ -105,7 +124,7 @@ pub struct RecurrentLayers {
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
 pub const RUNNABLE_ARCHS: &[&str] = &[
-    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3",
+    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
@@ -205,6 +224,22 @@ impl ArchConfig {
             ("final_logit_softcap", self.final_logit_softcap),
             ("attn_logit_softcap", self.attn_logit_softcap),
             ("rope_attn_factor", self.rope_attn_factor),
+            (
+                "multipliers.embedding",
+                self.multipliers.as_ref().and_then(|m| m.embedding),
+            ),
+            (
+                "multipliers.residual",
+                self.multipliers.as_ref().and_then(|m| m.residual),
+            ),
+            (
+                "multipliers.attention",
+                self.multipliers.as_ref().and_then(|m| m.attention),
+            ),
+            (
+                "multipliers.logit",
+                self.multipliers.as_ref().and_then(|m| m.logit),
+            ),
         ] {
             if let Some(v) = v {
                 if !(v.is_finite() && v > 0.0) {

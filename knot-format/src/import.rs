@@ -331,6 +331,17 @@ impl ArchConfig {
         let final_logit_softcap = m.f32(&k("final_logit_softcapping"))?.filter(|&c| c > 0.0);
         let attn_logit_softcap = m.f32(&k("attn_logit_softcapping"))?.filter(|&c| c > 0.0);
         let rope_attn_factor = m.f32(&k("rope.scaling.attn_factor"))?.filter(|&f| f > 0.0);
+        // Granite's multipliers (0 means unused, as in llama.cpp).
+        let mult = |key: &str| -> Result<Option<f32>, KnotError> {
+            Ok(m.f32(&k(key))?.filter(|&v| v != 0.0))
+        };
+        let multipliers = crate::header::Multipliers {
+            embedding: mult("embedding_scale")?,
+            residual: mult("residual_scale")?,
+            attention: mult("attention.scale")?,
+            logit: mult("logit_scale")?,
+        };
+        let multipliers = (multipliers != Default::default()).then_some(multipliers);
         // Mixture of experts: an expert count > 0. The expert width defaults as llama.cpp's
         // does (`feed_forward_length / expert_used_count`); qwen3moe renormalises its top-k
         // weights whatever the file says (llama.cpp passes norm_w = true for it).
@@ -380,6 +391,7 @@ impl ArchConfig {
             final_logit_softcap,
             attn_logit_softcap,
             rope_attn_factor,
+            multipliers,
             moe,
             recurrent,
         })

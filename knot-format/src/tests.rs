@@ -29,6 +29,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         final_logit_softcap: None,
         attn_logit_softcap: None,
         rope_attn_factor: None,
+        multipliers: None,
         moe: None,
         recurrent: None,
     }

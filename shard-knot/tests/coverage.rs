@@ -85,6 +85,7 @@ fn header(s: &Shape) -> ArchConfig {
         final_logit_softcap: None,
         attn_logit_softcap: None,
         rope_attn_factor: None,
+        multipliers: None,
         moe: None,
         recurrent: None,
     }

@@ -153,6 +153,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         final_logit_softcap: None,
         attn_logit_softcap: None,
         rope_attn_factor: None,
+        multipliers: None,
         moe: None,
         recurrent: None,
     }
