@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
-                                                  tiny-yarn|llama3-tiny|granite-tiny]
+                                                  tiny-yarn|llama3-tiny|granite-tiny|
+                                                  smollm3-tiny]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N] [--type legacy-mix|q8_0|f16|q4_k_m]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN]
@@ -33,6 +34,8 @@ Presets (hyper-parameters from the models' config.json):
                  Granite-3.0-2B's multipliers (embedding_scale 12, residual_scale 0.22,
                  logit_scale 8) but attention.scale 1.0 (its 0.015625 leaves random
                  weights' tiny scores uniform either way: a test could not see it)
+  smollm3-tiny   smollm3 (llama's block, tied, theta 500000, rms eps 1e-5; layer 3 has no
+                 RoPE): 4 layers, hidden 256, 4 / 2 heads of 64, ffn 512
   lfm2-tiny      lfm2 (Liquid's hybrid): 5 layers, hidden 256, short convolutions (3 taps) on
                  layers 0, 1, 3 and GQA attention (4 / 2 heads, q/k norms) on 2 and 4, ffn 512
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
@@ -123,6 +126,7 @@ PRESETS = {
     "tiny-yarn": (2, 256, 4, 2, 512, None, False, 4096),
     "llama3-tiny": (3, 256, 4, 2, 512, None, True, 4096),
     "granite-tiny": (3, 256, 4, 2, 512, None, True, 4096),
+    "smollm3-tiny": (4, 256, 4, 2, 512, None, True, 4096),
     "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
 # lfm2 presets: which layers are attention (the others are short convolutions).
@@ -298,7 +302,7 @@ def plan(cfg, wtype):
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
-    llama = cfg["arch"] in ("llama", "granite")
+    llama = cfg["arch"] in ("llama", "granite", "smollm3")
     if cfg["arch"] == "llama":
         t.append(("rope_freqs.weight", (hd // 2,), Q.F32, "llama3_freqs"))
     if phi3:
@@ -509,9 +513,9 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
-             "granite": GEMMA2_ROPE_THETA}
+             "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA}
     w.add_rope_freq_base(theta.get(cfg["arch"], ROPE_THETA))
-    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite") else RMS_EPS)
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3") else RMS_EPS)
     if cfg["preset"] == "tiny-yarn":
         kind, factor, orig = YARN
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -523,7 +527,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_float32("granite.residual_scale", r)
         w.add_float32("granite.attention.scale", at)
         w.add_float32("granite.logit_scale", lg)
-    if cfg["arch"] in ("llama", "granite"):
+    if cfg["arch"] in ("llama", "granite", "smollm3"):
         w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -606,6 +610,8 @@ def main():
         cfg["arch"] = "llama"
     if a.preset == "granite-tiny":
         cfg["arch"] = "granite"
+    if a.preset == "smollm3-tiny":
+        cfg["arch"] = "smollm3"
     if a.preset in LFM2_ATTN:
         cfg["arch"] = "lfm2"
         cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]

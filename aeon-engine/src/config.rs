@@ -22,6 +22,8 @@ pub enum Arch {
     Phi3,
     /// IBM Granite (3.x dense): see [`Recipe::GRANITE`].
     Granite,
+    /// SmolLM3: see [`Recipe::SMOLLM3`].
+    SmolLm3,
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
@@ -31,7 +33,7 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 9] = [
+    pub const ALL: [(Arch, &'static str); 10] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -41,6 +43,7 @@ impl Arch {
         (Arch::Gemma2, "gemma2"),
         (Arch::Phi3, "phi3"),
         (Arch::Granite, "granite"),
+        (Arch::SmolLm3, "smollm3"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -58,6 +61,7 @@ impl Arch {
             Arch::Gemma2 => Recipe::GEMMA2,
             Arch::Phi3 => Recipe::PHI3,
             Arch::Granite => Recipe::GRANITE,
+            Arch::SmolLm3 => Recipe::SMOLLM3,
             Arch::Lfm2 => Recipe::LFM2,
         }
     }
@@ -120,6 +124,8 @@ pub struct Recipe {
     /// The file's multipliers (`embedding_scale`, `residual_scale`, `attention.scale`,
     /// `logit_scale`) apply (granite); other architectures ignore them, as llama.cpp does.
     pub multipliers: bool,
+    /// Every `n`th layer (`(l + 1) % n == 0`) rotates no q or k (smollm3: 4, "NoPE" layers).
+    pub no_rope_every: Option<usize>,
 }
 
 impl Recipe {
@@ -138,6 +144,7 @@ impl Recipe {
         fused_gate_up: false,
         ignore_sliding_window: false,
         multipliers: false,
+        no_rope_every: None,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -188,6 +195,12 @@ impl Recipe {
     /// `attention.scale` (not `1 / sqrt(head_dim)`), logits divided by `logit_scale`.
     pub const GRANITE: Recipe = Recipe {
         multipliers: true,
+        ..Recipe::BASELINE
+    };
+    /// SmolLM3 (llama.cpp `smollm3`): the llama block, except that every fourth layer
+    /// (3, 7, 11, ...) applies no RoPE to q and k.
+    pub const SMOLLM3: Recipe = Recipe {
+        no_rope_every: Some(4),
         ..Recipe::BASELINE
     };
     /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
@@ -336,6 +349,13 @@ impl Config {
             Some(true) => self.sliding_window,
             _ => None,
         }
+    }
+
+    /// Whether layer `l` rotates q and k (all but smollm3's every fourth).
+    pub fn has_rope(&self, l: usize) -> bool {
+        self.recipe
+            .no_rope_every
+            .is_none_or(|n| !(l + 1).is_multiple_of(n))
     }
 
     /// Whether layer `l` is recurrent (a short convolution) rather than attention.

@@ -432,9 +432,11 @@ impl<'a> Model<'a> {
                 k.chunks_exact_mut(hd)
                     .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
-            let cs = &rope[t * hd..(t + 1) * hd];
-            rope_rotate(q, cs, cfg.rope_style);
-            rope_rotate(k, cs, cfg.rope_style);
+            if cfg.has_rope(layer) {
+                let cs = &rope[t * hd..(t + 1) * hd];
+                rope_rotate(q, cs, cfg.rope_style);
+                rope_rotate(k, cs, cfg.rope_style);
+            }
         }
         // Stored first, then read back: a row attends to its own key and value as stored
         // (rounded, with an f16 cache), alone or in a batch.

@@ -424,3 +424,45 @@ fn granite_chunks_and_split_points_are_bit_identical() {
     };
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
 }
+
+/// SmolLM3 (`smollm3-tiny`: 4 blocks, block 3 without RoPE): llama.cpp's logits, and away
+/// from them when block 3 rotates too. Random weights attend almost uniformly, so RoPE moves
+/// the logits little (rms 0.009, under the f16 floor of the shared bound): here the check is
+/// against llama.cpp's own batched-vs-token-by-token noise (0.0018) and our own distance
+/// (0.0023).
+#[test]
+fn smollm3_matches_llama_cpp_and_skips_rope_on_every_fourth_layer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "smollm3-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let m = Model::load(&knot, None).expect("load");
+    assert_eq!(
+        (0..4).map(|l| m.cfg.has_rope(l)).collect::<Vec<_>>(),
+        [true, true, true, false]
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("smollm3-tiny", &gguf) else {
+        return;
+    };
+    let (ours_rms, _) = assert_matches_llamacpp("smollm3-tiny", &ours, &batched, &tbt);
+    let (own, _) = rms_max(&batched, &tbt);
+    let mut m = Model::load(&knot, None).expect("load");
+    m.cfg.recipe.no_rope_every = None;
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("smollm3-tiny with RoPE on every layer: rms {rms:.4} against llama.cpp");
+    assert!(
+        rms > 3.0 * own && rms > 3.0 * ours_rms,
+        "RoPE on every layer: rms {rms} (llama.cpp's own {own}, ours {ours_rms})"
+    );
+}
+
+#[test]
+fn smollm3_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "smollm3-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}

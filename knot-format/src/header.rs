@@ -124,7 +124,7 @@ pub struct RecurrentLayers {
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
 pub const RUNNABLE_ARCHS: &[&str] = &[
-    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite",
+    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite", "smollm3",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).

@@ -62,6 +62,7 @@ const NORMAL_ARCHS: &[&str] = &[
     "deepseek2",
     "granite",
     "granitemoe",
+    "smollm3",
 ];
 
 /// `{arch}.` keys every model must carry; all other keys have defaults (see `from_gguf`).
