@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""A qwen2, qwen3moe or lfm2 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
-usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b]
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
+                                                  gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
+                                                  tiny-yarn|llama3-tiny|granite-tiny|
+                                                  smollm3-tiny]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N]
            [--type legacy-mix|q8_0|f16|q4_k_m|q5_k_m|q3_k_m|q2_k|iq4_xs|iq4_nl|q4_1|q5_1]
@@ -20,12 +23,44 @@ Presets (hyper-parameters from the models' config.json):
   qwen3-30b-a3b  qwen3moe: 48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts, top-8,
                  expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its f16
                  file is ~61 GB: use --layers for a shallower one of the real widths.
+  tiny-yarn      tiny with YaRN context scaling: rope.scaling.type yarn, factor 4, original
+                 context 32 (so that the ramp and the interpolation act within a short prompt)
+  llama3-tiny    llama (Llama-3.2's layout: no biases, normal RoPE, tied, theta 500000, rms
+                 eps 1e-5): 3 layers, hidden 256, 4 / 2 heads of 64, ffn 512; a rope_freqs
+                 tensor made by llama3's rule (factor 32, low / high frequency factors 1 / 4)
+                 over an original context of 32 instead of 8192, so that the scaled band
+                 turns within a short prompt
+  granite-tiny   granite (IBM Granite 3.x's dense layout: llama's block, tied, theta 10000, rms
+                 eps 1e-5): 3 layers, hidden 256, 4 / 2 heads of 64, ffn 512, with
+                 Granite-3.0-2B's multipliers (embedding_scale 12, residual_scale 0.22,
+                 logit_scale 8) but attention.scale 1.0 (its 0.015625 leaves random
+                 weights' tiny scores uniform either way: a test could not see it)
+  smollm3-tiny   smollm3 (llama's block, tied, theta 500000, rms eps 1e-5; layer 3 has no
+                 RoPE): 4 layers, hidden 256, 4 / 2 heads of 64, ffn 512
   lfm2-tiny      lfm2 (Liquid's hybrid): 5 layers, hidden 256, short convolutions (3 taps) on
                  layers 0, 1, 3 and GQA attention (4 / 2 heads, q/k norms) on 2 and 4, ffn 512
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
                  on layers 2, 5, 8, 10, 12, 14, convolutions elsewhere; Qwen's 151936-token
                  vocabulary stands in for LFM2's 65536 (a larger head: benches say so)
-All: rope theta 1e6, rms eps 1e-6; qwen2 presets have q/k/v biases, qwen3moe ones per-head q/k
+  gemma2-tiny    gemma2: 4 layers, hidden 256, 4 / 2 heads of 128 (q width 512 != hidden),
+                 ffn 512, sliding window 5 on layers 0 and 2 (local and global alternate),
+                 attention soft-cap 0.1 and final soft-cap 10: far below Gemma 2's 50 / 30 so
+                 that random weights' small scores and logits are bent by them (a test can
+                 see both)
+  gemma2-2b      Gemma-2-2B's shape: 26 layers, hidden 2304, 8 / 4 heads of 256, ffn 9216,
+                 window 4096, caps 50 / 30; Qwen's vocabulary padded to Gemma 2's 256000
+  phi3-tiny      phi3: 3 layers, hidden 256, 4 / 2 heads of 64, ffn 512, untied; q/k/v fused
+                 in attn_qkv, gate and up in ffn_up (gate rows first); LongRoPE: context
+                 131072 over an original 4096, rope_factors_short / _long of 1 + 2 U(0, 1)
+                 and rope.scaling.attn_factor sqrt(1 + ln(32) / ln(4096))
+  phi3-mini      Phi-3-mini-128k's shape: 32 layers, hidden 3072, 32 / 32 heads of 96, ffn
+                 8192, vocab 32064 (Qwen's first 32064 tokens are not a vocabulary: the
+                 tokenizer's count wins, 151936; benches say so), the same LongRoPE keys
+phi3 presets: no biases, rope theta 10000, rms eps 1e-5.
+gemma2 presets: no biases, no q/k norms, post-attention and post-FFN norms, tied embeddings,
+rope theta 10000, rms eps 1e-6 (the keys llama.cpp reads: attention.sliding_window,
+attn_logit_softcapping, final_logit_softcapping, attention.key_length).
+All others: rope theta 1e6, rms eps 1e-6; qwen2 presets have q/k/v biases, qwen3moe ones per-head q/k
 RMSNorm (weights 1 + N(0, 0.05)) and no biases. lfm2: no biases, rms eps 1e-5, tied
 embeddings, the final norm named token_embd_norm (as llama.cpp's converter writes it),
 convolution taps N(0, 0.5) in F32. --hidden keeps head_dim and recomputes the head
@@ -95,6 +130,10 @@ PRESETS = {
     "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, True, 32768),
     "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
     "lfm2-tiny": (5, 256, 4, 2, 512, None, True, 4096),
+    "tiny-yarn": (2, 256, 4, 2, 512, None, False, 4096),
+    "llama3-tiny": (3, 256, 4, 2, 512, None, True, 4096),
+    "granite-tiny": (3, 256, 4, 2, 512, None, True, 4096),
+    "smollm3-tiny": (4, 256, 4, 2, 512, None, True, 4096),
     "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
 # lfm2 presets: which layers are attention (the others are short convolutions).
@@ -102,11 +141,32 @@ LFM2_ATTN = {"lfm2-tiny": [2, 4], "lfm2-1.2b": [2, 5, 8, 10, 12, 14]}
 LFM2_L_CACHE = 3
 LFM2_RMS_EPS = 1e-5
 CONV_STD = 0.5
+# tiny-yarn: rope.scaling (type, factor, original context).
+YARN = ("yarn", 4.0, 32)
+# llama3-tiny: llama3's rope_freqs rule (factor, low_freq_factor, high_freq_factor, original
+# context), theta, rms eps.
+LLAMA3_ROPE = (32.0, 1.0, 4.0, 32)
+LLAMA3_THETA = 500000.0
+LLAMA3_RMS_EPS = 1e-5
+# granite-tiny: (embedding_scale, residual_scale, attention.scale, logit_scale).
+GRANITE_MULTIPLIERS = (12.0, 0.22, 1.0, 8.0)
 MOE_PRESETS = {
     # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, used, expert_ffn, vocab, tied, context)
     "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
     "qwen3-30b-a3b": (48, 2048, 32, 4, 128, 6144, 128, 8, 768, 151936, False, 40960),
 }
+GEMMA2_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, window, attn_cap, final_cap)
+    "gemma2-tiny": (4, 256, 4, 2, 128, 512, None, 4096, 5, 0.1, 10.0),
+    "gemma2-2b": (26, 2304, 8, 4, 256, 9216, 256000, 8192, 4096, 50.0, 30.0),
+}
+GEMMA2_ROPE_THETA = 10000.0
+PHI3_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, ffn, vocab, context, original context)
+    "phi3-tiny": (3, 256, 4, 2, 512, None, 131072, 4096),
+    "phi3-mini": (32, 3072, 32, 32, 8192, None, 131072, 4096),
+}
+PHI3_RMS_EPS = 1e-5
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -232,6 +292,8 @@ def plan(cfg, wtype):
     kv = KVH * hd
     qd = H * hd
     moe = cfg["arch"] == "qwen3moe"
+    gemma2 = cfg["arch"] == "gemma2"
+    phi3 = cfg["arch"] == "phi3"
     attn = cfg.get("attn")  # lfm2: the attention layers
 
     def mat(name, layer=None):
@@ -247,6 +309,12 @@ def plan(cfg, wtype):
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
+    llama = cfg["arch"] in ("llama", "granite", "smollm3")
+    if cfg["arch"] == "llama":
+        t.append(("rope_freqs.weight", (hd // 2,), Q.F32, "llama3_freqs"))
+    if phi3:
+        t += [("rope_factors_long.weight", (hd // 2,), Q.F32, "rope_factors"),
+              ("rope_factors_short.weight", (hd // 2,), Q.F32, "rope_factors")]
     for i in range(L):
         p = f"blk.{i}."
         if attn is not None:
@@ -273,6 +341,31 @@ def plan(cfg, wtype):
                 (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
             ]
             continue
+        if phi3:
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_qkv.weight", (qd + 2 * kv, D), mat(p + "attn_qkv.weight", i), "proj"),
+                (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_up.weight", (2 * F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
+        if gemma2:
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (qd, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                (p + "post_attention_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+                (p + "post_ffw_norm.weight", (D,), Q.F32, "norm"),
+            ]
+            continue
         if moe:
             E, FE = cfg["experts"], cfg["expert_ffn"]
             t += [
@@ -288,6 +381,19 @@ def plan(cfg, wtype):
                 (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
                 (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
                 (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+            ]
+            continue
+        if llama:
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
             ]
             continue
         t += [
@@ -329,6 +435,25 @@ def values(name, shape, kind, seed, hidden, qtype):
         return (scale * (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
     if kind == "bias":
         return BIAS_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "llama3_freqs":
+        # llama3's rule (as llama.cpp's converter computes rope_freqs): long wavelengths
+        # divided by the factor, short ones kept, a smooth blend between.
+        factor, low, high, orig = LLAMA3_ROPE
+        d = 2 * shape[0]
+        freqs = 1.0 / (LLAMA3_THETA ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        out = []
+        for f in freqs:
+            wavelen = 2 * np.pi / f
+            if wavelen < orig / high:
+                out.append(1.0)
+            elif wavelen > orig / low:
+                out.append(factor)
+            else:
+                smooth = (orig / wavelen - low) / (high - low)
+                out.append(1.0 / ((1 - smooth) / factor + smooth))
+        return np.array(out, dtype=np.float32)
+    if kind == "rope_factors":
+        return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
     if kind == "conv":
         return CONV_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "router":
@@ -378,14 +503,39 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_vocab_size(cfg["vocab"])
     else:
         w.add_head_count_kv(cfg["kv_heads"])
+    if cfg["arch"] == "gemma2":
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_sliding_window(cfg["window"])
+        w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_cap"])
+        w.add_float32("gemma2.final_logit_softcapping", cfg["final_cap"])
+    if cfg["arch"] == "phi3":
+        w.add_rope_dimension_count(cfg["head_dim"])
+        w.add_rope_scaling_orig_ctx_len(cfg["orig_context"])
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(cfg["context"] / cfg["orig_context"]) / np.log(cfg["orig_context"]))))
     if cfg["arch"] == "qwen3moe":
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
-    w.add_rope_freq_base(ROPE_THETA)
-    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None else RMS_EPS)
+    theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
+             "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA}
+    w.add_rope_freq_base(theta.get(cfg["arch"], ROPE_THETA))
+    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3") else RMS_EPS)
+    if cfg["preset"] == "tiny-yarn":
+        kind, factor, orig = YARN
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(orig)
+    if cfg["arch"] == "granite":
+        e, r, at, lg = GRANITE_MULTIPLIERS
+        w.add_float32("granite.embedding_scale", e)
+        w.add_float32("granite.residual_scale", r)
+        w.add_float32("granite.attention.scale", at)
+        w.add_float32("granite.logit_scale", lg)
+    if cfg["arch"] in ("llama", "granite", "smollm3"):
+        w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, val, t, sub in tok:
@@ -415,7 +565,7 @@ LLAMA_QUANTIZE_TYPES = {"q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl"
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
-    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -433,6 +583,18 @@ def main():
     if a.preset in MOE_PRESETS:
         L, D, H, KVH, hd, F, E, K, FE, V, tied, ctx = MOE_PRESETS[a.preset]
         moe = dict(arch="qwen3moe", head_dim=hd, experts=E, used=K, expert_ffn=FE)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    elif a.preset in GEMMA2_PRESETS:
+        L, D, H, KVH, hd, F, V, ctx, window, attn_cap, final_cap = GEMMA2_PRESETS[a.preset]
+        tied = True
+        moe = dict(arch="gemma2", head_dim=hd, window=window, attn_cap=attn_cap, final_cap=final_cap)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    elif a.preset in PHI3_PRESETS:
+        L, D, H, KVH, F, V, ctx, orig = PHI3_PRESETS[a.preset]
+        tied = False
+        moe = dict(arch="phi3", head_dim=D // H, orig_context=orig)
         if a.hidden is not None:
             die("--hidden is for the qwen2 presets")
     else:
@@ -456,6 +618,12 @@ def main():
     tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
     cfg = dict(preset=a.preset, arch="qwen2", layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
     cfg.update(moe)
+    if a.preset == "llama3-tiny":
+        cfg["arch"] = "llama"
+    if a.preset == "granite-tiny":
+        cfg["arch"] = "granite"
+    if a.preset == "smollm3-tiny":
+        cfg["arch"] = "smollm3"
     if a.preset in LFM2_ATTN:
         cfg["arch"] = "lfm2"
         cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]

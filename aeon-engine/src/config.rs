@@ -16,6 +16,14 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3: see [`Recipe::GEMMA3`].
     Gemma3,
+    /// Gemma 2: see [`Recipe::GEMMA2`].
+    Gemma2,
+    /// Phi-3: see [`Recipe::PHI3`].
+    Phi3,
+    /// IBM Granite (3.x dense): see [`Recipe::GRANITE`].
+    Granite,
+    /// SmolLM3: see [`Recipe::SMOLLM3`].
+    SmolLm3,
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
@@ -25,13 +33,17 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 6] = [
+    pub const ALL: [(Arch, &'static str); 10] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
         (Arch::Gemma3, "gemma3"),
         (Arch::Qwen3Moe, "qwen3moe"),
         (Arch::Lfm2, "lfm2"),
+        (Arch::Gemma2, "gemma2"),
+        (Arch::Phi3, "phi3"),
+        (Arch::Granite, "granite"),
+        (Arch::SmolLm3, "smollm3"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -46,6 +58,10 @@ impl Arch {
         match self {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
+            Arch::Gemma2 => Recipe::GEMMA2,
+            Arch::Phi3 => Recipe::PHI3,
+            Arch::Granite => Recipe::GRANITE,
+            Arch::SmolLm3 => Recipe::SMOLLM3,
             Arch::Lfm2 => Recipe::LFM2,
         }
     }
@@ -58,6 +74,17 @@ pub enum Activation {
     Silu,
     /// GeGLU: GELU, tanh approximation (gemma; llama.cpp `LLM_FFN_GELU`).
     GeluTanh,
+}
+
+/// What the attention scores are scaled by: `1 / sqrt(query_pre_attn_scalar)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryScale {
+    /// `1 / sqrt(head_dim)`.
+    HeadDim,
+    /// Gemma 2: `query_pre_attn_scalar` is `head_dim`, except in the 27B (46 layers), where
+    /// it is `hidden / n_heads` (144, not its head_dim 128). GGUF carries no key for it; this
+    /// is llama.cpp's rule, from the reference implementation's per-size configs.
+    Gemma2,
 }
 
 /// How one architecture's block differs from the llama/qwen2 baseline.
@@ -81,6 +108,24 @@ pub struct Recipe {
     pub default_rope_base_swa: Option<f32>,
     /// Name of the final norm's weight (LFM2's converter calls it `token_embd_norm`).
     pub output_norm: &'static str,
+    /// Sliding window when the file names none (gemma2: 4096, as llama.cpp assumes).
+    pub default_sliding_window: Option<u32>,
+    /// Attention logit soft-capping when the file has no `attn_logit_softcapping` (gemma2: 50).
+    pub default_attn_softcap: Option<f32>,
+    /// Final logit soft-capping when the file has no `final_logit_softcapping` (gemma2: 30).
+    pub default_final_softcap: Option<f32>,
+    pub query_scale: QueryScale,
+    /// The gate and up projections are one `ffn_up` matrix, gate rows first (phi3); used
+    /// as two row ranges of it, not copied.
+    pub fused_gate_up: bool,
+    /// The file's sliding window is not applied (phi3: llama.cpp runs Phi-3 without it,
+    /// its converters' window being unreliable; matching llama.cpp is the contract).
+    pub ignore_sliding_window: bool,
+    /// The file's multipliers (`embedding_scale`, `residual_scale`, `attention.scale`,
+    /// `logit_scale`) apply (granite); other architectures ignore them, as llama.cpp does.
+    pub multipliers: bool,
+    /// Every `n`th layer (`(l + 1) % n == 0`) rotates no q or k (smollm3: 4, "NoPE" layers).
+    pub no_rope_every: Option<usize>,
 }
 
 impl Recipe {
@@ -92,6 +137,14 @@ impl Recipe {
         default_swa_period: None,
         default_rope_base_swa: None,
         output_norm: "output_norm.weight",
+        default_sliding_window: None,
+        default_attn_softcap: None,
+        default_final_softcap: None,
+        query_scale: QueryScale::HeadDim,
+        fused_gate_up: false,
+        ignore_sliding_window: false,
+        multipliers: false,
+        no_rope_every: None,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -107,7 +160,48 @@ impl Recipe {
         activation: Activation::GeluTanh,
         default_swa_period: Some(6),
         default_rope_base_swa: Some(10_000.0),
-        output_norm: "output_norm.weight",
+        ..Recipe::BASELINE
+    };
+    /// Gemma 2 (llama.cpp `gemma2`): gemma3's embedding scale, sandwich norms, GeGLU and
+    /// tied head, without q/k norms; local and global layers alternate (layer 0 local,
+    /// window 4096) at one RoPE base; the scaled attention scores are soft-capped
+    /// (`50 tanh(s / 50)`) before the softmax and the output logits too (`30 tanh(l / 30)`);
+    /// scores scaled by `query_pre_attn_scalar` ([`QueryScale::Gemma2`]). Its norm weights
+    /// carry the converter's `+ 1` as gemma3's do.
+    pub const GEMMA2: Recipe = Recipe {
+        scale_embedding: true,
+        post_norms: true,
+        activation: Activation::GeluTanh,
+        default_swa_period: Some(2),
+        default_sliding_window: Some(4096),
+        default_attn_softcap: Some(50.0),
+        default_final_softcap: Some(30.0),
+        query_scale: QueryScale::Gemma2,
+        ..Recipe::BASELINE
+    };
+    /// Phi-3 (llama.cpp `phi3`): the llama block with NeoX RoPE, q/k/v fused in one
+    /// `attn_qkv` matrix (split by rows in `weights.rs`) and gate/up fused in `ffn_up`;
+    /// LongRoPE's per-frequency factors (`rope_factors_short`; `rope_factors_long` beyond the
+    /// original context, not applied here) divide RoPE's frequencies and
+    /// `rope.scaling.attn_factor` scales its cosines and sines. No sliding window.
+    pub const PHI3: Recipe = Recipe {
+        fused_gate_up: true,
+        ignore_sliding_window: true,
+        ..Recipe::BASELINE
+    };
+    /// IBM Granite (llama.cpp `granite`): the llama block (normal RoPE) with four scalars
+    /// from the file: embedding rows times `embedding_scale`, each attention and FFN output
+    /// times `residual_scale` before its residual add, attention scores times
+    /// `attention.scale` (not `1 / sqrt(head_dim)`), logits divided by `logit_scale`.
+    pub const GRANITE: Recipe = Recipe {
+        multipliers: true,
+        ..Recipe::BASELINE
+    };
+    /// SmolLM3 (llama.cpp `smollm3`): the llama block, except that every fourth layer
+    /// (3, 7, 11, ...) applies no RoPE to q and k.
+    pub const SMOLLM3: Recipe = Recipe {
+        no_rope_every: Some(4),
+        ..Recipe::BASELINE
     };
     /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
     /// with per-head q/k RMSNorm and NeoX RoPE (as qwen3), or a gated short convolution
@@ -117,6 +211,69 @@ impl Recipe {
         output_norm: "token_embd_norm.weight",
         ..Recipe::BASELINE
     };
+}
+
+/// RoPE context scaling from the file's `rope.scaling.*` (llama.cpp's rules): every
+/// frequency times `freq_scale` (`1 / rope.scaling.factor`), and with YaRN only the low
+/// frequencies, blended per dimension by a ramp between the dimensions that turn
+/// `beta_fast` (32) and `beta_slow` (1) times over the original context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScale {
+    pub freq_scale: f32,
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN's ramp (llama.cpp's `ggml_rope_yarn_corr_dims`; beta_fast 32, beta_slow 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// `rope.scaling.original_context_length` (else the trained context).
+    pub original_context: u32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl RopeScale {
+    /// No scaling.
+    pub const NONE: RopeScale = RopeScale {
+        freq_scale: 1.0,
+        yarn: None,
+    };
+
+    /// From the header; an unknown scaling type is refused by name (running it unscaled
+    /// would be a quietly different model).
+    fn from_arch(a: &ArchConfig) -> Result<RopeScale, EngineError> {
+        let Some(s) = &a.rope_scaling else {
+            return Ok(RopeScale::NONE);
+        };
+        if !(s.factor.is_finite() && s.factor > 0.0) {
+            return Err(EngineError::BadConfig(format!(
+                "rope.scaling.factor {} is not a positive number",
+                s.factor
+            )));
+        }
+        let freq_scale = 1.0 / s.factor;
+        match s.kind.as_str() {
+            // longrope: the factor tensors carry it; llama.cpp still applies a file's factor.
+            "linear" | "longrope" => Ok(RopeScale {
+                freq_scale,
+                yarn: None,
+            }),
+            "yarn" => Ok(RopeScale {
+                freq_scale,
+                yarn: Some(Yarn {
+                    original_context: match s.original_context {
+                        0 => a.context_len,
+                        n => n,
+                    },
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                }),
+            }),
+            other => Err(EngineError::Unsupported(format!(
+                "rope.scaling.type {other:?} (the engine scales linear, yarn, longrope)"
+            ))),
+        }
+    }
 }
 
 /// Hyper-parameters, checked once so the forward pass can index without surprises.
@@ -154,6 +311,17 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// `cap * tanh(logit / cap)` on the output logits, when set.
     pub final_logit_softcap: Option<f32>,
+    /// `cap * tanh(score / cap)` on the scaled attention scores, when set (gemma2).
+    pub attn_softcap: Option<f32>,
+    /// Multiplier of RoPE's cosines and sines: `rope.scaling.attn_factor` (else 1), times
+    /// YaRN's `1 + 0.1 ln(factor)`.
+    pub rope_attn_factor: f32,
+    /// Context scaling of RoPE's frequencies.
+    pub rope_scale: RopeScale,
+    /// Multiplier of each block's attention and FFN outputs before the residual add (granite).
+    pub residual_scale: Option<f32>,
+    /// The output logits are multiplied by this (`1 / logit_scale`, granite).
+    pub logit_mul: Option<f32>,
     /// Routed experts instead of a dense FFN in every block (qwen3moe).
     pub moe: Option<MoeConfig>,
     /// (n_layers) true for a recurrent layer (LFM2's short convolution) in place of
@@ -181,6 +349,13 @@ impl Config {
             Some(true) => self.sliding_window,
             _ => None,
         }
+    }
+
+    /// Whether layer `l` rotates q and k (all but smollm3's every fourth).
+    pub fn has_rope(&self, l: usize) -> bool {
+        self.recipe
+            .no_rope_every
+            .is_none_or(|n| !(l + 1).is_multiple_of(n))
     }
 
     /// Whether layer `l` is recurrent (a short convolution) rather than attention.
@@ -234,7 +409,11 @@ impl TryFrom<&ArchConfig> for Config {
             )));
         }
         let n_layers = a.n_layers as usize;
-        let sliding_window = a.sliding_window.map(|w| w as usize);
+        let sliding_window = a
+            .sliding_window
+            .or(recipe.default_sliding_window)
+            .filter(|_| !recipe.ignore_sliding_window)
+            .map(|w| w as usize);
         let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
             (None, _, _) => vec![false; n_layers],
             (Some(_), Some(flags), _) => flags.clone(),
@@ -260,6 +439,7 @@ impl TryFrom<&ArchConfig> for Config {
                 "rope_base_swa {rope_base_swa} invalid"
             )));
         }
+        let rope_scale = RopeScale::from_arch(a)?;
         let (recurrent_layers, conv_kernel) = match &a.recurrent {
             Some(r) => (r.layers.clone(), r.conv_kernel as usize),
             None => (vec![false; n_layers], 0),
@@ -281,21 +461,43 @@ impl TryFrom<&ArchConfig> for Config {
                 "lfm2 without short-convolution layers (shortconv.l_cache)".into(),
             ));
         }
+        let mult = match (&a.multipliers, recipe.multipliers) {
+            (Some(m), true) => m.clone(),
+            _ => Default::default(),
+        };
         Ok(Config {
+            residual_scale: mult.residual,
+            logit_mul: mult.logit.map(|s| 1.0 / s),
             recurrent_layers,
             conv_kernel,
             arch,
             recipe,
-            embed_scale: if recipe.scale_embedding {
-                (a.hidden as f32).sqrt()
-            } else {
-                1.0
+            embed_scale: match (recipe.scale_embedding, mult.embedding) {
+                (true, _) => (a.hidden as f32).sqrt(),
+                (false, Some(m)) => m,
+                (false, None) => 1.0,
             },
-            attn_scale: 1.0 / (a.head_dim as f32).sqrt(),
+            attn_scale: mult.attention.unwrap_or(
+                1.0 / match recipe.query_scale {
+                    QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
+                    _ => a.head_dim as f32,
+                }
+                .sqrt(),
+            ),
             sliding_window,
             swa_layers,
             rope_base_swa,
-            final_logit_softcap: a.final_logit_softcap,
+            final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
+            attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
+            rope_attn_factor: a.rope_attn_factor.unwrap_or(1.0)
+                * match rope_scale.yarn {
+                    // llama.cpp: YaRN's magnitude correction, for a factor above 1.
+                    Some(_) if rope_scale.freq_scale < 1.0 => {
+                        1.0 + 0.1 * (1.0 / rope_scale.freq_scale).ln()
+                    }
+                    _ => 1.0,
+                },
+            rope_scale,
             moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
             hidden: a.hidden as usize,
@@ -340,6 +542,9 @@ mod tests {
             swa_layers: None,
             rope_base_swa: None,
             final_logit_softcap: None,
+            attn_logit_softcap: None,
+            rope_attn_factor: None,
+            multipliers: None,
             moe: None,
             recurrent: None,
         }
@@ -353,9 +558,9 @@ mod tests {
             assert_eq!(Arch::from_name(name), Some(arch));
         }
         let mut a = gemma3_270m();
-        a.arch = "gemma2".into();
+        a.arch = "gemma".into();
         let e = Config::try_from(&a).unwrap_err().to_string();
-        assert!(e.contains("\"gemma2\"") && e.contains("gemma3"), "{e}");
+        assert!(e.contains("\"gemma\"") && e.contains("gemma3"), "{e}");
     }
 
     #[test]
@@ -385,5 +590,45 @@ mod tests {
         a.arch = "qwen2".into();
         let c = Config::try_from(&a).unwrap();
         assert_eq!((c.recipe, c.embed_scale), (Recipe::BASELINE, 1.0));
+    }
+
+    #[test]
+    fn gemma2_alternates_local_and_global_layers_and_caps_by_default() {
+        // Gemma-2-2B's header as llama.cpp's converter writes it, less the optional keys.
+        let mut a = gemma3_270m();
+        a.arch = "gemma2".into();
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (26, 2304, 8, 4, 256);
+        (a.qk_norm, a.rope_base, a.sliding_window) = (false, 10_000.0, None);
+        let c = Config::try_from(&a).unwrap();
+        // Layer 0 local, then every other one; the window llama.cpp assumes; one RoPE base.
+        let local: Vec<usize> = (0..26).filter(|&l| c.window(l).is_some()).collect();
+        assert_eq!(local, (0..26).step_by(2).collect::<Vec<_>>());
+        assert_eq!(c.window(0), Some(4096));
+        assert_eq!(c.rope_base_swa, c.rope_base);
+        assert_eq!(
+            (c.attn_softcap, c.final_logit_softcap),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        assert_eq!(c.embed_scale, 2304f32.sqrt());
+        assert!(c.recipe.post_norms && c.recipe.activation == Activation::GeluTanh);
+
+        // The file's values win; the 27B (46 layers) scales by hidden / heads = 144, not 128.
+        a.sliding_window = Some(7);
+        a.attn_logit_softcap = Some(20.0);
+        a.final_logit_softcap = Some(5.0);
+        let c = Config::try_from(&a).unwrap();
+        assert_eq!(c.window(2), Some(7));
+        assert_eq!(
+            (c.attn_softcap, c.final_logit_softcap),
+            (Some(20.0), Some(5.0))
+        );
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (46, 4608, 32, 16, 128);
+        let c = Config::try_from(&a).unwrap();
+        assert_eq!(c.attn_scale, 1.0 / 12.0);
+        // Gemma 3 and qwen2 have no attention soft-cap.
+        a.arch = "gemma3".into();
+        a.attn_logit_softcap = None;
+        assert_eq!(Config::try_from(&a).unwrap().attn_softcap, None);
     }
 }

@@ -16,7 +16,7 @@ mod team;
 pub mod tokenizer;
 mod weights;
 
-pub use config::{Activation, Arch, Config, Recipe};
+pub use config::{Activation, Arch, Config, QueryScale, Recipe, RopeScale, Yarn};
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use shortconv::{Checkpoints, ConvState};

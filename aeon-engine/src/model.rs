@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
     add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
-    rope_rotate, softcap, swiglu, AttnShape,
+    rope_rotate, rope_scale_freqs, softcap, swiglu, AttnShape,
 };
 use super::weights::{AttnWeights, Mixer};
 use super::{
@@ -78,8 +78,19 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        let inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
-        let inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        let mut inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
+        let mut inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
+        // `theta / ff` does, on every layer.
+        if let Some(f) = super::weights::rope_factors(knot, &cfg)? {
+            for inv in [&mut inv_freq, &mut inv_freq_swa] {
+                inv.iter_mut().zip(f).for_each(|(i, &d)| *i /= d as f64);
+            }
+        }
+        if cfg.rope_scale != super::RopeScale::NONE {
+            rope_scale_freqs(&mut inv_freq, cfg.rope_base, cfg.rope_scale);
+            rope_scale_freqs(&mut inv_freq_swa, cfg.rope_base_swa, cfg.rope_scale);
+        }
         Ok(Model {
             cfg,
             weights,
@@ -277,10 +288,17 @@ impl<'a> Model<'a> {
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
         }
+        let mscale = cfg.rope_attn_factor;
+        if mscale != 1.0 {
+            fwd.rope.iter_mut().for_each(|c| *c *= mscale);
+        }
         if (range.start..range.end).any(|l| cfg.window(l as usize).is_some()) {
             fwd.rope_swa.resize(seq * hd, 0.0);
             for (t, cs) in fwd.rope_swa.chunks_exact_mut(hd).enumerate() {
                 rope_angles(cs, &self.inv_freq_swa, pos + t);
+            }
+            if mscale != 1.0 {
+                fwd.rope_swa.iter_mut().for_each(|c| *c *= mscale);
             }
         }
         let mut result = Ok(pos);
@@ -335,6 +353,7 @@ impl<'a> Model<'a> {
         }
 
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
+        residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);
         add_inplace(x, &s.xb2[..seq * h]);
 
         // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
@@ -359,6 +378,7 @@ impl<'a> Model<'a> {
             Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
         }
         post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
+        residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);
         add_inplace(x, &s.xb2[..seq * h]);
     }
 
@@ -412,9 +432,11 @@ impl<'a> Model<'a> {
                 k.chunks_exact_mut(hd)
                     .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
-            let cs = &rope[t * hd..(t + 1) * hd];
-            rope_rotate(q, cs, cfg.rope_style);
-            rope_rotate(k, cs, cfg.rope_style);
+            if cfg.has_rope(layer) {
+                let cs = &rope[t * hd..(t + 1) * hd];
+                rope_rotate(q, cs, cfg.rope_style);
+                rope_rotate(k, cs, cfg.rope_style);
+            }
         }
         // Stored first, then read back: a row attends to its own key and value as stored
         // (rounded, with an f16 cache), alone or in a batch.
@@ -429,6 +451,7 @@ impl<'a> Model<'a> {
             n_kv_heads: cfg.n_kv_heads,
             head_dim: hd,
             scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
             window,
         };
         match (&cache.k, &cache.v) {
@@ -500,6 +523,9 @@ impl<'a> Model<'a> {
         }
         logits.resize(rows * self.cfg.vocab, 0.0);
         linear(out, &f.xn, rows, logits);
+        if let Some(m) = self.cfg.logit_mul {
+            logits.iter_mut().for_each(|l| *l *= m);
+        }
         if let Some(cap) = self.cfg.final_logit_softcap {
             softcap(logits, cap);
         }
@@ -546,6 +572,14 @@ fn post_norm(rows: &mut [f32], norm: Option<&[f32]>, h: usize, eps: f32) {
     if let Some(w) = norm {
         rows.chunks_exact_mut(h)
             .for_each(|r| rmsnorm_inplace(r, w, eps));
+    }
+}
+
+/// A sub-block's output times the residual multiplier, when the architecture has one
+/// (granite's `residual_scale`).
+fn residual_scale(rows: &mut [f32], scale: Option<f32>) {
+    if let Some(m) = scale {
+        rows.iter_mut().for_each(|v| *v *= m);
     }
 }
 

@@ -125,6 +125,35 @@ pub fn rope_inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
         .collect()
 }
 
+/// Applies context scaling to inverse frequencies from [`rope_inv_freq`] at `base`, as
+/// llama.cpp's `rope_yarn` does: each `f` becomes `f * scale`, except that YaRN blends it back
+/// towards `f` on the high-frequency dimensions by a ramp between its correction dimensions.
+pub fn rope_scale_freqs(inv_freq: &mut [f64], base: f32, s: crate::RopeScale) {
+    let n_dims = (2 * inv_freq.len()) as f64;
+    let ramp = s.yarn.map(|y| {
+        // The dimension whose wavelength turns `rot` times over the original context.
+        let corr = |rot: f32| {
+            n_dims * (y.original_context as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * (base as f64).ln())
+        };
+        let low = corr(y.beta_fast).floor().max(0.0);
+        let high = corr(y.beta_slow).ceil().min(n_dims - 1.0);
+        (low, high)
+    });
+    let scale = s.freq_scale as f64;
+    for (i, f) in inv_freq.iter_mut().enumerate() {
+        let interp = *f * scale;
+        *f = match ramp {
+            None => interp,
+            Some((low, high)) => {
+                let y = (i as f64 - low) / (high - low).max(0.001);
+                let mix = 1.0 - y.clamp(0.0, 1.0);
+                interp * (1.0 - mix) + *f * mix
+            }
+        };
+    }
+}
+
 /// Cosines then sines of position `pos`: `cs[i] = cos(pos * f_i)`, `cs[half + i] = sin(..)`;
 /// `cs.len() == 2 * inv_freq.len()`.
 pub fn rope_angles(cs: &mut [f32], inv_freq: &[f64], pos: usize) {
@@ -199,7 +228,7 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `x = cap * tanh(x / cap)` (gemma's final logit soft-capping).
+/// `x = cap * tanh(x / cap)` (gemma's final logit soft-capping, gemma2's attention scores).
 pub fn softcap(x: &mut [f32], cap: f32) {
     for v in x.iter_mut() {
         *v = cap * tanh(*v / cap);
@@ -246,8 +275,8 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// start on a sliding-window layer).
 ///
 /// `k`, `v`: (span.end, kv_dim); this head reads kv head `kv_head`. Scores are
-/// `q·k * scale`. `scores` is scratch of at least `span.len()`. Writes the weighted sum of
-/// values into `out` (head_dim).
+/// `q·k * scale`, then `cap * tanh(score / cap)` with a `cap` (gemma2). `scores` is
+/// scratch of at least `span.len()`. Writes the weighted sum of values into `out` (head_dim).
 ///
 /// Generic over how the cache stores its rows ([`KvElem`]): an f16 row is widened to f32
 /// first, then goes through the very same arithmetic as an f32 row.
@@ -261,6 +290,7 @@ pub fn attend_head<T: KvElem>(
     kv_dim: usize,
     kv_head: usize,
     scale: f32,
+    cap: Option<f32>,
     scores: &mut [f32],
 ) {
     let hd = q.len();
@@ -277,6 +307,9 @@ pub fn attend_head<T: KvElem>(
     for (p, s) in span.clone().zip(scores[..n].iter_mut()) {
         let kr = T::widen(&k[p * kv_dim + off..p * kv_dim + off + hd], buf);
         *s = dot_f32(q, kr) * scale;
+    }
+    if let Some(cap) = cap {
+        softcap(&mut scores[..n], cap);
     }
     softmax(&mut scores[..n]);
     out.fill(0.0);
@@ -325,6 +358,8 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Score multiplier, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// Attention logit soft-capping of the scaled scores (gemma2: 50), when set.
+    pub softcap: Option<f32>,
     /// Sliding window: row at position `p` sees only `p0` with `p - p0 < window`
     /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`); `None`: every earlier position.
     pub window: Option<usize>,
@@ -394,7 +429,18 @@ pub fn attention_with<T: KvElem>(
         let (t, head) = (i / a.n_heads, i % a.n_heads);
         let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
         let span = a.span(a.pos + t);
-        attend_head(o, qh, k, v, span, kv_dim, head / group, a.scale, scores);
+        attend_head(
+            o,
+            qh,
+            k,
+            v,
+            span,
+            kv_dim,
+            head / group,
+            a.scale,
+            a.softcap,
+            scores,
+        );
     };
     let out = &mut out[..a.seq * q_dim];
     if parallel {
@@ -576,6 +622,7 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 64,
             scale: 1.0 / 8.0,
+            softcap: None,
             window: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 23);
@@ -667,6 +714,7 @@ mod tests {
                 n_kv_heads: 2,
                 head_dim: 64,
                 scale: 1.0 / 8.0,
+                softcap: None,
                 window,
             };
             let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 21);
@@ -717,6 +765,7 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 64,
             scale: 1.0 / 8.0,
+            softcap: None,
             window: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 14);
@@ -755,6 +804,7 @@ mod tests {
             n_kv_heads: 1,
             head_dim: 16,
             scale: 0.25,
+            softcap: None,
             window: Some(4),
         };
         let (q_dim, kv_dim, n) = (4 * 16, 16, 10);
@@ -783,6 +833,7 @@ mod tests {
             kv_dim,
             0,
             0.25,
+            None,
             &mut [0.0; 4],
         );
         assert_eq!(one, out[..16]);

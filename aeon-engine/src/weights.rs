@@ -178,16 +178,23 @@ impl<'a> Weights<'a> {
                     ),
                 })
             } else {
+                let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+                // Fused q/k/v (phi3): three row ranges of one matrix, in place.
+                let [wq, wk, wv] = match knot.tensor(&name("attn_qkv.weight")) {
+                    Some(_) => split_rows(
+                        matrix(knot, &name("attn_qkv.weight"), q + 2 * kv, h)?,
+                        [q, kv, kv],
+                    ),
+                    None => [
+                        matrix(knot, &name("attn_q.weight"), q, h)?,
+                        matrix(knot, &name("attn_k.weight"), kv, h)?,
+                        matrix(knot, &name("attn_v.weight"), kv, h)?,
+                    ],
+                };
                 Mixer::Attention(AttnWeights {
-                    wq: Linear::mapped(matrix(knot, &name("attn_q.weight"), cfg.q_dim(), h)?, knot),
-                    wk: Linear::mapped(
-                        matrix(knot, &name("attn_k.weight"), cfg.kv_dim(), h)?,
-                        knot,
-                    ),
-                    wv: Linear::mapped(
-                        matrix(knot, &name("attn_v.weight"), cfg.kv_dim(), h)?,
-                        knot,
-                    ),
+                    wq: Linear::mapped(wq, knot),
+                    wk: Linear::mapped(wk, knot),
+                    wv: Linear::mapped(wv, knot),
                     bq,
                     bk,
                     bv,
@@ -205,6 +212,21 @@ impl<'a> Weights<'a> {
                 post_attn_norm,
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
                 ffn: match &cfg.moe {
+                    // Gate and up fused in `ffn_up`, gate rows first (phi3).
+                    None if cfg.recipe.fused_gate_up => {
+                        let [gate, up] = split_rows(
+                            matrix(knot, &name("ffn_up.weight"), 2 * cfg.ffn, h)?,
+                            [cfg.ffn, cfg.ffn],
+                        );
+                        Ffn::Dense {
+                            gate: Linear::mapped(gate, knot),
+                            up: Linear::mapped(up, knot),
+                            down: Linear::mapped(
+                                matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?,
+                                knot,
+                            ),
+                        }
+                    }
                     None => Ffn::Dense {
                         gate: Linear::mapped(
                             matrix(knot, &name("ffn_gate.weight"), cfg.ffn, h)?,
@@ -276,6 +298,43 @@ impl<'a> Weights<'a> {
         let start = self.holdings.layers.start as usize;
         layer.checked_sub(start).and_then(|i| self.layers.get(i))
     }
+}
+
+/// Consecutive row ranges of `m`, `rows[i]` rows each (they sum to `m.rows`): views of its
+/// bytes, nothing copied (a quantized row is whole blocks, so a row range is a byte range).
+fn split_rows<'a, const N: usize>(m: QMatrix<'a>, rows: [usize; N]) -> [QMatrix<'a>; N] {
+    debug_assert_eq!(rows.iter().sum::<usize>(), m.rows);
+    let rb = m.row_bytes();
+    let mut start = 0;
+    rows.map(|r| {
+        let data = &m.data[start * rb..(start + r) * rb];
+        start += r;
+        QMatrix {
+            dtype: m.dtype,
+            rows: r,
+            cols: m.cols,
+            data,
+        }
+    })
+}
+
+/// RoPE's per-frequency divisors, `head_dim / 2` of them, when the file has them:
+/// llama3's `rope_freqs.weight`, or Phi-3 LongRoPE's `rope_factors_short.weight` (the
+/// factors for contexts up to the original one; the long ones are not used).
+pub fn rope_factors<'a>(knot: &'a Knot, cfg: &Config) -> Result<Option<&'a [f32]>, EngineError> {
+    for name in ["rope_freqs.weight", "rope_factors_short.weight"] {
+        if knot.tensor(name).is_some() {
+            let f = vector(knot, name, cfg.head_dim / 2)?;
+            if let Some(bad) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+                return Err(EngineError::BadTensor {
+                    name: name.to_string(),
+                    why: format!("factor {bad} is not a positive number"),
+                });
+            }
+            return Ok(Some(f));
+        }
+    }
+    Ok(None)
 }
 
 fn find<'a>(knot: &'a Knot, name: &str) -> Result<knot_format::TensorView<'a>, EngineError> {

@@ -58,6 +58,20 @@ pub struct ArchConfig {
     /// Final logit soft-capping `cap * tanh(logit / cap)` (`final_logit_softcapping`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_logit_softcap: Option<f32>,
+    /// Attention logit soft-capping `cap * tanh(score / cap)` on every scaled q·k score
+    /// before the softmax (`attn_logit_softcapping`, gemma2: 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_logit_softcap: Option<f32>,
+    /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`; Phi-3's LongRoPE
+    /// writes `sqrt(1 + ln(scale) / ln(original_context))`): q and k are each scaled by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_attn_factor: Option<f32>,
+    /// Granite's multipliers: of the embedding rows (`embedding_scale`), of each block's
+    /// attention and FFN outputs before the residual add (`residual_scale`), the attention
+    /// score scale in place of `1 / sqrt(head_dim)` (`attention.scale`), and the divisor of
+    /// the output logits (`logit_scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multipliers: Option<Multipliers>,
     /// Mixture-of-experts FFN (`expert_count` > 0 in GGUF): every block's FFN is a router
     /// over stacked experts (`ffn_{gate,up,down}_exps`, 3-D) instead of one dense FFN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +80,19 @@ pub struct ArchConfig {
     /// (`None`: every layer is attention).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent: Option<RecurrentLayers>,
+}
+
+/// Granite's scalar multipliers (llama.cpp reads them for `granite`; 0 or absent: unused).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Multipliers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit: Option<f32>,
 }
 
 /// The routed-experts FFN of a mixture-of-experts model.
@@ -96,7 +123,9 @@ pub struct RecurrentLayers {
 /// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
-pub const RUNNABLE_ARCHS: &[&str] = &["qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2"];
+pub const RUNNABLE_ARCHS: &[&str] = &[
+    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite", "smollm3",
+];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
 pub const MAX_LAYERS: u32 = 1 << 16;
@@ -193,6 +222,24 @@ impl ArchConfig {
         for (name, v) in [
             ("rope_base_swa", self.rope_base_swa),
             ("final_logit_softcap", self.final_logit_softcap),
+            ("attn_logit_softcap", self.attn_logit_softcap),
+            ("rope_attn_factor", self.rope_attn_factor),
+            (
+                "multipliers.embedding",
+                self.multipliers.as_ref().and_then(|m| m.embedding),
+            ),
+            (
+                "multipliers.residual",
+                self.multipliers.as_ref().and_then(|m| m.residual),
+            ),
+            (
+                "multipliers.attention",
+                self.multipliers.as_ref().and_then(|m| m.attention),
+            ),
+            (
+                "multipliers.logit",
+                self.multipliers.as_ref().and_then(|m| m.logit),
+            ),
         ] {
             if let Some(v) = v {
                 if !(v.is_finite() && v > 0.0) {

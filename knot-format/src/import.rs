@@ -62,6 +62,7 @@ const NORMAL_ARCHS: &[&str] = &[
     "deepseek2",
     "granite",
     "granitemoe",
+    "smollm3",
 ];
 
 /// `{arch}.` keys every model must carry; all other keys have defaults (see `from_gguf`).
@@ -329,6 +330,19 @@ impl ArchConfig {
         let swa_layers = m.swa_layers(&k("attention.sliding_window_pattern"), n_layers)?;
         let rope_base_swa = m.f32(&k("rope.freq_base_swa"))?;
         let final_logit_softcap = m.f32(&k("final_logit_softcapping"))?.filter(|&c| c > 0.0);
+        let attn_logit_softcap = m.f32(&k("attn_logit_softcapping"))?.filter(|&c| c > 0.0);
+        let rope_attn_factor = m.f32(&k("rope.scaling.attn_factor"))?.filter(|&f| f > 0.0);
+        // Granite's multipliers (0 means unused, as in llama.cpp).
+        let mult = |key: &str| -> Result<Option<f32>, KnotError> {
+            Ok(m.f32(&k(key))?.filter(|&v| v != 0.0))
+        };
+        let multipliers = crate::header::Multipliers {
+            embedding: mult("embedding_scale")?,
+            residual: mult("residual_scale")?,
+            attention: mult("attention.scale")?,
+            logit: mult("logit_scale")?,
+        };
+        let multipliers = (multipliers != Default::default()).then_some(multipliers);
         // Mixture of experts: an expert count > 0. The expert width defaults as llama.cpp's
         // does (`feed_forward_length / expert_used_count`); qwen3moe renormalises its top-k
         // weights whatever the file says (llama.cpp passes norm_w = true for it).
@@ -376,6 +390,9 @@ impl ArchConfig {
             swa_layers,
             rope_base_swa,
             final_logit_softcap,
+            attn_logit_softcap,
+            rope_attn_factor,
+            multipliers,
             moe,
             recurrent,
         })
@@ -689,6 +706,33 @@ mod tests {
             .raw_kv("tokenizer.ggml.scores", 9, &f32_array(scores))
             .raw_kv("tokenizer.ggml.add_space_prefix", 7, &[0]);
         g
+    }
+
+    #[test]
+    fn gemma2_attention_softcap_and_phi3_rope_attn_factor_are_read() {
+        let mut g = Builder::new();
+        g.string("general.architecture", "gemma2")
+            .u32("gemma2.block_count", 2)
+            .u32("gemma2.context_length", 64)
+            .u32("gemma2.embedding_length", 32)
+            .u32("gemma2.feed_forward_length", 64)
+            .u32("gemma2.attention.head_count", 2)
+            .f32("gemma2.attention.layer_norm_rms_epsilon", 1e-6)
+            .f32("gemma2.attn_logit_softcapping", 50.0)
+            .f32("gemma2.rope.scaling.attn_factor", 1.19)
+            .string("tokenizer.ggml.model", "gpt2")
+            .strings("tokenizer.ggml.tokens", &["a", "b"]);
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        assert_eq!(
+            (a.attn_logit_softcap, a.rope_attn_factor),
+            (Some(50.0), Some(1.19))
+        );
+        assert!(a.runs_here());
+        // Absent: neither is serialized (older files keep their model hash).
+        let (_dir, k) = import(&qwen_like()).unwrap();
+        let json = serde_json::to_string(k.arch()).unwrap();
+        assert!(!json.contains("attn_logit_softcap") && !json.contains("rope_attn_factor"));
     }
 
     #[test]

@@ -83,6 +83,9 @@ fn header(s: &Shape) -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        attn_logit_softcap: None,
+        rope_attn_factor: None,
+        multipliers: None,
         moe: None,
         recurrent: None,
     }

@@ -151,6 +151,9 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         swa_layers: None,
         rope_base_swa: None,
         final_logit_softcap: None,
+        attn_logit_softcap: None,
+        rope_attn_factor: None,
+        multipliers: None,
         moe: None,
         recurrent: None,
     }

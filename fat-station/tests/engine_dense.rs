@@ -1,0 +1,468 @@
+//! The engine on synthetic dense architectures beyond qwen2/llama/qwen3/gemma3 (issue 37),
+//! each a `scripts/make-synthetic-model.py` preset of a real model's layout at a tiny width
+//! (seeded random weights, Qwen's tokenizer), imported with `knot import`, against llama.cpp on
+//! the same GGUF in f16 (goldens from `scripts/reference/make-dense-golden.sh PRESET`), and
+//! against itself: chunked prefill and shards split between any two blocks give the whole
+//! model's logits bit for bit.
+//!
+//! Needs python3 with PyPI `gguf` and `numpy` and the Qwen GGUF (its tokenizer is copied);
+//! without them the tests skip with a line on stderr, unless `AEON_REQUIRE_MODELS=1`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fat_station::engine::Model;
+use knot_format::{Holdings, Knot, KnotWriter, LayerRange, Role, ShardRecord};
+use support::*;
+
+/// The goldens' prompt: "The capital of France is ..." in Qwen's tokenizer; 12 positions,
+/// more than the tiny presets' sliding windows.
+const PROMPT: [u32; 12] = [
+    785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374,
+];
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synthetic")
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// `preset` in f16 as GGUF and KNOT in `dir`; `None` (skipped) without python's gguf or the
+/// Qwen tokenizer.
+fn synthetic(dir: &Path, preset: &str) -> Option<(PathBuf, PathBuf)> {
+    test_support::synthetic_model(dir, preset, &["--type", "f16"])
+}
+
+/// llama.cpp's logits for `preset` (batched, token by token), or `None` when this machine's
+/// GGUF is not the one the golden was made from (another numpy or gguf draws other bytes).
+fn llamacpp_golden(preset: &str, gguf: &Path) -> Option<(Vec<f32>, Vec<f32>)> {
+    let name = preset.replace('-', "_");
+    let dir = golden_dir();
+    let want = std::fs::read_to_string(dir.join(format!("{name}_seed0.sha256"))).expect("sha256");
+    let got = sha256(gguf);
+    if got != want.trim() {
+        assert!(
+            !test_support::required(),
+            "{preset}'s sha256 {got} is not the golden's {}",
+            want.trim()
+        );
+        eprintln!("skipping: {preset}'s sha256 {got} is not the golden's; not compared");
+        return None;
+    }
+    Some((
+        read_f32(&dir.join(format!("{name}_seed0_llamacpp.f32"))),
+        read_f32(&dir.join(format!("{name}_seed0_llamacpp_tbt.f32"))),
+    ))
+}
+
+/// Our logits against llama.cpp's: top-1 equal, rms within 1.5x of llama.cpp's own
+/// batched-vs-token-by-token difference, floored at 1/300 of the logits' spread (0.01 for the
+/// presets' standard deviation of 3: the f16 weights' rounding scale; granite divides its
+/// logits by 8, and its floor with them).
+/// Returns our rms against llama.cpp, and the bound.
+fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f32]) -> (f64, f64) {
+    let (own, _) = rms_max(batched, tbt);
+    let (rms, max) = rms_max(ours, batched);
+    eprintln!(
+        "{preset}: vs llama.cpp rms {rms:.4} max {max:.4}; llama.cpp batched vs token by token \
+         rms {own:.4}; top-5 ours {:?} llama.cpp {:?}",
+        top_ids(ours, 5),
+        top_ids(batched, 5)
+    );
+    assert_eq!(
+        argmax(ours),
+        argmax(batched),
+        "{preset}: top-1 differs from llama.cpp"
+    );
+    let (spread, _) = rms_max(batched, &vec![0.0; batched.len()]);
+    let bound = 1.5 * own.max(spread / 300.0);
+    assert!(
+        rms <= bound,
+        "{preset}: rms {rms} against llama.cpp exceeds 1.5x its own batched-vs-token-by-token {own}"
+    );
+    (rms, bound)
+}
+
+/// Logits of the last row of `tokens` fed in chunks of the given sizes.
+fn chunked(m: &Model<'_>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let mut s = m.new_session(64);
+    let mut at = 0;
+    let mut logits = Vec::new();
+    for &c in chunks {
+        logits = m.logits(&mut s, &tokens[at..at + c]).expect("forward");
+        at += c;
+    }
+    assert_eq!(at, tokens.len());
+    logits
+}
+
+/// Writes a shard of `src` as `shard-knot split` does: the tokenizer, the blocks in
+/// `layers`, the embedding for an entry, the final norm and head (the embedding when tied)
+/// for an exit, every other non-block tensor (RoPE factors) in each shard.
+fn shard(src: &Knot, dst: &Path, role: Role, layers: LayerRange) {
+    let h = src.header().clone();
+    let mut w = KnotWriter::new(h.model_id.clone(), h.arch.clone());
+    if let Some(t) = src.tokenizer().expect("tokenizer") {
+        w.tokenizer(t);
+    }
+    w.shard(ShardRecord {
+        role,
+        layers,
+        parent_hash: src.model_hash().to_string(),
+        parent_layers: h.arch.n_layers,
+    });
+    let (entry, exit) = (role == Role::Entry, role == Role::Exit);
+    for t in src.tensors() {
+        let keep = match t.layer() {
+            Some(l) => layers.start <= l && l < layers.end,
+            None => match t.entry.name.as_str() {
+                "token_embd.weight" => entry || (exit && h.arch.tied_embeddings),
+                "output_norm.weight" | "output.weight" => exit,
+                _ => true,
+            },
+        };
+        if keep {
+            w.add_tensor(&t.entry.name, t.entry.dtype, t.entry.shape.clone(), t.bytes)
+                .expect("add tensor");
+        }
+    }
+    w.write(dst, &mut |_| {}).expect("write shard");
+}
+
+/// Chunked prefill equals the whole prompt, and an entry shard `0..cut` chained to an exit
+/// shard `cut..n` equals the whole model, bit for bit, for every cut.
+fn assert_chunks_and_splits_are_bit_identical(dir: &Path, knot_path: &Path) {
+    let knot = Knot::open(knot_path).expect("open");
+    assert!(
+        knot.arch().runs_here(),
+        "knot inspect would not say runs here: yes"
+    );
+    let m = Model::load(&knot, None).expect("load");
+    let whole = chunked(&m, &PROMPT, &[12]);
+    assert!(whole.iter().all(|x| x.is_finite()));
+    for c in [&[1; 12][..], &[5, 7], &[3, 1, 8]] {
+        assert_eq!(bits(&chunked(&m, &PROMPT, c)), bits(&whole), "chunks {c:?}");
+    }
+    let n = m.cfg.n_layers as u32;
+    for cut in 1..n {
+        let (e, x) = (dir.join("entry.knot"), dir.join("exit.knot"));
+        shard(&knot, &e, Role::Entry, LayerRange::new(0, cut));
+        shard(&knot, &x, Role::Exit, LayerRange::new(cut, n));
+        let (ek, xk) = (
+            Knot::open(&e).expect("entry"),
+            Knot::open(&x).expect("exit"),
+        );
+        let (em, xm) = (
+            Model::load(&ek, None).expect("load entry"),
+            Model::load(&xk, None).expect("load exit"),
+        );
+        assert_eq!(
+            em.holdings(),
+            Holdings {
+                embed: true,
+                layers: LayerRange::new(0, cut),
+                head: false
+            }
+        );
+        let (mut es, mut xs) = (em.new_session(64), xm.new_session(64));
+        let mut logits = Vec::new();
+        for c in PROMPT.chunks(5) {
+            let mut r = em.embed(c).expect("embed");
+            em.forward(&mut es, &mut r, LayerRange::new(0, cut))
+                .expect("entry forward");
+            xm.forward(&mut xs, &mut r, LayerRange::new(cut, n))
+                .expect("exit forward");
+            logits = xm.lm_head(&r).expect("head");
+        }
+        assert_eq!(bits(&logits), bits(&whole), "split at block {cut}");
+    }
+}
+
+/// Gemma 2 (`gemma2-tiny`: 4 blocks, local (window 5) and global alternating, q width 512
+/// over hidden 256, attention and final soft-caps small enough to bend random weights'
+/// scores): llama.cpp's logits, and each Gemma 2 feature is needed to get them.
+#[test]
+fn gemma2_matches_llama_cpp_and_needs_each_of_its_features() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "gemma2-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let a = knot.arch();
+    assert_eq!(
+        (
+            a.sliding_window,
+            a.attn_logit_softcap,
+            a.final_logit_softcap
+        ),
+        (Some(5), Some(0.1), Some(10.0))
+    );
+    let m = Model::load(&knot, None).expect("load");
+    assert_eq!(
+        (0..4).map(|l| m.cfg.window(l)).collect::<Vec<_>>(),
+        [Some(5), None, Some(5), None]
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("gemma2-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("gemma2-tiny", &ours, &batched, &tbt);
+
+    // Without any one of them the logits are far from llama.cpp's.
+    type Tweak = fn(&mut fat_station::engine::Config);
+    let tweaks: [(&str, Tweak); 4] = [
+        ("attention soft-cap", |c| c.attn_softcap = None),
+        ("final soft-cap", |c| c.final_logit_softcap = None),
+        ("sliding window", |c| c.sliding_window = None),
+        ("embedding scale", |c| c.embed_scale = 1.0),
+    ];
+    for (what, tweak) in tweaks {
+        let mut m = Model::load(&knot, None).expect("load");
+        tweak(&mut m.cfg);
+        let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+        eprintln!("gemma2-tiny without the {what}: rms {rms:.4} against llama.cpp");
+        assert!(rms > 4.0 * bound, "without the {what}: rms {rms}");
+    }
+}
+
+#[test]
+fn gemma2_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "gemma2-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// Phi-3 (`phi3-tiny`: 3 blocks, 4 / 2 heads of 64, q/k/v fused in `attn_qkv`, gate and up in
+/// `ffn_up`, LongRoPE short factors and attention factor): llama.cpp's logits; the fused
+/// matrices are used as row ranges of the file's bytes, not copied.
+#[test]
+fn phi3_matches_llama_cpp_with_fused_matrices_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "phi3-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let m = Model::load(&knot, None).expect("load");
+    assert!((m.cfg.rope_attn_factor - 1.190_238).abs() < 1e-5);
+    // The three projections lie inside the fused tensor's mapped bytes, back to back.
+    let qkv = knot
+        .tensor("blk.1.attn_qkv.weight")
+        .expect("attn_qkv")
+        .bytes;
+    let fat_station::engine::Mixer::Attention(a) = &m.weights.layers[1].mixer else {
+        panic!("block 1 is attention");
+    };
+    assert_eq!(a.wq.q.data.as_ptr(), qkv.as_ptr());
+    assert_eq!(a.wk.q.data.as_ptr(), qkv[a.wq.q.data.len()..].as_ptr());
+    assert_eq!(
+        a.wq.q.data.len() + a.wk.q.data.len() + a.wv.q.data.len(),
+        qkv.len()
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("phi3-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("phi3-tiny", &ours, &batched, &tbt);
+    let mut m = Model::load(&knot, None).expect("load");
+    m.cfg.rope_attn_factor = 1.0;
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("phi3-tiny without the RoPE attention factor: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * bound, "without the attention factor: rms {rms}");
+}
+
+#[test]
+fn phi3_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "phi3-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// A copy of `src` with its header changed by `arch` and without the tensor `drop`: the same
+/// weights read as another model (what a missing feature would compute).
+fn variant(src: &Knot, dst: &Path, arch: impl FnOnce(&mut knot_format::ArchConfig), drop: &str) {
+    let h = src.header().clone();
+    let mut a = h.arch.clone();
+    arch(&mut a);
+    let mut w = KnotWriter::new(h.model_id.clone(), a);
+    if let Some(t) = src.tokenizer().expect("tokenizer") {
+        w.tokenizer(t);
+    }
+    for t in src.tensors().filter(|t| t.entry.name != drop) {
+        w.add_tensor(&t.entry.name, t.entry.dtype, t.entry.shape.clone(), t.bytes)
+            .expect("add tensor");
+    }
+    w.write(dst, &mut |_| {}).expect("write variant");
+}
+
+/// RoPE scaling from the metadata: llama3's `rope_freqs` tensor (`llama3-tiny`, a
+/// Llama-3.2-shaped file whose factors act within the prompt) and YaRN (`tiny-yarn`: factor
+/// 4 over an original context of 32): llama.cpp's logits, and far from them without it.
+#[test]
+fn rope_scaling_llama3_freqs_and_yarn_match_llama_cpp() {
+    for (preset, drop) in [("llama3-tiny", "rope_freqs.weight"), ("tiny-yarn", "")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((gguf, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        let knot = Knot::open(&knot_path).expect("open");
+        let m = Model::load(&knot, None).expect("load");
+        let ours = chunked(&m, &PROMPT, &[12]);
+        let Some((batched, tbt)) = llamacpp_golden(preset, &gguf) else {
+            return;
+        };
+        let (_, bound) = assert_matches_llamacpp(preset, &ours, &batched, &tbt);
+        let plain = dir.path().join("plain.knot");
+        variant(&knot, &plain, |a| a.rope_scaling = None, drop);
+        let plain = Knot::open(&plain).expect("open variant");
+        let m = Model::load(&plain, None).expect("load variant");
+        let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+        eprintln!("{preset} without its RoPE scaling: rms {rms:.4} against llama.cpp");
+        assert!(rms > 4.0 * bound, "{preset} unscaled: rms {rms}");
+    }
+}
+
+/// A scaling type the engine does not implement is refused by name, not run unscaled.
+#[test]
+fn an_unknown_rope_scaling_type_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "tiny-yarn") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let other = dir.path().join("other.knot");
+    variant(
+        &knot,
+        &other,
+        |a| a.rope_scaling.as_mut().expect("scaling").kind = "dynamic-ntk".into(),
+        "",
+    );
+    let other = Knot::open(&other).expect("open variant");
+    let e = Model::load(&other, None)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("dynamic-ntk"), "{e}");
+}
+
+#[test]
+fn llama3_and_yarn_chunks_and_split_points_are_bit_identical() {
+    for preset in ["llama3-tiny", "tiny-yarn"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((_, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+    }
+}
+
+/// Granite (`granite-tiny`: llama's block with Granite-3.0-2B's embedding, residual and logit
+/// multipliers, an attention scale of 1 that bends random weights' scores): llama.cpp's
+/// logits, and far from them without any one multiplier.
+#[test]
+fn granite_matches_llama_cpp_and_needs_each_multiplier() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "granite-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let m = Model::load(&knot, None).expect("load");
+    assert_eq!(
+        (
+            m.cfg.embed_scale,
+            m.cfg.residual_scale,
+            m.cfg.attn_scale,
+            m.cfg.logit_mul
+        ),
+        (12.0, Some(0.22), 1.0, Some(0.125))
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("granite-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("granite-tiny", &ours, &batched, &tbt);
+    type Tweak = fn(&mut fat_station::engine::Config);
+    let tweaks: [(&str, Tweak); 4] = [
+        ("embedding scale", |c| c.embed_scale = 1.0),
+        ("residual scale", |c| c.residual_scale = None),
+        ("attention scale", |c| c.attn_scale = 1.0 / 8.0),
+        ("logit scale", |c| c.logit_mul = None),
+    ];
+    for (what, tweak) in tweaks {
+        let mut m = Model::load(&knot, None).expect("load");
+        tweak(&mut m.cfg);
+        let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+        eprintln!("granite-tiny without the {what}: rms {rms:.4} against llama.cpp");
+        assert!(rms > 4.0 * bound, "without the {what}: rms {rms}");
+    }
+}
+
+#[test]
+fn granite_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "granite-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// SmolLM3 (`smollm3-tiny`: 4 blocks, block 3 without RoPE): llama.cpp's logits, and away
+/// from them when block 3 rotates too. Random weights attend almost uniformly, so RoPE moves
+/// the logits little (rms 0.009, under the f16 floor of the shared bound): here the check is
+/// against llama.cpp's own batched-vs-token-by-token noise (0.0018) and our own distance
+/// (0.0023).
+#[test]
+fn smollm3_matches_llama_cpp_and_skips_rope_on_every_fourth_layer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "smollm3-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let m = Model::load(&knot, None).expect("load");
+    assert_eq!(
+        (0..4).map(|l| m.cfg.has_rope(l)).collect::<Vec<_>>(),
+        [true, true, true, false]
+    );
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("smollm3-tiny", &gguf) else {
+        return;
+    };
+    let (ours_rms, _) = assert_matches_llamacpp("smollm3-tiny", &ours, &batched, &tbt);
+    let (own, _) = rms_max(&batched, &tbt);
+    let mut m = Model::load(&knot, None).expect("load");
+    m.cfg.recipe.no_rope_every = None;
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("smollm3-tiny with RoPE on every layer: rms {rms:.4} against llama.cpp");
+    assert!(
+        rms > 3.0 * own && rms > 3.0 * ours_rms,
+        "RoPE on every layer: rms {rms} (llama.cpp's own {own}, ours {ours_rms})"
+    );
+}
+
+#[test]
+fn smollm3_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "smollm3-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Regenerates the golden of one dense synthetic architecture's test (fat-station/tests/engine_dense.rs):
+#   make-dense-golden.sh PRESET [PRESET...]     e.g. gemma2-tiny
+# For each PRESET (a scripts/make-synthetic-model.py preset, made with --seed 0 --type f16), in
+# fat-station/tests/golden/synthetic/ (NAME = the preset with '-' as '_'):
+#   NAME_seed0.sha256          the GGUF's sha256 (the test skips the comparison when its own
+#                              file differs: another numpy or gguf version)
+#   NAME_seed0_llamacpp.f32     llama.cpp's logits of the last position, the prompt in one
+#                              batch (one thread)
+#   NAME_seed0_llamacpp_tbt.f32 the same, token by token (llama.cpp's own noise)
+# f16 weights: neither side quantizes activations to 8 bits, so a difference in the layer's
+# definition shows above the rounding. Needs: pip install gguf numpy; the Qwen GGUF for the
+# tokenizer (scripts/fetch-model.sh qwen); llama.cpp's static libraries from
+# scripts/bench/build-llama-bench.sh (run when missing) and a C compiler with OpenMP (gcc).
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: make-dense-golden.sh PRESET..." >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$root/fat-station/tests/golden/synthetic
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out"
+# engine_dense.rs's PROMPT (Qwen's tokenizer: "The capital of France is ..."); 12 positions,
+# longer than the tiny presets' sliding windows.
+prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
+
+version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
+[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
+[ -f "$llama/build/src/libllama.a" ] || { echo "make-dense-golden: no llama.cpp build in $llama" >&2; exit 1; }
+gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
+  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
+  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
+  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+for preset in "$@"; do
+  name=${preset//-/_}
+  python3 "$root/scripts/make-synthetic-model.py" "$tmp/$name.gguf" --preset "$preset" --seed 0 --type f16 -q
+  (cd "$tmp" && sha256sum "$name.gguf" | cut -d' ' -f1) > "$out/${name}_seed0.sha256"
+  "$tmp/llamacpp-logits" "$tmp/$name.gguf" "$out/${name}_seed0_llamacpp.f32" "${prompt[@]}"
+  "$tmp/llamacpp-logits" "$tmp/$name.gguf" "$out/${name}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
+  rm -f "$tmp/$name.gguf"
+  echo "make-dense-golden: $preset -> $out/${name}_seed0_* (llama.cpp $version)" >&2
+done
