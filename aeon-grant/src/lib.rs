@@ -32,11 +32,11 @@ pub mod verifier;
 
 pub use caps::{Caps, CAPS};
 pub use error::GrantError;
-pub use probe::{ProbeReport, TopEntry};
 pub use grant::{
     attenuate, check_name, human_secs, model_file_hash, short, GrantPayload, ProbeSummary,
     SignedGrant, GRANT_DOMAIN,
 };
+pub use probe::{ProbeReport, TopEntry};
 pub use revocation::{
     load_list, Revocation, RevocationList, WatchedList, Watermark, REVOCATION_DOMAIN,
 };

@@ -75,7 +75,13 @@ mod tests {
             ..min
         };
         let text = serde_json::to_string(&full).expect("write");
-        assert!(text.contains(r#""logit":14.34"#), "f32 figures print short: {text}");
-        assert_eq!(serde_json::from_str::<ProbeReport>(&text).expect("parse"), full);
+        assert!(
+            text.contains(r#""logit":14.34"#),
+            "f32 figures print short: {text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<ProbeReport>(&text).expect("parse"),
+            full
+        );
     }
 }

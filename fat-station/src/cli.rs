@@ -6,17 +6,17 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::engine::{Holdings, KvDtype};
-use station_wire::beacon::{self, Announcement, Beacon};
 use crate::mesh::grant::GrantVerifier;
 use crate::mesh::manifest::NodeManifest;
 use crate::mesh::seal::MeshKey;
 use crate::mesh::MeshNode;
 use crate::station::weight_memory::PackWeights;
 use crate::station::{self, Limits, Station};
-use http_frame::conn::ConnLimits;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use http_frame::conn::ConnLimits;
 use knot_format::{Knot, LayerRange, Role};
+use station_wire::beacon::{self, Announcement, Beacon};
 
 /// Serve a KNOT model over HTTP: /embed, /forward (X-Layer-Range: a-b), /lm-head,
 /// /tokenize, /detokenize, /health. See specs/station-wire.md.

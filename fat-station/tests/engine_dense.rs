@@ -27,18 +27,6 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synthetic")
 }
 
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
@@ -55,7 +43,7 @@ fn llamacpp_golden(preset: &str, gguf: &Path) -> Option<(Vec<f32>, Vec<f32>)> {
     let name = preset.replace('-', "_");
     let dir = golden_dir();
     let want = std::fs::read_to_string(dir.join(format!("{name}_seed0.sha256"))).expect("sha256");
-    let got = sha256(gguf);
+    let got = sha256_file(gguf);
     if got != want.trim() {
         assert!(
             !test_support::required(),

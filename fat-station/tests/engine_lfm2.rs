@@ -27,18 +27,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// The tiny LFM2 as GGUF and KNOT in `dir`; `None` (skipped) without python's gguf or the
 /// Qwen tokenizer.
 fn tiny_lfm2(dir: &Path) -> Option<(PathBuf, PathBuf)> {
@@ -100,7 +88,7 @@ fn lfm2_matches_llama_cpp_on_the_same_gguf() {
     };
     let golden = repo().join("fat-station/tests/golden/synthetic");
     let want = std::fs::read_to_string(golden.join("lfm2_tiny_seed0.sha256")).expect("sha256");
-    let got = sha256(&gguf);
+    let got = sha256_file(&gguf);
     if got != want.trim() {
         // Another numpy or gguf draws other bytes: the golden is not of this file.
         assert!(

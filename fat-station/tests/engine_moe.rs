@@ -31,45 +31,6 @@ fn golden_dir() -> PathBuf {
     repo().join("fat-station/tests/golden/moe")
 }
 
-/// Whether `python3` can import gguf and numpy; when it cannot, skips (or fails under
-/// `AEON_REQUIRE_MODELS=1`) with a line saying so.
-fn python_with_gguf() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import gguf, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
-        assert!(!test_support::required(), "AEON_REQUIRE_MODELS=1: {why}");
-        eprintln!("skipping: {why}");
-    }
-    ok
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// Makes the tiny qwen3moe GGUF and its KNOT in `dir`; `None` (skipped) without the tools.
 fn tiny_moe(dir: &Path) -> Option<(PathBuf, PathBuf)> {
     let tokenizer = model(test_support::QWEN_GGUF)?;
@@ -77,20 +38,22 @@ fn tiny_moe(dir: &Path) -> Option<(PathBuf, PathBuf)> {
         return None;
     }
     let gguf = dir.join("tiny-moe.gguf");
-    run(Command::new("python3")
-        .arg(repo().join("scripts/make-synthetic-model.py"))
-        .arg(&gguf)
-        .args([
-            "--preset",
-            "tiny-moe",
-            "--type",
-            "q8_0",
-            "--seed",
-            "0",
-            "-q",
-            "--tokenizer",
-        ])
-        .arg(&tokenizer));
+    run_ok(
+        Command::new("python3")
+            .arg(repo().join("scripts/make-synthetic-model.py"))
+            .arg(&gguf)
+            .args([
+                "--preset",
+                "tiny-moe",
+                "--type",
+                "q8_0",
+                "--seed",
+                "0",
+                "-q",
+                "--tokenizer",
+            ])
+            .arg(&tokenizer),
+    );
     let knot = dir.join("tiny-moe.knot");
     let summary = knot_format::import_gguf(&gguf, &knot, &mut |_| {}).expect("knot import");
     assert!(summary.runs_here, "qwen3moe must be runnable");
@@ -170,7 +133,7 @@ fn tiny_moe_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() 
     // Against llama.cpp, when this is the GGUF the golden was made from.
     let golden = golden_dir();
     let want = std::fs::read_to_string(golden.join("tiny_moe_seed0.sha256")).expect("sha256");
-    let got = sha256(&gguf);
+    let got = sha256_file(&gguf);
     if got != want.trim() {
         eprintln!(
             "tiny-moe: the GGUF's sha256 {got} is not the golden's {}: llama.cpp not compared",

@@ -95,43 +95,6 @@ fn llama_quantize() -> Option<PathBuf> {
     None
 }
 
-fn python_with_gguf() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import gguf, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
-        assert!(!test_support::required(), "AEON_REQUIRE_MODELS=1: {why}");
-        eprintln!("skipping: {why}");
-    }
-    ok
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[test]
 fn every_new_quant_mix_matches_llamacpp_within_its_own_noise() {
     let Some(tokenizer) = model(test_support::QWEN_GGUF) else {
@@ -145,21 +108,25 @@ fn every_new_quant_mix_matches_llamacpp_within_its_own_noise() {
     // The f16 model once; each mix is `llama-quantize F16 OUT MIX`, as make-synthetic-model.py
     // --type MIX does it (the same bytes).
     let f16 = dir.path().join("tiny.f16.gguf");
-    run(Command::new("python3")
-        .arg(repo().join("scripts/make-synthetic-model.py"))
-        .arg(&f16)
-        .args(["--preset", "tiny", "--seed", "0", "--type", "f16", "-q"])
-        .arg("--tokenizer")
-        .arg(&tokenizer));
+    run_ok(
+        Command::new("python3")
+            .arg(repo().join("scripts/make-synthetic-model.py"))
+            .arg(&f16)
+            .args(["--preset", "tiny", "--seed", "0", "--type", "f16", "-q"])
+            .arg("--tokenizer")
+            .arg(&tokenizer),
+    );
     let mut report = Vec::new();
     for mix in MIXES {
         let want = golden(mix);
         let gguf = dir.path().join(format!("{mix}.gguf"));
-        run(Command::new(&lq)
-            .arg(&f16)
-            .arg(&gguf)
-            .arg(mix.to_uppercase()));
-        let got = sha256(&gguf);
+        run_ok(
+            Command::new(&lq)
+                .arg(&f16)
+                .arg(&gguf)
+                .arg(mix.to_uppercase()),
+        );
+        let got = sha256_file(&gguf);
         if got != want.sha256 {
             // Another numpy / gguf-py may draw or round the f16 weights differently; the golden
             // then is for other weights.

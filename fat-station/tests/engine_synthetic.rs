@@ -29,45 +29,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Whether `python3` can import gguf and numpy; when it cannot, skips (or fails under
-/// `AEON_REQUIRE_MODELS=1`) with a line saying so.
-fn python_with_gguf() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import gguf, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
-        assert!(!test_support::required(), "AEON_REQUIRE_MODELS=1: {why}");
-        eprintln!("skipping: {why}");
-    }
-    ok
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// The NumPy reference's logits for `gguf` and llama.cpp's: the committed goldens when the file
 /// is the one they were made from (scripts/reference/make-synthetic-golden.sh), else
 /// ref_forward.py run now (another numpy or gguf version may draw or round differently; ~30 s)
@@ -75,7 +36,7 @@ fn sha256(path: &Path) -> String {
 fn reference_logits(gguf: &Path, dir: &Path) -> (Vec<f32>, Option<Vec<f32>>) {
     let golden = repo().join("fat-station/tests/golden/synthetic");
     let want = std::fs::read_to_string(golden.join("tiny_seed0.sha256")).expect("golden sha256");
-    let got = sha256(gguf);
+    let got = sha256_file(gguf);
     if got == want.trim() {
         return (
             read_f32(&golden.join("tiny_seed0_numpy.f32")),
@@ -88,12 +49,14 @@ fn reference_logits(gguf: &Path, dir: &Path) -> (Vec<f32>, Option<Vec<f32>>) {
     );
     let out = dir.join("ref.f32");
     let ids: Vec<String> = PROMPT.iter().map(u32::to_string).collect();
-    run(Command::new("python3")
-        .arg(repo().join("scripts/reference/ref_forward.py"))
-        .arg(gguf)
-        .args(&ids)
-        .arg("--logits-out")
-        .arg(&out));
+    run_ok(
+        Command::new("python3")
+            .arg(repo().join("scripts/reference/ref_forward.py"))
+            .arg(gguf)
+            .args(&ids)
+            .arg("--logits-out")
+            .arg(&out),
+    );
     (read_f32(&out), None)
 }
 
@@ -107,11 +70,13 @@ fn tiny_synthetic_logits_match_the_numpy_reference() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let gguf = dir.path().join("tiny.gguf");
-    run(Command::new("python3")
-        .arg(repo().join("scripts/make-synthetic-model.py"))
-        .arg(&gguf)
-        .args(["--preset", "tiny", "--seed", "0", "-q", "--tokenizer"])
-        .arg(&tokenizer));
+    run_ok(
+        Command::new("python3")
+            .arg(repo().join("scripts/make-synthetic-model.py"))
+            .arg(&gguf)
+            .args(["--preset", "tiny", "--seed", "0", "-q", "--tokenizer"])
+            .arg(&tokenizer),
+    );
     let knot_path = dir.path().join("tiny.knot");
     knot_format::import_gguf(&gguf, &knot_path, &mut |_| {}).expect("knot import");
 

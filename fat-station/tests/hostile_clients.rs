@@ -421,7 +421,11 @@ fn sessions_beyond_the_memory_bound_are_evicted() {
         "a was evicted for b"
     );
     match c.forward(&x[..cfg.hidden], all, Some(("a", rows)), false) {
-        Err(fat_station::client::ClientError::Refused(fat_station::wire::Refusal { status, code, .. })) => {
+        Err(fat_station::client::ClientError::Refused(fat_station::wire::Refusal {
+            status,
+            code,
+            ..
+        })) => {
             assert_eq!((status, code.as_str()), (409, "session_mismatch"))
         }
         other => panic!("session a must be gone: {other:?}"),

@@ -11,12 +11,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fat_station::engine::Model;
-use station_wire::beacon;
 use fat_station::mesh::mesh_file::{MeshFile, MeshHop};
 use fat_station::mesh::replicas::{MeshChain, ReplicaSet};
 use fat_station::mesh::seal::{self, MeshKey, SealContext, SealDir};
 use fat_station::wire;
 use knot_format::{Knot, LayerRange};
+use station_wire::beacon;
 use support::*;
 
 fn start(args: &[&str]) -> StationProc {

@@ -29,7 +29,11 @@ fn paris_through_the_station_and_split_ranges_are_bit_identical() {
 
     // An /embed larger than a session may hold is refused before anything is allocated.
     match c.embed(&vec![1; 5000]) {
-        Err(fat_station::client::ClientError::Refused(fat_station::wire::Refusal { status, code, .. })) => {
+        Err(fat_station::client::ClientError::Refused(fat_station::wire::Refusal {
+            status,
+            code,
+            ..
+        })) => {
             assert_eq!((status, code.as_str()), (413, "context_full"))
         }
         other => panic!("expected 413 context_full, got {other:?}"),
@@ -62,7 +66,11 @@ fn paris_through_the_station_and_split_ranges_are_bit_identical() {
     }
     for bad in [0, 6] {
         match c.lm_head_rows(&full.residual, bad) {
-            Err(fat_station::client::ClientError::Refused(fat_station::wire::Refusal { status, code, .. })) => {
+            Err(fat_station::client::ClientError::Refused(fat_station::wire::Refusal {
+                status,
+                code,
+                ..
+            })) => {
                 assert_eq!((status, code.as_str()), (400, "bad_request"), "{bad} rows")
             }
             other => panic!("{bad} rows of 5: expected 400, got {other:?}"),

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use http_frame::conn::{serve_connections_with, ConnLimits};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use http_frame::conn::{serve_connections_with, ConnLimits};
 use tokio::net::TcpListener;
 
 use crate::client::{CACHE_PATH, HEALTH_PATH};

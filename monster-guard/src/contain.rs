@@ -686,8 +686,7 @@ fn readonly_mounts(everything: bool, hide: &[CString]) -> std::result::Result<()
         if !std::path::Path::new(path).exists() {
             continue;
         }
-        mount_tree::bind_read_only(std::path::Path::new(path), false)
-            .map_err(|e| e.to_string())?;
+        mount_tree::bind_read_only(std::path::Path::new(path), false).map_err(|e| e.to_string())?;
     }
     Ok(())
 }

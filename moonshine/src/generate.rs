@@ -182,8 +182,8 @@ impl Backend {
                 };
                 let heard = station_wire::beacon::discover(*listen, *wait)
                     .map_err(|e| err(e.to_string()))?;
-                let mesh = station_wire::beacon::form(&heard, None)
-                    .map_err(|e| err(e.to_string()))?;
+                let mesh =
+                    station_wire::beacon::form(&heard, None).map_err(|e| err(e.to_string()))?;
                 (Chain::from_mesh(&mesh, timeout)?, mesh.model.clone())
             }
         };

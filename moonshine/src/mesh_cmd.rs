@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use station_wire::client::StationClient;
 use station_wire::beacon::{self, Announcement, AssignRequest, Heard};
+use station_wire::client::StationClient;
 use station_wire::mesh_file::MeshFile;
 use station_wire::replicas::ReplicaSet;
 

@@ -8,13 +8,13 @@ pub mod foil;
 
 use std::time::Duration;
 
+use aeon_grant::{ProbeReport, TopEntry};
 use anyhow::{anyhow, bail, Context, Result};
 use fat_station::client::{Chain, StepTrace};
-use fat_station::mesh::mesh_file::MeshFile;
 use fat_station::engine::tokenizer::Tokenizer;
 use fat_station::engine::Model;
+use fat_station::mesh::mesh_file::MeshFile;
 use knot_format::Knot;
-use aeon_grant::{ProbeReport, TopEntry};
 
 /// Where the logits come from.
 pub enum Source<'a> {

@@ -306,7 +306,11 @@ pub fn reference(knot: &Knot, tokens: &[u32]) -> Result<Reference, ParityError> 
     let test1 = full.test1(tokens)?;
     let test2 = full.test2(tokens)?;
     let argmax = fat_station::engine::ops::argmax(&test1.logits);
-    let top_logit = test1.logits.get(argmax as usize).copied().unwrap_or(f32::NAN);
+    let top_logit = test1
+        .logits
+        .get(argmax as usize)
+        .copied()
+        .unwrap_or(f32::NAN);
     Ok(Reference {
         test1,
         test2,

@@ -34,6 +34,9 @@ MODELS = os.environ.get("AEON_MODELS_DIR", os.path.expanduser("~/.cache/aeon-she
 OUR_MODEL = {
     ("ggml-org/test-model-stories260K", None): "smollm2-135m-instruct-q4_1.knot",
     ("ggml-org/test-model-stories260K-infill", None): "qwen2.5-coder-0.5b-instruct-q4_k_m.knot",
+    # A BERT embedding model: we run no encoder-only architecture, so the embedding tests run on
+    # a generative model, pooled as llama-server pools one (--pooling).
+    ("ggml-org/models", "bert-bge-small/ggml-model-f16.gguf"): "smollm2-135m-instruct-q4_1.knot",
 }
 
 # Preset fields that ask for what only llama-server has: (field, reason).
@@ -112,6 +115,8 @@ def _start(self, timeout_seconds=utils.DEFAULT_HTTP_TIMEOUT):
     knot = os.path.join(MODELS, name)
     if not os.path.exists(knot):
         raise RuntimeError(f"{knot} missing (scripts/fetch-model.sh all)")
+    if self.pooling == "none" or self.pooling == "rank":
+        pytest.skip(f"llama-server only: --pooling {self.pooling} (per-token vectors / reranking)")
     slots = self.n_slots or 1
     positions = self.n_ctx // slots if self.n_ctx else None
     station = _station(knot, positions, slots)
@@ -124,6 +129,8 @@ def _start(self, timeout_seconds=utils.DEFAULT_HTTP_TIMEOUT):
         args += ["--api-key", self.api_key]
     if self.n_predict and self.n_predict > 0:
         args += ["--default-max-tokens", str(self.n_predict)]
+    if self.pooling:
+        args += ["--pooling", self.pooling]
     if self.seed is not None and self.seed >= 0:
         args += ["--seed", str(self.seed)]
     # llama-server answers any origin unless --cors-origins narrows it; ours answers none

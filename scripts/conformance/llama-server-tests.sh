@@ -85,7 +85,8 @@ if [ ${#files[@]} -eq 0 ]; then
   files=(unit/test_basic.py unit/test_tokenize.py unit/test_completion.py
          unit/test_chat_completion.py unit/test_infill.py unit/test_security.py
          unit/test_template.py unit/test_tool_call.py unit/test_ctx_shift.py
-         unit/test_stream.py unit/test_ignore_eos.py)
+         unit/test_stream.py unit/test_ignore_eos.py unit/test_embedding.py
+         unit/test_compat_anthropic.py unit/test_compat_oai_responses.py)
 fi
 cd "$work"
 set +e

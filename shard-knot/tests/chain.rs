@@ -310,11 +310,17 @@ fn three_shard_stations_equal_one_full_station_bit_for_bit() {
     }
     assert!(matches!(
         mid.forward(&vec![0.0; 896], LayerRange::new(0, 8), None, false),
-        Err(ClientError::Refused(fat_station::wire::Refusal { status: 404, .. }))
+        Err(ClientError::Refused(fat_station::wire::Refusal {
+            status: 404,
+            ..
+        }))
     ));
     assert!(matches!(
         mid.lm_head(&vec![0.0; 896]),
-        Err(ClientError::Refused(fat_station::wire::Refusal { status: 404, .. }))
+        Err(ClientError::Refused(fat_station::wire::Refusal {
+            status: 404,
+            ..
+        }))
     ));
 
     // The same prefill + decode through the chain and through the full station.

@@ -17,14 +17,7 @@ const TOKENS: [u32; 8] = [785, 6722, 315, 9625, 374, 12095, 13, 576];
 
 fn tiny_moe(dir: &Path) -> Option<PathBuf> {
     let tokenizer = test_support::model(test_support::QWEN_GGUF)?;
-    let ok = Command::new("python3")
-        .args(["-c", "import gguf, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
-        assert!(!test_support::required(), "AEON_REQUIRE_MODELS=1: {why}");
-        eprintln!("skipping: {why}");
+    if !test_support::python_with_gguf() {
         return None;
     }
     let gguf = dir.join("tiny-moe.gguf");

@@ -81,11 +81,7 @@ impl Drop for Beacon {
 
 impl Beacon {
     /// Starts announcing `ann` with its RAM budget on a background thread.
-    pub fn spawn(
-        ann: &Heard,
-        target: SocketAddr,
-        interval: Duration,
-    ) -> std::io::Result<Beacon> {
+    pub fn spawn(ann: &Heard, target: SocketAddr, interval: Duration) -> std::io::Result<Beacon> {
         let bind: SocketAddr = if target.is_ipv4() {
             "0.0.0.0:0".parse()
         } else {

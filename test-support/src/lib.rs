@@ -187,20 +187,56 @@ pub fn gguf_stub(path: &Path) {
     std::fs::write(path, b).expect("write GGUF stub");
 }
 
+/// Whether `python3` can import gguf and numpy (what the synthetic models and the NumPy
+/// reference need); when it cannot, skips (or fails under `AEON_REQUIRE_MODELS=1`) with a line
+/// saying so.
+pub fn python_with_gguf() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import gguf, numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
+        assert!(!required(), "AEON_REQUIRE_MODELS=1: {why}");
+        eprintln!("skipping: {why}");
+    }
+    ok
+}
+
+/// Runs `cmd` to its end; panics with its stderr when it fails.
+pub fn run_ok(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The file's SHA-256 in hex (`sha256sum`), to tell whether a generated file is the one a
+/// golden was made from.
+pub fn sha256_file(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// A synthetic model made by `scripts/make-synthetic-model.py --preset PRESET --seed 0 ARGS`
 /// in `dir` (Qwen's tokenizer copied from the cached GGUF) and imported: `(gguf, knot)`. `None`
 /// (the test skips, or fails under `AEON_REQUIRE_MODELS=1`) without python3's `gguf` and
 /// `numpy` or the Qwen GGUF.
 pub fn synthetic_model(dir: &Path, preset: &str, args: &[&str]) -> Option<(PathBuf, PathBuf)> {
     let tokenizer = model(QWEN_GGUF)?;
-    let python = Command::new("python3")
-        .args(["-c", "import gguf, numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !python {
-        let why = "python3 with gguf and numpy not found (pip install gguf numpy)";
-        assert!(!required(), "AEON_REQUIRE_MODELS=1: {why}");
-        eprintln!("skipping: {why}");
+    if !python_with_gguf() {
         return None;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-synthetic-model.py");

@@ -15,13 +15,13 @@ use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::mesh::relay;
-use http_frame::conn::serve_connections_with;
 use crate::station::response_budget::Held;
 use crate::station::server::{
     binary, busy_responses, check_context, check_room, compute, dtype_f16, header, json, read_body,
     refuse, session_of, set, with_session, Refusal, Resp, Station,
 };
 use crate::wire::{self, ErrorBody};
+use http_frame::conn::serve_connections_with;
 
 /// Serves on `listener` until `shutdown` resolves.
 pub async fn serve(

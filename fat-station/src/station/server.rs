@@ -20,8 +20,8 @@ use knot_format::Knot;
 use tokio::sync::Semaphore;
 
 use crate::mesh::node::{MeshNode, DEFAULT_HOP_TIMEOUT, DEFAULT_REPLAY_WINDOW};
-use http_frame::conn::{BodyError, ConnLimits};
 use crate::station::metrics::{Gauges, StationMetrics};
+use http_frame::conn::{BodyError, ConnLimits};
 
 use crate::engine::tokenizer::Tokenizer;
 use crate::engine::{EngineError, KvDtype, Model, Session};

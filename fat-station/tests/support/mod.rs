@@ -8,7 +8,8 @@ use std::process::Command;
 
 #[allow(unused_imports)] // each test binary uses its own part of these
 pub use test_support::{
-    free_port, model, models_dir, spawn_url, Proc as StationProc, GEMMA, QWEN, SMOLLM2,
+    free_port, model, models_dir, python_with_gguf, run_ok, sha256_file, spawn_url,
+    Proc as StationProc, GEMMA, QWEN, SMOLLM2,
 };
 
 /// Reads a little-endian f32 file.

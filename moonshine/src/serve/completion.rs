@@ -38,9 +38,11 @@ pub(super) fn api_error(e: GenError, param: &'static str) -> ApiError {
             code: Some("context_length_exceeded"),
             ..bad(Some(param), e.to_string())
         },
-        GenError::Station(station_wire::client::ClientError::Refused(station_wire::wire::Refusal {
-            status: 400 | 413, ..
-        })) => bad(Some(param), e.to_string()),
+        GenError::Station(station_wire::client::ClientError::Refused(
+            station_wire::wire::Refusal {
+                status: 400 | 413, ..
+            },
+        )) => bad(Some(param), e.to_string()),
         GenError::NoTokenizer => ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             kind: "server_error",
@@ -281,13 +283,7 @@ pub(super) async fn generate(
 /// Step 1: the body, parsed and checked against the served model.
 async fn parse(st: &Arc<AppState>, req: Request<Incoming>, route: Route) -> Result<Job, ApiError> {
     let body = read_body(st, req).await?;
-    let limits = Limits {
-        default_max_tokens: st.args.default_max_tokens,
-        max_tokens_limit: st.args.max_tokens_limit,
-        vocab: st.backend.info.as_ref().map(|i| i.vocab),
-        seed: st.args.seed,
-    };
-    let job = api::parse(route, &body, &limits)?;
+    let job = api::parse(route, &body, &request_limits(st))?;
     check_model(st, route, &job)?;
     Ok(job)
 }
@@ -618,4 +614,15 @@ fn answer_whole(body: &Value, timing: &str) -> Resp {
         r.headers_mut().insert("server-timing", v);
     }
     r
+}
+
+/// The bounds and defaults every request body is parsed under (`--default-max-tokens`,
+/// `--max-tokens-limit`, `--seed`, the served vocabulary).
+pub(super) fn request_limits(st: &AppState) -> Limits {
+    Limits {
+        default_max_tokens: st.args.default_max_tokens,
+        max_tokens_limit: st.args.max_tokens_limit,
+        vocab: st.backend.info.as_ref().map(|i| i.vocab),
+        seed: st.args.seed,
+    }
 }

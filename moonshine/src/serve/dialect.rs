@@ -137,12 +137,11 @@ pub(super) fn new_id(prefix: &str) -> String {
 /// A translated request body (an OpenAI chat body) parsed into the one request model and
 /// checked against the served model.
 pub(super) fn chat_job(st: &AppState, body: &Value) -> Result<Job, ApiError> {
-    let limits = Limits {
-        default_max_tokens: st.args.default_max_tokens,
-        max_tokens_limit: st.args.max_tokens_limit,
-        vocab: st.backend.info.as_ref().map(|i| i.vocab),
-    };
-    let job = api::parse(Route::Chat, body.to_string().as_bytes(), &limits)?;
+    let job = api::parse(
+        Route::Chat,
+        body.to_string().as_bytes(),
+        &request_limits(st),
+    )?;
     check_model(st, Route::Chat, &job)?;
     Ok(job)
 }

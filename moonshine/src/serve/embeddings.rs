@@ -12,7 +12,7 @@
 
 use super::*;
 use base64::Engine as _;
-use fat_station::client::{Answer as ChainAnswer, Ask, StepTrace};
+use station_wire::client::{Answer as ChainAnswer, Ask, StepTrace};
 
 /// Most inputs in one request.
 pub const MAX_INPUTS: usize = 256;

@@ -49,12 +49,7 @@ async fn run(st: &Arc<AppState>, req: Request<Incoming>, gen: bool) -> Result<Re
             ));
         }
         let (openai, route) = to_openai(st, &body, gen)?;
-        let limits = Limits {
-            default_max_tokens: st.args.default_max_tokens,
-            max_tokens_limit: st.args.max_tokens_limit,
-            vocab: st.backend.info.as_ref().map(|i| i.vocab),
-        };
-        let job = api::parse(route, openai.to_string().as_bytes(), &limits)?;
+        let job = api::parse(route, openai.to_string().as_bytes(), &request_limits(st))?;
         check_model(st, route, &job)?;
         let d = Ollama {
             model,
