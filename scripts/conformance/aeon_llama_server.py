@@ -37,6 +37,11 @@ OUR_MODEL = {
     # A BERT embedding model: we run no encoder-only architecture, so the embedding tests run on
     # a generative model, pooled as llama-server pools one (--pooling).
     ("ggml-org/models", "bert-bge-small/ggml-model-f16.gguf"): "smollm2-135m-instruct-q4_1.knot",
+    # The tool-call tests' Qwen2.5 instruct models: the same chat template and tool-call format
+    # as our Qwen2.5-Coder-0.5B (a smaller model: its answers are checked, not assumed).
+    ("bartowski/Qwen2.5-1.5B-Instruct-GGUF:Q4_K_M", None): "qwen2.5-coder-0.5b-instruct-q4_k_m.knot",
+    ("bartowski/Qwen2.5-Coder-3B-Instruct-GGUF:Q4_K_M", None): "qwen2.5-coder-0.5b-instruct-q4_k_m.knot",
+    ("bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M", None): "qwen2.5-coder-0.5b-instruct-q4_k_m.knot",
 }
 
 # Preset fields that ask for what only llama-server has: (field, reason).
