@@ -325,15 +325,16 @@ fn three_shard_stations_equal_one_full_station_bit_for_bit() {
 
     // The same prefill + decode through the chain and through the full station.
     let mesh = MeshFile {
-        model: None,
         stations: stations
             .iter()
             .zip(&ranges)
             .map(|(s, r)| MeshHop {
                 url: s.url.clone(),
                 layers: format!("{}-{}", r.start, r.end),
+                ..MeshHop::default()
             })
             .collect(),
+        ..MeshFile::default()
     };
     let chain = Chain::from_mesh(&mesh, timeout).expect("chain");
     let (c_pre, c_dec, trace) = run_chain(&chain, "chain-1");
@@ -444,15 +445,16 @@ fn gemma3_three_shard_stations_equal_one_full_station_for_a_greedy_run() {
     let stations: Vec<Station> = shards.iter().map(|p| start(&bin, p, None)).collect();
     let timeout = Duration::from_secs(300);
     let mesh = MeshFile {
-        model: None,
         stations: stations
             .iter()
             .zip(["0-5", "5-12", "12-18"])
             .map(|(s, layers)| MeshHop {
                 url: s.url.clone(),
                 layers: layers.to_string(),
+                ..MeshHop::default()
             })
             .collect(),
+        ..MeshFile::default()
     };
     let chain = Chain::from_mesh(&mesh, timeout).expect("chain");
     let single = Chain::single(&full.url, timeout).expect("single full station");
@@ -536,15 +538,16 @@ fn lfm2_split_between_convolution_and_attention_equals_one_station() {
     let stations: Vec<Station> = shards.iter().map(|p| start(&bin, p, None)).collect();
     let timeout = Duration::from_secs(120);
     let mesh = MeshFile {
-        model: None,
         stations: stations
             .iter()
             .zip(["0-2", "2-3", "3-5"])
             .map(|(s, layers)| MeshHop {
                 url: s.url.clone(),
                 layers: layers.to_string(),
+                ..MeshHop::default()
             })
             .collect(),
+        ..MeshFile::default()
     };
     let chain = Chain::from_mesh(&mesh, timeout).expect("chain");
     let single = Chain::single(&full.url, timeout).expect("single full station");
