@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs what the tests need (when it can), fetches and verifies the real models,
 # builds the release binaries the cross-crate tests run, then `cargo test --release`.
-#   scripts/test.sh            (what `make test` and .ci/run run)
+#   scripts/test.sh            (what `make test` and .ci/run run; every test binary runs, failures are listed at the end)
 # Real-model tests fail (instead of skipping) here: AEON_REQUIRE_MODELS=1.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -97,7 +97,7 @@ scripts/fetch-model.sh all
 echo "== build (release binaries used across crates)"
 cargo build --release --workspace --bins
 echo "== test"
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast
 
 # The device path: aarch64-musl binaries (cargo-zigbuild) under qemu-aarch64 on the real model.
 # AEON_SKIP_CROSS=1 skips it (it builds the whole workspace a second time).
