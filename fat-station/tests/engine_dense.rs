@@ -11,7 +11,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use fat_station::engine::Model;
 use knot_format::{Holdings, Knot, KnotWriter, LayerRange, Role, ShardRecord};

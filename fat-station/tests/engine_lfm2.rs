@@ -11,7 +11,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use fat_station::engine::{Checkpoints, Model};
 use knot_format::Knot;
