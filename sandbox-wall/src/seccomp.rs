@@ -39,8 +39,8 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
 };
 
 use crate::caps::cap;
@@ -224,7 +224,7 @@ fn x32_guard() -> BpfProgram {
     const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
     const RET_ERRNO: u32 = 0x0005_0000;
     const RET_ALLOW: u32 = 0x7fff_0000;
-    let i = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    let i = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
     vec![
         i(LD_W_ABS, 0, 0, 4),                           // 0: A = seccomp_data.arch
         i(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),              // 1: another arch: allow here (see 5)

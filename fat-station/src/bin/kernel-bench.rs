@@ -333,6 +333,18 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    aeon_cli::init_logging(aeon_cli::LevelFilter::INFO, args.verbosity);
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kernel-bench: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,18 +361,6 @@ mod tests {
             let mut y = [0f32; 2];
             linear_with(kernels(), &lin, &vec![1.0; 4864], 1, &mut y);
             assert!(y.iter().all(|v| v.is_finite()), "{d}: {y:?}");
-        }
-    }
-}
-
-fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    aeon_cli::init_logging(aeon_cli::LevelFilter::INFO, args.verbosity);
-    match run(args) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kernel-bench: {e:#}");
-            std::process::ExitCode::from(2)
         }
     }
 }
