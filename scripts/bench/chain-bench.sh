@@ -83,7 +83,8 @@ import json, os, statistics, sys, threading, time, urllib.error, urllib.request
 
 url, streams, ntok, reps = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
 state = sys.argv[9]
-entry = json.load(open(os.path.join(state, "mesh.json")))["stations"][0]["url"]
+hops = [h["url"] for h in json.load(open(os.path.join(state, "mesh.json")))["stations"]]
+entry, route = hops[0], ",".join(hops[1:])
 
 
 def host_bytes():
@@ -99,8 +100,11 @@ def host_bytes():
 def post(path, body, headers, timeout=600):
     req = urllib.request.Request(entry + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", **headers}, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.load(r)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"chain-bench: {path}: {e.code} {e.read()[:300]!r}")
 
 
 def floor(rep):
@@ -109,7 +113,7 @@ def floor(rep):
     prompt = f"Story {rep}. Write a long story about {topics[rep % len(topics)]}.\n\n"
     toks = post("/tokenize", {"text": prompt}, {})["tokens"]
     sid = f"chain-bench-floor-{os.getpid()}-{rep}"
-    head = {"X-Session": sid, "X-Return": "token"}
+    head = {"X-Session": sid, "X-Return": "token", **({"X-Route": route} if route else {})}
     tok = post("/chain", {"tokens": toks}, {**head, "X-Pos": "0"})["token"]
     pos, times = len(toks), [time.monotonic()]
     for _ in range(ntok - 1):
