@@ -6,6 +6,7 @@
 #                                [--hub RATE] [--cpus C] [--mem SIZE] [--streams LIST]
 #                                [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
 #                                [--knot FILE]   (default: r1-sim.sh's, the real Qwen 0.5B)
+#                                [--per-hop]     (the gateway drives every hop: the old path, to compare)
 #
 # --link, --delay, --rate and --hub go to r1-sim.sh up as they are (its header has the
 # profiles' figures: usb2 is the seed's shared USB 2.0 hub, wifi a 50 Mbit/s 802.11n link;
@@ -31,7 +32,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MOON=${MOONSHINE_BIN:-$ROOT/target/release/moonshine}
-nodes=2 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=() link=()
+nodes=2 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=() link=() serve_args=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -46,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --reps) reps=$2; shift 2 ;;
     --kv-dtype) kv=$2; shift 2 ;;
     --knot) knot=(--knot "$2"); shift 2 ;;
+    --per-hop) serve_args+=(--per-hop); shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
     *) echo "chain-bench: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -66,7 +68,7 @@ trap cleanup EXIT
   --kv-dtype "$kv" "${knot[@]}" | tee "$out/up.log"
 # The link as r1-sim.sh says it ("link wifi: 15 ms ... via proxy"), for the table.
 shape=$(grep -o 'link [a-z0-9]*: [^;]* via [a-z]*' "$out/up.log" || echo "link ?")
-"$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 \
+"$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 ${serve_args[@]+"${serve_args[@]}"} \
   >"$out/serve.log" 2>&1 &
 serve_pid=$!
 url=
