@@ -217,20 +217,23 @@ struct InfillRequest {
     input_extra: Option<Vec<Value>>,
     /// Added after the middle marker: the start of the code to fill.
     prompt: Option<String>,
-    n_predict: Option<i64>,
-    max_tokens: Option<i64>,
-    stream: Option<bool>,
     n_indent: Option<i64>,
-    n_probs: Option<i64>,
-    return_tokens: Option<bool>,
     #[serde(flatten)]
-    sampling: SamplingFields,
+    generation: LlamaGeneration,
 }
 
 /// llama-server's `POST /completion` body.
 #[derive(Deserialize, Debug)]
 struct LlamaCompletionRequest {
     prompt: Option<Value>,
+    #[serde(flatten)]
+    generation: LlamaGeneration,
+}
+
+/// What llama-server's own generating routes (`/completion`, `/infill`) share besides the
+/// prompt.
+#[derive(Deserialize, Debug)]
+struct LlamaGeneration {
     n_predict: Option<i64>,
     max_tokens: Option<i64>,
     stream: Option<bool>,
@@ -602,7 +605,7 @@ fn validate_completion(r: CompletionRequest, limits: &Limits) -> Result<Job, Api
 }
 
 fn validate_infill(r: InfillRequest, limits: &Limits) -> Result<Job, ApiError> {
-    let fmt = format(&r.sampling)?;
+    let fmt = format(&r.generation.sampling)?;
     let mut extra = Vec::new();
     for (i, chunk) in r.input_extra.iter().flatten().enumerate() {
         // llama-server's rule: each chunk is {"text": string, "filename": string (optional)}.
@@ -633,29 +636,13 @@ fn validate_infill(r: InfillRequest, limits: &Limits) -> Result<Job, ApiError> {
             ))
         }
     };
-    let n_probs = top_n(r.n_probs.unwrap_or(0), "n_probs")?;
-    Ok(Job {
-        prompt: PromptSpec::Fim {
-            prefix,
-            suffix,
-            middle: r.prompt.unwrap_or_default(),
-            extra,
-        },
-        stream: r.stream.unwrap_or(false),
-        include_usage: false,
-        max_tokens: max_tokens(n_predict(r.n_predict.or(r.max_tokens)), limits)?,
-        sampling: sampling(&r.sampling, limits)?,
-        stops: stops(r.sampling.stop)?,
-        logprobs: Some(n_probs),
-        echo: false,
-        format: fmt,
-        tools: None,
-        llama: Some(LlamaOpts {
-            n_probs,
-            return_tokens: r.return_tokens.unwrap_or(false),
-            n_indent,
-        }),
-    })
+    let prompt = PromptSpec::Fim {
+        prefix,
+        suffix,
+        middle: r.prompt.unwrap_or_default(),
+        extra,
+    };
+    llama_job(prompt, r.generation, fmt, n_indent, limits)
 }
 
 /// llama-server's `n_predict`: -1 is "no limit" (the gateway's default here).
@@ -666,7 +653,7 @@ fn n_predict(n: Option<i64>) -> Option<i64> {
 /// llama-server's `/completion`: `prompt` is a string, token ids, or one list mixing both
 /// (ids and strings in order); several prompts in one request are refused.
 fn validate_llama_completion(r: LlamaCompletionRequest, limits: &Limits) -> Result<Job, ApiError> {
-    let fmt = format(&r.sampling)?;
+    let fmt = format(&r.generation.sampling)?;
     let one = "prompt must be a string, a list of token ids, or one list mixing ids and strings (one prompt per request)";
     let prompt = match r.prompt {
         Some(Value::String(t)) => PromptSpec::Text(t),
@@ -708,22 +695,33 @@ fn validate_llama_completion(r: LlamaCompletionRequest, limits: &Limits) -> Resu
         None => return Err(bad(Some("prompt"), "prompt is required")),
         Some(_) => return Err(bad(Some("prompt"), one)),
     };
-    let n_probs = top_n(r.n_probs.unwrap_or(0), "n_probs")?;
+    llama_job(prompt, r.generation, fmt, 0, limits)
+}
+
+/// The job of one of llama-server's own routes: its prompt, then what they share.
+fn llama_job(
+    prompt: PromptSpec,
+    g: LlamaGeneration,
+    format: Option<(&'static str, Value)>,
+    n_indent: usize,
+    limits: &Limits,
+) -> Result<Job, ApiError> {
+    let n_probs = top_n(g.n_probs.unwrap_or(0), "n_probs")?;
     Ok(Job {
         prompt,
-        stream: r.stream.unwrap_or(false),
+        stream: g.stream.unwrap_or(false),
         include_usage: false,
-        max_tokens: max_tokens(n_predict(r.n_predict.or(r.max_tokens)), limits)?,
-        sampling: sampling(&r.sampling, limits)?,
-        stops: stops(r.sampling.stop)?,
+        max_tokens: max_tokens(n_predict(g.n_predict.or(g.max_tokens)), limits)?,
+        sampling: sampling(&g.sampling, limits)?,
+        stops: stops(g.sampling.stop)?,
         logprobs: Some(n_probs),
         echo: false,
-        format: fmt,
+        format,
         tools: None,
         llama: Some(LlamaOpts {
             n_probs,
-            return_tokens: r.return_tokens.unwrap_or(false),
-            n_indent: 0,
+            return_tokens: g.return_tokens.unwrap_or(false),
+            n_indent,
         }),
     })
 }

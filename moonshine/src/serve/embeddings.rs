@@ -114,9 +114,12 @@ fn inputs(input: &Value, vocab: Option<u32>) -> Result<Vec<Vec<Piece>>, ApiError
     Ok(list)
 }
 
-/// `rows` (n, hidden) pooled and L2-normalised.
+/// `rows` (n, hidden) pooled and L2-normalised; empty when there is not one whole row.
 pub fn pool(rows: &[f32], hidden: usize, how: Pooling) -> Vec<f32> {
-    let n = rows.len() / hidden.max(1);
+    if hidden == 0 || rows.len() < hidden {
+        return Vec::new();
+    }
+    let n = rows.len() / hidden;
     let mut v = match how {
         Pooling::Cls => rows[..hidden].to_vec(),
         Pooling::Last => rows[(n - 1) * hidden..].to_vec(),
