@@ -486,10 +486,8 @@ fn sigterm_shuts_down_cleanly_and_second_instance_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another foil-control"));
 
     // SAFETY: sending a signal to our own child process.
-    assert_eq!(
-        unsafe { libc::kill(srv.child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
+    let sent = unsafe { libc::kill(srv.child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(sent, 0);
     let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
         if let Some(s) = srv.child.try_wait().unwrap() {

@@ -522,10 +522,10 @@ fn reaper_main(
         // 5b. The working directory again, through the new mounts: a cwd inside a hidden
         //     directory would still reach its files; one that no longer resolves becomes /.
         if let Some(cwd) = &p.cwd {
-            // SAFETY: chdir with NUL-terminated paths we own.
-            if unsafe { libc::chdir(cwd.as_ptr()) } != 0
-                && unsafe { libc::chdir(c"/".as_ptr()) } != 0
-            {
+            // SAFETY: chdir with a NUL-terminated path we own.
+            let stayed = unsafe { libc::chdir(cwd.as_ptr()) } != 0;
+            // SAFETY: as above, a literal.
+            if stayed && unsafe { libc::chdir(c"/".as_ptr()) } != 0 {
                 fail("chdir(/)", errno());
             }
         }

@@ -205,8 +205,9 @@ fn current_flags(path: &Path) -> MsFlags {
     let Ok(c) = cpath(path) else {
         return MsFlags::empty();
     };
-    // SAFETY: statvfs fills the struct we own; c is a valid NUL-terminated path.
+    // SAFETY: statvfs is plain integers: all zeroes is a valid value.
     let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct we own; c is a valid NUL-terminated path.
     if unsafe { libc::statvfs(c.as_ptr(), &mut sv) } != 0 {
         return MsFlags::empty();
     }

@@ -346,6 +346,7 @@ mod tests {
             }
             // SAFETY: a plain fork (clone without namespace flags) still works.
             match unsafe { libc::fork() } {
+                // SAFETY: the child leaves at once, running nothing.
                 0 => unsafe { libc::_exit(0) },
                 -1 => return 3,
                 pid => {

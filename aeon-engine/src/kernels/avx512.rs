@@ -27,48 +27,52 @@ use std::arch::x86_64::*;
 /// The CPU must have what [`super::Isa::Avx512`] checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn quantize_row_q8a(x: &[f32], out: &mut [BlockQ8A]) {
-    assert_eq!(x.len(), out.len() * 32, "quantize_row_q8a: length mismatch");
-    let sign = _mm512_set1_ps(-0.0);
-    let half = _mm512_set1_ps(0.5);
-    let one = _mm512_set1_ps(1.0);
-    let lim = _mm512_set1_ps(127.0);
-    let nlim = _mm512_set1_ps(-127.0);
-    for (xb, o) in x.chunks_exact(32).zip(out.iter_mut()) {
-        let v = [
-            _mm512_loadu_ps(xb.as_ptr()),
-            _mm512_loadu_ps(xb.as_ptr().add(16)),
-        ];
-        // max|x| skipping NaN like `f32::max` (vmaxps returns its second operand when either
-        // is NaN, and the running maximum, from 0, is never NaN); exact, so in any order.
-        let m = _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps());
-        let m = _mm512_max_ps(_mm512_abs_ps(v[1]), m);
-        let amax = _mm512_reduce_max_ps(m);
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let idv = _mm512_set1_ps(id);
-        let mut sums = [0i16; 2];
-        for (h, v) in v.into_iter().enumerate() {
-            let y = _mm512_mul_ps(v, idv);
-            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
-            let frac = _mm512_abs_ps(_mm512_sub_ps(y, t));
-            // Infinite y: frac is NaN, the ordered compare is false and t stays infinite.
-            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
-            let sgn1 = _mm512_or_ps(_mm512_and_ps(y, sign), one);
-            let r = _mm512_mask_add_ps(t, up, t, sgn1);
-            // clamp(-127, 127) keeping NaN (vminps/vmaxps return the NaN second operand), then
-            // NaN -> 0 as `NaN as i8` does.
-            let r = _mm512_max_ps(nlim, _mm512_min_ps(lim, r));
-            let ord = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
-            let q = _mm512_maskz_cvttps_epi32(ord, r);
-            _mm_storeu_si128(
-                o.qs.as_mut_ptr().add(16 * h) as *mut __m128i,
-                _mm512_cvtepi32_epi8(q),
-            );
-            sums[h] = _mm512_reduce_add_epi32(q) as i16;
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX-512 present (module doc).
+    unsafe {
+        assert_eq!(x.len(), out.len() * 32, "quantize_row_q8a: length mismatch");
+        let sign = _mm512_set1_ps(-0.0);
+        let half = _mm512_set1_ps(0.5);
+        let one = _mm512_set1_ps(1.0);
+        let lim = _mm512_set1_ps(127.0);
+        let nlim = _mm512_set1_ps(-127.0);
+        for (xb, o) in x.chunks_exact(32).zip(out.iter_mut()) {
+            let v = [
+                _mm512_loadu_ps(xb.as_ptr()),
+                _mm512_loadu_ps(xb.as_ptr().add(16)),
+            ];
+            // max|x| skipping NaN like `f32::max` (vmaxps returns its second operand when either
+            // is NaN, and the running maximum, from 0, is never NaN); exact, so in any order.
+            let m = _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps());
+            let m = _mm512_max_ps(_mm512_abs_ps(v[1]), m);
+            let amax = _mm512_reduce_max_ps(m);
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm512_set1_ps(id);
+            let mut sums = [0i16; 2];
+            for (h, v) in v.into_iter().enumerate() {
+                let y = _mm512_mul_ps(v, idv);
+                let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+                let frac = _mm512_abs_ps(_mm512_sub_ps(y, t));
+                // Infinite y: frac is NaN, the ordered compare is false and t stays infinite.
+                let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+                let sgn1 = _mm512_or_ps(_mm512_and_ps(y, sign), one);
+                let r = _mm512_mask_add_ps(t, up, t, sgn1);
+                // clamp(-127, 127) keeping NaN (vminps/vmaxps return the NaN second operand), then
+                // NaN -> 0 as `NaN as i8` does.
+                let r = _mm512_max_ps(nlim, _mm512_min_ps(lim, r));
+                let ord = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+                let q = _mm512_maskz_cvttps_epi32(ord, r);
+                _mm_storeu_si128(
+                    o.qs.as_mut_ptr().add(16 * h) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(q),
+                );
+                sums[h] = _mm512_reduce_add_epi32(q) as i16;
+            }
+            o.d = d;
+            o.s = d * (sums[0] as i32 + sums[1] as i32) as f32;
+            o.sums = sums;
         }
-        o.d = d;
-        o.s = d * (sums[0] as i32 + sums[1] as i32) as f32;
-        o.sums = sums;
     }
 }
 

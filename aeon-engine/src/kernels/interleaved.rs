@@ -58,8 +58,9 @@ macro_rules! rows16_kernels {
         pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
             vec![$((DType::$dtype, {
                 #[target_feature(enable = $feat)]
-                unsafe fn imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-                    rows16_any::<$kernel>(tiles, x, out)
+                fn imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+                    // SAFETY: `entry`'s reasons, with `$feat` enabled here.
+                    unsafe { rows16_any::<$kernel>(tiles, x, out) }
                 }
                 fn entry(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
                     // SAFETY: only reachable through `kernels`, which the kernel table calls
@@ -117,17 +118,20 @@ unsafe fn rows16_any<K: Kernel>(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32
     assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
     let mut t = 0;
     while t + 8 <= x.len() {
-        let o = K::run::<8>(tiles, std::array::from_fn(|i| x[t + i]));
+        // SAFETY: this function's callers keep `K::run`'s contract.
+        let o = unsafe { K::run::<8>(tiles, std::array::from_fn(|i| x[t + i])) };
         out[t..t + 8].copy_from_slice(&o);
         t += 8;
     }
     while t + 4 <= x.len() {
-        let o = K::run::<4>(tiles, std::array::from_fn(|i| x[t + i]));
+        // SAFETY: as above.
+        let o = unsafe { K::run::<4>(tiles, std::array::from_fn(|i| x[t + i])) };
         out[t..t + 4].copy_from_slice(&o);
         t += 4;
     }
     while t < x.len() {
-        out[t] = K::run::<1>(tiles, [x[t]])[0];
+        // SAFETY: as above.
+        out[t] = unsafe { K::run::<1>(tiles, [x[t]]) }[0];
         t += 1;
     }
 }
@@ -746,21 +750,28 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn stream_read_avx512(buf: &[u8], touch: bool) -> u64 {
-        use std::arch::x86_64::*;
-        let mut acc = [_mm512_setzero_si512(); 4];
-        for c in buf.chunks_exact(256) {
-            if touch {
-                let q = c.as_ptr().wrapping_add(super::avx512::PAGE_AHEAD);
-                _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
+        // SAFETY: the loads read whole 256-byte chunks of `buf`; the prefetch address may pass
+        // its end, which a prefetch tolerates; AVX-512F is enabled here and checked by the caller.
+        unsafe {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm512_setzero_si512(); 4];
+            for c in buf.chunks_exact(256) {
+                if touch {
+                    let q = c.as_ptr().wrapping_add(super::avx512::PAGE_AHEAD);
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
+                }
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_xor_si512(
+                        *a,
+                        _mm512_loadu_si512(c.as_ptr().add(64 * k) as *const _),
+                    );
+                }
             }
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_xor_si512(*a, _mm512_loadu_si512(c.as_ptr().add(64 * k) as *const _));
-            }
+            let v = _mm512_xor_si512(
+                _mm512_xor_si512(acc[0], acc[1]),
+                _mm512_xor_si512(acc[2], acc[3]),
+            );
+            _mm512_reduce_or_epi64(v) as u64
         }
-        let v = _mm512_xor_si512(
-            _mm512_xor_si512(acc[0], acc[1]),
-            _mm512_xor_si512(acc[2], acc[3]),
-        );
-        _mm512_reduce_or_epi64(v) as u64
     }
 }

@@ -636,6 +636,7 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks only write disjoint indices (distinct output rows r), and the pointer is not
 // used after `run_rows` returns, while the `&mut [f32]` it came from is still borrowed.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for OutPtr {}
 
 /// For each row r (in parallel chunks), for each token t: `y[t * rows + r] = dot(row r, t)`.

@@ -88,8 +88,9 @@ macro_rules! entries {
             unsafe { $body::<false>(w, x) }
         }
         #[target_feature(enable = "dotprod")]
-        unsafe fn $tf(w: &[u8], x: &[BlockQ8A]) -> f32 {
-            $body::<true>(w, x)
+        fn $tf(w: &[u8], x: &[BlockQ8A]) -> f32 {
+            // SAFETY: as `$plain`, with `sdot` enabled here.
+            unsafe { $body::<true>(w, x) }
         }
         fn $sdot(w: &[u8], x: &[BlockQ8A]) -> f32 {
             // SAFETY: only handed out by `kernels(true)`, whose callers
@@ -162,9 +163,12 @@ unsafe fn idot<const SDOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> 
         acc
     } else {
         // Two products per i16 lane: |sum| <= 2 * 128 * 127 (see the module docs).
-        let p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-        let p = vmlal_high_s8(p, a, b);
-        vpadalq_s16(acc, p)
+        // SAFETY: register-only NEON, part of the aarch64 baseline.
+        unsafe {
+            let p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+            let p = vmlal_high_s8(p, a, b);
+            vpadalq_s16(acc, p)
+        }
     }
 }
 
@@ -172,10 +176,13 @@ unsafe fn idot<const SDOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> 
 /// activation block's quants.
 #[inline(always)]
 unsafe fn isum32<const SDOT: bool>(w0: int8x16_t, w1: int8x16_t, a: &BlockQ8A) -> i32 {
-    // SAFETY: `a.qs` is 32 bytes; the loads read 0..16 and 16..32.
-    let (x0, x1) = unsafe { (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16))) };
-    let acc = idot::<SDOT>(vdupq_n_s32(0), w0, x0);
-    vaddvq_s32(idot::<SDOT>(acc, w1, x1))
+    // SAFETY: `a.qs` is 32 bytes; the loads read 0..16 and 16..32. `idot::<SDOT>` runs
+    // where this does: the caller's flavour.
+    unsafe {
+        let (x0, x1) = (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16)));
+        let acc = idot::<SDOT>(vdupq_n_s32(0), w0, x0);
+        vaddvq_s32(idot::<SDOT>(acc, w1, x1))
+    }
 }
 
 /// Little-endian IEEE half to f32 with the ARMv8.0 `fcvt` (exact, as [`f16_le`]).
@@ -199,9 +206,11 @@ fn f16(b: [u8; 2]) -> f32 {
 /// 16 bytes of nibbles: (low nibbles, high nibbles) as u8 lanes.
 #[inline(always)]
 unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: callers pass a pointer to 16 readable bytes.
-    let q = unsafe { vld1q_u8(p) };
-    (vandq_u8(q, vdupq_n_u8(0x0F)), vshrq_n_u8(q, 4))
+    // SAFETY: callers pass a pointer to 16 readable bytes; NEON is the aarch64 baseline.
+    unsafe {
+        let q = vld1q_u8(p);
+        (vandq_u8(q, vdupq_n_u8(0x0F)), vshrq_n_u8(q, 4))
+    }
 }
 
 /// The 32 bits of a Q5_0 / Q5_1 `qh` as `0x10` bytes: (elements 0..16, elements 16..32).
@@ -210,20 +219,20 @@ unsafe fn q5_high(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
     const IDX0: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
     const IDX1: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
     const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
-    let v = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes(qh)));
-    // SAFETY: the constants are 16-byte arrays.
-    let (i0, i1, bit) = unsafe {
-        (
+    // SAFETY: the constants are 16-byte arrays; NEON is the aarch64 baseline.
+    unsafe {
+        let v = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes(qh)));
+        let (i0, i1, bit) = (
             vld1q_u8(IDX0.as_ptr()),
             vld1q_u8(IDX1.as_ptr()),
             vld1q_u8(BIT.as_ptr()),
+        );
+        let sixteen = vdupq_n_u8(0x10);
+        (
+            vandq_u8(vtstq_u8(vqtbl1q_u8(v, i0), bit), sixteen),
+            vandq_u8(vtstq_u8(vqtbl1q_u8(v, i1), bit), sixteen),
         )
-    };
-    let sixteen = vdupq_n_u8(0x10);
-    (
-        vandq_u8(vtstq_u8(vqtbl1q_u8(v, i0), bit), sixteen),
-        vandq_u8(vtstq_u8(vqtbl1q_u8(v, i1), bit), sixteen),
-    )
+    }
 }
 
 /// `q - off` as signed bytes (`q` <= 63, so no wrap).
@@ -250,6 +259,7 @@ unsafe fn dot_q4_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A], mut sum: f32) -> 
     for (b, a) in w.iter().zip(x) {
         // SAFETY: `b.qs` is 16 bytes.
         let (lo, hi) = unsafe { nibbles(b.qs.as_ptr()) };
+        // SAFETY: `a` is a whole block; `SDOT` as the caller's.
         let isum = unsafe { isum32::<SDOT>(signed(lo, 8), signed(hi, 8), a) };
         sum = block_step(sum, f16(b.d), isum, a.d);
     }
@@ -263,6 +273,7 @@ unsafe fn dot_q4_1<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     for (b, a) in w.iter().zip(x) {
         // SAFETY: `b.qs` is 16 bytes.
         let (lo, hi) = unsafe { nibbles(b.qs.as_ptr()) };
+        // SAFETY: `a` is a whole block; `SDOT` as the caller's.
         let isum = unsafe { isum32::<SDOT>(signed(lo, 0), signed(hi, 0), a) };
         sum += f16(b.d) * a.d * isum as f32 + f16(b.m) * a.d * q8a_sum(a) as f32;
     }
@@ -391,6 +402,7 @@ fn f16x4_low2(a: [u8; 2], b: [u8; 2]) -> float32x2_t {
 unsafe fn act_head4(a: *const BlockQ8A) -> (float32x4_t, int32x4_t) {
     // SAFETY: the caller passes four readable blocks of 44 bytes; each load reads 0..16 of one.
     let h: [uint32x4_t; 4] =
+        // SAFETY: as above.
         arr4!(|k| unsafe { vreinterpretq_u32_u8(vld1q_u8(a.add(k) as *const u8)) });
     // SAFETY: register-only NEON (baseline).
     unsafe {
@@ -585,6 +597,7 @@ unsafe fn dot4_q4_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
             let (lo, hi) = unsafe { nibbles(b.qs.as_ptr()) };
             (signed(lo, 8), signed(hi, 8))
         });
+        // SAFETY: g < nb / 4: blocks 4g..4g + 4 of `x` are inside it.
         let a: &[BlockQ8A; 4] = unsafe { &*(xp.add(4 * g) as *const [BlockQ8A; 4]) };
         // SAFETY: blocks of 18 bytes: the four `d` fields lie at 0, 18, 36, 54 of `b`.
         let dw = unsafe { f16_gather4(b.as_ptr() as *const u8, 18) };
@@ -618,6 +631,7 @@ unsafe fn dot4_q5_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
                 )
             }
         });
+        // SAFETY: g < nb / 4: blocks 4g..4g + 4 of `x` are inside it.
         let a: &[BlockQ8A; 4] = unsafe { &*(xp.add(4 * g) as *const [BlockQ8A; 4]) };
         // SAFETY: blocks of 22 bytes: the four `d` fields lie at 0, 22, 44, 66 of `b`.
         let dw = unsafe { f16_gather4(b.as_ptr() as *const u8, 22) };
@@ -642,6 +656,7 @@ unsafe fn dot4_q8_0<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
         let ws = b
             .each_ref()
             .map(|b| unsafe { (vld1q_s8(b.qs.as_ptr()), vld1q_s8(b.qs.as_ptr().add(16))) });
+        // SAFETY: g < nb / 4: blocks 4g..4g + 4 of `x` are inside it.
         let a: &[BlockQ8A; 4] = unsafe { &*(xp.add(4 * g) as *const [BlockQ8A; 4]) };
         // SAFETY: blocks of 34 bytes: the four `d` fields lie at 0, 34, 68, 102 of `b`.
         let dw = unsafe { f16_gather4(b.as_ptr() as *const u8, 34) };
@@ -660,19 +675,19 @@ unsafe fn q5_high_mask(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
     const IDX0: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
     const IDX1: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
     const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
-    let v = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes(qh)));
-    // SAFETY: the constants are 16-byte arrays.
-    let (i0, i1, bit) = unsafe {
-        (
+    // SAFETY: the constants are 16-byte arrays; NEON is the aarch64 baseline.
+    unsafe {
+        let v = vreinterpretq_u8_u32(vdupq_n_u32(u32::from_le_bytes(qh)));
+        let (i0, i1, bit) = (
             vld1q_u8(IDX0.as_ptr()),
             vld1q_u8(IDX1.as_ptr()),
             vld1q_u8(BIT.as_ptr()),
+        );
+        (
+            vtstq_u8(vqtbl1q_u8(v, i0), bit),
+            vtstq_u8(vqtbl1q_u8(v, i1), bit),
         )
-    };
-    (
-        vtstq_u8(vqtbl1q_u8(v, i0), bit),
-        vtstq_u8(vqtbl1q_u8(v, i1), bit),
-    )
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -697,6 +712,7 @@ unsafe fn dot_k4<const SDOT: bool, B: bytemuck::Pod>(
         for j in 0..4 {
             // SAFETY: `qs` is 128 bytes; 32j + 16 + 16 <= 128.
             let (l0, h0) = unsafe { nibbles(qs.as_ptr().add(32 * j)) };
+            // SAFETY: as above.
             let (l1, h1) = unsafe { nibbles(qs.as_ptr().add(32 * j + 16)) };
             let hb = high(b, j);
             let (a1, a2) = (&xa[2 * j], &xa[2 * j + 1]);
@@ -704,6 +720,7 @@ unsafe fn dot_k4<const SDOT: bool, B: bytemuck::Pod>(
             let (hi0, hi1) = (vorrq_u8_(h0, hb[2]), vorrq_u8_(h1, hb[3]));
             // SAFETY: register-only NEON plus the 32-byte activation loads of `isum32`.
             let i1 = unsafe { isum32::<SDOT>(signed(lo0, 0), signed(lo1, 0), a1) };
+            // SAFETY: as above.
             let i2 = unsafe { isum32::<SDOT>(signed(hi0, 0), signed(hi1, 0), a2) };
             let (sc1, m1) = scale_min_k4(2 * j, scales);
             let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
@@ -838,6 +855,7 @@ fn k4_finish(sum: f32, t: KTerms) -> f32 {
 unsafe fn act_s4(a: *const BlockQ8A) -> float32x4_t {
     // SAFETY: the caller passes four readable blocks of 44 bytes; each load reads 0..16 of one.
     let h: [uint32x4_t; 4] =
+        // SAFETY: as above.
         arr4!(|k| unsafe { vreinterpretq_u32_u8(vld1q_u8(a.add(k) as *const u8)) });
     // SAFETY: register-only NEON (baseline).
     unsafe {
@@ -854,6 +872,7 @@ unsafe fn q4_k_terms<const SDOT: bool>(b: &BlockQ4K, xa: *const BlockQ8A) -> KTe
     // Blocks addressed from the fourth: every load is one `ldur` (offsets within +-256).
     // SAFETY: the caller passes eight readable blocks.
     let mid = opaque(unsafe { xa.add(4) });
+    // SAFETY: as above.
     let blk = |g: usize| unsafe { &*mid.offset(g as isize - 4) };
     let x: [(int8x16_t, int8x16_t); 8] = [
         act_qs(blk(0)),
@@ -866,10 +885,12 @@ unsafe fn q4_k_terms<const SDOT: bool>(b: &BlockQ4K, xa: *const BlockQ8A) -> KTe
         act_qs(blk(7)),
     ];
     // Groups 2j (low nibbles of bytes 32j..32j+32) and 2j + 1 (high nibbles).
-    let mut w = [(vdupq_n_s8(0), vdupq_n_s8(0)); 8];
+    // SAFETY: register-only NEON (the aarch64 baseline).
+    let mut w = [unsafe { (vdupq_n_s8(0), vdupq_n_s8(0)) }; 8];
     for j in 0..4 {
         // SAFETY: `qs` is 128 bytes; 32j + 32 <= 128.
         let (l0, h0) = unsafe { nibbles(b.qs.as_ptr().add(32 * j)) };
+        // SAFETY: as above.
         let (l1, h1) = unsafe { nibbles(b.qs.as_ptr().add(32 * j + 16)) };
         w[2 * j] = (signed(l0, 0), signed(l1, 0));
         w[2 * j + 1] = (signed(h0, 0), signed(h1, 0));
@@ -885,6 +906,7 @@ unsafe fn q4_k_terms<const SDOT: bool>(b: &BlockQ4K, xa: *const BlockQ8A) -> KTe
     let ((sc_lo, sc_hi), (m_lo, m_hi)) = (widen8(sc), widen8(m));
     // SAFETY: blocks 0..4 and 4..8 of the eight.
     let (d_lo, d_hi) = unsafe { (act_head4(mid.sub(4)).0, act_head4(mid).0) };
+    // SAFETY: as above.
     let (s_lo, s_hi) = unsafe { (act_s4(mid.sub(4)), act_s4(mid)) };
     // SAFETY: register-only NEON (baseline).
     unsafe {
@@ -926,6 +948,7 @@ unsafe fn dot2_q4_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     // `i` also places the activation blocks (8i..8i + 8).
     #[allow(clippy::needless_range_loop)]
     for i in 1..nb {
+        // SAFETY: as above, for super-block i < nb.
         let next = unsafe { q4_k_terms::<SDOT>(&w[i], xp.add(8 * i)) };
         sum = k4_finish(sum, pending);
         pending = next;
@@ -956,7 +979,8 @@ fn k6_finish(sum: f32, t: K6Terms) -> f32 {
 #[inline(always)]
 unsafe fn q6_k_dots16<const SDOT: bool>(b: &BlockQ6K, mid: *const BlockQ8A) -> [int32x4_t; 4] {
     // d[n][h][k]: the 16 six-bit weights (minus 32) of half h of group 4n + k.
-    let mut w = [[[vdupq_n_s8(0); 4]; 2]; 2];
+    // SAFETY: register-only NEON (the aarch64 baseline).
+    let mut w = [[[unsafe { vdupq_n_s8(0) }; 4]; 2]; 2];
     for (n, wn) in w.iter_mut().enumerate() {
         for (h, wh) in wn.iter_mut().enumerate() {
             // SAFETY: ql is 128 bytes (64n + 32 + 16h + 16 <= 128), qh 64 bytes
@@ -1023,6 +1047,7 @@ unsafe fn q6_k_terms<const SDOT: bool>(b: &BlockQ6K, xa: *const BlockQ8A) -> K6T
     // Blocks addressed from the fourth: every load is one `ldur` (offsets within +-256).
     // SAFETY: the caller passes eight readable blocks; `SDOT` as the caller's.
     let mid = opaque(unsafe { xa.add(4) });
+    // SAFETY: as above.
     let dots = unsafe { q6_k_dots16::<SDOT>(b, mid) };
     // SAFETY: `scales` is 16 bytes; the rest is register-only NEON.
     unsafe {
@@ -1067,6 +1092,7 @@ unsafe fn dot2_q6_k<const SDOT: bool>(w: &[u8], x: &[BlockQ8A]) -> f32 {
     // `i` also places the activation blocks (8i..8i + 8).
     #[allow(clippy::needless_range_loop)]
     for i in 1..nb {
+        // SAFETY: as above, for super-block i < nb.
         let next = unsafe { q6_k_terms::<SDOT>(&w[i], xp.add(8 * i)) };
         sum = k6_finish(sum, pending);
         pending = next;

@@ -62,30 +62,34 @@ unsafe fn dot_unsigned<const G0: usize, const N: usize, const P: usize>(
     w: &Wv,
     a: [&BlockQ8A; P],
 ) -> [[__m256i; 2]; P] {
-    let ones = _mm256_set1_epi16(1);
-    let mut s32 = [[_mm256_setzero_si256(); 2]; P];
-    let mut s16 = [[_mm256_setzero_si256(); 2]; P];
-    for g in G0..G0 + N {
-        let mut bx = [_mm256_setzero_si256(); P];
-        for (bx, a) in bx.iter_mut().zip(a) {
-            *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
-        }
-        for h in 0..2 {
-            let wg = w[h][g];
-            for k in 0..P {
-                let p = _mm256_maddubs_epi16(wg, bx[k]);
-                s16[k][h] = if (g - G0).is_multiple_of(run) {
-                    p
-                } else {
-                    _mm256_add_epi16(s16[k][h], p)
-                };
-                if (g - G0) % run == run - 1 || g == G0 + N - 1 {
-                    s32[k][h] = _mm256_add_epi32(s32[k][h], _mm256_madd_epi16(s16[k][h], ones));
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut s32 = [[_mm256_setzero_si256(); 2]; P];
+        let mut s16 = [[_mm256_setzero_si256(); 2]; P];
+        for g in G0..G0 + N {
+            let mut bx = [_mm256_setzero_si256(); P];
+            for (bx, a) in bx.iter_mut().zip(a) {
+                *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+            }
+            for h in 0..2 {
+                let wg = w[h][g];
+                for k in 0..P {
+                    let p = _mm256_maddubs_epi16(wg, bx[k]);
+                    s16[k][h] = if (g - G0).is_multiple_of(run) {
+                        p
+                    } else {
+                        _mm256_add_epi16(s16[k][h], p)
+                    };
+                    if (g - G0) % run == run - 1 || g == G0 + N - 1 {
+                        s32[k][h] = _mm256_add_epi32(s32[k][h], _mm256_madd_epi16(s16[k][h], ones));
+                    }
                 }
             }
         }
+        s32
     }
-    s32
 }
 
 /// How one 32-element type's tile becomes weight vectors and dots.
@@ -105,37 +109,45 @@ trait Tile {
 /// All 16 weight vectors of a tile.
 #[inline(always)]
 unsafe fn unpack<L: Tile>(p: *const u8) -> Wv {
-    let mut w = [[_mm256_setzero_si256(); 8]; 2];
-    for (h, wh) in w.iter_mut().enumerate() {
-        for (g, v) in wh.iter_mut().enumerate() {
-            *v = L::vector(p, h, g);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut w = [[_mm256_setzero_si256(); 8]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (g, v) in wh.iter_mut().enumerate() {
+                *v = L::vector(p, h, g);
+            }
         }
+        w
     }
-    w
 }
 
 /// [`dot_unsigned`] over all 8 groups for one token, each weight vector made where it is
 /// used (one token: nothing to share, and no weight vector spilled).
 #[inline(always)]
 unsafe fn dot_fused<L: Tile>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
-    let ones = _mm256_set1_epi16(1);
-    let mut s32 = [_mm256_setzero_si256(); 2];
-    let mut s16 = [_mm256_setzero_si256(); 2];
-    for g in 0..8 {
-        let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
-        for h in 0..2 {
-            let prod = _mm256_maddubs_epi16(L::vector(p, h, g), bx);
-            s16[h] = if g % L::RUN == 0 {
-                prod
-            } else {
-                _mm256_add_epi16(s16[h], prod)
-            };
-            if g % L::RUN == L::RUN - 1 || g == 7 {
-                s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(s16[h], ones));
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut s32 = [_mm256_setzero_si256(); 2];
+        let mut s16 = [_mm256_setzero_si256(); 2];
+        for g in 0..8 {
+            let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+            for h in 0..2 {
+                let prod = _mm256_maddubs_epi16(L::vector(p, h, g), bx);
+                s16[h] = if g % L::RUN == 0 {
+                    prod
+                } else {
+                    _mm256_add_epi16(s16[h], prod)
+                };
+                if g % L::RUN == L::RUN - 1 || g == 7 {
+                    s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(s16[h], ones));
+                }
             }
         }
+        s32
     }
-    s32
 }
 
 struct Q4_0;
@@ -148,9 +160,13 @@ struct Q8_0;
 /// chunk g % 4.
 #[inline(always)]
 unsafe fn nibble(qs: *const u8, h: usize, g: usize) -> __m256i {
-    let q = _mm256_loadu_si256(qs.add(64 * (g % 4) + 32 * h) as *const __m256i);
-    let q = if g < 4 { q } else { _mm256_srli_epi16(q, 4) };
-    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let q = _mm256_loadu_si256(qs.add(64 * (g % 4) + 32 * h) as *const __m256i);
+        let q = if g < 4 { q } else { _mm256_srli_epi16(q, 4) };
+        _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+    }
 }
 
 impl Tile for Q4_0 {
@@ -159,7 +175,10 @@ impl Tile for Q4_0 {
     const RUN: usize = 8;
     #[inline(always)]
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
-        nibble(p.add(D_BYTES), h, g)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe { nibble(p.add(D_BYTES), h, g) }
     }
 }
 
@@ -170,7 +189,10 @@ impl Tile for Q4_1 {
     const MIN: Option<usize> = Some(MIN_AT);
     #[inline(always)]
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
-        nibble(p.add(Q41_QS), h, g)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe { nibble(p.add(Q41_QS), h, g) }
     }
 }
 
@@ -178,10 +200,14 @@ impl Tile for Q4_1 {
 /// have a bit.
 #[inline(always)]
 unsafe fn five_bits(p: *const u8, hm: usize, qs: usize, h: usize, g: usize) -> __m256i {
-    // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
-    let m = (p.add(hm + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
-    let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
-    _mm256_or_si256(nibble(p.add(qs), h, g), hb)
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        // Bits 32h..32h + 32 of mask g: rows 8h..8h + 8, byte for byte.
+        let m = (p.add(hm + 8 * g + 4 * h) as *const [u8; 4]).read_unaligned();
+        let hb = _mm256_and_si256(bits_32(m), _mm256_set1_epi8(16));
+        _mm256_or_si256(nibble(p.add(qs), h, g), hb)
+    }
 }
 
 impl Tile for Q5_0 {
@@ -190,7 +216,10 @@ impl Tile for Q5_0 {
     const RUN: usize = 4;
     #[inline(always)]
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
-        five_bits(p, Q5_HM, Q5_QS, h, g)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe { five_bits(p, Q5_HM, Q5_QS, h, g) }
     }
 }
 
@@ -201,7 +230,10 @@ impl Tile for Q5_1 {
     const MIN: Option<usize> = Some(MIN_AT);
     #[inline(always)]
     unsafe fn vector(p: *const u8, h: usize, g: usize) -> __m256i {
-        five_bits(p, Q51_HM, Q51_QS, h, g)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe { five_bits(p, Q51_HM, Q51_QS, h, g) }
     }
 }
 
@@ -218,8 +250,13 @@ impl Signed for Q8_0 {
     const BYTES: usize = 16 * 34;
     #[inline(always)]
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
-        let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
-        _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
+            _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+        }
     }
 }
 
@@ -229,9 +266,15 @@ impl Signed for IQ4NL {
     const BYTES: usize = 16 * 18;
     #[inline(always)]
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
-        let table =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
-        _mm256_shuffle_epi8(table, nibble(p.add(D_BYTES), h, g))
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                KVALUES_IQ4NL.as_ptr() as *const __m128i
+            ));
+            _mm256_shuffle_epi8(table, nibble(p.add(D_BYTES), h, g))
+        }
     }
 }
 
@@ -240,15 +283,20 @@ impl Q8_0 {
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
     unsafe fn unpack8<S: Signed>(p: *const u8) -> [Wv; 2] {
-        let mut w = [[[_mm256_setzero_si256(); 8]; 2]; 2];
-        for h in 0..2 {
-            for g in 0..8 {
-                w[0][h][g] = S::signed(p, h, g);
-                // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
-                w[1][h][g] = _mm256_abs_epi8(w[0][h][g]);
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            let mut w = [[[_mm256_setzero_si256(); 8]; 2]; 2];
+            for h in 0..2 {
+                for g in 0..8 {
+                    w[0][h][g] = S::signed(p, h, g);
+                    // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
+                    w[1][h][g] = _mm256_abs_epi8(w[0][h][g]);
+                }
             }
+            w
         }
-        w
     }
 
     /// `sum(w * q_x)` of both halves for `P` tokens, exact: `|w| * (q_x * sign(w))`, each
@@ -256,32 +304,40 @@ impl Q8_0 {
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
     unsafe fn dot8<const P: usize>(w: &[Wv; 2], a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
-        let ones = _mm256_set1_epi16(1);
-        let mut s = [[_mm256_setzero_si256(); 2]; P];
-        for g in 0..8 {
-            let mut bx = [_mm256_setzero_si256(); P];
-            for (bx, a) in bx.iter_mut().zip(a) {
-                *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
-            }
-            for h in 0..2 {
-                let (wg, aw) = (w[0][h][g], w[1][h][g]);
-                for k in 0..P {
-                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx[k], wg));
-                    s[k][h] = _mm256_add_epi32(s[k][h], _mm256_madd_epi16(p, ones));
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut s = [[_mm256_setzero_si256(); 2]; P];
+            for g in 0..8 {
+                let mut bx = [_mm256_setzero_si256(); P];
+                for (bx, a) in bx.iter_mut().zip(a) {
+                    *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+                }
+                for h in 0..2 {
+                    let (wg, aw) = (w[0][h][g], w[1][h][g]);
+                    for k in 0..P {
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx[k], wg));
+                        s[k][h] = _mm256_add_epi32(s[k][h], _mm256_madd_epi16(p, ones));
+                    }
                 }
             }
+            s
         }
-        s
     }
 }
 
 /// The f32 steps of one block for one token: per half, `acc = fma(d_w, f32(isum) * d_x, acc)`.
 #[inline(always)]
 unsafe fn block_step(acc: &mut [__m256; 2], dw: &[__m256; 2], s: [__m256i; 2], corr: i32, dx: f32) {
-    let (corr, dx) = (_mm256_set1_epi32(corr), _mm256_set1_ps(dx));
-    for h in 0..2 {
-        let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], corr)), dx);
-        acc[h] = _mm256_fmadd_ps(dw[h], tmp, acc[h]);
+    // SAFETY: register-only intrinsics; AVX2, FMA and F16C present (module doc: reached only
+    // after detection).
+    unsafe {
+        let (corr, dx) = (_mm256_set1_epi32(corr), _mm256_set1_ps(dx));
+        for h in 0..2 {
+            let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], corr)), dx);
+            acc[h] = _mm256_fmadd_ps(dw[h], tmp, acc[h]);
+        }
     }
 }
 
@@ -296,65 +352,77 @@ unsafe fn tile_step<L: Tile>(
     s: [__m256i; 2],
     a: &BlockQ8A,
 ) {
-    let qsum = a.sums[0] as i32 + a.sums[1] as i32;
-    if L::MIN.is_none() {
-        return block_step(acc, dw, s, L::OFF * qsum, a.d);
-    }
-    let (dx, qs) = (_mm256_set1_ps(a.d), _mm256_set1_ps(qsum as f32));
-    for h in 0..2 {
-        let dot = _mm256_mul_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(s[h]));
-        let min = _mm256_mul_ps(_mm256_mul_ps(mw[h], dx), qs);
-        acc[h] = _mm256_add_ps(acc[h], _mm256_add_ps(dot, min));
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let qsum = a.sums[0] as i32 + a.sums[1] as i32;
+        if L::MIN.is_none() {
+            return block_step(acc, dw, s, L::OFF * qsum, a.d);
+        }
+        let (dx, qs) = (_mm256_set1_ps(a.d), _mm256_set1_ps(qsum as f32));
+        for h in 0..2 {
+            let dot = _mm256_mul_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(s[h]));
+            let min = _mm256_mul_ps(_mm256_mul_ps(mw[h], dx), qs);
+            acc[h] = _mm256_add_ps(acc[h], _mm256_add_ps(dot, min));
+        }
     }
 }
 
 /// 16 f16 scales at `p` as two halves of f32.
 #[inline(always)]
 unsafe fn scales16(p: *const u8) -> [__m256; 2] {
-    [
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-        _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
-    ]
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        [
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+        ]
+    }
 }
 
 /// `T` activation rows against one group's tiles of a 32-element type.
 #[inline(always)]
 unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-    let nb = tiles.len() / L::BYTES;
-    assert!(x.iter().all(|x| x.len() >= nb));
-    let mut acc = [[_mm256_setzero_ps(); 2]; T];
-    for b in 0..nb {
-        let p = tiles.as_ptr().add(b * L::BYTES);
-        touch_page(p, L::BYTES);
-        if T > 1 {
-            prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
-        }
-        let dw = scales16(p);
-        let mw = match L::MIN {
-            Some(at) => scales16(p.add(at)),
-            None => dw,
-        };
-        if T == 1 {
-            let a = x[0].get_unchecked(b);
-            tile_step::<L>(&mut acc[0], &dw, &mw, dot_fused::<L>(p, a), a);
-            continue;
-        }
-        let w = unpack::<L>(p);
-        let mut t = 0;
-        while t + 2 <= T {
-            let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
-            let s = dot_unsigned::<0, 8, 2>(L::RUN, &w, a);
-            for k in 0..2 {
-                tile_step::<L>(&mut acc[t + k], &dw, &mw, s[k], a[k]);
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let nb = tiles.len() / L::BYTES;
+        assert!(x.iter().all(|x| x.len() >= nb));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            let p = tiles.as_ptr().add(b * L::BYTES);
+            touch_page(p, L::BYTES);
+            if T > 1 {
+                prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
             }
-            t += 2;
+            let dw = scales16(p);
+            let mw = match L::MIN {
+                Some(at) => scales16(p.add(at)),
+                None => dw,
+            };
+            if T == 1 {
+                let a = x[0].get_unchecked(b);
+                tile_step::<L>(&mut acc[0], &dw, &mw, dot_fused::<L>(p, a), a);
+                continue;
+            }
+            let w = unpack::<L>(p);
+            let mut t = 0;
+            while t + 2 <= T {
+                let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
+                let s = dot_unsigned::<0, 8, 2>(L::RUN, &w, a);
+                for k in 0..2 {
+                    tile_step::<L>(&mut acc[t + k], &dw, &mw, s[k], a[k]);
+                }
+                t += 2;
+            }
+            if t < T {
+                let a = x[t].get_unchecked(b);
+                tile_step::<L>(&mut acc[t], &dw, &mw, dot_fused::<L>(p, a), a);
+            }
         }
-        if t < T {
-            let a = x[t].get_unchecked(b);
-            tile_step::<L>(&mut acc[t], &dw, &mw, dot_fused::<L>(p, a), a);
-        }
+        rows_out(&acc)
     }
-    rows_out(&acc)
 }
 
 /// [`rows16`] for the [`Signed`] tiles (their weights are a pair of [`Wv`], no offset).
@@ -363,44 +431,52 @@ unsafe fn rows16_8<S: Signed, const T: usize>(
     tiles: &[u8],
     x: [&[BlockQ8A]; T],
 ) -> [[f32; ROWS]; T] {
-    let bytes = S::BYTES;
-    let nb = tiles.len() / bytes;
-    assert!(x.iter().all(|x| x.len() >= nb));
-    let mut acc = [[_mm256_setzero_ps(); 2]; T];
-    for b in 0..nb {
-        let p = tiles.as_ptr().add(b * bytes);
-        touch_page(p, bytes);
-        if T > 1 {
-            prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
-        }
-        let dw = scales16(p);
-        let w = Q8_0::unpack8::<S>(p);
-        let mut t = 0;
-        while t + 2 <= T {
-            let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
-            let s = Q8_0::dot8(&w, a);
-            for k in 0..2 {
-                block_step(&mut acc[t + k], &dw, s[k], 0, a[k].d);
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let bytes = S::BYTES;
+        let nb = tiles.len() / bytes;
+        assert!(x.iter().all(|x| x.len() >= nb));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            let p = tiles.as_ptr().add(b * bytes);
+            touch_page(p, bytes);
+            if T > 1 {
+                prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
             }
-            t += 2;
+            let dw = scales16(p);
+            let w = Q8_0::unpack8::<S>(p);
+            let mut t = 0;
+            while t + 2 <= T {
+                let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
+                let s = Q8_0::dot8(&w, a);
+                for k in 0..2 {
+                    block_step(&mut acc[t + k], &dw, s[k], 0, a[k].d);
+                }
+                t += 2;
+            }
+            if t < T {
+                let a = x[t].get_unchecked(b);
+                block_step(&mut acc[t], &dw, Q8_0::dot8(&w, [a])[0], 0, a.d);
+            }
         }
-        if t < T {
-            let a = x[t].get_unchecked(b);
-            block_step(&mut acc[t], &dw, Q8_0::dot8(&w, [a])[0], 0, a.d);
-        }
+        rows_out(&acc)
     }
-    rows_out(&acc)
 }
 
 /// Each token's two halves as 16 floats.
 #[inline(always)]
 unsafe fn rows_out<const T: usize>(acc: &[[__m256; 2]; T]) -> [[f32; ROWS]; T] {
-    let mut out = [[0f32; ROWS]; T];
-    for t in 0..T {
-        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t][0]);
-        _mm256_storeu_ps(out[t].as_mut_ptr().add(8), acc[t][1]);
+    // SAFETY: register-only intrinsics; AVX2, FMA and F16C present (module doc: reached only
+    // after detection).
+    unsafe {
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t][0]);
+            _mm256_storeu_ps(out[t].as_mut_ptr().add(8), acc[t][1]);
+        }
+        out
     }
-    out
 }
 
 /// The 32-element types' kernel, [`rows16`] over a [`Tile`].
@@ -409,33 +485,43 @@ struct Blocks<L>(PhantomData<L>);
 impl<L: Tile> Kernel for Blocks<L> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        rows16::<L, T>(tiles, x)
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe { rows16::<L, T>(tiles, x) }
     }
 }
 
 impl Kernel for Q8_0 {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        rows16_8::<Q8_0, T>(tiles, x)
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe { rows16_8::<Q8_0, T>(tiles, x) }
     }
 }
 
 impl Kernel for IQ4NL {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        rows16_8::<IQ4NL, T>(tiles, x)
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe { rows16_8::<IQ4NL, T>(tiles, x) }
     }
 }
 
 /// Eight bytes of a scale plane (the half's rows) as i32 lanes, unsigned or signed.
 #[inline(always)]
 unsafe fn plane_u8(p: *const u8) -> __m256i {
-    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
 }
 
 #[inline(always)]
 unsafe fn plane_i8(p: *const u8) -> __m256i {
-    _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
 }
 
 /// Q4_K tiles: per sub-block s, 8 vectors per half of 4-bit quants (low or high nibbles of the
@@ -447,25 +533,29 @@ struct Q4K;
 /// (offset to the half's rows): (scales, mins) as i32 lanes.
 #[inline(always)]
 unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m256i, __m256i) {
-    let plane = |i: usize| plane_u8(sc.add(ROWS * i));
-    let m6 = _mm256_set1_epi32(63);
-    if S < 4 {
-        (
-            _mm256_and_si256(plane(S), m6),
-            _mm256_and_si256(plane(S + 4), m6),
-        )
-    } else {
-        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-        (
-            _mm256_or_si256(
-                _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
-                _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
-            ),
-            _mm256_or_si256(
-                _mm256_srli_epi32(lo, 4),
-                _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
-            ),
-        )
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let plane = |i: usize| plane_u8(sc.add(ROWS * i));
+        let m6 = _mm256_set1_epi32(63);
+        if S < 4 {
+            (
+                _mm256_and_si256(plane(S), m6),
+                _mm256_and_si256(plane(S + 4), m6),
+            )
+        } else {
+            let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+            (
+                _mm256_or_si256(
+                    _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
+                    _mm256_slli_epi32(_mm256_srli_epi32(hi_sc, 6), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_srli_epi32(lo, 4),
+                    _mm256_slli_epi32(_mm256_srli_epi32(hi_m, 6), 4),
+                ),
+            )
+        }
     }
 }
 
@@ -480,36 +570,40 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
-    // An eighth of a tile ahead per sub-block, spread out as the AVX-512 kernel does.
-    prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    let mut dsc = [_mm256_setzero_ps(); 2];
-    let mut dm = [_mm256_setzero_ps(); 2];
-    for h in 0..2 {
-        let (sc, m) = scale_min_planes::<S>(p.add(K4_SC + 8 * h));
-        dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
-        dm[h] = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(m));
-    }
-    let qs = p.add(K4_QS + 512 * (S / 2));
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
-    for (h, wh) in w.iter_mut().enumerate() {
-        for (k, v) in wh.iter_mut().enumerate() {
-            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
-            let q = if S % 2 == 1 {
-                _mm256_srli_epi16(q, 4)
-            } else {
-                q
-            };
-            *v = _mm256_and_si256(q, m4);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        // An eighth of a tile ahead per sub-block, spread out as the AVX-512 kernel does.
+        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+        let mut dsc = [_mm256_setzero_ps(); 2];
+        let mut dm = [_mm256_setzero_ps(); 2];
+        for h in 0..2 {
+            let (sc, m) = scale_min_planes::<S>(p.add(K4_SC + 8 * h));
+            dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+            dm[h] = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(m));
         }
-    }
-    let mut t = 0;
-    while t + 2 <= T {
-        q4k_tokens::<S, 2, T>(t, &w, &dsc, &dm, xb, acc);
-        t += 2;
-    }
-    if t < T {
-        q4k_tokens::<S, 1, T>(t, &w, &dsc, &dm, xb, acc);
+        let qs = p.add(K4_QS + 512 * (S / 2));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (k, v) in wh.iter_mut().enumerate() {
+                let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+                let q = if S % 2 == 1 {
+                    _mm256_srli_epi16(q, 4)
+                } else {
+                    q
+                };
+                *v = _mm256_and_si256(q, m4);
+            }
+        }
+        let mut t = 0;
+        while t + 2 <= T {
+            q4k_tokens::<S, 2, T>(t, &w, &dsc, &dm, xb, acc);
+            t += 2;
+        }
+        if t < T {
+            q4k_tokens::<S, 1, T>(t, &w, &dsc, &dm, xb, acc);
+        }
     }
 }
 
@@ -523,19 +617,23 @@ unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
-    let mut a = [&*xb[t0].add(S); P];
-    for (k, a) in a.iter_mut().enumerate() {
-        *a = &*xb[t0 + k].add(S);
-    }
-    let isum = dot_unsigned::<0, 8, P>(8, w, a);
-    for k in 0..P {
-        let (xd, xs) = (_mm256_set1_ps(a[k].d), _mm256_set1_ps(a[k].s));
-        let acc = &mut acc[t0 + k];
-        for h in 0..2 {
-            let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[k][h]), xd);
-            acc[h] = _mm256_fmadd_ps(dsc[h], tmp, acc[h]);
-            // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
-            acc[h] = _mm256_fnmadd_ps(dm[h], xs, acc[h]);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut a = [&*xb[t0].add(S); P];
+        for (k, a) in a.iter_mut().enumerate() {
+            *a = &*xb[t0 + k].add(S);
+        }
+        let isum = dot_unsigned::<0, 8, P>(8, w, a);
+        for k in 0..P {
+            let (xd, xs) = (_mm256_set1_ps(a[k].d), _mm256_set1_ps(a[k].s));
+            let acc = &mut acc[t0 + k];
+            for h in 0..2 {
+                let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[k][h]), xd);
+                acc[h] = _mm256_fmadd_ps(dsc[h], tmp, acc[h]);
+                // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
+                acc[h] = _mm256_fnmadd_ps(dm[h], xs, acc[h]);
+            }
         }
     }
 }
@@ -543,29 +641,33 @@ unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
 impl Kernel for Q4K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K4_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K4_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K4_BYTES);
-            touch_page(p, K4_BYTES);
-            let d = scales16(p.add(K4_D));
-            let dmin = scales16(p.add(K4_DMIN));
-            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-            for (xb, x) in xb.iter_mut().zip(x) {
-                *xb = x.as_ptr().add(8 * b);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let nt = tiles.len() / K4_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K4_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K4_BYTES);
+                touch_page(p, K4_BYTES);
+                let d = scales16(p.add(K4_D));
+                let dmin = scales16(p.add(K4_DMIN));
+                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+                for (xb, x) in xb.iter_mut().zip(x) {
+                    *xb = x.as_ptr().add(8 * b);
+                }
+                q4k_sub::<0, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<1, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<2, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<3, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<4, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
             }
-            q4k_sub::<0, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<1, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<2, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<3, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<4, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-            q4k_sub::<7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -583,43 +685,47 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
     ahead: *const u8,
     xb: &[*const BlockQ8A; T],
 ) -> [[(__m256, __m256); 2]; T] {
-    prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
-    let mut sc = [_mm256_setzero_si256(); 2];
-    let mut m = [_mm256_setzero_si256(); 2];
-    for h in 0..2 {
-        (sc[h], m[h]) = scale_min_planes::<S>(p.add(K5_SC + 8 * h));
-    }
-    let qs = p.add(K5_QS + 512 * (S / 2));
-    let (m4, c16, bit) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(16),
-        _mm256_set1_epi8(1 << S),
-    );
-    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
-    for h in 0..2 {
-        for k in 0..8 {
-            let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
-            let q = if S % 2 == 1 {
-                _mm256_srli_epi16(q, 4)
-            } else {
-                q
-            };
-            let hb = _mm256_loadu_si256(p.add(K5_QH + 64 * k + 32 * h) as *const __m256i);
-            let hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), c16);
-            w[h][k] = _mm256_or_si256(_mm256_and_si256(q, m4), hb);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
+        let mut sc = [_mm256_setzero_si256(); 2];
+        let mut m = [_mm256_setzero_si256(); 2];
+        for h in 0..2 {
+            (sc[h], m[h]) = scale_min_planes::<S>(p.add(K5_SC + 8 * h));
         }
+        let qs = p.add(K5_QS + 512 * (S / 2));
+        let (m4, c16, bit) = (
+            _mm256_set1_epi8(0x0F),
+            _mm256_set1_epi8(16),
+            _mm256_set1_epi8(1 << S),
+        );
+        let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+        for h in 0..2 {
+            for k in 0..8 {
+                let q = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+                let q = if S % 2 == 1 {
+                    _mm256_srli_epi16(q, 4)
+                } else {
+                    q
+                };
+                let hb = _mm256_loadu_si256(p.add(K5_QH + 64 * k + 32 * h) as *const __m256i);
+                let hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), c16);
+                w[h][k] = _mm256_or_si256(_mm256_and_si256(q, m4), hb);
+            }
+        }
+        let mut out = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; T];
+        // Tokens in pairs: each weight vector loaded once for two.
+        let mut t = 0;
+        while t + 2 <= T {
+            q5k_tokens::<S, 2, T>(t, &w, &sc, &m, xb, &mut out);
+            t += 2;
+        }
+        if t < T {
+            q5k_tokens::<S, 1, T>(t, &w, &sc, &m, xb, &mut out);
+        }
+        out
     }
-    let mut out = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; T];
-    // Tokens in pairs: each weight vector loaded once for two.
-    let mut t = 0;
-    while t + 2 <= T {
-        q5k_tokens::<S, 2, T>(t, &w, &sc, &m, xb, &mut out);
-        t += 2;
-    }
-    if t < T {
-        q5k_tokens::<S, 1, T>(t, &w, &sc, &m, xb, &mut out);
-    }
-    out
 }
 
 /// Tokens `t0..t0 + P` of [`q5k_sub`].
@@ -632,22 +738,26 @@ unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     out: &mut [[(__m256, __m256); 2]; T],
 ) {
-    let mut a = [&*xb[t0].add(S); P];
-    for (k, a) in a.iter_mut().enumerate() {
-        *a = &*xb[t0 + k].add(S);
-    }
-    let isum = dot_unsigned::<0, 8, P>(4, w, a);
-    for k in 0..P {
-        let dx = _mm256_set1_ps(a[k].d);
-        let qsum = _mm256_set1_epi32(a[k].sums[0] as i32 + a[k].sums[1] as i32);
-        for h in 0..2 {
-            // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
-            let is = _mm256_mullo_epi32(sc[h], isum[k][h]);
-            let ms = _mm256_mullo_epi32(m[h], qsum);
-            out[t0 + k][h] = (
-                _mm256_mul_ps(dx, _mm256_cvtepi32_ps(is)),
-                _mm256_mul_ps(dx, _mm256_cvtepi32_ps(ms)),
-            );
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut a = [&*xb[t0].add(S); P];
+        for (k, a) in a.iter_mut().enumerate() {
+            *a = &*xb[t0 + k].add(S);
+        }
+        let isum = dot_unsigned::<0, 8, P>(4, w, a);
+        for k in 0..P {
+            let dx = _mm256_set1_ps(a[k].d);
+            let qsum = _mm256_set1_epi32(a[k].sums[0] as i32 + a[k].sums[1] as i32);
+            for h in 0..2 {
+                // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
+                let is = _mm256_mullo_epi32(sc[h], isum[k][h]);
+                let ms = _mm256_mullo_epi32(m[h], qsum);
+                out[t0 + k][h] = (
+                    _mm256_mul_ps(dx, _mm256_cvtepi32_ps(is)),
+                    _mm256_mul_ps(dx, _mm256_cvtepi32_ps(ms)),
+                );
+            }
         }
     }
 }
@@ -661,12 +771,16 @@ unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
     sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
 ) {
-    let a = q5k_sub::<S0, T>(p, ahead, xb);
-    let b = q5k_sub::<S1, T>(p, ahead, xb);
-    for t in 0..T {
-        for h in 0..2 {
-            sd[t][h] = _mm256_add_ps(sd[t][h], _mm256_add_ps(a[t][h].0, b[t][h].0));
-            sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(a[t][h].1, b[t][h].1));
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let a = q5k_sub::<S0, T>(p, ahead, xb);
+        let b = q5k_sub::<S1, T>(p, ahead, xb);
+        for t in 0..T {
+            for h in 0..2 {
+                sd[t][h] = _mm256_add_ps(sd[t][h], _mm256_add_ps(a[t][h].0, b[t][h].0));
+                sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(a[t][h].1, b[t][h].1));
+            }
         }
     }
 }
@@ -674,36 +788,40 @@ unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
 impl Kernel for Q5K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K5_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K5_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
-            touch_page(p, K5_BYTES);
-            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-            for (xb, x) in xb.iter_mut().zip(x) {
-                *xb = x.as_ptr().add(8 * b);
-            }
-            let mut sd = [[_mm256_setzero_ps(); 2]; T];
-            let mut sm = [[_mm256_setzero_ps(); 2]; T];
-            q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-            q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-            q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-            q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
-            let d = scales16(p.add(K5_D));
-            let dmin = scales16(p.add(K5_DMIN));
-            for t in 0..T {
-                for h in 0..2 {
-                    let v = _mm256_sub_ps(
-                        _mm256_mul_ps(d[h], sd[t][h]),
-                        _mm256_mul_ps(dmin[h], sm[t][h]),
-                    );
-                    acc[t][h] = _mm256_add_ps(acc[t][h], v);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let nt = tiles.len() / K5_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K5_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+                touch_page(p, K5_BYTES);
+                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+                for (xb, x) in xb.iter_mut().zip(x) {
+                    *xb = x.as_ptr().add(8 * b);
+                }
+                let mut sd = [[_mm256_setzero_ps(); 2]; T];
+                let mut sm = [[_mm256_setzero_ps(); 2]; T];
+                q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                let d = scales16(p.add(K5_D));
+                let dmin = scales16(p.add(K5_DMIN));
+                for t in 0..T {
+                    for h in 0..2 {
+                        let v = _mm256_sub_ps(
+                            _mm256_mul_ps(d[h], sd[t][h]),
+                            _mm256_mul_ps(dmin[h], sm[t][h]),
+                        );
+                        acc[t][h] = _mm256_add_ps(acc[t][h], v);
+                    }
                 }
             }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -727,14 +845,18 @@ struct Q2K;
 /// The 2-bit field of block `G`, vector `[h][k]`, from the qs granules at `qs`.
 #[inline(always)]
 unsafe fn two_bits<const G: usize>(qs: *const u8, h: usize, k: usize) -> __m256i {
-    let v = _mm256_loadu_si256(qs.add(512 * (G / 4) + 64 * k + 32 * h) as *const __m256i);
-    let v = match G % 4 {
-        0 => v,
-        1 => _mm256_srli_epi16(v, 2),
-        2 => _mm256_srli_epi16(v, 4),
-        _ => _mm256_srli_epi16(v, 6),
-    };
-    _mm256_and_si256(v, _mm256_set1_epi8(3))
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(512 * (G / 4) + 64 * k + 32 * h) as *const __m256i);
+        let v = match G % 4 {
+            0 => v,
+            1 => _mm256_srli_epi16(v, 2),
+            2 => _mm256_srli_epi16(v, 4),
+            _ => _mm256_srli_epi16(v, 6),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(3))
+    }
 }
 
 impl K16 for Q3K {
@@ -743,34 +865,44 @@ impl K16 for Q3K {
     const DMIN: Option<usize> = None;
     #[inline(always)]
     unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
-        let bit = _mm256_set1_epi8((1u8 << G) as i8);
-        let hm = _mm256_loadu_si256(p.add(K3_HM + 64 * k + 32 * h) as *const __m256i);
-        let hb = _mm256_and_si256(
-            _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
-            _mm256_set1_epi8(4),
-        );
-        _mm256_or_si256(two_bits::<G>(p.add(K3_QS), h, k), hb)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            let bit = _mm256_set1_epi8((1u8 << G) as i8);
+            let hm = _mm256_loadu_si256(p.add(K3_HM + 64 * k + 32 * h) as *const __m256i);
+            let hb = _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
+                _mm256_set1_epi8(4),
+            );
+            _mm256_or_si256(two_bits::<G>(p.add(K3_QS), h, k), hb)
+        }
     }
     #[inline(always)]
     unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
-        // `scales_q3k`, as the AVX-512 kernel.
-        let k = 2 * G + j;
-        let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8) + 8 * h));
-        let lo = if k < 8 {
-            _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
-        } else {
-            _mm256_srli_epi32(lo, 4)
-        };
-        let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4) + 8 * h));
-        let hi = _mm256_and_si256(
-            _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (k / 4) as i32)),
-            _mm256_set1_epi32(3),
-        );
-        let sc = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
-        (
-            _mm256_sub_epi32(sc, _mm256_set1_epi32(32)),
-            _mm256_setzero_si256(),
-        )
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            // `scales_q3k`, as the AVX-512 kernel.
+            let k = 2 * G + j;
+            let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8) + 8 * h));
+            let lo = if k < 8 {
+                _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
+            } else {
+                _mm256_srli_epi32(lo, 4)
+            };
+            let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4) + 8 * h));
+            let hi = _mm256_and_si256(
+                _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (k / 4) as i32)),
+                _mm256_set1_epi32(3),
+            );
+            let sc = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+            (
+                _mm256_sub_epi32(sc, _mm256_set1_epi32(32)),
+                _mm256_setzero_si256(),
+            )
+        }
     }
 }
 
@@ -780,15 +912,23 @@ impl K16 for Q2K {
     const DMIN: Option<usize> = Some(K2_DMIN);
     #[inline(always)]
     unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
-        two_bits::<G>(p.add(K2_QS), h, k)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe { two_bits::<G>(p.add(K2_QS), h, k) }
     }
     #[inline(always)]
     unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
-        let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + j) + 8 * h));
-        (
-            _mm256_and_si256(v, _mm256_set1_epi32(0xF)),
-            _mm256_srli_epi32(v, 4),
-        )
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + j) + 8 * h));
+            (
+                _mm256_and_si256(v, _mm256_set1_epi32(0xF)),
+                _mm256_srli_epi32(v, 4),
+            )
+        }
     }
 }
 
@@ -803,24 +943,28 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
 ) {
-    prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
-    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
-    let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
-    for h in 0..2 {
-        for k in 0..8 {
-            w[h][k] = K::vector::<G>(p, h, k);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+        let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+        let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
+        for h in 0..2 {
+            for k in 0..8 {
+                w[h][k] = K::vector::<G>(p, h, k);
+            }
+            for j in 0..2 {
+                sc[h][j] = K::scale::<G>(p, h, j);
+            }
         }
-        for j in 0..2 {
-            sc[h][j] = K::scale::<G>(p, h, j);
+        let mut t = 0;
+        while t + 2 <= T {
+            k16_tokens::<K, G, 2, T>(t, &w, &sc, xb, sd, sm);
+            t += 2;
         }
-    }
-    let mut t = 0;
-    while t + 2 <= T {
-        k16_tokens::<K, G, 2, T>(t, &w, &sc, xb, sd, sm);
-        t += 2;
-    }
-    if t < T {
-        k16_tokens::<K, G, 1, T>(t, &w, &sc, xb, sd, sm);
+        if t < T {
+            k16_tokens::<K, G, 1, T>(t, &w, &sc, xb, sd, sm);
+        }
     }
 }
 
@@ -835,28 +979,32 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
     sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
 ) {
-    let mut a = [&*xb[t0].add(G); P];
-    for (k, a) in a.iter_mut().enumerate() {
-        *a = &*xb[t0 + k].add(G);
-    }
-    let i0 = dot_unsigned::<0, 4, P>(4, w, a);
-    let i1 = dot_unsigned::<4, 4, P>(4, w, a);
-    for k in 0..P {
-        let dx = _mm256_set1_ps(a[k].d);
-        let off = |j: usize| _mm256_set1_epi32(K::OFF * a[k].sums[j] as i32);
-        for h in 0..2 {
-            let isum = _mm256_add_epi32(
-                _mm256_mullo_epi32(sc[h][0].0, _mm256_sub_epi32(i0[k][h], off(0))),
-                _mm256_mullo_epi32(sc[h][1].0, _mm256_sub_epi32(i1[k][h], off(1))),
-            );
-            let (sd, sm) = (&mut sd[t0 + k][h], &mut sm[t0 + k][h]);
-            *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
-            if K::DMIN.is_some() {
-                let msum = _mm256_add_epi32(
-                    _mm256_mullo_epi32(sc[h][0].1, _mm256_set1_epi32(a[k].sums[0] as i32)),
-                    _mm256_mullo_epi32(sc[h][1].1, _mm256_set1_epi32(a[k].sums[1] as i32)),
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut a = [&*xb[t0].add(G); P];
+        for (k, a) in a.iter_mut().enumerate() {
+            *a = &*xb[t0 + k].add(G);
+        }
+        let i0 = dot_unsigned::<0, 4, P>(4, w, a);
+        let i1 = dot_unsigned::<4, 4, P>(4, w, a);
+        for k in 0..P {
+            let dx = _mm256_set1_ps(a[k].d);
+            let off = |j: usize| _mm256_set1_epi32(K::OFF * a[k].sums[j] as i32);
+            for h in 0..2 {
+                let isum = _mm256_add_epi32(
+                    _mm256_mullo_epi32(sc[h][0].0, _mm256_sub_epi32(i0[k][h], off(0))),
+                    _mm256_mullo_epi32(sc[h][1].0, _mm256_sub_epi32(i1[k][h], off(1))),
                 );
-                *sm = _mm256_add_ps(*sm, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
+                let (sd, sm) = (&mut sd[t0 + k][h], &mut sm[t0 + k][h]);
+                *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
+                if K::DMIN.is_some() {
+                    let msum = _mm256_add_epi32(
+                        _mm256_mullo_epi32(sc[h][0].1, _mm256_set1_epi32(a[k].sums[0] as i32)),
+                        _mm256_mullo_epi32(sc[h][1].1, _mm256_set1_epi32(a[k].sums[1] as i32)),
+                    );
+                    *sm = _mm256_add_ps(*sm, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
+                }
             }
         }
     }
@@ -869,47 +1017,51 @@ struct Sixteen<K>(PhantomData<K>);
 impl<K: K16> Kernel for Sixteen<K> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K::BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K::BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
-            touch_page(p, K::BYTES);
-            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-            for (xb, x) in xb.iter_mut().zip(x) {
-                *xb = x.as_ptr().add(8 * b);
-            }
-            let mut sd = [[_mm256_setzero_ps(); 2]; T];
-            let mut sm = [[_mm256_setzero_ps(); 2]; T];
-            k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
-            let d = scales16(p);
-            let dmin = match K::DMIN {
-                Some(at) => scales16(p.add(at)),
-                None => d,
-            };
-            for t in 0..T {
-                for h in 0..2 {
-                    let v = if K::DMIN.is_some() {
-                        _mm256_sub_ps(
-                            _mm256_mul_ps(d[h], sd[t][h]),
-                            _mm256_mul_ps(dmin[h], sm[t][h]),
-                        )
-                    } else {
-                        _mm256_mul_ps(d[h], sd[t][h])
-                    };
-                    acc[t][h] = _mm256_add_ps(acc[t][h], v);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let nt = tiles.len() / K::BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K::BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+                touch_page(p, K::BYTES);
+                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+                for (xb, x) in xb.iter_mut().zip(x) {
+                    *xb = x.as_ptr().add(8 * b);
+                }
+                let mut sd = [[_mm256_setzero_ps(); 2]; T];
+                let mut sm = [[_mm256_setzero_ps(); 2]; T];
+                k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                let d = scales16(p);
+                let dmin = match K::DMIN {
+                    Some(at) => scales16(p.add(at)),
+                    None => d,
+                };
+                for t in 0..T {
+                    for h in 0..2 {
+                        let v = if K::DMIN.is_some() {
+                            _mm256_sub_ps(
+                                _mm256_mul_ps(d[h], sd[t][h]),
+                                _mm256_mul_ps(dmin[h], sm[t][h]),
+                            )
+                        } else {
+                            _mm256_mul_ps(d[h], sd[t][h])
+                        };
+                        acc[t][h] = _mm256_add_ps(acc[t][h], v);
+                    }
                 }
             }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -927,66 +1079,74 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
-    prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
-    let mut dsc = [_mm256_setzero_ps(); 2];
-    for h in 0..2 {
-        let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
-        let lo = if S.is_multiple_of(2) {
-            _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
-        } else {
-            _mm256_srli_epi32(lo, 4)
-        };
-        let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4) + 8 * h));
-        let hi = _mm256_and_si256(
-            _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (S % 4) as i32)),
-            _mm256_set1_epi32(3),
-        );
-        let ls = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
-        let sc = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
-        dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
-    }
-    // IQ4NL reads its nibbles D_BYTES past the pointer it is given.
-    let w = Q8_0::unpack8::<IQ4NL>(p.add(KX_QS + 256 * S - D_BYTES));
-    let mut t = 0;
-    while t + 2 <= T {
-        let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
-        let s = Q8_0::dot8(&w, a);
-        for k in 0..2 {
-            block_step(&mut acc[t + k], &dsc, s[k], 0, a[k].d);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        let mut dsc = [_mm256_setzero_ps(); 2];
+        for h in 0..2 {
+            let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
+            let lo = if S.is_multiple_of(2) {
+                _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
+            } else {
+                _mm256_srli_epi32(lo, 4)
+            };
+            let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4) + 8 * h));
+            let hi = _mm256_and_si256(
+                _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (S % 4) as i32)),
+                _mm256_set1_epi32(3),
+            );
+            let ls = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+            let sc = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+            dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
         }
-        t += 2;
-    }
-    if t < T {
-        let a = &*xb[t].add(S);
-        block_step(&mut acc[t], &dsc, Q8_0::dot8(&w, [a])[0], 0, a.d);
+        // IQ4NL reads its nibbles D_BYTES past the pointer it is given.
+        let w = Q8_0::unpack8::<IQ4NL>(p.add(KX_QS + 256 * S - D_BYTES));
+        let mut t = 0;
+        while t + 2 <= T {
+            let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
+            let s = Q8_0::dot8(&w, a);
+            for k in 0..2 {
+                block_step(&mut acc[t + k], &dsc, s[k], 0, a[k].d);
+            }
+            t += 2;
+        }
+        if t < T {
+            let a = &*xb[t].add(S);
+            block_step(&mut acc[t], &dsc, Q8_0::dot8(&w, [a])[0], 0, a.d);
+        }
     }
 }
 
 impl Kernel for IQ4XS {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / KX_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * KX_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
-            touch_page(p, KX_BYTES);
-            let d = scales16(p.add(KX_D));
-            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-            for (xb, x) in xb.iter_mut().zip(x) {
-                *xb = x.as_ptr().add(8 * b);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let nt = tiles.len() / KX_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * KX_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
+                touch_page(p, KX_BYTES);
+                let d = scales16(p.add(KX_D));
+                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+                for (xb, x) in xb.iter_mut().zip(x) {
+                    *xb = x.as_ptr().add(8 * b);
+                }
+                iq4xs_sub::<0, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<1, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<2, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<3, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<4, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<5, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<6, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<7, T>(p, ahead, &d, &xb, &mut acc);
             }
-            iq4xs_sub::<0, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<1, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<2, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<3, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<4, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<5, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<6, T>(p, ahead, &d, &xb, &mut acc);
-            iq4xs_sub::<7, T>(p, ahead, &d, &xb, &mut acc);
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -1006,43 +1166,47 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
-    let qb = 4 * N + K;
-    prefetch(ahead.wrapping_add(qb * K6_BYTES / 8), K6_BYTES / 8);
-    // dsc[e][h]: scale group 2qb + e, rows of half h.
-    let mut dsc = [[_mm256_setzero_ps(); 2]; 2];
-    for (e, de) in dsc.iter_mut().enumerate() {
-        for (h, v) in de.iter_mut().enumerate() {
-            let sc = plane_i8(p.add(K6_SC + ROWS * (2 * qb + e) + 8 * h));
-            *v = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let qb = 4 * N + K;
+        prefetch(ahead.wrapping_add(qb * K6_BYTES / 8), K6_BYTES / 8);
+        // dsc[e][h]: scale group 2qb + e, rows of half h.
+        let mut dsc = [[_mm256_setzero_ps(); 2]; 2];
+        for (e, de) in dsc.iter_mut().enumerate() {
+            for (h, v) in de.iter_mut().enumerate() {
+                let sc = plane_i8(p.add(K6_SC + ROWS * (2 * qb + e) + 8 * h));
+                *v = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+            }
         }
-    }
-    let ql = p.add(k6_ql(2 * N + (K & 1)));
-    let qh = p.add(k6_qh(N));
-    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
-    for (h, wh) in w.iter_mut().enumerate() {
-        for (g, v) in wh.iter_mut().enumerate() {
-            let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
-            let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
-            let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
-            // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
-            // that the 0x30 mask drops across byte edges).
-            let hb = match K {
-                0 => _mm256_slli_epi16(hb, 4),
-                1 => _mm256_slli_epi16(hb, 2),
-                2 => hb,
-                _ => _mm256_srli_epi16(hb, 2),
-            };
-            *v = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+        let ql = p.add(k6_ql(2 * N + (K & 1)));
+        let qh = p.add(k6_qh(N));
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
+        for (h, wh) in w.iter_mut().enumerate() {
+            for (g, v) in wh.iter_mut().enumerate() {
+                let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
+                let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
+                let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
+                // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
+                // that the 0x30 mask drops across byte edges).
+                let hb = match K {
+                    0 => _mm256_slli_epi16(hb, 4),
+                    1 => _mm256_slli_epi16(hb, 2),
+                    2 => hb,
+                    _ => _mm256_srli_epi16(hb, 2),
+                };
+                *v = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+            }
         }
-    }
-    let mut t = 0;
-    while t + 2 <= T {
-        q6k_tokens::<2, T>(t, qb, &w, &dsc, xb, acc);
-        t += 2;
-    }
-    if t < T {
-        q6k_tokens::<1, T>(t, qb, &w, &dsc, xb, acc);
+        let mut t = 0;
+        while t + 2 <= T {
+            q6k_tokens::<2, T>(t, qb, &w, &dsc, xb, acc);
+            t += 2;
+        }
+        if t < T {
+            q6k_tokens::<1, T>(t, qb, &w, &dsc, xb, acc);
+        }
     }
 }
 
@@ -1057,23 +1221,27 @@ unsafe fn q6k_tokens<const P: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [[__m256; 2]; T],
 ) {
-    let mut a = [&*xb[t0].add(qb); P];
-    for (k, a) in a.iter_mut().enumerate() {
-        *a = &*xb[t0 + k].add(qb);
-    }
-    let i = [
-        dot_unsigned::<0, 4, P>(2, w, a),
-        dot_unsigned::<4, 4, P>(2, w, a),
-    ];
-    for k in 0..P {
-        let xd = _mm256_set1_ps(a[k].d);
-        let acc = &mut acc[t0 + k];
-        for (e, i) in i.iter().enumerate() {
-            let corr = _mm256_set1_epi32(32 * a[k].sums[e] as i32);
-            for h in 0..2 {
-                let s = _mm256_sub_epi32(i[k][h], corr);
-                let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
-                acc[h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[h]);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut a = [&*xb[t0].add(qb); P];
+        for (k, a) in a.iter_mut().enumerate() {
+            *a = &*xb[t0 + k].add(qb);
+        }
+        let i = [
+            dot_unsigned::<0, 4, P>(2, w, a),
+            dot_unsigned::<4, 4, P>(2, w, a),
+        ];
+        for k in 0..P {
+            let xd = _mm256_set1_ps(a[k].d);
+            let acc = &mut acc[t0 + k];
+            for (e, i) in i.iter().enumerate() {
+                let corr = _mm256_set1_epi32(32 * a[k].sums[e] as i32);
+                for h in 0..2 {
+                    let s = _mm256_sub_epi32(i[k][h], corr);
+                    let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
+                    acc[h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[h]);
+                }
             }
         }
     }
@@ -1082,28 +1250,32 @@ unsafe fn q6k_tokens<const P: usize, const T: usize>(
 impl Kernel for Q6K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K6_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K6_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K6_BYTES);
-            touch_page(p, K6_BYTES);
-            let d = scales16(p.add(K6_D));
-            let mut xb = [std::ptr::null::<BlockQ8A>(); T];
-            for (xb, x) in xb.iter_mut().zip(x) {
-                *xb = x.as_ptr().add(8 * b);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let nt = tiles.len() / K6_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K6_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K6_BYTES);
+                touch_page(p, K6_BYTES);
+                let d = scales16(p.add(K6_D));
+                let mut xb = [std::ptr::null::<BlockQ8A>(); T];
+                for (xb, x) in xb.iter_mut().zip(x) {
+                    *xb = x.as_ptr().add(8 * b);
+                }
+                q6k_block::<0, 0, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<0, 1, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<0, 2, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<0, 3, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<1, 0, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<1, 1, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<1, 2, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<1, 3, T>(p, ahead, &d, &xb, &mut acc);
             }
-            q6k_block::<0, 0, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<0, 1, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<0, 2, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<0, 3, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<1, 0, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<1, 1, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<1, 2, T>(p, ahead, &d, &xb, &mut acc);
-            q6k_block::<1, 3, T>(p, ahead, &d, &xb, &mut acc);
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 

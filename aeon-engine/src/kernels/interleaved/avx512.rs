@@ -46,14 +46,18 @@ struct Q8_0;
 /// The low and high nibbles of the 4 qs chunks: vectors 0..4 and 4..8.
 #[inline(always)]
 unsafe fn nibbles(qs: *const u8) -> [__m512i; 8] {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let mut w = [_mm512_setzero_si512(); 8];
-    for k in 0..4 {
-        let q = _mm512_loadu_si512(qs.add(64 * k) as *const _);
-        w[k] = _mm512_and_si512(q, m4);
-        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for k in 0..4 {
+            let q = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+            w[k] = _mm512_and_si512(q, m4);
+            w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        }
+        w
     }
-    w
 }
 
 impl Tile for Q4_0 {
@@ -61,7 +65,9 @@ impl Tile for Q4_0 {
     const OFF: i32 = 8;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        nibbles(p.add(D_BYTES))
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe { nibbles(p.add(D_BYTES)) }
     }
 }
 
@@ -72,13 +78,17 @@ impl Tile for IQ4NL {
     const OFF: i32 = 128;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        // Each index through the table (values + 128, unsigned for `vpdpbusd`).
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
-        let mut w = nibbles(p.add(D_BYTES));
-        for v in w.iter_mut() {
-            *v = _mm512_shuffle_epi8(table, *v);
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe {
+            // Each index through the table (values + 128, unsigned for `vpdpbusd`).
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
+            let mut w = nibbles(p.add(D_BYTES));
+            for v in w.iter_mut() {
+                *v = _mm512_shuffle_epi8(table, *v);
+            }
+            w
         }
-        w
     }
 }
 
@@ -88,20 +98,26 @@ impl Tile for Q4_1 {
     const MIN: Option<usize> = Some(MIN_AT);
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        nibbles(p.add(Q41_QS))
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe { nibbles(p.add(Q41_QS)) }
     }
 }
 
 /// The 5-bit quants of a tile: nibbles at `qs`, 16 added where the masks at `hm` have a bit.
 #[inline(always)]
 unsafe fn five_bits(p: *const u8, hm: usize, qs: usize) -> [__m512i; 8] {
-    let mut w = nibbles(p.add(qs));
-    let c16 = _mm512_set1_epi8(16);
-    for (g, v) in w.iter_mut().enumerate() {
-        let m = (p.add(hm + 8 * g) as *const u64).read_unaligned();
-        *v = _mm512_mask_add_epi8(*v, m, *v, c16);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let mut w = nibbles(p.add(qs));
+        let c16 = _mm512_set1_epi8(16);
+        for (g, v) in w.iter_mut().enumerate() {
+            let m = (p.add(hm + 8 * g) as *const u64).read_unaligned();
+            *v = _mm512_mask_add_epi8(*v, m, *v, c16);
+        }
+        w
     }
-    w
 }
 
 impl Tile for Q5_0 {
@@ -109,7 +125,9 @@ impl Tile for Q5_0 {
     const OFF: i32 = 16;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        five_bits(p, Q5_HM, Q5_QS)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe { five_bits(p, Q5_HM, Q5_QS) }
     }
 }
 
@@ -119,7 +137,9 @@ impl Tile for Q5_1 {
     const MIN: Option<usize> = Some(MIN_AT);
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        five_bits(p, Q51_HM, Q51_QS)
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe { five_bits(p, Q51_HM, Q51_QS) }
     }
 }
 
@@ -128,80 +148,94 @@ impl Tile for Q8_0 {
     const OFF: i32 = 128;
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
-        std::array::from_fn(|g| _mm512_loadu_si512(p.add(D_BYTES + 64 * g) as *const _))
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe { std::array::from_fn(|g| _mm512_loadu_si512(p.add(D_BYTES + 64 * g) as *const _)) }
     }
 }
 
 /// `T` activation rows against one group's tiles.
 #[inline(always)]
 unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-    let nb = tiles.len() / L::BYTES;
-    assert!(x.iter().all(|x| x.len() >= nb));
-    let mut acc = [_mm512_setzero_ps(); T];
-    for b in 0..nb {
-        let p = tiles.as_ptr().add(b * L::BYTES);
-        touch_page(p, L::BYTES);
-        if T > 1 {
-            // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took
-            // Q4_0/Q5_0/Q8_0 from 6/6/8 to 10/10/15 GB/s of weights (12/13/22 with
-            // `touch_page`). One token keeps pace with the hardware prefetchers once the
-            // pages are touched, and there these cost it: 22-24 GB/s with, 28-30 without.
-            prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
-        }
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
-        let w = L::unpack(p);
-        if let Some(at) = L::MIN {
-            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX-512 present (module doc).
+    unsafe {
+        let nb = tiles.len() / L::BYTES;
+        assert!(x.iter().all(|x| x.len() >= nb));
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nb {
+            let p = tiles.as_ptr().add(b * L::BYTES);
+            touch_page(p, L::BYTES);
+            if T > 1 {
+                // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took
+                // Q4_0/Q5_0/Q8_0 from 6/6/8 to 10/10/15 GB/s of weights (12/13/22 with
+                // `touch_page`). One token keeps pace with the hardware prefetchers once the
+                // pages are touched, and there these cost it: 22-24 GB/s with, 28-30 without.
+                prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            let w = L::unpack(p);
+            if let Some(at) = L::MIN {
+                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+                for t in 0..T {
+                    let a = x[t].get_unchecked(b);
+                    let (dx, qsum) = (_mm512_set1_ps(a.d), (a.sums[0] as i32 + a.sums[1] as i32));
+                    // The reference's `acc + (d_w * d_x * isum + m_w * d_x * sum(q_x))`, each
+                    // product rounded on its own (no fma), as the scalar expression is.
+                    let isum = _mm512_cvtepi32_ps(dot_block(&w, a));
+                    let dot = _mm512_mul_ps(_mm512_mul_ps(dw, dx), isum);
+                    let min = _mm512_mul_ps(_mm512_mul_ps(mw, dx), _mm512_set1_ps(qsum as f32));
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(dot, min));
+                }
+                continue;
+            }
             for t in 0..T {
                 let a = x[t].get_unchecked(b);
-                let (dx, qsum) = (_mm512_set1_ps(a.d), (a.sums[0] as i32 + a.sums[1] as i32));
-                // The reference's `acc + (d_w * d_x * isum + m_w * d_x * sum(q_x))`, each
-                // product rounded on its own (no fma), as the scalar expression is.
-                let isum = _mm512_cvtepi32_ps(dot_block(&w, a));
-                let dot = _mm512_mul_ps(_mm512_mul_ps(dw, dx), isum);
-                let min = _mm512_mul_ps(_mm512_mul_ps(mw, dx), _mm512_set1_ps(qsum as f32));
-                acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(dot, min));
+                let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
+                let isum = _mm512_sub_epi32(dot_block(&w, a), _mm512_set1_epi32(corr));
+                let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+                acc[t] = _mm512_fmadd_ps(dw, tmp, acc[t]);
             }
-            continue;
         }
-        for t in 0..T {
-            let a = x[t].get_unchecked(b);
-            let corr = L::OFF * (a.sums[0] as i32 + a.sums[1] as i32);
-            let isum = _mm512_sub_epi32(dot_block(&w, a), _mm512_set1_epi32(corr));
-            let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
-            acc[t] = _mm512_fmadd_ps(dw, tmp, acc[t]);
-        }
+        rows_out(&acc)
     }
-    rows_out(&acc)
 }
 
 /// The exact i32 sums `sum(u * q_x)` of 16 rows (lanes) against one activation block: vector g
 /// of `w` holds elements 4g..4g+4 of each row, matched by dword g of the block's quants.
 #[inline(always)]
 unsafe fn dot_block(w: &[__m512i; 8], a: &BlockQ8A) -> __m512i {
-    let q = a.qs.as_ptr() as *const i32;
-    // Two chains of four; integer sums are exact, so the split changes no bit.
-    let mut s0 = _mm512_setzero_si512();
-    let mut s1 = _mm512_setzero_si512();
-    for g in (0..8).step_by(2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
-        s1 = _mm512_dpbusd_epi32(
-            s1,
-            w[g + 1],
-            _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
-        );
+    // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
+    // checked on entry to the kernel); AVX-512 present (module doc).
+    unsafe {
+        let q = a.qs.as_ptr() as *const i32;
+        // Two chains of four; integer sums are exact, so the split changes no bit.
+        let mut s0 = _mm512_setzero_si512();
+        let mut s1 = _mm512_setzero_si512();
+        for g in (0..8).step_by(2) {
+            s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q.add(g).read_unaligned()));
+            s1 = _mm512_dpbusd_epi32(
+                s1,
+                w[g + 1],
+                _mm512_set1_epi32(q.add(g + 1).read_unaligned()),
+            );
+        }
+        _mm512_add_epi32(s0, s1)
     }
-    _mm512_add_epi32(s0, s1)
 }
 
 /// Each token's 16-row accumulator as floats.
 #[inline(always)]
 unsafe fn rows_out<const T: usize>(acc: &[__m512; T]) -> [[f32; ROWS]; T] {
-    let mut out = [[0f32; ROWS]; T];
-    for t in 0..T {
-        _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    // SAFETY: register-only intrinsics; AVX-512 present (module doc: reached only after
+    // detection).
+    unsafe {
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+        }
+        out
     }
-    out
 }
 
 /// The 32-element types' kernel, [`rows16`] over a [`Tile`].
@@ -210,7 +244,9 @@ struct Blocks<L>(PhantomData<L>);
 impl<L: Tile> Kernel for Blocks<L> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        rows16::<L, T>(tiles, x)
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX-512 present (module doc).
+        unsafe { rows16::<L, T>(tiles, x) }
     }
 }
 
@@ -242,14 +278,18 @@ const AHEAD_ONE: usize = 2;
 /// Q4_K at 8 tokens 10 against 11).
 #[inline(always)]
 pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
-    for i in (0..bytes).step_by(64) {
-        // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the
-        // address; it writes no register, memory or flag.
-        std::arch::asm!(
-            "prefetcht1 [{}]",
-            in(reg) p.wrapping_add(i),
-            options(nostack, preserves_flags, readonly)
-        );
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        for i in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the
+            // address; it writes no register, memory or flag.
+            std::arch::asm!(
+                "prefetcht1 [{}]",
+                in(reg) p.wrapping_add(i),
+                options(nostack, preserves_flags, readonly)
+            );
+        }
     }
 }
 
@@ -269,39 +309,49 @@ pub(super) const PAGE_AHEAD: usize = 256 << 10;
 /// From DRAM at one token this took Q4_0/Q5_0/Q8_0 from 19-21 to 27-30 GB/s of weights.
 #[inline(always)]
 pub(super) unsafe fn touch_page(p: *const u8, bytes: usize) {
-    let q = p.wrapping_add(PAGE_AHEAD + bytes);
-    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let q = p.wrapping_add(PAGE_AHEAD + bytes);
+        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
+    }
 }
 
 /// One plane of 16 unsigned scale bytes as i32 lanes.
 #[inline(always)]
 unsafe fn plane_u8(p: *const u8) -> __m512i {
-    _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)) }
 }
 
 /// `get_scale_min_k4` of sub-block `S` for 16 rows at once, from the 12 scale planes at `sc`:
 /// (scales, mins) as i32 lanes.
 #[inline(always)]
 unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m512i, __m512i) {
-    let plane = |i: usize| plane_u8(sc.add(ROWS * i));
-    let m6 = _mm512_set1_epi32(63);
-    if S < 4 {
-        (
-            _mm512_and_si512(plane(S), m6),
-            _mm512_and_si512(plane(S + 4), m6),
-        )
-    } else {
-        let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-        (
-            _mm512_or_si512(
-                _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
-                _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
-            ),
-            _mm512_or_si512(
-                _mm512_srli_epi32(lo, 4),
-                _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
-            ),
-        )
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let plane = |i: usize| plane_u8(sc.add(ROWS * i));
+        let m6 = _mm512_set1_epi32(63);
+        if S < 4 {
+            (
+                _mm512_and_si512(plane(S), m6),
+                _mm512_and_si512(plane(S + 4), m6),
+            )
+        } else {
+            let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
+            (
+                _mm512_or_si512(
+                    _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
+                    _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
+                ),
+                _mm512_or_si512(
+                    _mm512_srli_epi32(lo, 4),
+                    _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
+                ),
+            )
+        }
     }
 }
 
@@ -321,56 +371,64 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [__m512; T],
 ) {
-    // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
-    // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
-    prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-    let (sc, m) = scale_min_planes::<S>(p.add(K4_SC));
-    let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
-    let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
-    let qs = p.add(K4_QS + 512 * (S / 2));
-    let m4 = _mm512_set1_epi8(0x0F);
-    let w: [__m512i; 8] = std::array::from_fn(|k| {
-        let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
-        let v = if S % 2 == 1 {
-            _mm512_srli_epi16(v, 4)
-        } else {
-            v
-        };
-        _mm512_and_si512(v, m4)
-    });
-    for t in 0..T {
-        let a = &*xb[t].add(S);
-        let isum = dot_block(&w, a);
-        let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
-        acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
-        // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
-        acc[t] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(a.s), acc[t]);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
+        // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
+        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+        let (sc, m) = scale_min_planes::<S>(p.add(K4_SC));
+        let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+        let qs = p.add(K4_QS + 512 * (S / 2));
+        let m4 = _mm512_set1_epi8(0x0F);
+        let w: [__m512i; 8] = std::array::from_fn(|k| {
+            let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+            let v = if S % 2 == 1 {
+                _mm512_srli_epi16(v, 4)
+            } else {
+                v
+            };
+            _mm512_and_si512(v, m4)
+        });
+        for t in 0..T {
+            let a = &*xb[t].add(S);
+            let isum = dot_block(&w, a);
+            let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+            acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+            // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
+            acc[t] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(a.s), acc[t]);
+        }
     }
 }
 
 impl Kernel for Q4K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K4_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K4_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K4_BYTES);
-            touch_page(p, K4_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
-            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            q4k_sub::<0, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<1, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<2, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<3, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<4, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<5, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
-            q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX-512 present (module doc).
+        unsafe {
+            let nt = tiles.len() / K4_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K4_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K4_BYTES);
+                touch_page(p, K4_BYTES);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
+                let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+                q4k_sub::<0, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<1, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<2, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<3, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<4, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<5, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
+            }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -387,39 +445,43 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
     ahead: *const u8,
     xb: &[*const BlockQ8A; T],
 ) -> [(__m512, __m512); T] {
-    prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
-    let (sc, m) = scale_min_planes::<S>(p.add(K5_SC));
-    let qs = p.add(K5_QS + 512 * (S / 2));
-    let (m4, c16, bit) = (
-        _mm512_set1_epi8(0x0F),
-        _mm512_set1_epi8(16),
-        _mm512_set1_epi8(1 << S),
-    );
-    let w: [__m512i; 8] = std::array::from_fn(|k| {
-        let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
-        let v = if S % 2 == 1 {
-            _mm512_srli_epi16(v, 4)
-        } else {
-            v
-        };
-        let v = _mm512_and_si512(v, m4);
-        let h = _mm512_loadu_si512(p.add(K5_QH + 64 * k) as *const _);
-        _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(h, bit), v, c16)
-    });
-    let mut out = [(_mm512_setzero_ps(), _mm512_setzero_ps()); T];
-    for (t, o) in out.iter_mut().enumerate() {
-        let a = &*xb[t].add(S);
-        let dx = _mm512_set1_ps(a.d);
-        let qsum = _mm512_set1_epi32(a.sums[0] as i32 + a.sums[1] as i32);
-        // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
-        let isum = _mm512_mullo_epi32(sc, dot_block(&w, a));
-        let msum = _mm512_mullo_epi32(m, qsum);
-        *o = (
-            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)),
-            _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)),
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
+        let (sc, m) = scale_min_planes::<S>(p.add(K5_SC));
+        let qs = p.add(K5_QS + 512 * (S / 2));
+        let (m4, c16, bit) = (
+            _mm512_set1_epi8(0x0F),
+            _mm512_set1_epi8(16),
+            _mm512_set1_epi8(1 << S),
         );
+        let w: [__m512i; 8] = std::array::from_fn(|k| {
+            let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
+            let v = if S % 2 == 1 {
+                _mm512_srli_epi16(v, 4)
+            } else {
+                v
+            };
+            let v = _mm512_and_si512(v, m4);
+            let h = _mm512_loadu_si512(p.add(K5_QH + 64 * k) as *const _);
+            _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(h, bit), v, c16)
+        });
+        let mut out = [(_mm512_setzero_ps(), _mm512_setzero_ps()); T];
+        for (t, o) in out.iter_mut().enumerate() {
+            let a = &*xb[t].add(S);
+            let dx = _mm512_set1_ps(a.d);
+            let qsum = _mm512_set1_epi32(a.sums[0] as i32 + a.sums[1] as i32);
+            // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
+            let isum = _mm512_mullo_epi32(sc, dot_block(&w, a));
+            let msum = _mm512_mullo_epi32(m, qsum);
+            *o = (
+                _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)),
+                _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)),
+            );
+        }
+        out
     }
-    out
 }
 
 /// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
@@ -431,39 +493,47 @@ unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
     sd: &mut [__m512; T],
     sm: &mut [__m512; T],
 ) {
-    let a = q5k_sub::<S0, T>(p, ahead, xb);
-    let b = q5k_sub::<S1, T>(p, ahead, xb);
-    for t in 0..T {
-        sd[t] = _mm512_add_ps(sd[t], _mm512_add_ps(a[t].0, b[t].0));
-        sm[t] = _mm512_add_ps(sm[t], _mm512_add_ps(a[t].1, b[t].1));
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let a = q5k_sub::<S0, T>(p, ahead, xb);
+        let b = q5k_sub::<S1, T>(p, ahead, xb);
+        for t in 0..T {
+            sd[t] = _mm512_add_ps(sd[t], _mm512_add_ps(a[t].0, b[t].0));
+            sm[t] = _mm512_add_ps(sm[t], _mm512_add_ps(a[t].1, b[t].1));
+        }
     }
 }
 
 impl Kernel for Q5K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K5_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K5_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
-            touch_page(p, K5_BYTES);
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            let mut sd = [_mm512_setzero_ps(); T];
-            let mut sm = [_mm512_setzero_ps(); T];
-            q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-            q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-            q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-            q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_D) as *const __m256i));
-            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_DMIN) as *const __m256i));
-            for t in 0..T {
-                let v = _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]));
-                acc[t] = _mm512_add_ps(acc[t], v);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX-512 present (module doc).
+        unsafe {
+            let nt = tiles.len() / K5_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K5_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+                touch_page(p, K5_BYTES);
+                let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+                let mut sd = [_mm512_setzero_ps(); T];
+                let mut sm = [_mm512_setzero_ps(); T];
+                q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_D) as *const __m256i));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_DMIN) as *const __m256i));
+                for t in 0..T {
+                    let v = _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]));
+                    acc[t] = _mm512_add_ps(acc[t], v);
+                }
             }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -487,18 +557,22 @@ struct Q2K;
 /// The 2-bit field of block `G` from the qs granules at `qs` (chunk `G / 4`, bits 2(G % 4)).
 #[inline(always)]
 unsafe fn two_bits<const G: usize>(qs: *const u8) -> [__m512i; 8] {
-    let c = qs.add(512 * (G / 4));
-    let m3 = _mm512_set1_epi8(3);
-    std::array::from_fn(|k| {
-        let v = _mm512_loadu_si512(c.add(64 * k) as *const _);
-        let v = match G % 4 {
-            0 => v,
-            1 => _mm512_srli_epi16(v, 2),
-            2 => _mm512_srli_epi16(v, 4),
-            _ => _mm512_srli_epi16(v, 6),
-        };
-        _mm512_and_si512(v, m3)
-    })
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let c = qs.add(512 * (G / 4));
+        let m3 = _mm512_set1_epi8(3);
+        std::array::from_fn(|k| {
+            let v = _mm512_loadu_si512(c.add(64 * k) as *const _);
+            let v = match G % 4 {
+                0 => v,
+                1 => _mm512_srli_epi16(v, 2),
+                2 => _mm512_srli_epi16(v, 4),
+                _ => _mm512_srli_epi16(v, 6),
+            };
+            _mm512_and_si512(v, m3)
+        })
+    }
 }
 
 impl K16 for Q3K {
@@ -507,37 +581,45 @@ impl K16 for Q3K {
     const DMIN: Option<usize> = None;
     #[inline(always)]
     unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8] {
-        let mut w = two_bits::<G>(p.add(K3_QS));
-        let (c4, bit) = (_mm512_set1_epi8(4), _mm512_set1_epi8((1u8 << G) as i8));
-        for (k, v) in w.iter_mut().enumerate() {
-            let h = _mm512_loadu_si512(p.add(K3_HM + 64 * k) as *const _);
-            *v = _mm512_mask_add_epi8(*v, _mm512_test_epi8_mask(h, bit), *v, c4);
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe {
+            let mut w = two_bits::<G>(p.add(K3_QS));
+            let (c4, bit) = (_mm512_set1_epi8(4), _mm512_set1_epi8((1u8 << G) as i8));
+            for (k, v) in w.iter_mut().enumerate() {
+                let h = _mm512_loadu_si512(p.add(K3_HM + 64 * k) as *const _);
+                *v = _mm512_mask_add_epi8(*v, _mm512_test_epi8_mask(h, bit), *v, c4);
+            }
+            w
         }
-        w
     }
     #[inline(always)]
     unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
-        // `scales_q3k` for scale group k: low 4 bits from byte k % 8 (low nibble for k < 8),
-        // high 2 from byte 8 + k % 4 at bit 2(k / 4); minus 32.
-        std::array::from_fn(|h| {
-            let k = 2 * G + h;
-            let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8)));
-            let lo = if k < 8 {
-                _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
-            } else {
-                _mm512_srli_epi32(lo, 4)
-            };
-            let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4)));
-            let hi = _mm512_and_si512(
-                _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (k / 4) as i32)),
-                _mm512_set1_epi32(3),
-            );
-            let sc = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
-            (
-                _mm512_sub_epi32(sc, _mm512_set1_epi32(32)),
-                _mm512_setzero_si512(),
-            )
-        })
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe {
+            // `scales_q3k` for scale group k: low 4 bits from byte k % 8 (low nibble for k < 8),
+            // high 2 from byte 8 + k % 4 at bit 2(k / 4); minus 32.
+            std::array::from_fn(|h| {
+                let k = 2 * G + h;
+                let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8)));
+                let lo = if k < 8 {
+                    _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
+                } else {
+                    _mm512_srli_epi32(lo, 4)
+                };
+                let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4)));
+                let hi = _mm512_and_si512(
+                    _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (k / 4) as i32)),
+                    _mm512_set1_epi32(3),
+                );
+                let sc = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+                (
+                    _mm512_sub_epi32(sc, _mm512_set1_epi32(32)),
+                    _mm512_setzero_si512(),
+                )
+            })
+        }
     }
 }
 
@@ -547,17 +629,23 @@ impl K16 for Q2K {
     const DMIN: Option<usize> = Some(K2_DMIN);
     #[inline(always)]
     unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8] {
-        two_bits::<G>(p.add(K2_QS))
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe { two_bits::<G>(p.add(K2_QS)) }
     }
     #[inline(always)]
     unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
-        std::array::from_fn(|h| {
-            let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + h)));
-            (
-                _mm512_and_si512(v, _mm512_set1_epi32(0xF)),
-                _mm512_srli_epi32(v, 4),
-            )
-        })
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe {
+            std::array::from_fn(|h| {
+                let v = plane_u8(p.add(K2_SC + ROWS * (2 * G + h)));
+                (
+                    _mm512_and_si512(v, _mm512_set1_epi32(0xF)),
+                    _mm512_srli_epi32(v, 4),
+                )
+            })
+        }
     }
 }
 
@@ -571,31 +659,35 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     sd: &mut [__m512; T],
     sm: &mut [__m512; T],
 ) {
-    prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
-    let w = K::weights::<G>(p);
-    let [(sc0, m0), (sc1, m1)] = K::scales::<G>(p);
-    for t in 0..T {
-        let a = &*xb[t].add(G);
-        let q = a.qs.as_ptr() as *const i32;
-        let half = |h: usize| {
-            let mut s = _mm512_setzero_si512();
-            for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
-                s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
-            }
-            _mm512_sub_epi32(s, _mm512_set1_epi32(K::OFF * a.sums[h] as i32))
-        };
-        let isum = _mm512_add_epi32(
-            _mm512_mullo_epi32(sc0, half(0)),
-            _mm512_mullo_epi32(sc1, half(1)),
-        );
-        let dx = _mm512_set1_ps(a.d);
-        sd[t] = _mm512_add_ps(sd[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)));
-        if K::DMIN.is_some() {
-            let msum = _mm512_add_epi32(
-                _mm512_mullo_epi32(m0, _mm512_set1_epi32(a.sums[0] as i32)),
-                _mm512_mullo_epi32(m1, _mm512_set1_epi32(a.sums[1] as i32)),
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+        let w = K::weights::<G>(p);
+        let [(sc0, m0), (sc1, m1)] = K::scales::<G>(p);
+        for t in 0..T {
+            let a = &*xb[t].add(G);
+            let q = a.qs.as_ptr() as *const i32;
+            let half = |h: usize| {
+                let mut s = _mm512_setzero_si512();
+                for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
+                    s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
+                }
+                _mm512_sub_epi32(s, _mm512_set1_epi32(K::OFF * a.sums[h] as i32))
+            };
+            let isum = _mm512_add_epi32(
+                _mm512_mullo_epi32(sc0, half(0)),
+                _mm512_mullo_epi32(sc1, half(1)),
             );
-            sm[t] = _mm512_add_ps(sm[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)));
+            let dx = _mm512_set1_ps(a.d);
+            sd[t] = _mm512_add_ps(sd[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)));
+            if K::DMIN.is_some() {
+                let msum = _mm512_add_epi32(
+                    _mm512_mullo_epi32(m0, _mm512_set1_epi32(a.sums[0] as i32)),
+                    _mm512_mullo_epi32(m1, _mm512_set1_epi32(a.sums[1] as i32)),
+                );
+                sm[t] = _mm512_add_ps(sm[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)));
+            }
         }
     }
 }
@@ -607,37 +699,42 @@ struct Sixteen<K>(PhantomData<K>);
 impl<K: K16> Kernel for Sixteen<K> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K::BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K::BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
-            touch_page(p, K::BYTES);
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            let mut sd = [_mm512_setzero_ps(); T];
-            let mut sm = [_mm512_setzero_ps(); T];
-            k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
-            k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
-            for t in 0..T {
-                let v = match K::DMIN {
-                    Some(at) => {
-                        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
-                        _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]))
-                    }
-                    None => _mm512_mul_ps(d, sd[t]),
-                };
-                acc[t] = _mm512_add_ps(acc[t], v);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX-512 present (module doc).
+        unsafe {
+            let nt = tiles.len() / K::BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K::BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+                touch_page(p, K::BYTES);
+                let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+                let mut sd = [_mm512_setzero_ps(); T];
+                let mut sm = [_mm512_setzero_ps(); T];
+                k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+                for t in 0..T {
+                    let v = match K::DMIN {
+                        Some(at) => {
+                            let dmin =
+                                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+                            _mm512_sub_ps(_mm512_mul_ps(d, sd[t]), _mm512_mul_ps(dmin, sm[t]))
+                        }
+                        None => _mm512_mul_ps(d, sd[t]),
+                    };
+                    acc[t] = _mm512_add_ps(acc[t], v);
+                }
             }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -654,59 +751,67 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [__m512; T],
 ) {
-    prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
-    let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
-    let lo = if S.is_multiple_of(2) {
-        _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
-    } else {
-        _mm512_srli_epi32(lo, 4)
-    };
-    let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4)));
-    let hi = _mm512_and_si512(
-        _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (S % 4) as i32)),
-        _mm512_set1_epi32(3),
-    );
-    let ls = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
-    let dsc = _mm512_mul_ps(
-        d,
-        _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))),
-    );
-    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
-    let mut w = nibbles(p.add(KX_QS + 256 * S));
-    for v in w.iter_mut() {
-        *v = _mm512_shuffle_epi8(table, *v);
-    }
-    for t in 0..T {
-        let a = &*xb[t].add(S);
-        let corr = _mm512_set1_epi32(128 * (a.sums[0] as i32 + a.sums[1] as i32));
-        let isum = _mm512_sub_epi32(dot_block(&w, a), corr);
-        let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
-        acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
+        let lo = if S.is_multiple_of(2) {
+            _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
+        } else {
+            _mm512_srli_epi32(lo, 4)
+        };
+        let hi = plane_u8(p.add(KX_SH + ROWS * (S / 4)));
+        let hi = _mm512_and_si512(
+            _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (S % 4) as i32)),
+            _mm512_set1_epi32(3),
+        );
+        let ls = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+        let dsc = _mm512_mul_ps(
+            d,
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))),
+        );
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4NL_U.as_ptr() as *const __m128i));
+        let mut w = nibbles(p.add(KX_QS + 256 * S));
+        for v in w.iter_mut() {
+            *v = _mm512_shuffle_epi8(table, *v);
+        }
+        for t in 0..T {
+            let a = &*xb[t].add(S);
+            let corr = _mm512_set1_epi32(128 * (a.sums[0] as i32 + a.sums[1] as i32));
+            let isum = _mm512_sub_epi32(dot_block(&w, a), corr);
+            let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
+            acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
+        }
     }
 }
 
 impl Kernel for IQ4XS {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / KX_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * KX_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
-            touch_page(p, KX_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(KX_D) as *const __m256i));
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            iq4xs_sub::<0, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<1, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<2, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<3, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<4, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<5, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<6, T>(p, ahead, d, &xb, &mut acc);
-            iq4xs_sub::<7, T>(p, ahead, d, &xb, &mut acc);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX-512 present (module doc).
+        unsafe {
+            let nt = tiles.len() / KX_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * KX_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * KX_BYTES);
+                touch_page(p, KX_BYTES);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(KX_D) as *const __m256i));
+                let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+                iq4xs_sub::<0, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<1, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<2, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<3, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<4, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<5, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<6, T>(p, ahead, d, &xb, &mut acc);
+                iq4xs_sub::<7, T>(p, ahead, d, &xb, &mut acc);
+            }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 
@@ -726,69 +831,77 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
     xb: &[*const BlockQ8A; T],
     acc: &mut [__m512; T],
 ) {
-    let qb = 4 * N + K;
-    // An eighth of a tile ahead per block, as Q4_K.
-    prefetch(ahead.wrapping_add(qb * K6_BYTES / 8), K6_BYTES / 8);
-    let dsc: [__m512; 2] = std::array::from_fn(|h| {
-        let sc = _mm_loadu_si128(p.add(K6_SC + ROWS * (2 * qb + h)) as *const __m128i);
-        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)))
-    });
-    let ql = p.add(k6_ql(2 * N + (K & 1)));
-    let qh = p.add(k6_qh(N));
-    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
-    let w: [__m512i; 8] = std::array::from_fn(|g| {
-        let l = _mm512_loadu_si512(ql.add(64 * g) as *const _);
-        let l = if K >= 2 { _mm512_srli_epi16(l, 4) } else { l };
-        let h = _mm512_loadu_si512(qh.add(64 * g) as *const _);
-        // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
-        // that the 0x30 mask drops across byte edges).
-        let h = match K {
-            0 => _mm512_slli_epi16(h, 4),
-            1 => _mm512_slli_epi16(h, 2),
-            2 => h,
-            _ => _mm512_srli_epi16(h, 2),
-        };
-        _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h, m30))
-    });
-    for t in 0..T {
-        let a = &*xb[t].add(qb);
-        let q = a.qs.as_ptr() as *const i32;
-        let half = |h: usize| {
-            let mut s = _mm512_setzero_si512();
-            for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
-                s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
-            }
-            _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
-        };
-        let (i0, i1) = (half(0), half(1));
-        let xd = _mm512_set1_ps(a.d);
-        acc[t] = _mm512_fmadd_ps(dsc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(i0), xd), acc[t]);
-        acc[t] = _mm512_fmadd_ps(dsc[1], _mm512_mul_ps(_mm512_cvtepi32_ps(i1), xd), acc[t]);
+    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+    // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe {
+        let qb = 4 * N + K;
+        // An eighth of a tile ahead per block, as Q4_K.
+        prefetch(ahead.wrapping_add(qb * K6_BYTES / 8), K6_BYTES / 8);
+        let dsc: [__m512; 2] = std::array::from_fn(|h| {
+            let sc = _mm_loadu_si128(p.add(K6_SC + ROWS * (2 * qb + h)) as *const __m128i);
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)))
+        });
+        let ql = p.add(k6_ql(2 * N + (K & 1)));
+        let qh = p.add(k6_qh(N));
+        let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        let w: [__m512i; 8] = std::array::from_fn(|g| {
+            let l = _mm512_loadu_si512(ql.add(64 * g) as *const _);
+            let l = if K >= 2 { _mm512_srli_epi16(l, 4) } else { l };
+            let h = _mm512_loadu_si512(qh.add(64 * g) as *const _);
+            // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
+            // that the 0x30 mask drops across byte edges).
+            let h = match K {
+                0 => _mm512_slli_epi16(h, 4),
+                1 => _mm512_slli_epi16(h, 2),
+                2 => h,
+                _ => _mm512_srli_epi16(h, 2),
+            };
+            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h, m30))
+        });
+        for t in 0..T {
+            let a = &*xb[t].add(qb);
+            let q = a.qs.as_ptr() as *const i32;
+            let half = |h: usize| {
+                let mut s = _mm512_setzero_si512();
+                for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
+                    s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
+                }
+                _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
+            };
+            let (i0, i1) = (half(0), half(1));
+            let xd = _mm512_set1_ps(a.d);
+            acc[t] = _mm512_fmadd_ps(dsc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(i0), xd), acc[t]);
+            acc[t] = _mm512_fmadd_ps(dsc[1], _mm512_mul_ps(_mm512_cvtepi32_ps(i1), xd), acc[t]);
+        }
     }
 }
 
 impl Kernel for Q6K {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        let nt = tiles.len() / K6_BYTES;
-        assert!(x.iter().all(|x| x.len() >= 8 * nt));
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..nt {
-            let p = tiles.as_ptr().add(b * K6_BYTES);
-            let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K6_BYTES);
-            touch_page(p, K6_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K6_D) as *const __m256i));
-            let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-            q6k_block::<0, 0, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<0, 1, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<0, 2, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<0, 3, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<1, 0, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<1, 1, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<1, 2, T>(p, ahead, d, &xb, &mut acc);
-            q6k_block::<1, 3, T>(p, ahead, d, &xb, &mut acc);
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX-512 present (module doc).
+        unsafe {
+            let nt = tiles.len() / K6_BYTES;
+            assert!(x.iter().all(|x| x.len() >= 8 * nt));
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nt {
+                let p = tiles.as_ptr().add(b * K6_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K6_BYTES);
+                touch_page(p, K6_BYTES);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K6_D) as *const __m256i));
+                let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+                q6k_block::<0, 0, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<0, 1, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<0, 2, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<0, 3, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<1, 0, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<1, 1, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<1, 2, T>(p, ahead, d, &xb, &mut acc);
+                q6k_block::<1, 3, T>(p, ahead, d, &xb, &mut acc);
+            }
+            rows_out(&acc)
         }
-        rows_out(&acc)
     }
 }
 

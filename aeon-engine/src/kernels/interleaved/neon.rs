@@ -685,7 +685,8 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
     let nb = tiles.len() / L::BYTES;
     let xp: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr());
     for j in 0..4 {
-        let mut acc = [vdupq_n_f32(0.0); T];
+        // SAFETY: register-only NEON (the aarch64 baseline).
+        let mut acc = [unsafe { vdupq_n_f32(0.0) }; T];
         for b in 0..nb {
             // SAFETY: block b < nb is a whole tile and every x[t] has >= nb blocks (the
             // caller's checks); `SDOT` as the caller's flavour.
@@ -728,7 +729,7 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
             unsafe { vst1q_f32(o[4 * j..].as_mut_ptr(), *v) };
         }
     };
-    // SAFETY (whole body): block b < nb is a whole tile and every x[t] has >= nb blocks
+    // SAFETY: block b < nb is a whole tile and every x[t] has >= nb blocks
     // (asserted above); `SDOT` as the entry point's flavour.
     unsafe {
         if x.len() == 1 {
