@@ -11,6 +11,7 @@ use std::time::Duration;
 use aeon_grant::{ProbeReport, TopEntry};
 use anyhow::{anyhow, bail, Context, Result};
 use fat_station::client::{Chain, StepTrace};
+use fat_station::engine::sampling::{self, Candidate};
 use fat_station::engine::tokenizer::Tokenizer;
 use fat_station::engine::Model;
 use fat_station::mesh::mesh_file::MeshFile;
@@ -148,21 +149,14 @@ pub fn max_finite(logits: &[f32]) -> Option<(u32, f32)> {
     best
 }
 
-/// Indices of the `k` largest logits, best first (ties: lower id first).
-pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let k = k.min(idx.len());
-    let cmp = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    if k > 0 && k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, cmp);
-    }
-    idx.truncate(k);
-    idx.sort_by(cmp);
-    idx.into_iter().map(|i| (i, logits[i as usize])).collect()
+/// The `k` largest logits, best first (ties: lower id first): the engine's sampler's top-k.
+fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
+    let all = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| Candidate { id: i as u32, p })
+        .collect();
+    sampling::top_k(all, k)
 }
 
 /// Runs the probe.
@@ -198,8 +192,10 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
         )
     })?;
     let top = top_k(&logits, q.top_k.max(2));
-    let (argmax, logit) = top[0];
-    let best_other = if argmax == expected { top[1].1 } else { logit };
+    let (argmax, logit) = (top[0].id, top[0].p);
+    // A one-token vocabulary has no runner-up: a margin of 0.
+    let runner_up = top.get(1).map_or(logit, |c| c.p);
+    let best_other = if argmax == expected { runner_up } else { logit };
     let expected_rank = logits
         .iter()
         .enumerate()
@@ -232,10 +228,10 @@ pub fn probe(src: &Source<'_>, q: &Question) -> Result<Report> {
             top: top
                 .iter()
                 .take(q.top_k.max(1))
-                .map(|&(id, logit)| TopEntry {
-                    id,
-                    logit,
-                    text: src.token_text(id),
+                .map(|c| TopEntry {
+                    id: c.id,
+                    logit: c.p,
+                    text: src.token_text(c.id),
                 })
                 .collect(),
             nll,
@@ -289,7 +285,8 @@ mod tests {
     #[test]
     fn top_k_orders_and_breaks_ties_by_id() {
         let l = [0.5, 3.0, 3.0, -1.0, 2.0];
-        assert_eq!(top_k(&l, 3), vec![(1, 3.0), (2, 3.0), (4, 2.0)]);
+        let ids: Vec<(u32, f32)> = top_k(&l, 3).iter().map(|c| (c.id, c.p)).collect();
+        assert_eq!(ids, vec![(1, 3.0), (2, 3.0), (4, 2.0)]);
     }
 
     #[test]
