@@ -212,9 +212,10 @@ fn bytes_without_a_token_are_dropped() {
 }
 
 #[test]
-fn unknown_pre_name_falls_back_to_gpt2() {
-    let t = Tokenizer::from_data(&data("no-such-pre")).expect("builds with a warning");
-    assert_eq!(t.encode("hello hello", false), vec![HELLO, SP_HELLO]);
+fn an_unknown_pre_tokenizer_is_refused_by_name() {
+    let e = Tokenizer::from_data(&data("no-such-pre")).expect_err("refused");
+    assert!(matches!(e, TokenizerError::UnknownPre { .. }), "{e}");
+    assert!(e.to_string().contains("\"no-such-pre\""), "{e}");
 }
 
 #[test]
