@@ -758,6 +758,44 @@ mod tests {
     }
 
     #[test]
+    fn starcoder2_layer_norm_eps_and_glm4_partial_rope_dims_are_read() {
+        let header = |arch: &str, eps_key: &str, rope_dims: Option<u32>| {
+            let mut g = Builder::new();
+            g.string("general.architecture", arch)
+                .u32(&format!("{arch}.block_count"), 2)
+                .u32(&format!("{arch}.context_length"), 64)
+                .u32(&format!("{arch}.embedding_length"), 32)
+                .u32(&format!("{arch}.feed_forward_length"), 64)
+                .u32(&format!("{arch}.attention.head_count"), 2)
+                .f32(&format!("{arch}.attention.{eps_key}"), 1e-5)
+                .string("tokenizer.ggml.model", "gpt2")
+                .strings("tokenizer.ggml.tokens", &["a", "b"]);
+            if let Some(d) = rope_dims {
+                g.u32(&format!("{arch}.rope.dimension_count"), d);
+            }
+            g
+        };
+        // StarCoder2 names its LayerNorm's epsilon layer_norm_epsilon.
+        let (_dir, k) = import(&header("starcoder2", "layer_norm_epsilon", None)).unwrap();
+        assert_eq!(k.arch().norm_eps, 1e-5);
+        assert!(k.arch().runs_here());
+        // Neither epsilon: refused, naming the key.
+        let e = import(&header("starcoder2", "no_such_epsilon", None))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("layer_norm_rms_epsilon"), "{e}");
+        // glm4: 8 of a 16-wide head rotated; the full head is no field; odd or wider refused.
+        let (_dir, k) = import(&header("glm4", "layer_norm_rms_epsilon", Some(8))).unwrap();
+        assert_eq!((k.arch().rope_dim, k.arch().head_dim), (Some(8), 16));
+        let (_dir, k) = import(&header("glm4", "layer_norm_rms_epsilon", Some(16))).unwrap();
+        assert_eq!(k.arch().rope_dim, None);
+        for bad in [7, 18] {
+            assert!(import(&header("glm4", "layer_norm_rms_epsilon", Some(bad))).is_err());
+        }
+    }
+
+    #[test]
     fn gemma3_keeps_sliding_window_softcap_and_sentencepiece_fields() {
         let (_dir, k) = import(&gemma_like(&[0.0, -1.5, -2.0])).unwrap();
         let a = k.arch();

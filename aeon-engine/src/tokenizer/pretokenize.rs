@@ -205,22 +205,10 @@ mod tests {
 
     #[test]
     fn tekken_splits_case_runs_and_keeps_a_slash_after_punctuation() {
-        // Capitals then lower case are one word (a leading space with it); digits alone.
-        assert_eq!(
-            pieces(PreKind::Tekken, "Hello WORLDwide 42 a.b/c"),
-            [
-                "Hello",
-                " WORLDwide",
-                " ",
-                "4",
-                "2",
-                " a",
-                ".",
-                "b",
-                "/",
-                "c"
-            ]
-        );
+        // Capitals then lower case are one word, with one leading non-letter (a space, a dot,
+        // a slash); digits alone.
+        let want = ["Hello", " WORLDwide", " ", "4", "2", " a", ".b", "/c"];
+        assert_eq!(pieces(PreKind::Tekken, "Hello WORLDwide 42 a.b/c"), want);
         assert_eq!(pieces(PreKind::Tekken, "x?/\n"), ["x", "?/\n"]);
     }
 }
