@@ -520,7 +520,18 @@ impl Tokenizer {
     /// slice) become U+FFFD; ids outside the vocabulary are skipped. Special tokens decode to
     /// their text.
     pub fn decode(&self, ids: &[u32]) -> String {
-        decode_pieces(ids.iter().filter_map(|&id| self.token_bytes(id)))
+        // SentencePiece with the space prefix: the space encoding put before the text is
+        // dropped again (llama.cpp's detokenize strips one from the first piece).
+        let strip = matches!(&self.model, Model::Spm(spm) if spm.add_space_prefix);
+        decode_pieces(
+            ids.iter()
+                .filter_map(|&id| self.token_bytes(id))
+                .enumerate()
+                .map(|(i, p)| match (i, strip) {
+                    (0, true) => p.strip_prefix(b" ").unwrap_or(p),
+                    _ => p,
+                }),
+        )
     }
 
     /// The id of the token whose bytes are `key`.

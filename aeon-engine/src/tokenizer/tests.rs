@@ -392,6 +392,22 @@ fn sentencepiece_space_prefix_goes_at_the_start_and_after_specials() {
     assert_eq!(t.encode("hello", false), [SPM_PIECES + 8]);
 }
 
+/// A SentencePiece file without `add_space_prefix` (Llama 2's and Mistral's GGUFs) gets the
+/// prefix, as in llama.cpp (it was off: every first word lost its `▁`), and decoding drops
+/// that one space again, as llama.cpp's detokenize does.
+#[test]
+fn sentencepiece_space_prefix_defaults_on_and_decode_drops_it() {
+    let mut d = spm_data(true);
+    d.add_space_prefix = None;
+    let t = Tokenizer::from_data(&d).expect("spm builds");
+    let ids = t.encode("hello hello", false);
+    assert_eq!(ids, [SPM_PIECES + 9, SPM_PIECES + 9]);
+    assert_eq!(t.decode(&ids), "hello hello");
+    // Without the prefix nothing is stripped.
+    let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
+    assert_eq!(t.decode(&[SPM_PIECES + 9]), " hello");
+}
+
 #[test]
 fn sentencepiece_stream_decoder_joins_byte_tokens() {
     let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
