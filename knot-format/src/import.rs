@@ -385,7 +385,7 @@ impl ArchConfig {
             Some(d) => {
                 return Err(m.err(
                     &k("rope.dimension_count"),
-                    &format!("{d} is not an even count of at most head_dim {head_dim}"),
+                    format!("{d} is not an even count of at most head_dim {head_dim}"),
                 ))
             }
             None => None,
