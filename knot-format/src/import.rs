@@ -780,10 +780,10 @@ mod tests {
         assert_eq!(k.arch().norm_eps, 1e-5);
         assert!(k.arch().runs_here());
         // Neither epsilon: refused, naming the key.
-        let e = import(&header("starcoder2", "no_such_epsilon", None))
-            .err()
-            .expect("refused")
-            .to_string();
+        let Err(e) = import(&header("starcoder2", "no_such_epsilon", None)) else {
+            panic!("a file without an epsilon was imported");
+        };
+        let e = e.to_string();
         assert!(e.contains("layer_norm_rms_epsilon"), "{e}");
         // glm4: 8 of a 16-wide head rotated; the full head is no field; odd or wider refused.
         let (_dir, k) = import(&header("glm4", "layer_norm_rms_epsilon", Some(8))).unwrap();
