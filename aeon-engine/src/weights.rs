@@ -14,11 +14,15 @@ pub use knot_format::Holdings;
 pub struct LayerWeights<'a> {
     /// (hidden) the norm before the mixer
     pub attn_norm: &'a [f32],
+    /// (hidden) its bias (starcoder2's LayerNorm).
+    pub attn_norm_b: Option<&'a [f32]>,
     pub mixer: Mixer<'a>,
     /// (hidden) RMSNorm of the attention output before the residual add (gemma3).
     pub post_attn_norm: Option<&'a [f32]>,
     /// (hidden)
     pub ffn_norm: &'a [f32],
+    /// (hidden) its bias (starcoder2's LayerNorm).
+    pub ffn_norm_b: Option<&'a [f32]>,
     pub ffn: Ffn<'a>,
     /// (hidden) RMSNorm of the FFN output before the residual add (gemma3).
     pub post_ffn_norm: Option<&'a [f32]>,
@@ -50,6 +54,8 @@ pub struct AttnWeights<'a> {
     pub k_norm: Option<&'a [f32]>,
     /// (hidden rows, q_dim cols)
     pub wo: Linear<'a>,
+    /// (hidden) the output projection's bias, when the file has one (starcoder2).
+    pub bo: Option<&'a [f32]>,
 }
 
 /// A gated short convolution's tensors (llama.cpp `shortconv.*`).
@@ -87,6 +93,17 @@ pub enum Ffn<'a> {
     },
     /// Routed experts (qwen3moe).
     Moe(MoeFfn<'a>),
+    /// An ungated MLP `down(act(up x + up_b)) + down_b` (starcoder2).
+    Ungated {
+        /// (ffn rows, hidden cols)
+        up: Linear<'a>,
+        /// (ffn)
+        up_b: Option<&'a [f32]>,
+        /// (hidden rows, ffn cols)
+        down: Linear<'a>,
+        /// (hidden)
+        down_b: Option<&'a [f32]>,
+    },
 }
 
 impl<'a> Ffn<'a> {
@@ -94,6 +111,7 @@ impl<'a> Ffn<'a> {
     pub fn matrices(&self) -> Box<dyn Iterator<Item = &Linear<'a>> + '_> {
         match self {
             Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
+            Ffn::Ungated { up, down, .. } => Box::new([up, down].into_iter()),
             Ffn::Moe(m) => Box::new(
                 std::iter::once(&m.router)
                     .chain(m.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down])),
@@ -110,6 +128,8 @@ pub struct Weights<'a> {
     pub layers: Vec<LayerWeights<'a>>,
     /// (hidden)
     pub output_norm: Option<&'a [f32]>,
+    /// (hidden) its bias (starcoder2's LayerNorm).
+    pub output_norm_b: Option<&'a [f32]>,
     /// (vocab rows, hidden cols): `output.weight`, or the embedding when tied.
     pub output: Option<Linear<'a>>,
     pub holdings: Holdings,
@@ -129,6 +149,13 @@ impl<'a> Weights<'a> {
                 }
             };
             let attn = !cfg.is_recurrent(l as usize);
+            // A LayerNorm's bias is part of the architecture: required, not guessed absent.
+            let norm_bias = |t: &str| -> Result<Option<&'a [f32]>, EngineError> {
+                match cfg.recipe.layer_norm {
+                    true => vector(knot, t, h).map(Some),
+                    false => Ok(None),
+                }
+            };
             let (bq, bk, bv) = if cfg.qkv_bias && attn {
                 (
                     Some(vector(knot, &name("attn_q.bias"), cfg.q_dim())?),
@@ -204,14 +231,26 @@ impl<'a> Weights<'a> {
                         matrix(knot, &name("attn_output.weight"), h, cfg.q_dim())?,
                         knot,
                     ),
+                    bo: opt_vec("attn_output.bias", h)?,
                 })
             };
             layers.push(LayerWeights {
                 attn_norm: vector(knot, &name("attn_norm.weight"), h)?,
+                attn_norm_b: norm_bias(&name("attn_norm.bias"))?,
                 mixer,
                 post_attn_norm,
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
+                ffn_norm_b: norm_bias(&name("ffn_norm.bias"))?,
                 ffn: match &cfg.moe {
+                    None if cfg.recipe.ungated_ffn => Ffn::Ungated {
+                        up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
+                        up_b: opt_vec("ffn_up.bias", cfg.ffn)?,
+                        down: Linear::mapped(
+                            matrix(knot, &name("ffn_down.weight"), h, cfg.ffn)?,
+                            knot,
+                        ),
+                        down_b: opt_vec("ffn_down.bias", h)?,
+                    },
                     // Gate and up fused in `ffn_up`, gate rows first (phi3).
                     None if cfg.recipe.fused_gate_up => {
                         let [gate, up] = split_rows(
@@ -271,23 +310,29 @@ impl<'a> Weights<'a> {
         } else {
             None
         };
-        let (output_norm, output) = if holdings.head {
+        let (output_norm, output_norm_b, output) = if holdings.head {
             let head = match knot.tensor("output.weight") {
                 Some(_) => matrix(knot, "output.weight", cfg.vocab, h)?,
                 // Tied models (SmolLM2, qwen3) reuse the embedding as the head.
                 None => matrix(knot, "token_embd.weight", cfg.vocab, h)?,
             };
+            let bias = match cfg.recipe.layer_norm {
+                true => Some(vector(knot, "output_norm.bias", h)?),
+                false => None,
+            };
             (
                 Some(vector(knot, cfg.recipe.output_norm, h)?),
+                bias,
                 Some(Linear::mapped(head, knot)),
             )
         } else {
-            (None, None)
+            (None, None, None)
         };
         Ok(Weights {
             embed,
             layers,
             output_norm,
+            output_norm_b,
             output,
             holdings,
         })
@@ -324,7 +369,7 @@ fn split_rows<'a, const N: usize>(m: QMatrix<'a>, rows: [usize; N]) -> [QMatrix<
 pub fn rope_factors<'a>(knot: &'a Knot, cfg: &Config) -> Result<Option<&'a [f32]>, EngineError> {
     for name in ["rope_freqs.weight", "rope_factors_short.weight"] {
         if knot.tensor(name).is_some() {
-            let f = vector(knot, name, cfg.head_dim / 2)?;
+            let f = vector(knot, name, cfg.rope_dim / 2)?;
             if let Some(bad) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
                 return Err(EngineError::BadTensor {
                     name: name.to_string(),

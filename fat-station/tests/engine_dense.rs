@@ -120,7 +120,7 @@ fn shard(src: &Knot, dst: &Path, role: Role, layers: LayerRange) {
             Some(l) => layers.start <= l && l < layers.end,
             None => match t.entry.name.as_str() {
                 "token_embd.weight" => entry || (exit && h.arch.tied_embeddings),
-                "output_norm.weight" | "output.weight" => exit,
+                "output_norm.weight" | "output_norm.bias" | "output.weight" => exit,
                 _ => true,
             },
         };
@@ -302,11 +302,16 @@ fn variant(src: &Knot, dst: &Path, arch: impl FnOnce(&mut knot_format::ArchConfi
 }
 
 /// RoPE scaling from the metadata: llama3's `rope_freqs` tensor (`llama3-tiny`, a
-/// Llama-3.2-shaped file whose factors act within the prompt) and YaRN (`tiny-yarn`: factor
-/// 4 over an original context of 32): llama.cpp's logits, and far from them without it.
+/// Llama-3.2-shaped file whose factors act within the prompt), YaRN (`tiny-yarn`: factor
+/// 4 over an original context of 32) and linear (`tiny-linear`: factor 8): llama.cpp's
+/// logits, and far from them without it.
 #[test]
 fn rope_scaling_llama3_freqs_and_yarn_match_llama_cpp() {
-    for (preset, drop) in [("llama3-tiny", "rope_freqs.weight"), ("tiny-yarn", "")] {
+    for (preset, drop) in [
+        ("llama3-tiny", "rope_freqs.weight"),
+        ("tiny-yarn", ""),
+        ("tiny-linear", ""),
+    ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let Some((gguf, knot_path)) = synthetic(dir.path(), preset) else {
             return;
@@ -449,6 +454,151 @@ fn smollm3_matches_llama_cpp_and_skips_rope_on_every_fourth_layer() {
 fn smollm3_chunks_and_split_points_are_bit_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
     let Some((_, knot_path)) = synthetic(dir.path(), "smollm3-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// Mistral: the `llama` architecture with a SentencePiece vocabulary. `mistral-tiny` is
+/// Mistral-7B-v0.1's layout (4 / 1 heads: its group of 4; theta 10000; 32000 pieces, Llama
+/// 2's tokenizer.json standing in for Mistral's own of the same kind and size) with a sliding
+/// window of 4 in the metadata, as v0.1's files carry one (4096); `mistral-v3-tiny` is v0.3's
+/// (theta 1e6, no window, the 32768-entry vocabulary: 768 control tokens after `</s>`).
+/// llama.cpp's llama graph never applies a window: its logits are ours without one, and far
+/// from ours with it.
+#[test]
+fn mistral_matches_llama_cpp_without_the_files_sliding_window() {
+    for (preset, vocab, window) in [
+        ("mistral-tiny", 32000, Some(4)),
+        ("mistral-v3-tiny", 32768, None),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((gguf, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        let knot = Knot::open(&knot_path).expect("open");
+        let a = knot.arch();
+        assert_eq!(
+            (a.arch.as_str(), a.vocab, a.sliding_window),
+            ("llama", vocab, window)
+        );
+        let tok = knot.tokenizer().expect("tokenizer").expect("a vocabulary");
+        assert_eq!(
+            (tok.model.as_str(), tok.tokens.len()),
+            ("llama", vocab as usize)
+        );
+        let m = Model::load(&knot, None).expect("load");
+        assert!((0..3).all(|l| m.cfg.window(l).is_none()), "{preset}");
+        let ours = chunked(&m, &PROMPT, &[12]);
+        let Some((batched, tbt)) = llamacpp_golden(preset, &gguf) else {
+            return;
+        };
+        let (_, bound) = assert_matches_llamacpp(preset, &ours, &batched, &tbt);
+        if let Some(w) = window {
+            // The file's window, applied on every layer, moves the logits far away.
+            let mut m = Model::load(&knot, None).expect("load");
+            (m.cfg.sliding_window, m.cfg.swa_layers) = (Some(w as usize), vec![true; 3]);
+            let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+            eprintln!("{preset} with the file's window {w}: rms {rms:.4} against llama.cpp");
+            assert!(rms > 4.0 * bound, "{preset} windowed: rms {rms}");
+        }
+    }
+}
+
+#[test]
+fn mistral_chunks_and_split_points_are_bit_identical() {
+    for preset in ["mistral-tiny", "mistral-v3-tiny"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((_, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+    }
+}
+
+/// StarCoder2 (`starcoder2-tiny`: 3 blocks, 4 / 2 heads of 64, ffn 1024, tied; LayerNorms with
+/// biases, q/k/v/output biases, an ungated GELU MLP with biases, NeoX RoPE at theta 999999.4):
+/// llama.cpp's logits, and far from them with RMSNorm in place of LayerNorm or without the
+/// MLP's biases.
+#[test]
+fn starcoder2_matches_llama_cpp_with_layer_norms_and_biases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "starcoder2-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let a = knot.arch();
+    assert_eq!((a.norm_eps, a.qkv_bias), (1e-5, true));
+    let m = Model::load(&knot, None).expect("load");
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("starcoder2-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("starcoder2-tiny", &ours, &batched, &tbt);
+    let mut m = Model::load(&knot, None).expect("load");
+    m.cfg.recipe.layer_norm = false;
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("starcoder2-tiny with RMSNorm: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * bound, "RMSNorm: rms {rms}");
+    let mut m = Model::load(&knot, None).expect("load");
+    for l in &mut m.weights.layers {
+        if let fat_station::engine::Ffn::Ungated { up_b, down_b, .. } = &mut l.ffn {
+            (*up_b, *down_b) = (None, None);
+        }
+    }
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("starcoder2-tiny without the MLP biases: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * bound, "no MLP biases: rms {rms}");
+}
+
+#[test]
+fn starcoder2_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "starcoder2-tiny") else {
+        return;
+    };
+    assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// GLM-4 (`glm4-tiny`: 3 blocks, 4 / 2 heads of 64 of which RoPE rotates the first 32 in
+/// adjacent pairs, q/k/v biases, post-attention and post-FFN norms, gate and up fused in
+/// `ffn_up`): llama.cpp's logits, and far from them rotating whole heads or without the
+/// post-norms.
+#[test]
+fn glm4_matches_llama_cpp_with_partial_rope_and_post_norms() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "glm4-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    assert_eq!(knot.arch().rope_dim, Some(32));
+    let m = Model::load(&knot, None).expect("load");
+    assert_eq!((m.cfg.rope_dim, m.cfg.head_dim), (32, 64));
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let Some((batched, tbt)) = llamacpp_golden("glm4-tiny", &gguf) else {
+        return;
+    };
+    let (_, bound) = assert_matches_llamacpp("glm4-tiny", &ours, &batched, &tbt);
+    let whole = dir.path().join("whole-rope.knot");
+    variant(&knot, &whole, |a| a.rope_dim = None, "");
+    let whole = Knot::open(&whole).expect("open variant");
+    let m = Model::load(&whole, None).expect("load variant");
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("glm4-tiny rotating whole heads: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * bound, "whole-head RoPE: rms {rms}");
+    let mut m = Model::load(&knot, None).expect("load");
+    for l in &mut m.weights.layers {
+        (l.post_attn_norm, l.post_ffn_norm) = (None, None);
+    }
+    let (rms, _) = rms_max(&chunked(&m, &PROMPT, &[12]), &batched);
+    eprintln!("glm4-tiny without its post-norms: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * bound, "no post-norms: rms {rms}");
+}
+
+#[test]
+fn glm4_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "glm4-tiny") else {
         return;
     };
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);

@@ -295,6 +295,8 @@ fn tokenizer_smollm2_encode_10kb_timing() {
 #[derive(Deserialize)]
 struct SpmGolden {
     vocab_size: usize,
+    /// The GGUF the ids came from, for a synthetic vocabulary (made again by the test).
+    gguf_sha256: Option<String>,
     cases: Vec<SpmCase>,
 }
 
@@ -306,15 +308,52 @@ struct SpmCase {
     round_trip: bool,
 }
 
+fn spm_golden(name: &str) -> SpmGolden {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/tokenizer/{name}.json"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 #[test]
 fn tokenizer_gemma_matches_llamacpp_golden() {
     let Some(tok) = tokenizer(GEMMA) else { return };
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/tokenizer/gemma.json");
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let g: SpmGolden =
-        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_spm_golden("gemma", tok, &spm_golden("gemma"));
+}
+
+/// Mistral v0.3's vocabulary layout (Llama 2's 32000 SentencePiece pieces with v0.3's 768
+/// control tokens after `</s>`, in the synthetic `mistral-v3-tiny` file): llama.cpp's ids on
+/// 392 strings (`scripts/tokenizer/make_spm_golden.py`), `[INST]` and kin parsed only where
+/// special parsing is on.
+#[test]
+fn tokenizer_mistral_v3_matches_llamacpp_golden() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot)) =
+        test_support::synthetic_model(dir.path(), "mistral-v3-tiny", &["--type", "f16"])
+    else {
+        return;
+    };
+    let g = spm_golden("mistral_v3");
+    let sha = test_support::sha256_file(&gguf);
+    if Some(sha.as_str()) != g.gguf_sha256.as_deref() {
+        assert!(
+            !test_support::required(),
+            "mistral-v3-tiny's sha256 {sha} is not the golden's"
+        );
+        eprintln!("skipping: mistral-v3-tiny's sha256 {sha} is not the golden's; not compared");
+        return;
+    }
+    let knot = Knot::open(&knot).expect("open");
+    let data = knot.tokenizer().expect("tokenizer").expect("a vocabulary");
+    let tok = Tokenizer::from_data(&data).expect("tokenizer builds");
+    assert_eq!(tok.encode("[INST]", false), [3]);
+    assert_spm_golden("mistral_v3", &tok, &g);
+}
+
+/// Every case of `g`: our ids with special parsing on and off, and the round trip.
+fn assert_spm_golden(name: &str, tok: &Tokenizer, g: &SpmGolden) {
     assert_eq!(g.vocab_size, tok.vocab_size());
-    assert!(g.cases.len() >= 300, "golden gemma has too few cases");
+    assert!(g.cases.len() >= 300, "golden {name} has too few cases");
     let mut failures = Vec::new();
     for case in &g.cases {
         let ids = tok.encode(&case.text, false);
@@ -338,7 +377,7 @@ fn tokenizer_gemma_matches_llamacpp_golden() {
     }
     assert!(
         failures.is_empty(),
-        "gemma: {} of {} encodings differ from llama.cpp:\n{}",
+        "{name}: {} of {} encodings differ from llama.cpp:\n{}",
         failures.len(),
         2 * g.cases.len(),
         failures.join("\n")
@@ -366,4 +405,20 @@ fn tokenizer_gemma_known_ids_and_plain_text_never_becomes_control_tokens() {
     let plain = tok.encode_parts(&[("<start_of_turn>user", false)], false);
     assert!(!plain.contains(&sot), "{plain:?}");
     assert_eq!(tok.decode(&plain), "<start_of_turn>user");
+}
+
+/// llama.cpp's token-attribute override: Gemma 3's file types `</s>` (id 212) user-defined,
+/// which would be matched whole even in a user's plain text; llama.cpp forces it (and every
+/// end-of-generation text) to a control token, so plain text keeps `</s>` as characters and
+/// only special parsing finds it. (Before the override: `[212]` with parsing off.)
+#[test]
+fn tokenizer_gemma_keeps_end_of_sequence_text_in_plain_text_as_llama_cpp_does() {
+    let Some(tok) = tokenizer(GEMMA) else { return };
+    let s = tok.token_id("</s>").expect("Gemma has </s>");
+    assert_eq!(s, 212);
+    let plain = tok.encode_parts(&[("</s>", false)], false);
+    assert!(!plain.contains(&s), "{plain:?}");
+    assert_eq!(tok.decode(&plain), "</s>");
+    assert_eq!(tok.encode_parts(&[("</s>", true)], false), [s]);
+    assert!(tok.is_eog(s), "llama.cpp ends generation at </s>");
 }

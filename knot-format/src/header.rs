@@ -80,6 +80,11 @@ pub struct ArchConfig {
     /// (`None`: every layer is attention).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent: Option<RecurrentLayers>,
+    /// Dimensions of each head RoPE rotates (`rope.dimension_count`) when fewer than
+    /// `head_dim` (glm4's partial RoPE: the first `rope_dim`, the rest pass unrotated);
+    /// `None`: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_dim: Option<u32>,
 }
 
 /// Granite's scalar multipliers (llama.cpp reads them for `granite`; 0 or absent: unused).
@@ -124,7 +129,18 @@ pub struct RecurrentLayers {
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
 pub const RUNNABLE_ARCHS: &[&str] = &[
-    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite", "smollm3",
+    "qwen2",
+    "llama",
+    "qwen3",
+    "gemma3",
+    "qwen3moe",
+    "lfm2",
+    "gemma2",
+    "phi3",
+    "granite",
+    "smollm3",
+    "starcoder2",
+    "glm4",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).

@@ -63,16 +63,18 @@ const NORMAL_ARCHS: &[&str] = &[
     "granite",
     "granitemoe",
     "smollm3",
+    "glm4",
 ];
 
 /// `{arch}.` keys every model must carry; all other keys have defaults (see `from_gguf`).
-const REQUIRED_KEYS: [&str; 6] = [
+/// The norm's epsilon too: `attention.layer_norm_rms_epsilon`, or `layer_norm_epsilon` for
+/// an architecture whose norms are LayerNorms (starcoder2).
+const REQUIRED_KEYS: [&str; 5] = [
     "block_count",
     "context_length",
     "embedding_length",
     "feed_forward_length",
     "attention.head_count",
-    "attention.layer_norm_rms_epsilon",
 ];
 
 /// The RoPE pairing an architecture uses, or `None` when unknown.
@@ -254,9 +256,15 @@ impl ArchConfig {
         let hidden = req_u32("embedding_length")?;
         let ffn = req_u32("feed_forward_length")?;
         let n_heads = req_u32("attention.head_count")?;
-        let norm_eps = m
-            .f32(&k("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or_default();
+        let norm_eps = match m.f32(&k("attention.layer_norm_rms_epsilon"))? {
+            Some(e) => e,
+            None => m.f32(&k("attention.layer_norm_epsilon"))?.ok_or_else(|| {
+                m.err(
+                    &k("attention.layer_norm_rms_epsilon"),
+                    "required key missing (nor is there a layer_norm_epsilon)",
+                )
+            })?,
+        };
         // Defaults beside their keys.
         let (n_kv_heads, kv_zero) = m.kv_heads(&k("attention.head_count_kv"), n_layers)?;
         let n_kv_heads = n_kv_heads.unwrap_or(n_heads);
@@ -369,6 +377,19 @@ impl ArchConfig {
                 })
             }
         };
+        // Partial RoPE (glm4): fewer rotated dimensions than the head has; an even count
+        // within the head, else the file is refused.
+        let rope_dim = match m.u32(&k("rope.dimension_count"))? {
+            Some(d) if d == head_dim => None,
+            Some(d) if d > 0 && d < head_dim && d % 2 == 0 => Some(d),
+            Some(d) => {
+                return Err(m.err(
+                    &k("rope.dimension_count"),
+                    format!("{d} is not an even count of at most head_dim {head_dim}"),
+                ))
+            }
+            None => None,
+        };
         Ok(ArchConfig {
             arch,
             n_layers,
@@ -395,6 +416,7 @@ impl ArchConfig {
             multipliers,
             moe,
             recurrent,
+            rope_dim,
         })
     }
 }
@@ -733,6 +755,44 @@ mod tests {
         let (_dir, k) = import(&qwen_like()).unwrap();
         let json = serde_json::to_string(k.arch()).unwrap();
         assert!(!json.contains("attn_logit_softcap") && !json.contains("rope_attn_factor"));
+    }
+
+    #[test]
+    fn starcoder2_layer_norm_eps_and_glm4_partial_rope_dims_are_read() {
+        let header = |arch: &str, eps_key: &str, rope_dims: Option<u32>| {
+            let mut g = Builder::new();
+            g.string("general.architecture", arch)
+                .u32(&format!("{arch}.block_count"), 2)
+                .u32(&format!("{arch}.context_length"), 64)
+                .u32(&format!("{arch}.embedding_length"), 32)
+                .u32(&format!("{arch}.feed_forward_length"), 64)
+                .u32(&format!("{arch}.attention.head_count"), 2)
+                .f32(&format!("{arch}.attention.{eps_key}"), 1e-5)
+                .string("tokenizer.ggml.model", "gpt2")
+                .strings("tokenizer.ggml.tokens", &["a", "b"]);
+            if let Some(d) = rope_dims {
+                g.u32(&format!("{arch}.rope.dimension_count"), d);
+            }
+            g
+        };
+        // StarCoder2 names its LayerNorm's epsilon layer_norm_epsilon.
+        let (_dir, k) = import(&header("starcoder2", "layer_norm_epsilon", None)).unwrap();
+        assert_eq!(k.arch().norm_eps, 1e-5);
+        assert!(k.arch().runs_here());
+        // Neither epsilon: refused, naming the key.
+        let Err(e) = import(&header("starcoder2", "no_such_epsilon", None)) else {
+            panic!("a file without an epsilon was imported");
+        };
+        let e = e.to_string();
+        assert!(e.contains("layer_norm_rms_epsilon"), "{e}");
+        // glm4: 8 of a 16-wide head rotated; the full head is no field; odd or wider refused.
+        let (_dir, k) = import(&header("glm4", "layer_norm_rms_epsilon", Some(8))).unwrap();
+        assert_eq!((k.arch().rope_dim, k.arch().head_dim), (Some(8), 16));
+        let (_dir, k) = import(&header("glm4", "layer_norm_rms_epsilon", Some(16))).unwrap();
+        assert_eq!(k.arch().rope_dim, None);
+        for bad in [7, 18] {
+            assert!(import(&header("glm4", "layer_norm_rms_epsilon", Some(bad))).is_err());
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         multipliers: None,
         moe: None,
         recurrent: None,
+        rope_dim: None,
     }
 }
 

@@ -11,6 +11,8 @@ const EMBED: &str = "token_embd.weight";
 const OUTPUT_NORM: &str = "output_norm.weight";
 /// LFM2's final norm (llama.cpp's converter names it so).
 const OUTPUT_NORM_LFM2: &str = "token_embd_norm.weight";
+/// A LayerNorm's bias beside the final norm (starcoder2).
+const OUTPUT_NORM_BIAS: &str = "output_norm.bias";
 const OUTPUT: &str = "output.weight";
 
 /// One shard written by [`split`].
@@ -172,7 +174,7 @@ pub fn select_tensors(parent: &Knot, range: LayerRange) -> Result<Vec<TensorView
                 inside
             }
             (None, EMBED) => has_embed || (has_head && tied),
-            (None, OUTPUT_NORM | OUTPUT_NORM_LFM2 | OUTPUT) => has_head,
+            (None, OUTPUT_NORM | OUTPUT_NORM_LFM2 | OUTPUT_NORM_BIAS | OUTPUT) => has_head,
             (None, _) => true,
         };
         if keep {

@@ -88,6 +88,7 @@ fn header(s: &Shape) -> ArchConfig {
         multipliers: None,
         moe: None,
         recurrent: None,
+        rope_dim: None,
     }
 }
 

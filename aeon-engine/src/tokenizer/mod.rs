@@ -58,19 +58,39 @@ const TYPE_USER_DEFINED: i32 = 4;
 /// GGUF token type of a byte-fallback token (`<0x0A>`).
 const TYPE_BYTE: i32 = 6;
 
-/// Texts of control tokens that end generation besides the model's eos (llama.cpp keeps the
-/// same kind of list). Only tokens typed control or user-defined are considered.
+/// Texts of tokens that end generation besides the model's eos: llama.cpp 0.3.36's list
+/// (`llama_vocab::impl::load`). As there, a token with one of these texts is a control
+/// token whatever its type in the file: Gemma 3 types `</s>` (id 212) user-defined, which
+/// would match in a user's plain text; llama.cpp forces it to control, so there it is only
+/// found where special parsing is on.
 const END_OF_GENERATION: &[&str] = &[
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
     "<|eot_id|>",
-    "<|eom_id|>",
+    "<|im_end|>",
     "<|end|>",
-    "<end_of_turn>",
-    "</s>",
     "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
 ];
+
+/// With one of these also in the vocabulary, `</s>` is an ordinary token (gemma4, plamo; as
+/// llama.cpp decides).
+const NORMAL_S_MARKERS: &[&str] = &["<|tool_response>", "<|plamo:eos|>"];
 
 /// Largest vocabulary accepted (ids must fit in u32 with room for the `NONE` sentinel).
 const MAX_VOCAB: usize = 1 << 24;
@@ -106,6 +126,11 @@ pub enum TokenizerError {
         id: u32,
         vocab: usize,
     },
+    /// `tokenizer.ggml.pre` names a pre-tokenizer this module does not implement.
+    #[error(
+        "unknown pre-tokenizer {name:?} (tokenizer.ggml.pre); implemented: gpt-2, smollm, starcoder, qwen2, llama-bpe, glm4, tekken and their aliases"
+    )]
+    UnknownPre { name: String },
     /// A built-in pre-tokenizer pattern failed to compile (a bug, not bad input).
     #[error("pre-tokenizer pattern {pattern:?} does not compile")]
     Pattern {
@@ -202,7 +227,20 @@ impl Tokenizer {
                 scores: data.scores.len(),
             });
         }
-        let token_type = |id: usize| data.token_types.get(id).copied().unwrap_or(TYPE_NORMAL);
+        let file_type = |id: usize| data.token_types.get(id).copied().unwrap_or(TYPE_NORMAL);
+        // llama.cpp's attribute override: END_OF_GENERATION's texts are control tokens.
+        let s_is_normal = NORMAL_S_MARKERS
+            .iter()
+            .any(|m| data.tokens.iter().any(|t| t == m));
+        let forced: Vec<bool> = data
+            .tokens
+            .iter()
+            .map(|t| END_OF_GENERATION.contains(&t.as_str()) && !(s_is_normal && t == "</s>"))
+            .collect();
+        let token_type = |id: usize| match forced[id] {
+            true => TYPE_CONTROL,
+            false => file_type(id),
+        };
         let is_special = |id: usize| matches!(token_type(id), TYPE_CONTROL | TYPE_USER_DEFINED);
         // SentencePiece byte-fallback tokens and the byte each stands for.
         let spm_byte = |id: usize| {
@@ -261,7 +299,9 @@ impl Tokenizer {
                 &data.tokens,
                 &data.scores,
                 byte_ids,
-                data.add_space_prefix.unwrap_or(false),
+                // llama.cpp's default for SentencePiece when the file does not say (Llama 2
+                // and Mistral GGUFs carry no key; Gemma's says false).
+                data.add_space_prefix.unwrap_or(true),
             ))
         } else {
             Self::bpe_model(data, &bl, arena, &index, &is_special)?
@@ -330,10 +370,10 @@ impl Tokenizer {
         index: &VocabIndex,
         is_special: &dyn Fn(usize) -> bool,
     ) -> Result<Model, TokenizerError> {
-        let pre_kind = PreKind::from_name(&data.pre).unwrap_or_else(|| {
-            tracing::warn!(pre = %data.pre, "unknown pre-tokenizer name; using GPT-2 splitting");
-            PreKind::Gpt2
-        });
+        // An unknown name is refused: another split gives other ids with no error anywhere.
+        let pre_kind = PreKind::from_name(&data.pre).ok_or_else(|| TokenizerError::UnknownPre {
+            name: data.pre.clone(),
+        })?;
         let pre = PreTokenizer::new(pre_kind)?;
         let n = data.tokens.len();
         let mut byte_ids = [NONE; 256];
@@ -457,7 +497,7 @@ impl Tokenizer {
                 let mut words = Vec::new();
                 let mut pass = Vec::new();
                 pre.split(text, &mut words, &mut pass);
-                let whole_words = pre.kind() == PreKind::Llama3;
+                let whole_words = matches!(pre.kind(), PreKind::Llama3 | PreKind::Tekken);
                 for word in words.iter() {
                     // Llama 3 takes a word the vocabulary holds whole as it is, without merging.
                     if whole_words {
@@ -480,7 +520,18 @@ impl Tokenizer {
     /// slice) become U+FFFD; ids outside the vocabulary are skipped. Special tokens decode to
     /// their text.
     pub fn decode(&self, ids: &[u32]) -> String {
-        decode_pieces(ids.iter().filter_map(|&id| self.token_bytes(id)))
+        // SentencePiece with the space prefix: the space encoding put before the text is
+        // dropped again (llama.cpp's detokenize strips one from the first piece).
+        let strip = matches!(&self.model, Model::Spm(spm) if spm.add_space_prefix);
+        decode_pieces(
+            ids.iter()
+                .filter_map(|&id| self.token_bytes(id))
+                .enumerate()
+                .map(|(i, p)| match (i, strip) {
+                    (0, true) => p.strip_prefix(b" ").unwrap_or(p),
+                    _ => p,
+                }),
+        )
     }
 
     /// The id of the token whose bytes are `key`.

@@ -24,32 +24,41 @@ const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N
 /// Llama 3's pattern: as Qwen2's but digits in runs of up to three.
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Tekken's pattern (Mistral NeMo and later), as llama.cpp 0.3.36 writes it: the
+/// tokenizer.json's "upper-case letters then lower-case" classes as `[^a-z]` / `[^A-Z]`
+/// over letters, every digit alone, `/` kept after punctuation.
+const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Isolates every digit (a first pass for SmolLM2, StarCoder and kin).
 const DIGITS: &str = r"\p{N}";
 
 /// The pre-tokenizer families this module knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PreKind {
-    /// GPT-2's pattern; also the fallback for unknown names.
+    /// GPT-2's pattern (`gpt-2`, and a file that names none).
     Gpt2,
     /// Single digits, then GPT-2's pattern (`smollm`, `starcoder`, `refact`, ...).
     DigitsGpt2,
     /// Qwen2's pattern (`qwen2`, `stablelm2`).
     Qwen2,
-    /// Llama 3's pattern, and whole-word vocabulary hits skip the merges (`llama-bpe`, `llama3`).
+    /// Llama 3's pattern, and whole-word vocabulary hits skip the merges (`llama-bpe`,
+    /// `llama3`; `glm4`, whose pattern and merge rule llama.cpp gives as the same).
     Llama3,
+    /// Tekken's pattern, whole-word vocabulary hits skip the merges (`tekken`).
+    Tekken,
 }
 
 impl PreKind {
     /// The family for a GGUF `tokenizer.ggml.pre` name; `None` if the name is unknown.
     pub(crate) fn from_name(name: &str) -> Option<PreKind> {
         Some(match name {
-            "gpt-2" | "gpt2" | "default" | "mpt" | "olmo" | "jais" => PreKind::Gpt2,
+            "" | "gpt-2" | "gpt2" | "default" | "mpt" | "olmo" | "jais" => PreKind::Gpt2,
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" => {
                 PreKind::DigitsGpt2
             }
             "qwen2" | "stablelm2" => PreKind::Qwen2,
-            "llama-bpe" | "llama3" | "llama-v3" => PreKind::Llama3,
+            "llama-bpe" | "llama3" | "llama-v3" | "glm4" | "glm5" => PreKind::Llama3,
+            "tekken" => PreKind::Tekken,
             _ => return None,
         })
     }
@@ -60,6 +69,7 @@ impl PreKind {
             PreKind::DigitsGpt2 => &[DIGITS, GPT2],
             PreKind::Qwen2 => &[QWEN2],
             PreKind::Llama3 => &[LLAMA3],
+            PreKind::Tekken => &[TEKKEN],
         }
     }
 }
@@ -188,6 +198,17 @@ mod tests {
         assert_eq!(PreKind::from_name("qwen2"), Some(PreKind::Qwen2));
         assert_eq!(PreKind::from_name("smollm"), Some(PreKind::DigitsGpt2));
         assert_eq!(PreKind::from_name("llama-bpe"), Some(PreKind::Llama3));
+        assert_eq!(PreKind::from_name("glm4"), Some(PreKind::Llama3));
+        assert_eq!(PreKind::from_name("tekken"), Some(PreKind::Tekken));
         assert_eq!(PreKind::from_name("no-such-pre"), None);
+    }
+
+    #[test]
+    fn tekken_splits_case_runs_and_keeps_a_slash_after_punctuation() {
+        // Capitals then lower case are one word, with one leading non-letter (a space, a dot,
+        // a slash); digits alone.
+        let want = ["Hello", " WORLDwide", " ", "4", "2", " a", ".b", "/c"];
+        assert_eq!(pieces(PreKind::Tekken, "Hello WORLDwide 42 a.b/c"), want);
+        assert_eq!(pieces(PreKind::Tekken, "x?/\n"), ["x", "?/\n"]);
     }
 }

@@ -212,9 +212,10 @@ fn bytes_without_a_token_are_dropped() {
 }
 
 #[test]
-fn unknown_pre_name_falls_back_to_gpt2() {
-    let t = Tokenizer::from_data(&data("no-such-pre")).expect("builds with a warning");
-    assert_eq!(t.encode("hello hello", false), vec![HELLO, SP_HELLO]);
+fn an_unknown_pre_tokenizer_is_refused_by_name() {
+    let e = Tokenizer::from_data(&data("no-such-pre")).expect_err("refused");
+    assert!(matches!(e, TokenizerError::UnknownPre { .. }), "{e}");
+    assert!(e.to_string().contains("\"no-such-pre\""), "{e}");
 }
 
 #[test]
@@ -389,6 +390,22 @@ fn sentencepiece_space_prefix_goes_at_the_start_and_after_specials() {
     );
     let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
     assert_eq!(t.encode("hello", false), [SPM_PIECES + 8]);
+}
+
+/// A SentencePiece file without `add_space_prefix` (Llama 2's and Mistral's GGUFs) gets the
+/// prefix, as in llama.cpp (it was off: every first word lost its `▁`), and decoding drops
+/// that one space again, as llama.cpp's detokenize does.
+#[test]
+fn sentencepiece_space_prefix_defaults_on_and_decode_drops_it() {
+    let mut d = spm_data(true);
+    d.add_space_prefix = None;
+    let t = Tokenizer::from_data(&d).expect("spm builds");
+    let ids = t.encode("hello hello", false);
+    assert_eq!(ids, [SPM_PIECES + 9, SPM_PIECES + 9]);
+    assert_eq!(t.decode(&ids), "hello hello");
+    // Without the prefix nothing is stripped.
+    let t = Tokenizer::from_data(&spm_data(false)).expect("spm builds");
+    assert_eq!(t.decode(&[SPM_PIECES + 9]), " hello");
 }
 
 #[test]
