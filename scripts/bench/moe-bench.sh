@@ -16,8 +16,8 @@
 # Files: ~/.cache/aeon-shell/synthetic/qwen3-30b-a3b-lN-q4_k_m.{gguf,knot} (made once: the f16
 # intermediate needs ~1.3 GB of disk per layer for a while); DIR (default target/moe-bench) gets
 # chain.txt, bytes.txt, ids-one.txt, ids-chain.txt and bench.sh's files.
-# Memory: the whole run holds `flock /tmp/aeon-bigmem.lock` (the model is mapped by up to N+1
-# processes at a time; one process maps all of it).
+# Memory: above 6 layers the whole run holds `flock /tmp/aeon-bigmem.lock` (one process maps
+# the whole model; 4 layers are 1.9 GB, 24 are 8.6 GB).
 # Needs: root (r1-sim.sh, clear_refs), python3 with gguf and numpy, the release binaries
 # (fat-station, knot, shard-knot, moonshine, aeon-bench), llama.cpp's llama-quantize and
 # llama-bench (scripts/bench/build-llama-bench.sh --quantize).
@@ -50,8 +50,12 @@ syn=${AEON_SYNTHETIC_DIR:-$HOME/.cache/aeon-shell/synthetic}
 stem=qwen3-30b-a3b-l$layers-q4_k_m
 gguf=$syn/$stem.gguf knot=$syn/$stem.knot
 mkdir -p "$syn" "$out"
-exec 9>/tmp/aeon-bigmem.lock
-flock 9
+# Above 6 layers (2.5 GB of Q4_K_M; the f16 intermediate and llama-quantize map far more) a
+# run passes 4 GB: hold the machine's big-memory lock.
+if [ "$layers" -gt 6 ]; then
+  exec 9>/tmp/aeon-bigmem.lock
+  flock 9
+fi
 if [ ! -f "$gguf" ]; then
   echo "moe-bench: making $gguf (the f16 file, then llama-quantize Q4_K_M)..." >&2
   python3 "$ROOT/scripts/make-synthetic-model.py" "$gguf" --preset qwen3-30b-a3b \
@@ -70,7 +74,7 @@ if [ "$chain" = 1 ]; then
 import json, sys
 p = json.load(open(sys.argv[1]))
 ns = [x for x in p["nodes"] if x["chain"] == 0]
-print(len(ns), ",".join(f"{x[\"layers\"][\"start\"]}-{x[\"layers\"][\"end\"]}" for x in ns),
+print(len(ns), ",".join("%d-%d" % (x["layers"]["start"], x["layers"]["end"]) for x in ns),
       p["why"].replace(" ", "_"))' "$out/plan.json")
   echo "moe-bench: plan: $n nodes, layers $split (${why//_/ })"
   # One process: a full station, 16 greedy tokens.
@@ -104,5 +108,6 @@ if [ "$bytes" = 1 ]; then
   python3 "$ROOT/scripts/bench/moe_bytes.py" "$knot" --tokens 16 | tee "$out/bytes.txt"
 fi
 if [ "$llama" = 1 ]; then
-  AEON_MODELS_DIR=$syn "$ROOT/scripts/bench.sh" --model "$stem" --no-build --out "$out"
+  AEON_MODELS_DIR=$syn "$ROOT/scripts/bench.sh" --model "$stem" --no-build --out "$out" \
+    --llama-reps "$reps" -- --reps "$reps"
 fi
