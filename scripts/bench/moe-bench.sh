@@ -105,7 +105,7 @@ print(len(ns), ",".join("%d-%d" % (x["layers"]["start"], x["layers"]["end"]) for
   echo "moe-bench: the chain's 16 greedy ids equal one process's"
 fi
 if [ "$bytes" = 1 ]; then
-  python3 "$ROOT/scripts/bench/moe_bytes.py" "$knot" --tokens 16 | tee "$out/bytes.txt"
+  python3 "$ROOT/scripts/bench/moe_bytes.py" "$knot" --tokens 16 --warm 60 | tee "$out/bytes.txt"
 fi
 if [ "$llama" = 1 ]; then
   AEON_MODELS_DIR=$syn "$ROOT/scripts/bench.sh" --model "$stem" --no-build --out "$out" \
