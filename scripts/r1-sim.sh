@@ -3,13 +3,16 @@
 # (a veth to a host bridge), its own memory cgroup (the R1's 2.95 GB free RAM by default),
 # CPU share (pinned to one core each with taskset, round robin over the host's cores, and a
 # cfs quota of --cpus cores), with a delay (12 ms round trip by default, the seed's USB RTT)
-# and optionally a bandwidth cap on each station's link. The layers are split evenly;
+# and optionally a bandwidth cap on each station's link. The layers are split evenly, or as
+# --split gives them (one contiguous range per node from 0 to the last layer, e.g. the split
+# `shard-knot plan` chose);
 # moonshine drives them with --mesh FILE, and POST /chain runs them node to node (each node
 # may forward to the next).
 #
 #   scripts/r1-sim.sh up [--nodes N] [--mem SIZE] [--cpus C] [--no-pin] [--link PROFILE]
 #                        [--delay MS] [--jitter MS] [--rate RATE] [--hub RATE] [--knot FILE]
-#                        [--delay-via auto|netem|proxy] [--kv-dtype f32|f16] [-- STATION ARGS]
+#                        [--delay-via auto|netem|proxy] [--kv-dtype f32|f16] [--split A-B,B-C,...]
+#                        [-- STATION ARGS]
 #   scripts/r1-sim.sh check         # one POST /chain through every node: prints the token
 #   scripts/r1-sim.sh status        # the mesh file, the link, each node's peak RSS and memory
 #   scripts/r1-sim.sh down          # stop the stations, remove namespaces, cgroups, links
@@ -206,7 +209,7 @@ netem_works() {
 }
 
 cmd_up() {
-  local n=2 mem=2.95G cpus=1 pin=1 via=auto kv=f32 knot=""
+  local n=2 mem=2.95G cpus=1 pin=1 via=auto kv=f32 knot="" split=""
   # The link: a profile's figures, then any explicit --delay/--jitter/--rate over them.
   local link=none delay="" jitter="" rate="" hub=""
   while [[ $# -gt 0 ]]; do
@@ -224,6 +227,7 @@ cmd_up() {
       --delay-via) via=$2; shift 2 ;;
       --knot) knot=$2; shift 2 ;;
       --kv-dtype) kv=$2; shift 2 ;;
+      --split) split=$2; shift 2 ;;
       --) shift; break ;;
       -h|--help) usage ;;
       *) die "unknown argument $1 (see --help)" ;;
@@ -279,6 +283,26 @@ cmd_up() {
     || die "could not read n_layers of $knot"
   [[ $layers =~ ^[0-9]+$ ]] || die "could not read n_layers of $knot"
   [ "$n" -le "$layers" ] || die "$n nodes for $layers layers"
+  # Each node's first layer, then the end: even, or --split's ranges.
+  local starts=()
+  if [ -n "$split" ]; then
+    starts=($(python3 -c '
+import sys
+spec, n, layers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    r = [tuple(int(x) for x in p.split("-")) for p in spec.split(",")]
+except ValueError:
+    sys.exit(1)
+ok = len(r) == n and all(len(p) == 2 and p[0] < p[1] for p in r) and r[0][0] == 0 \
+    and r[-1][1] == layers and all(r[i][1] == r[i + 1][0] for i in range(n - 1))
+if not ok:
+    sys.exit(1)
+print(" ".join(str(p[0]) for p in r), layers)
+' "$split" "$n" "$layers")) && [ ${#starts[@]} -eq $((n + 1)) ] \
+      || die "--split must be $n contiguous ranges A-B from 0 to $layers"
+  else
+    for ((i = 0; i <= n; i++)); do starts+=($((i * layers / n))); done
+  fi
 
   ip link add "$BR" type bridge
   ip addr add "$NET.1/24" dev "$BR"
@@ -325,7 +349,7 @@ cmd_up() {
       echo "$period" >"$cdir/cpu.cfs_period_us"
       echo "$quota" >"$cdir/cpu.cfs_quota_us"
     fi
-    local a=$((i * layers / n)) b=$(((i + 1) * layers / n)) role=mid
+    local a=${starts[$i]} b=${starts[$((i + 1))]} role=mid
     [ "$i" -eq 0 ] && role=entry
     [ "$i" -eq $((n - 1)) ] && role=exit
     [ "$n" -eq 1 ] && role=full

@@ -7,6 +7,8 @@
 #                                [-n TOKENS] [--reps R] [--kv-dtype f32|f16]
 #                                [--knot FILE]   (default: r1-sim.sh's, the real Qwen 0.5B)
 #                                [--per-hop]     (the gateway drives every hop: the old path, to compare)
+#                                [--split A-B,...] (r1-sim.sh's layer ranges, e.g. shard-knot plan's)
+#                                [--ids-out FILE]  (first: 16 greedy ids over the chain into FILE)
 #
 # --link, --delay, --rate and --hub go to r1-sim.sh up as they are (its header has the
 # profiles' figures: usb2 is the seed's shared USB 2.0 hub, wifi a 50 Mbit/s 802.11n link;
@@ -26,13 +28,16 @@
 # above; the 1-stream row says serve's decode as a fraction of it. Bytes per token: what
 # crossed the gateway's links (r1-sim's proxy counts, connections the host opened, both
 # directions) per generated token of the 1-stream runs (proxy links only; netem: n/a).
+# --ids-out: before the measurements, `moonshine --mesh` generates 16 greedy tokens after
+# "The capital of France is" (Qwen's ids) over the nodes and writes their ids, comma separated,
+# to FILE (scripts/bench/moe-bench.sh compares them with one process).
 # Needs what r1-sim.sh needs, plus target/release/moonshine.
 # Exit codes: 0 measured (the table is not a gate); 1 a run failed; 2 bad usage or a missing
 # binary.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 MOON=${MOONSHINE_BIN:-$ROOT/target/release/moonshine}
-nodes=2 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=() link=() serve_args=()
+nodes=2 cpus=1 mem=2.95G ntok=48 reps=3 streams=1,2,3 kv=f32 knot=() link=() serve_args=() ids_out=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -48,6 +53,8 @@ while [[ $# -gt 0 ]]; do
     --kv-dtype) kv=$2; shift 2 ;;
     --knot) knot=(--knot "$2"); shift 2 ;;
     --per-hop) serve_args+=(--per-hop); shift ;;
+    --split) link+=(--split "$2"); shift 2 ;;
+    --ids-out) ids_out=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
     *) echo "chain-bench: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -68,6 +75,13 @@ trap cleanup EXIT
   --kv-dtype "$kv" "${knot[@]}" | tee "$out/up.log"
 # The link as r1-sim.sh says it ("link wifi: 15 ms ... via proxy"), for the table.
 shape=$(grep -o 'link [a-z0-9]*: [^;]* via [a-z]*' "$out/up.log" || echo "link ?")
+if [ -n "$ids_out" ]; then
+  "$MOON" --mesh "$R1SIM_STATE/mesh.json" --tokens 785,6722,315,9625,374 -n 16 --temperature 0 \
+    --json >"$out/ids.json" 2>"$out/ids.err" || { cat "$out/ids.err" >&2; exit 1; }
+  python3 -c 'import json, sys; print(",".join(map(str, json.loads(open(sys.argv[1]).readline())["tokens"])))' \
+    "$out/ids.json" >"$ids_out"
+  echo "chain-bench: greedy ids over the chain: $(cat "$ids_out")"
+fi
 "$MOON" serve --mesh "$R1SIM_STATE/mesh.json" --listen 127.0.0.1:0 --max-concurrent 8 ${serve_args[@]+"${serve_args[@]}"} \
   >"$out/serve.log" 2>&1 &
 serve_pid=$!

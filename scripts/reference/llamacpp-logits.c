@@ -1,5 +1,6 @@
 // llama.cpp's logits of the last position for given token ids, one thread, as little-endian f32:
-//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] [--experts OUT.i32] ID...
+//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] [--experts OUT.i32]
+//                   [--greedy N OUT.txt] ID...
 // Built by scripts/reference/make-synthetic-golden.sh against the static libraries of
 // scripts/bench/build-llama-bench.sh's native build (the same llama.cpp as the benchmarks).
 // Weight repacking (extra CPU buffer types) is off: in llama.cpp 0.3.36 it sometimes dies of
@@ -9,6 +10,10 @@
 // --experts (mixture-of-experts models) writes the experts each token chose in every block, in
 // llama.cpp's top-k order, as little-endian i32 (block, token, k), read from the graph's
 // `ffn_moe_topk-N` tensors through the eval callback.
+// --greedy then continues N tokens greedily, one llama_decode per token, and writes one line
+// per step: the chosen id and its logit's lead over the runner-up (a small lead is a near-tie
+// another implementation may break the other way).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +26,7 @@ static FILE *experts_out;
 // Eval callback: asks for the `ffn_moe_topk-N` tensors and appends their rows (k ids each).
 static bool topk_cb(struct ggml_tensor *t, bool ask, void *user) {
     (void)user;
-    if (strncmp(t->name, "ffn_moe_topk-", 13) != 0) return ask ? false : true;
+    if (!experts_out || strncmp(t->name, "ffn_moe_topk-", 13) != 0) return ask ? false : true;
     if (ask) return true;
     if (t->type != GGML_TYPE_I32) return true;
     for (int64_t r = 0; r < t->ne[1]; r++) {
@@ -54,6 +59,17 @@ int main(int argc, char **argv) {
         }
         first += 2;
     }
+    int greedy = 0;
+    FILE *greedy_out = NULL;
+    if (first + 2 < argc && strcmp(argv[first], "--greedy") == 0) {
+        greedy = atoi(argv[first + 1]);
+        greedy_out = fopen(argv[first + 2], "w");
+        if (greedy <= 0 || greedy > 4096 || !greedy_out) {
+            fprintf(stderr, "llamacpp-logits: --greedy wants 1 to 4096 and a writable file\n");
+            return 2;
+        }
+        first += 3;
+    }
     int n = argc - first;
     if (n <= 0 || n > 4096) {
         fprintf(stderr, "llamacpp-logits: give 1 to 4096 token ids\n");
@@ -83,7 +99,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t)(n + 16);
+    cp.n_ctx = (uint32_t)(n + greedy + 16);
     cp.n_batch = (uint32_t)(n + 16);
     cp.n_threads = 1;
     cp.n_threads_batch = 1;
@@ -116,6 +132,32 @@ int main(int argc, char **argv) {
     }
     if (experts_out && fclose(experts_out) != 0) {
         fprintf(stderr, "llamacpp-logits: cannot write the experts\n");
+        return 1;
+    }
+    // The prompt's choice only: the greedy steps below route too.
+    experts_out = NULL;
+    for (int step = 0; step < greedy; step++) {
+        const float *row = llama_get_logits_ith(ctx, -1);
+        if (!row) {
+            fprintf(stderr, "llamacpp-logits: no logits\n");
+            return 1;
+        }
+        llama_token best = 0;
+        for (int v = 1; v < vocab; v++) {
+            if (row[v] > row[best]) best = v;
+        }
+        float second = -INFINITY;
+        for (int v = 0; v < vocab; v++) {
+            if (v != best && row[v] > second) second = row[v];
+        }
+        fprintf(greedy_out, "%d %.6f\n", best, row[best] - second);
+        if (llama_decode(ctx, llama_batch_get_one(&best, 1)) != 0) {
+            fprintf(stderr, "llamacpp-logits: llama_decode failed\n");
+            return 1;
+        }
+    }
+    if (greedy_out && fclose(greedy_out) != 0) {
+        fprintf(stderr, "llamacpp-logits: cannot write the greedy run\n");
         return 1;
     }
     llama_free(ctx);

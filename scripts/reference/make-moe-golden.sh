@@ -9,6 +9,10 @@
 #                                                              (llama.cpp's own batching noise)
 #   fat-station/tests/golden/moe/tiny_moe_seed0_experts.i32     the experts llama.cpp chose, i32
 #                                                              (block, token, k), batched run
+#   fat-station/tests/golden/moe/tiny_moe_seed0_llamacpp_greedy.txt  llama.cpp's greedy run of 32
+#                                                              tokens after the prompt: per
+#                                                              line the id and its lead over
+#                                                              the runner-up
 # The GGUF: scripts/make-synthetic-model.py --preset tiny-moe --type q8_0 --seed 0. When the
 # test's GGUF has another sha256 (another numpy or gguf), it does not compare with llama.cpp.
 # Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer (scripts/fetch-model.sh qwen);
@@ -36,7 +40,8 @@ gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/incl
   "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
   -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
 "$tmp/llamacpp-logits" "$tmp/tiny-moe.gguf" "$out/tiny_moe_seed0_llamacpp.f32" \
-  --experts "$out/tiny_moe_seed0_experts.i32" "${prompt[@]}"
+  --experts "$out/tiny_moe_seed0_experts.i32" \
+  --greedy 32 "$out/tiny_moe_seed0_llamacpp_greedy.txt" "${prompt[@]}"
 "$tmp/llamacpp-logits" "$tmp/tiny-moe.gguf" "$out/tiny_moe_seed0_llamacpp_tbt.f32" \
   --token-by-token "${prompt[@]}"
 echo "make-moe-golden: wrote $out (llama.cpp $version)" >&2
