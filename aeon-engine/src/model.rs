@@ -258,7 +258,7 @@ impl<'a> Model<'a> {
             }
         }
         for l in range.start as usize..range.end as usize {
-            let has_state = session.cache(l).is_some_and(|c| c.conv.is_some());
+            let has_state = session.cache(l).is_some_and(|c| c.is_recurrent());
             if has_state != cfg.is_recurrent(l) {
                 return Err(EngineError::SessionMismatch(format!(
                     "block {l} is {} but the session {} a recurrent state for it",
@@ -350,6 +350,12 @@ impl<'a> Model<'a> {
                 let (bcx, y) = s.bcx.split_at_mut(seq * 3 * h);
                 state.forward(c, &s.xb, seq, bcx, y, &mut s.xb2);
             }
+            Mixer::Ssm(m) => {
+                let Some(state) = cache.ssm.as_mut() else {
+                    unreachable!("forward checked that every recurrent block has its state");
+                };
+                state.forward(m, &s.xb[..seq * h], seq, &mut s.xb2[..seq * h]);
+            }
         }
 
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
@@ -357,7 +363,10 @@ impl<'a> Model<'a> {
         add_inplace(x, &s.xb2[..seq * h]);
 
         // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
-        // input; or routed experts.
+        // input; or routed experts; or none (mamba).
+        if matches!(w.ffn, Ffn::None) {
+            return;
+        }
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rmsnorm(o, xi, w.ffn_norm, cfg.norm_eps);
         }
@@ -376,6 +385,7 @@ impl<'a> Model<'a> {
                 linear(down, &s.hb, seq, &mut s.xb2);
             }
             Ffn::Moe(m) => m.forward(&s.xb[..seq * h], seq, cfg.recipe.activation, &mut s.xb2),
+            Ffn::None => {}
         }
         post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
         residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);
