@@ -282,9 +282,10 @@ impl<'a> Model<'a> {
         scratch.fit(cfg, seq);
         // Taken, not borrowed, so a nested call on this thread (never expected) still works.
         let mut fwd = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
-        // RoPE angles of every row, once for all blocks and heads.
-        let hd = cfg.head_dim;
-        fwd.rope.resize(seq * hd, 0.0);
+        // RoPE angles of every row, once for all blocks and heads (none for a pure
+        // state-space model, whose head_dim is 0).
+        let hd = cfg.head_dim.max(1);
+        fwd.rope.resize(seq * cfg.head_dim, 0.0);
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
         }
@@ -293,7 +294,7 @@ impl<'a> Model<'a> {
             fwd.rope.iter_mut().for_each(|c| *c *= mscale);
         }
         if (range.start..range.end).any(|l| cfg.window(l as usize).is_some()) {
-            fwd.rope_swa.resize(seq * hd, 0.0);
+            fwd.rope_swa.resize(seq * cfg.head_dim, 0.0);
             for (t, cs) in fwd.rope_swa.chunks_exact_mut(hd).enumerate() {
                 rope_angles(cs, &self.inv_freq_swa, pos + t);
             }

@@ -26,6 +26,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
+use super::kernels::scan::{mamba1_row, mamba2_row, scan_isa, Mamba1Row};
 use super::kernels::{linear, Linear};
 use super::ops::{exp, rmsnorm_inplace};
 use super::shortconv::Checkpoints;
@@ -135,10 +136,11 @@ const RECENT: usize = 2;
 ///
 /// Unlike a KV cache (or LFM2's short window, [`super::ConvState`]), the scan's state folds in
 /// every earlier position and cannot be cut back; it is restored from snapshots, each a full
-/// copy ([`SsmConfig::state_floats`] floats): at every multiple of `every` positions, at the
-/// end of each of the last `turns` multi-row forwards, and at the start of each of the last
-/// two forwards. The `window` of [`Checkpoints`] does not apply (a snapshot per position
-/// would cost a state per token).
+/// copy ([`SsmConfig::state_floats`] floats): at the latest `turns` multiples of `every`
+/// positions, at the end of each of the last `turns` multi-row forwards, and at the start of
+/// each of the last two forwards: at most `2 turns + 2` states (18 by default). The `window`
+/// of [`Checkpoints`] does not apply, nor are older periodic snapshots kept (a snapshot per
+/// position, or one every 256 over a long session, would cost a whole state each).
 pub struct SsmState {
     cfg: SsmConfig,
     /// (conv_kernel - 1, conv_dim): the latest inputs of the convolution, oldest first.
@@ -153,6 +155,9 @@ pub struct SsmState {
     turn_ends: VecDeque<usize>,
     /// Positions of the latest forwards' starting snapshots, oldest first.
     starts: VecDeque<usize>,
+    /// Positions of the periodic snapshots (every `every`), oldest first: the latest
+    /// `turns` of them are kept (each costs a whole state).
+    periodic: VecDeque<usize>,
     policy: Checkpoints,
     /// The RMS norms' epsilon (the model's).
     eps: f32,
@@ -170,6 +175,7 @@ impl SsmState {
             snapshots: BTreeMap::new(),
             turn_ends: VecDeque::new(),
             starts: VecDeque::new(),
+            periodic: VecDeque::new(),
             policy,
         }
     }
@@ -236,21 +242,27 @@ impl SsmState {
         self.snapshots.retain(|&c, _| c <= p);
         self.turn_ends.retain(|&c| c <= p);
         self.starts.retain(|&c| c <= p);
+        self.periodic.retain(|&c| c <= p);
     }
 
     fn snapshot(&mut self) {
-        let mut s = Vec::with_capacity(self.conv.len() + self.h.len());
-        s.extend_from_slice(&self.conv);
+        let conv = std::mem::take(&mut self.conv);
+        self.snapshot_with(&conv);
+        self.conv = conv;
+    }
+
+    /// A snapshot at the current length whose convolution window is `conv` (within a
+    /// forward, the window of that position, not yet `self.conv`).
+    fn snapshot_with(&mut self, conv: &[f32]) {
+        let mut s = Vec::with_capacity(conv.len() + self.h.len());
+        s.extend_from_slice(conv);
         s.extend_from_slice(&self.h);
         self.snapshots.insert(self.len, s);
     }
 
     /// Whether the snapshot at `p` is still wanted (after `p` left one of the lists).
     fn kept(&self, p: usize) -> bool {
-        let every = self.policy.every;
-        (every > 0 && p.is_multiple_of(every))
-            || self.turn_ends.contains(&p)
-            || self.starts.contains(&p)
+        self.periodic.contains(&p) || self.turn_ends.contains(&p) || self.starts.contains(&p)
     }
 
     /// Runs the layer over `seq` normed rows `xn` (seq, hidden) at positions
@@ -316,12 +328,24 @@ impl SsmState {
         self.conv.copy_from_slice(&cat[seq * cd..(seq + keep) * cd]);
     }
 
-    /// Snapshots due at the position just reached (every `every` positions).
-    fn step_done(&mut self) {
+    /// Row `t` of a forward is done: snapshots due at the position reached (every `every`
+    /// positions), with that position's convolution window (rows `t + 1 ..= t + keep` of
+    /// the forward's `cat`).
+    fn step_done(&mut self, t: usize, cat: &[f32]) {
         self.len += 1;
         let every = self.policy.every;
         if every > 0 && self.len.is_multiple_of(every) {
-            self.snapshot();
+            let cd = self.cfg.conv_dim();
+            let keep = self.cfg.conv_kernel - 1;
+            self.snapshot_with(&cat[(t + 1) * cd..(t + 1 + keep) * cd]);
+            self.periodic.push_back(self.len);
+            while self.periodic.len() > self.policy.turns.max(1) {
+                if let Some(old) = self.periodic.pop_front() {
+                    if !self.kept(old) {
+                        self.snapshots.remove(&old);
+                    }
+                }
+            }
         }
     }
 
@@ -378,7 +402,7 @@ impl SsmState {
             for (((y, &x), &d), &z) in dt.iter_mut().zip(x).zip(w.d).zip(z) {
                 *y = (*y + x * d) * silu(z);
             }
-            self.step_done();
+            self.step_done(t, &s.cat);
         }
         linear(&w.out_proj, &s.y, seq, out);
     }
@@ -417,7 +441,7 @@ impl SsmState {
             for (yg, ng_w) in y.chunks_exact_mut(gw).zip(norm.chunks_exact(gw)) {
                 rmsnorm_inplace(yg, ng_w, self.eps);
             }
-            self.step_done();
+            self.step_done(t, &s.cat);
         }
         linear(&w.out_proj, &s.y, seq, out);
     }
@@ -483,16 +507,17 @@ fn scan_mamba1(
     let y = dt;
     y.fill(0.0);
     let (b, c) = bc.split_at(ds);
+    let isa = scan_isa();
     for s in 0..ds {
-        let (bs, cs) = (b[s], c[s]);
-        let hs = &mut h[s * di..(s + 1) * di];
-        let as_ = &a[s * di..(s + 1) * di];
         // One lane per channel: the same operations in the same order as one channel alone.
-        for i in 0..di {
-            let st = hs[i] * exp(spv[i] * as_[i]) + bs * xdt[i];
-            hs[i] = st;
-            y[i] += st * cs;
-        }
+        let r = Mamba1Row {
+            a: &a[s * di..(s + 1) * di],
+            sp: spv,
+            xdt,
+            b: b[s],
+            c: c[s],
+        };
+        mamba1_row(isa, r, &mut h[s * di..(s + 1) * di], y);
     }
 }
 
@@ -511,6 +536,7 @@ fn scan_mamba2(
     let (x, bc) = xbc.split_at(di);
     let (b, c) = bc.split_at(ng * ds);
     y.fill(0.0);
+    let isa = scan_isa();
     for head in 0..nh {
         let sp = softplus(dt[head] + dt_bias[head]);
         let da = exp(sp * a[head]);
@@ -520,12 +546,7 @@ fn scan_mamba2(
         let hh = &mut h[head * ds * hd..(head + 1) * ds * hd];
         for s in 0..ds {
             let (bs, cs) = (b[g * ds + s], c[g * ds + s]);
-            let row = &mut hh[s * hd..(s + 1) * hd];
-            for i in 0..hd {
-                let st = row[i] * da + bs * (xh[i] * sp);
-                row[i] = st;
-                yh[i] += st * cs;
-            }
+            mamba2_row(isa, (da, sp, bs, cs), xh, &mut hh[s * hd..(s + 1) * hd], yh);
         }
     }
 }

@@ -156,15 +156,18 @@ fn a_cut_back_mamba_session_restores_its_scan_state_from_a_snapshot() {
     assert_eq!(s.truncate(11, 0), 11);
     let mut alt = PROMPT;
     alt[11] = 11;
-    assert_eq!(m.logits(&mut s, &alt[11..12]).expect("step"), fresh(&alt));
+    let got = m.logits(&mut s, &alt[11..12]).expect("step");
+    assert!(got == fresh(&alt), "restoring 11 is not exact");
     // The end of the turn (9) is a snapshot: exact.
     assert_eq!(s.truncate(9, 0), 9);
-    assert_eq!(m.logits(&mut s, &alt[9..12]).expect("replay"), fresh(&alt));
+    let got = m.logits(&mut s, &alt[9..12]).expect("replay");
+    assert!(got == fresh(&alt), "restoring the turn end is not exact");
     // Between snapshots: back to the latest (every 4: position 4), said so; replay from there.
     assert_eq!(s.truncate(7, 0), 4);
-    assert_eq!(
-        m.logits(&mut s, &PROMPT[4..12]).expect("replay"),
-        fresh(&PROMPT)
+    let got = m.logits(&mut s, &PROMPT[4..12]).expect("replay");
+    assert!(
+        got == fresh(&PROMPT),
+        "replay from a periodic snapshot inside a forward is not exact"
     );
     // Memory: a constant state per layer plus its snapshots, however long the session.
     let per_layer = m.cfg.ssm.expect("ssm").state_floats() * 4;
