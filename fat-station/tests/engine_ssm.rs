@@ -162,13 +162,19 @@ fn a_cut_back_mamba_session_restores_its_scan_state_from_a_snapshot() {
     assert_eq!(s.truncate(9, 0), 9);
     let got = m.logits(&mut s, &alt[9..12]).expect("replay");
     assert!(got == fresh(&alt), "restoring the turn end is not exact");
-    // Between snapshots: back to the latest (every 4: position 4), said so; replay from there.
-    assert_eq!(s.truncate(7, 0), 4);
-    let got = m.logits(&mut s, &PROMPT[4..12]).expect("replay");
+    // A periodic snapshot taken inside the 9-token forward (every 4: position 8), with that
+    // position's convolution window: exact.
+    assert_eq!(s.truncate(8, 0), 8);
+    let got = m.logits(&mut s, &PROMPT[8..12]).expect("replay");
     assert!(
         got == fresh(&PROMPT),
         "replay from a periodic snapshot inside a forward is not exact"
     );
+    // Only the latest `turns` (2) periodic snapshots are kept: 4 was let go, so a rewind to
+    // 7 goes back to the empty state, and says so.
+    assert_eq!(s.truncate(7, 0), 0);
+    let got = m.logits(&mut s, &PROMPT).expect("replay");
+    assert!(got == fresh(&PROMPT), "replay from 0 is not exact");
     // Memory: a constant state per layer plus its snapshots, however long the session.
     let per_layer = m.cfg.ssm.expect("ssm").state_floats() * 4;
     assert!(s.kv_bytes() >= 3 * per_layer);
