@@ -57,6 +57,20 @@ Presets (hyper-parameters from the models' config.json):
                  in attn_qkv, gate and up in ffn_up (gate rows first); LongRoPE: context
                  131072 over an original 4096, rope_factors_short / _long of 1 + 2 U(0, 1)
                  and rope.scaling.attn_factor sqrt(1 + ln(32) / ln(4096))
+  mamba-tiny     mamba (Mamba-1): 3 layers, hidden 256, inner 512, state 16, dt rank 32, conv 4
+                 taps, tied; A_log = ln(1..16) per channel (ssm_a = -exp(A_log), as the
+                 converter stores it), dt bias the inverse softplus of exp(U(ln 0.001, ln 0.1)),
+                 D = 1 + N(0, 0.05); the layer's projections N(0, 1/cols) so the scan moves the
+                 residual (Qwen's 0.02 would leave every layer near zero)
+  mamba-2.8b     mamba-2.8b's shape: 64 layers, hidden 2560, inner 5120, state 16, dt rank 160;
+                 Qwen's vocabulary stands in for its 50280 (a larger head: benches say so)
+  mamba2-tiny    mamba2: 3 layers, hidden 256, inner 512, 8 heads of 64, state 32, 2 groups,
+                 conv 4 taps, grouped norm; A_log = ln U(1, 16) per head
+  granitehybrid-tiny
+                 granitehybrid (Granite 4.0-H's dense layout): 4 layers, hidden 256, Mamba-2
+                 layers (8 heads, state 32, 1 group) on 0 and 2, granite's GQA attention (4 / 2
+                 heads of 64) on 1 and 3, every layer a SwiGLU FFN of 512; granite-tiny's
+                 multipliers
   phi3-mini      Phi-3-mini-128k's shape: 32 layers, hidden 3072, 32 / 32 heads of 96, ffn
                  8192, vocab 32064 (Qwen's first 32064 tokens are not a vocabulary: the
                  tokenizer's count wins, 151936; benches say so), the same LongRoPE keys
@@ -214,6 +228,17 @@ MISTRAL_V3_CONTROLS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                        "[TOOL_RESULTS]", "[/TOOL_RESULTS]"] + [f"[control_{i}]" for i in range(8, 769)]
 # llama.cpp's token types.
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_BYTE = 1, 2, 3, 6
+SSM_PRESETS = {
+    # name: (arch, layers, hidden, inner, state, dt_rank (mamba2: heads), groups, conv kernel,
+    #        vocab, context, attention layers (granitehybrid), heads, kv_heads, ffn)
+    "mamba-tiny": ("mamba", 3, 256, 512, 16, 32, 0, 4, None, 4096, None, 0, 0, 0),
+    "mamba-2.8b": ("mamba", 64, 2560, 5120, 16, 160, 0, 4, None, 1048576, None, 0, 0, 0),
+    "mamba2-tiny": ("mamba2", 3, 256, 512, 32, 8, 2, 4, None, 4096, None, 0, 0, 0),
+    "granitehybrid-tiny": ("granitehybrid", 4, 256, 512, 32, 8, 1, 4, None, 4096, [1, 3], 4, 2, 512),
+}
+SSM_RMS_EPS = 1e-5
+DT_MIN, DT_MAX = 0.001, 0.1  # Mamba's time-step init range
+SSM_CONV_STD = 0.3
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -389,7 +414,7 @@ def spm_tokenizer_fields(path, version):
 def plan(cfg, wtype):
     """(name, numpy shape (rows, cols), ggml type, kind) for every tensor, in file order."""
     L, D, H, KVH, F, V, tied = cfg["layers"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["vocab"], cfg["tied"]
-    hd = cfg.get("head_dim") or D // H
+    hd = cfg.get("head_dim") or (D // H if H else 0)
     kv = KVH * hd
     qd = H * hd
     moe = cfg["arch"] == "qwen3moe"
@@ -410,6 +435,8 @@ def plan(cfg, wtype):
         return Q.Q5_0
 
     t = [("token_embd.weight", (V, D), mat("token_embd.weight"), "embed")]
+    if cfg["arch"] in ("mamba", "mamba2", "granitehybrid"):
+        return t + plan_ssm(cfg, mat)
     llama = cfg["arch"] in ("llama", "granite", "smollm3")
     if cfg["preset"] == "llama3-tiny":
         t.append(("rope_freqs.weight", (hd // 2,), Q.F32, "llama3_freqs"))
@@ -556,6 +583,62 @@ def plan(cfg, wtype):
     return t
 
 
+def plan_ssm(cfg, mat):
+    """The blocks, final norm and head of mamba, mamba2 and granitehybrid (llama.cpp's names)."""
+    L, D, F, V, tied = cfg["layers"], cfg["hidden"], cfg["ffn"], cfg["vocab"], cfg["tied"]
+    di, ds, R, G, K = cfg["inner"], cfg["state"], cfg["dt_rank"], cfg["groups"], cfg["conv"]
+    attn = cfg.get("attn") or []
+    m1 = cfg["arch"] == "mamba"
+    t = []
+    for i in range(L):
+        p = f"blk.{i}."
+        t.append((p + "attn_norm.weight", (D,), Q.F32, "norm"))
+        if i in attn:
+            H, KVH = cfg["heads"], cfg["kv_heads"]
+            kv = KVH * (D // H)
+            t += [
+                (p + "attn_q.weight", (D, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_output.weight", (D, D), mat(p + "attn_output.weight", i), "proj"),
+            ]
+        elif m1:
+            t += [
+                (p + "ssm_in.weight", (2 * di, D), mat(p + "ssm_in.weight", i), "ssm_proj"),
+                (p + "ssm_conv1d.weight", (di, K), Q.F32, "ssm_conv"),
+                (p + "ssm_conv1d.bias", (di,), Q.F32, "bias"),
+                (p + "ssm_x.weight", (R + 2 * ds, di), mat(p + "ssm_x.weight", i), "ssm_proj"),
+                (p + "ssm_dt.weight", (di, R), mat(p + "ssm_dt.weight", i), "ssm_proj"),
+                (p + "ssm_dt.bias", (di,), Q.F32, "dt_bias"),
+                (p + "ssm_a", (di, ds), Q.F32, "a_mamba1"),
+                (p + "ssm_d", (di,), Q.F32, "ssm_d"),
+                (p + "ssm_out.weight", (D, di), mat(p + "ssm_out.weight", i), "ssm_proj"),
+            ]
+        else:
+            cd = di + 2 * G * ds
+            t += [
+                (p + "ssm_in.weight", (2 * di + 2 * G * ds + R, D), mat(p + "ssm_in.weight", i), "ssm_proj"),
+                (p + "ssm_conv1d.weight", (cd, K), Q.F32, "ssm_conv"),
+                (p + "ssm_conv1d.bias", (cd,), Q.F32, "bias"),
+                (p + "ssm_dt.bias", (R,), Q.F32, "dt_bias"),
+                (p + "ssm_a", (R, 1), Q.F32, "a_mamba2"),
+                (p + "ssm_d", (R, 1), Q.F32, "ssm_d"),
+                (p + "ssm_norm.weight", (G, di // G), Q.F32, "norm"),
+                (p + "ssm_out.weight", (D, di), mat(p + "ssm_out.weight", i), "ssm_proj"),
+            ]
+        if F:
+            t += [
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+    t.append(("output_norm.weight", (D,), Q.F32, "out_norm"))
+    if not tied:
+        t.append(("output.weight", (V, D), mat("output.weight"), "proj"))
+    return t
+
+
 def encode(x, qtype):
     """f32 rows -> the bytes (as a numpy array) of `qtype`."""
     if qtype == Q.F32:
@@ -596,6 +679,19 @@ def values(name, shape, kind, seed, hidden, qtype):
         return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
     if kind == "conv":
         return CONV_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "ssm_conv":
+        return SSM_CONV_STD * g.standard_normal(shape, dtype=np.float32)
+    if kind == "dt_bias":
+        # Mamba's init: dt = exp(U(ln DT_MIN, ln DT_MAX)), stored as softplus^-1(dt).
+        dt = np.exp(g.uniform(np.log(DT_MIN), np.log(DT_MAX), shape)).astype(np.float64)
+        return (dt + np.log(-np.expm1(-dt))).astype(np.float32)
+    if kind == "a_mamba1":
+        # A_log = ln(1..state) per channel; the GGUF holds A = -exp(A_log).
+        return -np.tile(np.arange(1, shape[1] + 1, dtype=np.float32), (shape[0], 1))
+    if kind == "a_mamba2":
+        return -g.uniform(1.0, 16.0, shape).astype(np.float32)
+    if kind == "ssm_d":
+        return (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32)).astype(np.float32)
     if kind == "router":
         rows, cols = shape
         scale = ROUTER_STD * np.exp(ROUTER_SPREAD * g.standard_normal((rows, 1), dtype=np.float32))
@@ -608,7 +704,7 @@ def values(name, shape, kind, seed, hidden, qtype):
     for r0 in range(0, rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, rows - r0)
         x = g.standard_normal((n, cols), dtype=np.float32)
-        x *= STD
+        x *= STD if kind != "ssm_proj" else 1.0 / np.sqrt(cols)
         parts.append(encode(x, qtype))
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
@@ -636,7 +732,19 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     w.add_feed_forward_length(cfg["ffn"])
     w.add_head_count(cfg["heads"])
     attn = cfg.get("attn")
-    if attn is not None:
+    if cfg["arch"] in ("mamba", "mamba2", "granitehybrid"):
+        w.add_ssm_conv_kernel(cfg["conv"])
+        w.add_ssm_inner_size(cfg["inner"])
+        w.add_ssm_state_size(cfg["state"])
+        w.add_ssm_time_step_rank(cfg["dt_rank"])
+        if cfg["groups"]:
+            w.add_ssm_group_count(cfg["groups"])
+        w.add_vocab_size(cfg["vocab"])
+        if attn:
+            # Per-layer KV heads: 0 marks a Mamba layer (llama.cpp's is_recr).
+            w.add_head_count_kv([cfg["kv_heads"] if i in attn else 0 for i in range(cfg["layers"])])
+            w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
+    elif attn is not None:
         # Per-layer KV heads: 0 marks a short-convolution layer (llama.cpp's is_recr).
         w.add_head_count_kv([cfg["kv_heads"] if i in attn else 0 for i in range(cfg["layers"])])
         w.add_uint32("lfm2.shortconv.l_cache", LFM2_L_CACHE)
@@ -663,15 +771,16 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
              "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA, "starcoder2": STARCODER2_THETA,
-             "glm4": GLM4_THETA}
-    w.add_rope_freq_base(cfg.get("theta") or theta.get(cfg["arch"], ROPE_THETA))
+             "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA}
+    if cfg["arch"] not in ("mamba", "mamba2"):
+        w.add_rope_freq_base(cfg.get("theta") or theta.get(cfg["arch"], ROPE_THETA))
     if cfg["arch"] == "starcoder2":
         w.add_layer_norm_eps(STARCODER2_NORM_EPS)
     elif cfg["arch"] == "glm4":
         w.add_layer_norm_rms_eps(GLM4_RMS_EPS)
         w.add_rope_dimension_count(int(cfg["hidden"] // cfg["heads"] * GLM4_ROPE_SHARE))
     else:
-        w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3") else RMS_EPS)
+        w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3", "mamba", "mamba2") else RMS_EPS)
     if cfg["preset"] == "tiny-linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(LINEAR_FACTOR)
@@ -680,12 +789,13 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(orig)
-    if cfg["arch"] == "granite":
+    if cfg["arch"] in ("granite", "granitehybrid"):
         e, r, at, lg = GRANITE_MULTIPLIERS
-        w.add_float32("granite.embedding_scale", e)
-        w.add_float32("granite.residual_scale", r)
-        w.add_float32("granite.attention.scale", at)
-        w.add_float32("granite.logit_scale", lg)
+        a = cfg["arch"]
+        w.add_float32(f"{a}.embedding_scale", e)
+        w.add_float32(f"{a}.residual_scale", r)
+        w.add_float32(f"{a}.attention.scale", at)
+        w.add_float32(f"{a}.logit_scale", lg)
     if cfg["arch"] in ("llama", "granite", "smollm3"):
         w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
     w.add_file_type(ftype)
@@ -718,7 +828,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
     ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS)
-                    + sorted(MISTRAL_PRESETS), default="tiny")
+                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -761,9 +871,15 @@ def main():
             die("--hidden is for the qwen2 presets")
         if not a.spm_json or not os.path.exists(a.spm_json):
             die("the mistral presets need --spm-json TOKENIZER.json (scripts/fetch-tokenizers.sh)")
+    elif a.preset in SSM_PRESETS:
+        arch, L, D, di, ds, R, G, K, V, ctx, attn, H, KVH, F = SSM_PRESETS[a.preset]
+        tied = True
+        moe = dict(arch=arch, inner=di, state=ds, dt_rank=R, groups=G, conv=K, attn=attn)
+        if a.hidden is not None or a.ffn is not None:
+            die("--hidden and --ffn are not for the state-space presets")
     else:
         L, D, H, KVH, F, V, tied, ctx = PRESETS[a.preset]
-    hd, group = D // H, H // KVH
+    hd, group = (D // H, H // KVH) if H else (0, 1)
     if a.hidden is not None:
         if a.hidden <= 0 or a.hidden % hd or (a.hidden // hd) % group:
             die(f"--hidden {a.hidden} must be a multiple of head_dim {hd} * group {group}")

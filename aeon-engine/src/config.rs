@@ -2,6 +2,7 @@
 
 use knot_format::{ArchConfig, MoeConfig, RopeStyle};
 
+use super::ssm::{SsmConfig, SsmKind};
 use super::EngineError;
 
 /// Architectures the forward pass implements (`knot_format::RUNNABLE_ARCHS` names them for
@@ -33,11 +34,20 @@ pub enum Arch {
     Qwen3Moe,
     /// Liquid LFM2: see [`Recipe::LFM2`].
     Lfm2,
+    /// Mamba (Mamba-1): every layer a selective state-space layer (`ssm.rs`), no attention,
+    /// no FFN; the baseline's norms and head.
+    Mamba,
+    /// Mamba-2: as [`Arch::Mamba`] with Mamba-2's layer (heads, groups, grouped norm).
+    Mamba2,
+    /// IBM Granite 4.0-H: Mamba-2 layers where `head_count_kv` is 0, granite's GQA attention
+    /// on the others, every layer with its SwiGLU FFN; granite's multipliers
+    /// ([`Recipe::GRANITE`]).
+    GraniteHybrid,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 12] = [
+    pub const ALL: [(Arch, &'static str); 15] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -50,6 +60,9 @@ impl Arch {
         (Arch::SmolLm3, "smollm3"),
         (Arch::Starcoder2, "starcoder2"),
         (Arch::Glm4, "glm4"),
+        (Arch::Mamba, "mamba"),
+        (Arch::Mamba2, "mamba2"),
+        (Arch::GraniteHybrid, "granitehybrid"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -63,6 +76,8 @@ impl Arch {
     pub fn recipe(self) -> Recipe {
         match self {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
+            Arch::Mamba | Arch::Mamba2 => Recipe::BASELINE,
+            Arch::GraniteHybrid => Recipe::GRANITE,
             Arch::Gemma3 => Recipe::GEMMA3,
             Arch::Gemma2 => Recipe::GEMMA2,
             Arch::Phi3 => Recipe::PHI3,
@@ -374,6 +389,9 @@ pub struct Config {
     pub recurrent_layers: Vec<bool>,
     /// Taps of a recurrent layer's causal convolution (0 without recurrent layers).
     pub conv_kernel: usize,
+    /// The recurrent layers' state-space shape (mamba, mamba2, granitehybrid); `None`: they
+    /// are LFM2's short convolutions.
+    pub ssm: Option<SsmConfig>,
 }
 
 impl Config {
@@ -504,7 +522,8 @@ impl TryFrom<&ArchConfig> for Config {
                 recurrent_layers.len()
             )));
         }
-        if conv_kernel > 0 && arch != Arch::Lfm2 {
+        let ssm = ssm_config(arch, a)?;
+        if conv_kernel > 0 && arch != Arch::Lfm2 && ssm.is_none() {
             return Err(EngineError::Unsupported(format!(
                 "recurrent layers in a {:?} model",
                 a.arch
@@ -520,6 +539,7 @@ impl TryFrom<&ArchConfig> for Config {
             _ => Default::default(),
         };
         Ok(Config {
+            ssm,
             residual_scale: mult.residual,
             logit_mul: mult.logit.map(|s| 1.0 / s),
             recurrent_layers,
@@ -569,6 +589,65 @@ impl TryFrom<&ArchConfig> for Config {
             tied_embeddings: a.tied_embeddings,
         })
     }
+}
+
+/// The state-space layers' shape of a mamba, mamba2 or granitehybrid file, checked; `None`
+/// for other architectures (a file of theirs with an `ssm` shape is refused).
+fn ssm_config(arch: Arch, a: &ArchConfig) -> Result<Option<SsmConfig>, EngineError> {
+    let kind = match arch {
+        Arch::Mamba => SsmKind::Mamba1,
+        Arch::Mamba2 | Arch::GraniteHybrid => SsmKind::Mamba2,
+        _ => {
+            if a.recurrent.as_ref().is_some_and(|r| r.ssm.is_some()) {
+                return Err(EngineError::Unsupported(format!(
+                    "state-space layers in a {:?} model",
+                    a.arch
+                )));
+            }
+            return Ok(None);
+        }
+    };
+    let bad = |why: String| EngineError::BadConfig(format!("{}: {why}", a.arch));
+    let Some((r, s)) = a
+        .recurrent
+        .as_ref()
+        .and_then(|r| r.ssm.as_ref().map(|s| (r, s)))
+    else {
+        return Err(bad("no state-space layer shape (ssm.*)".into()));
+    };
+    let c = SsmConfig {
+        kind,
+        conv_kernel: r.conv_kernel as usize,
+        inner: s.inner as usize,
+        state: s.state as usize,
+        dt_rank: s.dt_rank as usize,
+        groups: match kind {
+            SsmKind::Mamba1 => 1,
+            SsmKind::Mamba2 => s.groups as usize,
+        },
+        dt_b_c_rms: s.dt_b_c_rms,
+    };
+    if kind == SsmKind::Mamba2 {
+        if s.dt_b_c_rms {
+            return Err(EngineError::Unsupported(format!(
+                "{}: ssm.dt_b_c_rms (a Mamba-1 variant's norms)",
+                a.arch
+            )));
+        }
+        if c.groups == 0
+            || !c.dt_rank.is_multiple_of(c.groups)
+            || !c.inner.is_multiple_of(c.dt_rank)
+        {
+            return Err(bad(format!(
+                "{} heads (ssm.time_step_rank) and {} groups do not divide inner size {}",
+                c.dt_rank, c.groups, c.inner
+            )));
+        }
+    }
+    if arch == Arch::GraniteHybrid && r.layers.iter().all(|&l| l) {
+        return Err(bad("no attention layer (head_count_kv)".into()));
+    }
+    Ok(Some(c))
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod ops;
 pub mod sampling;
 mod session;
 mod shortconv;
+mod ssm;
 mod team;
 pub mod tokenizer;
 mod weights;
@@ -20,6 +21,7 @@ pub use config::{Activation, Arch, Config, QueryScale, Recipe, RopeScale, Yarn};
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use shortconv::{Checkpoints, ConvState};
+pub use ssm::{softplus, SsmConfig, SsmKind, SsmState, SsmWeights};
 pub use weights::{AttnWeights, Ffn, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights};
 
 use knot_format::LayerRange;

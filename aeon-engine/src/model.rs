@@ -258,7 +258,7 @@ impl<'a> Model<'a> {
             }
         }
         for l in range.start as usize..range.end as usize {
-            let has_state = session.cache(l).is_some_and(|c| c.conv.is_some());
+            let has_state = session.cache(l).is_some_and(|c| c.is_recurrent());
             if has_state != cfg.is_recurrent(l) {
                 return Err(EngineError::SessionMismatch(format!(
                     "block {l} is {} but the session {} a recurrent state for it",
@@ -282,9 +282,10 @@ impl<'a> Model<'a> {
         scratch.fit(cfg, seq);
         // Taken, not borrowed, so a nested call on this thread (never expected) still works.
         let mut fwd = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
-        // RoPE angles of every row, once for all blocks and heads.
-        let hd = cfg.rope_dim;
-        fwd.rope.resize(seq * hd, 0.0);
+        // RoPE angles of every row, once for all blocks and heads (none for a pure
+        // state-space model, whose head_dim is 0).
+        let hd = cfg.rope_dim.max(1);
+        fwd.rope.resize(seq * cfg.rope_dim, 0.0);
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
         }
@@ -293,7 +294,7 @@ impl<'a> Model<'a> {
             fwd.rope.iter_mut().for_each(|c| *c *= mscale);
         }
         if (range.start..range.end).any(|l| cfg.window(l as usize).is_some()) {
-            fwd.rope_swa.resize(seq * hd, 0.0);
+            fwd.rope_swa.resize(seq * cfg.rope_dim, 0.0);
             for (t, cs) in fwd.rope_swa.chunks_exact_mut(hd).enumerate() {
                 rope_angles(cs, &self.inv_freq_swa, pos + t);
             }
@@ -350,6 +351,12 @@ impl<'a> Model<'a> {
                 let (bcx, y) = s.bcx.split_at_mut(seq * 3 * h);
                 state.forward(c, &s.xb, seq, bcx, y, &mut s.xb2);
             }
+            Mixer::Ssm(m) => {
+                let Some(state) = cache.ssm.as_mut() else {
+                    unreachable!("forward checked that every recurrent block has its state");
+                };
+                state.forward(m, &s.xb[..seq * h], seq, &mut s.xb2[..seq * h]);
+            }
         }
 
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
@@ -357,7 +364,10 @@ impl<'a> Model<'a> {
         add_inplace(x, &s.xb2[..seq * h]);
 
         // FFN: gated (SwiGLU or GeGLU), gate and up sharing one quantization of the normed
-        // input; or routed experts.
+        // input; or routed experts; or none (mamba).
+        if matches!(w.ffn, Ffn::None) {
+            return;
+        }
         for (o, xi) in s.xb.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             self.norm(o, xi, w.ffn_norm, w.ffn_norm_b);
         }
@@ -392,6 +402,7 @@ impl<'a> Model<'a> {
                 linear(down, &s.hb, seq, &mut s.xb2);
                 add_bias(&mut s.xb2[..seq * h], *down_b);
             }
+            Ffn::None => {}
         }
         post_norm(&mut s.xb2[..seq * h], w.post_ffn_norm, h, cfg.norm_eps);
         residual_scale(&mut s.xb2[..seq * h], cfg.residual_scale);

@@ -3,6 +3,7 @@
 use half::f16;
 
 use super::shortconv::{Checkpoints, ConvState};
+use super::ssm::SsmState;
 use super::{Config, Holdings};
 
 /// How a session stores keys and values: `f32` (default; exact) or `f16` (llama.cpp's
@@ -98,6 +99,8 @@ pub struct LayerCache {
     pub v: KvRows,
     /// A short-convolution block's state (LFM2).
     pub conv: Option<ConvState>,
+    /// A state-space block's state (mamba, mamba2, granitehybrid).
+    pub ssm: Option<SsmState>,
 }
 
 impl LayerCache {
@@ -107,20 +110,40 @@ impl LayerCache {
             k: KvRows::new(dtype),
             v: KvRows::new(dtype),
             conv: None,
+            ssm: None,
         }
     }
 
     /// Positions this block has seen.
     pub fn positions(&self, kv_dim: usize) -> usize {
-        match &self.conv {
-            Some(c) => c.len(),
-            None => self.k.len() / kv_dim.max(1),
+        match (&self.conv, &self.ssm) {
+            (Some(c), _) => c.len(),
+            (None, Some(s)) => s.len(),
+            (None, None) => self.k.len() / kv_dim.max(1),
         }
     }
 
     /// Bytes held: keys and values, or the recurrent state with its checkpoints.
     pub fn bytes(&self) -> usize {
-        self.k.bytes() + self.v.bytes() + self.conv.as_ref().map_or(0, ConvState::bytes)
+        self.k.bytes()
+            + self.v.bytes()
+            + self.conv.as_ref().map_or(0, ConvState::bytes)
+            + self.ssm.as_ref().map_or(0, SsmState::bytes)
+    }
+
+    /// Whether the block carries a recurrent state (and no keys or values).
+    pub fn is_recurrent(&self) -> bool {
+        self.conv.is_some() || self.ssm.is_some()
+    }
+
+    /// The latest position `<= p` the block's recurrent state can be cut back to (`p` for
+    /// attention).
+    pub fn restorable(&self, p: usize) -> usize {
+        match (&self.conv, &self.ssm) {
+            (Some(c), _) => c.restorable(p),
+            (None, Some(s)) => s.restorable(p),
+            (None, None) => p,
+        }
     }
 }
 
@@ -216,7 +239,10 @@ impl Session {
     pub fn with_recurrent(mut self, cfg: &Config, policy: Checkpoints) -> Self {
         for (i, c) in self.caches.iter_mut().enumerate() {
             if cfg.is_recurrent(self.first_layer + i) {
-                c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy));
+                match cfg.ssm {
+                    Some(s) => c.ssm = Some(SsmState::new(s, cfg.norm_eps, policy)),
+                    None => c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy)),
+                }
             }
         }
         self
@@ -265,8 +291,8 @@ impl Session {
             let q = self
                 .caches
                 .iter()
-                .filter_map(|c| c.conv.as_ref())
-                .map(|s| s.restorable(p))
+                .filter(|c| c.is_recurrent())
+                .map(|c| c.restorable(p))
                 .min()
                 .unwrap_or(p);
             if q == p {
@@ -286,6 +312,9 @@ impl Session {
             c.k.truncate(pos * kv_dim);
             c.v.truncate(pos * kv_dim);
             if let Some(s) = &mut c.conv {
+                s.truncate(pos);
+            }
+            if let Some(s) = &mut c.ssm {
                 s.truncate(pos);
             }
         }

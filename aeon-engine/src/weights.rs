@@ -4,6 +4,7 @@ use knot_format::{DType, Knot};
 
 use super::kernels::{Linear, QMatrix};
 use super::moe::{Expert, MoeFfn};
+use super::ssm::{SsmConfig, SsmKind, SsmWeights};
 use super::{Config, EngineError};
 
 // Defined beside the shard roles it follows from; the engine loads what it names.
@@ -35,6 +36,8 @@ pub enum Mixer<'a> {
     Attention(AttnWeights<'a>),
     /// LFM2's gated short convolution (`shortconv.rs`).
     ShortConv(ShortConvWeights<'a>),
+    /// Mamba's selective state-space layer (`ssm.rs`).
+    Ssm(SsmWeights<'a>),
 }
 
 /// Self-attention's tensors.
@@ -74,6 +77,7 @@ impl<'a> LayerWeights<'a> {
         let mut m = match &self.mixer {
             Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             Mixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+            Mixer::Ssm(s) => s.matrices(),
         };
         m.extend(self.ffn.matrices());
         m
@@ -104,6 +108,8 @@ pub enum Ffn<'a> {
         /// (hidden)
         down_b: Option<&'a [f32]>,
     },
+    /// No FFN: the block is its mixer alone (mamba, mamba2).
+    None,
 }
 
 impl<'a> Ffn<'a> {
@@ -116,6 +122,7 @@ impl<'a> Ffn<'a> {
                 std::iter::once(&m.router)
                     .chain(m.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down])),
             ),
+            Ffn::None => Box::new(std::iter::empty()),
         }
     }
 }
@@ -184,7 +191,9 @@ impl<'a> Weights<'a> {
             } else {
                 (None, None)
             };
-            let mixer = if cfg.is_recurrent(l as usize) {
+            let mixer = if let (true, Some(sc)) = (cfg.is_recurrent(l as usize), &cfg.ssm) {
+                Mixer::Ssm(ssm_weights(knot, sc, h, &name)?)
+            } else if cfg.is_recurrent(l as usize) {
                 let k = cfg.conv_kernel;
                 let conv = find(knot, &name("shortconv.conv.weight"))?;
                 if conv.entry.shape != [k as u64, h as u64] {
@@ -239,9 +248,14 @@ impl<'a> Weights<'a> {
                 attn_norm_b: norm_bias(&name("attn_norm.bias"))?,
                 mixer,
                 post_attn_norm,
-                ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
+                // No FFN (mamba): an empty norm the block never reads.
+                ffn_norm: match cfg.ffn {
+                    0 => &[],
+                    _ => vector(knot, &name("ffn_norm.weight"), h)?,
+                },
                 ffn_norm_b: norm_bias(&name("ffn_norm.bias"))?,
                 ffn: match &cfg.moe {
+                    None if cfg.ffn == 0 => Ffn::None,
                     None if cfg.recipe.ungated_ffn => Ffn::Ungated {
                         up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
                         up_b: opt_vec("ffn_up.bias", cfg.ffn)?,
@@ -343,6 +357,78 @@ impl<'a> Weights<'a> {
         let start = self.holdings.layers.start as usize;
         layer.checked_sub(start).and_then(|i| self.layers.get(i))
     }
+}
+
+/// A state-space layer's tensors (llama.cpp's `ssm_*` names), checked against `c`.
+fn ssm_weights<'a>(
+    knot: &'a Knot,
+    c: &SsmConfig,
+    h: usize,
+    name: &dyn Fn(&str) -> String,
+) -> Result<SsmWeights<'a>, EngineError> {
+    let (di, ds, cd, nh) = (c.inner, c.state, c.conv_dim(), c.heads());
+    let conv_name = name("ssm_conv1d.weight");
+    let conv = find(knot, &conv_name)?;
+    if conv.entry.shape != [c.conv_kernel as u64, cd as u64] {
+        return Err(EngineError::BadTensor {
+            name: conv_name,
+            why: format!(
+                "shape {:?}, expected [{}, {cd}]",
+                conv.entry.shape, c.conv_kernel
+            ),
+        });
+    }
+    let conv_bias = match knot.tensor(&name("ssm_conv1d.bias")) {
+        Some(_) => Some(vector(knot, &name("ssm_conv1d.bias"), cd)?),
+        None if c.kind == SsmKind::Mamba2 => None,
+        None => return Err(EngineError::MissingTensor(name("ssm_conv1d.bias"))),
+    };
+    let a_name = name("ssm_a");
+    let (x_proj, dt_proj, a, norm) = match c.kind {
+        SsmKind::Mamba1 => {
+            // GGUF (state, inner) with state fastest: A[i][s]; the scan wants A[s][i].
+            let a = vector(knot, &a_name, di * ds)?;
+            let mut t = vec![0.0f32; di * ds];
+            for i in 0..di {
+                for s in 0..ds {
+                    t[s * di + i] = a[i * ds + s];
+                }
+            }
+            (
+                Some(Linear::mapped(
+                    matrix(knot, &name("ssm_x.weight"), c.dt_rank + 2 * ds, di)?,
+                    knot,
+                )),
+                Some(Linear::mapped(
+                    matrix(knot, &name("ssm_dt.weight"), di, c.dt_rank)?,
+                    knot,
+                )),
+                t,
+                None,
+            )
+        }
+        SsmKind::Mamba2 => (
+            None,
+            None,
+            vector(knot, &a_name, nh)?.to_vec(),
+            Some(vector(knot, &name("ssm_norm.weight"), di)?),
+        ),
+    };
+    Ok(SsmWeights {
+        in_proj: Linear::mapped(
+            matrix(knot, &name("ssm_in.weight"), c.in_proj_rows(), h)?,
+            knot,
+        ),
+        conv: vector(knot, &conv_name, cd * c.conv_kernel)?,
+        conv_bias,
+        x_proj,
+        dt_proj,
+        dt_bias: vector(knot, &name("ssm_dt.bias"), nh)?,
+        a,
+        d: vector(knot, &name("ssm_d"), nh)?,
+        norm,
+        out_proj: Linear::mapped(matrix(knot, &name("ssm_out.weight"), h, di)?, knot),
+    })
 }
 
 /// Consecutive row ranges of `m`, `rows[i]` rows each (they sum to `m.rows`): views of its

@@ -243,11 +243,36 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .filter(|&l| r.layers[l])
             .map(|l| l.to_string())
             .collect();
+        let kind = match &r.ssm {
+            None => format!("short convolution, {} taps", r.conv_kernel),
+            Some(s) => format!(
+                "{} state space: inner {}, state {}, dt rank {}{}{}, conv {} taps",
+                a.arch,
+                s.inner,
+                s.state,
+                s.dt_rank,
+                if s.groups > 0 {
+                    format!(", {} groups", s.groups)
+                } else {
+                    String::new()
+                },
+                if s.dt_b_c_rms {
+                    ", dt/B/C rms-normed"
+                } else {
+                    ""
+                },
+                r.conv_kernel
+            ),
+        };
+        let rest = if r.layers.iter().all(|&l| l) {
+            "no attention"
+        } else {
+            "the others attention"
+        };
         writeln!(
             o,
-            "recurrent   layers {} (short convolution, {} taps); the others attention",
-            layers.join(","),
-            r.conv_kernel
+            "recurrent   layers {} ({kind}); {rest}",
+            layers.join(",")
         )?;
     }
     if let Some(w) = a.sliding_window {

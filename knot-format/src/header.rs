@@ -123,6 +123,32 @@ pub struct RecurrentLayers {
     /// Taps of the depthwise causal convolution (LFM2's `shortconv.l_cache`, 3); the state
     /// a layer carries between tokens is the last `conv_kernel - 1` inputs.
     pub conv_kernel: u32,
+    /// A selective state-space layer's shape (`mamba`, `mamba2`, `granitehybrid`: GGUF's
+    /// `ssm.*` keys); `None` for LFM2's short convolution. Absent from older headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssm: Option<SsmShape>,
+}
+
+/// The shape of a Mamba layer (llama.cpp `ssm_d_inner`, `ssm_d_state`, `ssm_dt_rank`,
+/// `ssm_n_group`): `conv_kernel` above is its `ssm.conv_kernel`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SsmShape {
+    /// Width of the layer's inner activations (`ssm.inner_size`, 2 x hidden).
+    pub inner: u32,
+    /// State values per channel (`ssm.state_size`: Mamba 16, Mamba-2 64..128).
+    pub state: u32,
+    /// `ssm.time_step_rank`: Mamba's rank of the time-step projection; Mamba-2's head count.
+    pub dt_rank: u32,
+    /// `ssm.group_count`: Mamba-2's groups of B and C (0 when absent: Mamba-1).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub groups: u32,
+    /// `ssm.dt_b_c_rms`: dt, B and C are RMS-normed (FalconMamba).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dt_b_c_rms: bool,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
@@ -141,6 +167,9 @@ pub const RUNNABLE_ARCHS: &[&str] = &[
     "smollm3",
     "starcoder2",
     "glm4",
+    "mamba",
+    "mamba2",
+    "granitehybrid",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
@@ -169,6 +198,12 @@ impl ArchConfig {
                 self.arch.len()
             ));
         }
+        // A pure state-space model (mamba, mamba2) has no attention and no FFN: its head
+        // counts and FFN width are 0.
+        let pure_ssm = self
+            .recurrent
+            .as_ref()
+            .is_some_and(|r| r.ssm.is_some() && r.layers.iter().all(|&l| l));
         let caps = [
             ("n_layers", self.n_layers, MAX_LAYERS),
             ("hidden", self.hidden, MAX_DIM),
@@ -180,7 +215,9 @@ impl ArchConfig {
             ("context_len", self.context_len, MAX_CONTEXT),
         ];
         for (name, v, max) in caps {
-            if v == 0 || v > max {
+            let may_be_zero =
+                pure_ssm && matches!(name, "n_heads" | "n_kv_heads" | "head_dim" | "ffn");
+            if (v == 0 && !may_be_zero) || v > max {
                 return Err(format!("arch.{name} = {v} is outside 1..={max}"));
             }
         }
@@ -233,6 +270,25 @@ impl ArchConfig {
                     "arch.recurrent.conv_kernel = {} is outside 2..={MAX_CONV_KERNEL}",
                     r.conv_kernel
                 ));
+            }
+            if let Some(s) = &r.ssm {
+                for (name, v) in [
+                    ("inner", s.inner),
+                    ("state", s.state),
+                    ("dt_rank", s.dt_rank),
+                ] {
+                    if v == 0 || v > MAX_DIM {
+                        return Err(format!(
+                            "arch.recurrent.ssm.{name} = {v} is outside 1..={MAX_DIM}"
+                        ));
+                    }
+                }
+                if s.groups > MAX_DIM {
+                    return Err(format!(
+                        "arch.recurrent.ssm.groups = {} is over {MAX_DIM}",
+                        s.groups
+                    ));
+                }
             }
         }
         for (name, v) in [

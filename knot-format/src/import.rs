@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::container::Knot;
 use crate::error::KnotError;
 use crate::gguf::{Gguf, GgufFile, GgufValue};
-use crate::header::{ArchConfig, RecurrentLayers, RopeScaling, RopeStyle, TokenizerData};
+use crate::header::{ArchConfig, RecurrentLayers, RopeScaling, RopeStyle, SsmShape, TokenizerData};
 use crate::writer::KnotWriter;
 use crate::DType;
 
@@ -64,7 +64,11 @@ const NORMAL_ARCHS: &[&str] = &[
     "granitemoe",
     "smollm3",
     "glm4",
+    "granitehybrid",
 ];
+/// Pure state-space models: no attention, so no RoPE (recorded as normal, never applied), and
+/// their GGUF's head count and FFN width are 0 (llama.cpp's converter writes them so).
+const SSM_ARCHS: &[&str] = &["mamba", "mamba2"];
 
 /// `{arch}.` keys every model must carry; all other keys have defaults (see `from_gguf`).
 /// The norm's epsilon too: `attention.layer_norm_rms_epsilon`, or `layer_norm_epsilon` for
@@ -81,7 +85,7 @@ const REQUIRED_KEYS: [&str; 5] = [
 pub fn rope_style_for(arch: &str) -> Option<RopeStyle> {
     if NEOX_ARCHS.contains(&arch) {
         Some(RopeStyle::Neox)
-    } else if NORMAL_ARCHS.contains(&arch) {
+    } else if NORMAL_ARCHS.contains(&arch) || SSM_ARCHS.contains(&arch) {
         Some(RopeStyle::Normal)
     } else {
         None
@@ -234,7 +238,7 @@ impl ArchConfig {
         let rope_style = rope_style_for(&arch).ok_or_else(|| KnotError::UnsupportedArch {
             path: path.into(),
             arch: arch.clone(),
-            known: [NEOX_ARCHS, NORMAL_ARCHS].concat().join(", "),
+            known: [NEOX_ARCHS, NORMAL_ARCHS, SSM_ARCHS].concat().join(", "),
         })?;
         let k = |s: &str| format!("{arch}.{s}");
         let missing: Vec<String> = REQUIRED_KEYS
@@ -251,11 +255,20 @@ impl ArchConfig {
                 Some(v) => Ok(v),
             }
         };
+        let pure_ssm = SSM_ARCHS.contains(&arch.as_str());
+        // A pure state-space model's head count and FFN width are 0 in the file.
+        let ssm_u32 = |s: &str| -> Result<u32, KnotError> {
+            if pure_ssm {
+                Ok(m.u32(&k(s))?.unwrap_or(0))
+            } else {
+                req_u32(s)
+            }
+        };
         let n_layers = req_u32("block_count")?;
         let context_len = req_u32("context_length")?;
         let hidden = req_u32("embedding_length")?;
-        let ffn = req_u32("feed_forward_length")?;
-        let n_heads = req_u32("attention.head_count")?;
+        let ffn = ssm_u32("feed_forward_length")?;
+        let n_heads = ssm_u32("attention.head_count")?;
         let norm_eps = match m.f32(&k("attention.layer_norm_rms_epsilon"))? {
             Some(e) => e,
             None => m.f32(&k("attention.layer_norm_epsilon"))?.ok_or_else(|| {
@@ -266,34 +279,61 @@ impl ArchConfig {
             })?,
         };
         // Defaults beside their keys.
-        let (n_kv_heads, kv_zero) = m.kv_heads(&k("attention.head_count_kv"), n_layers)?;
+        let (n_kv_heads, kv_zero) = if pure_ssm {
+            (Some(0), vec![true; n_layers as usize])
+        } else {
+            m.kv_heads(&k("attention.head_count_kv"), n_layers)?
+        };
         let n_kv_heads = n_kv_heads.unwrap_or(n_heads);
-        // Hybrids (LFM2): layers with no KV heads are recurrent (short convolutions).
-        let recurrent = match m.u32(&k("shortconv.l_cache"))? {
+        // Mamba layers' shape (`ssm.*`): on every layer of a pure state-space model, on the
+        // layers without KV heads of a hybrid (granitehybrid).
+        let ssm_kernel = m.u32(&k("ssm.conv_kernel"))?;
+        let ssm = match ssm_kernel {
+            None => None,
+            Some(_) => {
+                let need = |s: &str| -> Result<u32, KnotError> {
+                    match m.u32(&k(s))? {
+                        Some(0) | None => Err(m.err(&k(s), "must be a positive integer")),
+                        Some(v) => Ok(v),
+                    }
+                };
+                Some(SsmShape {
+                    inner: need("ssm.inner_size")?,
+                    state: need("ssm.state_size")?,
+                    dt_rank: need("ssm.time_step_rank")?,
+                    groups: m.u32(&k("ssm.group_count"))?.unwrap_or(0),
+                    dt_b_c_rms: m.bool(&k("ssm.dt_b_c_rms"))?.unwrap_or(false),
+                })
+            }
+        };
+        // Hybrids (LFM2, granitehybrid): layers with no KV heads are recurrent (short
+        // convolutions, or Mamba layers).
+        let recurrent = match m.u32(&k("shortconv.l_cache"))?.or(ssm_kernel) {
             Some(conv_kernel) if kv_zero.iter().any(|&z| z) => Some(RecurrentLayers {
                 layers: kv_zero,
                 conv_kernel,
+                ssm,
             }),
             Some(_) => None,
             None if kv_zero.iter().any(|&z| z) => {
                 return Err(m.err(
                     &k("attention.head_count_kv"),
-                    "layers without KV heads but no recurrent layer shape (shortconv.l_cache)",
+                    "layers without KV heads but no recurrent layer shape (shortconv.l_cache, ssm.conv_kernel)",
                 ))
             }
             None => None,
         };
         let head_dim = m
             .u32(&k("attention.key_length"))?
-            .unwrap_or(hidden / n_heads);
+            .unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
         let rope_base = m.f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
-        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if !pure_ssm && (n_kv_heads == 0 || n_heads % n_kv_heads != 0) {
             return Err(m.err(
                 &k("attention.head_count_kv"),
                 format!("{n_kv_heads} does not divide {n_heads} heads"),
             ));
         }
-        if head_dim == 0 {
+        if head_dim == 0 && !pure_ssm {
             return Err(m.err(&k("attention.key_length"), "head dimension is 0"));
         }
         let tokens_len = match g.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array) {
@@ -842,7 +882,7 @@ mod tests {
         );
 
         let mut g = Builder::new();
-        g.string("general.architecture", "mamba");
+        g.string("general.architecture", "rwkv6");
         let e = import(&g).unwrap_err();
         assert!(matches!(e, KnotError::UnsupportedArch { .. }), "{e}");
 
@@ -919,5 +959,99 @@ mod tests {
             let e = import(&lfm2_like(bad)).unwrap_err().to_string();
             assert!(e.contains("head_count_kv"), "{bad:?}: {e}");
         }
+    }
+
+    fn mamba_like(arch: &str) -> Builder {
+        let k = |s: &str| format!("{arch}.{s}");
+        let mut g = Builder::new();
+        g.string("general.architecture", arch)
+            .u32(&k("block_count"), 3)
+            .u32(&k("context_length"), 1 << 20)
+            .u32(&k("embedding_length"), 32)
+            // llama.cpp's converter writes 0 for both on a pure state-space model.
+            .u32(&k("feed_forward_length"), 0)
+            .u32(&k("attention.head_count"), 0)
+            .u32(&k("vocab_size"), 7)
+            .f32(&k("attention.layer_norm_rms_epsilon"), 1e-5)
+            .u32(&k("ssm.conv_kernel"), 4)
+            .u32(&k("ssm.inner_size"), 64)
+            .u32(&k("ssm.state_size"), 16)
+            .u32(&k("ssm.time_step_rank"), 2);
+        g
+    }
+
+    #[test]
+    fn mamba_imports_every_layer_recurrent_with_its_ssm_shape() {
+        let (_dir, k) = import(&mamba_like("mamba")).unwrap();
+        let a = k.arch();
+        assert_eq!((a.n_heads, a.n_kv_heads, a.ffn), (0, 0, 0));
+        let r = a.recurrent.as_ref().expect("recurrent layers");
+        assert_eq!((&r.layers[..], r.conv_kernel), (&[true; 3][..], 4));
+        let s = r.ssm.as_ref().expect("ssm shape");
+        assert_eq!((s.inner, s.state, s.dt_rank, s.groups), (64, 16, 2, 0));
+        assert!(!s.dt_b_c_rms && a.runs_here());
+        // Absent fields stay out of the header (older headers, and their hashes, unchanged).
+        let json = serde_json::to_string(a).unwrap();
+        assert!(
+            !json.contains("groups") && !json.contains("dt_b_c_rms"),
+            "{json}"
+        );
+
+        // mamba2 carries its group count; a missing shape key is refused by name.
+        let mut g = mamba_like("mamba2");
+        g.u32("mamba2.ssm.group_count", 2);
+        let (_dir, k) = import(&g).unwrap();
+        assert_eq!(
+            k.arch()
+                .recurrent
+                .as_ref()
+                .unwrap()
+                .ssm
+                .as_ref()
+                .unwrap()
+                .groups,
+            2
+        );
+        let mut g = Builder::new();
+        g.string("general.architecture", "mamba")
+            .u32("mamba.block_count", 1)
+            .u32("mamba.context_length", 8)
+            .u32("mamba.embedding_length", 32)
+            .u32("mamba.vocab_size", 7)
+            .u32("mamba.feed_forward_length", 0)
+            .u32("mamba.attention.head_count", 0)
+            .f32("mamba.attention.layer_norm_rms_epsilon", 1e-5)
+            .u32("mamba.ssm.conv_kernel", 4);
+        let e = import(&g).unwrap_err().to_string();
+        assert!(e.contains("ssm.inner_size"), "{e}");
+    }
+
+    #[test]
+    fn granitehybrid_marks_its_mamba_layers_by_zero_kv_heads() {
+        let mut g = Builder::new();
+        g.string("general.architecture", "granitehybrid")
+            .u32("granitehybrid.block_count", 4)
+            .u32("granitehybrid.context_length", 64)
+            .u32("granitehybrid.embedding_length", 32)
+            .u32("granitehybrid.feed_forward_length", 64)
+            .u32("granitehybrid.attention.head_count", 4)
+            .u32("granitehybrid.vocab_size", 7)
+            .f32("granitehybrid.attention.layer_norm_rms_epsilon", 1e-5)
+            .u32("granitehybrid.ssm.conv_kernel", 4)
+            .u32("granitehybrid.ssm.inner_size", 64)
+            .u32("granitehybrid.ssm.state_size", 16)
+            .u32("granitehybrid.ssm.time_step_rank", 4)
+            .u32("granitehybrid.ssm.group_count", 1)
+            .raw_kv(
+                "granitehybrid.attention.head_count_kv",
+                9,
+                &u32_array(&[0, 0, 2, 0]),
+            );
+        let (_dir, k) = import(&g).unwrap();
+        let a = k.arch();
+        assert_eq!((a.n_kv_heads, a.rope_style), (2, RopeStyle::Normal));
+        let r = a.recurrent.as_ref().expect("recurrent layers");
+        assert_eq!(&r.layers[..], &[true, true, false, true][..]);
+        assert_eq!(r.ssm.as_ref().map(|s| (s.dt_rank, s.groups)), Some((4, 1)));
     }
 }

@@ -25,7 +25,8 @@ pub use dtype::DType;
 pub use error::KnotError;
 pub use header::{
     ArchConfig, Header, Holdings, LayerRange, MoeConfig, Multipliers, RecurrentLayers, Role,
-    RopeScaling, RopeStyle, SectionRef, ShardRecord, TensorEntry, TokenizerData, RUNNABLE_ARCHS,
+    RopeScaling, RopeStyle, SectionRef, ShardRecord, SsmShape, TensorEntry, TokenizerData,
+    RUNNABLE_ARCHS,
 };
 pub use import::{import_gguf, ImportSummary};
 pub use writer::KnotWriter;

@@ -38,9 +38,20 @@ fn tokens_embedded(url: &str) -> u64 {
 
 #[test]
 fn a_second_chat_turn_on_a_hybrid_processes_only_its_new_tokens() {
+    second_turn_processes_only_its_new_tokens("lfm2-tiny");
+}
+
+/// The same on Mamba, every layer a scan whose state cannot be cut back, only restored from
+/// its snapshots (the end of each prompt, the starts of the latest forwards).
+#[test]
+fn a_second_chat_turn_on_mamba_processes_only_its_new_tokens() {
+    second_turn_processes_only_its_new_tokens("mamba-tiny");
+}
+
+fn second_turn_processes_only_its_new_tokens(preset: &str) {
     let Some(bin) = station_bin() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some((_, knot)) = test_support::synthetic_model(dir.path(), "lfm2-tiny", &[]) else {
+    let Some((_, knot)) = test_support::synthetic_model(dir.path(), preset, &[]) else {
         return;
     };
     let st = station(&bin, &knot, &[]);
@@ -73,7 +84,7 @@ fn a_second_chat_turn_on_a_hybrid_processes_only_its_new_tokens() {
     let (sent, total, reused) = (t2[1], t2[2], t2[3]);
     assert!(
         reused > t1[2] && sent + reused == total && sent < 30,
-        "turn 2 reuses turn 1 and its reply: {t1:?} {t2:?}\n{err}"
+        "{preset}: turn 2 reuses turn 1 and its reply: {t1:?} {t2:?}\n{err}"
     );
     // On the station: both prompts' new tokens and the decoded ones, nothing re-processed
     // (a refill of turn 2 from position 0 would embed its `total` tokens again).
@@ -82,8 +93,8 @@ fn a_second_chat_turn_on_a_hybrid_processes_only_its_new_tokens() {
     let embedded = tokens_embedded(&st.url) as usize;
     assert!(
         embedded <= t1[1] + sent + gen1 + gen2 && embedded < t1[2] + total,
-        "the station embedded {embedded} tokens: turn 1 sent {}, turn 2 sent {sent} of \
-         {total}, {gen1} + {gen2} generated",
+        "{preset}: the station embedded {embedded} tokens: turn 1 sent {}, turn 2 sent \
+         {sent} of {total}, {gen1} + {gen2} generated",
         t1[1]
     );
 }

@@ -517,22 +517,42 @@ fn gemma3_three_shard_stations_equal_one_full_station_for_a_greedy_run() {
 /// the recurrent state of its own layers.
 #[test]
 fn lfm2_split_between_convolution_and_attention_equals_one_station() {
+    split_equals_one_station("lfm2-tiny", "0..2,2..3,3..5", &["0-2", "2-3", "3-5"]);
+}
+
+/// The same for Mamba (every layer a scan: each node keeps its layers' conv window and scan
+/// state) split at every layer, and for Granite 4.0-H's layout (`granitehybrid-tiny`: Mamba-2
+/// on 0 and 2, attention on 1 and 3) split at every layer, a recurrent node handing on to an
+/// attention node and back.
+#[test]
+fn mamba_and_granitehybrid_split_at_every_layer_equal_one_station() {
+    split_equals_one_station("mamba-tiny", "0..1,1..2,2..3", &["0-1", "1-2", "2-3"]);
+    split_equals_one_station(
+        "granitehybrid-tiny",
+        "0..1,1..2,2..3,3..4",
+        &["0-1", "1-2", "2-3", "3-4"],
+    );
+}
+
+/// `preset` split into `ranges` (stations serving `layers`) == one full station, bit for bit:
+/// prefill, eight greedy steps, a rollback of two positions with another token.
+fn split_equals_one_station(preset: &str, ranges: &str, layers: &[&str]) {
     let Some(bin) = station_bin() else {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let Some((_, model)) = test_support::synthetic_model(dir.path(), "lfm2-tiny", &[]) else {
+    let Some((_, model)) = test_support::synthetic_model(dir.path(), preset, &[]) else {
         return;
     };
     let out = dir.path().join("shards");
-    split(&model, "0..2,2..3,3..5", &out);
+    split(&model, ranges, &out);
     let mut shards: Vec<PathBuf> = std::fs::read_dir(&out)
         .expect("shard dir")
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "knot"))
         .collect();
     shards.sort();
-    assert_eq!(shards.len(), 3, "{shards:?}");
+    assert_eq!(shards.len(), layers.len(), "{shards:?}");
 
     let full = start(&bin, &model, None);
     let stations: Vec<Station> = shards.iter().map(|p| start(&bin, p, None)).collect();
@@ -540,7 +560,7 @@ fn lfm2_split_between_convolution_and_attention_equals_one_station() {
     let mesh = MeshFile {
         stations: stations
             .iter()
-            .zip(["0-2", "2-3", "3-5"])
+            .zip(layers)
             .map(|(s, layers)| MeshHop {
                 url: s.url.clone(),
                 layers: layers.to_string(),
@@ -554,15 +574,15 @@ fn lfm2_split_between_convolution_and_attention_equals_one_station() {
     let both = |next: &[u32], pos: usize, what: &str| -> Vec<f32> {
         let mut trace = StepTrace::default();
         let c = chain
-            .step(next, Some(("lfm2-chain", pos)), &mut trace)
-            .unwrap_or_else(|e| panic!("{what} through the chain: {e}"));
+            .step(next, Some(("hybrid-chain", pos)), &mut trace)
+            .unwrap_or_else(|e| panic!("{preset} {what} through the chain: {e}"));
         let f = single
-            .step(next, Some(("lfm2-full", pos)), &mut StepTrace::default())
-            .unwrap_or_else(|e| panic!("{what} through the full station: {e}"));
-        assert_eq!(trace.hops.len(), 3, "three hops");
+            .step(next, Some(("hybrid-full", pos)), &mut StepTrace::default())
+            .unwrap_or_else(|e| panic!("{preset} {what} through the full station: {e}"));
+        assert_eq!(trace.hops.len(), layers.len(), "one hop per shard");
         assert!(
             bits(&c) == bits(&f),
-            "{what}: the chain's logits differ from the full station's"
+            "{preset} {what}: the chain's logits differ from the full station's"
         );
         c
     };
@@ -583,11 +603,11 @@ fn lfm2_split_between_convolution_and_attention_equals_one_station() {
     whole.push(11);
     assert_eq!(whole.len(), pos - 1);
     let fresh = single
-        .step(&whole, Some(("lfm2-fresh", 0)), &mut StepTrace::default())
+        .step(&whole, Some(("hybrid-fresh", 0)), &mut StepTrace::default())
         .expect("fresh session");
     assert!(
         bits(&c) == bits(&fresh),
-        "the rolled-back chain differs from a fresh session"
+        "{preset}: the rolled-back chain differs from a fresh session"
     );
-    eprintln!("lfm2 chain greedy: {greedy:?}");
+    eprintln!("{preset} chain greedy: {greedy:?}");
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Regenerates the goldens of fat-station/tests/engine_ssm.rs, for each of mamba-tiny,
+# mamba2-tiny and granitehybrid-tiny (STEM = mamba_tiny, mamba2_tiny, granitehybrid_tiny):
+#   fat-station/tests/golden/synthetic/STEM_seed0.sha256          the tiny GGUF's sha256 (f16
+#                                                                  weights: no 8-bit activations
+#                                                                  either side)
+#   fat-station/tests/golden/synthetic/STEM_seed0_llamacpp.f32     llama.cpp's logits of the last
+#                                                                  position, the prompt in one
+#                                                                  batch (one thread)
+#   fat-station/tests/golden/synthetic/STEM_seed0_llamacpp_tbt.f32 the same, token by token
+#                                                                  (llama.cpp's own noise)
+# The test makes the same GGUFs (scripts/make-synthetic-model.py --preset P --seed 0 --type f16);
+# when a sha256 differs from the recorded one (another numpy or gguf version), it skips that
+# comparison. Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer
+# (scripts/fetch-model.sh qwen); llama.cpp's static libraries from scripts/bench/build-llama-bench.sh
+# (run when missing) and a C compiler with OpenMP (gcc).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$root/fat-station/tests/golden/synthetic
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out"
+# engine_ssm.rs's PROMPT.
+prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
+
+version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
+[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
+[ -f "$llama/build/src/libllama.a" ] || { echo "make-ssm-golden: no llama.cpp build in $llama" >&2; exit 1; }
+gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
+  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
+  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
+  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+for preset in mamba-tiny mamba2-tiny granitehybrid-tiny; do
+  stem=${preset//-/_}
+  python3 "$root/scripts/make-synthetic-model.py" "$tmp/$stem.gguf" --preset "$preset" --seed 0 --type f16 -q
+  (cd "$tmp" && sha256sum "$stem.gguf" | cut -d' ' -f1) > "$out/${stem}_seed0.sha256"
+  "$tmp/llamacpp-logits" "$tmp/$stem.gguf" "$out/${stem}_seed0_llamacpp.f32" "${prompt[@]}"
+  "$tmp/llamacpp-logits" "$tmp/$stem.gguf" "$out/${stem}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
+  rm -f "$tmp/$stem.gguf"
+done
+echo "make-ssm-golden: wrote $out (llama.cpp $version)" >&2
