@@ -29,11 +29,13 @@ pub enum Arch {
     Qwen3Moe,
     /// Liquid LFM2: see [`Recipe::LFM2`].
     Lfm2,
+    /// Qwen3.5: see [`Recipe::QWEN35`].
+    Qwen35,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 10] = [
+    pub const ALL: [(Arch, &'static str); 11] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -44,6 +46,7 @@ impl Arch {
         (Arch::Phi3, "phi3"),
         (Arch::Granite, "granite"),
         (Arch::SmolLm3, "smollm3"),
+        (Arch::Qwen35, "qwen35"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -63,6 +66,7 @@ impl Arch {
             Arch::Granite => Recipe::GRANITE,
             Arch::SmolLm3 => Recipe::SMOLLM3,
             Arch::Lfm2 => Recipe::LFM2,
+            Arch::Qwen35 => Recipe::QWEN35,
         }
     }
 }
@@ -126,6 +130,11 @@ pub struct Recipe {
     pub multipliers: bool,
     /// Every `n`th layer (`(l + 1) % n == 0`) rotates no q or k (smollm3: 4, "NoPE" layers).
     pub no_rope_every: Option<usize>,
+    /// Name of the norm before the FFN (qwen35 calls it `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// `attn_q` gives each head its query and then a gate of the same width; the attention
+    /// output is multiplied by `sigmoid(gate)` before `attn_output` (qwen35).
+    pub attn_output_gate: bool,
 }
 
 impl Recipe {
@@ -145,6 +154,8 @@ impl Recipe {
         ignore_sliding_window: false,
         multipliers: false,
         no_rope_every: None,
+        ffn_norm: "ffn_norm.weight",
+        attn_output_gate: false,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -209,6 +220,15 @@ impl Recipe {
     /// The final norm is `token_embd_norm.weight`; the output head is tied.
     pub const LFM2: Recipe = Recipe {
         output_norm: "token_embd_norm.weight",
+        ..Recipe::BASELINE
+    };
+    /// Qwen3.5 (llama.cpp `qwen35`): a hybrid. Three of four layers (`Config::recurrent_layers`)
+    /// mix with a Gated DeltaNet (`deltanet.rs`); the others with gated attention: per-head
+    /// q/k RMSNorm, partial NeoX RoPE over `rope_dims` (IMROPE with one position for text),
+    /// the output times `sigmoid(gate)`. The FFN's norm is `post_attention_norm`.
+    pub const QWEN35: Recipe = Recipe {
+        ffn_norm: "post_attention_norm.weight",
+        attn_output_gate: true,
         ..Recipe::BASELINE
     };
 }
@@ -329,6 +349,11 @@ pub struct Config {
     pub recurrent_layers: Vec<bool>,
     /// Taps of a recurrent layer's causal convolution (0 without recurrent layers).
     pub conv_kernel: usize,
+    /// Dimensions of each head RoPE rotates (`head_dim` unless partial, qwen35).
+    pub rope_dims: usize,
+    /// The recurrent layers are Gated DeltaNets of this shape (qwen35), not short
+    /// convolutions.
+    pub delta_net: Option<knot_format::DeltaNetShape>,
 }
 
 impl Config {
@@ -450,10 +475,28 @@ impl TryFrom<&ArchConfig> for Config {
                 recurrent_layers.len()
             )));
         }
-        if conv_kernel > 0 && arch != Arch::Lfm2 {
+        if conv_kernel > 0 && !matches!(arch, Arch::Lfm2 | Arch::Qwen35) {
             return Err(EngineError::Unsupported(format!(
                 "recurrent layers in a {:?} model",
                 a.arch
+            )));
+        }
+        if (arch == Arch::Qwen35) != a.delta_net.is_some() {
+            return Err(EngineError::BadConfig(format!(
+                "{}: Gated DeltaNet layers are qwen35's (delta_net {})",
+                a.arch,
+                if a.delta_net.is_some() {
+                    "set"
+                } else {
+                    "missing"
+                }
+            )));
+        }
+        let rope_dims = a.rope_dims.map_or(a.head_dim as usize, |r| r as usize);
+        if rope_dims == 0 || !rope_dims.is_multiple_of(2) || rope_dims > a.head_dim as usize {
+            return Err(EngineError::BadConfig(format!(
+                "rope_dims {rope_dims} is not even and at most head_dim {}",
+                a.head_dim
             )));
         }
         if arch == Arch::Lfm2 && conv_kernel < 2 {
@@ -470,6 +513,8 @@ impl TryFrom<&ArchConfig> for Config {
             logit_mul: mult.logit.map(|s| 1.0 / s),
             recurrent_layers,
             conv_kernel,
+            rope_dims,
+            delta_net: a.delta_net.clone(),
             arch,
             recipe,
             embed_scale: match (recipe.scale_embedding, mult.embedding) {
@@ -547,6 +592,8 @@ mod tests {
             multipliers: None,
             moe: None,
             recurrent: None,
+            rope_dims: None,
+            delta_net: None,
         }
     }
 

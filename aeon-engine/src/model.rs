@@ -78,8 +78,10 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        let mut inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
-        let mut inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        // Partial RoPE (qwen35) rotates the first `rope_dims` of each head, at frequencies
+        // spaced over those dimensions.
+        let mut inv_freq = rope_inv_freq(cfg.rope_dims, cfg.rope_base);
+        let mut inv_freq_swa = rope_inv_freq(cfg.rope_dims, cfg.rope_base_swa);
         // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
         // `theta / ff` does, on every layer.
         if let Some(f) = super::weights::rope_factors(knot, &cfg)? {
@@ -258,7 +260,7 @@ impl<'a> Model<'a> {
             }
         }
         for l in range.start as usize..range.end as usize {
-            let has_state = session.cache(l).is_some_and(|c| c.conv.is_some());
+            let has_state = session.cache(l).is_some_and(|c| c.is_recurrent());
             if has_state != cfg.is_recurrent(l) {
                 return Err(EngineError::SessionMismatch(format!(
                     "block {l} is {} but the session {} a recurrent state for it",
@@ -283,7 +285,7 @@ impl<'a> Model<'a> {
         // Taken, not borrowed, so a nested call on this thread (never expected) still works.
         let mut fwd = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
         // RoPE angles of every row, once for all blocks and heads.
-        let hd = cfg.head_dim;
+        let hd = cfg.rope_dims;
         fwd.rope.resize(seq * hd, 0.0);
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
@@ -350,6 +352,12 @@ impl<'a> Model<'a> {
                 let (bcx, y) = s.bcx.split_at_mut(seq * 3 * h);
                 state.forward(c, &s.xb, seq, bcx, y, &mut s.xb2);
             }
+            Mixer::DeltaNet(d) => {
+                let Some(state) = cache.delta.as_mut() else {
+                    unreachable!("forward checked that every recurrent block has its state");
+                };
+                state.forward(d, &s.xb, seq, cfg.norm_eps, &mut s.dn, &mut s.xb2);
+            }
         }
 
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
@@ -395,7 +403,7 @@ impl<'a> Model<'a> {
         pos: usize,
     ) {
         let cfg = &self.cfg;
-        let (hd, q_dim, kv_dim) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        let (hd, q_dim, kv_dim, rd) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rope_dims);
         // A local layer sees the last `window` positions, rotated at its own RoPE base.
         let window = cfg.window(layer);
         let rope = if window.is_some() {
@@ -405,15 +413,28 @@ impl<'a> Model<'a> {
         };
 
         // Normed input -> q, k, v projections (+ biases), one shared quantization.
+        let gated = cfg.recipe.attn_output_gate;
+        let (qg, gate) = s.dn.split_at_mut(if gated { seq * 2 * q_dim } else { 0 });
         linears(
             &mut [
-                (&w.wq, &mut s.q[..]),
+                (&w.wq, if gated { &mut *qg } else { &mut s.q[..] }),
                 (&w.wk, &mut s.k[..]),
                 (&w.wv, &mut s.v[..]),
             ],
             &s.xb,
             seq,
         );
+        if gated {
+            // Each head's query, then its gate (qwen35): split into q and the gates.
+            for ((src, q), g) in qg
+                .chunks_exact(2 * hd)
+                .zip(s.q.chunks_exact_mut(hd))
+                .zip(gate.chunks_exact_mut(hd))
+            {
+                q.copy_from_slice(&src[..hd]);
+                g.copy_from_slice(&src[hd..]);
+            }
+        }
         for t in 0..seq {
             let (q, k, v) = (
                 &mut s.q[t * q_dim..(t + 1) * q_dim],
@@ -433,9 +454,16 @@ impl<'a> Model<'a> {
                     .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
             if cfg.has_rope(layer) {
-                let cs = &rope[t * hd..(t + 1) * hd];
-                rope_rotate(q, cs, cfg.rope_style);
-                rope_rotate(k, cs, cfg.rope_style);
+                let cs = &rope[t * rd..(t + 1) * rd];
+                if rd == hd {
+                    rope_rotate(q, cs, cfg.rope_style);
+                    rope_rotate(k, cs, cfg.rope_style);
+                } else {
+                    // Partial RoPE: the first `rd` of each head rotate, the rest stay.
+                    for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                        rope_rotate(&mut head[..rd], cs, cfg.rope_style);
+                    }
+                }
             }
         }
         // Stored first, then read back: a row attends to its own key and value as stored
@@ -462,6 +490,12 @@ impl<'a> Model<'a> {
                 attention(&mut s.att, &s.q, k, v, shape, &mut f.scores)
             }
             _ => unreachable!("a session stores keys and values in one type"),
+        }
+        if gated {
+            let g = &s.dn[seq * 2 * q_dim..seq * 3 * q_dim];
+            for (a, &g) in s.att[..seq * q_dim].iter_mut().zip(g) {
+                *a *= 1.0 / (1.0 + super::ops::exp(-g));
+            }
         }
         linear(&w.wo, &s.att, seq, &mut s.xb2);
     }

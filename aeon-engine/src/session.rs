@@ -2,6 +2,7 @@
 
 use half::f16;
 
+use super::deltanet::DeltaState;
 use super::shortconv::{Checkpoints, ConvState};
 use super::{Config, Holdings};
 
@@ -98,6 +99,8 @@ pub struct LayerCache {
     pub v: KvRows,
     /// A short-convolution block's state (LFM2).
     pub conv: Option<ConvState>,
+    /// A Gated DeltaNet block's state (Qwen3.5).
+    pub delta: Option<DeltaState>,
 }
 
 impl LayerCache {
@@ -107,20 +110,40 @@ impl LayerCache {
             k: KvRows::new(dtype),
             v: KvRows::new(dtype),
             conv: None,
+            delta: None,
+        }
+    }
+
+    /// Whether this block carries a recurrent state (a short convolution or a DeltaNet).
+    pub fn is_recurrent(&self) -> bool {
+        self.conv.is_some() || self.delta.is_some()
+    }
+
+    /// The latest position `<= p` the block's recurrent state can be cut back to (`p` for
+    /// attention).
+    pub fn restorable(&self, p: usize) -> usize {
+        match (&self.conv, &self.delta) {
+            (Some(c), _) => c.restorable(p),
+            (_, Some(d)) => d.restorable(p),
+            _ => p,
         }
     }
 
     /// Positions this block has seen.
     pub fn positions(&self, kv_dim: usize) -> usize {
-        match &self.conv {
-            Some(c) => c.len(),
-            None => self.k.len() / kv_dim.max(1),
+        match (&self.conv, &self.delta) {
+            (Some(c), _) => c.len(),
+            (_, Some(d)) => d.len(),
+            _ => self.k.len() / kv_dim.max(1),
         }
     }
 
     /// Bytes held: keys and values, or the recurrent state with its checkpoints.
     pub fn bytes(&self) -> usize {
-        self.k.bytes() + self.v.bytes() + self.conv.as_ref().map_or(0, ConvState::bytes)
+        self.k.bytes()
+            + self.v.bytes()
+            + self.conv.as_ref().map_or(0, ConvState::bytes)
+            + self.delta.as_ref().map_or(0, DeltaState::bytes)
     }
 }
 
@@ -152,6 +175,8 @@ pub struct Scratch {
     /// (seq, 4 * hidden) a short convolution's `b, c, x`, then its gated output (empty
     /// without recurrent layers)
     pub bcx: Vec<f32>,
+    /// A Gated DeltaNet's projections, convolution and outputs (empty without one)
+    pub dn: Vec<f32>,
 }
 
 impl Scratch {
@@ -167,8 +192,21 @@ impl Scratch {
         let ffn = if cfg.moe.is_some() { 0 } else { cfg.ffn };
         fit(&mut self.hb, seq * ffn);
         fit(&mut self.hb2, seq * ffn);
-        if cfg.conv_kernel > 0 {
+        if cfg.conv_kernel > 0 && cfg.delta_net.is_none() {
             fit(&mut self.bcx, seq * 4 * cfg.hidden);
+        }
+        // A DeltaNet's buffers; gated attention's query-and-gate rows, then the gate alone.
+        let dn = cfg
+            .delta_net
+            .as_ref()
+            .map_or(0, |d| DeltaState::scratch_len(d, seq));
+        let gated = if cfg.recipe.attn_output_gate {
+            seq * 3 * cfg.q_dim()
+        } else {
+            0
+        };
+        if dn.max(gated) > 0 {
+            fit(&mut self.dn, dn.max(gated));
         }
     }
 
@@ -176,7 +214,7 @@ impl Scratch {
     pub fn bytes(&self) -> usize {
         [
             &self.xb, &self.xb2, &self.q, &self.k, &self.v, &self.att, &self.hb, &self.hb2,
-            &self.bcx,
+            &self.bcx, &self.dn,
         ]
         .iter()
         .map(|v| v.capacity() * 4)
@@ -216,7 +254,10 @@ impl Session {
     pub fn with_recurrent(mut self, cfg: &Config, policy: Checkpoints) -> Self {
         for (i, c) in self.caches.iter_mut().enumerate() {
             if cfg.is_recurrent(self.first_layer + i) {
-                c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy));
+                match &cfg.delta_net {
+                    Some(d) => c.delta = Some(DeltaState::new(d, cfg.conv_kernel, policy)),
+                    None => c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy)),
+                }
             }
         }
         self
@@ -265,8 +306,8 @@ impl Session {
             let q = self
                 .caches
                 .iter()
-                .filter_map(|c| c.conv.as_ref())
-                .map(|s| s.restorable(p))
+                .filter(|c| c.is_recurrent())
+                .map(|c| c.restorable(p))
                 .min()
                 .unwrap_or(p);
             if q == p {
@@ -286,6 +327,9 @@ impl Session {
             c.k.truncate(pos * kv_dim);
             c.v.truncate(pos * kv_dim);
             if let Some(s) = &mut c.conv {
+                s.truncate(pos);
+            }
+            if let Some(s) = &mut c.delta {
                 s.truncate(pos);
             }
         }

@@ -243,11 +243,24 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .filter(|&l| r.layers[l])
             .map(|l| l.to_string())
             .collect();
+        let kind = match &a.delta_net {
+            Some(d) => format!(
+                "Gated DeltaNet, {} key / {} value heads of {}, convolution of {} taps",
+                d.k_heads, d.v_heads, d.head_dim, r.conv_kernel
+            ),
+            None => format!("short convolution, {} taps", r.conv_kernel),
+        };
         writeln!(
             o,
-            "recurrent   layers {} (short convolution, {} taps); the others attention",
+            "recurrent   layers {} ({kind}); the others attention",
             layers.join(","),
-            r.conv_kernel
+        )?;
+    }
+    if let Some(r) = a.rope_dims {
+        writeln!(
+            o,
+            "rope        partial: {r} of {} dimensions per head",
+            a.head_dim
         )?;
     }
     if let Some(w) = a.sliding_window {

@@ -80,6 +80,26 @@ pub struct ArchConfig {
     /// (`None`: every layer is attention).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent: Option<RecurrentLayers>,
+    /// Partial RoPE: only the first `rope_dims` dimensions of each head rotate
+    /// (`rope.dimension_count` below `head_dim`, qwen35); `None`: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_dims: Option<u32>,
+    /// Qwen3.5's Gated DeltaNet: the shape of its recurrent layers (`ssm.*` keys); `None`
+    /// for every other architecture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_net: Option<DeltaNetShape>,
+}
+
+/// The heads of a Gated DeltaNet layer (qwen35's `ssm.state_size`, `ssm.group_count`,
+/// `ssm.time_step_rank`): `k_heads` query/key heads and `v_heads` value heads, all of width
+/// `head_dim`; value head `h` reads key head `h % k_heads`. Its recurrent state is one
+/// `head_dim x head_dim` matrix per value head, plus the short convolution's last
+/// `conv_kernel - 1` inputs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeltaNetShape {
+    pub head_dim: u32,
+    pub k_heads: u32,
+    pub v_heads: u32,
 }
 
 /// Granite's scalar multipliers (llama.cpp reads them for `granite`; 0 or absent: unused).
@@ -124,7 +144,8 @@ pub struct RecurrentLayers {
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.
 pub const RUNNABLE_ARCHS: &[&str] = &[
-    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite", "smollm3",
+    "qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "lfm2", "gemma2", "phi3", "granite",
+    "smollm3", "qwen35",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
@@ -217,6 +238,36 @@ impl ArchConfig {
                     "arch.recurrent.conv_kernel = {} is outside 2..={MAX_CONV_KERNEL}",
                     r.conv_kernel
                 ));
+            }
+        }
+        if let Some(r) = self.rope_dims {
+            if r == 0 || r % 2 != 0 || r > self.head_dim {
+                return Err(format!(
+                    "arch.rope_dims = {r} is not an even number in 2..={}",
+                    self.head_dim
+                ));
+            }
+        }
+        if let Some(d) = &self.delta_net {
+            for (name, v) in [
+                ("head_dim", d.head_dim),
+                ("k_heads", d.k_heads),
+                ("v_heads", d.v_heads),
+            ] {
+                if v == 0 || v > MAX_DIM {
+                    return Err(format!(
+                        "arch.delta_net.{name} = {v} is outside 1..={MAX_DIM}"
+                    ));
+                }
+            }
+            if d.v_heads % d.k_heads != 0 {
+                return Err(format!(
+                    "arch.delta_net: {} value heads are not a multiple of {} key heads",
+                    d.v_heads, d.k_heads
+                ));
+            }
+            if self.recurrent.is_none() {
+                return Err("arch.delta_net without recurrent layers".into());
             }
         }
         for (name, v) in [

@@ -32,6 +32,8 @@ pub(crate) fn test_arch() -> ArchConfig {
         multipliers: None,
         moe: None,
         recurrent: None,
+        rope_dims: None,
+        delta_net: None,
     }
 }
 

@@ -88,6 +88,8 @@ fn header(s: &Shape) -> ArchConfig {
         multipliers: None,
         moe: None,
         recurrent: None,
+        rope_dims: None,
+        delta_net: None,
     }
 }
 

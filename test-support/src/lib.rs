@@ -156,6 +156,8 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         multipliers: None,
         moe: None,
         recurrent: None,
+        rope_dims: None,
+        delta_net: None,
     }
 }
 
