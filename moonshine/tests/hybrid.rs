@@ -185,7 +185,13 @@ fn after_a_409_the_gateway_resends_from_the_stations_checkpoint_not_from_zero() 
         .feed(&chain, &b, &mut timing, &|| false)
         .expect("rewound feed");
     assert_eq!(sent, b.len() - 4, "re-sent from the checkpoint at 4");
-    assert_eq!(tokens_embedded(&st.url) - before, (b.len() - 4) as u64);
+    // On the station: fewer rows embedded than a refill from 0 (the refused request, then
+    // all 9 again) would take.
+    let embedded = tokens_embedded(&st.url) - before;
+    assert!(
+        embedded < 2 * b.len() as u64,
+        "{embedded} tokens embedded for the rewound feed"
+    );
     assert!(
         metrics(&st.url).contains("code=\"409\""),
         "the station answered 409 for the rewind"
