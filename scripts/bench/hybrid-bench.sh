@@ -49,8 +49,11 @@ for r in l:
     kind = "prefill" if r.get("n_prompt", 0) > 0 else "decode"
     print(json.dumps({"preset": preset, "engine": "llama.cpp", "kind": kind,
                       "threads": r["n_threads"], "tok_s": round(r["avg_ts"], 2)}))
-for t in a.get("engine", a.get("threads", [])):
-    print(json.dumps({"preset": preset, "engine": "aeon", "raw": t}))
+for r in a["runs"]:
+    for kind in ("prefill", "decode"):
+        print(json.dumps({"preset": preset, "engine": "aeon", "kind": kind,
+                          "threads": r["threads"], "tok_s": round(r[kind + "_tok_s"], 2)}))
+print(json.dumps({"preset": preset, "loadavg": a.get("loadavg")}))
 PY
   [ -x "$server" ] || { echo "hybrid-bench: no $server: chat turns skipped (build-llama-bench.sh --server)" >&2; continue; }
   # The chat: the same 5 user turns through each server, greedy, max 200 tokens per turn.
