@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, gemma2, phi3, starcoder2 or glm4 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
+"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, qwen35, gemma2, phi3, starcoder2, glm4, mamba, mamba2 or granitehybrid GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
 
-usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
+usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|qwen35-tiny|qwen3.5-2b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
                                                   tiny-yarn|llama3-tiny|granite-tiny|
                                                   smollm3-tiny|tiny-linear|mistral-tiny|
@@ -46,6 +46,13 @@ Presets (hyper-parameters from the models' config.json):
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
                  on layers 2, 5, 8, 10, 12, 14, convolutions elsewhere; Qwen's 151936-token
                  vocabulary stands in for LFM2's 65536 (a larger head: benches say so)
+  qwen35-tiny    qwen35 (Qwen3.5's hybrid): 4 layers, hidden 256; Gated DeltaNets (2 key / 4
+                 value heads of 32, 4-tap convolution) on layers 0-2, gated attention (4 / 2
+                 heads of 64, q/k norms, RoPE on 16 of 64 dimensions, IMROPE sections
+                 [3, 3, 2, 0]) on layer 3; ffn 512; tied; theta 1e7
+  qwen3.5-2b     Qwen3.5-2B's widths: 24 layers, hidden 2048, 8 / 2 heads of 256 (RoPE on 64),
+                 DeltaNets of 16 / 16 heads of 128, ffn 6144, attention every 4th layer; Qwen's
+                 151936-token vocabulary stands in for its 248320
   gemma2-tiny    gemma2: 4 layers, hidden 256, 4 / 2 heads of 128 (q width 512 != hidden),
                  ffn 512, sliding window 5 on layers 0 and 2 (local and global alternate),
                  attention soft-cap 0.1 and final soft-cap 10: far below Gemma 2's 50 / 30 so
@@ -239,6 +246,18 @@ SSM_PRESETS = {
 SSM_RMS_EPS = 1e-5
 DT_MIN, DT_MAX = 0.001, 0.1  # Mamba's time-step init range
 SSM_CONV_STD = 0.3
+QWEN35_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, head_dim, rope_dims, ffn, dn_head_dim, dn_k_heads,
+    #        dn_v_heads, vocab, context)
+    "qwen35-tiny": (4, 256, 4, 2, 64, 16, 512, 32, 2, 4, None, 4096),
+    "qwen3.5-2b": (24, 2048, 8, 2, 256, 64, 6144, 128, 16, 16, None, 262144),
+}
+# IMROPE sections (t, h, w, e) per preset: they cover rope_dims / 2 pairs, as Qwen3.5's
+# [11, 11, 10, 0] cover its 64 rotated dimensions.
+QWEN35_SECTIONS = {"qwen35-tiny": [3, 3, 2, 0], "qwen3.5-2b": [11, 11, 10, 0]}
+QWEN35_CONV = 4
+QWEN35_FULL_ATTN_EVERY = 4
+QWEN35_THETA = 1e7
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -445,6 +464,38 @@ def plan(cfg, wtype):
               ("rope_factors_short.weight", (hd // 2,), Q.F32, "rope_factors")]
     for i in range(L):
         p = f"blk.{i}."
+        if cfg["arch"] == "qwen35":
+            dh, dk, dv = cfg["dn_head_dim"], cfg["dn_k_heads"], cfg["dn_v_heads"]
+            ch, vd = (2 * dk + dv) * dh, dv * dh
+            t += [(p + "attn_norm.weight", (D,), Q.F32, "norm")]
+            if (i + 1) % QWEN35_FULL_ATTN_EVERY != 0:
+                t += [
+                    (p + "attn_qkv.weight", (ch, D), mat(p + "attn_qkv.weight", i), "proj"),
+                    (p + "attn_gate.weight", (vd, D), mat(p + "attn_gate.weight", i), "proj"),
+                    (p + "ssm_conv1d.weight", (ch, QWEN35_CONV), Q.F32, "conv"),
+                    (p + "ssm_dt.bias", (dv,), Q.F32, "dt_bias_dn"),
+                    (p + "ssm_a", (dv,), Q.F32, "ssm_a"),
+                    (p + "ssm_beta.weight", (dv, D), mat(p + "ssm_beta.weight", i), "proj"),
+                    (p + "ssm_alpha.weight", (dv, D), mat(p + "ssm_alpha.weight", i), "proj"),
+                    (p + "ssm_norm.weight", (dh,), Q.F32, "norm"),
+                    (p + "ssm_out.weight", (D, vd), mat(p + "ssm_out.weight", i), "proj"),
+                ]
+            else:
+                t += [
+                    (p + "attn_q.weight", (2 * qd, D), mat(p + "attn_q.weight", i), "proj"),
+                    (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                    (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                    (p + "attn_q_norm.weight", (hd,), Q.F32, "norm"),
+                    (p + "attn_k_norm.weight", (hd,), Q.F32, "norm"),
+                    (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                ]
+            t += [
+                (p + "post_attention_norm.weight", (D,), Q.F32, "norm"),
+                (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+            ]
+            continue
         if attn is not None:
             t.append((p + "attn_norm.weight", (D,), Q.F32, "norm"))
             if i in attn:
@@ -692,6 +743,11 @@ def values(name, shape, kind, seed, hidden, qtype):
         return -g.uniform(1.0, 16.0, shape).astype(np.float32)
     if kind == "ssm_d":
         return (1.0 + NORM_SPREAD * g.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    if kind == "dt_bias_dn":
+        return (0.5 * g.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    if kind == "ssm_a":
+        # -exp(A_log) as llama.cpp's converter stores it: decays between ~0.2 and ~0.9.
+        return (-np.exp(-1.0 + 0.5 * g.standard_normal(shape, dtype=np.float32))).astype(np.float32)
     if kind == "router":
         rows, cols = shape
         scale = ROUTER_STD * np.exp(ROUTER_SPREAD * g.standard_normal((rows, 1), dtype=np.float32))
@@ -763,6 +819,18 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_rope_dimension_count(cfg["head_dim"])
         w.add_rope_scaling_orig_ctx_len(cfg["orig_context"])
         w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(cfg["context"] / cfg["orig_context"]) / np.log(cfg["orig_context"]))))
+    if cfg["arch"] == "qwen35":
+        a = "qwen35"
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_rope_dimension_count(cfg["rope_dims"])
+        w.add_array(f"{a}.rope.dimension_sections", QWEN35_SECTIONS[cfg["preset"]])
+        w.add_uint32(f"{a}.ssm.conv_kernel", QWEN35_CONV)
+        w.add_uint32(f"{a}.ssm.state_size", cfg["dn_head_dim"])
+        w.add_uint32(f"{a}.ssm.group_count", cfg["dn_k_heads"])
+        w.add_uint32(f"{a}.ssm.time_step_rank", cfg["dn_v_heads"])
+        w.add_uint32(f"{a}.ssm.inner_size", cfg["dn_head_dim"] * cfg["dn_v_heads"])
+        w.add_uint32(f"{a}.full_attention_interval", QWEN35_FULL_ATTN_EVERY)
     if cfg["arch"] == "qwen3moe":
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
@@ -771,7 +839,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
              "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA, "starcoder2": STARCODER2_THETA,
-             "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA}
+             "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA, "qwen35": QWEN35_THETA}
     if cfg["arch"] not in ("mamba", "mamba2"):
         w.add_rope_freq_base(cfg.get("theta") or theta.get(cfg["arch"], ROPE_THETA))
     if cfg["arch"] == "starcoder2":
@@ -828,7 +896,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
     ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS)
-                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS), default="tiny")
+                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS) + sorted(QWEN35_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -855,6 +923,12 @@ def main():
         L, D, H, KVH, hd, F, V, ctx, window, attn_cap, final_cap = GEMMA2_PRESETS[a.preset]
         tied = True
         moe = dict(arch="gemma2", head_dim=hd, window=window, attn_cap=attn_cap, final_cap=final_cap)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    elif a.preset in QWEN35_PRESETS:
+        L, D, H, KVH, hd, rd, F, dh, dk, dv, V, ctx = QWEN35_PRESETS[a.preset]
+        tied = True
+        moe = dict(arch="qwen35", head_dim=hd, rope_dims=rd, dn_head_dim=dh, dn_k_heads=dk, dn_v_heads=dv)
         if a.hidden is not None:
             die("--hidden is for the qwen2 presets")
     elif a.preset in PHI3_PRESETS:

@@ -43,11 +43,13 @@ pub enum Arch {
     /// on the others, every layer with its SwiGLU FFN; granite's multipliers
     /// ([`Recipe::GRANITE`]).
     GraniteHybrid,
+    /// Qwen3.5: see [`Recipe::QWEN35`].
+    Qwen35,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 15] = [
+    pub const ALL: [(Arch, &'static str); 16] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -63,6 +65,7 @@ impl Arch {
         (Arch::Mamba, "mamba"),
         (Arch::Mamba2, "mamba2"),
         (Arch::GraniteHybrid, "granitehybrid"),
+        (Arch::Qwen35, "qwen35"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -86,6 +89,7 @@ impl Arch {
             Arch::Starcoder2 => Recipe::STARCODER2,
             Arch::Glm4 => Recipe::GLM4,
             Arch::Lfm2 => Recipe::LFM2,
+            Arch::Qwen35 => Recipe::QWEN35,
         }
     }
 }
@@ -158,6 +162,11 @@ pub struct Recipe {
     pub layer_norm: bool,
     /// The FFN is `down(act(up(x)))`, no gate (starcoder2), instead of `act(gate) * up`.
     pub ungated_ffn: bool,
+    /// Name of the norm before the FFN (qwen35 calls it `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// `attn_q` gives each head its query and then a gate of the same width; the attention
+    /// output is multiplied by `sigmoid(gate)` before `attn_output` (qwen35).
+    pub attn_output_gate: bool,
 }
 
 impl Recipe {
@@ -179,6 +188,9 @@ impl Recipe {
         no_rope_every: None,
         layer_norm: false,
         ungated_ffn: false,
+    /// The recurrent layers are Gated DeltaNets of this shape (qwen35), not short
+    /// convolutions.
+    pub delta_net: Option<knot_format::DeltaNetShape>,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -266,6 +278,15 @@ impl Recipe {
     pub const LFM2: Recipe = Recipe {
         output_norm: "token_embd_norm.weight",
         ignore_sliding_window: false,
+        ..Recipe::BASELINE
+    };
+    /// Qwen3.5 (llama.cpp `qwen35`): a hybrid. Three of four layers (`Config::recurrent_layers`)
+    /// mix with a Gated DeltaNet (`deltanet.rs`); the others with gated attention: per-head
+    /// q/k RMSNorm, partial NeoX RoPE over `rope_dim` (IMROPE with one position for text),
+    /// the output times `sigmoid(gate)`. The FFN's norm is `post_attention_norm`.
+    pub const QWEN35: Recipe = Recipe {
+        ffn_norm: "post_attention_norm.weight",
+        attn_output_gate: true,
         ..Recipe::BASELINE
     };
 }
@@ -389,9 +410,8 @@ pub struct Config {
     pub recurrent_layers: Vec<bool>,
     /// Taps of a recurrent layer's causal convolution (0 without recurrent layers).
     pub conv_kernel: usize,
-    /// The recurrent layers' state-space shape (mamba, mamba2, granitehybrid); `None`: they
-    /// are LFM2's short convolutions.
-    pub ssm: Option<SsmConfig>,
+        let ssm = ssm_config(arch, a)?;
+        if conv_kernel > 0 && !matches!(arch, Arch::Lfm2 | Arch::Qwen35) && ssm.is_none() {
 }
 
 impl Config {
@@ -522,11 +542,31 @@ impl TryFrom<&ArchConfig> for Config {
                 recurrent_layers.len()
             )));
         }
-        let ssm = ssm_config(arch, a)?;
-        if conv_kernel > 0 && arch != Arch::Lfm2 && ssm.is_none() {
+            rope_dim: None,
+            delta_net: None,
             return Err(EngineError::Unsupported(format!(
                 "recurrent layers in a {:?} model",
                 a.arch
+            )));
+        }
+        if (arch == Arch::Qwen35) != a.delta_net.is_some() {
+            return Err(EngineError::BadConfig(format!(
+                "{}: Gated DeltaNet layers are qwen35's (delta_net {})",
+                a.arch,
+                if a.delta_net.is_some() {
+                    "set"
+                } else {
+                    "missing"
+                }
+            )));
+        }
+        // A pure state-space model has no heads (head_dim 0) and so nothing to rotate.
+        let rope_dim = a.rope_dim.map_or(a.head_dim as usize, |r| r as usize);
+        if rope_dim % 2 != 0 || rope_dim > a.head_dim as usize || (rope_dim == 0) != (a.head_dim == 0)
+        {
+            return Err(EngineError::BadConfig(format!(
+                "rope_dim {rope_dim} is not even and at most head_dim {}",
+                a.head_dim
             )));
         }
         if arch == Arch::Lfm2 && conv_kernel < 2 {
@@ -544,6 +584,8 @@ impl TryFrom<&ArchConfig> for Config {
             logit_mul: mult.logit.map(|s| 1.0 / s),
             recurrent_layers,
             conv_kernel,
+            rope_dim,
+            delta_net: a.delta_net.clone(),
             arch,
             recipe,
             embed_scale: match (recipe.scale_embedding, mult.embedding) {
@@ -583,7 +625,6 @@ impl TryFrom<&ArchConfig> for Config {
             norm_eps: a.norm_eps,
             rope_base: a.rope_base,
             rope_style: a.rope_style,
-            rope_dim: a.rope_dim.unwrap_or(a.head_dim) as usize,
             qkv_bias: a.qkv_bias,
             qk_norm: a.qk_norm,
             tied_embeddings: a.tied_embeddings,
@@ -682,6 +723,7 @@ mod tests {
             moe: None,
             recurrent: None,
             rope_dim: None,
+            delta_net: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! (typed views into the mmap) and [`Session`] (KV cache + scratch).
 
 mod config;
+mod deltanet;
 pub mod kernels;
 mod model;
 pub mod moe;
@@ -18,11 +19,14 @@ pub mod tokenizer;
 mod weights;
 
 pub use config::{Activation, Arch, Config, QueryScale, Recipe, RopeScale, Yarn};
+pub use deltanet::DeltaState;
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use shortconv::{Checkpoints, ConvState};
 pub use ssm::{softplus, SsmConfig, SsmKind, SsmState, SsmWeights};
-pub use weights::{AttnWeights, Ffn, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights};
+pub use weights::{
+    AttnWeights, DeltaNetWeights, Ffn, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights,
+};
 
 use knot_format::LayerRange;
 

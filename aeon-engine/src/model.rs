@@ -357,6 +357,12 @@ impl<'a> Model<'a> {
                 };
                 state.forward(m, &s.xb[..seq * h], seq, &mut s.xb2[..seq * h]);
             }
+            Mixer::DeltaNet(d) => {
+                let Some(state) = cache.delta.as_mut() else {
+                    unreachable!("forward checked that every recurrent block has its state");
+                };
+                state.forward(d, &s.xb, seq, cfg.norm_eps, &mut s.dn, &mut s.xb2);
+            }
         }
 
         post_norm(&mut s.xb2[..seq * h], w.post_attn_norm, h, cfg.norm_eps);
@@ -422,7 +428,7 @@ impl<'a> Model<'a> {
         pos: usize,
     ) {
         let cfg = &self.cfg;
-        let (hd, q_dim, kv_dim) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        let (hd, q_dim, kv_dim, rd) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rope_dim);
         // A local layer sees the last `window` positions, rotated at its own RoPE base.
         let window = cfg.window(layer);
         let rope = if window.is_some() {
@@ -432,15 +438,28 @@ impl<'a> Model<'a> {
         };
 
         // Normed input -> q, k, v projections (+ biases), one shared quantization.
+        let gated = cfg.recipe.attn_output_gate;
+        let (qg, gate) = s.dn.split_at_mut(if gated { seq * 2 * q_dim } else { 0 });
         linears(
             &mut [
-                (&w.wq, &mut s.q[..]),
+                (&w.wq, if gated { &mut *qg } else { &mut s.q[..] }),
                 (&w.wk, &mut s.k[..]),
                 (&w.wv, &mut s.v[..]),
             ],
             &s.xb,
             seq,
         );
+        if gated {
+            // Each head's query, then its gate (qwen35): split into q and the gates.
+            for ((src, q), g) in qg
+                .chunks_exact(2 * hd)
+                .zip(s.q.chunks_exact_mut(hd))
+                .zip(gate.chunks_exact_mut(hd))
+            {
+                q.copy_from_slice(&src[..hd]);
+                g.copy_from_slice(&src[hd..]);
+            }
+        }
         for t in 0..seq {
             let (q, k, v) = (
                 &mut s.q[t * q_dim..(t + 1) * q_dim],
@@ -497,6 +516,12 @@ impl<'a> Model<'a> {
                 attention(&mut s.att, &s.q, k, v, shape, &mut f.scores)
             }
             _ => unreachable!("a session stores keys and values in one type"),
+        }
+        if gated {
+            let g = &s.dn[seq * 2 * q_dim..seq * 3 * q_dim];
+            for (a, &g) in s.att[..seq * q_dim].iter_mut().zip(g) {
+                *a *= 1.0 / (1.0 + super::ops::exp(-g));
+            }
         }
         linear(&w.wo, &s.att, seq, &mut s.xb2);
         add_bias(&mut s.xb2[..seq * cfg.hidden], w.bo);

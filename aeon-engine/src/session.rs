@@ -2,6 +2,7 @@
 
 use half::f16;
 
+use super::deltanet::DeltaState;
 use super::shortconv::{Checkpoints, ConvState};
 use super::ssm::SsmState;
 use super::{Config, Holdings};
@@ -101,6 +102,8 @@ pub struct LayerCache {
     pub conv: Option<ConvState>,
     /// A state-space block's state (mamba, mamba2, granitehybrid).
     pub ssm: Option<SsmState>,
+    /// A Gated DeltaNet block's state (Qwen3.5).
+    pub delta: Option<DeltaState>,
 }
 
 impl LayerCache {
@@ -111,15 +114,17 @@ impl LayerCache {
             v: KvRows::new(dtype),
             conv: None,
             ssm: None,
+            delta: None,
         }
     }
 
     /// Positions this block has seen.
     pub fn positions(&self, kv_dim: usize) -> usize {
-        match (&self.conv, &self.ssm) {
-            (Some(c), _) => c.len(),
-            (None, Some(s)) => s.len(),
-            (None, None) => self.k.len() / kv_dim.max(1),
+        match (&self.conv, &self.ssm, &self.delta) {
+            (Some(c), _, _) => c.len(),
+            (None, Some(s), _) => s.len(),
+            (None, None, Some(d)) => d.len(),
+            (None, None, None) => self.k.len() / kv_dim.max(1),
         }
     }
 
@@ -129,20 +134,22 @@ impl LayerCache {
             + self.v.bytes()
             + self.conv.as_ref().map_or(0, ConvState::bytes)
             + self.ssm.as_ref().map_or(0, SsmState::bytes)
+            + self.delta.as_ref().map_or(0, DeltaState::bytes)
     }
 
     /// Whether the block carries a recurrent state (and no keys or values).
     pub fn is_recurrent(&self) -> bool {
-        self.conv.is_some() || self.ssm.is_some()
+        self.conv.is_some() || self.ssm.is_some() || self.delta.is_some()
     }
 
     /// The latest position `<= p` the block's recurrent state can be cut back to (`p` for
     /// attention).
     pub fn restorable(&self, p: usize) -> usize {
-        match (&self.conv, &self.ssm) {
-            (Some(c), _) => c.restorable(p),
-            (None, Some(s)) => s.restorable(p),
-            (None, None) => p,
+        match (&self.conv, &self.ssm, &self.delta) {
+            (Some(c), _, _) => c.restorable(p),
+            (None, Some(s), _) => s.restorable(p),
+            (None, None, Some(d)) => d.restorable(p),
+            (None, None, None) => p,
         }
     }
 }
@@ -175,6 +182,8 @@ pub struct Scratch {
     /// (seq, 4 * hidden) a short convolution's `b, c, x`, then its gated output (empty
     /// without recurrent layers)
     pub bcx: Vec<f32>,
+    /// A Gated DeltaNet's projections, convolution and outputs (empty without one)
+    pub dn: Vec<f32>,
 }
 
 impl Scratch {
@@ -190,8 +199,21 @@ impl Scratch {
         let ffn = if cfg.moe.is_some() { 0 } else { cfg.ffn };
         fit(&mut self.hb, seq * ffn);
         fit(&mut self.hb2, seq * ffn);
-        if cfg.conv_kernel > 0 {
+        if cfg.conv_kernel > 0 && cfg.delta_net.is_none() {
             fit(&mut self.bcx, seq * 4 * cfg.hidden);
+        }
+        // A DeltaNet's buffers; gated attention's query-and-gate rows, then the gate alone.
+        let dn = cfg
+            .delta_net
+            .as_ref()
+            .map_or(0, |d| DeltaState::scratch_len(d, seq));
+        let gated = if cfg.recipe.attn_output_gate {
+            seq * 3 * cfg.q_dim()
+        } else {
+            0
+        };
+        if dn.max(gated) > 0 {
+            fit(&mut self.dn, dn.max(gated));
         }
     }
 
@@ -199,7 +221,7 @@ impl Scratch {
     pub fn bytes(&self) -> usize {
         [
             &self.xb, &self.xb2, &self.q, &self.k, &self.v, &self.att, &self.hb, &self.hb2,
-            &self.bcx,
+            &self.bcx, &self.dn,
         ]
         .iter()
         .map(|v| v.capacity() * 4)
@@ -239,9 +261,14 @@ impl Session {
     pub fn with_recurrent(mut self, cfg: &Config, policy: Checkpoints) -> Self {
         for (i, c) in self.caches.iter_mut().enumerate() {
             if cfg.is_recurrent(self.first_layer + i) {
-                match cfg.ssm {
-                    Some(s) => c.ssm = Some(SsmState::new(s, cfg.norm_eps, policy)),
-                    None => c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy)),
+                match (cfg.ssm, &cfg.delta_net) {
+                    (Some(s), _) => c.ssm = Some(SsmState::new(s, cfg.norm_eps, policy)),
+                    (None, Some(d)) => {
+                        c.delta = Some(DeltaState::new(d, cfg.conv_kernel, policy))
+                    }
+                    (None, None) => {
+                        c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy))
+                    }
                 }
             }
         }
@@ -315,6 +342,9 @@ impl Session {
                 s.truncate(pos);
             }
             if let Some(s) = &mut c.ssm {
+                s.truncate(pos);
+            }
+            if let Some(s) = &mut c.delta {
                 s.truncate(pos);
             }
         }

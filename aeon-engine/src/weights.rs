@@ -38,6 +38,31 @@ pub enum Mixer<'a> {
     ShortConv(ShortConvWeights<'a>),
     /// Mamba's selective state-space layer (`ssm.rs`).
     Ssm(SsmWeights<'a>),
+    /// Qwen3.5's Gated DeltaNet (`deltanet.rs`).
+    DeltaNet(DeltaNetWeights<'a>),
+}
+
+/// A Gated DeltaNet's tensors (llama.cpp `qwen35`: `attn_qkv`, `attn_gate`, `ssm_*`).
+pub struct DeltaNetWeights<'a> {
+    /// (2 * k_heads * head_dim + v_heads * head_dim rows, hidden cols): q, k, v before the
+    /// convolution.
+    pub qkv: Linear<'a>,
+    /// (v_heads * head_dim rows, hidden cols): the output gate `z`.
+    pub gate: Linear<'a>,
+    /// (v_heads rows, hidden cols): `beta` before its sigmoid.
+    pub beta: Linear<'a>,
+    /// (v_heads rows, hidden cols): the decay's input `alpha`.
+    pub alpha: Linear<'a>,
+    /// (channels, conv_kernel) one causal filter per q/k/v channel, oldest tap first.
+    pub conv: &'a [f32],
+    /// (v_heads) added to `alpha` before the softplus.
+    pub dt_bias: &'a [f32],
+    /// (v_heads) `-exp(A_log)`: the decay is `exp(a * softplus(alpha + dt_bias))`.
+    pub a: &'a [f32],
+    /// (head_dim) the RMSNorm of each value head's output.
+    pub norm: &'a [f32],
+    /// (hidden rows, v_heads * head_dim cols)
+    pub out: Linear<'a>,
 }
 
 /// Self-attention's tensors.
@@ -78,6 +103,7 @@ impl<'a> LayerWeights<'a> {
             Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             Mixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
             Mixer::Ssm(s) => s.matrices(),
+            Mixer::DeltaNet(d) => vec![&d.qkv, &d.gate, &d.beta, &d.alpha, &d.out],
         };
         m.extend(self.ffn.matrices());
         m
@@ -193,6 +219,30 @@ impl<'a> Weights<'a> {
             };
             let mixer = if let (true, Some(sc)) = (cfg.is_recurrent(l as usize), &cfg.ssm) {
                 Mixer::Ssm(ssm_weights(knot, sc, h, &name)?)
+            } else if let (true, Some(d)) = (cfg.is_recurrent(l as usize), &cfg.delta_net) {
+                let (hd, kh, vh) = (d.head_dim as usize, d.k_heads as usize, d.v_heads as usize);
+                let (k, ch, vd) = (cfg.conv_kernel, (2 * kh + vh) * hd, vh * hd);
+                let conv = find(knot, &name("ssm_conv1d.weight"))?;
+                if conv.entry.shape != [k as u64, ch as u64] {
+                    return Err(EngineError::BadTensor {
+                        name: name("ssm_conv1d.weight"),
+                        why: format!("shape {:?}, expected [{k}, {ch}]", conv.entry.shape),
+                    });
+                }
+                let lin = |t: &str, rows: usize, cols: usize| -> Result<Linear<'a>, EngineError> {
+                    Ok(Linear::mapped(matrix(knot, &name(t), rows, cols)?, knot))
+                };
+                Mixer::DeltaNet(DeltaNetWeights {
+                    qkv: lin("attn_qkv.weight", ch, h)?,
+                    gate: lin("attn_gate.weight", vd, h)?,
+                    beta: lin("ssm_beta.weight", vh, h)?,
+                    alpha: lin("ssm_alpha.weight", vh, h)?,
+                    conv: vector(knot, &name("ssm_conv1d.weight"), k * ch)?,
+                    dt_bias: vector(knot, &name("ssm_dt.bias"), vh)?,
+                    a: vector(knot, &name("ssm_a"), vh)?,
+                    norm: vector(knot, &name("ssm_norm.weight"), hd)?,
+                    out: lin("ssm_out.weight", h, vd)?,
+                })
             } else if cfg.is_recurrent(l as usize) {
                 let k = cfg.conv_kernel;
                 let conv = find(knot, &name("shortconv.conv.weight"))?;
@@ -222,7 +272,17 @@ impl<'a> Weights<'a> {
                         [q, kv, kv],
                     ),
                     None => [
-                        matrix(knot, &name("attn_q.weight"), q, h)?,
+                        // Gated attention (qwen35): each head's query, then its gate.
+                        matrix(
+                            knot,
+                            &name("attn_q.weight"),
+                            if cfg.recipe.attn_output_gate {
+                                2 * q
+                            } else {
+                                q
+                            },
+                            h,
+                        )?,
                         matrix(knot, &name("attn_k.weight"), kv, h)?,
                         matrix(knot, &name("attn_v.weight"), kv, h)?,
                     ],
@@ -251,7 +311,7 @@ impl<'a> Weights<'a> {
                 // No FFN (mamba): an empty norm the block never reads.
                 ffn_norm: match cfg.ffn {
                     0 => &[],
-                    _ => vector(knot, &name("ffn_norm.weight"), h)?,
+                    _ => vector(knot, &name(cfg.recipe.ffn_norm), h)?,
                 },
                 ffn_norm_b: norm_bias(&name("ffn_norm.bias"))?,
                 ffn: match &cfg.moe {

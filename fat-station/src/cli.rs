@@ -131,6 +131,19 @@ pub struct Args {
     /// default; logits move slightly, see specs/station-wire.md "Sessions").
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
     kv_dtype: KvDtype,
+    /// Hybrids (lfm2, qwen35): keep a recurrent layer's state every N positions, so that a
+    /// rewind (a new chat turn, a retried turn) restores it from there instead of position 0
+    /// (0: none). See specs/station-wire.md "Hybrids" for what a checkpoint costs.
+    #[arg(long, default_value_t = 256)]
+    checkpoint_every: usize,
+    /// Hybrids: also keep the state at the end of each of the last N multi-row forwards
+    /// (prompts: the ends of chat turns).
+    #[arg(long, default_value_t = 8)]
+    checkpoint_turns: usize,
+    /// Hybrids (short convolutions): every rewind among the last N positions is exact
+    /// (rejected drafts). A Gated DeltaNet keeps the start of the latest forward instead.
+    #[arg(long, default_value_t = 64)]
+    checkpoint_window: usize,
     /// Where the weights live: `always` packs them into interleaved copies for the fast
     /// kernels (anonymous memory, which without swap cannot be evicted); `never` keeps them in
     /// the mapped file, which the OS pages from storage when memory is short (slower, never
@@ -340,6 +353,11 @@ pub fn run(args: Args) -> Result<()> {
         session_idle: Duration::from_secs(args.session_idle_s),
         max_positions: args.max_positions,
         kv_dtype: args.kv_dtype,
+        checkpoints: crate::engine::Checkpoints {
+            window: args.checkpoint_window,
+            every: args.checkpoint_every,
+            turns: args.checkpoint_turns,
+        },
         pack_weights: args.pack_weights,
         max_session_bytes: usize::try_from(args.max_session_memory).unwrap_or(usize::MAX),
         max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),

@@ -243,9 +243,13 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .filter(|&l| r.layers[l])
             .map(|l| l.to_string())
             .collect();
-        let kind = match &r.ssm {
-            None => format!("short convolution, {} taps", r.conv_kernel),
-            Some(s) => format!(
+        let kind = match (&r.ssm, &a.delta_net) {
+            (None, None) => format!("short convolution, {} taps", r.conv_kernel),
+            (None, Some(d)) => format!(
+                "Gated DeltaNet, {} key / {} value heads of {}, convolution of {} taps",
+                d.k_heads, d.v_heads, d.head_dim, r.conv_kernel
+            ),
+            (Some(s), _) => format!(
                 "{} state space: inner {}, state {}, dt rank {}{}{}, conv {} taps",
                 a.arch,
                 s.inner,
@@ -273,6 +277,13 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             o,
             "recurrent   layers {} ({kind}); {rest}",
             layers.join(",")
+        )?;
+    }
+    if let Some(r) = a.rope_dim {
+        writeln!(
+            o,
+            "rope        partial: {r} of {} dimensions per head",
+            a.head_dim
         )?;
     }
     if let Some(w) = a.sliding_window {

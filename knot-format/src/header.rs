@@ -81,10 +81,26 @@ pub struct ArchConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent: Option<RecurrentLayers>,
     /// Dimensions of each head RoPE rotates (`rope.dimension_count`) when fewer than
-    /// `head_dim` (glm4's partial RoPE: the first `rope_dim`, the rest pass unrotated);
+    /// `head_dim` (glm4's and qwen35's partial RoPE: the first `rope_dim`, the rest pass unrotated);
     /// `None`: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_dim: Option<u32>,
+    /// Qwen3.5's Gated DeltaNet: the shape of its recurrent layers (`ssm.*` keys); `None`
+    /// for every other architecture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_net: Option<DeltaNetShape>,
+}
+
+/// The heads of a Gated DeltaNet layer (qwen35's `ssm.state_size`, `ssm.group_count`,
+/// `ssm.time_step_rank`): `k_heads` query/key heads and `v_heads` value heads, all of width
+/// `head_dim`; value head `h` reads key head `h % k_heads`. Its recurrent state is one
+/// `head_dim x head_dim` matrix per value head, plus the short convolution's last
+/// `conv_kernel - 1` inputs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeltaNetShape {
+    pub head_dim: u32,
+    pub k_heads: u32,
+    pub v_heads: u32,
 }
 
 /// Granite's scalar multipliers (llama.cpp reads them for `granite`; 0 or absent: unused).
@@ -170,6 +186,7 @@ pub const RUNNABLE_ARCHS: &[&str] = &[
     "mamba",
     "mamba2",
     "granitehybrid",
+    "qwen35",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
@@ -289,6 +306,36 @@ impl ArchConfig {
                         s.groups
                     ));
                 }
+            }
+        }
+        if let Some(r) = self.rope_dim {
+            if r == 0 || r % 2 != 0 || r > self.head_dim {
+                return Err(format!(
+                    "arch.rope_dim = {r} is not an even number in 2..={}",
+                    self.head_dim
+                ));
+            }
+        }
+        if let Some(d) = &self.delta_net {
+            for (name, v) in [
+                ("head_dim", d.head_dim),
+                ("k_heads", d.k_heads),
+                ("v_heads", d.v_heads),
+            ] {
+                if v == 0 || v > MAX_DIM {
+                    return Err(format!(
+                        "arch.delta_net.{name} = {v} is outside 1..={MAX_DIM}"
+                    ));
+                }
+            }
+            if d.v_heads % d.k_heads != 0 {
+                return Err(format!(
+                    "arch.delta_net: {} value heads are not a multiple of {} key heads",
+                    d.v_heads, d.k_heads
+                ));
+            }
+            if self.recurrent.is_none() {
+                return Err("arch.delta_net without recurrent layers".into());
             }
         }
         for (name, v) in [

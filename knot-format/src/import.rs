@@ -44,6 +44,9 @@ const NEOX_ARCHS: &[&str] = &[
     "codeshell",
     "plamo",
     "lfm2",
+    // IMROPE (llama.cpp's interleaved M-RoPE) rotates NeoX's pairs; text tokens give all its
+    // sections the same position.
+    "qwen35",
 ];
 /// Architectures with normal RoPE: dimension `2i` pairs with `2i + 1` (llama.cpp
 /// `LLAMA_ROPE_TYPE_NORM`).
@@ -326,6 +329,12 @@ impl ArchConfig {
         let head_dim = m
             .u32(&k("attention.key_length"))?
             .unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
+        // Qwen3.5: Gated DeltaNet layers between gated attention layers.
+        let (recurrent, delta_net) = if arch == "qwen35" {
+            qwen35_layers(&m, &k, n_layers, head_dim)?
+        } else {
+            (recurrent, None)
+        };
         let rope_base = m.f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
         if !pure_ssm && (n_kv_heads == 0 || n_heads % n_kv_heads != 0) {
             return Err(m.err(
@@ -457,8 +466,103 @@ impl ArchConfig {
             moe,
             recurrent,
             rope_dim,
+            delta_net,
         })
     }
+}
+
+/// Qwen3.5's recurrent layers (`attention.recurrent_layers`, else every layer but each
+/// `full_attention_interval`th, 4 by default, as llama.cpp reads them), their Gated DeltaNet
+/// shape (`ssm.*`). Text tokens give every IMROPE section the same position, so the rotation
+/// is NeoX's over `rope.dimension_count` (read for every architecture as `rope_dim`) as long as
+/// the sections cover every rotated pair (checked: a pair left to the fourth section would not
+/// rotate).
+fn qwen35_layers(
+    m: &Meta<'_>,
+    k: &dyn Fn(&str) -> String,
+    n_layers: u32,
+    head_dim: u32,
+) -> Result<(Option<RecurrentLayers>, Option<crate::DeltaNetShape>), KnotError> {
+    let req = |s: &str| -> Result<u32, KnotError> {
+        match m.u32(&k(s))? {
+            Some(v) if v > 0 => Ok(v),
+            _ => Err(m.err(&k(s), "missing or 0 (a Gated DeltaNet needs it)")),
+        }
+    };
+    let conv_kernel = req("ssm.conv_kernel")?;
+    let state = req("ssm.state_size")?;
+    let k_heads = req("ssm.group_count")?;
+    let v_heads = req("ssm.time_step_rank")?;
+    let inner = req("ssm.inner_size")?;
+    if inner != state.saturating_mul(v_heads) {
+        return Err(m.err(
+            &k("ssm.inner_size"),
+            format!("{inner} is not state_size {state} x time_step_rank {v_heads}"),
+        ));
+    }
+    if n_layers > crate::header::MAX_LAYERS {
+        return Err(m.err(&k("block_count"), "too many layers"));
+    }
+    let key = k("attention.recurrent_layers");
+    let layers = match m.g.get(&key) {
+        Some(v) => match v.as_array() {
+            Some(crate::gguf::GgufArray::Bool(b)) if b.len() >= n_layers as usize => {
+                b[..n_layers as usize].to_vec()
+            }
+            _ => return Err(m.err(&key, format!("expected {n_layers} bools"))),
+        },
+        None => {
+            let every = m.u32(&k("full_attention_interval"))?.unwrap_or(4);
+            if every == 0 {
+                return Err(m.err(&k("full_attention_interval"), "must be positive"));
+            }
+            (0..n_layers).map(|i| (i + 1) % every != 0).collect()
+        }
+    };
+    let rope_dims = m.u32(&k("rope.dimension_count"))?.unwrap_or(head_dim);
+    if rope_dims == 0 || rope_dims % 2 != 0 || rope_dims > head_dim {
+        return Err(m.err(
+            &k("rope.dimension_count"),
+            format!("{rope_dims} is not an even number up to head_dim {head_dim}"),
+        ));
+    }
+    let skey = k("rope.dimension_sections");
+    if let Some(v) = m.g.get(&skey) {
+        let a = v
+            .as_array()
+            .ok_or_else(|| m.err(&skey, "expected an array of 4 integers"))?;
+        let s: Vec<i64> = (0..a.len().min(4))
+            .map(|i| a.i64_at(i).unwrap_or(-1))
+            .collect();
+        let total: i64 = s.iter().sum();
+        if s.len() != 4 || s.iter().any(|&x| x < 0) || total <= 0 {
+            return Err(m.err(&skey, format!("{s:?} are not 4 sections")));
+        }
+        // llama.cpp's IMROPE: pair `i` takes section `i % total`; sections 0-2 interleave
+        // (t, h, w), the rest is the fourth (position 0 for text: no rotation).
+        let fourth = (0..rope_dims as i64 / 2).map(|i| i % total).any(|c| {
+            !((c % 3 == 0 && c < 3 * s[0])
+                || (c % 3 == 1 && c < 3 * s[1])
+                || (c % 3 == 2 && c < 3 * s[2]))
+        });
+        if fourth {
+            return Err(m.err(
+                &skey,
+                format!("{s:?} leave some of the {rope_dims} rotated dimensions unrotated"),
+            ));
+        }
+    }
+    Ok((
+        Some(RecurrentLayers {
+            layers,
+            conv_kernel,
+        }),
+        Some(crate::DeltaNetShape {
+            head_dim: state,
+            k_heads,
+            v_heads,
+        }),
+    ))
 }
 
 impl TokenizerData {

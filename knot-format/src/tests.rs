@@ -33,6 +33,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         moe: None,
         recurrent: None,
         rope_dim: None,
+                delta_net: None,
     }
 }
 

@@ -549,7 +549,7 @@ impl KvSession {
             pos -= 1; // logits need at least one row to run
         }
         self.cached.truncate(pos);
-        let (mut answer, mut sent, mut refilled) = (Answer::Logits(Vec::new()), 0, false);
+        let (mut answer, mut sent) = (Answer::Logits(Vec::new()), 0);
         let skim = Ask::Token(ExitAsk::default());
         while pos < tokens.len() {
             if cancelled() {
@@ -572,11 +572,19 @@ impl KvSession {
                 Err(ClientError::Refused(station_wire::wire::Refusal {
                     status: 409,
                     ref code,
+                    held,
                     ..
-                })) if pos > 0 && sent == 0 && !refilled && code == "session_mismatch" => {
-                    tracing::warn!(session = %self.id, "stations lost the session; prefilling again");
-                    (pos, refilled) = (0, true);
-                    self.cached.clear();
+                })) if pos > 0 && sent == 0 && code == "session_mismatch" => {
+                    // A hybrid's station went back to its latest checkpoint (`held`), or lost
+                    // the session (0): re-send from there. Each retry starts earlier, so this
+                    // ends (at 0 at worst).
+                    let from = held.filter(|&h| h < pos).unwrap_or(0);
+                    tracing::warn!(
+                        session = %self.id,
+                        "stations hold {from} of {pos} positions; re-sending from there"
+                    );
+                    pos = from;
+                    self.cached.truncate(from);
                     continue;
                 }
                 Err(e) if is_context_full(&e) => {

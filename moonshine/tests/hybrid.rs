@@ -151,3 +151,65 @@ fn lookup_decoding_on_a_hybrid_gives_the_plain_greedy_ids() {
         fast["drafted"]
     );
 }
+
+/// A rewind the recurrent state cannot make exactly (past what a Gated DeltaNet keeps: the
+/// start of its latest forward and the checkpoints) answers `409 session_mismatch` with the
+/// position the station went back to; the gateway re-sends from there, not from 0, and the
+/// logits equal a fresh session's. The synthetic Qwen3.5 (`--preset qwen35-tiny`), a station
+/// keeping a checkpoint every 4 positions and none at turn ends.
+#[test]
+fn after_a_409_the_gateway_resends_from_the_stations_checkpoint_not_from_zero() {
+    use moonshine::generate::{KvSession, Timing};
+    use station_wire::client::{Chain, StationClient};
+    let Some(bin) = station_bin() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot)) = test_support::synthetic_model(dir.path(), "qwen35-tiny", &[]) else {
+        return;
+    };
+    let st = station(
+        &bin,
+        &knot,
+        &["--checkpoint-every", "4", "--checkpoint-turns", "0"],
+    );
+    let timeout = std::time::Duration::from_secs(60);
+    let chain = Chain::new(vec![(
+        StationClient::new(&st.url, timeout),
+        knot_format::LayerRange::new(0, 4),
+    )])
+    .expect("chain");
+    let a: Vec<u32> = (0..12).map(|i| 785 + 37 * i).collect();
+    let mut s = KvSession::new("rewind");
+    let mut timing = Timing::default();
+    // Decode-like: one token per request, 12 positions (checkpoints at 4, 8, 12).
+    for i in 1..=a.len() {
+        let (_, sent) = s
+            .feed(&chain, &a[..i], &mut timing, &|| false)
+            .expect("feed");
+        assert_eq!(sent, 1);
+    }
+    let before = tokens_embedded(&st.url);
+    // An edited turn keeping 6 tokens: the station goes back to its checkpoint at 4 (409),
+    // and the gateway sends the 5 tokens from there.
+    let mut b = a[..6].to_vec();
+    b.extend([11, 12, 13]);
+    let (got, sent) = s
+        .feed(&chain, &b, &mut timing, &|| false)
+        .expect("rewound feed");
+    assert_eq!(sent, b.len() - 4, "re-sent from the checkpoint at 4");
+    // On the station: fewer rows embedded than a refill from 0 (the refused request, then
+    // all 9 again) would take.
+    let embedded = tokens_embedded(&st.url) - before;
+    assert!(
+        embedded < 2 * b.len() as u64,
+        "{embedded} tokens embedded for the rewound feed"
+    );
+    assert!(
+        metrics(&st.url).contains("code=\"409\""),
+        "the station answered 409 for the rewind"
+    );
+    let mut fresh = KvSession::new("fresh");
+    let (want, _) = fresh
+        .feed(&chain, &b, &mut timing, &|| false)
+        .expect("fresh");
+    assert_eq!(got, want, "the replay from the checkpoint is exact");
+}

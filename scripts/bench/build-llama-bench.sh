@@ -4,6 +4,8 @@
 #
 #   scripts/bench/build-llama-bench.sh            # prints .../llama-bench (cached after the first build)
 #   scripts/bench/build-llama-bench.sh --quantize # also builds llama-quantize, prints its path
+#   scripts/bench/build-llama-bench.sh --server   # llama-server from the same tree (its own
+#                                                 # build folder), prints its path
 #                                                 # (scripts/make-synthetic-model.py --type q4_k_m)
 #
 # Why not llama-cpp-python itself: its prebuilt/pip-built library decodes ~40% slower through
@@ -26,9 +28,30 @@ die() { echo "build-llama-bench: $*" >&2; exit 2; }
 want=llama-bench
 case "${1:-}" in
   --quantize) want=llama-quantize ;;
+  --server) want=llama-server ;;
   "") ;;
-  *) die "unknown argument $1 (--quantize)" ;;
+  *) die "unknown argument $1 (--quantize, --server)" ;;
 esac
+if [ "$want" = llama-server ]; then
+  # llama-server from the same tree, in its own build folder (the llama-bench build is
+  # configured without the server; reconfiguring it would rebuild what others use).
+  bench=$(bash "$0") || die "no llama-bench build to take the tree from"
+  dir=$(dirname "$(dirname "$(dirname "$bench")")")
+  srv=$dir/build-server
+  if [ ! -x "$srv/bin/llama-server" ]; then
+    echo "build-llama-bench: building llama-server in $srv" >&2
+    cmake -S "$dir/vendor/llama.cpp" -B "$srv" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+      -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=ON >"$dir/cmake-server.log" 2>&1 \
+      || { tail -n 20 "$dir/cmake-server.log" >&2; die "cmake configure (server) failed"; }
+    cmake --build "$srv" --target llama-server -j "${AEON_BUILD_JOBS:-$(nproc)}" \
+      >"$dir/build-server.log" 2>&1 \
+      || { tail -n 20 "$dir/build-server.log" >&2; die "building llama-server failed"; }
+  fi
+  [ -x "$srv/bin/llama-server" ] || die "no $srv/bin/llama-server after the build"
+  echo "$srv/bin/llama-server"
+  exit 0
+fi
 targets=(llama-bench)
 [ "$want" = llama-bench ] || targets+=("$want")
 

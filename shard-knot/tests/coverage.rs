@@ -89,6 +89,7 @@ fn header(s: &Shape) -> ArchConfig {
         moe: None,
         recurrent: None,
         rope_dim: None,
+                delta_net: None,
     }
 }
 

@@ -306,6 +306,10 @@ pub struct ErrorBody {
     /// Stable machine code: `bad_request`, `not_held`, `unknown_session`, `too_large`, ...
     pub error: String,
     pub message: String,
+    /// `session_mismatch` after a rewind a hybrid's recurrent state could not make: the
+    /// positions the session holds now (its latest checkpoint); the caller re-sends from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
 }
 
 /// A station's 4xx/5xx answer as a caller reports it: the one shape the station client
@@ -319,20 +323,23 @@ pub struct Refusal {
     /// [`ErrorBody::error`], or `http` when the body is not an [`ErrorBody`].
     pub code: String,
     pub message: String,
+    /// [`ErrorBody::held`].
+    pub held: Option<usize>,
 }
 
 impl Refusal {
     /// The refusal `url` answered with `status` and body `text`.
     pub fn from_body(url: String, status: u16, text: String) -> Refusal {
-        let (code, message) = match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(e) => (e.error, e.message),
-            Err(_) => ("http".into(), text),
+        let (code, message, held) = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(e) => (e.error, e.message, e.held),
+            Err(_) => ("http".into(), text, None),
         };
         Refusal {
             url,
             status,
             code,
             message,
+            held: held.and_then(|h| usize::try_from(h).ok()),
         }
     }
 }

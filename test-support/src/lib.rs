@@ -166,6 +166,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         moe: None,
         recurrent: None,
         rope_dim: None,
+                delta_net: None,
     }
 }
 

@@ -765,6 +765,7 @@ fn send_hop(node: &MeshNode, call: HopCall) -> Resp {
         let mut r = json(
             StatusCode::BAD_GATEWAY,
             &wire::ErrorBody {
+                held: None,
                 error: "hop_failed".into(),
                 message: format!("{name} at {url} failed after {from}: {why}"),
             },

@@ -122,6 +122,7 @@ fn answer(method: &Method, path: &str, out: Result<Resp, Refusal>) -> Resp {
                 &ErrorBody {
                     error: e.code.into(),
                     message: e.message,
+                    held: e.held.map(|h| h as u64),
                 },
             );
             if e.status == StatusCode::SERVICE_UNAVAILABLE {

@@ -51,6 +51,8 @@ pub struct Limits {
     pub conn: ConnLimits,
     /// How sessions store keys and values (`--kv-dtype`; f16 halves their memory).
     pub kv_dtype: KvDtype,
+    /// Which earlier states a hybrid's recurrent layers keep (`--checkpoint-*`).
+    pub checkpoints: crate::engine::Checkpoints,
     /// Whether the weights are packed into interleaved copies or stay in the mapped file.
     pub pack_weights: super::weight_memory::PackWeights,
     /// Most response bytes held for clients that have not read them yet
@@ -85,6 +87,7 @@ impl Default for Limits {
             max_compute: default_max_compute(),
             conn: ConnLimits::default(),
             kv_dtype: KvDtype::F32,
+            checkpoints: Default::default(),
             pack_weights: Default::default(),
             max_response_bytes: super::response_budget::DEFAULT_MAX_RESPONSE_BYTES,
         }
@@ -123,6 +126,8 @@ pub(crate) struct Refusal {
     pub(super) status: StatusCode,
     pub(super) code: &'static str,
     pub(super) message: String,
+    /// `session_mismatch` from a hybrid's rewind: the positions the session holds now.
+    pub(super) held: Option<usize>,
 }
 
 pub(crate) fn refuse(
@@ -134,6 +139,7 @@ pub(crate) fn refuse(
         status,
         code,
         message: message.into(),
+        held: None,
     }
 }
 
@@ -159,7 +165,9 @@ impl Station {
     /// at once and a request that comes early waits only for the matrices it needs.
     pub fn new(model: Model<'static>, limits: Limits) -> Arc<Station> {
         let st = Arc::new(Station {
-            model: model.with_kv_dtype(limits.kv_dtype),
+            model: model
+                .with_kv_dtype(limits.kv_dtype)
+                .with_checkpoints(limits.checkpoints),
             tokenizer: OnceLock::new(),
             sessions: Mutex::new(HashMap::new()),
             compute_gate: Arc::new(Semaphore::new(limits.max_compute.max(1))),
@@ -499,14 +507,17 @@ pub(crate) fn with_session<T>(
                     // then the caller re-sends from there (409 names the position).
                     let held = s.truncate(p, kv_dim);
                     if held < p {
-                        return Err(refuse(
-                            StatusCode::CONFLICT,
-                            "session_mismatch",
-                            format!(
-                                "X-Pos {p} but the session's recurrent state goes back only \
-                                 to position {held}; it holds {held} positions now"
-                            ),
-                        ));
+                        return Err(Refusal {
+                            held: Some(held),
+                            ..refuse(
+                                StatusCode::CONFLICT,
+                                "session_mismatch",
+                                format!(
+                                    "X-Pos {p} but the session's recurrent state goes back \
+                                     only to position {held}; it holds {held} positions now"
+                                ),
+                            )
+                        });
                     }
                 }
             }

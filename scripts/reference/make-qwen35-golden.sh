@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Regenerates the golden of fat-station/tests/engine_qwen35.rs:
+#   fat-station/tests/golden/synthetic/qwen35_tiny_seed0.sha256         the tiny Qwen3.5 GGUF's sha256
+#                                                                      (f16 weights: no 8-bit
+#                                                                      activations either side)
+#   fat-station/tests/golden/synthetic/qwen35_tiny_seed0_llamacpp.f32     llama.cpp's logits of the
+#                                                                      last position, the prompt
+#                                                                      in one batch (one thread)
+#   fat-station/tests/golden/synthetic/qwen35_tiny_seed0_llamacpp_tbt.f32 the same, token by token
+#                                                                      (llama.cpp's own noise)
+# The test makes the same GGUF (scripts/make-synthetic-model.py --preset qwen35-tiny --seed 0 --type f16); when
+# its sha256 differs from the recorded one (another numpy or gguf version), it skips the
+# comparison. Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer
+# (scripts/fetch-model.sh qwen); llama.cpp's static libraries from scripts/bench/build-llama-bench.sh
+# (run when missing) and a C compiler with OpenMP (gcc).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$root/fat-station/tests/golden/synthetic
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out"
+python3 "$root/scripts/make-synthetic-model.py" "$tmp/qwen35.gguf" --preset qwen35-tiny --seed 0 --type f16 -q
+(cd "$tmp" && sha256sum qwen35.gguf | cut -d' ' -f1) > "$out/qwen35_tiny_seed0.sha256"
+# engine_qwen35.rs's PROMPT.
+prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
+
+version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
+[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
+[ -f "$llama/build/src/libllama.a" ] || { echo "make-qwen35-golden: no llama.cpp build in $llama" >&2; exit 1; }
+gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
+  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
+  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
+  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+"$tmp/llamacpp-logits" "$tmp/qwen35.gguf" "$out/qwen35_tiny_seed0_llamacpp.f32" "${prompt[@]}"
+"$tmp/llamacpp-logits" "$tmp/qwen35.gguf" "$out/qwen35_tiny_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
+echo "make-qwen35-golden: wrote $out (llama.cpp $version)" >&2
