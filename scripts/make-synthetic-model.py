@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
+"""A qwen2, llama, granite, smollm3, qwen3moe, deepseek2, lfm2, gemma2 or phi3 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer.
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
                                                   tiny-yarn|llama3-tiny|granite-tiny|
-                                                  smollm3-tiny]
+                                                  smollm3-tiny|tiny-deepseek2|tiny-deepseek3|
+                                                  deepseek-v2-lite]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N]
            [--type legacy-mix|q8_0|f16|q4_k_m|q5_k_m|q3_k_m|q2_k|iq4_xs|iq4_nl|q4_1|q5_1]
@@ -56,6 +57,19 @@ Presets (hyper-parameters from the models' config.json):
   phi3-mini      Phi-3-mini-128k's shape: 32 layers, hidden 3072, 32 / 32 heads of 96, ffn
                  8192, vocab 32064 (Qwen's first 32064 tokens are not a vocabulary: the
                  tokenizer's count wins, 151936; benches say so), the same LongRoPE keys
+  tiny-deepseek2 deepseek2 shaped like DeepSeek-V2-Lite: 4 layers, hidden 128, 4 heads, q
+                 straight from attn_q (q_lora_rank 0), kv_lora_rank 64, nope / rope / value
+                 head dims 32 / 16 / 32; block 0 dense (ffn 256), then 8 experts top-2 of
+                 width 64 plus 2 shared experts, softmax routing, weights not renormalised;
+                 YaRN factor 4 over an original context of 32, yarn_log_multiplier 0.0707
+  tiny-deepseek3 the same with DeepSeek-V3's routing and q path: q through attn_q_a (rank
+                 64) + attn_q_a_norm + attn_q_b; 16 experts top-4 in 4 groups of which 2
+                 are used, sigmoid gating with an exp_probs_b selection bias N(0, 0.1),
+                 weights renormalised then scaled by 2.5, 1 shared expert
+  deepseek-v2-lite DeepSeek-V2-Lite's widths: 27 layers, hidden 2048, 16 heads, kv_lora_rank
+                 512, head dims 128 / 64 / 128, ffn 10944, 64 experts top-6 of width 1408, 2
+                 shared; YaRN 40 over 4096 (use --layers for a shallower file); Qwen's
+                 151936-token vocabulary stands in for its 102400
 phi3 presets: no biases, rope theta 10000, rms eps 1e-5.
 gemma2 presets: no biases, no q/k norms, post-attention and post-FFN norms, tied embeddings,
 rope theta 10000, rms eps 1e-6 (the keys llama.cpp reads: attention.sliding_window,
@@ -167,6 +181,24 @@ PHI3_PRESETS = {
     "phi3-mini": (32, 3072, 32, 32, 8192, None, 131072, 4096),
 }
 PHI3_RMS_EPS = 1e-5
+DEEPSEEK2_PRESETS = {
+    # name: dict of the deepseek2 shape (llama.cpp's deepseek2 keys); "yarn": (factor,
+    # original context, rope.scaling.yarn_log_multiplier as the converter writes it, 0.1 *
+    # mscale_all_dim).
+    "tiny-deepseek2": dict(layers=4, hidden=128, heads=4, q_lora=0, kv_lora=64, nope=32, rope=16, v_head=32,
+                           dense_lead=1, ffn=256, experts=8, used=2, expert_ffn=64, shared=2, gating=1,
+                           norm=False, scale=1.0, groups=0, group_used=0, vocab=None, context=4096,
+                           yarn=(4.0, 32, 0.0707)),
+    "tiny-deepseek3": dict(layers=4, hidden=128, heads=4, q_lora=64, kv_lora=64, nope=32, rope=16, v_head=32,
+                           dense_lead=1, ffn=256, experts=16, used=4, expert_ffn=64, shared=1, gating=2,
+                           norm=True, scale=2.5, groups=4, group_used=2, vocab=None, context=4096,
+                           yarn=(4.0, 32, 0.1)),
+    "deepseek-v2-lite": dict(layers=27, hidden=2048, heads=16, q_lora=0, kv_lora=512, nope=128, rope=64,
+                             v_head=128, dense_lead=1, ffn=10944, experts=64, used=6, expert_ffn=1408,
+                             shared=2, gating=1, norm=False, scale=1.0, groups=0, group_used=0,
+                             vocab=None, context=163840, yarn=(40.0, 4096, 0.0707)),
+}
+PROBS_B_STD = 0.1  # deepseek3's selection bias (exp_probs_b): reorders some near choices
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -317,6 +349,9 @@ def plan(cfg, wtype):
               ("rope_factors_short.weight", (hd // 2,), Q.F32, "rope_factors")]
     for i in range(L):
         p = f"blk.{i}."
+        if cfg["arch"] == "deepseek2":
+            t += deepseek2_layer(cfg, i, p, D, F, mat)
+            continue
         if attn is not None:
             t.append((p + "attn_norm.weight", (D,), Q.F32, "norm"))
             if i in attn:
@@ -416,6 +451,43 @@ def plan(cfg, wtype):
     return t
 
 
+def deepseek2_layer(cfg, i, p, D, F, mat):
+    """One deepseek2 block: Multi-head Latent Attention (q straight or through the q_a / q_b
+    low-rank pair; kv_a_mqa gives the latent and the shared rope key; kv_b decompresses the
+    latent into every head's nope key and value), then a dense FFN for the leading blocks and
+    routed + shared experts after (llama.cpp's deepseek2 tensors)."""
+    H, ql, kl = cfg["heads"], cfg["q_lora"], cfg["kv_lora"]
+    kh = cfg["nope"] + cfg["rope"]
+    t = [(p + "attn_norm.weight", (D,), Q.F32, "norm")]
+    if ql:
+        t += [(p + "attn_q_a.weight", (ql, D), mat(p + "attn_q_a.weight", i), "proj"),
+              (p + "attn_q_a_norm.weight", (ql,), Q.F32, "norm"),
+              (p + "attn_q_b.weight", (H * kh, ql), mat(p + "attn_q_b.weight", i), "proj")]
+    else:
+        t.append((p + "attn_q.weight", (H * kh, D), mat(p + "attn_q.weight", i), "proj"))
+    t += [(p + "attn_kv_a_mqa.weight", (kl + cfg["rope"], D), mat(p + "attn_kv_a_mqa.weight", i), "proj"),
+          (p + "attn_kv_a_norm.weight", (kl,), Q.F32, "norm"),
+          (p + "attn_kv_b.weight", (H * (cfg["nope"] + cfg["v_head"]), kl), mat(p + "attn_kv_b.weight", i), "proj"),
+          (p + "attn_output.weight", (D, H * cfg["v_head"]), mat(p + "attn_output.weight", i), "proj"),
+          (p + "ffn_norm.weight", (D,), Q.F32, "norm")]
+    if i < cfg["dense_lead"]:
+        return t + [(p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                    (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                    (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj")]
+    E, FE, S = cfg["experts"], cfg["expert_ffn"], cfg["shared"]
+    t.append((p + "ffn_gate_inp.weight", (E, D), Q.F32, "router"))
+    if cfg["gating"] == 2:
+        t.append((p + "exp_probs_b.bias", (E,), Q.F32, "probs_b"))
+    return t + [
+        (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
+        (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
+        (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+        (p + "ffn_gate_shexp.weight", (FE * S, D), mat(p + "ffn_gate_shexp.weight", i), "proj"),
+        (p + "ffn_up_shexp.weight", (FE * S, D), mat(p + "ffn_up_shexp.weight", i), "proj"),
+        (p + "ffn_down_shexp.weight", (D, FE * S), mat(p + "ffn_down_shexp.weight", i), "proj"),
+    ]
+
+
 def encode(x, qtype):
     """f32 rows -> the bytes (as a numpy array) of `qtype`."""
     if qtype == Q.F32:
@@ -454,6 +526,8 @@ def values(name, shape, kind, seed, hidden, qtype):
         return np.array(out, dtype=np.float32)
     if kind == "rope_factors":
         return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
+    if kind == "probs_b":
+        return PROBS_B_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "conv":
         return CONV_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "router":
@@ -519,6 +593,28 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
+    if cfg["arch"] == "deepseek2":
+        w.add_leading_dense_block_count(cfg["dense_lead"])
+        w.add_q_lora_rank(cfg["q_lora"])
+        w.add_kv_lora_rank(cfg["kv_lora"])
+        w.add_key_length(cfg["nope"] + cfg["rope"])
+        w.add_value_length(cfg["v_head"])
+        w.add_rope_dimension_count(cfg["rope"])
+        w.add_expert_count(cfg["experts"])
+        w.add_expert_used_count(cfg["used"])
+        w.add_expert_feed_forward_length(cfg["expert_ffn"])
+        w.add_expert_shared_count(cfg["shared"])
+        w.add_expert_weights_scale(cfg["scale"])
+        w.add_expert_weights_norm(cfg["norm"])
+        w.add_uint32("deepseek2.expert_gating_func", cfg["gating"])
+        if cfg["groups"]:
+            w.add_expert_group_count(cfg["groups"])
+            w.add_expert_group_used_count(cfg["group_used"])
+        factor, orig, log_mul = cfg["yarn"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_scaling_yarn_log_mul(log_mul)
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
              "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA}
     w.add_rope_freq_base(theta.get(cfg["arch"], ROPE_THETA))
@@ -565,7 +661,7 @@ LLAMA_QUANTIZE_TYPES = {"q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl"
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
-    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS), default="tiny")
+    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS) + sorted(DEEPSEEK2_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -595,6 +691,15 @@ def main():
         L, D, H, KVH, F, V, ctx, orig = PHI3_PRESETS[a.preset]
         tied = False
         moe = dict(arch="phi3", head_dim=D // H, orig_context=orig)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
+    elif a.preset in DEEPSEEK2_PRESETS:
+        moe = dict(DEEPSEEK2_PRESETS[a.preset], arch="deepseek2")
+        L, D, H, F, V, ctx = (moe[k] for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"))
+        KVH, tied = H, False
+        moe["head_dim"] = moe["nope"] + moe["rope"]
+        for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"):
+            del moe[k]
         if a.hidden is not None:
             die("--hidden is for the qwen2 presets")
     else:

@@ -2,6 +2,7 @@
 
 use knot_format::{ArchConfig, MoeConfig, RopeStyle};
 
+use super::mla::MlaShape;
 use super::EngineError;
 
 /// Architectures the forward pass implements (`knot_format::RUNNABLE_ARCHS` names them for
@@ -29,11 +30,15 @@ pub enum Arch {
     Qwen3Moe,
     /// Liquid LFM2: see [`Recipe::LFM2`].
     Lfm2,
+    /// DeepSeek-V2/V3 (llama.cpp `deepseek2`): Multi-head Latent Attention (`crate::mla`),
+    /// the first `leading_dense` blocks a dense FFN, the others routed experts plus shared
+    /// ones, softmax or sigmoid routing, optionally group-limited (see [`crate::moe`]).
+    DeepSeek2,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 10] = [
+    pub const ALL: [(Arch, &'static str); 11] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -44,6 +49,7 @@ impl Arch {
         (Arch::Phi3, "phi3"),
         (Arch::Granite, "granite"),
         (Arch::SmolLm3, "smollm3"),
+        (Arch::DeepSeek2, "deepseek2"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -57,6 +63,7 @@ impl Arch {
     pub fn recipe(self) -> Recipe {
         match self {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
+            Arch::DeepSeek2 => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
             Arch::Gemma2 => Recipe::GEMMA2,
             Arch::Phi3 => Recipe::PHI3,
@@ -329,6 +336,9 @@ pub struct Config {
     pub recurrent_layers: Vec<bool>,
     /// Taps of a recurrent layer's causal convolution (0 without recurrent layers).
     pub conv_kernel: usize,
+    /// Multi-head Latent Attention's widths (deepseek2); `head_dim` is then a head's key
+    /// width (nope + rope) and RoPE turns only `rope` of it.
+    pub mla: Option<MlaShape>,
 }
 
 impl Config {
@@ -356,6 +366,29 @@ impl Config {
         self.recipe
             .no_rope_every
             .is_none_or(|n| !(l + 1).is_multiple_of(n))
+    }
+
+    /// Width of all value heads together (`kv_dim`, or MLA's `n_heads * v_head`).
+    pub fn v_dim(&self) -> usize {
+        match &self.mla {
+            Some(m) => m.n_heads * m.v_head,
+            None => self.kv_dim(),
+        }
+    }
+
+    /// Dimensions of a head RoPE turns (all of `head_dim`, or MLA's rope part).
+    pub fn rope_dims(&self) -> usize {
+        match &self.mla {
+            Some(m) => m.rope,
+            None => self.head_dim,
+        }
+    }
+
+    /// Whether block `l`'s FFN is routed experts (deepseek2's leading blocks are dense).
+    pub fn is_moe(&self, l: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| l >= m.leading_dense as usize)
     }
 
     /// Whether layer `l` is recurrent (a short convolution) rather than attention.
@@ -401,13 +434,67 @@ impl TryFrom<&ArchConfig> for Config {
                 a.norm_eps, a.rope_base
             )));
         }
-        if (arch == Arch::Qwen3Moe) != a.moe.is_some() {
+        let moe_arch = matches!(arch, Arch::Qwen3Moe | Arch::DeepSeek2);
+        if moe_arch != a.moe.is_some() {
             return Err(EngineError::BadConfig(format!(
-                "{}: expert_count {} (the engine runs experts for qwen3moe only)",
+                "{}: expert_count {} (the engine runs experts for qwen3moe and deepseek2 only)",
                 a.arch,
                 a.moe.as_ref().map_or(0, |m| m.n_experts)
             )));
         }
+        if let Some(m) = &a.moe {
+            // What the MoE FFN implements; anything else is refused by name rather than run
+            // as a quietly different model.
+            match m.gating.as_deref() {
+                None | Some("softmax") => {}
+                Some("sigmoid") if arch == Arch::DeepSeek2 => {}
+                Some(g) => {
+                    return Err(EngineError::Unsupported(format!(
+                        "expert_gating_func {g:?} in a {} model (the engine gates with softmax, \
+                         and sigmoid for deepseek2)",
+                        a.arch
+                    )))
+                }
+            }
+            if arch != Arch::DeepSeek2
+                && (m.n_shared > 0 || m.leading_dense > 0 || m.groups.is_some())
+            {
+                return Err(EngineError::Unsupported(format!(
+                    "shared experts, leading dense blocks or expert groups in a {} model",
+                    a.arch
+                )));
+            }
+        }
+        if (arch == Arch::DeepSeek2) != a.mla.is_some() {
+            return Err(EngineError::BadConfig(format!(
+                "{}: {} (the engine runs MLA for deepseek2 only, and deepseek2 only with MLA)",
+                a.arch,
+                if a.mla.is_some() {
+                    "an arch.mla section"
+                } else {
+                    "no arch.mla section"
+                }
+            )));
+        }
+        let mla = match &a.mla {
+            None => None,
+            Some(m) => {
+                if a.n_kv_heads != a.n_heads {
+                    return Err(EngineError::BadConfig(format!(
+                        "deepseek2 with {} KV heads for {} heads (MLA decompresses one per head)",
+                        a.n_kv_heads, a.n_heads
+                    )));
+                }
+                Some(MlaShape {
+                    n_heads: a.n_heads as usize,
+                    q_lora_rank: m.q_lora_rank as usize,
+                    kv_lora_rank: m.kv_lora_rank as usize,
+                    nope: (a.head_dim - m.rope_dim) as usize,
+                    rope: m.rope_dim as usize,
+                    v_head: m.v_head_dim as usize,
+                })
+            }
+        };
         let n_layers = a.n_layers as usize;
         let sliding_window = a
             .sliding_window
@@ -461,6 +548,22 @@ impl TryFrom<&ArchConfig> for Config {
                 "lfm2 without short-convolution layers (shortconv.l_cache)".into(),
             ));
         }
+        // deepseek2 (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]): RoPE's cosines and sines
+        // carry only `rope.scaling.attn_factor` (llama.cpp cancels YaRN's own magnitude), and
+        // the scores are scaled by mscale^2 / sqrt(head_dim), mscale = attn_factor (times
+        // 1 + 0.1 ln(factor) without YaRN) times 1 + 0.1 mscale_all_dim ln(factor), where
+        // the file's yarn_log_multiplier is 0.1 mscale_all_dim.
+        let mla_scales = a.mla.as_ref().map(|m| {
+            let raf = a.rope_attn_factor.unwrap_or(1.0);
+            let ln_f = (1.0 / rope_scale.freq_scale).ln();
+            let org = match rope_scale.yarn {
+                Some(_) => raf,
+                None => raf * (1.0 + 0.1 * ln_f),
+            };
+            let log_mul = m.yarn_log_mul.unwrap_or(0.0) / 0.1;
+            let mscale = org * (1.0 + 0.1 * log_mul * ln_f);
+            (raf, mscale * mscale / (a.head_dim as f32).sqrt())
+        });
         let mult = match (&a.multipliers, recipe.multipliers) {
             (Some(m), true) => m.clone(),
             _ => Default::default(),
@@ -477,26 +580,35 @@ impl TryFrom<&ArchConfig> for Config {
                 (false, Some(m)) => m,
                 (false, None) => 1.0,
             },
-            attn_scale: mult.attention.unwrap_or(
-                1.0 / match recipe.query_scale {
-                    QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
-                    _ => a.head_dim as f32,
-                }
-                .sqrt(),
-            ),
+            attn_scale: match mla_scales {
+                Some((_, scale)) => scale,
+                None => mult.attention.unwrap_or(
+                    1.0 / match recipe.query_scale {
+                        QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
+                        _ => a.head_dim as f32,
+                    }
+                    .sqrt(),
+                ),
+            },
             sliding_window,
             swa_layers,
             rope_base_swa,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
-            rope_attn_factor: a.rope_attn_factor.unwrap_or(1.0)
-                * match rope_scale.yarn {
-                    // llama.cpp: YaRN's magnitude correction, for a factor above 1.
-                    Some(_) if rope_scale.freq_scale < 1.0 => {
-                        1.0 + 0.1 * (1.0 / rope_scale.freq_scale).ln()
-                    }
-                    _ => 1.0,
-                },
+            rope_attn_factor: match mla_scales {
+                Some((raf, _)) => raf,
+                None => {
+                    a.rope_attn_factor.unwrap_or(1.0)
+                        * match rope_scale.yarn {
+                            // llama.cpp: YaRN's magnitude correction, for a factor above 1.
+                            Some(_) if rope_scale.freq_scale < 1.0 => {
+                                1.0 + 0.1 * (1.0 / rope_scale.freq_scale).ln()
+                            }
+                            _ => 1.0,
+                        }
+                }
+            },
+            mla,
             rope_scale,
             moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
@@ -546,6 +658,7 @@ mod tests {
             rope_attn_factor: None,
             multipliers: None,
             moe: None,
+            mla: None,
             recurrent: None,
         }
     }

@@ -6,6 +6,7 @@
 
 mod config;
 pub mod kernels;
+pub mod mla;
 mod model;
 pub mod moe;
 pub mod ops;

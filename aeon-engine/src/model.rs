@@ -78,8 +78,8 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        let mut inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base);
-        let mut inv_freq_swa = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa);
+        let mut inv_freq = rope_inv_freq(cfg.rope_dims(), cfg.rope_base);
+        let mut inv_freq_swa = rope_inv_freq(cfg.rope_dims(), cfg.rope_base_swa);
         // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
         // `theta / ff` does, on every layer.
         if let Some(f) = super::weights::rope_factors(knot, &cfg)? {
@@ -283,7 +283,7 @@ impl<'a> Model<'a> {
         // Taken, not borrowed, so a nested call on this thread (never expected) still works.
         let mut fwd = FWD.with(|f| std::mem::take(&mut *f.borrow_mut()));
         // RoPE angles of every row, once for all blocks and heads.
-        let hd = cfg.head_dim;
+        let hd = cfg.rope_dims();
         fwd.rope.resize(seq * hd, 0.0);
         for (t, cs) in fwd.rope.chunks_exact_mut(hd).enumerate() {
             rope_angles(cs, &self.inv_freq, pos + t);
@@ -343,6 +343,21 @@ impl<'a> Model<'a> {
         // The mixer reads the normed rows in `s.xb` and leaves its output in `s.xb2`.
         match &w.mixer {
             Mixer::Attention(a) => self.attention(layer, a, cache, s, f, seq, pos),
+            Mixer::Mla(a) => {
+                let Some(shape) = &cfg.mla else {
+                    unreachable!("MLA weights are loaded only with an MLA config");
+                };
+                a.forward(
+                    shape,
+                    cfg.norm_eps,
+                    cfg.attn_scale,
+                    &f.rope,
+                    cache,
+                    s,
+                    seq,
+                    pos,
+                );
+            }
             Mixer::ShortConv(c) => {
                 let Some(state) = cache.conv.as_mut() else {
                     unreachable!("forward checked that every recurrent block has its state");

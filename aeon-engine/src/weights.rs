@@ -3,7 +3,8 @@
 use knot_format::{DType, Knot};
 
 use super::kernels::{Linear, QMatrix};
-use super::moe::{Expert, MoeFfn};
+use super::mla::{MlaQ, MlaWeights};
+use super::moe::{Expert, Gating, MoeFfn};
 use super::{Config, EngineError};
 
 // Defined beside the shard roles it follows from; the engine loads what it names.
@@ -31,6 +32,8 @@ pub enum Mixer<'a> {
     Attention(AttnWeights<'a>),
     /// LFM2's gated short convolution (`shortconv.rs`).
     ShortConv(ShortConvWeights<'a>),
+    /// DeepSeek's Multi-head Latent Attention (`mla.rs`).
+    Mla(MlaWeights<'a>),
 }
 
 /// Self-attention's tensors.
@@ -68,6 +71,7 @@ impl<'a> LayerWeights<'a> {
         let mut m = match &self.mixer {
             Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             Mixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+            Mixer::Mla(m) => m.matrices(),
         };
         m.extend(self.ffn.matrices());
         m
@@ -95,8 +99,12 @@ impl<'a> Ffn<'a> {
         match self {
             Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
             Ffn::Moe(m) => Box::new(
-                std::iter::once(&m.router)
-                    .chain(m.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down])),
+                std::iter::once(&m.router).chain(
+                    m.experts
+                        .iter()
+                        .chain(m.shared.as_ref())
+                        .flat_map(|e| [&e.gate, &e.up, &e.down]),
+                ),
             ),
         }
     }
@@ -157,7 +165,34 @@ impl<'a> Weights<'a> {
             } else {
                 (None, None)
             };
-            let mixer = if cfg.is_recurrent(l as usize) {
+            let mixer = if let Some(m) = &cfg.mla {
+                let qd = m.n_heads * m.k_head();
+                let lin = |t: &str, rows: usize, cols: usize| -> Result<Linear<'a>, EngineError> {
+                    Ok(Linear::mapped(matrix(knot, &name(t), rows, cols)?, knot))
+                };
+                if knot.tensor(&name("attn_k_b.weight")).is_some() {
+                    return Err(EngineError::Unsupported(format!(
+                        "{}: the split attn_k_b / attn_v_b tensors of newer deepseek2 \
+                         converters (the engine reads attn_kv_b)",
+                        name("attn_k_b.weight")
+                    )));
+                }
+                Mixer::Mla(MlaWeights {
+                    q: if m.q_lora_rank == 0 {
+                        MlaQ::Direct(lin("attn_q.weight", qd, h)?)
+                    } else {
+                        MlaQ::LowRank {
+                            a: lin("attn_q_a.weight", m.q_lora_rank, h)?,
+                            norm: vector(knot, &name("attn_q_a_norm.weight"), m.q_lora_rank)?,
+                            b: lin("attn_q_b.weight", qd, m.q_lora_rank)?,
+                        }
+                    },
+                    kv_a: lin("attn_kv_a_mqa.weight", m.latent(), h)?,
+                    kv_a_norm: vector(knot, &name("attn_kv_a_norm.weight"), m.kv_lora_rank)?,
+                    kv_b: lin("attn_kv_b.weight", m.kv_b_rows(), m.kv_lora_rank)?,
+                    wo: lin("attn_output.weight", h, m.n_heads * m.v_head)?,
+                })
+            } else if cfg.is_recurrent(l as usize) {
                 let k = cfg.conv_kernel;
                 let conv = find(knot, &name("shortconv.conv.weight"))?;
                 if conv.entry.shape != [k as u64, h as u64] {
@@ -211,7 +246,7 @@ impl<'a> Weights<'a> {
                 mixer,
                 post_attn_norm,
                 ffn_norm: vector(knot, &name("ffn_norm.weight"), h)?,
-                ffn: match &cfg.moe {
+                ffn: match cfg.moe.as_ref().filter(|_| cfg.is_moe(l as usize)) {
                     // Gate and up fused in `ffn_up`, gate rows first (phi3).
                     None if cfg.recipe.fused_gate_up => {
                         let [gate, up] = split_rows(
@@ -243,7 +278,34 @@ impl<'a> Weights<'a> {
                         let gates = stacked(knot, &name("ffn_gate_exps.weight"), ne, f, h)?;
                         let ups = stacked(knot, &name("ffn_up_exps.weight"), ne, f, h)?;
                         let downs = stacked(knot, &name("ffn_down_exps.weight"), ne, h, f)?;
+                        // deepseek2: shared experts as one FFN of n_shared * expert_ffn.
+                        let shared = if m.n_shared > 0 {
+                            let fs = f * m.n_shared as usize;
+                            let lin =
+                                |t: &str, r: usize, c: usize| -> Result<Linear<'a>, EngineError> {
+                                    Ok(Linear::mapped(matrix(knot, &name(t), r, c)?, knot))
+                                };
+                            Some(Expert {
+                                gate: lin("ffn_gate_shexp.weight", fs, h)?,
+                                up: lin("ffn_up_shexp.weight", fs, h)?,
+                                down: lin("ffn_down_shexp.weight", h, fs)?,
+                            })
+                        } else {
+                            None
+                        };
                         Ffn::Moe(MoeFfn {
+                            shared,
+                            gating: match m.gating.as_deref() {
+                                Some("sigmoid") => Gating::Sigmoid,
+                                // Config refused any other.
+                                _ => Gating::Softmax,
+                            },
+                            select_bias: opt_vec("exp_probs_b.bias", ne)?,
+                            groups: m
+                                .groups
+                                .as_ref()
+                                .map(|g| (g.count as usize, g.used as usize)),
+                            scale: m.weights_scale.unwrap_or(1.0),
                             router: Linear::mapped(
                                 matrix(knot, &name("ffn_gate_inp.weight"), ne, h)?,
                                 knot,

@@ -6,7 +6,9 @@ use std::time::Instant;
 use crate::container::Knot;
 use crate::error::KnotError;
 use crate::gguf::{Gguf, GgufFile, GgufValue};
-use crate::header::{ArchConfig, RecurrentLayers, RopeScaling, RopeStyle, TokenizerData};
+use crate::header::{
+    ArchConfig, ExpertGroups, MlaConfig, RecurrentLayers, RopeScaling, RopeStyle, TokenizerData,
+};
 use crate::writer::KnotWriter;
 use crate::DType;
 
@@ -275,9 +277,35 @@ impl ArchConfig {
             }
             None => None,
         };
+        // Multi-head Latent Attention (deepseek2): newer converters store the latent-space
+        // shapes in key_length / value_length and a head's own in the `_mla` keys.
+        let mla = if arch == "deepseek2" {
+            let req = |s: &str| -> Result<u32, KnotError> {
+                m.u32(&k(s))?
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| m.err(&k(s), "missing or 0 (deepseek2 needs it)"))
+            };
+            Some(MlaConfig {
+                q_lora_rank: m.u32(&k("attention.q_lora_rank"))?.unwrap_or(0),
+                kv_lora_rank: req("attention.kv_lora_rank")?,
+                rope_dim: req("rope.dimension_count")?,
+                v_head_dim: match m.u32(&k("attention.value_length_mla"))? {
+                    Some(v) => v,
+                    None => req("attention.value_length")?,
+                },
+                yarn_log_mul: m.f32(&k("rope.scaling.yarn_log_multiplier"))?,
+            })
+        } else {
+            None
+        };
         let head_dim = m
-            .u32(&k("attention.key_length"))?
+            .u32(&k("attention.key_length_mla"))?
+            .filter(|_| mla.is_some())
+            .or(m.u32(&k("attention.key_length"))?)
             .unwrap_or(hidden / n_heads);
+        // MLA's every head has its own decompressed key and value (an MLA-split file says 1
+        // KV head: the latent's).
+        let n_kv_heads = if mla.is_some() { n_heads } else { n_kv_heads };
         let rope_base = m.f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
         if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(m.err(
@@ -361,11 +389,34 @@ impl ArchConfig {
                     .unwrap_or(ffn / n_experts_used);
                 let norm_topk =
                     arch == "qwen3moe" || m.bool(&k("expert_weights_norm"))?.unwrap_or(false);
+                // deepseek2's keys; absent in other files, so their headers (and hashes) hold.
+                let groups = match m.u32(&k("expert_group_count"))? {
+                    Some(count) if count > 1 => Some(ExpertGroups {
+                        count,
+                        used: m.u32(&k("expert_group_used_count"))?.unwrap_or(0),
+                    }),
+                    _ => None,
+                };
                 Some(crate::MoeConfig {
                     n_experts,
                     n_experts_used,
                     expert_ffn,
                     norm_topk,
+                    n_shared: m.u32(&k("expert_shared_count"))?.unwrap_or(0),
+                    leading_dense: m.u32(&k("leading_dense_block_count"))?.unwrap_or(0),
+                    // llama.cpp applies a scale other than 0 and 1.
+                    weights_scale: m
+                        .f32(&k("expert_weights_scale"))?
+                        .filter(|&s| s != 0.0 && s != 1.0),
+                    gating: match m.u32(&k("expert_gating_func"))? {
+                        None | Some(0) => None,
+                        Some(1) => Some("softmax".into()),
+                        Some(2) => Some("sigmoid".into()),
+                        Some(3) => Some("softmax_weight".into()),
+                        Some(4) => Some("sqrt_softplus".into()),
+                        Some(n) => Some(format!("gating function {n}")),
+                    },
+                    groups,
                 })
             }
         };
@@ -394,6 +445,7 @@ impl ArchConfig {
             rope_attn_factor,
             multipliers,
             moe,
+            mla,
             recurrent,
         })
     }
@@ -630,6 +682,7 @@ mod tests {
                 n_experts_used: 2,
                 expert_ffn: 128,
                 norm_topk: true,
+                ..Default::default()
             })
         );
         assert!(a.runs_here());

@@ -24,8 +24,9 @@ pub use container::{layer_of, Knot, TensorView};
 pub use dtype::DType;
 pub use error::KnotError;
 pub use header::{
-    ArchConfig, Header, Holdings, LayerRange, MoeConfig, Multipliers, RecurrentLayers, Role,
-    RopeScaling, RopeStyle, SectionRef, ShardRecord, TensorEntry, TokenizerData, RUNNABLE_ARCHS,
+    ArchConfig, ExpertGroups, Header, Holdings, LayerRange, MlaConfig, MoeConfig, Multipliers,
+    RecurrentLayers, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord, TensorEntry,
+    TokenizerData, RUNNABLE_ARCHS,
 };
 pub use import::{import_gguf, ImportSummary};
 pub use writer::KnotWriter;
