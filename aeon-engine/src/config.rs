@@ -347,9 +347,13 @@ impl Config {
         self.n_heads * self.head_dim
     }
 
-    /// Width of all key (or value) heads together (`n_kv_heads * head_dim`).
+    /// Width of all key (or value) heads together (`n_kv_heads * head_dim`): a cached key
+    /// row (with MLA's latent cache, the latent row).
     pub fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
+        match &self.mla {
+            Some(m) if m.latent_cache => m.latent(),
+            _ => self.n_kv_heads * self.head_dim,
+        }
     }
 
     /// The attention window of layer `l`: `Some(span)` on a local layer, `None` when it
@@ -368,9 +372,11 @@ impl Config {
             .is_none_or(|n| !(l + 1).is_multiple_of(n))
     }
 
-    /// Width of all value heads together (`kv_dim`, or MLA's `n_heads * v_head`).
+    /// Width of a cached value row (`kv_dim`, or MLA's `n_heads * v_head`; 0 with MLA's
+    /// latent cache, whose latent rows serve as keys and values).
     pub fn v_dim(&self) -> usize {
         match &self.mla {
+            Some(m) if m.latent_cache => 0,
             Some(m) => m.n_heads * m.v_head,
             None => self.kv_dim(),
         }
@@ -492,6 +498,7 @@ impl TryFrom<&ArchConfig> for Config {
                     nope: (a.head_dim - m.rope_dim) as usize,
                     rope: m.rope_dim as usize,
                     v_head: m.v_head_dim as usize,
+                    latent_cache: false,
                 })
             }
         };

@@ -189,6 +189,17 @@ impl<'a> Model<'a> {
         self.kv_dtype
     }
 
+    /// deepseek2: whether sessions cache MLA's latent rows (kv_lora_rank + rope floats per
+    /// position, the absorbed form) instead of per-head keys and values (llama.cpp's layout
+    /// for `attn_kv_b` files, the default). Set before making sessions: a session holds one
+    /// layout. Other architectures ignore it.
+    pub fn with_mla_latent_cache(mut self, on: bool) -> Self {
+        if let Some(m) = &mut self.cfg.mla {
+            m.latent_cache = on;
+        }
+        self
+    }
+
     /// Sets how new sessions store keys and values (f32 unless set).
     pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
         self.kv_dtype = dtype;

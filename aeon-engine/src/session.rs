@@ -169,7 +169,8 @@ impl Scratch {
         fit(&mut self.q, seq * cfg.q_dim());
         fit(&mut self.k, seq * cfg.kv_dim());
         fit(&mut self.v, seq * cfg.v_dim());
-        fit(&mut self.att, seq * cfg.q_dim().max(cfg.v_dim()));
+        let att = cfg.mla.as_ref().map_or(0, |m| m.n_heads * m.v_head);
+        fit(&mut self.att, seq * cfg.q_dim().max(att));
         // A mixture-of-experts block keeps its own buffers (crate::moe); deepseek2's leading
         // dense blocks need the dense width.
         let ffn = match &cfg.moe {

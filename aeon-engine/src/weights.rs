@@ -191,6 +191,28 @@ impl<'a> Weights<'a> {
                     kv_a_norm: vector(knot, &name("attn_kv_a_norm.weight"), m.kv_lora_rank)?,
                     kv_b: lin("attn_kv_b.weight", m.kv_b_rows(), m.kv_lora_rank)?,
                     wo: lin("attn_output.weight", h, m.n_heads * m.v_head)?,
+                    // Head h's value rows of kv_b, in place (the latent cache's W_UV).
+                    uv: {
+                        let kvb = matrix(
+                            knot,
+                            &name("attn_kv_b.weight"),
+                            m.kv_b_rows(),
+                            m.kv_lora_rank,
+                        )?;
+                        let (per, rb) = (m.nope + m.v_head, kvb.row_bytes());
+                        (0..m.n_heads)
+                            .map(|hh| {
+                                let at = (hh * per + m.nope) * rb;
+                                Linear::new(QMatrix {
+                                    dtype: kvb.dtype,
+                                    rows: m.v_head,
+                                    cols: m.kv_lora_rank,
+                                    data: &kvb.data[at..at + m.v_head * rb],
+                                })
+                            })
+                            .collect()
+                    },
+                    uk: std::sync::OnceLock::new(),
                 })
             } else if cfg.is_recurrent(l as usize) {
                 let k = cfg.conv_kernel;
