@@ -751,4 +751,59 @@ mod tests {
         a.attn_logit_softcap = None;
         assert_eq!(Config::try_from(&a).unwrap().attn_softcap, None);
     }
+
+    /// DeepSeek-V2-Lite's header: MLA widths, YaRN 40 over 4096 with yarn_log_multiplier
+    /// 0.0707: RoPE's magnitude stays 1 (llama.cpp cancels YaRN's own), the scores are scaled
+    /// by mscale^2 / sqrt(192) with mscale = 1 + 0.707 * 0.1 * ln 40; a gating function the
+    /// engine does not implement is refused by name.
+    #[test]
+    fn deepseek2_scales_scores_by_yarn_mscale_and_refuses_unknown_gating() {
+        let mut a = gemma3_270m();
+        a.arch = "deepseek2".into();
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (27, 2048, 16, 16, 192);
+        (a.qk_norm, a.sliding_window, a.rope_style) = (false, None, RopeStyle::Normal);
+        a.rope_scaling = Some(knot_format::RopeScaling {
+            kind: "yarn".into(),
+            factor: 40.0,
+            original_context: 4096,
+        });
+        a.mla = Some(knot_format::MlaConfig {
+            q_lora_rank: 0,
+            kv_lora_rank: 512,
+            rope_dim: 64,
+            v_head_dim: 128,
+            yarn_log_mul: Some(0.0707),
+        });
+        a.moe = Some(MoeConfig {
+            n_experts: 64,
+            n_experts_used: 6,
+            expert_ffn: 1408,
+            n_shared: 2,
+            leading_dense: 1,
+            ..Default::default()
+        });
+        let c = Config::try_from(&a).unwrap();
+        let m = c.mla.unwrap();
+        assert_eq!(
+            (m.nope, m.rope, m.v_head, m.kv_lora_rank),
+            (128, 64, 128, 512)
+        );
+        assert_eq!(
+            (c.kv_dim(), c.v_dim(), c.rope_dims()),
+            (16 * 192, 16 * 128, 64)
+        );
+        assert_eq!(c.rope_attn_factor, 1.0);
+        let mscale = 1.0 + 0.1 * 0.707f32 * 40f32.ln();
+        assert!((c.attn_scale - mscale * mscale / 192f32.sqrt()).abs() < 1e-6);
+        assert!(!c.is_moe(0) && c.is_moe(1));
+        a.moe.as_mut().unwrap().gating = Some("softmax_weight".into());
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("softmax_weight"), "{e}");
+        // A qwen3moe header with shared experts is refused too.
+        a.arch = "qwen3moe".into();
+        a.mla = None;
+        a.moe.as_mut().unwrap().gating = None;
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("shared experts"), "{e}");
+    }
 }

@@ -203,6 +203,82 @@ fn check(preset: &str, n_experts: usize, k: usize) {
     assert!(ties <= 1, "{preset}: {ties} tokens ordered differently");
 }
 
+/// The latent cache (MLA's absorbed form: the cache holds kv_lora_rank + rope floats per
+/// position instead of every head's key and value) computes the same model: top-1 and close
+/// logits against the decompressed layout and llama.cpp, bit-identical across threads and
+/// chunking; its cache is the smaller one.
+#[test]
+fn tiny_deepseek2_latent_cache_matches_the_decompressed_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = tiny(dir.path(), "tiny-deepseek2") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let full = Model::load(&knot, None).expect("load");
+    let latent = Model::load(&knot, None)
+        .expect("load")
+        .with_mla_latent_cache(true);
+    let want = with_threads(2, || chunked(&full, &PROMPT, &[12]));
+    let got = with_threads(2, || chunked(&latent, &PROMPT, &[12]));
+    for (what, other) in [
+        (
+            "1 thread",
+            with_threads(1, || chunked(&latent, &PROMPT, &[12])),
+        ),
+        (
+            "token by token",
+            with_threads(2, || chunked(&latent, &PROMPT, &[1; 12])),
+        ),
+        (
+            "5+7",
+            with_threads(2, || chunked(&latent, &PROMPT, &[5, 7])),
+        ),
+    ] {
+        assert_eq!(
+            bits(&got),
+            bits(&other),
+            "latent cache: batched vs {what} differ"
+        );
+    }
+    let (rms, max) = rms_max(&got, &want);
+    let peer = read_f32(&golden("tiny-deepseek2_seed0_llamacpp.f32"));
+    let numpy = read_f32(&golden("tiny-deepseek2_seed0_numpy.f32"));
+    let (to_peer, _) = rms_max(&got, &peer);
+    let (to_numpy, _) = rms_max(&got, &numpy);
+    let (peer_numpy, _) = rms_max(&peer, &numpy);
+    // Bytes per position and block: keys + values as stored (f32).
+    let per_pos = |m: &Model<'_>| (m.cfg.kv_dim() + m.cfg.v_dim()) * 4;
+    eprintln!(
+        "tiny-deepseek2 latent cache: vs decompressed rms {rms:.5} max {max:.5}, vs llama.cpp rms          {to_peer:.4} (llama.cpp vs numpy {peer_numpy:.4}); cache bytes per position and block          {} (decompressed {})",
+        per_pos(&latent),
+        per_pos(&full)
+    );
+    assert_eq!(per_pos(&latent), (64 + 16) * 4);
+    assert_eq!(per_pos(&full), (4 * 48 + 4 * 32) * 4);
+    assert_eq!(argmax(&got), argmax(&want));
+    assert!(rms < 0.02, "latent vs decompressed rms {rms}");
+    assert!(
+        to_peer <= 1.5 * peer_numpy,
+        "latent vs llama.cpp rms {to_peer}"
+    );
+    // A session rewound and fed again gives the same logits (the latent rows are cut at the
+    // same position as the keys).
+    let again = with_threads(1, || {
+        let mut s = latent.new_session(64);
+        let mut x = latent.embed(&PROMPT).expect("embed");
+        latent
+            .forward(&mut s, &mut x, latent.holdings().layers)
+            .expect("forward");
+        assert_eq!(s.truncate(8, latent.cfg.kv_dim()), 8);
+        let mut x = latent.embed(&PROMPT[8..]).expect("embed");
+        latent
+            .forward(&mut s, &mut x, latent.holdings().layers)
+            .expect("forward");
+        latent.lm_head(&x).expect("head")
+    });
+    assert_eq!(bits(&got), bits(&again), "rewound latent session");
+}
+
 #[test]
 fn tiny_deepseek2_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() {
     check("tiny-deepseek2", 8, 2);

@@ -700,6 +700,76 @@ mod tests {
         assert!(e.contains("expert_used_count"), "{e}");
     }
 
+    /// deepseek2 (V3's layout): the MLA shape and the routing keys land in the header; a
+    /// group config that cannot hold the experts used is refused by name.
+    #[test]
+    fn deepseek2_reads_mla_and_routing() {
+        let ds = |groups_used: u32| {
+            let mut g = Builder::new();
+            g.string("general.architecture", "deepseek2")
+                .u32("deepseek2.block_count", 2)
+                .u32("deepseek2.context_length", 128)
+                .u32("deepseek2.embedding_length", 64)
+                .u32("deepseek2.feed_forward_length", 256)
+                .u32("deepseek2.attention.head_count", 4)
+                .u32("deepseek2.attention.head_count_kv", 4)
+                .u32("deepseek2.attention.key_length", 48)
+                .u32("deepseek2.attention.value_length", 32)
+                .u32("deepseek2.attention.q_lora_rank", 32)
+                .u32("deepseek2.attention.kv_lora_rank", 64)
+                .u32("deepseek2.rope.dimension_count", 16)
+                .f32("deepseek2.rope.scaling.yarn_log_multiplier", 0.1)
+                .f32("deepseek2.attention.layer_norm_rms_epsilon", 1e-6)
+                .u32("deepseek2.leading_dense_block_count", 1)
+                .u32("deepseek2.expert_count", 16)
+                .u32("deepseek2.expert_used_count", 4)
+                .u32("deepseek2.expert_shared_count", 1)
+                .u32("deepseek2.expert_feed_forward_length", 32)
+                .f32("deepseek2.expert_weights_scale", 2.5)
+                .raw_kv("deepseek2.expert_weights_norm", 7, &[1])
+                .u32("deepseek2.expert_gating_func", 2)
+                .u32("deepseek2.expert_group_count", 4)
+                .u32("deepseek2.expert_group_used_count", groups_used)
+                .u32("deepseek2.vocab_size", 4)
+                .tensor("blk.1.ffn_gate_inp.weight", DType::F32, &[64, 16], 1);
+            g
+        };
+        let (_dir, k) = import(&ds(2)).unwrap();
+        let a = k.arch();
+        assert!(a.runs_here());
+        assert_eq!((a.head_dim, a.n_kv_heads), (48, 4));
+        assert_eq!(
+            a.mla,
+            Some(crate::MlaConfig {
+                q_lora_rank: 32,
+                kv_lora_rank: 64,
+                rope_dim: 16,
+                v_head_dim: 32,
+                yarn_log_mul: Some(0.1),
+            })
+        );
+        assert_eq!(
+            a.moe,
+            Some(crate::MoeConfig {
+                n_experts: 16,
+                n_experts_used: 4,
+                expert_ffn: 32,
+                norm_topk: true,
+                n_shared: 1,
+                leading_dense: 1,
+                weights_scale: Some(2.5),
+                gating: Some("sigmoid".into()),
+                groups: Some(crate::ExpertGroups { count: 4, used: 2 }),
+            })
+        );
+        // No group to choose from: refused, naming the field.
+        let Err(e) = import(&ds(0)) else {
+            panic!("0 groups used accepted")
+        };
+        let e = e.to_string();
+        assert!(e.contains("groups.used"), "{e}");
+    }
+
     #[test]
     fn llama_is_normal_rope_and_untied_with_output() {
         let mut g = Builder::new();
