@@ -249,17 +249,21 @@ fn tiny_deepseek2_latent_cache_matches_the_decompressed_cache() {
     // Bytes per position and block: keys + values as stored (f32).
     let per_pos = |m: &Model<'_>| (m.cfg.kv_dim() + m.cfg.v_dim()) * 4;
     eprintln!(
-        "tiny-deepseek2 latent cache: vs decompressed rms {rms:.5} max {max:.5}, vs llama.cpp rms          {to_peer:.4} (llama.cpp vs numpy {peer_numpy:.4}); cache bytes per position and block          {} (decompressed {})",
+        "tiny-deepseek2 latent cache: vs decompressed rms {rms:.4} max {max:.4}, vs llama.cpp \
+         rms {to_peer:.4}, vs numpy {to_numpy:.4} (llama.cpp vs numpy {peer_numpy:.4}); cache \
+         bytes per position and block {} (decompressed {})",
         per_pos(&latent),
         per_pos(&full)
     );
     assert_eq!(per_pos(&latent), (64 + 16) * 4);
     assert_eq!(per_pos(&full), (4 * 48 + 4 * 32) * 4);
     assert_eq!(argmax(&got), argmax(&want));
-    assert!(rms < 0.02, "latent vs decompressed rms {rms}");
+    assert_eq!(argmax(&got), argmax(&peer));
+    // The absorbed form rounds elsewhere (the weighted latent, not the latent, is quantized
+    // for a matmul): it is held to llama.cpp's own distance from the f32 reference.
     assert!(
-        to_peer <= 1.5 * peer_numpy,
-        "latent vs llama.cpp rms {to_peer}"
+        to_numpy <= 1.5 * peer_numpy,
+        "latent vs numpy rms {to_numpy}, llama.cpp's {peer_numpy}"
     );
     // A session rewound and fed again gives the same logits (the latent rows are cut at the
     // same position as the keys).
