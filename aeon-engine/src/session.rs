@@ -314,7 +314,7 @@ impl Session {
         for c in &mut self.caches {
             // A value row may be narrower than a key row (MLA): cut at the same position.
             let held = c.positions(kv_dim);
-            let v_row = if held > 0 { c.v.len() / held } else { kv_dim };
+            let v_row = c.v.len().checked_div(held).unwrap_or(kv_dim);
             c.k.truncate(pos * kv_dim);
             c.v.truncate(pos * v_row);
             if let Some(s) = &mut c.conv {
