@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, smollm3, qwen3moe, lfm2, qwen35, gemma2, phi3, starcoder2, glm4, mamba, mamba2 or granitehybrid GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
+"""A qwen2, llama, granite, smollm3, qwen3moe, deepseek2, lfm2, qwen35, gemma2, phi3, starcoder2, glm4, mamba, mamba2 or granitehybrid GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|qwen35-tiny|qwen3.5-2b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
                                                   tiny-yarn|llama3-tiny|granite-tiny|
                                                   smollm3-tiny|tiny-linear|mistral-tiny|
                                                   mistral-v3-tiny|mistral-7b|starcoder2-tiny|
-                                                  starcoder2-3b|glm4-tiny|glm4-9b]
+                                                  starcoder2-3b|glm4-tiny|glm4-9b|
+                                                  tiny-deepseek2|tiny-deepseek3|deepseek-v2-lite]
            [--spm-json TOKENIZER.json]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N]
@@ -99,6 +100,19 @@ Presets (hyper-parameters from the models' config.json):
                  post-attention and post-FFN norms, gate and up fused in ffn_up, untied, theta
                  10000, rms eps 1e-5
   glm4-9b        GLM-4-9B-0414's shape: 40 layers, hidden 4096, 32 / 2 heads, ffn 13696
+  tiny-deepseek2 deepseek2 shaped like DeepSeek-V2-Lite: 4 layers, hidden 128, 4 heads, q
+                 straight from attn_q (q_lora_rank 0), kv_lora_rank 64, nope / rope / value
+                 head dims 32 / 16 / 32; block 0 dense (ffn 256), then 8 experts top-2 of
+                 width 64 plus 2 shared experts, softmax routing, weights not renormalised;
+                 YaRN factor 4 over an original context of 32, yarn_log_multiplier 0.0707
+  tiny-deepseek3 the same with DeepSeek-V3's routing and q path: q through attn_q_a (rank
+                 64) + attn_q_a_norm + attn_q_b; 16 experts top-4 in 4 groups of which 2
+                 are used, sigmoid gating with an exp_probs_b selection bias N(0, 0.1),
+                 weights renormalised then scaled by 2.5, 1 shared expert
+  deepseek-v2-lite DeepSeek-V2-Lite's widths: 27 layers, hidden 2048, 16 heads, kv_lora_rank
+                 512, head dims 128 / 64 / 128, ffn 10944, 64 experts top-6 of width 1408, 2
+                 shared; YaRN 40 over 4096 (use --layers for a shallower file); Qwen's
+                 151936-token vocabulary stands in for its 102400
 phi3 presets: no biases, rope theta 10000, rms eps 1e-5.
 gemma2 presets: no biases, no q/k norms, post-attention and post-FFN norms, tied embeddings,
 rope theta 10000, rms eps 1e-6 (the keys llama.cpp reads: attention.sliding_window,
@@ -258,6 +272,24 @@ QWEN35_SECTIONS = {"qwen35-tiny": [3, 3, 2, 0], "qwen3.5-2b": [11, 11, 10, 0]}
 QWEN35_CONV = 4
 QWEN35_FULL_ATTN_EVERY = 4
 QWEN35_THETA = 1e7
+DEEPSEEK2_PRESETS = {
+    # name: dict of the deepseek2 shape (llama.cpp's deepseek2 keys); "yarn": (factor,
+    # original context, rope.scaling.yarn_log_multiplier as the converter writes it, 0.1 *
+    # mscale_all_dim).
+    "tiny-deepseek2": dict(layers=4, hidden=128, heads=4, q_lora=0, kv_lora=64, nope=32, rope=16, v_head=32,
+                           dense_lead=1, ffn=256, experts=8, used=2, expert_ffn=64, shared=2, gating=1,
+                           norm=False, scale=1.0, groups=0, group_used=0, vocab=None, context=4096,
+                           yarn=(4.0, 32, 0.0707)),
+    "tiny-deepseek3": dict(layers=4, hidden=128, heads=4, q_lora=64, kv_lora=64, nope=32, rope=16, v_head=32,
+                           dense_lead=1, ffn=256, experts=16, used=4, expert_ffn=64, shared=1, gating=2,
+                           norm=True, scale=2.5, groups=4, group_used=2, vocab=None, context=4096,
+                           yarn=(4.0, 32, 0.1)),
+    "deepseek-v2-lite": dict(layers=27, hidden=2048, heads=16, q_lora=0, kv_lora=512, nope=128, rope=64,
+                             v_head=128, dense_lead=1, ffn=10944, experts=64, used=6, expert_ffn=1408,
+                             shared=2, gating=1, norm=False, scale=1.0, groups=0, group_used=0,
+                             vocab=None, context=163840, yarn=(40.0, 4096, 0.0707)),
+}
+PROBS_B_STD = 0.1  # deepseek3's selection bias (exp_probs_b): reorders some near choices
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
 ROPE_THETA = 1e6
@@ -464,7 +496,9 @@ def plan(cfg, wtype):
               ("rope_factors_short.weight", (hd // 2,), Q.F32, "rope_factors")]
     for i in range(L):
         p = f"blk.{i}."
-        if cfg["arch"] == "qwen35":
+        if cfg["arch"] == "deepseek2":
+            t += deepseek2_layer(cfg, i, p, D, F, mat)
+        elif cfg["arch"] == "qwen35":
             dh, dk, dv = cfg["dn_head_dim"], cfg["dn_k_heads"], cfg["dn_v_heads"]
             ch, vd = (2 * dk + dv) * dh, dv * dh
             t += [(p + "attn_norm.weight", (D,), Q.F32, "norm")]
@@ -690,6 +724,43 @@ def plan_ssm(cfg, mat):
     return t
 
 
+def deepseek2_layer(cfg, i, p, D, F, mat):
+    """One deepseek2 block: Multi-head Latent Attention (q straight or through the q_a / q_b
+    low-rank pair; kv_a_mqa gives the latent and the shared rope key; kv_b decompresses the
+    latent into every head's nope key and value), then a dense FFN for the leading blocks and
+    routed + shared experts after (llama.cpp's deepseek2 tensors)."""
+    H, ql, kl = cfg["heads"], cfg["q_lora"], cfg["kv_lora"]
+    kh = cfg["nope"] + cfg["rope"]
+    t = [(p + "attn_norm.weight", (D,), Q.F32, "norm")]
+    if ql:
+        t += [(p + "attn_q_a.weight", (ql, D), mat(p + "attn_q_a.weight", i), "proj"),
+              (p + "attn_q_a_norm.weight", (ql,), Q.F32, "norm"),
+              (p + "attn_q_b.weight", (H * kh, ql), mat(p + "attn_q_b.weight", i), "proj")]
+    else:
+        t.append((p + "attn_q.weight", (H * kh, D), mat(p + "attn_q.weight", i), "proj"))
+    t += [(p + "attn_kv_a_mqa.weight", (kl + cfg["rope"], D), mat(p + "attn_kv_a_mqa.weight", i), "proj"),
+          (p + "attn_kv_a_norm.weight", (kl,), Q.F32, "norm"),
+          (p + "attn_kv_b.weight", (H * (cfg["nope"] + cfg["v_head"]), kl), mat(p + "attn_kv_b.weight", i), "proj"),
+          (p + "attn_output.weight", (D, H * cfg["v_head"]), mat(p + "attn_output.weight", i), "proj"),
+          (p + "ffn_norm.weight", (D,), Q.F32, "norm")]
+    if i < cfg["dense_lead"]:
+        return t + [(p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                    (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                    (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj")]
+    E, FE, S = cfg["experts"], cfg["expert_ffn"], cfg["shared"]
+    t.append((p + "ffn_gate_inp.weight", (E, D), Q.F32, "router"))
+    if cfg["gating"] == 2:
+        t.append((p + "exp_probs_b.bias", (E,), Q.F32, "probs_b"))
+    return t + [
+        (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
+        (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
+        (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+        (p + "ffn_gate_shexp.weight", (FE * S, D), mat(p + "ffn_gate_shexp.weight", i), "proj"),
+        (p + "ffn_up_shexp.weight", (FE * S, D), mat(p + "ffn_up_shexp.weight", i), "proj"),
+        (p + "ffn_down_shexp.weight", (D, FE * S), mat(p + "ffn_down_shexp.weight", i), "proj"),
+    ]
+
+
 def encode(x, qtype):
     """f32 rows -> the bytes (as a numpy array) of `qtype`."""
     if qtype == Q.F32:
@@ -728,6 +799,8 @@ def values(name, shape, kind, seed, hidden, qtype):
         return np.array(out, dtype=np.float32)
     if kind == "rope_factors":
         return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
+    if kind == "probs_b":
+        return PROBS_B_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "conv":
         return CONV_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "ssm_conv":
@@ -837,6 +910,28 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
+    if cfg["arch"] == "deepseek2":
+        w.add_leading_dense_block_count(cfg["dense_lead"])
+        w.add_q_lora_rank(cfg["q_lora"])
+        w.add_kv_lora_rank(cfg["kv_lora"])
+        w.add_key_length(cfg["nope"] + cfg["rope"])
+        w.add_value_length(cfg["v_head"])
+        w.add_rope_dimension_count(cfg["rope"])
+        w.add_expert_count(cfg["experts"])
+        w.add_expert_used_count(cfg["used"])
+        w.add_expert_feed_forward_length(cfg["expert_ffn"])
+        w.add_expert_shared_count(cfg["shared"])
+        w.add_expert_weights_scale(cfg["scale"])
+        w.add_expert_weights_norm(cfg["norm"])
+        w.add_uint32("deepseek2.expert_gating_func", cfg["gating"])
+        if cfg["groups"]:
+            w.add_expert_group_count(cfg["groups"])
+            w.add_expert_group_used_count(cfg["group_used"])
+        factor, orig, log_mul = cfg["yarn"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_scaling_yarn_log_mul(log_mul)
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
              "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA, "starcoder2": STARCODER2_THETA,
              "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA, "qwen35": QWEN35_THETA}
@@ -896,7 +991,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
     ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS)
-                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS) + sorted(QWEN35_PRESETS), default="tiny")
+                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS) + sorted(QWEN35_PRESETS) + sorted(DEEPSEEK2_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -951,6 +1046,15 @@ def main():
         moe = dict(arch=arch, inner=di, state=ds, dt_rank=R, groups=G, conv=K, attn=attn)
         if a.hidden is not None or a.ffn is not None:
             die("--hidden and --ffn are not for the state-space presets")
+    elif a.preset in DEEPSEEK2_PRESETS:
+        moe = dict(DEEPSEEK2_PRESETS[a.preset], arch="deepseek2")
+        L, D, H, F, V, ctx = (moe[k] for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"))
+        KVH, tied = H, False
+        moe["head_dim"] = moe["nope"] + moe["rope"]
+        for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"):
+            del moe[k]
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
     else:
         L, D, H, KVH, F, V, tied, ctx = PRESETS[a.preset]
     hd, group = (D // H, H // KVH) if H else (0, 1)

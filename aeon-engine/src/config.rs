@@ -3,6 +3,7 @@
 use knot_format::{ArchConfig, MoeConfig, RopeStyle};
 
 use super::ssm::{SsmConfig, SsmKind};
+use super::mla::MlaShape;
 use super::EngineError;
 
 /// Architectures the forward pass implements (`knot_format::RUNNABLE_ARCHS` names them for
@@ -45,11 +46,15 @@ pub enum Arch {
     GraniteHybrid,
     /// Qwen3.5: see [`Recipe::QWEN35`].
     Qwen35,
+    /// DeepSeek-V2/V3 (llama.cpp `deepseek2`): Multi-head Latent Attention (`crate::mla`),
+    /// the first `leading_dense` blocks a dense FFN, the others routed experts plus shared
+    /// ones, softmax or sigmoid routing, optionally group-limited (see [`crate::moe`]).
+    DeepSeek2,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 16] = [
+    pub const ALL: [(Arch, &'static str); 17] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -66,6 +71,7 @@ impl Arch {
         (Arch::Mamba2, "mamba2"),
         (Arch::GraniteHybrid, "granitehybrid"),
         (Arch::Qwen35, "qwen35"),
+        (Arch::DeepSeek2, "deepseek2"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -81,6 +87,7 @@ impl Arch {
             Arch::Qwen2 | Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => Recipe::BASELINE,
             Arch::Mamba | Arch::Mamba2 => Recipe::BASELINE,
             Arch::GraniteHybrid => Recipe::GRANITE,
+            Arch::DeepSeek2 => Recipe::BASELINE,
             Arch::Gemma3 => Recipe::GEMMA3,
             Arch::Gemma2 => Recipe::GEMMA2,
             Arch::Phi3 => Recipe::PHI3,
@@ -188,9 +195,8 @@ impl Recipe {
         no_rope_every: None,
         layer_norm: false,
         ungated_ffn: false,
-    /// The recurrent layers are Gated DeltaNets of this shape (qwen35), not short
-    /// convolutions.
-    pub delta_net: Option<knot_format::DeltaNetShape>,
+        ffn_norm: "ffn_norm.weight",
+        attn_output_gate: false,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -410,8 +416,15 @@ pub struct Config {
     pub recurrent_layers: Vec<bool>,
     /// Taps of a recurrent layer's causal convolution (0 without recurrent layers).
     pub conv_kernel: usize,
-        let ssm = ssm_config(arch, a)?;
-        if conv_kernel > 0 && !matches!(arch, Arch::Lfm2 | Arch::Qwen35) && ssm.is_none() {
+    /// The recurrent layers' state-space shape (mamba, mamba2, granitehybrid); `None`: they
+    /// are LFM2's short convolutions or Gated DeltaNets.
+    pub ssm: Option<SsmConfig>,
+    /// The recurrent layers are Gated DeltaNets of this shape (qwen35), not short
+    /// convolutions.
+    pub delta_net: Option<knot_format::DeltaNetShape>,
+    /// Multi-head Latent Attention's widths (deepseek2); `head_dim` is then a head's key
+    /// width (nope + rope) and RoPE turns only `rope` of it.
+    pub mla: Option<MlaShape>,
 }
 
 impl Config {
@@ -420,9 +433,13 @@ impl Config {
         self.n_heads * self.head_dim
     }
 
-    /// Width of all key (or value) heads together (`n_kv_heads * head_dim`).
+    /// Width of all key (or value) heads together (`n_kv_heads * head_dim`): a cached key
+    /// row (with MLA's latent cache, the latent row).
     pub fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
+        match &self.mla {
+            Some(m) if m.latent_cache => m.latent(),
+            _ => self.n_kv_heads * self.head_dim,
+        }
     }
 
     /// The attention window of layer `l`: `Some(span)` on a local layer, `None` when it
@@ -439,6 +456,23 @@ impl Config {
         self.recipe
             .no_rope_every
             .is_none_or(|n| !(l + 1).is_multiple_of(n))
+    }
+
+    /// Width of a cached value row (`kv_dim`, or MLA's `n_heads * v_head`; 0 with MLA's
+    /// latent cache, whose latent rows serve as keys and values).
+    pub fn v_dim(&self) -> usize {
+        match &self.mla {
+            Some(m) if m.latent_cache => 0,
+            Some(m) => m.n_heads * m.v_head,
+            None => self.kv_dim(),
+        }
+    }
+
+    /// Whether block `l`'s FFN is routed experts (deepseek2's leading blocks are dense).
+    pub fn is_moe(&self, l: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| l >= m.leading_dense as usize)
     }
 
     /// Whether layer `l` is recurrent (a short convolution) rather than attention.
@@ -493,13 +527,68 @@ impl TryFrom<&ArchConfig> for Config {
                 a.norm_eps, a.rope_base
             )));
         }
-        if (arch == Arch::Qwen3Moe) != a.moe.is_some() {
+        let moe_arch = matches!(arch, Arch::Qwen3Moe | Arch::DeepSeek2);
+        if moe_arch != a.moe.is_some() {
             return Err(EngineError::BadConfig(format!(
-                "{}: expert_count {} (the engine runs experts for qwen3moe only)",
+                "{}: expert_count {} (the engine runs experts for qwen3moe and deepseek2 only)",
                 a.arch,
                 a.moe.as_ref().map_or(0, |m| m.n_experts)
             )));
         }
+        if let Some(m) = &a.moe {
+            // What the MoE FFN implements; anything else is refused by name rather than run
+            // as a quietly different model.
+            match m.gating.as_deref() {
+                None | Some("softmax") => {}
+                Some("sigmoid") if arch == Arch::DeepSeek2 => {}
+                Some(g) => {
+                    return Err(EngineError::Unsupported(format!(
+                        "expert_gating_func {g:?} in a {} model (the engine gates with softmax, \
+                         and sigmoid for deepseek2)",
+                        a.arch
+                    )))
+                }
+            }
+            if arch != Arch::DeepSeek2
+                && (m.n_shared > 0 || m.leading_dense > 0 || m.groups.is_some())
+            {
+                return Err(EngineError::Unsupported(format!(
+                    "shared experts, leading dense blocks or expert groups in a {} model",
+                    a.arch
+                )));
+            }
+        }
+        if (arch == Arch::DeepSeek2) != a.mla.is_some() {
+            return Err(EngineError::BadConfig(format!(
+                "{}: {} (the engine runs MLA for deepseek2 only, and deepseek2 only with MLA)",
+                a.arch,
+                if a.mla.is_some() {
+                    "an arch.mla section"
+                } else {
+                    "no arch.mla section"
+                }
+            )));
+        }
+        let mla = match &a.mla {
+            None => None,
+            Some(m) => {
+                if a.n_kv_heads != a.n_heads {
+                    return Err(EngineError::BadConfig(format!(
+                        "deepseek2 with {} KV heads for {} heads (MLA decompresses one per head)",
+                        a.n_kv_heads, a.n_heads
+                    )));
+                }
+                Some(MlaShape {
+                    n_heads: a.n_heads as usize,
+                    q_lora_rank: m.q_lora_rank as usize,
+                    kv_lora_rank: m.kv_lora_rank as usize,
+                    nope: (a.head_dim - m.rope_dim) as usize,
+                    rope: m.rope_dim as usize,
+                    v_head: m.v_head_dim as usize,
+                    latent_cache: false,
+                })
+            }
+        };
         let n_layers = a.n_layers as usize;
         let sliding_window = a
             .sliding_window
@@ -542,8 +631,8 @@ impl TryFrom<&ArchConfig> for Config {
                 recurrent_layers.len()
             )));
         }
-            rope_dim: None,
-            delta_net: None,
+        let ssm = ssm_config(arch, a)?;
+        if conv_kernel > 0 && !matches!(arch, Arch::Lfm2 | Arch::Qwen35) && ssm.is_none() {
             return Err(EngineError::Unsupported(format!(
                 "recurrent layers in a {:?} model",
                 a.arch
@@ -561,7 +650,11 @@ impl TryFrom<&ArchConfig> for Config {
             )));
         }
         // A pure state-space model has no heads (head_dim 0) and so nothing to rotate.
-        let rope_dim = a.rope_dim.map_or(a.head_dim as usize, |r| r as usize);
+        // MLA turns the rope part of each key (its own section); others the first `rope_dim`.
+        let rope_dim = match &mla {
+            Some(m) => m.rope,
+            None => a.rope_dim.map_or(a.head_dim as usize, |r| r as usize),
+        };
         if rope_dim % 2 != 0 || rope_dim > a.head_dim as usize || (rope_dim == 0) != (a.head_dim == 0)
         {
             return Err(EngineError::BadConfig(format!(
@@ -574,6 +667,22 @@ impl TryFrom<&ArchConfig> for Config {
                 "lfm2 without short-convolution layers (shortconv.l_cache)".into(),
             ));
         }
+        // deepseek2 (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]): RoPE's cosines and sines
+        // carry only `rope.scaling.attn_factor` (llama.cpp cancels YaRN's own magnitude), and
+        // the scores are scaled by mscale^2 / sqrt(head_dim), mscale = attn_factor (times
+        // 1 + 0.1 ln(factor) without YaRN) times 1 + 0.1 mscale_all_dim ln(factor), where
+        // the file's yarn_log_multiplier is 0.1 mscale_all_dim.
+        let mla_scales = a.mla.as_ref().map(|m| {
+            let raf = a.rope_attn_factor.unwrap_or(1.0);
+            let ln_f = (1.0 / rope_scale.freq_scale).ln();
+            let org = match rope_scale.yarn {
+                Some(_) => raf,
+                None => raf * (1.0 + 0.1 * ln_f),
+            };
+            let log_mul = m.yarn_log_mul.unwrap_or(0.0) / 0.1;
+            let mscale = org * (1.0 + 0.1 * log_mul * ln_f);
+            (raf, mscale * mscale / (a.head_dim as f32).sqrt())
+        });
         let mult = match (&a.multipliers, recipe.multipliers) {
             (Some(m), true) => m.clone(),
             _ => Default::default(),
@@ -593,26 +702,35 @@ impl TryFrom<&ArchConfig> for Config {
                 (false, Some(m)) => m,
                 (false, None) => 1.0,
             },
-            attn_scale: mult.attention.unwrap_or(
-                1.0 / match recipe.query_scale {
-                    QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
-                    _ => a.head_dim as f32,
-                }
-                .sqrt(),
-            ),
+            attn_scale: match mla_scales {
+                Some((_, scale)) => scale,
+                None => mult.attention.unwrap_or(
+                    1.0 / match recipe.query_scale {
+                        QueryScale::Gemma2 if a.n_layers == 46 => (a.hidden / a.n_heads) as f32,
+                        _ => a.head_dim as f32,
+                    }
+                    .sqrt(),
+                ),
+            },
             sliding_window,
             swa_layers,
             rope_base_swa,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
-            rope_attn_factor: a.rope_attn_factor.unwrap_or(1.0)
-                * match rope_scale.yarn {
-                    // llama.cpp: YaRN's magnitude correction, for a factor above 1.
-                    Some(_) if rope_scale.freq_scale < 1.0 => {
-                        1.0 + 0.1 * (1.0 / rope_scale.freq_scale).ln()
-                    }
-                    _ => 1.0,
-                },
+            rope_attn_factor: match mla_scales {
+                Some((raf, _)) => raf,
+                None => {
+                    a.rope_attn_factor.unwrap_or(1.0)
+                        * match rope_scale.yarn {
+                            // llama.cpp: YaRN's magnitude correction, for a factor above 1.
+                            Some(_) if rope_scale.freq_scale < 1.0 => {
+                                1.0 + 0.1 * (1.0 / rope_scale.freq_scale).ln()
+                            }
+                            _ => 1.0,
+                        }
+                }
+            },
+            mla,
             rope_scale,
             moe: a.moe.clone(),
             n_layers: a.n_layers as usize,
@@ -721,6 +839,7 @@ mod tests {
             rope_attn_factor: None,
             multipliers: None,
             moe: None,
+            mla: None,
             recurrent: None,
             rope_dim: None,
             delta_net: None,
@@ -831,5 +950,60 @@ mod tests {
         a.arch = "gemma3".into();
         a.attn_logit_softcap = None;
         assert_eq!(Config::try_from(&a).unwrap().attn_softcap, None);
+    }
+
+    /// DeepSeek-V2-Lite's header: MLA widths, YaRN 40 over 4096 with yarn_log_multiplier
+    /// 0.0707: RoPE's magnitude stays 1 (llama.cpp cancels YaRN's own), the scores are scaled
+    /// by mscale^2 / sqrt(192) with mscale = 1 + 0.707 * 0.1 * ln 40; a gating function the
+    /// engine does not implement is refused by name.
+    #[test]
+    fn deepseek2_scales_scores_by_yarn_mscale_and_refuses_unknown_gating() {
+        let mut a = gemma3_270m();
+        a.arch = "deepseek2".into();
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (27, 2048, 16, 16, 192);
+        (a.qk_norm, a.sliding_window, a.rope_style) = (false, None, RopeStyle::Normal);
+        a.rope_scaling = Some(knot_format::RopeScaling {
+            kind: "yarn".into(),
+            factor: 40.0,
+            original_context: 4096,
+        });
+        a.mla = Some(knot_format::MlaConfig {
+            q_lora_rank: 0,
+            kv_lora_rank: 512,
+            rope_dim: 64,
+            v_head_dim: 128,
+            yarn_log_mul: Some(0.0707),
+        });
+        a.moe = Some(MoeConfig {
+            n_experts: 64,
+            n_experts_used: 6,
+            expert_ffn: 1408,
+            n_shared: 2,
+            leading_dense: 1,
+            ..Default::default()
+        });
+        let c = Config::try_from(&a).unwrap();
+        let m = c.mla.unwrap();
+        assert_eq!(
+            (m.nope, m.rope, m.v_head, m.kv_lora_rank),
+            (128, 64, 128, 512)
+        );
+        assert_eq!(
+            (c.kv_dim(), c.v_dim(), c.rope_dim),
+            (16 * 192, 16 * 128, 64)
+        );
+        assert_eq!(c.rope_attn_factor, 1.0);
+        let mscale = 1.0 + 0.1 * 0.707f32 * 40f32.ln();
+        assert!((c.attn_scale - mscale * mscale / 192f32.sqrt()).abs() < 1e-6);
+        assert!(!c.is_moe(0) && c.is_moe(1));
+        a.moe.as_mut().unwrap().gating = Some("softmax_weight".into());
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("softmax_weight"), "{e}");
+        // A qwen3moe header with shared experts is refused too.
+        a.arch = "qwen3moe".into();
+        a.mla = None;
+        a.moe.as_mut().unwrap().gating = None;
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("shared experts"), "{e}");
     }
 }

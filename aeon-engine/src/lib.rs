@@ -7,6 +7,7 @@
 mod config;
 mod deltanet;
 pub mod kernels;
+pub mod mla;
 mod model;
 pub mod moe;
 pub mod ops;

@@ -189,6 +189,17 @@ impl<'a> Model<'a> {
         self.kv_dtype
     }
 
+    /// deepseek2: whether sessions cache MLA's latent rows (kv_lora_rank + rope floats per
+    /// position, the absorbed form) instead of per-head keys and values (llama.cpp's layout
+    /// for `attn_kv_b` files, the default). Set before making sessions: a session holds one
+    /// layout. Other architectures ignore it.
+    pub fn with_mla_latent_cache(mut self, on: bool) -> Self {
+        if let Some(m) = &mut self.cfg.mla {
+            m.latent_cache = on;
+        }
+        self
+    }
+
     /// Sets how new sessions store keys and values (f32 unless set).
     pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
         self.kv_dtype = dtype;
@@ -344,6 +355,21 @@ impl<'a> Model<'a> {
         // The mixer reads the normed rows in `s.xb` and leaves its output in `s.xb2`.
         match &w.mixer {
             Mixer::Attention(a) => self.attention(layer, a, cache, s, f, seq, pos),
+            Mixer::Mla(a) => {
+                let Some(shape) = &cfg.mla else {
+                    unreachable!("MLA weights are loaded only with an MLA config");
+                };
+                a.forward(
+                    shape,
+                    cfg.norm_eps,
+                    cfg.attn_scale,
+                    &f.rope,
+                    cache,
+                    s,
+                    seq,
+                    pos,
+                );
+            }
             Mixer::ShortConv(c) => {
                 let Some(state) = cache.conv.as_mut() else {
                     unreachable!("forward checked that every recurrent block has its state");

@@ -1,5 +1,12 @@
-//! Mixture-of-experts FFN (qwen3moe): a router picks `k` of `E` experts per token, each a
-//! gated FFN; the token's output is the routing-weighted sum of its experts' outputs.
+//! Mixture-of-experts FFN (qwen3moe, deepseek2): a router picks `k` of `E` experts per token,
+//! each a gated FFN; the token's output is the routing-weighted sum of its experts' outputs,
+//! plus, in deepseek2, shared experts every token runs.
+//!
+//! Routing (llama.cpp's `build_moe_ffn`): router logits -> softmax (or sigmoid, DeepSeek-V3)
+//! probabilities; the choice is made on the probabilities plus a selection bias
+//! (`exp_probs_b`, V3), restricted with expert groups to the best groups by the sum of each
+//! group's top two; the chosen experts' unbiased probabilities are the weights, renormalised
+//! when asked, then times the routed scaling factor.
 //!
 //! Weights: the GGUF stacks the experts of a block in 3-D tensors `[cols, rows, E]`; expert `e`
 //! is the 2-D slice at byte offset `e * rows * row_bytes`, viewed in place ([`Linear`] over
@@ -29,6 +36,14 @@ pub struct Expert<'a> {
     pub down: Linear<'a>,
 }
 
+/// How router logits become probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    /// Each logit through `1 / (1 + e^-x)` on its own (DeepSeek-V3).
+    Sigmoid,
+}
+
 /// The routed-experts FFN of one block.
 pub struct MoeFfn<'a> {
     /// (n_experts rows, hidden cols): `ffn_gate_inp`, token -> expert logits.
@@ -39,6 +54,15 @@ pub struct MoeFfn<'a> {
     pub n_used: usize,
     /// Renormalise the top-k weights to sum to 1.
     pub norm_topk: bool,
+    pub gating: Gating,
+    /// (n_experts) added to the probabilities for the choice only (`exp_probs_b`).
+    pub select_bias: Option<&'a [f32]>,
+    /// (groups, groups used): experts chosen only from the best groups.
+    pub groups: Option<(usize, usize)>,
+    /// Multiplier of the routing weights (1: none).
+    pub scale: f32,
+    /// Shared experts as one FFN every token runs, added to the routed sum (deepseek2).
+    pub shared: Option<Expert<'a>>,
 }
 
 /// Per-thread buffers of [`MoeFfn::forward`], reused across calls.
@@ -111,23 +135,43 @@ impl MoeFfn<'_> {
         linear(&self.router, xn, seq, probs);
         choice.clear();
         let mut order: Vec<u32> = Vec::with_capacity(ne);
+        let mut sel: Vec<f32> = Vec::new();
         for p in probs.chunks_exact_mut(ne) {
-            softmax(p);
-            // Highest probability first; equal ones by expert index (a fixed rule, so a tie
-            // picks the same experts on every node).
+            match self.gating {
+                Gating::Softmax => softmax(p),
+                Gating::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + exp(-*v))),
+            }
+            // What the choice is made on: the probabilities, biased, outside the best groups
+            // -inf.
+            sel.clear();
+            sel.extend_from_slice(p);
+            if let Some(b) = self.select_bias {
+                sel.iter_mut().zip(b).for_each(|(s, &b)| *s += b);
+            }
+            if let Some((n_groups, used)) = self.groups {
+                mask_groups(&mut sel, n_groups, used);
+            }
+            // Highest first; equal ones by expert index (a fixed rule, so a tie picks the
+            // same experts on every node).
             order.clear();
             order.extend(0..ne as u32);
-            order.sort_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]).then(a.cmp(&b)));
+            order.sort_by(|&a, &b| sel[b as usize].total_cmp(&sel[a as usize]).then(a.cmp(&b)));
             let top = &order[..k];
-            let scale = if self.norm_topk {
+            let norm = if self.norm_topk {
                 let sum: f32 = top.iter().map(|&e| p[e as usize]).sum();
                 1.0 / sum.max(MIN_WEIGHT_SUM)
             } else {
                 1.0
             };
             choice.extend(top.iter().map(|&e| {
-                let w = p[e as usize];
-                (e, if self.norm_topk { w * scale } else { w })
+                let mut w = p[e as usize];
+                if self.norm_topk {
+                    w *= norm;
+                }
+                if self.scale != 1.0 {
+                    w *= self.scale;
+                }
+                (e, w)
             }));
         }
     }
@@ -195,6 +239,26 @@ impl MoeFfn<'_> {
                 o.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
             }
         }
+        if let Some(ex) = &self.shared {
+            let f = ex.gate.rows;
+            s.g.resize(seq * f, 0.0);
+            s.u.resize(seq * f, 0.0);
+            linears(
+                &mut [(&ex.gate, &mut s.g[..]), (&ex.up, &mut s.u[..])],
+                &xn[..seq * h],
+                seq,
+            );
+            match act {
+                Activation::Silu => swiglu(&mut s.g, &s.u),
+                Activation::GeluTanh => geglu_tanh(&mut s.g, &s.u),
+            }
+            s.yd.resize(seq * h, 0.0);
+            linear(&ex.down, &s.g, seq, &mut s.yd);
+            out[..seq * h]
+                .iter_mut()
+                .zip(&s.yd)
+                .for_each(|(o, &y)| *o += y);
+        }
         s.probs = probs;
         s.choice = choice;
         // A long prefill's buffers are let go, as the session's scratch is (a small node keeps
@@ -206,6 +270,34 @@ impl MoeFfn<'_> {
         if floats * 4 + s.choice.capacity() * 8 <= super::SCRATCH_KEEP_BYTES {
             MOE.with(|m| *m.borrow_mut() = s);
         }
+    }
+}
+
+/// Sets every expert outside the `used` best of `n_groups` equal groups to -inf; a group's
+/// score is the sum of its two highest entries (DeepSeek-V3's rule, llama.cpp's order: the
+/// higher first). Equal scores: the lower group first.
+fn mask_groups(sel: &mut [f32], n_groups: usize, used: usize) {
+    let per = sel.len() / n_groups;
+    let score = |g: &[f32]| {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &v in g {
+            if v > a {
+                (a, b) = (v, a);
+            } else if v > b {
+                b = v;
+            }
+        }
+        if per == 1 {
+            a
+        } else {
+            a + b
+        }
+    };
+    let scores: Vec<f32> = sel.chunks_exact(per).map(score).collect();
+    let mut order: Vec<usize> = (0..n_groups).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    for &g in &order[used..] {
+        sel[g * per..(g + 1) * per].fill(f32::NEG_INFINITY);
     }
 }
 
@@ -273,6 +365,11 @@ mod tests {
                 .collect(),
             n_used: 2,
             norm_topk: true,
+            gating: Gating::Softmax,
+            select_bias: None,
+            groups: None,
+            scale: 1.0,
+            shared: None,
         };
         let mut x = vec![0f32; 3 * h];
         // token 0 prefers experts 2 then 0; token 1: 1 then 3; token 2: 3 then 2

@@ -184,6 +184,13 @@ pub struct Scratch {
     pub bcx: Vec<f32>,
     /// A Gated DeltaNet's projections, convolution and outputs (empty without one)
     pub dn: Vec<f32>,
+    /// MLA (deepseek2; empty otherwise): (seq, kv_lora_rank + rope) the latent rows,
+    /// (seq, kv_lora_rank) the normed latent, (seq, n_heads * (nope + v_head)) the
+    /// decompressed keys and values, (seq, q_lora_rank) q's low-rank input.
+    pub mla_latent: Vec<f32>,
+    pub mla_c: Vec<f32>,
+    pub mla_kvb: Vec<f32>,
+    pub mla_qa: Vec<f32>,
 }
 
 impl Scratch {
@@ -193,10 +200,15 @@ impl Scratch {
         fit(&mut self.xb2, seq * cfg.hidden);
         fit(&mut self.q, seq * cfg.q_dim());
         fit(&mut self.k, seq * cfg.kv_dim());
-        fit(&mut self.v, seq * cfg.kv_dim());
-        fit(&mut self.att, seq * cfg.q_dim());
-        // A mixture-of-experts block keeps its own buffers (crate::moe).
-        let ffn = if cfg.moe.is_some() { 0 } else { cfg.ffn };
+        fit(&mut self.v, seq * cfg.v_dim());
+        let att = cfg.mla.as_ref().map_or(0, |m| m.n_heads * m.v_head);
+        fit(&mut self.att, seq * cfg.q_dim().max(att));
+        // A mixture-of-experts block keeps its own buffers (crate::moe); deepseek2's leading
+        // dense blocks need the dense width.
+        let ffn = match &cfg.moe {
+            Some(m) if m.leading_dense == 0 => 0,
+            _ => cfg.ffn,
+        };
         fit(&mut self.hb, seq * ffn);
         fit(&mut self.hb2, seq * ffn);
         if cfg.conv_kernel > 0 && cfg.delta_net.is_none() {
@@ -215,13 +227,31 @@ impl Scratch {
         if dn.max(gated) > 0 {
             fit(&mut self.dn, dn.max(gated));
         }
+        if let Some(m) = &cfg.mla {
+            fit(&mut self.mla_latent, seq * m.latent());
+            fit(&mut self.mla_c, seq * m.kv_lora_rank);
+            fit(&mut self.mla_kvb, seq * m.kv_b_rows());
+            fit(&mut self.mla_qa, seq * m.q_lora_rank);
+        }
     }
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
         [
-            &self.xb, &self.xb2, &self.q, &self.k, &self.v, &self.att, &self.hb, &self.hb2,
-            &self.bcx, &self.dn,
+            &self.xb,
+            &self.xb2,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.att,
+            &self.hb,
+            &self.hb2,
+            &self.bcx,
+            &self.dn,
+            &self.mla_latent,
+            &self.mla_c,
+            &self.mla_kvb,
+            &self.mla_qa,
         ]
         .iter()
         .map(|v| v.capacity() * 4)
@@ -336,8 +366,11 @@ impl Session {
     pub fn truncate(&mut self, pos: usize, kv_dim: usize) -> usize {
         let pos = self.restorable(pos);
         for c in &mut self.caches {
+            // A value row may be narrower than a key row (MLA): cut at the same position.
+            let held = c.positions(kv_dim);
+            let v_row = c.v.len().checked_div(held).unwrap_or(kv_dim);
             c.k.truncate(pos * kv_dim);
-            c.v.truncate(pos * kv_dim);
+            c.v.truncate(pos * v_row);
             if let Some(s) = &mut c.conv {
                 s.truncate(pos);
             }

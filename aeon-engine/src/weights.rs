@@ -5,6 +5,8 @@ use knot_format::{DType, Knot};
 use super::kernels::{Linear, QMatrix};
 use super::moe::{Expert, MoeFfn};
 use super::ssm::{SsmConfig, SsmKind, SsmWeights};
+use super::mla::{MlaQ, MlaWeights};
+use super::moe::{Expert, Gating, MoeFfn};
 use super::{Config, EngineError};
 
 // Defined beside the shard roles it follows from; the engine loads what it names.
@@ -40,6 +42,8 @@ pub enum Mixer<'a> {
     Ssm(SsmWeights<'a>),
     /// Qwen3.5's Gated DeltaNet (`deltanet.rs`).
     DeltaNet(DeltaNetWeights<'a>),
+    /// DeepSeek's Multi-head Latent Attention (`mla.rs`).
+    Mla(MlaWeights<'a>),
 }
 
 /// A Gated DeltaNet's tensors (llama.cpp `qwen35`: `attn_qkv`, `attn_gate`, `ssm_*`).
@@ -104,6 +108,7 @@ impl<'a> LayerWeights<'a> {
             Mixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
             Mixer::Ssm(s) => s.matrices(),
             Mixer::DeltaNet(d) => vec![&d.qkv, &d.gate, &d.beta, &d.alpha, &d.out],
+            Mixer::Mla(m) => m.matrices(),
         };
         m.extend(self.ffn.matrices());
         m
@@ -145,8 +150,12 @@ impl<'a> Ffn<'a> {
             Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
             Ffn::Ungated { up, down, .. } => Box::new([up, down].into_iter()),
             Ffn::Moe(m) => Box::new(
-                std::iter::once(&m.router)
-                    .chain(m.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down])),
+                std::iter::once(&m.router).chain(
+                    m.experts
+                        .iter()
+                        .chain(m.shared.as_ref())
+                        .flat_map(|e| [&e.gate, &e.up, &e.down]),
+                ),
             ),
             Ffn::None => Box::new(std::iter::empty()),
         }
@@ -217,7 +226,56 @@ impl<'a> Weights<'a> {
             } else {
                 (None, None)
             };
-            let mixer = if let (true, Some(sc)) = (cfg.is_recurrent(l as usize), &cfg.ssm) {
+            let mixer = if let Some(m) = &cfg.mla {
+                let qd = m.n_heads * m.k_head();
+                let lin = |t: &str, rows: usize, cols: usize| -> Result<Linear<'a>, EngineError> {
+                    Ok(Linear::mapped(matrix(knot, &name(t), rows, cols)?, knot))
+                };
+                if knot.tensor(&name("attn_k_b.weight")).is_some() {
+                    return Err(EngineError::Unsupported(format!(
+                        "{}: the split attn_k_b / attn_v_b tensors of newer deepseek2 \
+                         converters (the engine reads attn_kv_b)",
+                        name("attn_k_b.weight")
+                    )));
+                }
+                Mixer::Mla(MlaWeights {
+                    q: if m.q_lora_rank == 0 {
+                        MlaQ::Direct(lin("attn_q.weight", qd, h)?)
+                    } else {
+                        MlaQ::LowRank {
+                            a: lin("attn_q_a.weight", m.q_lora_rank, h)?,
+                            norm: vector(knot, &name("attn_q_a_norm.weight"), m.q_lora_rank)?,
+                            b: lin("attn_q_b.weight", qd, m.q_lora_rank)?,
+                        }
+                    },
+                    kv_a: lin("attn_kv_a_mqa.weight", m.latent(), h)?,
+                    kv_a_norm: vector(knot, &name("attn_kv_a_norm.weight"), m.kv_lora_rank)?,
+                    kv_b: lin("attn_kv_b.weight", m.kv_b_rows(), m.kv_lora_rank)?,
+                    wo: lin("attn_output.weight", h, m.n_heads * m.v_head)?,
+                    // Head h's value rows of kv_b, in place (the latent cache's W_UV).
+                    uv: {
+                        let kvb = matrix(
+                            knot,
+                            &name("attn_kv_b.weight"),
+                            m.kv_b_rows(),
+                            m.kv_lora_rank,
+                        )?;
+                        let (per, rb) = (m.nope + m.v_head, kvb.row_bytes());
+                        (0..m.n_heads)
+                            .map(|hh| {
+                                let at = (hh * per + m.nope) * rb;
+                                Linear::new(QMatrix {
+                                    dtype: kvb.dtype,
+                                    rows: m.v_head,
+                                    cols: m.kv_lora_rank,
+                                    data: &kvb.data[at..at + m.v_head * rb],
+                                })
+                            })
+                            .collect()
+                    },
+                    uk: std::sync::OnceLock::new(),
+                })
+            } else             if let (true, Some(sc)) = (cfg.is_recurrent(l as usize), &cfg.ssm) {
                 Mixer::Ssm(ssm_weights(knot, sc, h, &name)?)
             } else if let (true, Some(d)) = (cfg.is_recurrent(l as usize), &cfg.delta_net) {
                 let (hd, kh, vh) = (d.head_dim as usize, d.k_heads as usize, d.v_heads as usize);
@@ -314,7 +372,7 @@ impl<'a> Weights<'a> {
                     _ => vector(knot, &name(cfg.recipe.ffn_norm), h)?,
                 },
                 ffn_norm_b: norm_bias(&name("ffn_norm.bias"))?,
-                ffn: match &cfg.moe {
+                ffn: match cfg.moe.as_ref().filter(|_| cfg.is_moe(l as usize)) {
                     None if cfg.ffn == 0 => Ffn::None,
                     None if cfg.recipe.ungated_ffn => Ffn::Ungated {
                         up: Linear::mapped(matrix(knot, &name("ffn_up.weight"), cfg.ffn, h)?, knot),
@@ -356,7 +414,34 @@ impl<'a> Weights<'a> {
                         let gates = stacked(knot, &name("ffn_gate_exps.weight"), ne, f, h)?;
                         let ups = stacked(knot, &name("ffn_up_exps.weight"), ne, f, h)?;
                         let downs = stacked(knot, &name("ffn_down_exps.weight"), ne, h, f)?;
+                        // deepseek2: shared experts as one FFN of n_shared * expert_ffn.
+                        let shared = if m.n_shared > 0 {
+                            let fs = f * m.n_shared as usize;
+                            let lin =
+                                |t: &str, r: usize, c: usize| -> Result<Linear<'a>, EngineError> {
+                                    Ok(Linear::mapped(matrix(knot, &name(t), r, c)?, knot))
+                                };
+                            Some(Expert {
+                                gate: lin("ffn_gate_shexp.weight", fs, h)?,
+                                up: lin("ffn_up_shexp.weight", fs, h)?,
+                                down: lin("ffn_down_shexp.weight", h, fs)?,
+                            })
+                        } else {
+                            None
+                        };
                         Ffn::Moe(MoeFfn {
+                            shared,
+                            gating: match m.gating.as_deref() {
+                                Some("sigmoid") => Gating::Sigmoid,
+                                // Config refused any other.
+                                _ => Gating::Softmax,
+                            },
+                            select_bias: opt_vec("exp_probs_b.bias", ne)?,
+                            groups: m
+                                .groups
+                                .as_ref()
+                                .map(|g| (g.count as usize, g.used as usize)),
+                            scale: m.weights_scale.unwrap_or(1.0),
                             router: Linear::mapped(
                                 matrix(knot, &name("ffn_gate_inp.weight"), ne, h)?,
                                 knot,

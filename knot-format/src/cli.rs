@@ -237,6 +237,44 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 ""
             }
         )?;
+        // deepseek2's routing, each part only when the file has it.
+        let mut extra = Vec::new();
+        if m.leading_dense > 0 {
+            extra.push(format!("first {} block(s) dense", m.leading_dense));
+        }
+        if m.n_shared > 0 {
+            extra.push(format!("{} shared expert(s)", m.n_shared));
+        }
+        if let Some(g) = &m.gating {
+            extra.push(format!("{g} gating"));
+        }
+        if let Some(s) = m.weights_scale {
+            extra.push(format!("weights x{s}"));
+        }
+        if let Some(g) = &m.groups {
+            extra.push(format!("{} groups, {} used", g.count, g.used));
+        }
+        if !extra.is_empty() {
+            writeln!(o, "routing     {}", extra.join(", "))?;
+        }
+    }
+    if let Some(m) = &a.mla {
+        writeln!(
+            o,
+            "mla         q rank {}, kv rank {}, rope dims {} of {}, value dim {}{}",
+            if m.q_lora_rank == 0 {
+                "- (attn_q)".to_string()
+            } else {
+                m.q_lora_rank.to_string()
+            },
+            m.kv_lora_rank,
+            m.rope_dim,
+            a.head_dim,
+            m.v_head_dim,
+            m.yarn_log_mul
+                .map(|l| format!(", yarn log multiplier {l}"))
+                .unwrap_or_default()
+        )?;
     }
     if let Some(r) = &a.recurrent {
         let layers: Vec<String> = (0..r.layers.len())

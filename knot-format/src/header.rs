@@ -76,6 +76,10 @@ pub struct ArchConfig {
     /// over stacked experts (`ffn_{gate,up,down}_exps`, 3-D) instead of one dense FFN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
+    /// Multi-head Latent Attention (deepseek2): q and kv through low-rank projections, each
+    /// head's key a "nope" part from the latent and a RoPE part shared by all heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaConfig>,
     /// Hybrid models: which layers are recurrent instead of attention, and their shape
     /// (`None`: every layer is attention).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,7 +121,7 @@ pub struct Multipliers {
 }
 
 /// The routed-experts FFN of a mixture-of-experts model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MoeConfig {
     /// Experts per block (`expert_count`).
     pub n_experts: u32,
@@ -127,6 +131,57 @@ pub struct MoeConfig {
     pub expert_ffn: u32,
     /// The top-k routing weights are renormalised to sum to 1 (qwen3moe always).
     pub norm_topk: bool,
+    /// Experts every token runs besides the routed ones, as one FFN of `n_shared *
+    /// expert_ffn` (`expert_shared_count`, deepseek2: `ffn_{gate,up,down}_shexp`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_shared: u32,
+    /// The first blocks have a dense FFN instead (`leading_dense_block_count`, deepseek2).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub leading_dense: u32,
+    /// Multiplier of the routing weights (`expert_weights_scale`, DeepSeek's routed scaling
+    /// factor); absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_scale: Option<f32>,
+    /// How router logits become weights (`expert_gating_func`): `softmax` or `sigmoid`;
+    /// absent: softmax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gating: Option<String>,
+    /// Group-limited routing (`expert_group_count` / `expert_group_used_count`, DeepSeek-V3):
+    /// experts are split into `count` groups and a token picks its experts from the `used`
+    /// groups with the highest top-2 sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<ExpertGroups>,
+}
+
+/// Group-limited routing's shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExpertGroups {
+    pub count: u32,
+    pub used: u32,
+}
+
+/// Multi-head Latent Attention's shape (deepseek2). Each head's key is `head_dim` wide:
+/// `head_dim - rope_dim` "nope" dimensions decompressed from the latent plus `rope_dim`
+/// rotated ones shared by all heads; its value is `v_head_dim` wide.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MlaConfig {
+    /// Rank of q's low-rank pair `attn_q_a` / `attn_q_b` (`attention.q_lora_rank`); 0: q
+    /// straight from `attn_q` (DeepSeek-V2-Lite).
+    pub q_lora_rank: u32,
+    /// Width of the compressed kv latent (`attention.kv_lora_rank`).
+    pub kv_lora_rank: u32,
+    /// Rotated dimensions of each head's q and k (`rope.dimension_count`).
+    pub rope_dim: u32,
+    /// Width of one head's value (`attention.value_length`).
+    pub v_head_dim: u32,
+    /// `rope.scaling.yarn_log_multiplier` as the converter writes it (`0.1 *
+    /// mscale_all_dim`): YaRN's attention-scale correction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yarn_log_mul: Option<f32>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The recurrent layers of a hybrid model (LFM2: gated short convolutions between GQA
@@ -187,6 +242,7 @@ pub const RUNNABLE_ARCHS: &[&str] = &[
     "mamba2",
     "granitehybrid",
     "qwen35",
+    "deepseek2",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
@@ -273,6 +329,58 @@ impl ArchConfig {
                     m.expert_ffn
                 ));
             }
+            if m.n_shared > MAX_EXPERTS {
+                return Err(format!(
+                    "arch.moe.n_shared = {} is outside 0..={MAX_EXPERTS}",
+                    m.n_shared
+                ));
+            }
+            if m.leading_dense > self.n_layers {
+                return Err(format!(
+                    "arch.moe.leading_dense = {} is more than the {} layers",
+                    m.leading_dense, self.n_layers
+                ));
+            }
+            if let Some(g) = &m.groups {
+                if g.count == 0 || !m.n_experts.is_multiple_of(g.count) {
+                    return Err(format!(
+                        "arch.moe.groups.count = {} does not divide {} experts",
+                        g.count, m.n_experts
+                    ));
+                }
+                if g.used == 0 || g.used > g.count {
+                    return Err(format!(
+                        "arch.moe.groups.used = {} is outside 1..={}",
+                        g.used, g.count
+                    ));
+                }
+                if m.n_experts_used > g.used * (m.n_experts / g.count) {
+                    return Err(format!(
+                        "arch.moe.n_experts_used = {} is more than the {} experts of {} groups",
+                        m.n_experts_used,
+                        g.used * (m.n_experts / g.count),
+                        g.used
+                    ));
+                }
+            }
+        }
+        if let Some(m) = &self.mla {
+            for (name, v) in [
+                ("q_lora_rank", m.q_lora_rank),
+                ("kv_lora_rank", m.kv_lora_rank),
+                ("rope_dim", m.rope_dim),
+                ("v_head_dim", m.v_head_dim),
+            ] {
+                if v > MAX_DIM || (v == 0 && name != "q_lora_rank") {
+                    return Err(format!("arch.mla.{name} = {v} is outside 1..={MAX_DIM}"));
+                }
+            }
+            if m.rope_dim >= self.head_dim || !m.rope_dim.is_multiple_of(2) {
+                return Err(format!(
+                    "arch.mla.rope_dim = {} must be even and below head_dim {}",
+                    m.rope_dim, self.head_dim
+                ));
+            }
         }
         if let Some(r) = &self.recurrent {
             if r.layers.len() != self.n_layers as usize {
@@ -343,6 +451,10 @@ impl ArchConfig {
             ("final_logit_softcap", self.final_logit_softcap),
             ("attn_logit_softcap", self.attn_logit_softcap),
             ("rope_attn_factor", self.rope_attn_factor),
+            (
+                "moe.weights_scale",
+                self.moe.as_ref().and_then(|m| m.weights_scale),
+            ),
             (
                 "multipliers.embedding",
                 self.multipliers.as_ref().and_then(|m| m.embedding),

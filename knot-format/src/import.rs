@@ -6,7 +6,10 @@ use std::time::Instant;
 use crate::container::Knot;
 use crate::error::KnotError;
 use crate::gguf::{Gguf, GgufFile, GgufValue};
-use crate::header::{ArchConfig, RecurrentLayers, RopeScaling, RopeStyle, SsmShape, TokenizerData};
+use crate::header::{
+    ArchConfig, ExpertGroups, MlaConfig, RecurrentLayers, RopeScaling, RopeStyle, SsmShape,
+    TokenizerData,
+};
 use crate::writer::KnotWriter;
 use crate::DType;
 
@@ -326,9 +329,35 @@ impl ArchConfig {
             }
             None => None,
         };
+        // Multi-head Latent Attention (deepseek2): newer converters store the latent-space
+        // shapes in key_length / value_length and a head's own in the `_mla` keys.
+        let mla = if arch == "deepseek2" {
+            let req = |s: &str| -> Result<u32, KnotError> {
+                m.u32(&k(s))?
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| m.err(&k(s), "missing or 0 (deepseek2 needs it)"))
+            };
+            Some(MlaConfig {
+                q_lora_rank: m.u32(&k("attention.q_lora_rank"))?.unwrap_or(0),
+                kv_lora_rank: req("attention.kv_lora_rank")?,
+                rope_dim: req("rope.dimension_count")?,
+                v_head_dim: match m.u32(&k("attention.value_length_mla"))? {
+                    Some(v) => v,
+                    None => req("attention.value_length")?,
+                },
+                yarn_log_mul: m.f32(&k("rope.scaling.yarn_log_multiplier"))?,
+            })
+        } else {
+            None
+        };
         let head_dim = m
-            .u32(&k("attention.key_length"))?
+            .u32(&k("attention.key_length_mla"))?
+            .filter(|_| mla.is_some())
+            .or(m.u32(&k("attention.key_length"))?)
             .unwrap_or(hidden.checked_div(n_heads).unwrap_or(0));
+        // MLA's every head has its own decompressed key and value (an MLA-split file says 1
+        // KV head: the latent's).
+        let n_kv_heads = if mla.is_some() { n_heads } else { n_kv_heads };
         // Qwen3.5: Gated DeltaNet layers between gated attention layers.
         let (recurrent, delta_net) = if arch == "qwen35" {
             qwen35_layers(&m, &k, n_layers, head_dim)?
@@ -418,11 +447,34 @@ impl ArchConfig {
                     .unwrap_or(ffn / n_experts_used);
                 let norm_topk =
                     arch == "qwen3moe" || m.bool(&k("expert_weights_norm"))?.unwrap_or(false);
+                // deepseek2's keys; absent in other files, so their headers (and hashes) hold.
+                let groups = match m.u32(&k("expert_group_count"))? {
+                    Some(count) if count > 1 => Some(ExpertGroups {
+                        count,
+                        used: m.u32(&k("expert_group_used_count"))?.unwrap_or(0),
+                    }),
+                    _ => None,
+                };
                 Some(crate::MoeConfig {
                     n_experts,
                     n_experts_used,
                     expert_ffn,
                     norm_topk,
+                    n_shared: m.u32(&k("expert_shared_count"))?.unwrap_or(0),
+                    leading_dense: m.u32(&k("leading_dense_block_count"))?.unwrap_or(0),
+                    // llama.cpp applies a scale other than 0 and 1.
+                    weights_scale: m
+                        .f32(&k("expert_weights_scale"))?
+                        .filter(|&s| s != 0.0 && s != 1.0),
+                    gating: match m.u32(&k("expert_gating_func"))? {
+                        None | Some(0) => None,
+                        Some(1) => Some("softmax".into()),
+                        Some(2) => Some("sigmoid".into()),
+                        Some(3) => Some("softmax_weight".into()),
+                        Some(4) => Some("sqrt_softplus".into()),
+                        Some(n) => Some(format!("gating function {n}")),
+                    },
+                    groups,
                 })
             }
         };
@@ -464,6 +516,7 @@ impl ArchConfig {
             rope_attn_factor,
             multipliers,
             moe,
+            mla,
             recurrent,
             rope_dim,
             delta_net,
@@ -796,6 +849,7 @@ mod tests {
                 n_experts_used: 2,
                 expert_ffn: 128,
                 norm_topk: true,
+                ..Default::default()
             })
         );
         assert!(a.runs_here());
@@ -811,6 +865,76 @@ mod tests {
         };
         let e = e.to_string();
         assert!(e.contains("expert_used_count"), "{e}");
+    }
+
+    /// deepseek2 (V3's layout): the MLA shape and the routing keys land in the header; a
+    /// group config that cannot hold the experts used is refused by name.
+    #[test]
+    fn deepseek2_reads_mla_and_routing() {
+        let ds = |groups_used: u32| {
+            let mut g = Builder::new();
+            g.string("general.architecture", "deepseek2")
+                .u32("deepseek2.block_count", 2)
+                .u32("deepseek2.context_length", 128)
+                .u32("deepseek2.embedding_length", 64)
+                .u32("deepseek2.feed_forward_length", 256)
+                .u32("deepseek2.attention.head_count", 4)
+                .u32("deepseek2.attention.head_count_kv", 4)
+                .u32("deepseek2.attention.key_length", 48)
+                .u32("deepseek2.attention.value_length", 32)
+                .u32("deepseek2.attention.q_lora_rank", 32)
+                .u32("deepseek2.attention.kv_lora_rank", 64)
+                .u32("deepseek2.rope.dimension_count", 16)
+                .f32("deepseek2.rope.scaling.yarn_log_multiplier", 0.1)
+                .f32("deepseek2.attention.layer_norm_rms_epsilon", 1e-6)
+                .u32("deepseek2.leading_dense_block_count", 1)
+                .u32("deepseek2.expert_count", 16)
+                .u32("deepseek2.expert_used_count", 4)
+                .u32("deepseek2.expert_shared_count", 1)
+                .u32("deepseek2.expert_feed_forward_length", 32)
+                .f32("deepseek2.expert_weights_scale", 2.5)
+                .raw_kv("deepseek2.expert_weights_norm", 7, &[1])
+                .u32("deepseek2.expert_gating_func", 2)
+                .u32("deepseek2.expert_group_count", 4)
+                .u32("deepseek2.expert_group_used_count", groups_used)
+                .u32("deepseek2.vocab_size", 4)
+                .tensor("blk.1.ffn_gate_inp.weight", DType::F32, &[64, 16], 1);
+            g
+        };
+        let (_dir, k) = import(&ds(2)).unwrap();
+        let a = k.arch();
+        assert!(a.runs_here());
+        assert_eq!((a.head_dim, a.n_kv_heads), (48, 4));
+        assert_eq!(
+            a.mla,
+            Some(crate::MlaConfig {
+                q_lora_rank: 32,
+                kv_lora_rank: 64,
+                rope_dim: 16,
+                v_head_dim: 32,
+                yarn_log_mul: Some(0.1),
+            })
+        );
+        assert_eq!(
+            a.moe,
+            Some(crate::MoeConfig {
+                n_experts: 16,
+                n_experts_used: 4,
+                expert_ffn: 32,
+                norm_topk: true,
+                n_shared: 1,
+                leading_dense: 1,
+                weights_scale: Some(2.5),
+                gating: Some("sigmoid".into()),
+                groups: Some(crate::ExpertGroups { count: 4, used: 2 }),
+            })
+        );
+        // No group to choose from: refused, naming the field.
+        let Err(e) = import(&ds(0)) else {
+            panic!("0 groups used accepted")
+        };
+        let e = e.to_string();
+        assert!(e.contains("groups.used"), "{e}");
     }
 
     #[test]

@@ -24,9 +24,9 @@ pub use container::{layer_of, Knot, TensorView};
 pub use dtype::DType;
 pub use error::KnotError;
 pub use header::{
-    ArchConfig, DeltaNetShape, Header, Holdings, LayerRange, MoeConfig, Multipliers,
-    RecurrentLayers, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord, SsmShape,
-    TensorEntry, TokenizerData, RUNNABLE_ARCHS,
+    ArchConfig, DeltaNetShape, ExpertGroups, Header, Holdings, LayerRange, MlaConfig, MoeConfig,
+    Multipliers, RecurrentLayers, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord,
+    SsmShape, TensorEntry, TokenizerData, RUNNABLE_ARCHS,
 };
 pub use import::{import_gguf, ImportSummary};
 pub use writer::KnotWriter;

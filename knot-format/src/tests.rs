@@ -31,6 +31,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         rope_attn_factor: None,
         multipliers: None,
         moe: None,
+        mla: None,
         recurrent: None,
         rope_dim: None,
                 delta_net: None,

@@ -87,6 +87,7 @@ fn header(s: &Shape) -> ArchConfig {
         rope_attn_factor: None,
         multipliers: None,
         moe: None,
+        mla: None,
         recurrent: None,
         rope_dim: None,
                 delta_net: None,
@@ -264,6 +265,7 @@ fn qwen3_30b_a3b_is_sized_by_total_bytes_and_reads_its_active_bytes() {
             n_experts_used: 8,
             expert_ffn: 768,
             norm_topk: true,
+            ..Default::default()
         }),
         ..header(&SHAPES[0])
     };

@@ -2,8 +2,9 @@
 //! bit: `shard-knot split` keeps each block's stacked experts (`ffn_*_exps`, 3-D) and router
 //! with it, and the chained shards compute what the whole model computes.
 //!
-//! The model: `scripts/make-synthetic-model.py --preset tiny-moe --type q8_0` (qwen3moe,
-//! 4 layers, 8 experts, top-2). Needs python3 with PyPI `gguf` and `numpy` and the Qwen GGUF
+//! The models: `scripts/make-synthetic-model.py --preset tiny-moe --type q8_0` (qwen3moe,
+//! 4 layers, 8 experts, top-2) and `--preset tiny-deepseek3` (deepseek2: MLA, block 0 dense,
+//! then 16 experts in 4 groups, a selection bias and a shared expert). Needs python3 with PyPI `gguf` and `numpy` and the Qwen GGUF
 //! (its tokenizer is copied); without them the test skips, unless `AEON_REQUIRE_MODELS=1`.
 
 use std::path::{Path, PathBuf};
@@ -15,24 +16,17 @@ use knot_format::{Knot, LayerRange};
 /// "The capital of France is Paris. The capital" in Qwen's tokenizer.
 const TOKENS: [u32; 8] = [785, 6722, 315, 9625, 374, 12095, 13, 576];
 
-fn tiny_moe(dir: &Path) -> Option<PathBuf> {
+fn synthetic(dir: &Path, preset: &str) -> Option<PathBuf> {
     let tokenizer = test_support::model(test_support::QWEN_GGUF)?;
     if !test_support::python_with_gguf() {
         return None;
     }
-    let gguf = dir.join("tiny-moe.gguf");
+    let gguf = dir.join(format!("{preset}.gguf"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-synthetic-model.py");
     let out = Command::new("python3")
         .arg(script)
         .arg(&gguf)
-        .args([
-            "--preset",
-            "tiny-moe",
-            "--type",
-            "q8_0",
-            "-q",
-            "--tokenizer",
-        ])
+        .args(["--preset", preset, "--type", "q8_0", "-q", "--tokenizer"])
         .arg(&tokenizer)
         .output()
         .expect("python3");
@@ -41,7 +35,7 @@ fn tiny_moe(dir: &Path) -> Option<PathBuf> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let knot = dir.join("tiny-moe.knot");
+    let knot = dir.join(format!("{preset}.knot"));
     knot_format::import_gguf(&gguf, &knot, &mut |_| {}).expect("import");
     Some(knot)
 }
@@ -68,8 +62,17 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn moe_shards_split_at_any_layer_equal_one_process() {
+    splits_equal_one_process("tiny-moe");
+}
+
+#[test]
+fn deepseek2_shards_split_at_any_layer_equal_one_process() {
+    splits_equal_one_process("tiny-deepseek3");
+}
+
+fn splits_equal_one_process(preset: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(path) = tiny_moe(dir.path()) else {
+    let Some(path) = synthetic(dir.path(), preset) else {
         return;
     };
     let parent = Knot::open(&path).expect("open");
@@ -90,23 +93,25 @@ fn moe_shards_split_at_any_layer_equal_one_process() {
             .collect();
         let out = dir.path().join(format!("split-{cuts:?}"));
         std::fs::create_dir_all(&out).expect("mkdir");
-        let shards = shard_knot::split::split(&parent, &ranges, &out, "tiny-moe", &mut |_| {})
-            .expect("split");
+        let shards =
+            shard_knot::split::split(&parent, &ranges, &out, preset, &mut |_| {}).expect("split");
         let knots: Vec<Knot> = shards
             .iter()
             .map(|s| Knot::open(&s.path).expect("open shard"))
             .collect();
         for (k, r) in knots.iter().zip(&ranges) {
-            // Every block of the shard carries its router and stacked experts, verified.
+            // Every block of the shard carries all its tensors (router, stacked and shared
+            // experts, selection bias, MLA's projections), bit for bit, verified.
             for l in r.start..r.end {
-                for t in [
-                    "ffn_gate_inp",
-                    "ffn_gate_exps",
-                    "ffn_up_exps",
-                    "ffn_down_exps",
-                ] {
-                    let name = format!("blk.{l}.{t}.weight");
-                    let (a, b) = (k.tensor(&name), parent.tensor(&name));
+                let prefix = format!("blk.{l}.");
+                let names: Vec<&str> = parent
+                    .tensors()
+                    .map(|t| t.name())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect();
+                assert!(names.iter().any(|n| n.contains("ffn_gate_inp")) || l == 0);
+                for name in names {
+                    let (a, b) = (k.tensor(name), parent.tensor(name));
                     let (a, b) = (a.expect("in the shard"), b.expect("in the parent"));
                     assert_eq!(a.entry.shape, b.entry.shape, "{name}");
                     assert_eq!(a.bytes, b.bytes, "{name}");
@@ -121,7 +126,7 @@ fn moe_shards_split_at_any_layer_equal_one_process() {
         assert_eq!(
             bits(&chain(&models)),
             bits(&whole),
-            "split at {cuts:?} differs from one process"
+            "{preset}: split at {cuts:?} differs from one process"
         );
     }
 }

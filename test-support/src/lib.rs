@@ -164,6 +164,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         rope_attn_factor: None,
         multipliers: None,
         moe: None,
+        mla: None,
         recurrent: None,
         rope_dim: None,
                 delta_net: None,

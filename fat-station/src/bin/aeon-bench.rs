@@ -84,6 +84,10 @@ struct Args {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
+    /// deepseek2: cache MLA's latent rows (kv_lora_rank + rope floats per position, the
+    /// absorbed form) instead of per-head keys and values (llama.cpp's layout, the default).
+    #[arg(long)]
+    mla_latent_cache: bool,
     #[command(flatten)]
     verbosity: aeon_cli::Verbosity,
 }
@@ -556,7 +560,9 @@ fn run(args: Args) -> Result<()> {
         );
     }
     let knot = Knot::open(&knot_path)?;
-    let m = Model::load(&knot, None).context("loading the model")?;
+    let m = Model::load(&knot, None)
+        .context("loading the model")?
+        .with_mla_latent_cache(args.mla_latent_cache);
     let h = m.holdings();
     if !(h.embed && h.head) {
         bail!(
