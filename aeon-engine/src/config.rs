@@ -2,8 +2,8 @@
 
 use knot_format::{ArchConfig, MoeConfig, RopeStyle};
 
-use super::ssm::{SsmConfig, SsmKind};
 use super::mla::MlaShape;
+use super::ssm::{SsmConfig, SsmKind};
 use super::EngineError;
 
 /// Architectures the forward pass implements (`knot_format::RUNNABLE_ARCHS` names them for
@@ -655,7 +655,9 @@ impl TryFrom<&ArchConfig> for Config {
             Some(m) => m.rope,
             None => a.rope_dim.map_or(a.head_dim as usize, |r| r as usize),
         };
-        if rope_dim % 2 != 0 || rope_dim > a.head_dim as usize || (rope_dim == 0) != (a.head_dim == 0)
+        if rope_dim % 2 != 0
+            || rope_dim > a.head_dim as usize
+            || (rope_dim == 0) != (a.head_dim == 0)
         {
             return Err(EngineError::BadConfig(format!(
                 "rope_dim {rope_dim} is not even and at most head_dim {}",

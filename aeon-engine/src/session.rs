@@ -293,9 +293,7 @@ impl Session {
             if cfg.is_recurrent(self.first_layer + i) {
                 match (cfg.ssm, &cfg.delta_net) {
                     (Some(s), _) => c.ssm = Some(SsmState::new(s, cfg.norm_eps, policy)),
-                    (None, Some(d)) => {
-                        c.delta = Some(DeltaState::new(d, cfg.conv_kernel, policy))
-                    }
+                    (None, Some(d)) => c.delta = Some(DeltaState::new(d, cfg.conv_kernel, policy)),
                     (None, None) => {
                         c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy))
                     }

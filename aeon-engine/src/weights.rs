@@ -3,10 +3,10 @@
 use knot_format::{DType, Knot};
 
 use super::kernels::{Linear, QMatrix};
-use super::moe::{Expert, MoeFfn};
-use super::ssm::{SsmConfig, SsmKind, SsmWeights};
 use super::mla::{MlaQ, MlaWeights};
 use super::moe::{Expert, Gating, MoeFfn};
+use super::moe::{Expert, MoeFfn};
+use super::ssm::{SsmConfig, SsmKind, SsmWeights};
 use super::{Config, EngineError};
 
 // Defined beside the shard roles it follows from; the engine loads what it names.
@@ -275,7 +275,7 @@ impl<'a> Weights<'a> {
                     },
                     uk: std::sync::OnceLock::new(),
                 })
-            } else             if let (true, Some(sc)) = (cfg.is_recurrent(l as usize), &cfg.ssm) {
+            } else if let (true, Some(sc)) = (cfg.is_recurrent(l as usize), &cfg.ssm) {
                 Mixer::Ssm(ssm_weights(knot, sc, h, &name)?)
             } else if let (true, Some(d)) = (cfg.is_recurrent(l as usize), &cfg.delta_net) {
                 let (hd, kh, vh) = (d.head_dim as usize, d.k_heads as usize, d.v_heads as usize);

@@ -218,10 +218,6 @@ pub struct SsmShape {
     pub dt_b_c_rms: bool,
 }
 
-fn is_zero(v: &u32) -> bool {
-    *v == 0
-}
-
 /// Architectures the engine (fat-station) can run. Kept here, in the format crate, so that
 /// `knot import` and `knot inspect` can tell without depending on the engine; the engine has
 /// a test that its own list is exactly this one.

@@ -609,6 +609,7 @@ fn qwen35_layers(
         Some(RecurrentLayers {
             layers,
             conv_kernel,
+            ssm: None,
         }),
         Some(crate::DeltaNetShape {
             head_dim: state,

@@ -25,8 +25,8 @@ pub use dtype::DType;
 pub use error::KnotError;
 pub use header::{
     ArchConfig, DeltaNetShape, ExpertGroups, Header, Holdings, LayerRange, MlaConfig, MoeConfig,
-    Multipliers, RecurrentLayers, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord,
-    SsmShape, TensorEntry, TokenizerData, RUNNABLE_ARCHS,
+    Multipliers, RecurrentLayers, Role, RopeScaling, RopeStyle, SectionRef, ShardRecord, SsmShape,
+    TensorEntry, TokenizerData, RUNNABLE_ARCHS,
 };
 pub use import::{import_gguf, ImportSummary};
 pub use writer::KnotWriter;

@@ -34,7 +34,7 @@ pub(crate) fn test_arch() -> ArchConfig {
         mla: None,
         recurrent: None,
         rope_dim: None,
-                delta_net: None,
+        delta_net: None,
     }
 }
 

@@ -90,7 +90,7 @@ fn header(s: &Shape) -> ArchConfig {
         mla: None,
         recurrent: None,
         rope_dim: None,
-                delta_net: None,
+        delta_net: None,
     }
 }
 

@@ -167,7 +167,7 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         mla: None,
         recurrent: None,
         rope_dim: None,
-                delta_net: None,
+        delta_net: None,
     }
 }
 
