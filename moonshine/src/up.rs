@@ -76,11 +76,13 @@ impl Fleet {
 
     /// The first process that has exited, with how.
     fn exited(&mut self) -> Option<String> {
-        self.procs.iter_mut().find_map(|(name, c)| match c.try_wait() {
-            Ok(Some(s)) => Some(format!("{name} exited ({s})")),
-            Ok(None) => None,
-            Err(e) => Some(format!("{name}: {e}")),
-        })
+        self.procs
+            .iter_mut()
+            .find_map(|(name, c)| match c.try_wait() {
+                Ok(Some(s)) => Some(format!("{name} exited ({s})")),
+                Ok(None) => None,
+                Err(e) => Some(format!("{name}: {e}")),
+            })
     }
 }
 
@@ -191,13 +193,17 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         if let Some(role) = role_flag(node.role) {
             cmd.args(["--role", role, "--layers", &node.layers.to_string()]);
         }
-        cmd.args(["--listen", "127.0.0.1:0", "--node-id", &format!("up-{i}")]);
+        // Errors only from the stations: their access lines would bury the gateway's.
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--node-id",
+            &format!("up-{i}"),
+            "-q",
+        ]);
         cmd.args(&args.station_arg);
         let url = start(&mut fleet, format!("station {i}"), &mut cmd)?;
-        eprintln!(
-            "moonshine up: station {i} {url} layers {}",
-            node.layers
-        );
+        eprintln!("moonshine up: station {i} {url} layers {}", node.layers);
         stations.push(serde_json::json!({
             "url": url,
             "layers": format!("{}-{}", node.layers.start, node.layers.end),
@@ -212,7 +218,12 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     gw.arg("serve")
         .arg("--mesh")
         .arg(&mesh)
-        .args(["--host", &args.host.to_string(), "--port", &args.port.to_string()])
+        .args([
+            "--host",
+            &args.host.to_string(),
+            "--port",
+            &args.port.to_string(),
+        ])
         .args(&args.serve_arg);
     let url = start(&mut fleet, "the gateway".into(), &mut gw)?;
     println!(

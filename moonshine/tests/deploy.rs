@@ -12,7 +12,9 @@ use std::process::Command;
 use moonshine::cli::{Args, Cmd};
 
 fn deploy(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .join(name)
 }
 
 fn exec_start(unit: &str) -> Vec<String> {
@@ -35,7 +37,10 @@ fn moonshine_parses(argv: &[String]) -> Box<moonshine::serve::ServeArgs> {
 }
 
 fn verify(unit_text: &str, name: &str, bin: &Path, installed: &str) {
-    let have = Command::new("systemd-analyze").arg("--version").output().is_ok();
+    let have = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok();
     if !have {
         assert_ne!(
             std::env::var("AEON_REQUIRE_SYSTEMD").as_deref(),
@@ -77,7 +82,12 @@ fn the_gateway_and_station_units_verify_and_their_flags_parse() {
     let st = std::fs::read_to_string(deploy("systemd/aeon-station.service")).expect("unit");
     assert_eq!(exec_start(&st)[0], "/usr/local/bin/fat-station");
     if let Some(bin) = test_support::station_bin() {
-        verify(&st, "aeon-station.service", &bin, "/usr/local/bin/fat-station");
+        verify(
+            &st,
+            "aeon-station.service",
+            &bin,
+            "/usr/local/bin/fat-station",
+        );
     }
 }
 
@@ -108,7 +118,15 @@ fn instructions(text: &str) -> Vec<(String, String)> {
 fn the_containerfile_builds_station_and_gateway_stages_that_hang_together() {
     let text = std::fs::read_to_string(deploy("Containerfile")).expect("Containerfile");
     let known = [
-        "FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD",
+        "FROM",
+        "WORKDIR",
+        "COPY",
+        "RUN",
+        "ENV",
+        "USER",
+        "EXPOSE",
+        "ENTRYPOINT",
+        "CMD",
     ];
     let mut stages: Vec<String> = Vec::new();
     let mut entry: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
@@ -129,7 +147,10 @@ fn the_containerfile_builds_station_and_gateway_stages_that_hang_together() {
             "COPY" => {
                 if let Some(from) = v.strip_prefix("--from=") {
                     let stage = from.split_whitespace().next().unwrap_or("");
-                    assert!(stages[..stages.len() - 1].iter().any(|s| s == stage), "COPY {v}");
+                    assert!(
+                        stages[..stages.len() - 1].iter().any(|s| s == stage),
+                        "COPY {v}"
+                    );
                 }
             }
             "ENTRYPOINT" | "CMD" => {
@@ -146,7 +167,10 @@ fn the_containerfile_builds_station_and_gateway_stages_that_hang_together() {
         }
     }
     for want in ["station", "gateway"] {
-        assert!(stages.iter().any(|s| s == want), "no {want} stage: {stages:?}");
+        assert!(
+            stages.iter().any(|s| s == want),
+            "no {want} stage: {stages:?}"
+        );
     }
     let (_, ep, cmd) = entry.iter().find(|e| e.0 == "gateway").expect("gateway");
     let mut argv = ep.clone();

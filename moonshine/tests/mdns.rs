@@ -129,7 +129,10 @@ fn zeroconf_and_mesh_ls_find_the_stations_in_a_network_namespace() {
     assert_eq!(exit["txt"]["layers"], "15-30");
     assert_eq!(entry["txt"]["url"], u1.as_str());
     assert_eq!(exit["txt"]["url"], u2.as_str());
-    assert!(u1.ends_with(&format!(":{}", entry["port"])), "{u1} vs {entry}");
+    assert!(
+        u1.ends_with(&format!(":{}", entry["port"])),
+        "{u1} vs {entry}"
+    );
     assert_eq!(entry["addresses"][0], "127.0.0.1");
     let hash = entry["txt"]["hash"].as_str().expect("hash");
     assert!(hash.len() >= 16, "{hash}");
@@ -140,7 +143,13 @@ fn zeroconf_and_mesh_ls_find_the_stations_in_a_network_namespace() {
     let ls: Value = serde_json::from_str(&read("ls.json")).expect("ls JSON");
     let ls = ls.as_array().expect("array");
     assert_eq!(ls.len(), 2, "{ls:?}");
-    let urls: Vec<&str> = ls.iter().map(|f| f["txt"]["url"].as_str().unwrap_or("")).collect();
-    assert!(urls.contains(&u1.as_str()) && urls.contains(&u2.as_str()), "{urls:?}");
+    let urls: Vec<&str> = ls
+        .iter()
+        .map(|f| f["txt"]["url"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        urls.contains(&u1.as_str()) && urls.contains(&u2.as_str()),
+        "{urls:?}"
+    );
     assert!(ls.iter().all(|f| f["txt"]["hash"] == hash));
 }

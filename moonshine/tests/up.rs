@@ -45,8 +45,14 @@ fn up_forms_a_three_station_mesh_chats_and_stops_everything_on_sigterm() {
     let mesh = get_json(&agent, &format!("{base}/mesh"));
     let hops = mesh["chains"][0]["hops"].as_array().expect("hops").clone();
     assert_eq!(hops.len(), 3, "{mesh}");
-    let layers: Vec<&str> = hops.iter().map(|h| h["layers"].as_str().unwrap_or("")).collect();
-    assert!(layers[0].starts_with("0-") && layers[2].ends_with("-30"), "{layers:?}");
+    let layers: Vec<&str> = hops
+        .iter()
+        .map(|h| h["layers"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        layers[0].starts_with("0-") && layers[2].ends_with("-30"),
+        "{layers:?}"
+    );
     assert!(hops.iter().all(|h| h["status"] == "ok"), "{mesh}");
 
     // A chat through all three.
@@ -66,7 +72,10 @@ fn up_forms_a_three_station_mesh_chats_and_stops_everything_on_sigterm() {
     .expect("json");
     let text = r["choices"][0]["message"]["content"].as_str().unwrap_or("");
     eprintln!("answer through 3 stations: {text:?}");
-    assert!(r["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0, "{r}");
+    assert!(
+        r["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{r}"
+    );
     assert!(!text.trim().is_empty(), "{r}");
     let view = get_json(&agent, &format!("{base}/mesh"));
     let costs = view["chains"][0]["hops"]
@@ -79,13 +88,20 @@ fn up_forms_a_three_station_mesh_chats_and_stops_everything_on_sigterm() {
 
     // SIGTERM: up exits 0 and nothing it started answers any more.
     let pid = up.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
     let t = Instant::now();
     let status = loop {
         if let Some(s) = up.child.try_wait().expect("wait") {
             break s;
         }
-        assert!(t.elapsed() < Duration::from_secs(15), "moonshine up did not stop");
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "moonshine up did not stop"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");

@@ -559,10 +559,8 @@ fn the_page_renders_markdown_copies_regenerates_keeps_conversations_and_fits_a_p
     let s = Session::new(&driver, &chromium, &profile);
     s.viewport(1280, 720);
     s.open(&format!("{}/", gw.url));
-    wait_for(Duration::from_secs(10), || {
-        s.attr("#model option", "value")
-    })
-    .expect("the page never listed the model");
+    wait_for(Duration::from_secs(10), || s.attr("#model option", "value"))
+        .expect("the page never listed the model");
 
     // A stored conversation: after a reload it is listed and its Markdown rendered.
     let seeded = json!([{"id": "c1", "title": "Seeded", "updated": 1, "messages": [
@@ -631,7 +629,10 @@ fn the_page_renders_markdown_copies_regenerates_keeps_conversations_and_fits_a_p
     s.click(".msg.assistant:last-of-type .actions .regenerate");
     // The old answer goes at once, the new one finishes.
     done(1).expect("the regenerated answer never finished");
-    assert_eq!(s.exec("return document.querySelectorAll('.msg').length;"), 4);
+    assert_eq!(
+        s.exec("return document.querySelectorAll('.msg').length;"),
+        4
+    );
     assert_eq!(s.text(".msg.assistant:last-of-type .body"), first);
 
     // The conversation survives a reload, both turns.
@@ -668,8 +669,14 @@ fn the_page_renders_markdown_copies_regenerates_keeps_conversations_and_fits_a_p
 
     // Edit and resend: the last question goes back into the box, the turns after it go.
     s.click(".msg.user:nth-last-of-type(2) .actions .edit");
-    assert_eq!(s.exec("return document.getElementById('prompt').value;"), "Name three colours.");
-    assert_eq!(s.exec("return document.querySelectorAll('.msg').length;"), 2);
+    assert_eq!(
+        s.exec("return document.getElementById('prompt').value;"),
+        "Name three colours."
+    );
+    assert_eq!(
+        s.exec("return document.querySelectorAll('.msg').length;"),
+        2
+    );
     s.fill("#prompt", "Name three animals.");
     s.click("#send");
     done(1).expect("the edited question was not answered");
@@ -693,16 +700,27 @@ fn the_page_renders_markdown_copies_regenerates_keeps_conversations_and_fits_a_p
     })
     .unwrap_or_else(|| panic!("no export at {}", file.display()));
     assert_eq!(exported["conversations"][0]["title"], "Rusty", "{exported}");
-    assert_eq!(exported["conversations"][0]["messages"][1]["content"], SEEDED);
+    assert_eq!(
+        exported["conversations"][0]["messages"][1]["content"],
+        SEEDED
+    );
     s.click("#new-conv");
     s.fill("#prompt", "Hello");
     s.click("#send");
     done(1).expect("the new conversation's answer never finished");
-    assert_eq!(s.exec("return document.querySelectorAll('#conv-list li').length;"), 2);
-    s.click(".conv.current .delete");
-    assert_eq!(s.exec("return document.querySelectorAll('#conv-list li').length;"), 1);
     assert_eq!(
-        s.exec("return JSON.parse(localStorage.getItem('moonshine.conversations')).map(c => c.title);"),
+        s.exec("return document.querySelectorAll('#conv-list li').length;"),
+        2
+    );
+    s.click(".conv.current .delete");
+    assert_eq!(
+        s.exec("return document.querySelectorAll('#conv-list li').length;"),
+        1
+    );
+    assert_eq!(
+        s.exec(
+            "return JSON.parse(localStorage.getItem('moonshine.conversations')).map(c => c.title);"
+        ),
         json!(["Rusty"])
     );
 

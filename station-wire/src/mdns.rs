@@ -125,8 +125,7 @@ pub fn browse(wait: Duration, loopback: bool) -> Result<Vec<Found>, MdnsError> {
         let Ok(ev) = rx.recv_timeout(left) else { break };
         match ev {
             ServiceEvent::ServiceResolved(info) => {
-                let mut addresses: Vec<IpAddr> =
-                    info.get_addresses().iter().copied().collect();
+                let mut addresses: Vec<IpAddr> = info.get_addresses().iter().copied().collect();
                 addresses.sort();
                 let f = Found {
                     instance: info.get_fullname().to_string(),

@@ -110,7 +110,9 @@ fn highlight(code: &str, lang: &str) -> Vec<Node> {
     let plain = || vec![Node::Text(code.to_string())];
     let ss = syntaxes();
     let (Some(syntax), Some(theme)) = (
-        (!lang.is_empty()).then(|| ss.find_syntax_by_token(lang)).flatten(),
+        (!lang.is_empty())
+            .then(|| ss.find_syntax_by_token(lang))
+            .flatten(),
         theme(),
     ) else {
         return plain();
@@ -296,7 +298,8 @@ mod tests {
 
     #[test]
     fn emphasis_lists_and_a_highlighted_code_block() {
-        let md = "Some **bold** and `x`.\n\n- one\n- two\n\n```rust\nfn main() { let x = 1; }\n```\n";
+        let md =
+            "Some **bold** and `x`.\n\n- one\n- two\n\n```rust\nfn main() { let x = 1; }\n```\n";
         let nodes = render(md);
         let mut t = Vec::new();
         tags(&nodes, &mut t);
@@ -337,7 +340,10 @@ mod tests {
         let json = serde_json::to_string(&nodes).expect("json");
         assert!(!json.contains("javascript:"), "{json}");
         assert!(json.contains("\"href\":\"https://example.com\""), "{json}");
-        assert!(!json.contains("x.png"), "an image's source went out: {json}");
+        assert!(
+            !json.contains("x.png"),
+            "an image's source went out: {json}"
+        );
     }
 
     #[test]
