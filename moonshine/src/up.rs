@@ -1,6 +1,7 @@
 //! `moonshine up MODEL --nodes N`: one command for a mesh on this machine. Plans the layer
 //! ranges with shard-knot's planner (balanced by bytes), starts N stations (`fat-station
-//! --role --layers` over the one model file, each on a free loopback port), writes their mesh
+//! --role --layers` over the one model file, each on a free loopback port, each forwarding to
+//! the next with `--route-to`), writes their mesh
 //! file, starts the gateway (`moonshine serve --mesh`) and prints its URL. SIGINT, SIGTERM or
 //! SIGHUP stops every process it started, as does any of them exiting.
 //!
@@ -186,12 +187,19 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         procs: Vec::new(),
         dir: dir.clone(),
     };
+    // From the exit back, so each station can be told its successor (`--route-to`): the
+    // gateway then sends one POST /chain per token into the entry and the stations pass the
+    // residual along themselves.
     let mut stations = Vec::new();
-    for (i, node) in p.nodes.iter().enumerate() {
+    let mut next: Option<String> = None;
+    for (i, node) in p.nodes.iter().enumerate().rev() {
         let mut cmd = Command::new(&bin);
         cmd.arg("--knot").arg(&model);
         if let Some(role) = role_flag(node.role) {
             cmd.args(["--role", role, "--layers", &node.layers.to_string()]);
+        }
+        if let Some(n) = &next {
+            cmd.args(["--route-to", n]);
         }
         // Errors only from the stations: their access lines would bury the gateway's.
         cmd.args([
@@ -208,7 +216,9 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
             "url": url,
             "layers": format!("{}-{}", node.layers.start, node.layers.end),
         }));
+        next = Some(url);
     }
+    stations.reverse();
     let mesh = dir.join("mesh.json");
     let body = serde_json::json!({"model": model_id, "stations": stations});
     std::fs::write(&mesh, body.to_string())

@@ -26,16 +26,20 @@ fn up_forms_a_three_station_mesh_chats_and_stops_everything_on_sigterm() {
     else {
         return;
     };
-    let mut up = spawn_url(Command::new(env!("CARGO_BIN_EXE_moonshine")).args([
-        "up",
-        knot.to_str().expect("utf-8"),
-        "--nodes",
-        "3",
-        "--port",
-        "0",
-        "--station-bin",
-        bin.to_str().expect("utf-8"),
-    ]));
+    let mut up = spawn_url(
+        Command::new(env!("CARGO_BIN_EXE_moonshine"))
+            .stderr(std::process::Stdio::piped())
+            .args([
+                "up",
+                knot.to_str().expect("utf-8"),
+                "--nodes",
+                "3",
+                "--port",
+                "0",
+                "--station-bin",
+                bin.to_str().expect("utf-8"),
+            ]),
+    );
     let base = up.url.trim_end_matches('/').to_string();
     let agent = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(60))
@@ -105,6 +109,14 @@ fn up_forms_a_three_station_mesh_chats_and_stops_everything_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
+    // The stations forward to each other (--route-to): one POST /chain per token, no
+    // fallback to the gateway driving every hop.
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut up.child.stderr.take().expect("stderr"), &mut err)
+        .expect("read stderr");
+    eprintln!("moonshine up's stderr:\n{err}");
+    assert!(!err.contains("does not relay"), "{err}");
+    assert!(err.contains("got SIGTERM: stopping"), "{err}");
     let quick = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(2))
         .build();
