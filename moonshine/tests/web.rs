@@ -685,11 +685,11 @@ fn the_page_renders_markdown_copies_regenerates_keeps_conversations_and_fits_a_p
     // Rename, export, a new conversation, delete.
     s.click(".conv.current .rename");
     let input = s.element(".conv .rename-input");
-    s.cmd("POST", &format!("/element/{input}/clear"), Some(json!({})));
+    // Select all (Ctrl+A, released by NULL), type the name, Enter.
     s.cmd(
         "POST",
         &format!("/element/{input}/value"),
-        Some(json!({"text": "Rusty\u{E007}"})),
+        Some(json!({"text": "\u{E009}a\u{E000}Rusty\u{E007}"})),
     );
     assert_eq!(s.text(".conv.current .title"), "Rusty");
     s.click("#export");
