@@ -121,10 +121,12 @@ pub enum Cmd {
     Serve(Box<crate::serve::ServeArgs>),
     /// One command for a mesh on this machine: plan the layers over N stations, start them
     /// and the gateway, print its URL; Ctrl-C (or SIGTERM) stops them all.
-    #[command(after_help = "Example:\n  moonshine up model.gguf --nodes 3 --port 8000    \
+    #[command(
+        after_help = "Example:\n  moonshine up model.gguf --nodes 3 --port 8000    \
                             (then open the URL it prints)\n\n\
                             Exit codes: 0 stopped by a signal, 1 a station or the gateway \
-                            exited, 2 bad arguments or a start that failed.")]
+                            exited, 2 bad arguments or a start that failed."
+    )]
     Up(Box<crate::up::UpArgs>),
     /// Discover stations and form a mesh (`moonshine mesh --help`).
     #[command(disable_help_flag = true)]
