@@ -131,3 +131,81 @@ fn up_forms_a_three_station_mesh_chats_and_stops_everything_on_sigterm() {
         );
     }
 }
+
+/// Sends SIGTERM to `up`, waits for it to exit 0, and returns its stderr.
+fn stop(up: &mut test_support::Proc) -> String {
+    let pid = up.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let status = up.child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut up.child.stderr.take().expect("stderr"), &mut err)
+        .expect("read stderr");
+    err
+}
+
+#[test]
+fn up_runs_a_gguf_importing_it_once_and_reusing_the_import_next_time() {
+    let (Some(knot), Some(bin)) = (test_support::model(test_support::SMOLLM2), station_bin())
+    else {
+        return;
+    };
+    let gguf = knot.with_extension("gguf");
+    let Some(gguf) = test_support::need(gguf, "scripts/fetch-model.sh smollm2") else {
+        return;
+    };
+    let cache = tempfile::tempdir().expect("tempdir");
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .build();
+    let mut first = None;
+    for run in 0..2 {
+        let mut up = spawn_url(
+            Command::new(env!("CARGO_BIN_EXE_moonshine"))
+                .env("AEON_MODELS_DIR", cache.path())
+                .stderr(std::process::Stdio::piped())
+                .args([
+                    "up",
+                    gguf.to_str().expect("utf-8"),
+                    "--nodes",
+                    "2",
+                    "--port",
+                    "0",
+                    "--station-bin",
+                    bin.to_str().expect("utf-8"),
+                ]),
+        );
+        let base = up.url.trim_end_matches('/').to_string();
+        let r: Value = serde_json::from_str(
+            &agent
+                .post(&format!("{base}/v1/completions"))
+                .set("content-type", "application/json")
+                .send_string(&json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}).to_string())
+                .expect("completion")
+                .into_string()
+                .expect("body"),
+        )
+        .expect("json");
+        assert_eq!(r["usage"]["completion_tokens"], 3, "{r}");
+        let err = stop(&mut up);
+        let imported: Vec<_> = std::fs::read_dir(cache.path().join("imported"))
+            .expect("the import folder")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        assert_eq!(imported.len(), 1, "{imported:?}");
+        let mtime = std::fs::metadata(&imported[0])
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        if run == 0 {
+            assert!(err.contains("is a GGUF: importing it once"), "{err}");
+            first = Some(mtime);
+        } else {
+            assert!(!err.contains("importing"), "imported again: {err}");
+            assert_eq!(Some(mtime), first, "the import was rewritten");
+        }
+    }
+}
