@@ -75,6 +75,14 @@ if python3 -c "import anthropic, ollama, httpx" 2>/dev/null \
   export AEON_REQUIRE_API_CLIENTS=1
 fi
 
+# python-zeroconf browses the stations' mDNS announcements (fat-station/tests/mdns.rs) as a
+# tool other than ours would; the test runs in a network namespace (unshare -n, root).
+if python3 -c "import zeroconf" 2>/dev/null \
+   || python3 -m pip install -q zeroconf >/dev/null 2>&1 \
+   || python3 -m pip install -q --break-system-packages zeroconf >/dev/null 2>&1; then
+  export AEON_REQUIRE_ZEROCONF=1
+fi
+
 # PyPI gguf + numpy: fat-station's synthetic-model test makes its model with
 # scripts/make-synthetic-model.py (and, when the golden's numpy differs, runs ref_forward.py).
 if ! python3 -c "import gguf, numpy" 2>/dev/null; then

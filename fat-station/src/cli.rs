@@ -86,6 +86,11 @@ pub struct Args {
     /// nodes on one host, 255.255.255.255:7979 on a LAN) for `moonshine mesh discover`.
     #[arg(long, value_name = "ADDR")]
     beacon: Option<SocketAddr>,
+    /// Announce this station over mDNS / DNS-SD as `_aeon-station._tcp` (TXT: model hash,
+    /// layers, role, url; see station_wire::mdns), for `moonshine mesh ls`, `avahi-browse`
+    /// and other tools. Beside --beacon, not instead of it.
+    #[arg(long)]
+    mdns: bool,
     /// Milliseconds between beacons.
     #[arg(long, default_value_t = 1000)]
     beacon_interval_ms: u64,
@@ -409,24 +414,33 @@ pub fn run(args: Args) -> Result<()> {
             .await
             .with_context(|| format!("binding {listen}"))?;
         let h = station.model().holdings();
+        let health = station.health_report();
+        let announcement = || Announcement {
+            proto: beacon::PROTO.into(),
+            node_id: node_id.clone(),
+            model_id: health.model_id.clone(),
+            model_hash: health.model_hash.clone(),
+            role: health.role.clone(),
+            layers: health.layers.clone(),
+            n_layers: health.n_layers,
+            address: args
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{addr}")),
+            chain,
+            mesh: health.mesh.clone().unwrap_or_default(),
+        };
+        let _mdns = if args.mdns {
+            Some(
+                station_wire::mdns::Announcer::spawn(&announcement(), addr.ip(), addr.port())
+                    .context("announcing over mDNS")?,
+            )
+        } else {
+            None
+        };
         let _beacon = match args.beacon {
             Some(target) => {
-                let health = station.health_report();
-                let ann = Announcement {
-                    proto: beacon::PROTO.into(),
-                    node_id: node_id.clone(),
-                    model_id: health.model_id.clone(),
-                    model_hash: health.model_hash.clone(),
-                    role: health.role.clone(),
-                    layers: health.layers.clone(),
-                    n_layers: health.n_layers,
-                    address: args
-                        .advertise
-                        .clone()
-                        .unwrap_or_else(|| format!("http://{addr}")),
-                    chain,
-                    mesh: health.mesh.clone().unwrap_or_default(),
-                };
+                let ann = announcement();
                 let ram_bytes = match args.ram {
                     Some(r) => Some(r),
                     None => ram_from_env().context("the RAM budget")?,

@@ -119,6 +119,15 @@ pub enum Cmd {
     /// `/infill`, `/tokenize`, `/detokenize`, `/apply-template`, `/props`, `/slots`), with
     /// `/metrics` and `/health`, over the stations.
     Serve(Box<crate::serve::ServeArgs>),
+    /// One command for a mesh on this machine: plan the layers over N stations, start them
+    /// and the gateway, print its URL; Ctrl-C (or SIGTERM) stops them all.
+    #[command(
+        after_help = "Example:\n  moonshine up model.gguf --nodes 3 --port 8000    \
+                            (then open the URL it prints)\n\n\
+                            Exit codes: 0 stopped by a signal, 1 a station or the gateway \
+                            exited, 2 bad arguments or a start that failed."
+    )]
+    Up(Box<crate::up::UpArgs>),
     /// Discover stations and form a mesh (`moonshine mesh --help`).
     #[command(disable_help_flag = true)]
     Mesh {
@@ -146,7 +155,7 @@ impl Args {
         use clap::parser::ValueSource;
         use clap::{CommandFactory, FromArgMatches};
         let mut cmd = Args::command();
-        let m = cmd.try_get_matches_from_mut(args)?;
+        let m = cmd.try_get_matches_from_mut(llama_server_spellings(args))?;
         if let Some((sub, _)) = m.subcommand() {
             let misplaced = cmd.get_arguments().find(|a| {
                 !a.is_global_set()
@@ -175,6 +184,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.cmd {
         Some(Cmd::Serve(s)) => crate::serve::run(*s).map(|()| ExitCode::SUCCESS),
         Some(Cmd::Mesh { args }) => Ok(crate::mesh_cmd::run(args)),
+        Some(Cmd::Up(u)) => crate::up::run(*u),
         None => run_gen(&args.target, &args.gen, args.verbosity.quiet),
     }
 }
@@ -470,4 +480,26 @@ fn run_chat(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// llama-server's two-letter short flag `-np N` (clap's short flags are one letter), given
+/// after `serve`, read as `--parallel N`; anything before `serve` is left as it is.
+fn llama_server_spellings<I, T>(args: I) -> Vec<std::ffi::OsString>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut serving = false;
+    args.into_iter()
+        .map(|a| {
+            let a: std::ffi::OsString = a.into();
+            if serving && a == "-np" {
+                return "--parallel".into();
+            }
+            if a == "serve" {
+                serving = true;
+            }
+            a
+        })
+        .collect()
 }

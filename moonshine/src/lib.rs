@@ -22,4 +22,5 @@ pub mod structured;
 pub mod target;
 pub mod textstream;
 pub mod tools;
+pub mod up;
 pub mod web;

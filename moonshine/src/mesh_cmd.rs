@@ -21,6 +21,7 @@ use station_wire::replicas::ReplicaSet;
 ///
 /// Examples:
 ///   moonshine mesh discover --timeout 2
+///   moonshine mesh ls --timeout 2              (stations announcing over mDNS: fat-station --mdns)
 ///   moonshine mesh form -o mesh.json          (then: moonshine --mesh mesh.json -c ...)
 ///   moonshine mesh form --assign -o mesh.json --manifests nodes/ --shard model.knot
 ///   moonshine mesh generate --discover -c "The capital of France is" -n 16
@@ -55,6 +56,20 @@ struct Listen {
 
 #[derive(Debug, Subcommand)]
 enum MeshCmd {
+    /// List the stations announcing themselves over mDNS / DNS-SD (`_aeon-station._tcp`,
+    /// `fat-station --mdns`): the same service avahi-browse and other tools see.
+    Ls {
+        /// Seconds to listen.
+        #[arg(long, default_value_t = 2.0)]
+        timeout: f64,
+        /// Leave the loopback interface out (it is included: stations on this host often
+        /// listen on 127.0.0.1).
+        #[arg(long)]
+        no_loopback: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the stations announcing themselves.
     Discover {
         #[command(flatten)]
@@ -185,6 +200,41 @@ fn write_atomic(path: &Path, text: &str) -> Result<()> {
 fn exec(a: MeshArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match a.cmd {
+        MeshCmd::Ls {
+            timeout,
+            no_loopback,
+            json,
+        } => {
+            let wait = Duration::from_secs_f64(timeout.clamp(0.01, 600.0));
+            let found = station_wire::mdns::browse(wait, !no_loopback)
+                .context("browsing mDNS for _aeon-station._tcp")?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&found)?)?;
+            } else {
+                for f in &found {
+                    let t = |k: &str| f.txt.get(k).map_or("-", String::as_str);
+                    let hash = t("hash");
+                    writeln!(
+                        out,
+                        "{:<12} {:<6} layers {:<6} {:<28} {} ({})",
+                        t("node"),
+                        t("role"),
+                        t("layers"),
+                        t("url"),
+                        t("model"),
+                        &hash[..hash.len().min(12)],
+                    )?;
+                }
+                if found.is_empty() {
+                    eprintln!("moonshine mesh: no station answered over mDNS in {timeout} s");
+                }
+            }
+            Ok(if found.is_empty() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
         MeshCmd::Discover { l, json } => {
             let heard = hear(&l)?;
             if json {

@@ -133,6 +133,8 @@ impl<'a> Session<'a> {
                          "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
                          "--hide-scrollbars", "--window-size=1280,860",
                          format!("--user-data-dir={}", profile.display())],
+                "prefs": {"download.default_directory": profile.join("downloads"),
+                          "download.prompt_for_download": false},
             },
         }}});
         let v = d.call("POST", "/session", Some(caps));
@@ -201,6 +203,36 @@ impl<'a> Session<'a> {
         );
     }
 
+    /// Runs `script` (a function body) in the page; its return value.
+    fn exec(&self, script: &str) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// Runs `script` in the page; it calls `arguments[0]` with the result.
+    fn exec_async(&self, script: &str) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/async",
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// Emulates a viewport of `w`x`h` CSS pixels (Chrome's DevTools protocol through
+    /// chromedriver: a headless window cannot be made phone-narrow otherwise).
+    fn viewport(&self, w: u32, h: u32) {
+        self.cmd(
+            "POST",
+            "/goog/cdp/execute",
+            Some(json!({"cmd": "Emulation.setDeviceMetricsOverride",
+                        "params": {"width": w, "height": h, "deviceScaleFactor": 1,
+                                   "mobile": w < 600}})),
+        );
+    }
+
     fn screenshot(&self) -> Vec<u8> {
         let b64 = self.cmd("GET", "/screenshot", None);
         base64::engine::general_purpose::STANDARD
@@ -264,10 +296,15 @@ fn colours(png_bytes: &[u8]) -> (usize, u32, u32) {
 
 /// Where the screenshot is kept for people to look at: `target/web/`.
 fn screenshot_path() -> PathBuf {
+    shot_path("moonshine-page.png")
+}
+
+/// `target/web/NAME` (screenshots people look at).
+fn shot_path(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("web/moonshine-page.png")
+    target.join("web").join(name)
 }
 
 #[test]
@@ -414,14 +451,14 @@ fn the_page_chats_streams_stops_and_shows_the_mesh_in_a_real_browser() {
             .map(|_| s.text(".msg.assistant .meta"))
     })
     .expect("the answer never finished");
-    let answer = s.text(".msg.assistant");
+    let answer = s.text(".msg.assistant .body");
     eprintln!("answer: {answer:?}");
     assert!(
         meta.starts_with("stop") || meta.starts_with("length"),
         "finish: {meta:?}"
     );
     assert!(meta.contains("tokens"), "{meta}");
-    let reply = answer.trim_end_matches(&meta).trim();
+    let reply = answer.trim();
     assert!(!reply.is_empty(), "empty answer: {answer:?}");
     assert!(!s
         .attr(".msg.assistant", "class")
@@ -447,7 +484,7 @@ fn the_page_chats_streams_stops_and_shows_the_mesh_in_a_real_browser() {
     );
     s.click("#send");
     let partial = wait_for(Duration::from_secs(20), || {
-        let t = s.text(last);
+        let t = s.text(&format!("{last} .body"));
         let class = s.attr(last, "class").unwrap_or_default();
         (class.contains("streaming") && t.len() > 4).then_some(t)
     })
@@ -494,4 +531,200 @@ fn the_page_chats_streams_stops_and_shows_the_mesh_in_a_real_browser() {
         .collect();
     assert!(errors.is_empty(), "console errors: {errors:?}");
     eprintln!("browser test took {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A reply with Markdown, a code block and markup the model wrote, as a stored conversation.
+const SEEDED: &str = "Here is **bold** text and a list:\n\n- one\n- two\n\n```rust\nfn main() {\n    let x = 42;\n    println!(\"{x}\");\n}\n```\n\n<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">";
+
+#[test]
+fn the_page_renders_markdown_copies_regenerates_keeps_conversations_and_fits_a_phone() {
+    let Some((chromium, chromedriver)) = browser() else {
+        return;
+    };
+    let (Some(knot), Some(bin)) = (test_support::model(test_support::SMOLLM2), station_bin())
+    else {
+        return;
+    };
+    let full = station(&bin, &knot, &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mesh = dir.path().join("mesh.json");
+    let m = json!({"model": "smollm2", "stations": [{"url": full.url, "layers": format!("0-{LAYERS}")}]});
+    std::fs::write(&mesh, m.to_string()).expect("write mesh");
+    let gw = spawn_listening(
+        Path::new(env!("CARGO_BIN_EXE_moonshine")),
+        &["serve", "--mesh", mesh.to_str().expect("utf-8")],
+    );
+    let driver = Driver::start(&chromedriver);
+    let profile = dir.path().join("chromium");
+    let s = Session::new(&driver, &chromium, &profile);
+    s.viewport(1280, 720);
+    s.open(&format!("{}/", gw.url));
+    wait_for(Duration::from_secs(10), || s.attr("#model option", "value"))
+        .expect("the page never listed the model");
+
+    // A stored conversation: after a reload it is listed and its Markdown rendered.
+    let seeded = json!([{"id": "c1", "title": "Seeded", "updated": 1, "messages": [
+        {"role": "user", "content": "Show me some Rust."},
+        {"role": "assistant", "content": SEEDED}]}]);
+    s.exec(&format!(
+        "localStorage.setItem('moonshine.conversations', {}); localStorage.setItem('moonshine.current', 'c1');",
+        serde_json::to_string(&seeded.to_string()).expect("json")
+    ));
+    s.cmd("POST", "/refresh", Some(json!({})));
+    let strong = wait_for(Duration::from_secs(10), || {
+        s.find(".msg.assistant .body strong")
+            .map(|_| s.text(".msg.assistant .body strong"))
+    })
+    .expect("the Markdown never rendered");
+    assert_eq!(strong, "bold");
+    assert_eq!(s.text(".conv.current .title"), "Seeded");
+    assert!(s.find(".msg.assistant .body li").is_some(), "no list");
+    // The code block: coloured spans from the gateway's highlighter, its text intact.
+    let code = s.exec(
+        "const c = document.querySelector('.msg.assistant pre code');\
+         const colours = new Set([...c.querySelectorAll('span')].map(e => getComputedStyle(e).color));\
+         return [c.textContent, colours.size, c.parentElement.dataset.lang];",
+    );
+    assert_eq!(
+        code[0].as_str(),
+        Some("fn main() {\n    let x = 42;\n    println!(\"{x}\");\n}\n")
+    );
+    assert!(code[1].as_u64().unwrap_or(0) >= 3, "highlighting: {code}");
+    assert_eq!(code[2], "rust");
+    // The markup the model wrote is text on the page, and nothing of it ran.
+    let body = s.text(".msg.assistant .body");
+    assert!(body.contains("<script>window.pwned = 1</script>"), "{body}");
+    assert!(body.contains("<img src=x"), "{body}");
+    assert_eq!(s.exec("return document.querySelectorAll('.msg script, .msg img').length + (window.pwned || 0);"), 0);
+
+    // Copy puts the reply's Markdown source on the clipboard.
+    for name in ["clipboard-read", "clipboard-write"] {
+        s.cmd(
+            "POST",
+            "/permissions",
+            Some(json!({"descriptor": {"name": name}, "state": "granted"})),
+        );
+    }
+    s.click(".msg.assistant .actions .copy");
+    let clip = s.exec_async(
+        "const done = arguments[0]; setTimeout(() => navigator.clipboard.readText().then(done, e => done('ERR ' + e)), 200);",
+    );
+    assert_eq!(clip.as_str(), Some(SEEDED));
+
+    // A real turn, greedy; then Regenerate asks the same turn again: the same answer, in
+    // the same place.
+    s.fill("#temperature", "0");
+    s.fill("#max_tokens", "24");
+    s.fill("#prompt", "Name three colours.");
+    s.click("#send");
+    let done = |n: usize| {
+        wait_for(Duration::from_secs(30), || {
+            let k = s.exec("return document.querySelectorAll('.msg.assistant .meta').length;");
+            (k.as_u64() == Some(n as u64)).then_some(())
+        })
+    };
+    done(1).expect("the answer never finished");
+    let first = s.text(".msg.assistant:last-of-type .body");
+    assert!(!first.trim().is_empty());
+    s.click(".msg.assistant:last-of-type .actions .regenerate");
+    // The old answer goes at once, the new one finishes.
+    done(1).expect("the regenerated answer never finished");
+    assert_eq!(
+        s.exec("return document.querySelectorAll('.msg').length;"),
+        4
+    );
+    assert_eq!(s.text(".msg.assistant:last-of-type .body"), first);
+
+    // The conversation survives a reload, both turns.
+    s.cmd("POST", "/refresh", Some(json!({})));
+    wait_for(Duration::from_secs(10), || {
+        (s.exec("return document.querySelectorAll('.msg.assistant .body.md').length;") == 2)
+            .then_some(())
+    })
+    .expect("the conversation did not come back after a reload");
+    assert_eq!(s.text(".msg.assistant:last-of-type .body"), first);
+
+    // Screenshots and no horizontal scroll at 1280x720 and on a phone (360x640).
+    for (w, h) in [(1280, 720), (360, 640)] {
+        s.viewport(w, h);
+        std::thread::sleep(Duration::from_millis(300));
+        let size = s.exec(
+            "const d = document.documentElement; return [d.scrollWidth, d.clientWidth, innerWidth];",
+        );
+        eprintln!("{w}x{h}: scrollWidth, clientWidth, innerWidth = {size}");
+        assert_eq!(size[2], w, "the viewport did not take {w}x{h}");
+        assert!(
+            size[0].as_u64() <= size[1].as_u64(),
+            "horizontal scroll at {w}x{h}: {size}"
+        );
+        let png = s.screenshot();
+        let path = shot_path(&format!("moonshine-{w}x{h}.png"));
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir target/web");
+        std::fs::write(&path, &png).expect("write screenshot");
+        let (n, pw, ph) = colours(&png);
+        eprintln!("screenshot {}: {pw}x{ph}, {n} colours", path.display());
+        assert!(n > 50, "a blank page at {w}x{h}? {n} colours");
+    }
+    s.viewport(1280, 720);
+
+    // Edit and resend: the last question goes back into the box, the turns after it go.
+    s.click(".msg.user:nth-last-of-type(2) .actions .edit");
+    assert_eq!(
+        s.exec("return document.getElementById('prompt').value;"),
+        "Name three colours."
+    );
+    assert_eq!(
+        s.exec("return document.querySelectorAll('.msg').length;"),
+        2
+    );
+    s.fill("#prompt", "Name three animals.");
+    s.click("#send");
+    done(1).expect("the edited question was not answered");
+    assert_eq!(s.exec("return JSON.parse(localStorage.getItem('moonshine.conversations'))[0].messages[2].content;"), "Name three animals.");
+
+    // Rename, export, a new conversation, delete.
+    s.click(".conv.current .rename");
+    let input = s.element(".conv .rename-input");
+    // Select all (Ctrl+A, released by NULL), type the name, Enter.
+    s.cmd(
+        "POST",
+        &format!("/element/{input}/value"),
+        Some(json!({"text": "\u{E009}a\u{E000}Rusty\u{E007}"})),
+    );
+    assert_eq!(s.text(".conv.current .title"), "Rusty");
+    s.click("#export");
+    let file = profile.join("downloads/moonshine-conversations.json");
+    let exported = wait_for(Duration::from_secs(10), || {
+        let t = std::fs::read_to_string(&file).ok()?;
+        serde_json::from_str::<Value>(&t).ok()
+    })
+    .unwrap_or_else(|| panic!("no export at {}", file.display()));
+    assert_eq!(exported["conversations"][0]["title"], "Rusty", "{exported}");
+    assert_eq!(
+        exported["conversations"][0]["messages"][1]["content"],
+        SEEDED
+    );
+    s.click("#new-conv");
+    s.fill("#prompt", "Hello");
+    s.click("#send");
+    done(1).expect("the new conversation's answer never finished");
+    assert_eq!(
+        s.exec("return document.querySelectorAll('#conv-list li').length;"),
+        2
+    );
+    s.click(".conv.current .delete");
+    assert_eq!(
+        s.exec("return document.querySelectorAll('#conv-list li').length;"),
+        1
+    );
+    assert_eq!(
+        s.exec(
+            "return JSON.parse(localStorage.getItem('moonshine.conversations')).map(c => c.title);"
+        ),
+        json!(["Rusty"])
+    );
+
+    let console = s.console();
+    let errors: Vec<_> = console.iter().filter(|(l, _)| l == "SEVERE").collect();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
 }

@@ -14,6 +14,7 @@
 pub mod beacon;
 pub mod client;
 pub mod manifest;
+pub mod mdns;
 pub mod mesh_file;
 pub mod replicas;
 pub mod seal;

@@ -80,10 +80,17 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Address to listen on (port 0 picks a free one; the bound address is printed).
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8000", conflicts_with_all = ["host", "port"])]
     pub listen: SocketAddr,
-    /// Generations running at once (each holds one station KV session).
-    #[arg(long, default_value_t = 4)]
+    /// The IP address to listen on, as llama-server takes it (with --port; default 127.0.0.1).
+    #[arg(long)]
+    pub host: Option<std::net::IpAddr>,
+    /// The port to listen on, as llama-server takes it (with --host; default 8000).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Generations running at once (each holds one station KV session); llama-server's
+    /// `-np/--parallel`.
+    #[arg(long, visible_alias = "parallel", default_value_t = 4)]
     pub max_concurrent: usize,
     /// Requests waiting for a free slot; beyond this a request gets 429.
     #[arg(long, default_value_t = 16)]
@@ -111,7 +118,8 @@ pub struct ServeArgs {
     /// The model's id in `/v1/models` and in every answer; default: the mesh file's `model`
     /// or the station's model name, as a lower-case slug without a trailing weight-format
     /// word (`Qwen2.5 Coder 0.5B Instruct AWQ` -> `qwen2.5-coder-0.5b-instruct`).
-    #[arg(long)]
+    /// llama-server's `--alias`.
+    #[arg(long, visible_alias = "alias")]
     pub served_model_name: Option<String>,
     /// The seed of a request that gives none (llama-server's `--seed`): the same request
     /// then gets the same answer. Default: a fresh seed per request.
@@ -127,6 +135,16 @@ pub struct ServeArgs {
     pub pooling: embeddings::Pooling,
     #[command(flatten)]
     pub lookup: crate::lookup::LookupArgs,
+}
+
+impl ServeArgs {
+    /// Where to listen: `--listen`, or `--host`/`--port` over its default.
+    pub fn listen_addr(&self) -> SocketAddr {
+        SocketAddr::new(
+            self.host.unwrap_or(self.listen.ip()),
+            self.port.unwrap_or(self.listen.port()),
+        )
+    }
 }
 
 /// The default served name: `name` lower-cased, runs of other characters than letters,
@@ -231,9 +249,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let listener = TcpListener::bind(state.args.listen)
+        let at = state.args.listen_addr();
+        let listener = TcpListener::bind(at)
             .await
-            .with_context(|| format!("binding {}", state.args.listen))?;
+            .with_context(|| format!("binding {at}"))?;
         let addr = listener.local_addr().context("local address")?;
         println!(
             "moonshine serve: listening on http://{addr} (model {}, {} hop(s))",
@@ -460,6 +479,22 @@ async fn mesh(st: &Arc<AppState>) -> Result<Resp, ApiError> {
     Ok(json_resp(StatusCode::OK, &body))
 }
 
+/// `POST /render` `{"text"}`: the page's Markdown as a tree of whitelisted elements
+/// ([`web::markdown`]), `{"nodes": [...]}`.
+async fn render(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        text: String,
+    }
+    let body = read_body(st, req).await?;
+    let b: Body = serde_json::from_slice(&body).map_err(|e| bad(Some("text"), e.to_string()))?;
+    // Highlighting is regex work: off the reactor.
+    let nodes = tokio::task::spawn_blocking(move || web::markdown::render(&b.text))
+        .await
+        .map_err(|e| internal(format!("rendering: {e}")))?;
+    Ok(json_resp(StatusCode::OK, &json!({ "nodes": nodes })))
+}
+
 /// A page file with its headers ([`web::asset_headers`]).
 fn page(a: &'static web::Asset) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from_static(a.body.as_bytes())).boxed());
@@ -480,6 +515,7 @@ const API_ROUTES: &[&str] = &[
     "/metrics",
     "/health",
     "/mesh",
+    "/render",
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/api/chat",
@@ -536,6 +572,7 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Resp, ApiEr
         }
         (&Method::GET, "/health") => health(st).await,
         (&Method::GET, "/mesh") => mesh(st).await,
+        (&Method::POST, "/render") => render(st, req).await,
         (_, p)
             if API_ROUTES.contains(&p)
                 || llama_server::ROUTES.contains(&p)

@@ -13,6 +13,8 @@
 //! navigation); the page asks for the key and sends it on its API calls, which stay behind
 //! `--api-key` like every other route.
 
+pub mod markdown;
+
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use serde::Serialize;
 
