@@ -909,6 +909,7 @@ mod tests {
         a.recurrent = Some(knot_format::RecurrentLayers {
             layers: (0..32).map(|l| l % 2 == 0).collect(),
             conv_kernel: 3,
+            ssm: None,
         });
         let c = Config::try_from(&a).unwrap();
         assert!((0..32).all(|l| c.window(l) == Some(4096)));

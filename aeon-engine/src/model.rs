@@ -505,13 +505,12 @@ impl<'a> Model<'a> {
                     .for_each(|hk| rmsnorm_inplace(hk, kn, cfg.norm_eps));
             }
             if cfg.has_rope(layer) {
-                let rd = cfg.rope_dim;
                 let cs = &rope[t * rd..(t + 1) * rd];
                 if rd == hd {
                     rope_rotate(q, cs, cfg.rope_style);
                     rope_rotate(k, cs, cfg.rope_style);
                 } else {
-                    // Partial RoPE (glm4): the first `rd` dimensions of each head.
+                    // Partial RoPE (glm4, qwen35): the first `rd` dimensions of each head.
                     for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
                         rope_rotate(&mut head[..rd], cs, cfg.rope_style);
                     }

@@ -5,7 +5,6 @@ use knot_format::{DType, Knot};
 use super::kernels::{Linear, QMatrix};
 use super::mla::{MlaQ, MlaWeights};
 use super::moe::{Expert, Gating, MoeFfn};
-use super::moe::{Expert, MoeFfn};
 use super::ssm::{SsmConfig, SsmKind, SsmWeights};
 use super::{Config, EngineError};
 
