@@ -498,7 +498,8 @@ def plan(cfg, wtype):
         p = f"blk.{i}."
         if cfg["arch"] == "deepseek2":
             t += deepseek2_layer(cfg, i, p, D, F, mat)
-        elif cfg["arch"] == "qwen35":
+            continue
+        if cfg["arch"] == "qwen35":
             dh, dk, dv = cfg["dn_head_dim"], cfg["dn_k_heads"], cfg["dn_v_heads"]
             ch, vd = (2 * dk + dv) * dh, dv * dh
             t += [(p + "attn_norm.weight", (D,), Q.F32, "norm")]
