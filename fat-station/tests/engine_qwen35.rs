@@ -97,23 +97,7 @@ fn qwen35_matches_llama_cpp_on_the_same_gguf() {
     let knot = Knot::open(&knot_path).expect("open");
     let m = Model::load(&knot, None).expect("load");
     let ours = m.logits(&mut m.new_session(64), &PROMPT).expect("forward");
-    let (own, _) = rms_max(&batched, &one_by_one);
-    let (rms, max) = rms_max(&ours, &batched);
-    eprintln!(
-        "qwen35 tiny: vs llama.cpp rms {rms:.4} max {max:.4}; llama.cpp batched vs token by \
-         token rms {own:.4}; top-5 ours {:?} llama.cpp {:?}",
-        top_ids(&ours, 5),
-        top_ids(&batched, 5)
-    );
-    assert_eq!(
-        argmax(&ours),
-        argmax(&batched),
-        "top-1 differs from llama.cpp"
-    );
-    assert!(
-        rms <= 1.5 * own.max(0.01),
-        "rms {rms} against llama.cpp exceeds 1.5x its own batched-vs-token-by-token {own}"
-    );
+    assert_matches_llamacpp("qwen35 tiny", &ours, &batched, &one_by_one);
 }
 
 /// A chain split at every layer (a DeltaNet on each of the first three nodes, attention on the

@@ -66,6 +66,29 @@ pub fn assert_near_reference(logits: &[f32], golden: &[f32], rms_bound: f64, max
     );
 }
 
+/// Our logits against llama.cpp's on the same GGUF: the same top-1, and an rms within 1.5x of
+/// llama.cpp's own batched-vs-token-by-token difference (floored at 0.01, where llama.cpp's
+/// own difference is near 0). Prints the figures under `label`.
+pub fn assert_matches_llamacpp(label: &str, ours: &[f32], batched: &[f32], one_by_one: &[f32]) {
+    let (own, _) = rms_max(batched, one_by_one);
+    let (rms, max) = rms_max(ours, batched);
+    eprintln!(
+        "{label}: vs llama.cpp rms {rms:.5} max {max:.5}; llama.cpp batched vs token by token \
+         rms {own:.5}; top-5 ours {:?} llama.cpp {:?}",
+        top_ids(ours, 5),
+        top_ids(batched, 5)
+    );
+    assert_eq!(
+        argmax(ours),
+        argmax(batched),
+        "{label}: top-1 differs from llama.cpp"
+    );
+    assert!(
+        rms <= 1.5 * own.max(0.01),
+        "{label}: rms {rms} against llama.cpp exceeds 1.5x its own batched-vs-token-by-token {own}"
+    );
+}
+
 /// The fat-station binary: this crate's, or `$AEON_STATION_BIN` (to run a test against
 /// another build, e.g. to see a regression test fail on the old code).
 pub fn station_bin() -> PathBuf {
