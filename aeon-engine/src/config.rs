@@ -829,22 +829,10 @@ mod tests {
             norm_eps: 1e-6,
             rope_base: 1e6,
             rope_style: RopeStyle::Neox,
-            rope_scaling: None,
             tied_embeddings: true,
             qk_norm: true,
-            qkv_bias: false,
             sliding_window: Some(512),
-            swa_layers: None,
-            rope_base_swa: None,
-            final_logit_softcap: None,
-            attn_logit_softcap: None,
-            rope_attn_factor: None,
-            multipliers: None,
-            moe: None,
-            mla: None,
-            recurrent: None,
-            rope_dim: None,
-            delta_net: None,
+            ..Default::default()
         }
     }
 

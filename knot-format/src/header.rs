@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::dtype::DType;
 
 /// Hyper-parameters the forward pass needs, taken from GGUF metadata at import.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// `Default` is an empty header (no layers, zero widths) that does not validate: for code
+/// that builds one field by field, such as tests' `ArchConfig { .., ..Default::default() }`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ArchConfig {
     /// GGUF `general.architecture`: `qwen2`, `llama`, `qwen3`, `gemma3`, ...
     pub arch: String,
@@ -484,12 +486,13 @@ impl ArchConfig {
 }
 
 /// How RoPE pairs the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RopeStyle {
     /// Pairs (i, i + head_dim/2). Using `Normal` for a NeoX model scrambles every head.
     Neox,
     /// Pairs (2i, 2i + 1), as GGUF's llama tensors are permuted for.
+    #[default]
     Normal,
 }
 

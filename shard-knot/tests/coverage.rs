@@ -75,22 +75,9 @@ fn header(s: &Shape) -> ArchConfig {
         norm_eps: 1e-5,
         rope_base: 10000.0,
         rope_style: RopeStyle::Normal,
-        rope_scaling: None,
         tied_embeddings: s.tied,
-        qk_norm: false,
         qkv_bias: s.qkv_bias,
-        sliding_window: None,
-        swa_layers: None,
-        rope_base_swa: None,
-        final_logit_softcap: None,
-        attn_logit_softcap: None,
-        rope_attn_factor: None,
-        multipliers: None,
-        moe: None,
-        mla: None,
-        recurrent: None,
-        rope_dim: None,
-        delta_net: None,
+        ..Default::default()
     }
 }
 

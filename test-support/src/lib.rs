@@ -152,22 +152,8 @@ pub fn tiny_arch(n_layers: u32) -> ArchConfig {
         norm_eps: 1e-5,
         rope_base: 10000.0,
         rope_style: RopeStyle::Normal,
-        rope_scaling: None,
         tied_embeddings: true,
-        qk_norm: false,
-        qkv_bias: false,
-        sliding_window: None,
-        swa_layers: None,
-        rope_base_swa: None,
-        final_logit_softcap: None,
-        attn_logit_softcap: None,
-        rope_attn_factor: None,
-        multipliers: None,
-        moe: None,
-        mla: None,
-        recurrent: None,
-        rope_dim: None,
-        delta_net: None,
+        ..Default::default()
     }
 }
 
