@@ -310,6 +310,11 @@ impl Interleaved {
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
+
+    /// Every group's tiles, end to end (what a matmul over this copy streams).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
