@@ -191,6 +191,10 @@ fn random_weights(dtype: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
         }
     }
     for blk in v.chunks_exact_mut(bb) {
+        if dtype == DType::MXFP4 {
+            // An e8m0 scale byte: 2^-16 .. 2^-9.
+            blk[0] = 112 + blk[0] % 8;
+        }
         for &o in fields {
             blk[o..o + 2].copy_from_slice(&half::f16::from_f32(rng.f32() * 0.01).to_le_bytes());
         }

@@ -19,7 +19,7 @@ use super::kquants::{
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
     KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
-use super::IQ4NL_U;
+use super::{IQ4NL_U, MXFP4_U, MX_QS};
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
 };
@@ -35,6 +35,13 @@ trait Tile {
     const MIN: Option<usize> = None;
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX-512 BW is enabled.
     unsafe fn unpack(p: *const u8) -> [__m512i; 8];
+    /// The 16 rows' weight scales `d_w` (f16 at the tile's start; MXFP4: e8m0 bytes).
+    /// SAFETY (callers): as [`Tile::unpack`].
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m512 {
+        // SAFETY: the 32 bytes at `p` are the tile's scales (this function's contract).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
 }
 
 struct Q4_0;
@@ -68,6 +75,40 @@ impl Tile for Q4_0 {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX-512 present (module doc).
         unsafe { nibbles(p.add(D_BYTES)) }
+    }
+}
+
+struct MXFP4;
+
+impl Tile for MXFP4 {
+    const BYTES: usize = 16 * 17;
+    const OFF: i32 = 128;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX-512 present (module doc).
+        unsafe {
+            // Each code through the doubled e2m1 table (+ 128, unsigned for `vpdpbusd`).
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_U.as_ptr() as *const __m128i));
+            let mut w = nibbles(p.add(MX_QS));
+            for v in w.iter_mut() {
+                *v = _mm512_shuffle_epi8(table, *v);
+            }
+            w
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m512 {
+        // SAFETY: the 16 bytes at `p` are the tile's e8m0 scales (this function's contract);
+        // AVX-512 present (module doc).
+        unsafe {
+            // `e8m0_half` per lane: bits (e - 1) << 23, or 0x00200000 << e for e < 2.
+            let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+            let normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            let sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+            let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub))
+        }
     }
 }
 
@@ -173,7 +214,7 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
                 // pages are touched, and there these cost it: 22-24 GB/s with, 28-30 without.
                 prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
             }
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            let dw = L::scales(p);
             let w = L::unpack(p);
             if let Some(at) = L::MIN {
                 let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
@@ -914,6 +955,7 @@ rows16_kernels!(
     Q5_1 => Blocks<Q5_1>,
     Q8_0 => Blocks<Q8_0>,
     IQ4_NL => Blocks<IQ4NL>,
+    MXFP4 => Blocks<MXFP4>,
     Q2_K => Sixteen<Q2K>,
     Q3_K => Sixteen<Q3K>,
     Q4_K => Q4K,
