@@ -286,9 +286,11 @@ fn run(args: Args) -> Result<()> {
     let bw: Vec<f64> = pools
         .iter()
         .map(|p| {
-            let t = p.install(|| time_it(args.secs * 2.0, || {
-                black_box(stream_read(&buf));
-            }));
+            let t = p.install(|| {
+                time_it(args.secs * 2.0, || {
+                    black_box(stream_read(&buf));
+                })
+            });
             buf.len() as f64 / t / 1e9
         })
         .collect();

@@ -19,10 +19,10 @@ use super::kquants::{
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
     KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
-use super::{IQ4NL_U, MXFP4_U, MX_QS};
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
 };
+use super::{IQ4NL_U, MXFP4_U, MX_QS};
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
