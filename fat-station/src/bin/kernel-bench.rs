@@ -281,7 +281,7 @@ fn run(args: Args) -> Result<()> {
     let llc = llc_bytes();
     let cold_mib = args
         .cold_mib
-        .unwrap_or_else(|| (llc.unwrap_or(32 << 20) * 16 >> 20).max(256));
+        .unwrap_or_else(|| ((llc.unwrap_or(32 << 20) * 16) >> 20).max(256));
     let buf: Vec<u8> = (0..args.bw_mib << 20).map(|i| (i >> 12) as u8).collect();
     let bw: Vec<f64> = pools
         .iter()

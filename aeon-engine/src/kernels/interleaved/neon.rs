@@ -240,8 +240,7 @@ impl Tile for MXFP4 {
     unsafe fn chunk<const K: usize>(p: *const u8, tbl: int8x16_t) -> Chunk {
         // SAFETY: the caller's contract; `tbl` is baseline NEON (indices < 16).
         unsafe {
-            nibble_chunk::<K>(p, MX_QS)
-                .map(|h| h.map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v))))
+            nibble_chunk::<K>(p, MX_QS).map(|h| h.map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v))))
         }
     }
     #[inline(always)]
