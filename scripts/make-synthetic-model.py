@@ -986,6 +986,8 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
 
 # --type values llama-quantize makes from an f16 file (its ftype name is the upper-case value).
 LLAMA_QUANTIZE_TYPES = {"q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "q4_1", "q5_1"}
+# MXFP4_MOE: the expert tensors MXFP4 (gpt-oss's type), the rest Q8_0 (llama-quantize's rules).
+LLAMA_QUANTIZE_TYPES |= {"mxfp4_moe"}
 
 
 def main():

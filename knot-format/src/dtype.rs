@@ -25,6 +25,7 @@ pub enum DType {
     Q6_K,
     IQ4_NL,
     IQ4_XS,
+    MXFP4,
 }
 
 /// Elements per super-block of the k-quants.
@@ -43,7 +44,7 @@ const _: () = {
 
 impl DType {
     /// Every type KNOT stores.
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -59,6 +60,7 @@ impl DType {
         DType::Q6_K,
         DType::IQ4_NL,
         DType::IQ4_XS,
+        DType::MXFP4,
     ];
 
     /// How many types KNOT stores (the length of per-type tables).
@@ -87,6 +89,7 @@ impl DType {
             DType::Q6_K => 14,
             DType::IQ4_NL => 20,
             DType::IQ4_XS => 23,
+            DType::MXFP4 => 39,
             DType::BF16 => 30,
         }
     }
@@ -132,7 +135,6 @@ impl DType {
                 if id == 34 { "TQ1_0" } else { "TQ2_0" },
                 "a ternary format; the engine has no kernels for it",
             ),
-            39 => ("MXFP4", "the engine has no kernels for it yet"),
             4 | 5 | 31..=33 | 36..=38 => (
                 "a removed GGML type",
                 "llama.cpp itself no longer reads it: requantize from the original weights",
@@ -146,9 +148,13 @@ impl DType {
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4_NL => {
-                QK
-            }
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::IQ4_NL
+            | DType::MXFP4 => QK,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
                 QK_K
             }
@@ -184,6 +190,8 @@ impl DType {
             DType::IQ4_NL => 18,
             // d + scales_h u16 + scales_l[4] + qs[128]: 4.25 bits/weight
             DType::IQ4_XS => 136,
+            // e8m0 scale (a power of two) + 16 bytes of 4-bit e2m1 values: 4.25 bits/weight
+            DType::MXFP4 => 17,
         }
     }
 
@@ -215,6 +223,7 @@ impl DType {
             DType::Q6_K => "q6_K",
             DType::IQ4_NL => "iq4_nl",
             DType::IQ4_XS => "iq4_xs",
+            DType::MXFP4 => "mxfp4",
         }
     }
 }

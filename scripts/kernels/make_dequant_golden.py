@@ -34,7 +34,11 @@ F16_FIELDS = {
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q6_K: [208],
     T.IQ4_NL: [0], T.IQ4_XS: [0],
 }
-ALL = [T.F32, T.F16, T.BF16] + list(F16_FIELDS)
+# MXFP4's scale is one e8m0 byte (at 0): random blocks get exponents around 2^-8 (and the
+# subnormal halves e = 0, 1 in some blocks). Last in ALL, so the records before it keep their
+# random draws.
+E8M0_FIELDS = {T.MXFP4: 0}
+ALL = [T.F32, T.F16, T.BF16] + list(F16_FIELDS) + list(E8M0_FIELDS)
 
 
 def record(out, qtype, name, raw, rows, cols):
@@ -81,6 +85,14 @@ def main():
             for off in F16_FIELDS[q]:
                 s = (rng.standard_normal((rows, cols // block)) * 0.01).astype(np.float16)
                 raw[:, :, off:off + 2] = s.view(np.uint8).reshape(rows, cols // block, 2)
+            record(out, q, f"synthetic-random:{q.name}", raw.reshape(rows, -1), rows, cols)
+        if q in E8M0_FIELDS:
+            raw = rng.integers(0, 256, size=(rows, cols // block, tsize), dtype=np.uint8)
+            e = rng.integers(112, 136, size=(rows, cols // block), dtype=np.uint8)
+            e[:, 3] = 0
+            e[:, 4] = 1
+            e[:, 5] = 2
+            raw[:, :, E8M0_FIELDS[q]] = e
             record(out, q, f"synthetic-random:{q.name}", raw.reshape(rows, -1), rows, cols)
     blob = b"KGOLD1\0\0" + struct.pack("<I", len(out)) + b"".join(out)
     with open(dest, "wb") as f:

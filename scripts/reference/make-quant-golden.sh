@@ -9,6 +9,9 @@
 #   fat-station/tests/golden/quants/tiny_seed0.txt   per type: the GGUF's sha256, llama.cpp's
 #       top-1, and llama.cpp's own noise: rms of its batched vs token-by-token logits, and of
 #       its logits vs the NumPy reference's (ref_forward.py, f32 on the dequantized weights)
+#   moe-mxfp4_moe: the same for `--preset tiny-moe --type mxfp4_moe` (qwen3moe, its expert
+#       tensors MXFP4, gpt-oss's type; the rest Q8_0), as tiny_seed0_moe-mxfp4_moe_llamacpp.f16
+# Arguments: a subset of the mixes to regenerate (default all); the table keeps the others' lines.
 # Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer (scripts/fetch-model.sh qwen);
 # llama.cpp's static libraries and llama-quantize (scripts/bench/build-llama-bench.sh
 # --quantize, run when missing) and a C compiler with OpenMP (gcc). ~5 minutes on 2 cores.
@@ -19,7 +22,8 @@ out=$root/fat-station/tests/golden/quants
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
-types=(q4_1 q5_1 iq4_nl q5_k_m q3_k_m q2_k iq4_xs)
+types=(q4_1 q5_1 iq4_nl q5_k_m q3_k_m q2_k iq4_xs moe-mxfp4_moe)
+[ $# -gt 0 ] && types=("$@")
 # "The capital of France is" in Qwen's tokenizer (engine_synthetic.rs's prompt).
 prompt=(785 6722 315 9625 374)
 
@@ -36,7 +40,9 @@ gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/incl
   -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
 
 for t in "${types[@]}"; do
-  python3 "$root/scripts/make-synthetic-model.py" "$tmp/$t.gguf" --preset tiny --seed 0 --type "$t" -q
+  preset=tiny mix=$t
+  case $t in moe-*) preset=tiny-moe mix=${t#moe-} ;; esac
+  python3 "$root/scripts/make-synthetic-model.py" "$tmp/$t.gguf" --preset $preset --seed 0 --type "$mix" -q
   "$tmp/llamacpp-logits" "$tmp/$t.gguf" "$tmp/$t.lc.f32" "${prompt[@]}" >/dev/null
   "$tmp/llamacpp-logits" "$tmp/$t.gguf" "$tmp/$t.tbt.f32" --token-by-token "${prompt[@]}" >/dev/null
   python3 "$here/ref_forward.py" "$tmp/$t.gguf" "${prompt[@]}" --logits-out "$tmp/$t.np.f32" >/dev/null
@@ -46,7 +52,13 @@ import hashlib, sys
 import numpy as np
 tmp, out, types = sys.argv[1], sys.argv[2], sys.argv[3:]
 rms = lambda a, b: float(np.sqrt(np.mean((a.astype(np.float64) - b) ** 2)))
-lines = ["# type sha256-of-the-tiny-gguf top1 rms(llama.cpp batched, token-by-token) rms(llama.cpp, numpy)"]
+head = "# type sha256-of-the-tiny-gguf top1 rms(llama.cpp batched, token-by-token) rms(llama.cpp, numpy)"
+try:
+    old = [l for l in open(f"{out}/tiny_seed0.txt").read().splitlines()
+           if l and not l.startswith("#") and l.split()[0] not in types]
+except FileNotFoundError:
+    old = []
+lines = [head] + old
 for t in types:
     lc, tbt, ref = (np.fromfile(f"{tmp}/{t}.{k}.f32", np.float32) for k in ("lc", "tbt", "np"))
     sha = hashlib.sha256(open(f"{tmp}/{t}.gguf", "rb").read()).hexdigest()

@@ -168,6 +168,32 @@ impl BlockIQ4XS {
     }
 }
 
+/// The 16 values a 4-bit MXFP4 (e2m1) code stands for, doubled so they are integers (ggml's
+/// `kvalues_mxfp4`: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2); the block scale is
+/// halved to match ([`e8m0_half`]).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `x = e8m0_half(e) * KVALUES_MXFP4[q]`, q a 4-bit code, nibble order as Q4_0 (gpt-oss's
+/// expert weights). 17 bytes / 32 = 4.25 bits/weight.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockMXFP4 {
+    pub e: u8,
+    pub qs: [u8; QK / 2],
+}
+
+/// Half the e8m0 scale `2^(e - 127)`, i.e. `2^(e - 128)`, exactly as ggml's
+/// `ggml_e8m0_to_fp32_half`: f32 bits `(e - 1) << 23` for e >= 2, the subnormals
+/// `0x00200000 << e` below (e = 255 is 2^127, not NaN, as there).
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e as u32 - 1) << 23
+    })
+}
+
 /// Byte offsets of the f16 scale fields in one block of `dtype` (none for the float types):
 /// what a synthetic block must hold sane values in.
 pub fn f16_fields(dtype: DType) -> &'static [usize] {
@@ -177,7 +203,8 @@ pub fn f16_fields(dtype: DType) -> &'static [usize] {
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
         DType::Q6_K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 => &[],
+        // MXFP4's scale is one e8m0 byte (see `e8m0_half`), not an f16.
+        DType::F32 | DType::F16 | DType::BF16 | DType::MXFP4 => &[],
     }
 }
 
@@ -193,6 +220,7 @@ const _: () = assert!(size_of::<BlockQ5K>() == DType::Q5_K.block_bytes());
 const _: () = assert!(size_of::<BlockQ6K>() == DType::Q6_K.block_bytes());
 const _: () = assert!(size_of::<BlockIQ4NL>() == DType::IQ4_NL.block_bytes());
 const _: () = assert!(size_of::<BlockIQ4XS>() == DType::IQ4_XS.block_bytes());
+const _: () = assert!(size_of::<BlockMXFP4>() == DType::MXFP4.block_bytes());
 
 /// The activation block every quantized dot product consumes: 32 activations as
 /// `x = d * q`, q signed 8-bit in [-127, 127], with `d = max|x| / 127` in full f32, plus the

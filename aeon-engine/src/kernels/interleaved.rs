@@ -17,6 +17,7 @@
 //! | IQ4_NL | 288 | as Q4_0 (4-bit table indices)                                            |
 //! | Q4_1 | 320   | `d[16]`, `m[16]` f16, `qs` as Q4_0                                        |
 //! | Q5_1 | 384   | `d[16]`, `m[16]`, `hm` and `qs` as Q5_0                                   |
+//! | MXFP4 | 272  | `e[16]` e8m0 bytes, then `qs` as Q4_0 (4-bit e2m1 codes)                  |
 //!
 //! On aarch64 three types store their bytes for the NEON kernels (same sizes, same offsets):
 //! Q8_0 keeps the signed quants (no XOR: `sdot` and `smull` are signed x signed), and Q5_0's
@@ -26,7 +27,8 @@
 //! [`unpack_tile_ref`] reads either layout back to the same `u`.
 //!
 //! Unpacked, every type is 8 vectors of unsigned bytes `u` (vector g: elements 4g..4g+4 of
-//! each row) with weight `u - OFF` (OFF = 8, 16, 128). Per (row, block, token):
+//! each row) with weight `u - OFF` (OFF = 8, 16, 128). MXFP4's `d_w` is its e8m0 byte's
+//! `e8m0_half`, an exact f32. Per (row, block, token):
 //! `isum = sum(u * q_x) - OFF * sum(q_x)` (exact i32), then
 //! `acc = fma(d_w, f32(isum) * d_x, acc)`, blocks in order. Q4_1 and Q5_1 (weight `d * u + m`,
 //! OFF 0) keep the per-row reference's expression instead:
@@ -87,7 +89,8 @@ pub(super) mod neon_kquants;
 
 use super::blocks::f16_le;
 use super::blocks::{
-    BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8A, BlockQ8_0, KVALUES_IQ4NL,
+    e8m0_half, BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8A,
+    BlockQ8_0, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 use super::QMatrix;
 use knot_format::dtype::{DType, QK, QK_K};
@@ -158,6 +161,21 @@ pub(super) const IQ4NL_U: [u8; 16] = {
     t
 };
 
+/// MXFP4's table as unsigned bytes (value + 128), the weights `u` of its tiles.
+#[allow(dead_code)] // used by the x86 kernels
+pub(super) const MXFP4_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_MXFP4[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
+
+/// MXFP4 tiles: the codes follow the 16 e8m0 scale bytes.
+pub(super) const MX_QS: usize = ROWS;
+
 /// Where the fields of a 32-element type's tile sit (the f16 scales are at 0).
 #[derive(Clone, Copy)]
 struct Layout {
@@ -174,6 +192,7 @@ fn layout(dtype: DType) -> Layout {
         DType::Q5_0 => (None, Some(Q5_HM), Q5_QS),
         DType::Q4_1 => (Some(MIN_AT), None, Q41_QS),
         DType::Q5_1 => (Some(MIN_AT), Some(Q51_HM), Q51_QS),
+        DType::MXFP4 => (None, None, MX_QS),
         _ => (None, None, D_BYTES),
     };
     Layout { min, hm, qs }
@@ -213,7 +232,8 @@ pub fn tile_bytes(dtype: DType) -> Option<usize> {
         | DType::Q4_K
         | DType::Q5_K
         | DType::Q6_K
-        | DType::IQ4_XS => Some(ROWS * dtype.block_bytes()),
+        | DType::IQ4_XS
+        | DType::MXFP4 => Some(ROWS * dtype.block_bytes()),
         _ => None,
     }
 }
@@ -310,6 +330,11 @@ impl Interleaved {
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
+
+    /// Every group's tiles, end to end (what a matmul over this copy streams).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// One tile from the same block of 16 rows (whole 4-byte chunks and 4-bit mask nibbles at a
@@ -321,6 +346,14 @@ fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
     let lay = layout(dtype);
     let mut masks = [0u64; 8];
     for (r, s) in src.iter().enumerate() {
+        if dtype == DType::MXFP4 {
+            let b: &BlockMXFP4 = bytemuck::from_bytes(s);
+            tile[r] = b.e;
+            for (k, c) in b.qs.chunks_exact(4).enumerate() {
+                tile[lay.qs + 64 * k + 4 * r..][..4].copy_from_slice(c);
+            }
+            continue;
+        }
         let (d, m, chunks, qh): (_, _, &[u8], u32) = match dtype {
             DType::Q8_0 => {
                 let b: &BlockQ8_0 = bytemuck::from_bytes(s);
@@ -380,7 +413,10 @@ fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
 
 /// A tile back to per-row scales and unsigned bytes (`u[r][e]`, weight = `u - offset`).
 pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; ROWS]) {
-    let d = std::array::from_fn(|r| f16_le([tile[2 * r], tile[2 * r + 1]]));
+    let d = std::array::from_fn(|r| match dtype {
+        DType::MXFP4 => e8m0_half(tile[r]),
+        _ => f16_le([tile[2 * r], tile[2 * r + 1]]),
+    });
     let mut u = [[0u8; QK]; ROWS];
     for (r, ur) in u.iter_mut().enumerate() {
         for (e, v) in ur.iter_mut().enumerate() {
@@ -391,6 +427,11 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> ([f32; ROWS], [[u8; QK]; RO
                     let byte = tile[D_BYTES + 64 * (g % 4) + 4 * r + i];
                     let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
                     (KVALUES_IQ4NL[nib as usize] as u8) ^ 0x80
+                }
+                DType::MXFP4 => {
+                    let byte = tile[MX_QS + 64 * (g % 4) + 4 * r + i];
+                    let nib = if g < 4 { byte & 0xF } else { byte >> 4 };
+                    MXFP4_U[nib as usize]
                 }
                 DType::Q4_0 | DType::Q5_0 | DType::Q4_1 | DType::Q5_1 => {
                     let lay = layout(dtype);
@@ -462,13 +503,14 @@ mod tests {
 
     /// The types with a layout, each with the column counts its tests use (Qwen2.5-0.5B's
     /// ffn_down has 4864 columns: 19 super-blocks).
-    const TYPES: [(DType, [usize; 3]); 12] = [
+    const TYPES: [(DType, [usize; 3]); 13] = [
         (DType::Q4_0, [32, 96, 896]),
         (DType::Q4_1, [32, 96, 896]),
         (DType::Q5_1, [32, 96, 896]),
         (DType::Q5_0, [32, 96, 896]),
         (DType::Q8_0, [32, 96, 896]),
         (DType::IQ4_NL, [32, 96, 896]),
+        (DType::MXFP4, [32, 96, 896]),
         (DType::Q2_K, [256, 512, 4864]),
         (DType::Q3_K, [256, 512, 4864]),
         (DType::Q4_K, [256, 512, 4864]),
@@ -626,6 +668,11 @@ mod tests {
             let mut b = vec![0u8; dtype.block_bytes()];
             b[..2].copy_from_slice(&one);
             match dtype {
+                // e = 128: a scale of 1; codes 7 (+12) or 15 (-12).
+                DType::MXFP4 => {
+                    b[0] = 128;
+                    b[1..].fill(if high { 0x77 } else { 0xFF })
+                }
                 DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL => {
                     b[2..].fill(if high { 0xFF } else { 0 })
                 }
@@ -652,6 +699,7 @@ mod tests {
                 DType::Q5_1,
                 DType::Q8_0,
                 DType::IQ4_NL,
+                DType::MXFP4,
             ] {
                 let Some(dot) = k.rows16(dtype) else { continue };
                 for (pattern, cols) in [(0usize, 64), (1, 64), (2, 96)] {

@@ -37,6 +37,7 @@
 pub mod blocks;
 pub mod interleaved;
 pub mod reference;
+pub mod roofline;
 pub mod scan;
 
 #[cfg(target_arch = "x86_64")]

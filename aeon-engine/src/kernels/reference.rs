@@ -35,6 +35,7 @@ pub fn row(dtype: DType) -> KernelRow {
         DType::Q6_K => (dequantize_row_q6_k, Dot::Quant(vec_dot_q6_k_q8a_ref)),
         DType::IQ4_NL => (dequantize_row_iq4_nl, Dot::Quant(vec_dot_iq4_nl_q8a_ref)),
         DType::IQ4_XS => (dequantize_row_iq4_xs, Dot::Quant(vec_dot_iq4_xs_q8a_ref)),
+        DType::MXFP4 => (dequantize_row_mxfp4, Dot::Quant(vec_dot_mxfp4_q8a_ref)),
     };
     KernelRow {
         dequant,
@@ -285,6 +286,28 @@ pub fn dequantize_row_iq4_nl(src: &[u8], dst: &mut [f32]) {
         let d = f16_le(b.d);
         for (o, v) in y.iter_mut().zip(iq4_values(&b.qs)) {
             *o = d * v as f32;
+        }
+    }
+}
+
+/// The 32 doubled e2m1 values of one MXFP4 block's codes (16 bytes), element order.
+#[inline(always)]
+fn mxfp4_values(qs: &[u8]) -> [i32; 32] {
+    let mut v = [0i32; 32];
+    for j in 0..16 {
+        v[j] = KVALUES_MXFP4[(qs[j] & 0xF) as usize] as i32;
+        v[j + 16] = KVALUES_MXFP4[(qs[j] >> 4) as usize] as i32;
+    }
+    v
+}
+
+/// MXFP4 row to f32: `e8m0_half(e) * value` (ggml's `dequantize_row_mxfp4`).
+pub fn dequantize_row_mxfp4(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockMXFP4] = cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = e8m0_half(b.e);
+        for (o, v) in y.iter_mut().zip(mxfp4_values(&b.qs)) {
+            *o = v as f32 * d;
         }
     }
 }
@@ -614,6 +637,19 @@ pub fn vec_dot_iq4_nl_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
         let v = iq4_values(&b.qs);
         let isum: i32 = (0..QK).map(|j| v[j] * a.qs[j] as i32).sum();
         acc = block_step(acc, f16_le(b.d), isum, a.d);
+    }
+    acc
+}
+
+/// MXFP4 . Q8A: `isum = sum(value * q_x)` (exact), blocks in order with [`block_step`], the
+/// weight scale `e8m0_half(e)` in place of an f16 `d` (IQ4_NL's canonical order).
+pub fn vec_dot_mxfp4_q8a_ref(w: &[u8], x: &[BlockQ8A]) -> f32 {
+    let w: &[BlockMXFP4] = cast_slice(w);
+    let mut acc = 0f32;
+    for (b, a) in w.iter().zip(x) {
+        let v = mxfp4_values(&b.qs);
+        let isum: i32 = (0..QK).map(|j| v[j] * a.qs[j] as i32).sum();
+        acc = block_step(acc, e8m0_half(b.e), isum, a.d);
     }
     acc
 }

@@ -50,6 +50,18 @@ pub(crate) fn random_row(dtype: DType, n_elems: usize, rng: &mut Rng) -> Vec<u8>
                 c.copy_from_slice(&half::bf16::from_f32(rng.f32()).to_le_bytes());
             }
         }
+        DType::MXFP4 => {
+            rng.bytes(&mut v);
+            // Scales 2^-20 .. 2^-1, and every 5th block one of the subnormal / smallest
+            // normal halves (e = 0, 1, 2) so the e8m0 decoding's edge is covered.
+            for (i, blk) in v.chunks_exact_mut(bb).enumerate() {
+                blk[0] = if i % 5 == 3 {
+                    (i / 5 % 3) as u8
+                } else {
+                    108 + blk[0] % 20
+                };
+            }
+        }
         _ => {
             rng.bytes(&mut v);
             for blk in v.chunks_exact_mut(bb) {

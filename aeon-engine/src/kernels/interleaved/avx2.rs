@@ -25,7 +25,7 @@
 //! [`super::super::Isa::Avx2`] is available.
 
 use super::super::avx2::bits_32;
-use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL};
+use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::avx512::{prefetch, touch_page};
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
@@ -33,7 +33,8 @@ use super::kquants::{
     KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
 use super::{
-    rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS,
+    rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, MX_QS, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS,
+    ROWS,
 };
 use knot_format::dtype::DType;
 use std::arch::x86_64::*;
@@ -244,6 +245,13 @@ trait Signed {
     /// Signed weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i;
+    /// The two halves' weight scales `d_w` (f16 at the tile's start; MXFP4: e8m0 bytes).
+    /// SAFETY (callers): as [`Signed::signed`].
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> [__m256; 2] {
+        // SAFETY: the 32 bytes at `p` are the tile's scales (this function's contract).
+        unsafe { scales16(p) }
+    }
 }
 
 impl Signed for Q8_0 {
@@ -274,6 +282,39 @@ impl Signed for IQ4NL {
                 KVALUES_IQ4NL.as_ptr() as *const __m128i
             ));
             _mm256_shuffle_epi8(table, nibble(p.add(D_BYTES), h, g))
+        }
+    }
+}
+
+struct MXFP4;
+
+impl Signed for MXFP4 {
+    const BYTES: usize = 16 * 17;
+    #[inline(always)]
+    unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
+        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
+        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
+        // doc).
+        unsafe {
+            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                KVALUES_MXFP4.as_ptr() as *const __m128i
+            ));
+            _mm256_shuffle_epi8(table, nibble(p.add(MX_QS), h, g))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> [__m256; 2] {
+        // SAFETY: the 16 bytes at `p` are the tile's e8m0 scales (this function's contract);
+        // AVX2 present (module doc).
+        unsafe {
+            // `e8m0_half` per lane: bits (e - 1) << 23, or 0x00200000 << e for e < 2.
+            std::array::from_fn(|h| {
+                let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8 * h) as *const __m128i));
+                let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+                let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+                let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+                _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small))
+            })
         }
     }
 }
@@ -444,7 +485,7 @@ unsafe fn rows16_8<S: Signed, const T: usize>(
             if T > 1 {
                 prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
             }
-            let dw = scales16(p);
+            let dw = S::scales(p);
             let w = Q8_0::unpack8::<S>(p);
             let mut t = 0;
             while t + 2 <= T {
@@ -497,6 +538,15 @@ impl Kernel for Q8_0 {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
         // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
         unsafe { rows16_8::<Q8_0, T>(tiles, x) }
+    }
+}
+
+impl Kernel for MXFP4 {
+    #[inline(always)]
+    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
+        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
+        unsafe { rows16_8::<MXFP4, T>(tiles, x) }
     }
 }
 
@@ -1288,6 +1338,7 @@ rows16_kernels!(
     Q5_1 => Blocks<Q5_1>,
     Q8_0 => Q8_0,
     IQ4_NL => IQ4NL,
+    MXFP4 => MXFP4,
     Q2_K => Sixteen<Q2K>,
     Q3_K => Sixteen<Q3K>,
     Q4_K => Q4K,

@@ -36,14 +36,16 @@
 //!   its own (no fma).
 //! - IQ4_NL: the nibbles as Q4_0, then one `tbl` into the signed table: weights in
 //!   [-127, 113], two products per i16 lane as Q8_0.
+//! - MXFP4: as IQ4_NL into the doubled e2m1 table (|v| <= 12: as many products per lane as
+//!   Q4_0); the 16 e8m0 scales decoded per tile in scalar (`e8m0_half`, exact).
 //!
 //! Only [`kernels`] exposes these; the dotprod ones only after the caller checked
 //! [`super::super::Isa::NeonDotprod`] is available.
 
 use super::super::blocks::BlockQ8A;
-use super::super::blocks::KVALUES_IQ4NL;
+use super::super::blocks::{e8m0_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::super::neon::f16x4;
-use super::{Rows16Dot, D_BYTES, MIN_AT, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS};
+use super::{Rows16Dot, D_BYTES, MIN_AT, MX_QS, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS, ROWS};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -51,13 +53,14 @@ use std::arch::asm;
 /// The 16-row kernels by type (`dotprod`: the `sdot` flavour; the caller must have checked
 /// `Isa::NeonDotprod.available()`).
 pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
-    let k: [(DType, Rows16Dot, Rows16Dot); 6] = [
+    let k: [(DType, Rows16Dot, Rows16Dot); 7] = [
         (DType::Q4_0, q4_0_plain, q4_0_sdot),
         (DType::Q4_1, q4_1_plain, q4_1_sdot),
         (DType::Q5_0, q5_0_plain, q5_0_sdot),
         (DType::Q5_1, q5_1_plain, q5_1_sdot),
         (DType::Q8_0, q8_0_plain, q8_0_sdot),
         (DType::IQ4_NL, iq4_nl_plain, iq4_nl_sdot),
+        (DType::MXFP4, mxfp4_plain, mxfp4_sdot),
     ];
     k.iter()
         .map(|&(t, plain, sdot)| (t, if dotprod { sdot } else { plain }))
@@ -87,6 +90,19 @@ trait Tile {
     /// Quad `j`'s 8 weight vectors, groups 0..8 (several tokens).
     /// SAFETY (callers): as [`Tile::pre`], `j < 4`.
     unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8];
+    /// The 16 rows' weight scales `d_w` as 4 quads (f16 at the tile's start; MXFP4: e8m0).
+    /// SAFETY (callers): as [`Tile::pre`].
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> [float32x4_t; 4] {
+        // SAFETY: the caller's contract (the tile's first 32 bytes).
+        unsafe { scales(p) }
+    }
+    /// Quad `j`'s 4 weight scales. SAFETY (callers): as [`Tile::quad`].
+    #[inline(always)]
+    unsafe fn quad_scales(p: *const u8, j: usize) -> float32x4_t {
+        // SAFETY: the caller's contract (bytes 8j..8j + 8 of the tile's scales).
+        unsafe { f16x4(p.add(8 * j)) }
+    }
 }
 
 struct Q4_0;
@@ -95,6 +111,7 @@ struct Q5_0;
 struct Q5_1;
 struct Q8_0;
 struct IQ4NL;
+struct MXFP4;
 
 /// 64 bytes as 4 registers (one `ld1`).
 #[inline(always)]
@@ -205,6 +222,47 @@ impl Tile for IQ4NL {
         unsafe {
             let tbl = vld1q_s8(KVALUES_IQ4NL.as_ptr());
             nibble_quad(p, D_BYTES, j).map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v)))
+        }
+    }
+}
+
+impl Tile for MXFP4 {
+    const BYTES: usize = 16 * 17;
+    const OFF: i32 = 0;
+    const SMALL: bool = true; // doubled e2m1 values, |v| <= 12
+    type Pre = int8x16_t;
+    #[inline(always)]
+    unsafe fn pre(_: *const u8) -> int8x16_t {
+        // SAFETY: the 16-byte table.
+        unsafe { vld1q_s8(KVALUES_MXFP4.as_ptr()) }
+    }
+    #[inline(always)]
+    unsafe fn chunk<const K: usize>(p: *const u8, tbl: int8x16_t) -> Chunk {
+        // SAFETY: the caller's contract; `tbl` is baseline NEON (indices < 16).
+        unsafe {
+            nibble_chunk::<K>(p, MX_QS).map(|h| h.map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v))))
+        }
+    }
+    #[inline(always)]
+    unsafe fn quad(p: *const u8, j: usize) -> [int8x16_t; 8] {
+        // SAFETY: the caller's contract; the table as in `pre`.
+        unsafe {
+            let tbl = vld1q_s8(KVALUES_MXFP4.as_ptr());
+            nibble_quad(p, MX_QS, j).map(|v| vqtbl1q_s8(tbl, vreinterpretq_u8_s8(v)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> [float32x4_t; 4] {
+        // SAFETY: the caller's contract (the tile's 16 e8m0 bytes).
+        std::array::from_fn(|j| unsafe { Self::quad_scales(p, j) })
+    }
+    #[inline(always)]
+    unsafe fn quad_scales(p: *const u8, j: usize) -> float32x4_t {
+        // A scale per 4 rows per tile, off the per-weight path: scalar `e8m0_half`, exact.
+        // SAFETY: bytes 4j..4j + 4 of the tile's e8m0 scales (the caller's contract).
+        unsafe {
+            let d: [f32; 4] = std::array::from_fn(|i| e8m0_half(*p.add(4 * j + i)));
+            vld1q_f32(d.as_ptr())
         }
     }
 }
@@ -693,7 +751,7 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
             unsafe {
                 let p = tiles.as_ptr().add(b * L::BYTES);
                 let w = L::quad(p, j);
-                let dw = f16x4(p.add(8 * j));
+                let dw = L::quad_scales(p, j);
                 let mw = match L::MIN {
                     Some(at) => f16x4(p.add(at + 8 * j)),
                     None => dw,
@@ -737,7 +795,7 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
             for b in 0..nb {
                 let p = tiles.as_ptr().add(b * L::BYTES);
                 let src = Direct::<L> { p, pre: L::pre(p) };
-                let dw = scales(p);
+                let dw = L::scales(p);
                 let mw = match L::MIN {
                     Some(at) => scales(p.add(at)),
                     None => dw,
@@ -788,3 +846,4 @@ entries!(Q8_0, q8_0_plain, q8_0_sdot, q8_0_tf);
 entries!(Q4_1, q4_1_plain, q4_1_sdot, q4_1_tf);
 entries!(Q5_1, q5_1_plain, q5_1_sdot, q5_1_tf);
 entries!(IQ4NL, iq4_nl_plain, iq4_nl_sdot, iq4_nl_tf);
+entries!(MXFP4, mxfp4_plain, mxfp4_sdot, mxfp4_tf);
