@@ -1,7 +1,9 @@
 //! Cross-ISA bit identity on the real Qwen: a chain of an x86 station (this build) and an
 //! aarch64 station (the cross build, under `qemu-aarch64 -cpu cortex-a53`: plain NEON, the
 //! R1's cores) gives exactly the logits of one x86 process, for a prompt and a few greedy
-//! decode steps, with the aarch64 station as the exit and then as the entry.
+//! decode steps, with the aarch64 station as the exit and then as the entry. The same for the
+//! recurrent layers on tiny synthetic hybrids (Mamba's and Mamba2's scans, LFM2's short
+//! convolution, Qwen3.5's Gated DeltaNet): their state carried across the split and the steps.
 //!
 //! Needs `qemu-aarch64` (Debian qemu-user) and the aarch64 fat-station
 //! (`scripts/cross/build-aarch64.sh -p fat-station`, or `$AEON_ARM64_STATION_BIN`); without
@@ -53,13 +55,18 @@ fn cross_tools() -> Result<(PathBuf, PathBuf), String> {
 
 /// Greedy logits of the prompt and `DECODE` steps through `chain` in one session.
 fn run_chain(chain: &Chain, session: &str) -> Vec<Vec<f32>> {
+    run_chain_on(chain, session, &PROMPT)
+}
+
+/// Greedy logits of `prompt` and `DECODE` steps through `chain` in one session.
+fn run_chain_on(chain: &Chain, session: &str, prompt: &[u32]) -> Vec<Vec<f32>> {
     let mut trace = StepTrace::default();
     let mut out = vec![chain
-        .step(&PROMPT, Some((session, 0)), &mut trace)
+        .step(prompt, Some((session, 0)), &mut trace)
         .expect("prefill through the chain")];
     for i in 0..DECODE {
         let next = argmax(&out[i]) as u32;
-        let pos = PROMPT.len() + i;
+        let pos = prompt.len() + i;
         out.push(
             chain
                 .step(&[next], Some((session, pos)), &mut trace)
@@ -67,6 +74,94 @@ fn run_chain(chain: &Chain, session: &str) -> Vec<Vec<f32>> {
         );
     }
     out
+}
+
+/// The aarch64 tools, or `None` (skip, with the reason on stderr) unless `AEON_REQUIRE_CROSS=1`.
+fn cross_tools_or_skip(what: &str) -> Option<(PathBuf, PathBuf)> {
+    match cross_tools() {
+        Ok(t) => Some(t),
+        Err(why) if std::env::var("AEON_REQUIRE_CROSS").as_deref() == Ok("1") => {
+            panic!("AEON_REQUIRE_CROSS=1 but {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIP {what}: {why}");
+            None
+        }
+    }
+}
+
+/// Each tiny hybrid (preset, blocks, cut): an x86 station and an aarch64 one, split at `cut`
+/// so that recurrent blocks sit on both sides, in both orders, give one x86 process's logits
+/// bit for bit for a 12-token prompt (the scans' chunked prefill) and 3 greedy steps (their
+/// token-by-token update).
+#[test]
+fn recurrent_layers_on_aarch64_give_x86_bits() {
+    let Some((arm_bin, qemu)) = cross_tools_or_skip("cross-ISA recurrences") else {
+        return;
+    };
+    const HYBRIDS: [(&str, u32, u32); 5] = [
+        ("mamba-tiny", 3, 1),
+        ("mamba2-tiny", 3, 2),
+        ("granitehybrid-tiny", 4, 2),
+        ("lfm2-tiny", 5, 3),
+        ("qwen35-tiny", 4, 2),
+    ];
+    let prompt = [
+        785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374,
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (preset, blocks, cut) in HYBRIDS {
+        let Some((_, path)) = test_support::synthetic_model(dir.path(), preset, &[]) else {
+            return;
+        };
+        let knot = Knot::open(&path).expect("open");
+        assert_eq!(knot.arch().n_layers, blocks, "{preset}");
+        let m = Model::load(&knot, None).expect("load");
+        let mut s = m.new_session(64);
+        let mut want = vec![m.logits(&mut s, &prompt).expect("prefill")];
+        for i in 0..DECODE {
+            let next = argmax(&want[i]) as u32;
+            want.push(m.logits(&mut s, &[next]).expect("decode"));
+        }
+        let knot_arg = path.to_str().expect("utf-8 model path");
+        let x86 = spawn_station(&["--knot", knot_arg, "--listen", "127.0.0.1:0"]);
+        let arm = spawn_url(
+            Command::new(&qemu)
+                .args(["-cpu", "cortex-a53"])
+                .arg(&arm_bin)
+                .args(["--knot", knot_arg, "--listen", "127.0.0.1:0"]),
+        );
+        let client = |url: &str| StationClient::new(url, Duration::from_secs(600));
+        let (first, second) = (LayerRange::new(0, cut), LayerRange::new(cut, blocks));
+        for (order, session, hops) in [
+            (
+                "x86 -> aarch64",
+                "x86-arm",
+                vec![(client(&x86.url), first), (client(&arm.url), second)],
+            ),
+            (
+                "aarch64 -> x86",
+                "arm-x86",
+                vec![(client(&arm.url), first), (client(&x86.url), second)],
+            ),
+        ] {
+            let chain = Chain::new(hops).expect("chain");
+            let got = run_chain_on(&chain, &format!("{session}-{blocks}-{cut}"), &prompt);
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (rms, max) = rms_max(g, w);
+                assert!(
+                    bits(g) == bits(w),
+                    "{preset} {order}, step {step}: logits differ from one x86 process \
+                     (rms {rms:e}, max {max:e})"
+                );
+            }
+            eprintln!(
+                "{preset} {order} at block {cut}: {} steps bit-identical",
+                got.len()
+            );
+        }
+    }
 }
 
 #[test]

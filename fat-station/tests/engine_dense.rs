@@ -59,16 +59,21 @@ fn llamacpp_golden(preset: &str, gguf: &Path) -> Option<(Vec<f32>, Vec<f32>)> {
 }
 
 /// Our logits against llama.cpp's: top-1 equal, rms within 1.5x of llama.cpp's own
-/// batched-vs-token-by-token difference, floored at 1/300 of the logits' spread (0.01 for the
-/// presets' standard deviation of 3: the f16 weights' rounding scale; granite divides its
-/// logits by 8, and its floor with them).
+/// batched-vs-token-by-token difference. The goldens are llama.cpp's on the f16 file widened
+/// to f32, with an f32 KV cache and no flash attention (make-dense-golden.sh): on the f16 file
+/// llama.cpp rounds every matmul's activations, its cache and (flash attention) K and V to
+/// f16, which alone put it 0.002 (rms) from a float64 NumPy pass where we are 1e-6 from it.
+/// One rounding stays: ggml-cpu's GELU (vec.h, GGML_GELU_FP16) rounds its input to f16 and
+/// reads an f16 table, so for the GELU presets (gemma2's GeGLU, starcoder2's MLP) the bound
+/// is floored at 1/2000 of the logits' spread (f16's 2^-11 relative step; measured 0.0009 and
+/// 0.0008 against a spread of 3, where the floor is 0.0015).
 /// Returns our rms against llama.cpp, and the bound.
 fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f32]) -> (f64, f64) {
     let (own, _) = rms_max(batched, tbt);
     let (rms, max) = rms_max(ours, batched);
     eprintln!(
-        "{preset}: vs llama.cpp rms {rms:.4} max {max:.4}; llama.cpp batched vs token by token \
-         rms {own:.4}; top-5 ours {:?} llama.cpp {:?}",
+        "{preset}: vs llama.cpp rms {rms:.2e} max {max:.2e}; llama.cpp batched vs token by token \
+         rms {own:.2e}; top-5 ours {:?} llama.cpp {:?}",
         top_ids(ours, 5),
         top_ids(batched, 5)
     );
@@ -77,8 +82,12 @@ fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f
         argmax(batched),
         "{preset}: top-1 differs from llama.cpp"
     );
-    let (spread, _) = rms_max(batched, &vec![0.0; batched.len()]);
-    let bound = 1.5 * own.max(spread / 300.0);
+    let gelu_f16 = preset.starts_with("gemma2") || preset.starts_with("starcoder2");
+    let floor = match gelu_f16 {
+        true => rms_max(batched, &vec![0.0; batched.len()]).0 / 2000.0,
+        false => 0.0,
+    };
+    let bound = 1.5 * own.max(floor);
     assert!(
         rms <= bound,
         "{preset}: rms {rms} against llama.cpp exceeds 1.5x its own batched-vs-token-by-token {own}"
@@ -419,9 +428,8 @@ fn granite_chunks_and_split_points_are_bit_identical() {
 
 /// SmolLM3 (`smollm3-tiny`: 4 blocks, block 3 without RoPE): llama.cpp's logits, and away
 /// from them when block 3 rotates too. Random weights attend almost uniformly, so RoPE moves
-/// the logits little (rms 0.009, under the f16 floor of the shared bound): here the check is
-/// against llama.cpp's own batched-vs-token-by-token noise (0.0018) and our own distance
-/// (0.0023).
+/// the logits little (rms 0.009): here the check is against llama.cpp's own
+/// batched-vs-token-by-token noise (9e-7) and our own distance (9e-7).
 #[test]
 fn smollm3_matches_llama_cpp_and_skips_rope_on_every_fourth_layer() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,10 +1,13 @@
 // llama.cpp's logits of the last position for given token ids, one thread, as little-endian f32:
-//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] [--experts OUT.i32]
+//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] [--f32-cache] [--experts OUT.i32]
 //                   [--greedy N OUT.txt] ID...
 // Built by scripts/reference/make-synthetic-golden.sh against the static libraries of
 // scripts/bench/build-llama-bench.sh's native build (the same llama.cpp as the benchmarks).
 // Weight repacking (extra CPU buffer types) is off: in llama.cpp 0.3.36 it sometimes dies of
 // SIGSEGV on this AVX-512 box; the plain ggml kernels compute the same model.
+// --f32-cache keeps the KV cache in f32 and turns flash attention off: llama.cpp's default
+// cache is f16, and its flash attention casts K and V to f16 even from an f32 cache and
+// rounds queries to f16; our engine keeps all of it in f32.
 // --token-by-token feeds one id per llama_decode (llama.cpp quantizes activations per batch
 // shape, so the two differ a little: that difference is llama.cpp's own noise).
 // --experts (mixture-of-experts models) writes the experts each token chose in every block, in
@@ -49,6 +52,11 @@ int main(int argc, char **argv) {
     int first = 3, one_by_one = 0;
     if (first < argc && strcmp(argv[first], "--token-by-token") == 0) {
         one_by_one = 1;
+        first++;
+    }
+    int f32_cache = 0;
+    if (first < argc && strcmp(argv[first], "--f32-cache") == 0) {
+        f32_cache = 1;
         first++;
     }
     if (first + 1 < argc && strcmp(argv[first], "--experts") == 0) {
@@ -103,6 +111,12 @@ int main(int argc, char **argv) {
     cp.n_batch = (uint32_t)(n + 16);
     cp.n_threads = 1;
     cp.n_threads_batch = 1;
+    if (f32_cache) {
+        cp.type_k = GGML_TYPE_F32;
+        cp.type_v = GGML_TYPE_F32;
+        // Flash attention casts an f32 K and V to f16 (llama-graph.cpp's build_attn_mha).
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
     if (experts_out) {
         cp.cb_eval = topk_cb;
         cp.cb_eval_user_data = NULL;

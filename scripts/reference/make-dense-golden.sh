@@ -9,7 +9,10 @@
 #                              batch (one thread)
 #   NAME_seed0_llamacpp_tbt.f32 the same, token by token (llama.cpp's own noise)
 # f16 weights: neither side quantizes activations to 8 bits, so a difference in the layer's
-# definition shows above the rounding. Needs: pip install gguf numpy; the Qwen GGUF for the
+# definition shows above the rounding. llama.cpp runs the same weights widened to f32
+# (widen-gguf.py) with an f32 KV cache and no flash attention (llamacpp-logits --f32-cache):
+# on the f16 file it rounds each matmul's activations, the cache and K/V to f16 (rms 0.002 on
+# the logits, 2-4x its own batched-vs-token noise), where our engine keeps f32. Needs: pip install gguf numpy; the Qwen GGUF for the
 # tokenizer (scripts/fetch-model.sh qwen); llama.cpp's static libraries from
 # scripts/bench/build-llama-bench.sh (run when missing) and a C compiler with OpenMP (gcc).
 set -euo pipefail
@@ -36,8 +39,11 @@ for preset in "$@"; do
   name=${preset//-/_}
   python3 "$root/scripts/make-synthetic-model.py" "$tmp/$name.gguf" --preset "$preset" --seed 0 --type f16 -q
   (cd "$tmp" && sha256sum "$name.gguf" | cut -d' ' -f1) > "$out/${name}_seed0.sha256"
-  "$tmp/llamacpp-logits" "$tmp/$name.gguf" "$out/${name}_seed0_llamacpp.f32" "${prompt[@]}"
-  "$tmp/llamacpp-logits" "$tmp/$name.gguf" "$out/${name}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
-  rm -f "$tmp/$name.gguf"
+  # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
+  # (on the F16 file it rounds every matmul's activations and the cache), as our engine.
+  python3 "$here/widen-gguf.py" "$tmp/$name.gguf" "$tmp/${name}_f32.gguf"
+  "$tmp/llamacpp-logits" "$tmp/${name}_f32.gguf" "$out/${name}_seed0_llamacpp.f32" --f32-cache "${prompt[@]}"
+  "$tmp/llamacpp-logits" "$tmp/${name}_f32.gguf" "$out/${name}_seed0_llamacpp_tbt.f32" --token-by-token --f32-cache "${prompt[@]}"
+  rm -f "$tmp/$name.gguf" "$tmp/${name}_f32.gguf"
   echo "make-dense-golden: $preset -> $out/${name}_seed0_* (llama.cpp $version)" >&2
 done

@@ -33,6 +33,9 @@ gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/incl
   "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
   "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
   -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
-"$tmp/llamacpp-logits" "$tmp/qwen35.gguf" "$out/qwen35_tiny_seed0_llamacpp.f32" "${prompt[@]}"
-"$tmp/llamacpp-logits" "$tmp/qwen35.gguf" "$out/qwen35_tiny_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
+# The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
+# (on the F16 file it rounds every matmul's activations and the cache), as our engine.
+python3 "$here/widen-gguf.py" "$tmp/qwen35.gguf" "$tmp/qwen35_f32.gguf"
+"$tmp/llamacpp-logits" "$tmp/qwen35_f32.gguf" "$out/qwen35_tiny_seed0_llamacpp.f32" --f32-cache "${prompt[@]}"
+"$tmp/llamacpp-logits" "$tmp/qwen35_f32.gguf" "$out/qwen35_tiny_seed0_llamacpp_tbt.f32" --token-by-token --f32-cache "${prompt[@]}"
 echo "make-qwen35-golden: wrote $out (llama.cpp $version)" >&2

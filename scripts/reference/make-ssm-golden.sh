@@ -36,8 +36,11 @@ for preset in mamba-tiny mamba2-tiny granitehybrid-tiny; do
   stem=${preset//-/_}
   python3 "$root/scripts/make-synthetic-model.py" "$tmp/$stem.gguf" --preset "$preset" --seed 0 --type f16 -q
   (cd "$tmp" && sha256sum "$stem.gguf" | cut -d' ' -f1) > "$out/${stem}_seed0.sha256"
-  "$tmp/llamacpp-logits" "$tmp/$stem.gguf" "$out/${stem}_seed0_llamacpp.f32" "${prompt[@]}"
-  "$tmp/llamacpp-logits" "$tmp/$stem.gguf" "$out/${stem}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
-  rm -f "$tmp/$stem.gguf"
+  # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
+  # (on the F16 file it rounds every matmul's activations and the cache), as our engine.
+  python3 "$here/widen-gguf.py" "$tmp/$stem.gguf" "$tmp/${stem}_f32.gguf"
+  "$tmp/llamacpp-logits" "$tmp/${stem}_f32.gguf" "$out/${stem}_seed0_llamacpp.f32" --f32-cache "${prompt[@]}"
+  "$tmp/llamacpp-logits" "$tmp/${stem}_f32.gguf" "$out/${stem}_seed0_llamacpp_tbt.f32" --token-by-token --f32-cache "${prompt[@]}"
+  rm -f "$tmp/$stem.gguf" "$tmp/${stem}_f32.gguf"
 done
 echo "make-ssm-golden: wrote $out (llama.cpp $version)" >&2

@@ -66,15 +66,18 @@ pub fn assert_near_reference(logits: &[f32], golden: &[f32], rms_bound: f64, max
     );
 }
 
-/// Our logits against llama.cpp's on the same GGUF: the same top-1, and an rms within 1.5x of
-/// llama.cpp's own batched-vs-token-by-token difference (floored at 0.01, where llama.cpp's
-/// own difference is near 0). Prints the figures under `label`.
+/// Our logits against llama.cpp's on the same weights: the same top-1, and an rms within 1.5x
+/// of llama.cpp's own batched-vs-token-by-token difference, no floor. The goldens are
+/// llama.cpp's on the f16 file widened to f32 with an f32 KV cache
+/// (scripts/reference/widen-gguf.py, llamacpp-logits --f32-cache): on the f16 file itself
+/// llama.cpp rounds every matmul's activations and its cache to f16, where we keep f32, and
+/// that rounding alone is 2-4x its own batched-vs-token noise. Prints the figures under `label`.
 pub fn assert_matches_llamacpp(label: &str, ours: &[f32], batched: &[f32], one_by_one: &[f32]) {
     let (own, _) = rms_max(batched, one_by_one);
     let (rms, max) = rms_max(ours, batched);
     eprintln!(
-        "{label}: vs llama.cpp rms {rms:.5} max {max:.5}; llama.cpp batched vs token by token \
-         rms {own:.5}; top-5 ours {:?} llama.cpp {:?}",
+        "{label}: vs llama.cpp rms {rms:.2e} max {max:.2e}; llama.cpp batched vs token by token \
+         rms {own:.2e}; top-5 ours {:?} llama.cpp {:?}",
         top_ids(ours, 5),
         top_ids(batched, 5)
     );
@@ -84,7 +87,7 @@ pub fn assert_matches_llamacpp(label: &str, ours: &[f32], batched: &[f32], one_b
         "{label}: top-1 differs from llama.cpp"
     );
     assert!(
-        rms <= 1.5 * own.max(0.01),
+        rms <= 1.5 * own,
         "{label}: rms {rms} against llama.cpp exceeds 1.5x its own batched-vs-token-by-token {own}"
     );
 }
