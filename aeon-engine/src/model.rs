@@ -192,10 +192,11 @@ impl<'a> Model<'a> {
     /// deepseek2: whether sessions cache MLA's latent rows (kv_lora_rank + rope floats per
     /// position, the absorbed form) instead of per-head keys and values (llama.cpp's layout
     /// for `attn_kv_b` files, the default). Set before making sessions: a session holds one
-    /// layout. Other architectures ignore it.
+    /// layout. A file with split `attn_k_b` / `attn_v_b` always caches the latent (as
+    /// llama.cpp does); other architectures ignore it.
     pub fn with_mla_latent_cache(mut self, on: bool) -> Self {
         if let Some(m) = &mut self.cfg.mla {
-            m.latent_cache = on;
+            m.latent_cache = on || m.split_kv_b;
         }
         self
     }

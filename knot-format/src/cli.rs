@@ -245,6 +245,9 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         if m.n_shared > 0 {
             extra.push(format!("{} shared expert(s)", m.n_shared));
         }
+        if let Some(w) = m.shared_ffn {
+            extra.push(format!("a gated shared expert of ffn {w}"));
+        }
         if let Some(g) = &m.gating {
             extra.push(format!("{g} gating"));
         }
