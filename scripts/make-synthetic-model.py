@@ -122,6 +122,9 @@ Presets (hyper-parameters from the models' config.json):
                  64) + attn_q_a_norm + attn_q_b; 16 experts top-4 in 4 groups of which 2
                  are used, sigmoid gating with an exp_probs_b selection bias N(0, 0.1),
                  weights renormalised then scaled by 2.5, 1 shared expert
+  tiny-deepseek2-split tiny-deepseek2 as newer converters write it: attn_k_b (each head's
+                 W_UK^T, kv_lora_rank x nope) and attn_v_b (W_UV) instead of attn_kv_b,
+                 key/value_length the latent's, the _mla keys a head's, 1 KV head
   deepseek-v2-lite DeepSeek-V2-Lite's widths: 27 layers, hidden 2048, 16 heads, kv_lora_rank
                  512, head dims 128 / 64 / 128, ffn 10944, 64 experts top-6 of width 1408, 2
                  shared; YaRN 40 over 4096 (use --layers for a shallower file); Qwen's
@@ -310,6 +313,11 @@ DEEPSEEK2_PRESETS = {
                            dense_lead=1, ffn=256, experts=16, used=4, expert_ffn=64, shared=1, gating=2,
                            norm=True, scale=2.5, groups=4, group_used=2, vocab=None, context=4096,
                            yarn=(4.0, 32, 0.1)),
+    # tiny-deepseek2 as newer converters write it: attn_k_b / attn_v_b instead of attn_kv_b.
+    "tiny-deepseek2-split": dict(layers=4, hidden=128, heads=4, q_lora=0, kv_lora=64, nope=32, rope=16, v_head=32,
+                                 dense_lead=1, ffn=256, experts=8, used=2, expert_ffn=64, shared=2, gating=1,
+                                 norm=False, scale=1.0, groups=0, group_used=0, vocab=None, context=4096,
+                                 yarn=(4.0, 32, 0.0707), split=True),
     "deepseek-v2-lite": dict(layers=27, hidden=2048, heads=16, q_lora=0, kv_lora=512, nope=128, rope=64,
                              v_head=128, dense_lead=1, ffn=10944, experts=64, used=6, expert_ffn=1408,
                              shared=2, gating=1, norm=False, scale=1.0, groups=0, group_used=0,
@@ -790,9 +798,14 @@ def deepseek2_layer(cfg, i, p, D, F, mat):
     else:
         t.append((p + "attn_q.weight", (H * kh, D), mat(p + "attn_q.weight", i), "proj"))
     t += [(p + "attn_kv_a_mqa.weight", (kl + cfg["rope"], D), mat(p + "attn_kv_a_mqa.weight", i), "proj"),
-          (p + "attn_kv_a_norm.weight", (kl,), Q.F32, "norm"),
-          (p + "attn_kv_b.weight", (H * (cfg["nope"] + cfg["v_head"]), kl), mat(p + "attn_kv_b.weight", i), "proj"),
-          (p + "attn_output.weight", (D, H * cfg["v_head"]), mat(p + "attn_output.weight", i), "proj"),
+          (p + "attn_kv_a_norm.weight", (kl,), Q.F32, "norm")]
+    if cfg.get("split"):
+        # Each head's W_UK^T (kv_lora x nope) and W_UV (v_head x kv_lora), 3-D by head.
+        t += [(p + "attn_k_b.weight", (H, kl, cfg["nope"]), mat(p + "attn_k_b.weight", i), "proj"),
+              (p + "attn_v_b.weight", (H, cfg["v_head"], kl), mat(p + "attn_v_b.weight", i), "proj")]
+    else:
+        t.append((p + "attn_kv_b.weight", (H * (cfg["nope"] + cfg["v_head"]), kl), mat(p + "attn_kv_b.weight", i), "proj"))
+    t += [(p + "attn_output.weight", (D, H * cfg["v_head"]), mat(p + "attn_output.weight", i), "proj"),
           (p + "ffn_norm.weight", (D,), Q.F32, "norm")]
     if i < cfg["dense_lead"]:
         return t + [(p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
@@ -978,8 +991,16 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_leading_dense_block_count(cfg["dense_lead"])
         w.add_q_lora_rank(cfg["q_lora"])
         w.add_kv_lora_rank(cfg["kv_lora"])
-        w.add_key_length(cfg["nope"] + cfg["rope"])
-        w.add_value_length(cfg["v_head"])
+        if cfg.get("split"):
+            # Newer converters: the latent-space widths in key/value_length, a head's own in
+            # the _mla keys, one KV head (the latent's).
+            w.add_key_length(cfg["kv_lora"] + cfg["rope"])
+            w.add_value_length(cfg["kv_lora"])
+            w.add_uint32("deepseek2.attention.key_length_mla", cfg["nope"] + cfg["rope"])
+            w.add_uint32("deepseek2.attention.value_length_mla", cfg["v_head"])
+        else:
+            w.add_key_length(cfg["nope"] + cfg["rope"])
+            w.add_value_length(cfg["v_head"])
         w.add_rope_dimension_count(cfg["rope"])
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
@@ -1117,7 +1138,7 @@ def main():
     elif a.preset in DEEPSEEK2_PRESETS:
         moe = dict(DEEPSEEK2_PRESETS[a.preset], arch="deepseek2")
         L, D, H, F, V, ctx = (moe[k] for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"))
-        KVH, tied = H, False
+        KVH, tied = (1 if moe.get("split") else H), False
         moe["head_dim"] = moe["nope"] + moe["rope"]
         for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"):
             del moe[k]

@@ -201,6 +201,17 @@ impl<'a> Model<'a> {
         self
     }
 
+    /// Bytes a session's cache grows by per position over the held blocks: each attention
+    /// block's key and value rows as stored ([`Config::kv_dim`] + [`Config::v_dim`] elements
+    /// of [`Model::kv_dtype`]); recurrent blocks keep a constant state instead.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let h = self.weights.holdings.layers;
+        let attn = (h.start as usize..h.end as usize)
+            .filter(|&l| !self.cfg.is_recurrent(l))
+            .count();
+        attn * (self.cfg.kv_dim() + self.cfg.v_dim()) * self.kv_dtype.size()
+    }
+
     /// Sets how new sessions store keys and values (f32 unless set).
     pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
         self.kv_dtype = dtype;

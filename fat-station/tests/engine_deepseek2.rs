@@ -292,3 +292,99 @@ fn tiny_deepseek2_matches_llamacpp_and_is_bit_identical_across_threads_and_chunk
 fn tiny_deepseek3_routing_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() {
     check("tiny-deepseek3", 16, 4);
 }
+
+/// A file as newer converters write it (`attn_k_b` / `attn_v_b` per head instead of
+/// `attn_kv_b`, one KV head, the latent widths in key/value_length): it runs, always over the
+/// latent cache (llama.cpp's only layout for it, whatever `with_mla_latent_cache` says), and
+/// matches llama.cpp on the same GGUF (top-1, rms within 1.5x of its own batched-vs-token
+/// difference, the experts of every token), bit-identical across threads and chunking.
+#[test]
+fn tiny_deepseek2_with_split_k_b_v_b_runs_the_absorbed_form_and_matches_llamacpp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let preset = "tiny-deepseek2-split";
+    let Some((gguf, knot_path)) = tiny(dir.path(), preset) else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    assert!(knot.arch().mla.as_ref().is_some_and(|m| m.split_kv_b));
+    let m = Model::load(&knot, None)
+        .expect("load")
+        .with_mla_latent_cache(false);
+    let shape = m.cfg.mla.expect("mla");
+    assert!(shape.split_kv_b && shape.latent_cache);
+    assert_eq!((m.cfg.kv_dim(), m.cfg.v_dim()), (64 + 16, 0));
+    let Mixer::Mla(w) = &m.weights.layers[0].mixer else {
+        panic!("block 0 is not MLA");
+    };
+    assert!(w.kv_b.is_none() && w.k_b.len() == 4 && w.uv.len() == 4);
+
+    let batched = with_threads(2, || chunked(&m, &PROMPT, &[12]));
+    for (what, other) in [
+        ("1 thread", with_threads(1, || chunked(&m, &PROMPT, &[12]))),
+        (
+            "token by token",
+            with_threads(2, || chunked(&m, &PROMPT, &[1; 12])),
+        ),
+        ("5+7", with_threads(2, || chunked(&m, &PROMPT, &[5, 7]))),
+    ] {
+        assert_eq!(bits(&batched), bits(&other), "{preset}: batched vs {what}");
+    }
+    let want = std::fs::read_to_string(golden(&format!("{preset}_seed0.sha256"))).expect("sha256");
+    let got = sha256_file(&gguf);
+    if got != want.trim() {
+        eprintln!("{preset}: the GGUF's sha256 {got} is not the golden's: llama.cpp not compared");
+        return;
+    }
+    let peer = read_f32(&golden(&format!("{preset}_seed0_llamacpp.f32")));
+    let peer_tbt = read_f32(&golden(&format!("{preset}_seed0_llamacpp_tbt.f32")));
+    assert_matches_llamacpp(preset, &batched, &peer, &peer_tbt);
+    let (_, routes) = record_routes(|| chunked(&m, &PROMPT, &[12]));
+    let (n, k) = (PROMPT.len(), 2);
+    let ours: Vec<i32> = routes
+        .iter()
+        .enumerate()
+        .flat_map(|(l, r)| {
+            let from = if l == 2 { (n - 1) * k } else { 0 };
+            r[from..].iter().map(|&(e, _)| e as i32)
+        })
+        .collect();
+    let theirs: Vec<i32> = std::fs::read(golden(&format!("{preset}_seed0_experts.i32")))
+        .expect("experts golden")
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(ours.len(), theirs.len());
+    for (o, t) in ours.chunks_exact(k).zip(theirs.chunks_exact(k)) {
+        let (mut so, mut st) = (o.to_vec(), t.to_vec());
+        so.sort_unstable();
+        st.sort_unstable();
+        assert_eq!(so, st, "{preset}: experts {o:?}, llama.cpp's {t:?}");
+    }
+}
+
+/// `fat-station --mla-latent-cache` reaches the model: the station's reported KV bytes per
+/// position shrink from every head's key and value (4 blocks x (4 x 48 + 4 x 32) f32) to the
+/// latent row (4 blocks x (64 + 16) f32); `--kv-dtype f16` halves either.
+#[test]
+fn the_station_flag_caches_mla_latents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = tiny(dir.path(), "tiny-deepseek2") else {
+        return;
+    };
+    let knot = knot_path.to_str().expect("utf-8 path");
+    let per_position = |extra: &[&str]| {
+        let st = spawn_station(&[&["--knot", knot, "--listen", "127.0.0.1:0"], extra].concat());
+        let c =
+            fat_station::client::StationClient::new(&st.url, std::time::Duration::from_secs(60));
+        c.health().expect("health").kv_bytes_per_position
+    };
+    assert_eq!(per_position(&[]), Some(4 * (4 * 48 + 4 * 32) * 4));
+    assert_eq!(
+        per_position(&["--mla-latent-cache"]),
+        Some(4 * (64 + 16) * 4)
+    );
+    assert_eq!(
+        per_position(&["--mla-latent-cache", "--kv-dtype", "f16"]),
+        Some(4 * (64 + 16) * 2)
+    );
+}
