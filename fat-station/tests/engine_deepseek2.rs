@@ -296,8 +296,9 @@ fn tiny_deepseek3_routing_matches_llamacpp_and_is_bit_identical_across_threads_a
 /// A file as newer converters write it (`attn_k_b` / `attn_v_b` per head instead of
 /// `attn_kv_b`, one KV head, the latent widths in key/value_length): it runs, always over the
 /// latent cache (llama.cpp's only layout for it, whatever `with_mla_latent_cache` says), and
-/// matches llama.cpp on the same GGUF (top-1, rms within 1.5x of its own batched-vs-token
-/// difference, the experts of every token), bit-identical across threads and chunking.
+/// matches llama.cpp on the same GGUF (top-1; rms within 1.5x of llama.cpp's own noise, which
+/// on this q8_0 file is its distance from the f32 NumPy pass, its batched-vs-token difference
+/// being 0; the experts of every token), bit-identical across threads and chunking.
 #[test]
 fn tiny_deepseek2_with_split_k_b_v_b_runs_the_absorbed_form_and_matches_llamacpp() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -337,7 +338,26 @@ fn tiny_deepseek2_with_split_k_b_v_b_runs_the_absorbed_form_and_matches_llamacpp
     }
     let peer = read_f32(&golden(&format!("{preset}_seed0_llamacpp.f32")));
     let peer_tbt = read_f32(&golden(&format!("{preset}_seed0_llamacpp_tbt.f32")));
-    assert_matches_llamacpp(preset, &batched, &peer, &peer_tbt);
+    let numpy = read_f32(&golden(&format!("{preset}_seed0_numpy.f32")));
+    let (rms, max) = rms_max(&batched, &peer);
+    let (tbt, _) = rms_max(&peer, &peer_tbt);
+    let (peer_numpy, _) = rms_max(&peer, &numpy);
+    let (ours_numpy, _) = rms_max(&batched, &numpy);
+    eprintln!(
+        "{preset}: vs llama.cpp rms {rms:.4} max {max:.4}; llama.cpp batched vs token by token \
+         {tbt:.4}, llama.cpp vs numpy {peer_numpy:.4}, ours vs numpy {ours_numpy:.4}"
+    );
+    assert_eq!(argmax(&batched), argmax(&peer), "{preset}: top-1");
+    assert_eq!(argmax(&batched), argmax(&numpy), "{preset}: top-1 vs numpy");
+    let noise = tbt.max(peer_numpy);
+    assert!(
+        rms <= 1.5 * noise,
+        "{preset}: rms {rms}, llama.cpp's noise {noise}"
+    );
+    assert!(
+        ours_numpy <= 1.5 * peer_numpy,
+        "{preset}: ours vs numpy {ours_numpy}, llama.cpp's {peer_numpy}"
+    );
     let (_, routes) = record_routes(|| chunked(&m, &PROMPT, &[12]));
     let (n, k) = (PROMPT.len(), 2);
     let ours: Vec<i32> = routes

@@ -3,7 +3,7 @@
 # deepseek2 files), for each PRESET in tiny-deepseek2 (V2-Lite's layout: attn_q, softmax
 # routing) and tiny-deepseek3 (V3's: attn_q_a/q_b, sigmoid routing with a selection bias,
 # expert groups, scaled weights) and tiny-deepseek2-split (tiny-deepseek2 with attn_k_b /
-# attn_v_b instead of attn_kv_b; no NumPy golden):
+# attn_v_b instead of attn_kv_b):
 #   fat-station/tests/golden/deepseek2/PRESET_seed0.sha256         the GGUF's sha256
 #   fat-station/tests/golden/deepseek2/PRESET_seed0_numpy.f32      NumPy f32 logits of the last
 #                                                                 position (ref_forward.py)
@@ -34,9 +34,7 @@ for preset in tiny-deepseek2 tiny-deepseek3 tiny-deepseek2-split; do
   g=$tmp/$preset.gguf
   python3 "$root/scripts/make-synthetic-model.py" "$g" --preset "$preset" --type q8_0 --seed 0 -q
   (cd "$tmp" && sha256sum "$preset.gguf" | cut -d' ' -f1) > "$out/${preset}_seed0.sha256"
-  # ref_forward.py reads attn_kv_b: the split file is compared with llama.cpp only.
-  [ "$preset" = tiny-deepseek2-split ] ||
-    python3 "$here/ref_forward.py" "$g" "${prompt[@]}" --logits-out "$out/${preset}_seed0_numpy.f32" --top 5
+  python3 "$here/ref_forward.py" "$g" "${prompt[@]}" --logits-out "$out/${preset}_seed0_numpy.f32" --top 5
   "$tmp/llamacpp-logits" "$g" "$out/${preset}_seed0_llamacpp.f32" \
     --experts "$out/${preset}_seed0_experts.i32" "${prompt[@]}"
   "$tmp/llamacpp-logits" "$g" "$out/${preset}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
