@@ -114,7 +114,9 @@ impl<'a> LayerWeights<'a> {
     }
 }
 
-/// The FFN of a block.
+/// The FFN of a block. (Its variants differ in size, but there is one per held block, built
+/// once: boxing would only add an indirection per token.)
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn<'a> {
     /// One gated FFN.
     Dense {

@@ -161,7 +161,8 @@ fn plan_sizes_moe_by_total_bytes_reads_active_ones_and_counts_the_real_kv_cache(
     use shard_knot::plan::{plan, Budget, ModelCosts, PlanRequest};
     let dir = tempfile::tempdir().expect("tempdir");
     // (preset, f32 KV bytes per position of each block, with MLA's latent cache)
-    let cases: [(&str, Vec<u64>, Option<Vec<u64>>); 5] = [
+    type Case = (&'static str, Vec<u64>, Option<Vec<u64>>);
+    let cases: [Case; 5] = [
         ("tiny-moe", vec![2 * 2 * 32 * 4; 4], None),
         (
             "tiny-deepseek2",
