@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, smollm3, qwen3moe, deepseek2, lfm2, qwen35, gemma2, phi3, starcoder2, glm4, mamba, mamba2 or granitehybrid GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
+"""A qwen2, llama, granite, smollm3, qwen3moe, deepseek2, lfm2, lfm2moe, qwen35, qwen35moe, gemma2, phi3, starcoder2, glm4, mamba, mamba2 or granitehybrid GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|qwen35-tiny|qwen3.5-2b|
+                                                  lfm2moe-tiny|lfm2-8b-a1b|qwen35moe-tiny|qwen3.5-35b-a3b|
                                                   gemma2-tiny|gemma2-2b|phi3-tiny|phi3-mini|
                                                   tiny-yarn|llama3-tiny|granite-tiny|
                                                   smollm3-tiny|tiny-linear|mistral-tiny|
@@ -47,6 +48,12 @@ Presets (hyper-parameters from the models' config.json):
   lfm2-1.2b      LFM2-1.2B's widths: 16 layers, hidden 2048, 32 / 8 heads, ffn 8192, attention
                  on layers 2, 5, 8, 10, 12, 14, convolutions elsewhere; Qwen's 151936-token
                  vocabulary stands in for LFM2's 65536 (a larger head: benches say so)
+  lfm2moe-tiny   lfm2moe (LFM2-8B-A1B's layout): lfm2-tiny's 5 layers with blocks 0-1 a dense
+                 FFN and blocks 2-4 8 experts top-2 of width 128, sigmoid routing with an
+                 exp_probs_b selection bias N(0, 0.1), weights renormalised
+  lfm2-8b-a1b    LFM2-8B-A1B's widths: 24 layers, hidden 2048, 32 / 8 heads, attention on
+                 layers 2, 6, 10, 14, 18, 21, dense ffn 7168 on blocks 0-1, then 32 experts
+                 top-4 of width 1792; Qwen's vocabulary stands in for its 65536
   qwen35-tiny    qwen35 (Qwen3.5's hybrid): 4 layers, hidden 256; Gated DeltaNets (2 key / 4
                  value heads of 32, 4-tap convolution) on layers 0-2, gated attention (4 / 2
                  heads of 64, q/k norms, RoPE on 16 of 64 dimensions, IMROPE sections
@@ -54,6 +61,12 @@ Presets (hyper-parameters from the models' config.json):
   qwen3.5-2b     Qwen3.5-2B's widths: 24 layers, hidden 2048, 8 / 2 heads of 256 (RoPE on 64),
                  DeltaNets of 16 / 16 heads of 128, ffn 6144, attention every 4th layer; Qwen's
                  151936-token vocabulary stands in for its 248320
+  qwen35moe-tiny qwen35moe: qwen35-tiny's layers with every FFN 8 experts top-2 of width 64
+                 (softmax, renormalised) plus a shared expert of width 128 scaled by
+                 sigmoid(ffn_gate_inp_shexp . x) (gate weights N(0, 1 / hidden))
+  qwen3.5-35b-a3b Qwen3.5-35B-A3B's widths: 40 layers, hidden 2048, 16 / 2 heads of 256 (RoPE
+                 on 64), DeltaNets of 16 key / 32 value heads of 128, 256 experts top-8 of
+                 width 512, shared expert 512; Qwen's 151936-token vocabulary for its 248320
   gemma2-tiny    gemma2: 4 layers, hidden 256, 4 / 2 heads of 128 (q width 512 != hidden),
                  ffn 512, sliding window 5 on layers 0 and 2 (local and global alternate),
                  attention soft-cap 0.1 and final soft-cap 10: far below Gemma 2's 50 / 30 so
@@ -109,6 +122,9 @@ Presets (hyper-parameters from the models' config.json):
                  64) + attn_q_a_norm + attn_q_b; 16 experts top-4 in 4 groups of which 2
                  are used, sigmoid gating with an exp_probs_b selection bias N(0, 0.1),
                  weights renormalised then scaled by 2.5, 1 shared expert
+  tiny-deepseek2-split tiny-deepseek2 as newer converters write it: attn_k_b (each head's
+                 W_UK^T, kv_lora_rank x nope) and attn_v_b (W_UV) instead of attn_kv_b,
+                 key/value_length the latent's, the _mla keys a head's, 1 KV head
   deepseek-v2-lite DeepSeek-V2-Lite's widths: 27 layers, hidden 2048, 16 heads, kv_lora_rank
                  512, head dims 128 / 64 / 128, ffn 10944, 64 experts top-6 of width 1408, 2
                  shared; YaRN 40 over 4096 (use --layers for a shallower file); Qwen's
@@ -197,9 +213,15 @@ PRESETS = {
     "glm4-tiny": (3, 256, 4, 2, 512, None, False, 32768),
     "glm4-9b": (40, 4096, 32, 2, 13696, None, False, 32768),
     "lfm2-1.2b": (16, 2048, 32, 8, 8192, None, True, 128000),
+    "lfm2moe-tiny": (5, 256, 4, 2, 512, None, True, 4096),
+    "lfm2-8b-a1b": (24, 2048, 32, 8, 7168, None, True, 128000),
 }
 # lfm2 presets: which layers are attention (the others are short convolutions).
 LFM2_ATTN = {"lfm2-tiny": [2, 4], "lfm2-1.2b": [2, 5, 8, 10, 12, 14]}
+LFM2_ATTN.update({"lfm2moe-tiny": [2, 4], "lfm2-8b-a1b": [2, 6, 10, 14, 18, 21]})
+# lfm2moe presets: (experts, used, expert ffn, leading dense blocks); sigmoid routing
+# (expert_gating_func 2) with an exp_probs_b selection bias, the top-k renormalised.
+LFM2_MOE = {"lfm2moe-tiny": (8, 2, 128, 2), "lfm2-8b-a1b": (32, 4, 1792, 2)}
 LFM2_L_CACHE = 3
 LFM2_RMS_EPS = 1e-5
 CONV_STD = 0.5
@@ -265,10 +287,17 @@ QWEN35_PRESETS = {
     #        dn_v_heads, vocab, context)
     "qwen35-tiny": (4, 256, 4, 2, 64, 16, 512, 32, 2, 4, None, 4096),
     "qwen3.5-2b": (24, 2048, 8, 2, 256, 64, 6144, 128, 16, 16, None, 262144),
+    "qwen35moe-tiny": (4, 256, 4, 2, 64, 16, 512, 32, 2, 4, None, 4096),
+    "qwen3.5-35b-a3b": (40, 2048, 16, 2, 256, 64, 512, 128, 16, 32, None, 262144),
 }
+# qwen35moe presets: (experts, used, expert ffn, shared expert ffn); softmax routing, top-k
+# renormalised, one shared expert gated by sigmoid(ffn_gate_inp_shexp . x).
+QWEN35_MOE = {"qwen35moe-tiny": (8, 2, 64, 128), "qwen3.5-35b-a3b": (256, 8, 512, 512)}
+SHEXP_GATE_STD = 1.0  # the shared expert's gate logit std: sigmoids spread over (0, 1)
 # IMROPE sections (t, h, w, e) per preset: they cover rope_dims / 2 pairs, as Qwen3.5's
 # [11, 11, 10, 0] cover its 64 rotated dimensions.
 QWEN35_SECTIONS = {"qwen35-tiny": [3, 3, 2, 0], "qwen3.5-2b": [11, 11, 10, 0]}
+QWEN35_SECTIONS.update({"qwen35moe-tiny": [3, 3, 2, 0], "qwen3.5-35b-a3b": [11, 11, 10, 0]})
 QWEN35_CONV = 4
 QWEN35_FULL_ATTN_EVERY = 4
 QWEN35_THETA = 1e7
@@ -284,6 +313,11 @@ DEEPSEEK2_PRESETS = {
                            dense_lead=1, ffn=256, experts=16, used=4, expert_ffn=64, shared=1, gating=2,
                            norm=True, scale=2.5, groups=4, group_used=2, vocab=None, context=4096,
                            yarn=(4.0, 32, 0.1)),
+    # tiny-deepseek2 as newer converters write it: attn_k_b / attn_v_b instead of attn_kv_b.
+    "tiny-deepseek2-split": dict(layers=4, hidden=128, heads=4, q_lora=0, kv_lora=64, nope=32, rope=16, v_head=32,
+                                 dense_lead=1, ffn=256, experts=8, used=2, expert_ffn=64, shared=2, gating=1,
+                                 norm=False, scale=1.0, groups=0, group_used=0, vocab=None, context=4096,
+                                 yarn=(4.0, 32, 0.0707), split=True),
     "deepseek-v2-lite": dict(layers=27, hidden=2048, heads=16, q_lora=0, kv_lora=512, nope=128, rope=64,
                              v_head=128, dense_lead=1, ffn=10944, experts=64, used=6, expert_ffn=1408,
                              shared=2, gating=1, norm=False, scale=1.0, groups=0, group_used=0,
@@ -499,7 +533,7 @@ def plan(cfg, wtype):
         if cfg["arch"] == "deepseek2":
             t += deepseek2_layer(cfg, i, p, D, F, mat)
             continue
-        if cfg["arch"] == "qwen35":
+        if cfg["arch"] in ("qwen35", "qwen35moe"):
             dh, dk, dv = cfg["dn_head_dim"], cfg["dn_k_heads"], cfg["dn_v_heads"]
             ch, vd = (2 * dk + dv) * dh, dv * dh
             t += [(p + "attn_norm.weight", (D,), Q.F32, "norm")]
@@ -524,8 +558,21 @@ def plan(cfg, wtype):
                     (p + "attn_k_norm.weight", (hd,), Q.F32, "norm"),
                     (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
                 ]
+            t += [(p + "post_attention_norm.weight", (D,), Q.F32, "norm")]
+            if cfg["arch"] == "qwen35moe":
+                E, FE, SF = cfg["experts"], cfg["expert_ffn"], cfg["shared_ffn"]
+                t += [
+                    (p + "ffn_gate_inp.weight", (E, D), Q.F32, "router"),
+                    (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
+                    (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
+                    (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+                    (p + "ffn_gate_inp_shexp.weight", (D,), Q.F32, "shexp_gate"),
+                    (p + "ffn_gate_shexp.weight", (SF, D), mat(p + "ffn_gate_shexp.weight", i), "proj"),
+                    (p + "ffn_up_shexp.weight", (SF, D), mat(p + "ffn_up_shexp.weight", i), "proj"),
+                    (p + "ffn_down_shexp.weight", (D, SF), mat(p + "ffn_down_shexp.weight", i), "proj"),
+                ]
+                continue
             t += [
-                (p + "post_attention_norm.weight", (D,), Q.F32, "norm"),
                 (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
                 (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
                 (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
@@ -548,6 +595,17 @@ def plan(cfg, wtype):
                     (p + "shortconv.conv.weight", (D, LFM2_L_CACHE), Q.F32, "conv"),
                     (p + "shortconv.out_proj.weight", (D, D), mat(p + "shortconv.out_proj.weight", i), "proj"),
                 ]
+            if cfg["arch"] == "lfm2moe" and i >= cfg["dense_lead"]:
+                E, FE = cfg["experts"], cfg["expert_ffn"]
+                t += [
+                    (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+                    (p + "ffn_gate_inp.weight", (E, D), Q.F32, "router"),
+                    (p + "exp_probs_b.bias", (E,), Q.F32, "probs_b"),
+                    (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
+                    (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
+                    (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+                ]
+                continue
             t += [
                 (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
                 (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
@@ -740,9 +798,14 @@ def deepseek2_layer(cfg, i, p, D, F, mat):
     else:
         t.append((p + "attn_q.weight", (H * kh, D), mat(p + "attn_q.weight", i), "proj"))
     t += [(p + "attn_kv_a_mqa.weight", (kl + cfg["rope"], D), mat(p + "attn_kv_a_mqa.weight", i), "proj"),
-          (p + "attn_kv_a_norm.weight", (kl,), Q.F32, "norm"),
-          (p + "attn_kv_b.weight", (H * (cfg["nope"] + cfg["v_head"]), kl), mat(p + "attn_kv_b.weight", i), "proj"),
-          (p + "attn_output.weight", (D, H * cfg["v_head"]), mat(p + "attn_output.weight", i), "proj"),
+          (p + "attn_kv_a_norm.weight", (kl,), Q.F32, "norm")]
+    if cfg.get("split"):
+        # Each head's W_UK^T (kv_lora x nope) and W_UV (v_head x kv_lora), 3-D by head.
+        t += [(p + "attn_k_b.weight", (H, kl, cfg["nope"]), mat(p + "attn_k_b.weight", i), "proj"),
+              (p + "attn_v_b.weight", (H, cfg["v_head"], kl), mat(p + "attn_v_b.weight", i), "proj")]
+    else:
+        t.append((p + "attn_kv_b.weight", (H * (cfg["nope"] + cfg["v_head"]), kl), mat(p + "attn_kv_b.weight", i), "proj"))
+    t += [(p + "attn_output.weight", (D, H * cfg["v_head"]), mat(p + "attn_output.weight", i), "proj"),
           (p + "ffn_norm.weight", (D,), Q.F32, "norm")]
     if i < cfg["dense_lead"]:
         return t + [(p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
@@ -800,6 +863,8 @@ def values(name, shape, kind, seed, hidden, qtype):
         return np.array(out, dtype=np.float32)
     if kind == "rope_factors":
         return (1.0 + 2.0 * g.random(shape, dtype=np.float32)).astype(np.float32)
+    if kind == "shexp_gate":
+        return (SHEXP_GATE_STD / np.sqrt(shape[0]) * g.standard_normal(shape, dtype=np.float32)).astype(np.float32)
     if kind == "probs_b":
         return PROBS_B_STD * g.standard_normal(shape, dtype=np.float32)
     if kind == "conv":
@@ -877,8 +942,14 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     elif attn is not None:
         # Per-layer KV heads: 0 marks a short-convolution layer (llama.cpp's is_recr).
         w.add_head_count_kv([cfg["kv_heads"] if i in attn else 0 for i in range(cfg["layers"])])
-        w.add_uint32("lfm2.shortconv.l_cache", LFM2_L_CACHE)
+        w.add_uint32(f"{cfg['arch']}.shortconv.l_cache", LFM2_L_CACHE)
         w.add_vocab_size(cfg["vocab"])
+        if cfg["arch"] == "lfm2moe":
+            w.add_expert_count(cfg["experts"])
+            w.add_expert_used_count(cfg["used"])
+            w.add_expert_feed_forward_length(cfg["expert_ffn"])
+            w.add_leading_dense_block_count(cfg["dense_lead"])
+            w.add_uint32("lfm2moe.expert_gating_func", 2)
     else:
         w.add_head_count_kv(cfg["kv_heads"])
     if cfg["arch"] == "gemma2":
@@ -893,8 +964,8 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_rope_dimension_count(cfg["head_dim"])
         w.add_rope_scaling_orig_ctx_len(cfg["orig_context"])
         w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(cfg["context"] / cfg["orig_context"]) / np.log(cfg["orig_context"]))))
-    if cfg["arch"] == "qwen35":
-        a = "qwen35"
+    if cfg["arch"] in ("qwen35", "qwen35moe"):
+        a = cfg["arch"]
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
         w.add_rope_dimension_count(cfg["rope_dims"])
@@ -905,6 +976,11 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_uint32(f"{a}.ssm.time_step_rank", cfg["dn_v_heads"])
         w.add_uint32(f"{a}.ssm.inner_size", cfg["dn_head_dim"] * cfg["dn_v_heads"])
         w.add_uint32(f"{a}.full_attention_interval", QWEN35_FULL_ATTN_EVERY)
+        if a == "qwen35moe":
+            w.add_expert_count(cfg["experts"])
+            w.add_expert_used_count(cfg["used"])
+            w.add_expert_feed_forward_length(cfg["expert_ffn"])
+            w.add_uint32("qwen35moe.expert_shared_feed_forward_length", cfg["shared_ffn"])
     if cfg["arch"] == "qwen3moe":
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
@@ -915,8 +991,16 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_leading_dense_block_count(cfg["dense_lead"])
         w.add_q_lora_rank(cfg["q_lora"])
         w.add_kv_lora_rank(cfg["kv_lora"])
-        w.add_key_length(cfg["nope"] + cfg["rope"])
-        w.add_value_length(cfg["v_head"])
+        if cfg.get("split"):
+            # Newer converters: the latent-space widths in key/value_length, a head's own in
+            # the _mla keys, one KV head (the latent's).
+            w.add_key_length(cfg["kv_lora"] + cfg["rope"])
+            w.add_value_length(cfg["kv_lora"])
+            w.add_uint32("deepseek2.attention.key_length_mla", cfg["nope"] + cfg["rope"])
+            w.add_uint32("deepseek2.attention.value_length_mla", cfg["v_head"])
+        else:
+            w.add_key_length(cfg["nope"] + cfg["rope"])
+            w.add_value_length(cfg["v_head"])
         w.add_rope_dimension_count(cfg["rope"])
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
@@ -935,7 +1019,8 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_rope_scaling_yarn_log_mul(log_mul)
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
              "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA, "starcoder2": STARCODER2_THETA,
-             "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA, "qwen35": QWEN35_THETA}
+             "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA, "qwen35": QWEN35_THETA,
+             "qwen35moe": QWEN35_THETA}
     if cfg["arch"] not in ("mamba", "mamba2"):
         w.add_rope_freq_base(cfg.get("theta") or theta.get(cfg["arch"], ROPE_THETA))
     if cfg["arch"] == "starcoder2":
@@ -1027,6 +1112,9 @@ def main():
         L, D, H, KVH, hd, rd, F, dh, dk, dv, V, ctx = QWEN35_PRESETS[a.preset]
         tied = True
         moe = dict(arch="qwen35", head_dim=hd, rope_dims=rd, dn_head_dim=dh, dn_k_heads=dk, dn_v_heads=dv)
+        if a.preset in QWEN35_MOE:
+            E, K, FE, SF = QWEN35_MOE[a.preset]
+            moe.update(arch="qwen35moe", experts=E, used=K, expert_ffn=FE, shared_ffn=SF)
         if a.hidden is not None:
             die("--hidden is for the qwen2 presets")
     elif a.preset in PHI3_PRESETS:
@@ -1052,7 +1140,7 @@ def main():
     elif a.preset in DEEPSEEK2_PRESETS:
         moe = dict(DEEPSEEK2_PRESETS[a.preset], arch="deepseek2")
         L, D, H, F, V, ctx = (moe[k] for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"))
-        KVH, tied = H, False
+        KVH, tied = (1 if moe.get("split") else H), False
         moe["head_dim"] = moe["nope"] + moe["rope"]
         for k in ("layers", "hidden", "heads", "ffn", "vocab", "context"):
             del moe[k]
@@ -1096,6 +1184,9 @@ def main():
     if a.preset in LFM2_ATTN:
         cfg["arch"] = "lfm2"
         cfg["attn"] = [i for i in LFM2_ATTN[a.preset] if i < L]
+    if a.preset in LFM2_MOE:
+        E, K, FE, lead = LFM2_MOE[a.preset]
+        cfg.update(arch="lfm2moe", experts=E, used=K, expert_ffn=FE, dense_lead=min(lead, L))
     if not a.quiet:
         pad = f" ({V - n_tok} [PAD] tokens after the tokenizer's {n_tok})" if V > n_tok else ""
         print(f"make-synthetic-model: {a.preset} L={L} D={D} H={H}/{KVH} F={F} V={V}{pad} tied={tied} "

@@ -50,11 +50,35 @@ pub enum Arch {
     /// the first `leading_dense` blocks a dense FFN, the others routed experts plus shared
     /// ones, softmax or sigmoid routing, optionally group-limited (see [`crate::moe`]).
     DeepSeek2,
+    /// Liquid LFM2-MoE (LFM2-8B-A1B): see [`Recipe::LFM2MOE`]; the FFNs after the first
+    /// `leading_dense` are routed experts, sigmoid-gated with an `exp_probs_b` selection bias,
+    /// the top-k weights renormalised ([`Arch::moe_rules`]).
+    Lfm2Moe,
+    /// Qwen3.5-MoE: qwen35's hybrid ([`Recipe::QWEN35`]) with every FFN routed experts
+    /// (softmax, top-k renormalised) plus one shared expert whose output is scaled by
+    /// `sigmoid(ffn_gate_inp_shexp · n)` ([`Arch::moe_rules`]).
+    Qwen35Moe,
+}
+
+/// What an architecture's routed-experts FFN may have beyond qwen3moe's (softmax top-k):
+/// anything else in a file is refused by name rather than run as a different model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeRules {
+    /// `expert_gating_func` sigmoid is allowed.
+    pub sigmoid: bool,
+    /// Shared experts (`*_shexp`), `n_shared * expert_ffn` wide (deepseek2).
+    pub shared: bool,
+    /// One shared expert scaled by `sigmoid(ffn_gate_inp_shexp · n)` (qwen35moe).
+    pub gated_shared: bool,
+    /// The first `leading_dense` blocks keep a dense FFN.
+    pub leading_dense: bool,
+    /// Group-limited routing.
+    pub groups: bool,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 17] = [
+    pub const ALL: [(Arch, &'static str); 19] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -72,6 +96,8 @@ impl Arch {
         (Arch::GraniteHybrid, "granitehybrid"),
         (Arch::Qwen35, "qwen35"),
         (Arch::DeepSeek2, "deepseek2"),
+        (Arch::Lfm2Moe, "lfm2moe"),
+        (Arch::Qwen35Moe, "qwen35moe"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -97,7 +123,50 @@ impl Arch {
             Arch::Glm4 => Recipe::GLM4,
             Arch::Lfm2 => Recipe::LFM2,
             Arch::Qwen35 => Recipe::QWEN35,
+            Arch::Lfm2Moe => Recipe::LFM2MOE,
+            Arch::Qwen35Moe => Recipe::QWEN35,
         }
+    }
+
+    /// Its routed experts' variations, `None` for an architecture without experts.
+    pub fn moe_rules(self) -> Option<MoeRules> {
+        let none = MoeRules {
+            sigmoid: false,
+            shared: false,
+            gated_shared: false,
+            leading_dense: false,
+            groups: false,
+        };
+        match self {
+            Arch::Qwen3Moe => Some(none),
+            Arch::DeepSeek2 => Some(MoeRules {
+                sigmoid: true,
+                shared: true,
+                leading_dense: true,
+                groups: true,
+                ..none
+            }),
+            Arch::Lfm2Moe => Some(MoeRules {
+                sigmoid: true,
+                leading_dense: true,
+                ..none
+            }),
+            Arch::Qwen35Moe => Some(MoeRules {
+                gated_shared: true,
+                ..none
+            }),
+            _ => None,
+        }
+    }
+
+    /// Liquid's short-convolution hybrids.
+    pub fn is_lfm2(self) -> bool {
+        matches!(self, Arch::Lfm2 | Arch::Lfm2Moe)
+    }
+
+    /// Qwen3.5's Gated DeltaNet hybrids.
+    pub fn is_qwen35(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 }
 
@@ -294,6 +363,12 @@ impl Recipe {
         ffn_norm: "post_attention_norm.weight",
         attn_output_gate: true,
         ..Recipe::BASELINE
+    };
+    /// Liquid LFM2-MoE (llama.cpp `lfm2moe`): LFM2's block, but llama.cpp's lfm2moe loader
+    /// reads no sliding window, so its attention sees every position whatever the file says.
+    pub const LFM2MOE: Recipe = Recipe {
+        ignore_sliding_window: true,
+        ..Recipe::LFM2
     };
 }
 
@@ -527,30 +602,38 @@ impl TryFrom<&ArchConfig> for Config {
                 a.norm_eps, a.rope_base
             )));
         }
-        let moe_arch = matches!(arch, Arch::Qwen3Moe | Arch::DeepSeek2);
-        if moe_arch != a.moe.is_some() {
+        let rules = arch.moe_rules();
+        if rules.is_some() != a.moe.is_some() {
             return Err(EngineError::BadConfig(format!(
-                "{}: expert_count {} (the engine runs experts for qwen3moe and deepseek2 only)",
+                "{}: expert_count {} (the engine runs experts for {} only)",
                 a.arch,
-                a.moe.as_ref().map_or(0, |m| m.n_experts)
+                a.moe.as_ref().map_or(0, |m| m.n_experts),
+                Arch::ALL
+                    .iter()
+                    .filter(|(x, _)| x.moe_rules().is_some())
+                    .map(|&(_, n)| n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
-        if let Some(m) = &a.moe {
+        if let (Some(m), Some(r)) = (&a.moe, rules) {
             // What the MoE FFN implements; anything else is refused by name rather than run
             // as a quietly different model.
             match m.gating.as_deref() {
                 None | Some("softmax") => {}
-                Some("sigmoid") if arch == Arch::DeepSeek2 => {}
+                Some("sigmoid") if r.sigmoid => {}
                 Some(g) => {
                     return Err(EngineError::Unsupported(format!(
                         "expert_gating_func {g:?} in a {} model (the engine gates with softmax, \
-                         and sigmoid for deepseek2)",
+                         and sigmoid for deepseek2 and lfm2moe)",
                         a.arch
                     )))
                 }
             }
-            if arch != Arch::DeepSeek2
-                && (m.n_shared > 0 || m.leading_dense > 0 || m.groups.is_some())
+            if (m.n_shared > 0 && !r.shared)
+                || (m.leading_dense > 0 && !r.leading_dense)
+                || (m.groups.is_some() && !r.groups)
+                || (m.shared_ffn.is_some() != r.gated_shared)
             {
                 return Err(EngineError::Unsupported(format!(
                     "shared experts, leading dense blocks or expert groups in a {} model",
@@ -585,7 +668,8 @@ impl TryFrom<&ArchConfig> for Config {
                     nope: (a.head_dim - m.rope_dim) as usize,
                     rope: m.rope_dim as usize,
                     v_head: m.v_head_dim as usize,
-                    latent_cache: false,
+                    latent_cache: m.split_kv_b,
+                    split_kv_b: m.split_kv_b,
                 })
             }
         };
@@ -632,13 +716,13 @@ impl TryFrom<&ArchConfig> for Config {
             )));
         }
         let ssm = ssm_config(arch, a)?;
-        if conv_kernel > 0 && !matches!(arch, Arch::Lfm2 | Arch::Qwen35) && ssm.is_none() {
+        if conv_kernel > 0 && !(arch.is_lfm2() || arch.is_qwen35()) && ssm.is_none() {
             return Err(EngineError::Unsupported(format!(
                 "recurrent layers in a {:?} model",
                 a.arch
             )));
         }
-        if (arch == Arch::Qwen35) != a.delta_net.is_some() {
+        if arch.is_qwen35() != a.delta_net.is_some() {
             return Err(EngineError::BadConfig(format!(
                 "{}: Gated DeltaNet layers are qwen35's (delta_net {})",
                 a.arch,
@@ -664,7 +748,7 @@ impl TryFrom<&ArchConfig> for Config {
                 a.head_dim
             )));
         }
-        if arch == Arch::Lfm2 && conv_kernel < 2 {
+        if arch.is_lfm2() && conv_kernel < 2 {
             return Err(EngineError::BadConfig(
                 "lfm2 without short-convolution layers (shortconv.l_cache)".into(),
             ));
@@ -964,6 +1048,7 @@ mod tests {
             rope_dim: 64,
             v_head_dim: 128,
             yarn_log_mul: Some(0.0707),
+            split_kv_b: false,
         });
         a.moe = Some(MoeConfig {
             n_experts: 64,

@@ -19,7 +19,7 @@ mod team;
 pub mod tokenizer;
 mod weights;
 
-pub use config::{Activation, Arch, Config, QueryScale, Recipe, RopeScale, Yarn};
+pub use config::{Activation, Arch, Config, MoeRules, QueryScale, Recipe, RopeScale, Yarn};
 pub use deltanet::DeltaState;
 pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};

@@ -15,6 +15,11 @@
 //! Fewer cache bytes per position (576 floats against 5120 in V2-Lite), more arithmetic per
 //! decoded token; the same model up to rounding.
 //!
+//! Files from newer converters hold `attn_k_b` (each head's `W_UK^T`, kv_lora_rank x nope) and
+//! `attn_v_b` (each head's `W_UV`) instead of `attn_kv_b`; llama.cpp runs those only in the
+//! absorbed form, and so does this module (`MlaShape::split_kv_b` forces the latent cache):
+//! `q_nope` goes through head h's `attn_k_b` as a projection.
+//!
 //! Determinism: every row's projections depend only on that row (the kernels' contract), and
 //! a head's output only on its query and the cached rows: the same bits alone or in a batch.
 
@@ -42,6 +47,9 @@ pub struct MlaShape {
     pub v_head: usize,
     /// The cache holds the latent rows (absorbed form) instead of per-head keys and values.
     pub latent_cache: bool,
+    /// The file has `attn_k_b` / `attn_v_b` instead of `attn_kv_b`: only the latent cache
+    /// runs (as in llama.cpp), so `latent_cache` is always set.
+    pub split_kv_b: bool,
 }
 
 impl MlaShape {
@@ -81,11 +89,16 @@ pub struct MlaWeights<'a> {
     pub kv_a: Linear<'a>,
     /// (kv_lora_rank): `attn_kv_a_norm`.
     pub kv_a_norm: &'a [f32],
-    /// (n_heads * (nope + v_head) rows, kv_lora_rank cols): `attn_kv_b`.
-    pub kv_b: Linear<'a>,
+    /// (n_heads * (nope + v_head) rows, kv_lora_rank cols): `attn_kv_b`; `None` in a file
+    /// with split `attn_k_b` / `attn_v_b`.
+    pub kv_b: Option<Linear<'a>>,
+    /// (n_heads) head h's `attn_k_b` (kv_lora_rank rows, nope cols): `W_UK^T` as stored by
+    /// newer converters; empty with `attn_kv_b`.
+    pub k_b: Vec<Linear<'a>>,
     /// (hidden rows, n_heads * v_head cols): `attn_output`.
     pub wo: Linear<'a>,
-    /// (n_heads) head h's value rows of `attn_kv_b` (v_head rows, kv_lora_rank cols), views.
+    /// (n_heads) head h's value rows of `attn_kv_b` (v_head rows, kv_lora_rank cols), views;
+    /// or its `attn_v_b`.
     pub uv: Vec<Linear<'a>>,
     /// (n_heads, nope, kv_lora_rank) head h's key rows of `attn_kv_b` in f32, made on the
     /// first latent-cache forward (the absorbed query needs `W_UK^T`).
@@ -99,7 +112,13 @@ impl<'a> MlaWeights<'a> {
             MlaQ::Direct(q) => vec![q],
             MlaQ::LowRank { a, b, .. } => vec![a, b],
         };
-        m.extend([&self.kv_a, &self.kv_b, &self.wo]);
+        m.push(&self.kv_a);
+        match &self.kv_b {
+            Some(kv_b) => m.push(kv_b),
+            // Split: the per-head matrices are the file's own tensors.
+            None => m.extend(self.k_b.iter().chain(&self.uv)),
+        }
+        m.push(&self.wo);
         m
     }
 
@@ -118,9 +137,9 @@ impl<'a> MlaWeights<'a> {
         seq: usize,
         pos: usize,
     ) {
-        if m.latent_cache {
+        let Some(kv_b) = self.kv_b.as_ref().filter(|_| !m.latent_cache) else {
             return self.forward_latent(m, eps, scale, rope, cache, s, seq, pos);
-        }
+        };
         let (kh, lat, nh) = (m.k_head(), m.latent(), m.n_heads);
         let (q_dim, k_dim, v_dim) = (nh * kh, nh * kh, nh * m.v_head);
         let hidden = self.kv_a.cols;
@@ -128,7 +147,7 @@ impl<'a> MlaWeights<'a> {
         let ckn = &s.mla_c[..seq * m.kv_lora_rank];
         // Decompress: every head's k_nope and v from the latent.
         let kvb = &mut s.mla_kvb[..seq * m.kv_b_rows()];
-        linear(&self.kv_b, ckn, seq, kvb);
+        linear(kv_b, ckn, seq, kvb);
         let per = m.nope + m.v_head;
         for t in 0..seq {
             let kr = &s.mla_latent[t * lat + m.kv_lora_rank..(t + 1) * lat];
@@ -214,11 +233,13 @@ impl<'a> MlaWeights<'a> {
         pos: usize,
     ) {
         let (kh, lat, nh, kl) = (m.k_head(), m.latent(), m.n_heads, m.kv_lora_rank);
-        let hidden = self.kv_a.cols;
         self.project(m, eps, rope, s, seq);
         cache.k.extend(&s.mla_latent[..seq * lat]);
+        let Some(kv_b) = &self.kv_b else {
+            return self.forward_latent_split(m, scale, cache, s, seq, pos);
+        };
         let uk = self.uk.get_or_init(|| {
-            let w = &self.kv_b.q;
+            let w = &kv_b.q;
             let (per, rb) = (m.nope + m.v_head, w.row_bytes());
             let mut out = vec![0f32; nh * m.nope * kl];
             for h in 0..nh {
@@ -246,42 +267,94 @@ impl<'a> MlaWeights<'a> {
                     pe.copy_from_slice(&qh[m.nope..]);
                 }
             }
-            // One shared key head of width `lat`; the value is its first kl.
-            b.o.resize(seq * nh * kl, 0.0);
-            let shape = Heads {
-                seq,
-                pos,
-                n_heads: nh,
-                k_head: lat,
-                v_head: kl,
-                scale,
-            };
-            match &cache.k {
-                KvRows::F32(k) => attend_shared(&mut b.o, &b.q, k, shape),
-                KvRows::F16(k) => attend_shared(&mut b.o, &b.q, k, shape),
-            }
-            // Each head's weighted latent -> its value through W_UV (head h's rows of kv_b).
-            b.g.resize(seq * kl, 0.0);
-            b.y.resize(seq * m.v_head, 0.0);
-            let v_dim = nh * m.v_head;
-            for h in 0..nh {
-                for t in 0..seq {
-                    b.g[t * kl..(t + 1) * kl]
-                        .copy_from_slice(&b.o[(t * nh + h) * kl..(t * nh + h + 1) * kl]);
-                }
-                linear(&self.uv[h], &b.g, seq, &mut b.y);
-                for t in 0..seq {
-                    s.att[t * v_dim + h * m.v_head..t * v_dim + (h + 1) * m.v_head]
-                        .copy_from_slice(&b.y[t * m.v_head..(t + 1) * m.v_head]);
-                }
-            }
+            self.attend_latent(m, scale, cache, s, b, seq, pos);
         });
+    }
+
+    /// With the absorbed queries in `b.q` (seq, n_heads, latent): attention over the cached
+    /// latent rows, each head's weighted latent through its `W_UV`, then `attn_output` into
+    /// `s.xb2`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_latent(
+        &self,
+        m: &MlaShape,
+        scale: f32,
+        cache: &LayerCache,
+        s: &mut Scratch,
+        b: &mut LatentScratch,
+        seq: usize,
+        pos: usize,
+    ) {
+        let (lat, nh, kl) = (m.latent(), m.n_heads, m.kv_lora_rank);
+        let hidden = self.kv_a.cols;
+        // One shared key head of width `lat`; the value is its first kl.
+        b.o.resize(seq * nh * kl, 0.0);
+        let shape = Heads {
+            seq,
+            pos,
+            n_heads: nh,
+            k_head: lat,
+            v_head: kl,
+            scale,
+        };
+        match &cache.k {
+            KvRows::F32(k) => attend_shared(&mut b.o, &b.q, k, shape),
+            KvRows::F16(k) => attend_shared(&mut b.o, &b.q, k, shape),
+        }
+        // Each head's weighted latent -> its value through W_UV (head h's rows of kv_b).
+        b.g.resize(seq * kl, 0.0);
+        b.y.resize(seq * m.v_head, 0.0);
+        let v_dim = nh * m.v_head;
+        for h in 0..nh {
+            for t in 0..seq {
+                b.g[t * kl..(t + 1) * kl]
+                    .copy_from_slice(&b.o[(t * nh + h) * kl..(t * nh + h + 1) * kl]);
+            }
+            linear(&self.uv[h], &b.g, seq, &mut b.y);
+            for t in 0..seq {
+                s.att[t * v_dim + h * m.v_head..t * v_dim + (h + 1) * m.v_head]
+                    .copy_from_slice(&b.y[t * m.v_head..(t + 1) * m.v_head]);
+            }
+        }
         linear(
             &self.wo,
             &s.att[..seq * nh * m.v_head],
             seq,
             &mut s.xb2[..seq * hidden],
         );
+    }
+
+    /// The absorbed queries of a file with split `attn_k_b` (each head's `W_UK^T` a matrix
+    /// of its own, as llama.cpp multiplies it: `q_nope` through it like any projection).
+    fn forward_latent_split(
+        &self,
+        m: &MlaShape,
+        scale: f32,
+        cache: &LayerCache,
+        s: &mut Scratch,
+        seq: usize,
+        pos: usize,
+    ) {
+        let (kh, lat, nh, kl) = (m.k_head(), m.latent(), m.n_heads, m.kv_lora_rank);
+        LATENT.with_borrow_mut(|b| {
+            b.q.resize(seq * nh * lat, 0.0);
+            b.g.resize(seq * m.nope, 0.0);
+            b.y.resize(seq * kl, 0.0);
+            for h in 0..nh {
+                for t in 0..seq {
+                    let qh = &s.q[(t * nh + h) * kh..(t * nh + h + 1) * kh];
+                    b.g[t * m.nope..(t + 1) * m.nope].copy_from_slice(&qh[..m.nope]);
+                }
+                linear(&self.k_b[h], &b.g, seq, &mut b.y);
+                for t in 0..seq {
+                    let qh = &s.q[(t * nh + h) * kh..(t * nh + h + 1) * kh];
+                    let qa = &mut b.q[(t * nh + h) * lat..(t * nh + h + 1) * lat];
+                    qa[..kl].copy_from_slice(&b.y[t * kl..(t + 1) * kl]);
+                    qa[kl..].copy_from_slice(&qh[m.nope..]);
+                }
+            }
+            self.attend_latent(m, scale, cache, s, b, seq, pos);
+        });
     }
 }
 

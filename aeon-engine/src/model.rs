@@ -192,12 +192,24 @@ impl<'a> Model<'a> {
     /// deepseek2: whether sessions cache MLA's latent rows (kv_lora_rank + rope floats per
     /// position, the absorbed form) instead of per-head keys and values (llama.cpp's layout
     /// for `attn_kv_b` files, the default). Set before making sessions: a session holds one
-    /// layout. Other architectures ignore it.
+    /// layout. A file with split `attn_k_b` / `attn_v_b` always caches the latent (as
+    /// llama.cpp does); other architectures ignore it.
     pub fn with_mla_latent_cache(mut self, on: bool) -> Self {
         if let Some(m) = &mut self.cfg.mla {
-            m.latent_cache = on;
+            m.latent_cache = on || m.split_kv_b;
         }
         self
+    }
+
+    /// Bytes a session's cache grows by per position over the held blocks: each attention
+    /// block's key and value rows as stored ([`Config::kv_dim`] + [`Config::v_dim`] elements
+    /// of [`Model::kv_dtype`]); recurrent blocks keep a constant state instead.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let h = self.weights.holdings.layers;
+        let attn = (h.start as usize..h.end as usize)
+            .filter(|&l| !self.cfg.is_recurrent(l))
+            .count();
+        attn * (self.cfg.kv_dim() + self.cfg.v_dim()) * self.kv_dtype.size()
     }
 
     /// Sets how new sessions store keys and values (f32 unless set).

@@ -23,7 +23,7 @@
 use std::cell::RefCell;
 
 use super::kernels::{linear, linears, Linear};
-use super::ops::{exp, geglu_tanh, swiglu};
+use super::ops::{dot_f32, exp, geglu_tanh, swiglu};
 use super::Activation;
 
 /// One expert: a gated FFN of `expert_ffn` inner width.
@@ -63,6 +63,9 @@ pub struct MoeFfn<'a> {
     pub scale: f32,
     /// Shared experts as one FFN every token runs, added to the routed sum (deepseek2).
     pub shared: Option<Expert<'a>>,
+    /// (hidden) the shared expert's output is scaled by `sigmoid(shared_gate · n)` per token
+    /// (qwen35moe's `ffn_gate_inp_shexp`).
+    pub shared_gate: Option<&'a [f32]>,
 }
 
 /// Per-thread buffers of [`MoeFfn::forward`], reused across calls.
@@ -254,6 +257,12 @@ impl MoeFfn<'_> {
             }
             s.yd.resize(seq * h, 0.0);
             linear(&ex.down, &s.g, seq, &mut s.yd);
+            if let Some(gw) = self.shared_gate {
+                for (y, x) in s.yd.chunks_exact_mut(h).zip(xn.chunks_exact(h)) {
+                    let g = 1.0 / (1.0 + exp(-dot_f32(gw, x)));
+                    y.iter_mut().for_each(|v| *v *= g);
+                }
+            }
             out[..seq * h]
                 .iter_mut()
                 .zip(&s.yd)
@@ -370,6 +379,7 @@ mod tests {
             groups: None,
             scale: 1.0,
             shared: None,
+            shared_gate: None,
         };
         let mut x = vec![0f32; 3 * h];
         // token 0 prefers experts 2 then 0; token 1: 1 then 3; token 2: 3 then 2

@@ -114,7 +114,9 @@ impl<'a> LayerWeights<'a> {
     }
 }
 
-/// The FFN of a block.
+/// The FFN of a block. (Its variants differ in size, but there is one per held block, built
+/// once: boxing would only add an indirection per token.)
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn<'a> {
     /// One gated FFN.
     Dense {
@@ -230,13 +232,20 @@ impl<'a> Weights<'a> {
                 let lin = |t: &str, rows: usize, cols: usize| -> Result<Linear<'a>, EngineError> {
                     Ok(Linear::mapped(matrix(knot, &name(t), rows, cols)?, knot))
                 };
-                if knot.tensor(&name("attn_k_b.weight")).is_some() {
-                    return Err(EngineError::Unsupported(format!(
-                        "{}: the split attn_k_b / attn_v_b tensors of newer deepseek2 \
-                         converters (the engine reads attn_kv_b)",
-                        name("attn_k_b.weight")
-                    )));
-                }
+                // Newer converters: each head's W_UK^T and W_UV as tensors of their own.
+                let mut split = match m.split_kv_b {
+                    true => {
+                        let (kl, nh) = (m.kv_lora_rank, m.n_heads);
+                        let map = |v: Vec<QMatrix<'a>>| -> Vec<Linear<'a>> {
+                            v.into_iter().map(|q| Linear::mapped(q, knot)).collect()
+                        };
+                        Some((
+                            map(stacked(knot, &name("attn_k_b.weight"), nh, kl, m.nope)?),
+                            map(stacked(knot, &name("attn_v_b.weight"), nh, m.v_head, kl)?),
+                        ))
+                    }
+                    false => None,
+                };
                 Mixer::Mla(MlaWeights {
                     q: if m.q_lora_rank == 0 {
                         MlaQ::Direct(lin("attn_q.weight", qd, h)?)
@@ -249,10 +258,19 @@ impl<'a> Weights<'a> {
                     },
                     kv_a: lin("attn_kv_a_mqa.weight", m.latent(), h)?,
                     kv_a_norm: vector(knot, &name("attn_kv_a_norm.weight"), m.kv_lora_rank)?,
-                    kv_b: lin("attn_kv_b.weight", m.kv_b_rows(), m.kv_lora_rank)?,
+                    kv_b: match split {
+                        Some(_) => None,
+                        None => Some(lin("attn_kv_b.weight", m.kv_b_rows(), m.kv_lora_rank)?),
+                    },
                     wo: lin("attn_output.weight", h, m.n_heads * m.v_head)?,
+                    k_b: split
+                        .as_mut()
+                        .map(|(k_b, _)| std::mem::take(k_b))
+                        .unwrap_or_default(),
                     // Head h's value rows of kv_b, in place (the latent cache's W_UV).
-                    uv: {
+                    uv: if let Some((_, v_b)) = split {
+                        v_b
+                    } else {
                         let kvb = matrix(
                             knot,
                             &name("attn_kv_b.weight"),
@@ -413,9 +431,14 @@ impl<'a> Weights<'a> {
                         let gates = stacked(knot, &name("ffn_gate_exps.weight"), ne, f, h)?;
                         let ups = stacked(knot, &name("ffn_up_exps.weight"), ne, f, h)?;
                         let downs = stacked(knot, &name("ffn_down_exps.weight"), ne, h, f)?;
-                        // deepseek2: shared experts as one FFN of n_shared * expert_ffn.
-                        let shared = if m.n_shared > 0 {
-                            let fs = f * m.n_shared as usize;
+                        // deepseek2: shared experts as one FFN of n_shared * expert_ffn;
+                        // qwen35moe: one of its own width, gated.
+                        let shared_width = match m.shared_ffn {
+                            Some(w) => w as usize,
+                            None => f * m.n_shared as usize,
+                        };
+                        let shared = if shared_width > 0 {
+                            let fs = shared_width;
                             let lin =
                                 |t: &str, r: usize, c: usize| -> Result<Linear<'a>, EngineError> {
                                     Ok(Linear::mapped(matrix(knot, &name(t), r, c)?, knot))
@@ -430,6 +453,12 @@ impl<'a> Weights<'a> {
                         };
                         Ffn::Moe(MoeFfn {
                             shared,
+                            shared_gate: match m.shared_ffn {
+                                Some(_) => {
+                                    Some(vector(knot, &name("ffn_gate_inp_shexp.weight"), h)?)
+                                }
+                                None => None,
+                            },
                             gating: match m.gating.as_deref() {
                                 Some("sigmoid") => Gating::Sigmoid,
                                 // Config refused any other.

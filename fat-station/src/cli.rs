@@ -149,6 +149,14 @@ pub struct Args {
     /// (rejected drafts). A Gated DeltaNet keeps the start of the latest forward instead.
     #[arg(long, default_value_t = 64)]
     checkpoint_window: usize,
+    /// deepseek2 (Multi-head Latent Attention): sessions cache each position's latent row
+    /// (kv_lora_rank + rope floats for all heads; V2-Lite: 576 against 5120) and attention
+    /// runs in the absorbed form, instead of every head's decompressed key and value
+    /// (llama.cpp's layout for attn_kv_b files). Same model up to rounding; other
+    /// architectures ignore it; a file with split attn_k_b / attn_v_b always caches the
+    /// latent. See specs/station-wire.md "Sessions".
+    #[arg(long)]
+    mla_latent_cache: bool,
     /// Where the weights live: `always` packs them into interleaved copies for the fast
     /// kernels (anonymous memory, which without swap cannot be evicted); `never` keeps them in
     /// the mapped file, which the OS pages from storage when memory is short (slower, never
@@ -363,6 +371,7 @@ pub fn run(args: Args) -> Result<()> {
             every: args.checkpoint_every,
             turns: args.checkpoint_turns,
         },
+        mla_latent_cache: args.mla_latent_cache,
         pack_weights: args.pack_weights,
         max_session_bytes: usize::try_from(args.max_session_memory).unwrap_or(usize::MAX),
         max_body: usize::try_from(args.max_body).unwrap_or(usize::MAX),

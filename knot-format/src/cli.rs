@@ -245,6 +245,9 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         if m.n_shared > 0 {
             extra.push(format!("{} shared expert(s)", m.n_shared));
         }
+        if let Some(w) = m.shared_ffn {
+            extra.push(format!("a gated shared expert of ffn {w}"));
+        }
         if let Some(g) = &m.gating {
             extra.push(format!("{g} gating"));
         }
@@ -261,7 +264,7 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     if let Some(m) = &a.mla {
         writeln!(
             o,
-            "mla         q rank {}, kv rank {}, rope dims {} of {}, value dim {}{}",
+            "mla         q rank {}, kv rank {}, rope dims {} of {}, value dim {}{}{}",
             if m.q_lora_rank == 0 {
                 "- (attn_q)".to_string()
             } else {
@@ -273,7 +276,12 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             m.v_head_dim,
             m.yarn_log_mul
                 .map(|l| format!(", yarn log multiplier {l}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if m.split_kv_b {
+                ", split attn_k_b / attn_v_b (latent cache)"
+            } else {
+                ""
+            }
         )?;
     }
     if let Some(r) = &a.recurrent {

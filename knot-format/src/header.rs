@@ -137,9 +137,15 @@ pub struct MoeConfig {
     /// expert_ffn` (`expert_shared_count`, deepseek2: `ffn_{gate,up,down}_shexp`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub n_shared: u32,
-    /// The first blocks have a dense FFN instead (`leading_dense_block_count`, deepseek2).
+    /// The first blocks have a dense FFN instead (`leading_dense_block_count`, deepseek2,
+    /// lfm2moe).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub leading_dense: u32,
+    /// Inner width of the one shared expert when the file names it
+    /// (`expert_shared_feed_forward_length`, qwen35moe: else `feed_forward_length`); absent
+    /// for deepseek2, whose shared experts are `n_shared * expert_ffn` wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_ffn: Option<u32>,
     /// Multiplier of the routing weights (`expert_weights_scale`, DeepSeek's routed scaling
     /// factor); absent: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,6 +186,11 @@ pub struct MlaConfig {
     /// mscale_all_dim`): YaRN's attention-scale correction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yarn_log_mul: Option<f32>,
+    /// The file has each head's key and value up-projections apart (`attn_k_b`, `attn_v_b`,
+    /// newer converters) instead of one `attn_kv_b`: llama.cpp then runs the absorbed form
+    /// over a latent cache.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub split_kv_b: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -241,6 +252,8 @@ pub const RUNNABLE_ARCHS: &[&str] = &[
     "granitehybrid",
     "qwen35",
     "deepseek2",
+    "lfm2moe",
+    "qwen35moe",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).
@@ -331,6 +344,12 @@ impl ArchConfig {
                 return Err(format!(
                     "arch.moe.n_shared = {} is outside 0..={MAX_EXPERTS}",
                     m.n_shared
+                ));
+            }
+            if m.shared_ffn.is_some_and(|w| w == 0 || w > MAX_DIM) {
+                return Err(format!(
+                    "arch.moe.shared_ffn = {:?} is outside 1..={MAX_DIM}",
+                    m.shared_ffn
                 ));
             }
             if m.leading_dense > self.n_layers {

@@ -50,6 +50,8 @@ const NEOX_ARCHS: &[&str] = &[
     // IMROPE (llama.cpp's interleaved M-RoPE) rotates NeoX's pairs; text tokens give all its
     // sections the same position.
     "qwen35",
+    "lfm2moe",
+    "qwen35moe",
 ];
 /// Architectures with normal RoPE: dimension `2i` pairs with `2i + 1` (llama.cpp
 /// `LLAMA_ROPE_TYPE_NORM`).
@@ -346,6 +348,7 @@ impl ArchConfig {
                     None => req("attention.value_length")?,
                 },
                 yarn_log_mul: m.f32(&k("rope.scaling.yarn_log_multiplier"))?,
+                split_kv_b: g.tensor("blk.0.attn_k_b.weight").is_some(),
             })
         } else {
             None
@@ -359,7 +362,7 @@ impl ArchConfig {
         // KV head: the latent's).
         let n_kv_heads = if mla.is_some() { n_heads } else { n_kv_heads };
         // Qwen3.5: Gated DeltaNet layers between gated attention layers.
-        let (recurrent, delta_net) = if arch == "qwen35" {
+        let (recurrent, delta_net) = if arch == "qwen35" || arch == "qwen35moe" {
             qwen35_layers(&m, &k, n_layers, head_dim)?
         } else {
             (recurrent, None)
@@ -445,8 +448,19 @@ impl ArchConfig {
                 let expert_ffn = m
                     .u32(&k("expert_feed_forward_length"))?
                     .unwrap_or(ffn / n_experts_used);
-                let norm_topk =
-                    arch == "qwen3moe" || m.bool(&k("expert_weights_norm"))?.unwrap_or(false);
+                // llama.cpp renormalises for these whatever the file says.
+                let norm_topk = matches!(arch.as_str(), "qwen3moe" | "lfm2moe" | "qwen35moe")
+                    || m.bool(&k("expert_weights_norm"))?.unwrap_or(false);
+                // qwen35moe: one gated shared expert, `expert_shared_feed_forward_length`
+                // wide (llama.cpp: else `feed_forward_length`).
+                let shared_ffn = match arch.as_str() {
+                    "qwen35moe" => Some(
+                        m.u32(&k("expert_shared_feed_forward_length"))?
+                            .filter(|&w| w > 0)
+                            .unwrap_or(ffn),
+                    ),
+                    _ => None,
+                };
                 // deepseek2's keys; absent in other files, so their headers (and hashes) hold.
                 let groups = match m.u32(&k("expert_group_count"))? {
                     Some(count) if count > 1 => Some(ExpertGroups {
@@ -462,11 +476,16 @@ impl ArchConfig {
                     norm_topk,
                     n_shared: m.u32(&k("expert_shared_count"))?.unwrap_or(0),
                     leading_dense: m.u32(&k("leading_dense_block_count"))?.unwrap_or(0),
+                    shared_ffn,
                     // llama.cpp applies a scale other than 0 and 1.
                     weights_scale: m
                         .f32(&k("expert_weights_scale"))?
                         .filter(|&s| s != 0.0 && s != 1.0),
-                    gating: match m.u32(&k("expert_gating_func"))? {
+                    // qwen35moe's graph gates with softmax whatever the file says.
+                    gating: match m
+                        .u32(&k("expert_gating_func"))?
+                        .filter(|_| arch != "qwen35moe")
+                    {
                         None | Some(0) => None,
                         Some(1) => Some("softmax".into()),
                         Some(2) => Some("sigmoid".into()),
@@ -914,6 +933,7 @@ mod tests {
                 rope_dim: 16,
                 v_head_dim: 32,
                 yarn_log_mul: Some(0.1),
+                split_kv_b: false,
             })
         );
         assert_eq!(
@@ -928,6 +948,7 @@ mod tests {
                 weights_scale: Some(2.5),
                 gating: Some("sigmoid".into()),
                 groups: Some(crate::ExpertGroups { count: 4, used: 2 }),
+                shared_ffn: None,
             })
         );
         // No group to choose from: refused, naming the field.

@@ -1165,6 +1165,7 @@ mod tests {
             mesh: None,
             node_id: None,
             max_positions: None,
+            kv_bytes_per_position: None,
         }
     }
 

@@ -2,7 +2,8 @@
 # Regenerates the goldens of fat-station/tests/engine_deepseek2.rs (llama.cpp on the tiny
 # deepseek2 files), for each PRESET in tiny-deepseek2 (V2-Lite's layout: attn_q, softmax
 # routing) and tiny-deepseek3 (V3's: attn_q_a/q_b, sigmoid routing with a selection bias,
-# expert groups, scaled weights):
+# expert groups, scaled weights) and tiny-deepseek2-split (tiny-deepseek2 with attn_k_b /
+# attn_v_b instead of attn_kv_b):
 #   fat-station/tests/golden/deepseek2/PRESET_seed0.sha256         the GGUF's sha256
 #   fat-station/tests/golden/deepseek2/PRESET_seed0_numpy.f32      NumPy f32 logits of the last
 #                                                                 position (ref_forward.py)
@@ -29,7 +30,7 @@ gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/incl
   -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
 # The test's PROMPT ("The capital of France is Paris. The capital of Germany is").
 prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
-for preset in tiny-deepseek2 tiny-deepseek3; do
+for preset in tiny-deepseek2 tiny-deepseek3 tiny-deepseek2-split; do
   g=$tmp/$preset.gguf
   python3 "$root/scripts/make-synthetic-model.py" "$g" --preset "$preset" --type q8_0 --seed 0 -q
   (cd "$tmp" && sha256sum "$preset.gguf" | cut -d' ' -f1) > "$out/${preset}_seed0.sha256"

@@ -10,9 +10,11 @@
 //!   are paged in.
 //! - **free** (`--node-free`, the planner before issue 18): the node's free RAM. Usable =
 //!   free RAM - [`RESERVE_BYTES`] (kernel, system services, the station binary, its runtime
-//!   and activation scratch); each layer also costs its KV budget,
-//!   `2 (K and V) * kv_dim * 4 (f32) * kv_tokens`, and the entry node holds the whole token
-//!   embedding.
+//!   and activation scratch); each layer also costs its KV budget, its f32 KV bytes per
+//!   position times `kv_tokens` (`2 (K and V) * kv_dim * 4` for a transformer block; 0 for a
+//!   hybrid's recurrent block, whose state does not grow; each head's decompressed key and
+//!   value for deepseek2's MLA, or its latent row when the file has split `attn_k_b`), and
+//!   the entry node holds the whole token embedding.
 //!
 //! The rule of thumb for how many nodes a model needs is `ceil(model bytes / usable)` where
 //! model bytes = all tensors (+ the KV budget of every layer when free); the planner then assigns
@@ -151,6 +153,12 @@ pub struct ModelCosts {
     pub exit_bytes: u64,
     /// `n_kv_heads * head_dim`.
     pub kv_dim: u64,
+    /// f32 KV-cache bytes one position costs in each block, as a station stores them by
+    /// default: keys and values of an attention block (MLA: every head's decompressed key and
+    /// value, or the latent row for a split-`attn_k_b` file); 0 for a recurrent block.
+    pub layer_kv_bytes: Vec<u64>,
+    /// deepseek2: the same with MLA's latent cache (`fat-station --mla-latent-cache`).
+    pub latent_kv_bytes: Option<Vec<u64>>,
     /// The head is the embedding: `exit_bytes` holds a copy of `embed_bytes` that the file
     /// stores once.
     pub tied: bool,
@@ -190,6 +198,7 @@ impl ModelCosts {
         if tied {
             exit += embed;
         }
+        let (layer_kv_bytes, latent_kv_bytes) = kv_bytes_per_layer(a);
         ModelCosts {
             model_id: knot.header().model_id.clone(),
             model_hash: knot.model_hash().to_string(),
@@ -199,6 +208,8 @@ impl ModelCosts {
             embed_bytes: embed,
             exit_bytes: exit,
             kv_dim: a.n_kv_heads as u64 * a.head_dim as u64,
+            layer_kv_bytes,
+            latent_kv_bytes,
             tied,
         }
     }
@@ -253,6 +264,8 @@ impl ModelCosts {
             // output_norm + the head (the embedding again when tied, as `from_knot` counts it).
             exit_bytes: f32s(h)?.checked_add(embed)?,
             kv_dim: kv,
+            layer_kv_bytes: vec![f32s(2 * kv)?; a.n_layers as usize],
+            latent_kv_bytes: None,
             tied: a.tied_embeddings,
         })
     }
@@ -272,6 +285,8 @@ impl ModelCosts {
             embed_bytes: 0,
             exit_bytes: 0,
             kv_dim,
+            layer_kv_bytes: vec![2 * kv_dim * 4; n as usize],
+            latent_kv_bytes: None,
             tied: false,
         }
     }
@@ -328,6 +343,8 @@ pub struct PlannedNode {
     pub bytes: u64,
     /// Of which KV budget.
     pub kv_bytes: u64,
+    /// f32 KV-cache bytes one position of a session costs on this node.
+    pub kv_bytes_per_position: u64,
     /// Bytes over `usable` (re-read from disk every token; only with `disk_paged`).
     pub paged_bytes: u64,
     /// Weight bytes this node reads per decoded token: its blocks' active bytes (the chosen
@@ -361,15 +378,43 @@ pub struct Plan {
     pub disk_bytes_per_token: u64,
     /// Weight bytes one chain reads per decoded token (sum of its nodes' `active_bytes`).
     pub active_bytes_per_token: u64,
+    /// f32 KV-cache bytes one position of a session costs over the whole chain.
+    pub kv_bytes_per_position: u64,
+    /// deepseek2: the same with MLA's latent cache (`fat-station --mla-latent-cache`).
+    pub latent_kv_bytes_per_position: Option<u64>,
     pub nodes: Vec<PlannedNode>,
 }
 
 fn layer_cost(m: &ModelCosts, l: usize, cost: Cost) -> u64 {
-    m.layer_bytes[l] + kv_layer(m, cost)
+    m.layer_bytes[l] + kv_layer(m, l, cost)
 }
 
-fn kv_layer(m: &ModelCosts, cost: Cost) -> u64 {
-    2 * m.kv_dim * 4 * cost.kv_tokens
+fn kv_layer(m: &ModelCosts, l: usize, cost: Cost) -> u64 {
+    m.layer_kv_bytes[l] * cost.kv_tokens
+}
+
+/// f32 KV bytes per position of each block of header `a` (see [`ModelCosts::layer_kv_bytes`]),
+/// and with MLA's latent cache for deepseek2.
+fn kv_bytes_per_layer(a: &ArchConfig) -> (Vec<u64>, Option<Vec<u64>>) {
+    let n = a.n_layers as usize;
+    let recurrent = |l: usize| a.recurrent.as_ref().is_some_and(|r| r.layers[l]);
+    let per = |bytes: u64| -> Vec<u64> {
+        (0..n)
+            .map(|l| if recurrent(l) { 0 } else { bytes })
+            .collect()
+    };
+    match &a.mla {
+        Some(m) => {
+            let heads = a.n_heads as u64;
+            let latent = (m.kv_lora_rank as u64 + m.rope_dim as u64) * 4;
+            let full = heads * (a.head_dim as u64 + m.v_head_dim as u64) * 4;
+            (
+                per(if m.split_kv_b { latent } else { full }),
+                Some(per(latent)),
+            )
+        }
+        None => (per(2 * a.n_kv_heads as u64 * a.head_dim as u64 * 4), None),
+    }
 }
 
 /// Bytes a node holding `r` costs.
@@ -465,7 +510,7 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
     }
     let kv = Cost::of(req);
     let free = req.budget == Budget::Free;
-    let kv_total = kv_layer(m, kv) * n as u64;
+    let kv_total = (0..n as usize).map(|l| kv_layer(m, l, kv)).sum();
     let weights = if free {
         m.weight_bytes()
     } else {
@@ -661,7 +706,10 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
                 ram,
                 usable,
                 bytes,
-                kv_bytes: kv_layer(m, kv) * r.len() as u64,
+                kv_bytes: (r.start..r.end).map(|l| kv_layer(m, l as usize, kv)).sum(),
+                kv_bytes_per_position: m.layer_kv_bytes[r.start as usize..r.end as usize]
+                    .iter()
+                    .sum(),
                 paged_bytes: paged,
                 active_bytes: active,
             });
@@ -682,6 +730,8 @@ pub fn plan(m: &ModelCosts, req: &PlanRequest) -> Result<Plan, PlanError> {
         why,
         disk_bytes_per_token: disk,
         active_bytes_per_token: active_total,
+        kv_bytes_per_position: m.layer_kv_bytes.iter().sum(),
+        latent_kv_bytes_per_position: m.latent_kv_bytes.as_ref().map(|v| v.iter().sum()),
         nodes,
     })
 }
@@ -957,6 +1007,25 @@ fn print_plan(o: &mut dyn std::io::Write, p: &Plan, out: Option<&Path>) -> std::
         "read per decoded token: {} per chain (the blocks' active weights and the head; a \
          mixture of experts reads only the experts a token runs)",
         human(p.active_bytes_per_token)
+    )?;
+    let attn = p
+        .nodes
+        .iter()
+        .filter(|n| n.chain == 0)
+        .map(|n| n.kv_bytes_per_position);
+    writeln!(
+        o,
+        "KV cache per position: {} per chain (f32; largest node {}){}",
+        human(p.kv_bytes_per_position),
+        human(attn.max().unwrap_or(0)),
+        match p.latent_kv_bytes_per_position {
+            Some(l) if l != p.kv_bytes_per_position => format!(
+                "; {} with MLA's latent cache (fat-station --mla-latent-cache)",
+                human(l)
+            ),
+            Some(_) => "; MLA's latent rows (split attn_k_b / attn_v_b)".into(),
+            None => String::new(),
+        }
     )?;
     if p.disk_bytes_per_token > 0 {
         writeln!(

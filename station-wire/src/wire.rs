@@ -298,6 +298,11 @@ pub struct Health {
     /// prompt against before sending it (absent from stations before issue 32).
     #[serde(default)]
     pub max_positions: Option<usize>,
+    /// KV-cache bytes one session adds per position over the held blocks (attention blocks'
+    /// keys and values as stored; MLA's latent rows with `--mla-latent-cache`; recurrent
+    /// blocks' constant state not included). Absent from older stations.
+    #[serde(default)]
+    pub kv_bytes_per_position: Option<usize>,
 }
 
 /// Every 4xx/5xx body.

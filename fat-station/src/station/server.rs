@@ -53,6 +53,8 @@ pub struct Limits {
     pub kv_dtype: KvDtype,
     /// Which earlier states a hybrid's recurrent layers keep (`--checkpoint-*`).
     pub checkpoints: crate::engine::Checkpoints,
+    /// deepseek2: sessions cache MLA's latent rows (`--mla-latent-cache`).
+    pub mla_latent_cache: bool,
     /// Whether the weights are packed into interleaved copies or stay in the mapped file.
     pub pack_weights: super::weight_memory::PackWeights,
     /// Most response bytes held for clients that have not read them yet
@@ -88,6 +90,7 @@ impl Default for Limits {
             conn: ConnLimits::default(),
             kv_dtype: KvDtype::F32,
             checkpoints: Default::default(),
+            mla_latent_cache: false,
             pack_weights: Default::default(),
             max_response_bytes: super::response_budget::DEFAULT_MAX_RESPONSE_BYTES,
         }
@@ -167,7 +170,8 @@ impl Station {
         let st = Arc::new(Station {
             model: model
                 .with_kv_dtype(limits.kv_dtype)
-                .with_checkpoints(limits.checkpoints),
+                .with_checkpoints(limits.checkpoints)
+                .with_mla_latent_cache(limits.mla_latent_cache),
             tokenizer: OnceLock::new(),
             sessions: Mutex::new(HashMap::new()),
             compute_gate: Arc::new(Semaphore::new(limits.max_compute.max(1))),
@@ -307,6 +311,7 @@ impl Station {
             mesh: Some(self.mesh.get().map(|m| m.mode()).unwrap_or("open").into()),
             node_id: self.mesh.get().map(|m| m.node_id.clone()),
             max_positions: Some(self.limits.max_positions),
+            kv_bytes_per_position: Some(self.model.kv_bytes_per_position()),
         }
     }
 
