@@ -9,7 +9,7 @@
 #   fat-station/tests/golden/hybrid_moe/STEM_seed0_experts.i32        the experts llama.cpp chose,
 #                                                                     i32 (block, token, k)
 # The GGUF: scripts/make-synthetic-model.py --preset PRESET --type f16 --seed 0 (f16: no 8-bit
-# activations either side). Needs what make-moe-golden.sh needs.
+# activations either side), widened to f32 for llama.cpp (widen-gguf.py). Needs what make-moe-golden.sh needs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -32,8 +32,12 @@ for preset in ${PRESETS:-lfm2moe-tiny qwen35moe-tiny}; do
   g=$tmp/$preset.gguf
   python3 "$root/scripts/make-synthetic-model.py" "$g" --preset "$preset" --type f16 --seed 0 -q
   (cd "$tmp" && sha256sum "$preset.gguf" | cut -d' ' -f1) > "$out/${stem}_seed0.sha256"
-  "$tmp/llamacpp-logits" "$g" "$out/${stem}_seed0_llamacpp.f32" \
+  # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16 (on the
+  # F16 file it rounds every matmul's activations and the cache), as our engine.
+  python3 "$here/widen-gguf.py" "$g" "$tmp/${preset}_f32.gguf"
+  "$tmp/llamacpp-logits" "$tmp/${preset}_f32.gguf" "$out/${stem}_seed0_llamacpp.f32" --f32-cache \
     --experts "$out/${stem}_seed0_experts.i32" "${prompt[@]}"
-  "$tmp/llamacpp-logits" "$g" "$out/${stem}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
+  "$tmp/llamacpp-logits" "$tmp/${preset}_f32.gguf" "$out/${stem}_seed0_llamacpp_tbt.f32" \
+    --token-by-token --f32-cache "${prompt[@]}"
 done
 echo "make-hybrid-moe-golden: wrote $out (llama.cpp $version)" >&2
