@@ -13,6 +13,7 @@ usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|t
            [--layers N] [--hidden N] [--ffn N]
            [--type legacy-mix|q8_0|f16|q4_k_m|q5_k_m|q3_k_m|q2_k|iq4_xs|iq4_nl|q4_1|q5_1]
            [--tokenizer QWEN.gguf] [--llama-quantize BIN] [--via-llama-quantize]
+           [--random-blocks] [--jobs N]
 
 What it is for: tests that need a model of a given shape without downloading one (`tiny`, a
 2-layer model of hidden 256: the engine against the NumPy reference), and benches and mesh plans
@@ -160,8 +161,13 @@ Types (--type):
               ~31 GB): each tensor is quantized as it is made by ggml's own quantizer
               (scripts/reference/ggml-quantize-rows.c, built against that llama.cpp's ggml-base),
               with llama-quantize's type rules and tensor order (q4_k_m_plan): the same bytes as
-              --via-llama-quantize (fat-station's synthetic_q4_k_m test checks it on tiny-moe and
-              tiny), and no disk beyond OUT.
+              --via-llama-quantize (fat-station's engine_quant_mixes.rs checks it on tiny-moe and
+              tiny), and no disk beyond OUT. --jobs N makes tensors in N processes (same bytes).
+              --random-blocks draws the Q4_K / Q6_K blocks directly instead (uniform quants and
+              scales, the super-block scale set for mean 0, std 0.02: random_blocks): the same
+              type mix, not llama-quantize's bytes, in seconds where ggml's quantizer needs ~20
+              CPU-minutes for 24 layers of qwen3-30b-a3b (scripts/bench/moe-bench.sh
+              --random-blocks).
   q5_k_m, q3_k_m, q2_k, iq4_xs, iq4_nl, q4_1, q5_1
               the same way, llama-quantize's mix of that name (its per-tensor rules: e.g.
               Q3_K_M keeps attn_v / ffn_down in Q4_K / Q5_K, Q2_K uses Q3_K / Q4_K there, and
@@ -852,10 +858,38 @@ def values(name, shape, kind, seed, hidden, qtype):
     parts = []
     for r0 in range(0, rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, rows - r0)
+        if RANDOM_BLOCKS and qtype in (Q.Q4_K, Q.Q6_K) and kind != "ssm_proj":
+            parts.append(random_blocks(g, n, cols, qtype))
+            continue
         x = g.standard_normal((n, cols), dtype=np.float32)
         x *= STD if kind != "ssm_proj" else 1.0 / np.sqrt(cols)
         parts.append(encode(x, qtype))
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+# --random-blocks: Q4_K / Q6_K blocks drawn directly (see random_blocks).
+RANDOM_BLOCKS = False
+
+
+def random_blocks(g, rows, cols, qtype):
+    """`rows` rows of `cols` as random Q4_K / Q6_K blocks: uniform quants and sub-block scales,
+    the super-block scale set so the values have mean ~0 and standard deviation STD, like the
+    quantized Gaussians. Seconds for a 24-layer Qwen3-30B-A3B where ggml's quantizer takes ~20
+    CPU-minutes; the same type mix, not the same bytes.
+    Q4_K (d, dmin f16, 12 bytes of 6-bit scales / mins, 128 of nibbles): w = d*sc*q - dmin*m
+    with sc, m in 0..63 and q in 0..15 uniform has std 258*d when dmin = 7.5*d (mean 0).
+    Q6_K (128 ql, 64 qh, 16 i8 scales, d f16): scales drawn in -32..31, w = d*sc*(q - 32) with
+    q in 0..63 has std 341.5*d."""
+    _, size = gguf.GGML_QUANT_SIZES[qtype]
+    b = g.integers(0, 256, (rows * cols // 256, size), dtype=np.uint8)
+    if qtype == Q.Q4_K:
+        d = np.float16(STD / 258.3)
+        b[:, 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(7.5 * float(d)).tobytes(), dtype=np.uint8)
+    else:
+        b[:, 192:208] = ((b[:, 192:208] & 0x3F).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+        b[:, 208:210] = np.frombuffer(np.float16(STD / 341.5).tobytes(), dtype=np.uint8)
+    return b.reshape(rows, -1)
 
 
 def nbytes(shape, qtype):
@@ -931,9 +965,10 @@ def values_of(a):
     return values(*a)
 
 
-def set_quantizer(path):
-    global GGML_QUANTIZER
+def set_quantizer(path, random=False):
+    global GGML_QUANTIZER, RANDOM_BLOCKS
     GGML_QUANTIZER = path
+    RANDOM_BLOCKS = random
 
 
 def write_gguf(path, cfg, wtype, seed, tok, quiet, jobs=1):
@@ -1075,7 +1110,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet, jobs=1):
         # Tensors made in worker processes, written in order: each tensor's bytes depend only
         # on (seed, name), so the file is the same whatever the number of jobs.
         import multiprocessing
-        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=set_quantizer, initargs=(GGML_QUANTIZER,))
+        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=set_quantizer, initargs=(GGML_QUANTIZER, RANDOM_BLOCKS))
         made = pool.imap(values_of, args, chunksize=1)
     else:
         made = map(values_of, args)
@@ -1148,6 +1183,10 @@ def main():
     ap.add_argument("--via-llama-quantize", action="store_true",
                     help="q4_k_m of qwen2 / qwen3moe: write the f16 file and run llama-quantize, as for the "
                     "other llama-quantize types, instead of quantizing each tensor as it is made (same bytes)")
+    ap.add_argument("--random-blocks", action="store_true",
+                    help="q4_k_m of qwen2 / qwen3moe: draw the Q4_K / Q6_K blocks directly (random quants and "
+                    "scales, std 0.02) instead of quantizing Gaussians: seconds, not CPU-minutes, for the big "
+                    "MoE shape; same type mix, not llama-quantize's bytes")
     ap.add_argument("--jobs", type=int, default=2,
                     help="q4_k_m written directly: tensors made in this many processes (same bytes)")
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -1250,10 +1289,12 @@ def main():
         os.replace(tmp, out)
         return 0
 
+    direct = a.wtype == "q4_k_m" and cfg["arch"] in DIRECT_Q4_K_M and not a.via_llama_quantize
+    if a.random_blocks and not direct:
+        die("--random-blocks is for --type q4_k_m of qwen2 / qwen3moe, written directly")
     lq = find_llama_quantize(a.llama_quantize)
-    if a.wtype == "q4_k_m" and cfg["arch"] in DIRECT_Q4_K_M and not a.via_llama_quantize:
-        global GGML_QUANTIZER
-        GGML_QUANTIZER = build_ggml_quantizer(lq)
+    if direct:
+        set_quantizer(build_ggml_quantizer(lq), a.random_blocks)
         try:
             write_gguf(tmp, cfg, a.wtype, a.seed, tok, a.quiet, a.jobs)
             os.replace(tmp, out)

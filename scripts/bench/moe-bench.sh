@@ -12,7 +12,12 @@
 #      decode and prefill tok/s at 1 and 2 threads.
 #
 # Usage: scripts/bench/moe-bench.sh [--layers N] [--nodes N] [--reps R] [-n TOKENS]
-#                                   [--no-chain] [--no-bytes] [--no-llama] [--out DIR]
+#                                   [--random-blocks] [--no-chain] [--no-bytes] [--no-llama]
+#                                   [--out DIR]
+# --random-blocks: the file's Q4_K / Q6_K blocks drawn directly (make-synthetic-model.py
+# --random-blocks, file stem ...-q4_k_m-rb): seconds to make where quantizing Gaussians with
+# ggml's quantizer takes ~20 CPU-minutes for 24 layers (hours on a loaded box); the same type
+# mix and weight scale, not llama-quantize's bytes.
 # Files: ~/.cache/aeon-shell/synthetic/qwen3-30b-a3b-lN-q4_k_m.{gguf,knot} (made once, ~0.36 GB a
 # layer each: make-synthetic-model.py quantizes each tensor as it makes it, no f16 file); DIR (default target/moe-bench) gets
 # chain.txt, bytes.txt, ids-one.txt, ids-chain.txt and bench.sh's files.
@@ -26,13 +31,14 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN=$ROOT/target/release
-layers=24 nodes="" reps=3 ntok=32 chain=1 bytes=1 llama=1 out=$ROOT/target/moe-bench
+layers=24 nodes="" reps=3 ntok=32 chain=1 bytes=1 llama=1 out=$ROOT/target/moe-bench rb=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --layers) layers=$2; shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     -n) ntok=$2; shift 2 ;;
+    --random-blocks) rb=1; shift ;;
     --no-chain) chain=0; shift ;;
     --no-bytes) bytes=0; shift ;;
     --no-llama) llama=0; shift ;;
@@ -47,7 +53,7 @@ for b in fat-station knot shard-knot moonshine aeon-bench; do
   [ -x "$BIN/$b" ] || { echo "moe-bench: no $BIN/$b (cargo build --release)" >&2; exit 2; }
 done
 syn=${AEON_SYNTHETIC_DIR:-$HOME/.cache/aeon-shell/synthetic}
-stem=qwen3-30b-a3b-l$layers-q4_k_m
+stem=qwen3-30b-a3b-l$layers-q4_k_m${rb:+-rb}
 gguf=$syn/$stem.gguf knot=$syn/$stem.knot
 mkdir -p "$syn" "$out"
 # Above 6 layers (2.5 GB of Q4_K_M, which one process maps whole) a run passes 4 GB: hold
@@ -59,7 +65,7 @@ fi
 if [ ! -f "$gguf" ]; then
   echo "moe-bench: making $gguf (Q4_K_M, each tensor quantized as it is made)..." >&2
   python3 "$ROOT/scripts/make-synthetic-model.py" "$gguf" --preset qwen3-30b-a3b \
-    --layers "$layers" --type q4_k_m --seed 0 -q
+    --layers "$layers" --type q4_k_m --seed 0 -q ${rb:+--random-blocks}
 fi
 [ -f "$knot" ] || "$BIN/knot" import "$gguf" -o "$knot" >&2
 "$BIN/knot" inspect "$knot" | grep -E 'arch|experts|layers' | head -5 || true
