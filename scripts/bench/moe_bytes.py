@@ -89,7 +89,9 @@ def post(url, tokens, session, pos):
         url + "/chain", data=json.dumps({"tokens": tokens}).encode(), method="POST",
         headers={"Content-Type": "application/json", "X-Return": "token",
                  "X-Session": session, "X-Pos": str(pos)})
-    with urllib.request.urlopen(req, timeout=600) as r:
+    # A long warm prefill of many layers on a loaded box takes over 10 minutes (24 layers, --warm
+    # 60, load ~15: timed out at 600 s).
+    with urllib.request.urlopen(req, timeout=3600) as r:
         return json.load(r)["token"]
 
 
