@@ -13,7 +13,8 @@ usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|t
            [--seed N]
            [--layers N] [--hidden N] [--ffn N]
            [--type legacy-mix|q8_0|f16|q4_k_m|q5_k_m|q3_k_m|q2_k|iq4_xs|iq4_nl|q4_1|q5_1]
-           [--tokenizer QWEN.gguf] [--llama-quantize BIN]
+           [--tokenizer QWEN.gguf] [--llama-quantize BIN] [--via-llama-quantize]
+           [--random-blocks] [--jobs N]
 
 What it is for: tests that need a model of a given shape without downloading one (`tiny`, a
 2-layer model of hidden 256: the engine against the NumPy reference), and benches and mesh plans
@@ -26,8 +27,8 @@ Presets (hyper-parameters from the models' config.json):
   tiny-moe       qwen3moe: 4 layers, hidden 128, 4 / 2 heads of 32, 8 experts, top-2, expert
                  ffn 64 (dense ffn 256 in the metadata only), untied
   qwen3-30b-a3b  qwen3moe: 48 layers, hidden 2048, 32 / 4 heads of 128, 128 experts, top-8,
-                 expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its f16
-                 file is ~61 GB: use --layers for a shallower one of the real widths.
+                 expert ffn 768 (Qwen3-30B-A3B's config.json), untied. At full depth its Q4_K_M
+                 file is ~17 GB: use --layers for a shallower one of the real widths.
   tiny-linear    tiny with linear RoPE scaling: rope.scaling.type linear, factor 8
   tiny-yarn      tiny with YaRN context scaling: rope.scaling.type yarn, factor 4, original
                  context 32 (so that the ramp and the interpolation act within a short prompt)
@@ -172,6 +173,17 @@ Types (--type):
   q4_k_m      the real Q4_K_M mix (Q4_K / Q6_K): an f16 GGUF written next to OUT, then
               `llama-quantize F16 OUT Q4_K_M` (scripts/bench/build-llama-bench.sh --quantize builds
               it), the f16 file removed. gguf-py cannot quantize K types (NotImplementedError).
+              qwen2 and qwen3moe (DIRECT_Q4_K_M) skip the f16 file (a 24-layer Qwen3-30B-A3B's is
+              ~31 GB): each tensor is quantized as it is made by ggml's own quantizer
+              (scripts/reference/ggml-quantize-rows.c, built against that llama.cpp's ggml-base),
+              with llama-quantize's type rules and tensor order (q4_k_m_plan): the same bytes as
+              --via-llama-quantize (fat-station's engine_quant_mixes.rs checks it on tiny-moe and
+              tiny), and no disk beyond OUT. --jobs N makes tensors in N processes (same bytes).
+              --random-blocks draws the Q4_K / Q6_K blocks directly instead (uniform quants and
+              scales, the super-block scale set for mean 0, std 0.02: random_blocks): the same
+              type mix, not llama-quantize's bytes, in seconds where ggml's quantizer needs ~20
+              CPU-minutes for 24 layers of qwen3-30b-a3b (scripts/bench/moe-bench.sh
+              --random-blocks).
   q5_k_m, q3_k_m, q2_k, iq4_xs, iq4_nl, q4_1, q5_1
               the same way, llama-quantize's mix of that name (its per-tensor rules: e.g.
               Q3_K_M keeps attn_v / ffn_down in Q4_K / Q5_K, Q2_K uses Q3_K / Q4_K there, and
@@ -825,12 +837,25 @@ def deepseek2_layer(cfg, i, p, D, F, mat):
     ]
 
 
+# Set by main() for --type q4_k_m written directly: ggml-quantize-rows (scripts/reference/
+# ggml-quantize-rows.c), which every quantized type then goes through.
+GGML_QUANTIZER = None
+
+
 def encode(x, qtype):
     """f32 rows -> the bytes (as a numpy array) of `qtype`."""
     if qtype == Q.F32:
         return x.astype(np.float32, copy=False)
     if qtype == Q.F16:
         return x.astype(np.float16)
+    if GGML_QUANTIZER:
+        # llama-quantize's input is the f16 file: round to f16 first, as it was.
+        rows, cols = x.shape
+        p = subprocess.run([GGML_QUANTIZER, str(int(qtype)), str(cols)],
+                           input=x.astype(np.float16).tobytes(), stdout=subprocess.PIPE)
+        if p.returncode != 0 or len(p.stdout) != nbytes((rows, cols), qtype):
+            die(f"ggml-quantize-rows failed for {qtype.name} rows of {cols} (exit {p.returncode})")
+        return np.frombuffer(p.stdout, dtype=np.uint8).reshape(rows, -1)
     return quants.quantize(x, qtype)
 
 
@@ -898,10 +923,38 @@ def values(name, shape, kind, seed, hidden, qtype):
     parts = []
     for r0 in range(0, rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, rows - r0)
+        if RANDOM_BLOCKS and qtype in (Q.Q4_K, Q.Q6_K) and kind != "ssm_proj":
+            parts.append(random_blocks(g, n, cols, qtype))
+            continue
         x = g.standard_normal((n, cols), dtype=np.float32)
         x *= STD if kind != "ssm_proj" else 1.0 / np.sqrt(cols)
         parts.append(encode(x, qtype))
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+# --random-blocks: Q4_K / Q6_K blocks drawn directly (see random_blocks).
+RANDOM_BLOCKS = False
+
+
+def random_blocks(g, rows, cols, qtype):
+    """`rows` rows of `cols` as random Q4_K / Q6_K blocks: uniform quants and sub-block scales,
+    the super-block scale set so the values have mean ~0 and standard deviation STD, like the
+    quantized Gaussians. Seconds for a 24-layer Qwen3-30B-A3B where ggml's quantizer takes ~20
+    CPU-minutes; the same type mix, not the same bytes.
+    Q4_K (d, dmin f16, 12 bytes of 6-bit scales / mins, 128 of nibbles): w = d*sc*q - dmin*m
+    with sc, m in 0..63 and q in 0..15 uniform has std 258*d when dmin = 7.5*d (mean 0).
+    Q6_K (128 ql, 64 qh, 16 i8 scales, d f16): scales drawn in -32..31, w = d*sc*(q - 32) with
+    q in 0..63 has std 341.5*d."""
+    _, size = gguf.GGML_QUANT_SIZES[qtype]
+    b = g.integers(0, 256, (rows * cols // 256, size), dtype=np.uint8)
+    if qtype == Q.Q4_K:
+        d = np.float16(STD / 258.3)
+        b[:, 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(7.5 * float(d)).tobytes(), dtype=np.uint8)
+    else:
+        b[:, 192:208] = ((b[:, 192:208] & 0x3F).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+        b[:, 208:210] = np.frombuffer(np.float16(STD / 341.5).tobytes(), dtype=np.uint8)
+    return b.reshape(rows, -1)
 
 
 def nbytes(shape, qtype):
@@ -914,9 +967,78 @@ def nbytes(shape, qtype):
     return rows * cols // block * size
 
 
-def write_gguf(path, cfg, wtype, seed, tok, quiet):
+# Architectures whose Q4_K_M file make-synthetic-model writes itself (the rules below are
+# llama-quant.cpp's for them; others still go through llama-quantize and an f16 file).
+DIRECT_Q4_K_M = ("qwen2", "qwen3moe")
+
+
+def layer_of(name):
+    return int(name.split(".")[1]) if name.startswith("blk.") else -1
+
+
+def q4_k_m_plan(cfg, tensors):
+    """The f16 plan retyped as llama-quantize's Q4_K_M (llama-quant.cpp's rules for qwen2 and
+    qwen3moe, no importance matrix), in the order it writes tensors: by layer (the rest first),
+    then by name. attn_v counts its tensors in that order; ffn_down of an MoE model takes the
+    layer from the name; 8-expert models get attn_v / attn_k Q8_0 and attn_output Q5_K; rows
+    that are not whole 256-element super-blocks fall back (Q4_K -> Q5_0, Q6_K -> Q8_0)."""
+    tensors = sorted(tensors, key=lambda t: (layer_of(t[0]), t[0]))
+    names = {t[0] for t in tensors}
+    tied = "output.weight" not in names
+    experts = cfg.get("experts", 1)
+    n_v = sum(1 for t in tensors if "attn_v.weight" in t[0] or "attn_qkv.weight" in t[0])
+    i_v = i_down = 0
+    out = []
+    for name, shape, qtype, kind in tensors:
+        quantize = (len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
+                    and "ffn_gate_inp.weight" not in name and qtype == Q.F16)
+        if not quantize:
+            out.append((name, shape, qtype, kind))
+            continue
+        cols = shape[-1]
+        t = Q.Q4_K
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            t = Q.Q8_0 if cols % 256 else Q.Q6_K
+        elif name == "token_embd.weight":
+            pass
+        elif "attn_v.weight" in name or "attn_qkv.weight" in name:
+            if use_more_bits(i_v, n_v):
+                t = Q.Q6_K
+            if experts == 8:
+                t = Q.Q8_0
+            i_v += 1
+        elif "attn_k.weight" in name:
+            if experts == 8:
+                t = Q.Q8_0
+        elif "attn_output.weight" in name:
+            if experts == 8:
+                t = Q.Q5_K
+        elif "ffn_down" in name:
+            i = layer_of(name) if experts > 1 else i_down
+            if use_more_bits(i, cfg["layers"]):
+                t = Q.Q6_K
+            i_down += 1
+        if cols % 256:
+            t = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}.get(t, t)
+            if cols % 32:
+                t = Q.F16
+        out.append((name, shape, t, kind))
+    return out
+
+
+def values_of(a):
+    return values(*a)
+
+
+def set_quantizer(path, random=False):
+    global GGML_QUANTIZER, RANDOM_BLOCKS
+    GGML_QUANTIZER = path
+    RANDOM_BLOCKS = random
+
+
+def write_gguf(path, cfg, wtype, seed, tok, quiet, jobs=1):
     ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-             "legacy-mix": gguf.LlamaFileType.MOSTLY_Q5_0}[wtype]
+             "legacy-mix": gguf.LlamaFileType.MOSTLY_Q5_0, "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M}[wtype]
     w = gguf.GGUFWriter(path, cfg["arch"])
     w.add_type("model")
     w.add_name(f"synthetic {cfg['preset']} seed {seed}")
@@ -1047,11 +1169,18 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
         w.add_float32(f"{a}.logit_scale", lg)
     if cfg["arch"] in ("llama", "granite", "smollm3"):
         w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
-    w.add_file_type(ftype)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if wtype != "q4_k_m":
+        w.add_file_type(ftype)
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, val, t, sub in tok:
         w.add_key_value(key, val, t, sub_type=sub)
-    tensors = plan(cfg, wtype)
+    if wtype == "q4_k_m":
+        # Where llama-quantize puts them: it drops both keys and appends them after the rest.
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        w.add_file_type(ftype)
+        tensors = q4_k_m_plan(cfg, plan(cfg, "f16"))
+    else:
+        tensors = plan(cfg, wtype)
     for name, shape, qtype, _ in tensors:
         # add_tensor_info takes the byte shape for quantized types and converts it.
         raw = shape if qtype in (Q.F32, Q.F16) else (*shape[:-1], nbytes((1, shape[-1]), qtype))
@@ -1060,10 +1189,23 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for k, (name, shape, qtype, kind) in enumerate(tensors):
+    args = [(name, shape, kind, seed, cfg["hidden"], qtype) for name, shape, qtype, kind in tensors]
+    pool = None
+    if jobs > 1:
+        # Tensors made in worker processes, written in order: each tensor's bytes depend only
+        # on (seed, name), so the file is the same whatever the number of jobs.
+        import multiprocessing
+        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=set_quantizer, initargs=(GGML_QUANTIZER, RANDOM_BLOCKS))
+        made = pool.imap(values_of, args, chunksize=1)
+    else:
+        made = map(values_of, args)
+    for k, ((name, *_), data) in enumerate(zip(tensors, made)):
         if not quiet:
             print(f"\r  {k + 1}/{len(tensors)} {name:<28}", end="", file=sys.stderr, flush=True)
-        w.write_tensor_data(values(name, shape, kind, seed, cfg["hidden"], qtype))
+        w.write_tensor_data(data)
+    if pool:
+        pool.close()
+        pool.join()
     if not quiet:
         print(file=sys.stderr)
     w.close()
@@ -1073,6 +1215,38 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet):
 LLAMA_QUANTIZE_TYPES = {"q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "q4_1", "q5_1"}
 # MXFP4_MOE: the expert tensors MXFP4 (gpt-oss's type), the rest Q8_0 (llama-quantize's rules).
 LLAMA_QUANTIZE_TYPES |= {"mxfp4_moe"}
+
+
+def find_llama_quantize(path):
+    if path:
+        return path
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run(["bash", os.path.join(here, "bench", "build-llama-bench.sh"), "--quantize"],
+                       stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        die("no llama-quantize (scripts/bench/build-llama-bench.sh --quantize failed)")
+    return p.stdout.strip().splitlines()[-1]
+
+
+def build_ggml_quantizer(lq):
+    """scripts/reference/ggml-quantize-rows.c built against the static ggml-base of the llama.cpp
+    tree llama-quantize came from (TREE/build/bin/llama-quantize), cached next to it."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference", "ggml-quantize-rows.c")
+    tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(lq))))
+    exe = os.path.join(tree, "build", "bin", "ggml-quantize-rows")
+    if os.path.exists(exe) and os.path.getmtime(exe) >= os.path.getmtime(src):
+        return exe
+    lib = os.path.join(tree, "build", "ggml", "src", "libggml-base.a")
+    inc = os.path.join(tree, "vendor", "llama.cpp", "ggml", "include")
+    if not os.path.exists(lib):
+        die(f"no {lib} (scripts/bench/build-llama-bench.sh builds it)")
+    tmp = f"{exe}.{os.getpid()}"
+    p = subprocess.run(["gcc", "-O2", "-I" + inc, src, lib, "-lstdc++", "-fopenmp", "-lm", "-lpthread", "-o", tmp],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        die(f"building ggml-quantize-rows failed:\n{p.stdout[-2000:]}")
+    os.replace(tmp, exe)
+    return exe
 
 
 def main():
@@ -1093,6 +1267,15 @@ def main():
     ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"),
                     help="llama-quantize binary for the --type it makes (default: $LLAMA_QUANTIZE, else "
                     "scripts/bench/build-llama-bench.sh --quantize builds one)")
+    ap.add_argument("--via-llama-quantize", action="store_true",
+                    help="q4_k_m of qwen2 / qwen3moe: write the f16 file and run llama-quantize, as for the "
+                    "other llama-quantize types, instead of quantizing each tensor as it is made (same bytes)")
+    ap.add_argument("--random-blocks", action="store_true",
+                    help="q4_k_m of qwen2 / qwen3moe: draw the Q4_K / Q6_K blocks directly (random quants and "
+                    "scales, std 0.02) instead of quantizing Gaussians: seconds, not CPU-minutes, for the big "
+                    "MoE shape; same type mix, not llama-quantize's bytes")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="q4_k_m written directly: tensors made in this many processes (same bytes)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args()
 
@@ -1199,14 +1382,19 @@ def main():
         os.replace(tmp, out)
         return 0
 
-    lq = a.llama_quantize
-    if not lq:
-        here = os.path.dirname(os.path.abspath(__file__))
-        p = subprocess.run(["bash", os.path.join(here, "bench", "build-llama-bench.sh"), "--quantize"],
-                           stdout=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            die("no llama-quantize (scripts/bench/build-llama-bench.sh --quantize failed)")
-        lq = p.stdout.strip().splitlines()[-1]
+    direct = a.wtype == "q4_k_m" and cfg["arch"] in DIRECT_Q4_K_M and not a.via_llama_quantize
+    if a.random_blocks and not direct:
+        die("--random-blocks is for --type q4_k_m of qwen2 / qwen3moe, written directly")
+    lq = find_llama_quantize(a.llama_quantize)
+    if direct:
+        set_quantizer(build_ggml_quantizer(lq), a.random_blocks)
+        try:
+            write_gguf(tmp, cfg, a.wtype, a.seed, tok, a.quiet, a.jobs)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return 0
     f16 = out + ".f16.partial"
     try:
         write_gguf(f16, cfg, "f16", a.seed, tok, a.quiet)

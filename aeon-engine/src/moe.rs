@@ -14,7 +14,12 @@
 //! expert is made on its first use).
 //!
 //! Batches: the tokens routed to one expert are gathered and run through it together, so each
-//! chosen expert's weights are read once per batch.
+//! chosen expert's weights are read once per batch. Where the experts have 16-row kernels and
+//! their interleaved copies (the usual case), the rows are quantized once for all experts and
+//! every chosen expert's gate and up run as one parallel pass, then every down as another
+//! ([`kernels::linears_each`](super::kernels::linears_each)): two fork-joins per block, not two
+//! per expert, the threads spread over all chosen experts' rows; a decoded token's 8 experts
+//! no longer each pay a fork-join and an activation quantization of their own.
 //!
 //! Determinism: each expert output row depends only on its input row (the kernels' contract),
 //! and a token's outputs are summed in its top-k order, weight-scaled first (llama.cpp's order),
@@ -22,7 +27,12 @@
 
 use std::cell::RefCell;
 
-use super::kernels::{linear, linears, Linear};
+use knot_format::dtype::QK;
+
+use super::kernels::blocks::BlockQ8A;
+use super::kernels::{
+    groupable, kernels, linear, linears, linears_each, quantize_q8a, Job, Linear,
+};
 use super::ops::{dot_f32, exp, geglu_tanh, swiglu};
 use super::Activation;
 
@@ -87,6 +97,14 @@ struct MoeScratch {
     yd: Vec<f32>,
     /// (seq, k, hidden) weighted outputs of every slot
     ys: Vec<f32>,
+    /// Grouped path: (seq, hidden / 32) the rows quantized once for every expert
+    xq: Vec<BlockQ8A>,
+    /// Grouped path: each chosen expert's gathered quantized rows, experts end to end
+    xqg: Vec<BlockQ8A>,
+    /// Grouped path: the activations quantized for the down projections
+    gq: Vec<BlockQ8A>,
+    /// Grouped path: (expert, first slot index in `slots`, rows) of each chosen expert
+    runs: Vec<(usize, usize, usize)>,
 }
 
 /// The experts of each token of one block call, `seq * k` (expert, weight) in top-k order.
@@ -194,44 +212,10 @@ impl MoeFfn<'_> {
             }
         });
         s.ys.resize(seq * k * h, 0.0);
-        for (e, ex) in self.experts.iter().enumerate() {
-            s.slots.clear();
-            s.slots.extend(
-                choice
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &(c, _))| c as usize == e)
-                    .map(|(i, _)| i),
-            );
-            let n = s.slots.len();
-            if n == 0 {
-                continue;
-            }
-            let f = ex.gate.rows;
-            s.xg.resize(n * h, 0.0);
-            for (row, &slot) in s.xg.chunks_exact_mut(h).zip(&s.slots) {
-                let t = slot / k;
-                row.copy_from_slice(&xn[t * h..(t + 1) * h]);
-            }
-            s.g.resize(n * f, 0.0);
-            s.u.resize(n * f, 0.0);
-            linears(
-                &mut [(&ex.gate, &mut s.g[..]), (&ex.up, &mut s.u[..])],
-                &s.xg,
-                n,
-            );
-            match act {
-                Activation::Silu => swiglu(&mut s.g, &s.u),
-                Activation::GeluTanh => geglu_tanh(&mut s.g, &s.u),
-            }
-            s.yd.resize(n * h, 0.0);
-            linear(&ex.down, &s.g, n, &mut s.yd);
-            for (y, &slot) in s.yd.chunks_exact(h).zip(&s.slots) {
-                let w = choice[slot].1;
-                for (o, &v) in s.ys[slot * h..(slot + 1) * h].iter_mut().zip(y) {
-                    *o = v * w;
-                }
-            }
+        if self.grouped(&choice) {
+            self.experts_grouped(xn, seq, act, &choice, &mut s);
+        } else {
+            self.experts_each(xn, act, &choice, &mut s);
         }
         for (o, ys) in out[..seq * h]
             .chunks_exact_mut(h)
@@ -276,8 +260,167 @@ impl MoeFfn<'_> {
             .iter()
             .map(|v| v.capacity())
             .sum::<usize>();
-        if floats * 4 + s.choice.capacity() * 8 <= super::SCRATCH_KEEP_BYTES {
+        let blocks = s.xq.capacity() + s.xqg.capacity() + s.gq.capacity();
+        let bytes = floats * 4
+            + blocks * std::mem::size_of::<BlockQ8A>()
+            + s.choice.capacity() * 8
+            + (s.slots.capacity() + 3 * s.runs.capacity()) * 8;
+        if bytes <= super::SCRATCH_KEEP_BYTES {
             MOE.with(|m| *m.borrow_mut() = s);
+        }
+    }
+}
+
+impl MoeFfn<'_> {
+    /// Whether the chosen experts can run as [`Self::experts_grouped`]: every one of their
+    /// matrices has a 16-row kernel and its interleaved copy (not where the station keeps the
+    /// weights in the file).
+    fn grouped(&self, choice: &[(u32, f32)]) -> bool {
+        let k = kernels();
+        choice.iter().all(|&(e, _)| {
+            let ex = &self.experts[e as usize];
+            groupable(k, &ex.gate) && groupable(k, &ex.up) && groupable(k, &ex.down)
+        })
+    }
+
+    /// The chosen experts of all `seq` rows in two parallel passes (every expert's gate and up,
+    /// then every expert's down), the rows quantized once for all experts and each expert's
+    /// activations once: a decoded token forks and joins twice per block, not twice per
+    /// expert. Fills `s.ys` (slot `t * k + j` = w_j * expert_j(row t)) with the bits of
+    /// [`Self::experts_each`]: quantization is per 32-value block and a kernel output depends
+    /// only on its weight row and activation row.
+    fn experts_grouped(
+        &self,
+        xn: &[f32],
+        seq: usize,
+        act: Activation,
+        choice: &[(u32, f32)],
+        s: &mut MoeScratch,
+    ) {
+        let k = self.n_used;
+        let h = self.router.cols;
+        let f = self.experts[0].gate.rows;
+        let (nbh, nbf) = (h / QK, f / QK);
+        quantize_q8a(&xn[..seq * h], &mut s.xq);
+        // Slots grouped by expert, experts in index order, each expert's slots in order (a
+        // stable sort).
+        s.slots.clear();
+        s.slots.extend(0..choice.len());
+        s.slots.sort_by_key(|&i| choice[i].0);
+        s.runs.clear();
+        for (i, &slot) in s.slots.iter().enumerate() {
+            let e = choice[slot].0 as usize;
+            match s.runs.last_mut() {
+                Some((last, _, rows)) if *last == e => *rows += 1,
+                _ => s.runs.push((e, i, 1)),
+            }
+        }
+        let n = s.slots.len();
+        s.xqg.clear();
+        for &slot in &s.slots {
+            let t = slot / k;
+            s.xqg.extend_from_slice(&s.xq[t * nbh..(t + 1) * nbh]);
+        }
+        s.g.resize(n * f, 0.0);
+        s.u.resize(n * f, 0.0);
+        {
+            let mut jobs = Vec::with_capacity(2 * s.runs.len());
+            let mut g = &mut s.g[..];
+            let mut u = &mut s.u[..];
+            for &(e, first, rows) in &s.runs {
+                let ex = &self.experts[e];
+                let (gh, gt) = std::mem::take(&mut g).split_at_mut(rows * f);
+                let (uh, ut) = std::mem::take(&mut u).split_at_mut(rows * f);
+                (g, u) = (gt, ut);
+                let xq = &s.xqg[first * nbh..(first + rows) * nbh];
+                jobs.push(Job {
+                    w: &ex.gate,
+                    xq,
+                    n_tok: rows,
+                    out: gh,
+                });
+                jobs.push(Job {
+                    w: &ex.up,
+                    xq,
+                    n_tok: rows,
+                    out: uh,
+                });
+            }
+            linears_each(kernels(), &mut jobs);
+        }
+        match act {
+            Activation::Silu => swiglu(&mut s.g, &s.u),
+            Activation::GeluTanh => geglu_tanh(&mut s.g, &s.u),
+        }
+        quantize_q8a(&s.g, &mut s.gq);
+        s.yd.resize(n * h, 0.0);
+        {
+            let mut jobs = Vec::with_capacity(s.runs.len());
+            let mut y = &mut s.yd[..];
+            for &(e, first, rows) in &s.runs {
+                let (yh, yt) = std::mem::take(&mut y).split_at_mut(rows * h);
+                y = yt;
+                let xq = &s.gq[first * nbf..(first + rows) * nbf];
+                jobs.push(Job {
+                    w: &self.experts[e].down,
+                    xq,
+                    n_tok: rows,
+                    out: yh,
+                });
+            }
+            linears_each(kernels(), &mut jobs);
+        }
+        for (y, &slot) in s.yd.chunks_exact(h).zip(&s.slots) {
+            let w = choice[slot].1;
+            for (o, &v) in s.ys[slot * h..(slot + 1) * h].iter_mut().zip(y) {
+                *o = v * w;
+            }
+        }
+    }
+
+    /// The chosen experts one at a time (matrices without a 16-row kernel or kept in the
+    /// file): each expert's gathered rows through [`linears`] (gate, up) and [`linear`] (down).
+    fn experts_each(&self, xn: &[f32], act: Activation, choice: &[(u32, f32)], s: &mut MoeScratch) {
+        let k = self.n_used;
+        let h = self.router.cols;
+        for (e, ex) in self.experts.iter().enumerate() {
+            s.slots.clear();
+            s.slots.extend(
+                choice
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &(c, _))| c as usize == e)
+                    .map(|(i, _)| i),
+            );
+            let n = s.slots.len();
+            if n == 0 {
+                continue;
+            }
+            let f = ex.gate.rows;
+            s.xg.resize(n * h, 0.0);
+            for (row, &slot) in s.xg.chunks_exact_mut(h).zip(&s.slots) {
+                let t = slot / k;
+                row.copy_from_slice(&xn[t * h..(t + 1) * h]);
+            }
+            s.g.resize(n * f, 0.0);
+            s.u.resize(n * f, 0.0);
+            linears(
+                &mut [(&ex.gate, &mut s.g[..]), (&ex.up, &mut s.u[..])],
+                &s.xg,
+                n,
+            );
+            match act {
+                Activation::Silu => swiglu(&mut s.g, &s.u),
+                Activation::GeluTanh => geglu_tanh(&mut s.g, &s.u),
+            }
+            s.yd.resize(n * h, 0.0);
+            linear(&ex.down, &s.g, n, &mut s.yd);
+            for (y, &slot) in s.yd.chunks_exact(h).zip(&s.slots) {
+                let w = choice[slot].1;
+                for (o, &v) in s.ys[slot * h..(slot + 1) * h].iter_mut().zip(y) {
+                    *o = v * w;
+                }
+            }
         }
     }
 }
@@ -330,6 +473,95 @@ mod tests {
 
     fn f32_matrix(rows: usize, cols: usize, v: &[f32]) -> Linear<'_> {
         Linear::new(QMatrix::new(DType::F32, rows, cols, bytemuck::cast_slice(v)).unwrap())
+    }
+
+    /// The grouped path (every chosen expert's gate and up in one pass, then every down, the
+    /// rows quantized once) gives the bits of the one-expert-at-a-time path, on quantized
+    /// experts (Q4_K gate / up with a Q6_K down, and all Q8_0), for a batch and for each token
+    /// alone, at 1 and 3 threads.
+    #[test]
+    fn grouped_experts_give_the_bits_of_one_expert_at_a_time() {
+        use crate::kernels::tests::{random_row, random_x, Rng};
+        let (h, f, ne, k, seq) = (256, 256, 8, 3, 5);
+        let mut rng = Rng::new(34);
+        for (gu, dn) in [(DType::Q4_K, DType::Q6_K), (DType::Q8_0, DType::Q8_0)] {
+            let router: Vec<f32> = (0..ne * h).map(|_| rng.f32() * 0.5).collect();
+            let mats: Vec<[Vec<u8>; 3]> = (0..ne)
+                .map(|_| {
+                    [
+                        random_row(gu, f * h, &mut rng),
+                        random_row(gu, f * h, &mut rng),
+                        random_row(dn, h * f, &mut rng),
+                    ]
+                })
+                .collect();
+            fn q(t: DType, r: usize, c: usize, d: &[u8]) -> Linear<'_> {
+                Linear::new(QMatrix::new(t, r, c, d).unwrap())
+            }
+            let moe = MoeFfn {
+                router: f32_matrix(ne, h, &router),
+                experts: mats
+                    .iter()
+                    .map(|[g, u, d]| Expert {
+                        gate: q(gu, f, h, g),
+                        up: q(gu, f, h, u),
+                        down: q(dn, h, f, d),
+                    })
+                    .collect(),
+                n_used: k,
+                norm_topk: true,
+                gating: Gating::Softmax,
+                select_bias: None,
+                groups: None,
+                scale: 1.0,
+                shared: None,
+            };
+            let x = random_x(seq * h, &mut rng);
+            let choice = moe.route(&x, seq);
+            let experts: std::collections::BTreeSet<u32> = choice.iter().map(|c| c.0).collect();
+            assert!(
+                experts.len() > k,
+                "{gu}: the tokens share some experts, not all"
+            );
+            if !moe.grouped(&choice) {
+                eprintln!("{gu}: no 16-row kernels on this CPU: the grouped path is not taken");
+                continue;
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let mut each = MoeScratch::default();
+            each.ys.resize(seq * k * h, 0.0);
+            moe.experts_each(&x, Activation::Silu, &choice, &mut each);
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut grouped = MoeScratch::default();
+                grouped.ys.resize(seq * k * h, 0.0);
+                pool.install(|| {
+                    moe.experts_grouped(&x, seq, Activation::Silu, &choice, &mut grouped)
+                });
+                assert_eq!(
+                    bits(&grouped.ys),
+                    bits(&each.ys),
+                    "{gu}: grouped vs each, {threads} threads"
+                );
+                let mut batch = vec![0f32; seq * h];
+                pool.install(|| moe.forward(&x, seq, Activation::Silu, &mut batch));
+                for t in 0..seq {
+                    let mut one = vec![0f32; h];
+                    pool.install(|| {
+                        moe.forward(&x[t * h..(t + 1) * h], 1, Activation::Silu, &mut one)
+                    });
+                    assert_eq!(
+                        bits(&one),
+                        bits(&batch[t * h..(t + 1) * h]),
+                        "{gu}: token {t} alone"
+                    );
+                }
+            }
+            assert!(each.ys.iter().any(|v| *v != 0.0));
+        }
     }
 
     #[test]

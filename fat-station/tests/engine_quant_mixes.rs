@@ -211,3 +211,67 @@ fn moe_with_mxfp4_experts_matches_llamacpp_within_its_own_noise() {
     );
     check_against_golden("moe-mxfp4_moe", &gguf, dir.path());
 }
+
+/// make-synthetic-model.py writes qwen2 and qwen3moe Q4_K_M itself (ggml's quantizer per
+/// tensor, no f16 file, so a 24-layer Qwen3-30B-A3B fits the disk): its bytes must be
+/// llama-quantize's, type mix, tensor order and metadata included. tiny-moe has 8 experts
+/// (llama-quantize's Q8_0 attn_v / attn_k and Q5_K attn_output) and rows of 128 and 64 (the
+/// Q5_0 / Q8_0 fallbacks); tiny has rows of 256 and 512 (Q4_K, Q6_K by layer).
+#[test]
+fn direct_q4_k_m_is_llama_quantizes_bytes() {
+    let Some(tokenizer) = model(test_support::QWEN_GGUF) else {
+        return;
+    };
+    if !python_with_gguf() {
+        return;
+    }
+    let Some(lq) = llama_quantize() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    for preset in ["tiny-moe", "tiny"] {
+        let make = |name: &str, via: bool| {
+            let out = dir.path().join(format!("{preset}-{name}.gguf"));
+            let mut cmd = Command::new("python3");
+            cmd.arg(repo().join("scripts/make-synthetic-model.py"))
+                .arg(&out)
+                .args(["--preset", preset, "--seed", "0", "--type", "q4_k_m", "-q"])
+                .arg("--tokenizer")
+                .arg(&tokenizer)
+                .arg("--llama-quantize")
+                .arg(&lq);
+            if via {
+                cmd.arg("--via-llama-quantize");
+            }
+            run_ok(&mut cmd);
+            out
+        };
+        let direct = make("direct", false);
+        let via = make("via", true);
+        assert_eq!(
+            sha256_file(&direct),
+            sha256_file(&via),
+            "{preset}: the directly written Q4_K_M differs from llama-quantize's"
+        );
+        // Not vacuous: the file holds the types the rules pick for this preset.
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import sys, gguf; r = gguf.GGUFReader(sys.argv[1]); \
+                 print(' '.join(sorted({t.tensor_type.name for t in r.tensors})))",
+            )
+            .arg(&direct)
+            .output()
+            .expect("python3");
+        let types = String::from_utf8_lossy(&out.stdout).to_string();
+        let want: &[&str] = if preset == "tiny" {
+            &["Q4_K", "Q6_K"]
+        } else {
+            &["Q5_0", "Q8_0", "F32"]
+        };
+        for t in want {
+            assert!(
+                types.split_whitespace().any(|x| x == *t),
+                "{preset}: no {t} tensor in {types}"
+            );
+        }
+    }
+}

@@ -12,27 +12,33 @@
 #      decode and prefill tok/s at 1 and 2 threads.
 #
 # Usage: scripts/bench/moe-bench.sh [--layers N] [--nodes N] [--reps R] [-n TOKENS]
-#                                   [--no-chain] [--no-bytes] [--no-llama] [--out DIR]
-# Files: ~/.cache/aeon-shell/synthetic/qwen3-30b-a3b-lN-q4_k_m.{gguf,knot} (made once: the f16
-# intermediate needs ~1.3 GB of disk per layer for a while); DIR (default target/moe-bench) gets
+#                                   [--random-blocks] [--no-chain] [--no-bytes] [--no-llama]
+#                                   [--out DIR]
+# --random-blocks: the file's Q4_K / Q6_K blocks drawn directly (make-synthetic-model.py
+# --random-blocks, file stem ...-q4_k_m-rb): seconds to make where quantizing Gaussians with
+# ggml's quantizer takes ~20 CPU-minutes for 24 layers (hours on a loaded box); the same type
+# mix and weight scale, not llama-quantize's bytes.
+# Files: ~/.cache/aeon-shell/synthetic/qwen3-30b-a3b-lN-q4_k_m.{gguf,knot} (made once, ~0.36 GB a
+# layer each: make-synthetic-model.py quantizes each tensor as it makes it, no f16 file); DIR (default target/moe-bench) gets
 # chain.txt, bytes.txt, ids-one.txt, ids-chain.txt and bench.sh's files.
 # Memory: above 6 layers the whole run holds `flock /tmp/aeon-bigmem.lock` (one process maps
 # the whole model; 4 layers are 1.9 GB, 24 are 8.6 GB).
 # Needs: root (r1-sim.sh, clear_refs), python3 with gguf and numpy, the release binaries
-# (fat-station, knot, shard-knot, moonshine, aeon-bench), llama.cpp's llama-quantize and
-# llama-bench (scripts/bench/build-llama-bench.sh --quantize).
+# (fat-station, knot, shard-knot, moonshine, aeon-bench), llama.cpp's static ggml-base (the
+# quantizer) and llama-bench (scripts/bench/build-llama-bench.sh --quantize).
 # Exit: 0 measured (figures, not a gate) and the chain's ids equal one process's; 1 they differ
 # or a step failed; 2 bad usage or a missing tool.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN=$ROOT/target/release
-layers=24 nodes="" reps=3 ntok=32 chain=1 bytes=1 llama=1 out=$ROOT/target/moe-bench
+layers=24 nodes="" reps=3 ntok=32 chain=1 bytes=1 llama=1 out=$ROOT/target/moe-bench rb=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --layers) layers=$2; shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     -n) ntok=$2; shift 2 ;;
+    --random-blocks) rb=1; shift ;;
     --no-chain) chain=0; shift ;;
     --no-bytes) bytes=0; shift ;;
     --no-llama) llama=0; shift ;;
@@ -47,19 +53,19 @@ for b in fat-station knot shard-knot moonshine aeon-bench; do
   [ -x "$BIN/$b" ] || { echo "moe-bench: no $BIN/$b (cargo build --release)" >&2; exit 2; }
 done
 syn=${AEON_SYNTHETIC_DIR:-$HOME/.cache/aeon-shell/synthetic}
-stem=qwen3-30b-a3b-l$layers-q4_k_m
+stem=qwen3-30b-a3b-l$layers-q4_k_m${rb:+-rb}
 gguf=$syn/$stem.gguf knot=$syn/$stem.knot
 mkdir -p "$syn" "$out"
-# Above 6 layers (2.5 GB of Q4_K_M; the f16 intermediate and llama-quantize map far more) a
-# run passes 4 GB: hold the machine's big-memory lock.
+# Above 6 layers (2.5 GB of Q4_K_M, which one process maps whole) a run passes 4 GB: hold
+# the machine's big-memory lock.
 if [ "$layers" -gt 6 ]; then
   exec 9>/tmp/aeon-bigmem.lock
   flock 9
 fi
 if [ ! -f "$gguf" ]; then
-  echo "moe-bench: making $gguf (the f16 file, then llama-quantize Q4_K_M)..." >&2
+  echo "moe-bench: making $gguf (Q4_K_M, each tensor quantized as it is made)..." >&2
   python3 "$ROOT/scripts/make-synthetic-model.py" "$gguf" --preset qwen3-30b-a3b \
-    --layers "$layers" --type q4_k_m --seed 0 -q
+    --layers "$layers" --type q4_k_m --seed 0 -q ${rb:+--random-blocks}
 fi
 [ -f "$knot" ] || "$BIN/knot" import "$gguf" -o "$knot" >&2
 "$BIN/knot" inspect "$knot" | grep -E 'arch|experts|layers' | head -5 || true

@@ -52,6 +52,7 @@ use blocks::BlockQ8A;
 use interleaved::{Interleaved, Rows16Dot};
 use knot_format::dtype::{DType, QK};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Errors from building kernel views over tensor bytes.
@@ -374,6 +375,26 @@ thread_local! {
     static XQ: RefCell<Vec<BlockQ8A>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether the matrix products add the weight bytes they read to [`WEIGHT_BYTES`].
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Starts (`true`) or stops counting the weight bytes every matrix product reads (each
+/// matrix's whole rows once per call, whatever the batch: what a decoded token streams), and
+/// returns the count so far, reset to 0. aeon-bench's bytes per decoded token as the kernels
+/// see them, against the page-level measurement of scripts/bench/moe_bytes.py. Off, it costs
+/// one relaxed load per product.
+pub fn count_weight_bytes(on: bool) -> u64 {
+    COUNTING.store(on, Ordering::Relaxed);
+    WEIGHT_BYTES.swap(0, Ordering::Relaxed)
+}
+
+fn counted(bytes: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        WEIGHT_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
 /// Rows per parallel task: small enough to balance 2+ threads on a 896-row matvec, large enough
 /// that scheduling costs nothing next to the dot products.
 const MIN_ROWS_PER_TASK: usize = 16;
@@ -395,6 +416,7 @@ pub fn matmul_with(k: &Kernels, w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f
     if n_tok == 0 || w.rows == 0 {
         return;
     }
+    counted(w.data.len());
     match k.dot(w.dtype) {
         Dot::Float(f) => run_rows(w, n_tok, y, |row, t| {
             f(row, &x[t * w.cols..(t + 1) * w.cols])
@@ -542,6 +564,7 @@ pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], 
     if n_tok == 0 {
         return;
     }
+    counted(outs.iter().map(|(w, _)| w.q.data.len()).sum());
     with_q8a(x, |xq| {
         let mut targets = [None; MAX];
         for (t, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
@@ -551,11 +574,13 @@ pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], 
                     dot,
                     out: OutPtr(y.as_mut_ptr()),
                     rows: w.rows,
+                    xq,
+                    n_tok,
                 }),
                 _ => None,
             };
         }
-        run_groups(&targets[..outs.len()], xq, n_tok);
+        run_groups(&targets[..outs.len()]);
         // Rows past the last full group: the block kernel, serially (at most 15 per matrix).
         let nb = cols / QK;
         for (w, y) in outs.iter_mut() {
@@ -571,23 +596,100 @@ pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], 
     })
 }
 
-/// One matrix of a [`linears_with`] pass on the 16-row kernels.
+/// One matrix of a [`run_groups`] pass on the 16-row kernels, with its own activations.
 #[derive(Clone, Copy)]
 struct GroupTarget<'p> {
     p: &'p Interleaved,
     dot: Rows16Dot,
     out: OutPtr,
     rows: usize,
+    /// (n_tok, cols / 32) quantized activation rows
+    xq: &'p [BlockQ8A],
+    n_tok: usize,
+}
+
+/// One matrix product of a [`linears_each`] pass: `out = W x` over `n_tok` rows of activations
+/// already quantized (`xq`, `n_tok * cols / 32` blocks); `out` is (n_tok, W.rows).
+pub struct Job<'j> {
+    pub w: &'j Linear<'j>,
+    pub xq: &'j [BlockQ8A],
+    pub n_tok: usize,
+    pub out: &'j mut [f32],
+}
+
+/// Whether `w` can join a [`linears_each`] pass under `k`: a 16-row kernel for its type and
+/// its interleaved copy (packed here if not yet; `None` where the station keeps it in the file).
+pub fn groupable(k: &Kernels, w: &Linear) -> bool {
+    k.rows16(w.dtype).is_some()
+        && matches!(k.dot(w.dtype), Dot::Quant(_))
+        && w.interleaved(k).is_some()
+}
+
+/// Every job's product in one parallel pass over all their 16-row groups: one fork-join for
+/// many small matrices with different inputs (a mixture of experts' chosen experts), where a
+/// [`linear`] each would fork and join per matrix. Every job must be [`groupable`]. Same bits as
+/// a [`linear`] per job: an output still depends only on its weight row and activation row.
+///
+/// Panics when a job is not groupable or its lengths do not match its matrix.
+pub fn linears_each(k: &Kernels, jobs: &mut [Job]) {
+    let mut targets = Vec::with_capacity(jobs.len());
+    for j in jobs.iter_mut() {
+        let nb = j.w.cols / QK;
+        assert_eq!(
+            j.xq.len(),
+            j.n_tok * nb,
+            "linears_each: xq is not n_tok x blocks"
+        );
+        assert_eq!(
+            j.out.len(),
+            j.n_tok * j.w.rows,
+            "linears_each: out is not n_tok x rows"
+        );
+        let (Some(p), Some(dot)) = (j.w.interleaved(k), k.rows16(j.w.dtype)) else {
+            panic!(
+                "linears_each: a {} matrix without a 16-row kernel",
+                j.w.dtype
+            );
+        };
+        targets.push(Some(GroupTarget {
+            p,
+            dot,
+            out: OutPtr(j.out.as_mut_ptr()),
+            rows: j.w.rows,
+            xq: j.xq,
+            n_tok: j.n_tok,
+        }));
+    }
+    counted(
+        jobs.iter()
+            .filter(|j| j.n_tok > 0)
+            .map(|j| j.w.q.data.len())
+            .sum(),
+    );
+    run_groups(&targets);
+    // Rows past the last full group: the block kernel, serially (at most 15 per matrix).
+    for j in jobs.iter_mut() {
+        let nb = j.w.cols / QK;
+        let (Some(p), Dot::Quant(one)) = (j.w.interleaved(k), k.dot(j.w.dtype)) else {
+            continue;
+        };
+        for r in p.groups * interleaved::ROWS..j.w.rows {
+            for t in 0..j.n_tok {
+                j.out[t * j.w.rows + r] = one(j.w.row(r), &j.xq[t * nb..(t + 1) * nb]);
+            }
+        }
+    }
 }
 
 /// The 16-row groups of every target, as one parallel pass in equal chunks of groups; tokens
 /// go to the kernel 8 at a time.
-fn run_groups(targets: &[Option<GroupTarget>], xq: &[BlockQ8A], n_tok: usize) {
+fn run_groups(targets: &[Option<GroupTarget>]) {
     use interleaved::ROWS;
     let total: usize = targets.iter().flatten().map(|t| t.p.groups).sum();
     if total == 0 {
         return;
     }
+    let n_tok = targets.iter().flatten().map(|t| t.n_tok).max().unwrap_or(1);
     let chunk = chunk_rows(total * ROWS, n_tok).div_ceil(ROWS);
     let n_chunks = total.div_ceil(chunk);
     let body = |c: usize| {
@@ -608,6 +710,7 @@ fn run_groups(targets: &[Option<GroupTarget>], xq: &[BlockQ8A], n_tok: usize) {
             let g = gi - base;
             let nb = t.p.blocks;
             let tiles = t.p.group(g);
+            let (xq, n_tok) = (t.xq, t.n_tok);
             for t0 in (0..n_tok).step_by(8) {
                 let n = (n_tok - t0).min(8);
                 let xs: [&[BlockQ8A]; 8] = std::array::from_fn(|i| {
@@ -676,4 +779,4 @@ fn chunk_rows(rows: usize, n_tok: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use fat_station::client::StationClient;
-use fat_station::engine::kernels::kernels;
+use fat_station::engine::kernels::{count_weight_bytes, kernels};
 use fat_station::engine::ops::argmax;
 use fat_station::engine::tokenizer::Tokenizer;
 use fat_station::engine::Model;
@@ -102,6 +102,11 @@ struct Report {
     decode_tokens: usize,
     /// Weight bytes one decoded token streams.
     bytes_per_token: u64,
+    /// Weight bytes the matrix products read per decoded token, counted by the kernels
+    /// (`kernels::count_weight_bytes`) over the greedy decode after the prompt: against
+    /// `bytes_per_token`, reads beyond the arithmetic (none expected: a mixture of experts
+    /// reads only its chosen experts). Norms and the embedding row are not counted.
+    counted_bytes_per_token: f64,
     /// One entry per thread count.
     runs: Vec<Run>,
     station: Option<StationFigures>,
@@ -573,12 +578,20 @@ fn run(args: Args) -> Result<()> {
     let load0 = loadavg();
     let prompt = prompt_tokens(&knot, args.prompt_len)?;
     let bpt = bytes_per_token(&knot);
-    let first_prefill_ms = pool(args.threads[0])?.install(|| -> Result<f64> {
-        let mut s = m.new_session(prompt.len() + 1);
-        let t = Instant::now();
-        m.logits(&mut s, &prompt).context("first prefill")?;
-        Ok(t.elapsed().as_secs_f64() * 1e3)
-    })?;
+    let (first_prefill_ms, counted_bpt) =
+        pool(args.threads[0])?.install(|| -> Result<(f64, f64)> {
+            let mut s = m.new_session(prompt.len() + args.decode + 1);
+            let t = Instant::now();
+            let mut logits = m.logits(&mut s, &prompt).context("first prefill")?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            // The decode's weight bytes as the kernels count them (untimed).
+            count_weight_bytes(true);
+            for _ in 0..args.decode {
+                logits = m.logits(&mut s, &[argmax(&logits)]).context("decode")?;
+            }
+            let counted = count_weight_bytes(false);
+            Ok((ms, counted as f64 / args.decode.max(1) as f64))
+        })?;
 
     // Before the bandwidth buffer, which would dominate the high-water mark (the first
     // prefill has paged the weights in and built the interleaved copies).
@@ -651,6 +664,7 @@ fn run(args: Args) -> Result<()> {
         prompt_tokens: prompt,
         decode_tokens: args.decode,
         bytes_per_token: bpt,
+        counted_bytes_per_token: counted_bpt,
         runs,
         station,
         peak_rss_mib: peak_rss,
@@ -671,8 +685,10 @@ fn run(args: Args) -> Result<()> {
 fn print_summary(r: &Report) {
     println!("model {} ({}), kernels {}", r.model, r.knot, r.kernels);
     println!(
-        "weights read per decoded token: {:.1} MB; prompt {} tokens, decode {} tokens",
+        "weights read per decoded token: {:.1} MB (matrix products counted: {:.1} MB); prompt \
+         {} tokens, decode {} tokens",
         r.bytes_per_token as f64 / 1e6,
+        r.counted_bytes_per_token / 1e6,
         r.prompt_tokens.len(),
         r.decode_tokens
     );
