@@ -50,11 +50,13 @@ pub enum Arch {
     /// the first `leading_dense` blocks a dense FFN, the others routed experts plus shared
     /// ones, softmax or sigmoid routing, optionally group-limited (see [`crate::moe`]).
     DeepSeek2,
+    /// Llama 4 (Scout, Maverick): see [`Recipe::LLAMA4`].
+    Llama4,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 17] = [
+    pub const ALL: [(Arch, &'static str); 18] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -72,6 +74,7 @@ impl Arch {
         (Arch::GraniteHybrid, "granitehybrid"),
         (Arch::Qwen35, "qwen35"),
         (Arch::DeepSeek2, "deepseek2"),
+        (Arch::Llama4, "llama4"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -97,6 +100,7 @@ impl Arch {
             Arch::Glm4 => Recipe::GLM4,
             Arch::Lfm2 => Recipe::LFM2,
             Arch::Qwen35 => Recipe::QWEN35,
+            Arch::Llama4 => Recipe::LLAMA4,
         }
     }
 }
@@ -174,6 +178,16 @@ pub struct Recipe {
     /// `attn_q` gives each head its query and then a gate of the same width; the attention
     /// output is multiplied by `sigmoid(gate)` before `attn_output` (qwen35).
     pub attn_output_gate: bool,
+    /// The local layers (`swa_layers`, from the file's pattern or `default_swa_period`)
+    /// attend within chunks of this many positions (llama4: 8192, a constant in llama.cpp,
+    /// which reads no key for it).
+    pub attn_chunk: Option<u32>,
+    /// The RoPE layers' q and k heads are RMS-normed without a weight after RoPE (llama4's
+    /// "L2 norm"; llama.cpp leaves it out for 128 experts, Maverick).
+    pub kq_l2_norm: bool,
+    /// The NoPE layers' queries are scaled by `1 + s ln(floor((p + 1) / n) + 1)` at position
+    /// `p`, `(s, n)` (llama4's attention temperature tuning: 0.1, 8192).
+    pub nope_temperature: Option<(f32, u32)>,
 }
 
 impl Recipe {
@@ -197,6 +211,9 @@ impl Recipe {
         ungated_ffn: false,
         ffn_norm: "ffn_norm.weight",
         attn_output_gate: false,
+        attn_chunk: None,
+        kq_l2_norm: false,
+        nope_temperature: None,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -235,8 +252,9 @@ impl Recipe {
     };
     /// Phi-3 (llama.cpp `phi3`): the llama block with NeoX RoPE, q/k/v fused in one
     /// `attn_qkv` matrix (split by rows in `weights.rs`) and gate/up fused in `ffn_up`;
-    /// LongRoPE's per-frequency factors (`rope_factors_short`; `rope_factors_long` beyond the
-    /// original context, not applied here) divide RoPE's frequencies and
+    /// LongRoPE's per-frequency factors (`rope_factors_short`, or `rope_factors_long` when the
+    /// sessions' context exceeds the original one: `Model::with_context`) divide RoPE's
+    /// frequencies and
     /// `rope.scaling.attn_factor` scales its cosines and sines. No sliding window.
     pub const PHI3: Recipe = Recipe {
         fused_gate_up: true,
@@ -293,6 +311,24 @@ impl Recipe {
     pub const QWEN35: Recipe = Recipe {
         ffn_norm: "post_attention_norm.weight",
         attn_output_gate: true,
+        ..Recipe::BASELINE
+    };
+}
+
+impl Recipe {
+    /// Llama 4 (llama.cpp `llama4`, its chunked-attention graph): the llama block (normal
+    /// RoPE, unpermuted q/k) where every fourth layer (3, 7, ...) is NoPE and sees every
+    /// earlier position, its queries scaled by the temperature rule, and the other layers
+    /// rotate, L2-norm q and k after RoPE, and attend within chunks of 8192 positions; every
+    /// `interleave_moe_layer_step`th block's FFN is one routed expert of many (top-1, chosen
+    /// on the router's logits, its sigmoid weighting the expert's input) plus a shared
+    /// expert, the other blocks a dense SwiGLU FFN.
+    pub const LLAMA4: Recipe = Recipe {
+        no_rope_every: Some(4),
+        default_swa_period: Some(4),
+        attn_chunk: Some(8192),
+        kq_l2_norm: true,
+        nope_temperature: Some((0.1, 8192)),
         ..Recipe::BASELINE
     };
 }
@@ -396,6 +432,12 @@ pub struct Config {
     pub swa_layers: Vec<bool>,
     /// RoPE base of local layers (equals `rope_base` without a window).
     pub rope_base_swa: f32,
+    /// Chunked attention of the local layers (llama4): positions per chunk.
+    pub attn_chunk: Option<usize>,
+    /// L2 norm of q and k after RoPE on the RoPE layers (llama4 but Maverick).
+    pub kq_l2_norm: bool,
+    /// Attention temperature of the NoPE layers (llama4), see [`Recipe::nope_temperature`].
+    pub nope_temperature: Option<(f32, u32)>,
     /// `cap * tanh(logit / cap)` on the output logits, when set.
     pub final_logit_softcap: Option<f32>,
     /// `cap * tanh(score / cap)` on the scaled attention scores, when set (gemma2).
@@ -451,6 +493,31 @@ impl Config {
         }
     }
 
+    /// The attention chunk of layer `l`: `Some(n)` on a chunked layer (llama4's local ones).
+    pub fn chunk(&self, l: usize) -> Option<usize> {
+        match self.swa_layers.get(l) {
+            Some(true) => self.attn_chunk,
+            _ => None,
+        }
+    }
+
+    /// Whether layer `l` is local (windowed or chunked), rotating at `rope_base_swa`.
+    pub fn is_local(&self, l: usize) -> bool {
+        self.window(l).is_some() || self.chunk(l).is_some()
+    }
+
+    /// The NoPE layers' query multiplier at position `pos` (1 without temperature tuning),
+    /// computed as llama.cpp does (in double, then rounded to f32).
+    pub fn query_temperature(&self, pos: usize) -> f32 {
+        match self.nope_temperature {
+            Some((s, n)) => {
+                let steps = ((pos as f32 + 1.0) / n as f32).floor() as f64;
+                ((steps + 1.0).ln() * s as f64 + 1.0) as f32
+            }
+            None => 1.0,
+        }
+    }
+
     /// Whether layer `l` rotates q and k (all but smollm3's every fourth).
     pub fn has_rope(&self, l: usize) -> bool {
         self.recipe
@@ -470,9 +537,10 @@ impl Config {
 
     /// Whether block `l`'s FFN is routed experts (deepseek2's leading blocks are dense).
     pub fn is_moe(&self, l: usize) -> bool {
-        self.moe
-            .as_ref()
-            .is_some_and(|m| l >= m.leading_dense as usize)
+        self.moe.as_ref().is_some_and(|m| {
+            l >= m.leading_dense as usize
+                && (m.interleave <= 1 || (l + 1).is_multiple_of(m.interleave as usize))
+        })
     }
 
     /// Whether layer `l` is recurrent (a short convolution) rather than attention.
@@ -527,7 +595,7 @@ impl TryFrom<&ArchConfig> for Config {
                 a.norm_eps, a.rope_base
             )));
         }
-        let moe_arch = matches!(arch, Arch::Qwen3Moe | Arch::DeepSeek2);
+        let moe_arch = matches!(arch, Arch::Qwen3Moe | Arch::DeepSeek2 | Arch::Llama4);
         if moe_arch != a.moe.is_some() {
             return Err(EngineError::BadConfig(format!(
                 "{}: expert_count {} (the engine runs experts for qwen3moe and deepseek2 only)",
@@ -541,6 +609,12 @@ impl TryFrom<&ArchConfig> for Config {
             match m.gating.as_deref() {
                 None | Some("softmax") => {}
                 Some("sigmoid") if arch == Arch::DeepSeek2 => {}
+                // llama4's routing is its own (weights.rs): the file names none.
+                Some(g) if arch == Arch::Llama4 => {
+                    return Err(EngineError::Unsupported(format!(
+                        "expert_gating_func {g:?} in a llama4 model (its routing is fixed)"
+                    )))
+                }
                 Some(g) => {
                     return Err(EngineError::Unsupported(format!(
                         "expert_gating_func {g:?} in a {} model (the engine gates with softmax, \
@@ -549,7 +623,15 @@ impl TryFrom<&ArchConfig> for Config {
                     )))
                 }
             }
-            if arch != Arch::DeepSeek2
+            if arch == Arch::Llama4
+                && (m.n_shared != 1 || m.leading_dense > 0 || m.groups.is_some())
+            {
+                return Err(EngineError::Unsupported(format!(
+                    "llama4 with {} shared experts, leading dense blocks or expert groups",
+                    m.n_shared
+                )));
+            }
+            if !matches!(arch, Arch::DeepSeek2 | Arch::Llama4)
                 && (m.n_shared > 0 || m.leading_dense > 0 || m.groups.is_some())
             {
                 return Err(EngineError::Unsupported(format!(
@@ -595,7 +677,10 @@ impl TryFrom<&ArchConfig> for Config {
             .or(recipe.default_sliding_window)
             .filter(|_| !recipe.ignore_sliding_window)
             .map(|w| w as usize);
-        let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
+        // Chunked attention (llama4) takes the local layers' pattern as a window does.
+        let attn_chunk = recipe.attn_chunk.map(|c| c as usize);
+        let local = sliding_window.or(attn_chunk);
+        let swa_layers = match (local, &a.swa_layers, recipe.default_swa_period) {
             (None, _, _) => vec![false; n_layers],
             (Some(_), Some(flags), _) => flags.clone(),
             (Some(_), None, Some(n)) => (0..n_layers as u32).map(|l| l % n < n - 1).collect(),
@@ -608,7 +693,7 @@ impl TryFrom<&ArchConfig> for Config {
                 swa_layers.len()
             )));
         }
-        let rope_base_swa = match sliding_window {
+        let rope_base_swa = match local {
             None => a.rope_base,
             Some(_) => a
                 .rope_base_swa
@@ -717,6 +802,11 @@ impl TryFrom<&ArchConfig> for Config {
             sliding_window,
             swa_layers,
             rope_base_swa,
+            attn_chunk,
+            // llama.cpp: no L2 norm for 128 experts (Maverick).
+            kq_l2_norm: recipe.kq_l2_norm
+                && a.moe.as_ref().is_none_or(|m| m.n_experts != 128),
+            nope_temperature: recipe.nope_temperature,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
             rope_attn_factor: match mla_scales {

@@ -121,6 +121,14 @@ pub fn gelu_tanh(x: &mut [f32]) {
 }
 
 /// In-place RMSNorm of one row.
+/// `x /= sqrt(mean(x^2) + eps)`: RMSNorm without a weight (llama4's L2 norm of q and k,
+/// llama.cpp's bare `ggml_rms_norm`).
+pub fn rms_scale_inplace(x: &mut [f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
 pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
     let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
@@ -387,15 +395,22 @@ pub struct AttnShape {
     /// Sliding window: row at position `p` sees only `p0` with `p - p0 < window`
     /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`); `None`: every earlier position.
     pub window: Option<usize>,
+    /// Chunked attention: row at position `p` sees only the positions of its own chunk of
+    /// this many, `p0 >= p / chunk * chunk` (llama.cpp `LLAMA_SWA_TYPE_CHUNKED`, llama4).
+    pub chunk: Option<usize>,
 }
 
 impl AttnShape {
     /// The cached positions the row at position `p` attends to.
     pub fn span(&self, p: usize) -> std::ops::Range<usize> {
         let end = p + 1;
-        match self.window {
-            Some(w) => end.saturating_sub(w)..end,
-            None => 0..end,
+        let start = match self.window {
+            Some(w) => end.saturating_sub(w),
+            None => 0,
+        };
+        match self.chunk {
+            Some(c) if c > 0 => start.max(p / c * c)..end,
+            _ => start..end,
         }
     }
 }
@@ -648,6 +663,7 @@ mod tests {
             scale: 1.0 / 8.0,
             softcap: None,
             window: None,
+            chunk: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 23);
         let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -740,6 +756,7 @@ mod tests {
                 scale: 1.0 / 8.0,
                 softcap: None,
                 window,
+                chunk: None,
             };
             let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 21);
             let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -791,6 +808,7 @@ mod tests {
             scale: 1.0 / 8.0,
             softcap: None,
             window: None,
+            chunk: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 14);
         let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -830,6 +848,7 @@ mod tests {
             scale: 0.25,
             softcap: None,
             window: Some(4),
+            chunk: None,
         };
         let (q_dim, kv_dim, n) = (4 * 16, 16, 10);
         let q = floats(a.seq * q_dim, &mut seed, 2.0);

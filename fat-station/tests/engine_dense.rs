@@ -284,6 +284,46 @@ fn phi3_chunks_and_split_points_are_bit_identical() {
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
 }
 
+/// Phi-3 LongRoPE's two factor sets: llama.cpp rotates with `rope_factors_short` for a
+/// context up to the original one (4096) and `rope_factors_long` above it; so does the engine
+/// with `Model::with_context` (a station's `-c`). At 4096 and at 8192 our logits match
+/// llama.cpp's at the same context (goldens: make-dense-golden.sh phi3-tiny and
+/// make-longrope-golden.sh), and the other set's are off.
+#[test]
+fn phi3_takes_long_rope_factors_above_its_original_context_as_llama_cpp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "phi3-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let scaling = knot.arch().rope_scaling.clone().expect("longrope in the header");
+    assert_eq!((scaling.kind.as_str(), scaling.original_context), ("longrope", 4096));
+    let at = |ctx: Option<usize>| {
+        let m = Model::load(&knot, None).expect("load");
+        let m = match ctx {
+            Some(n) => m.with_context(n).expect("context"),
+            None => m,
+        };
+        chunked(&m, &PROMPT, &[12])
+    };
+    let (unset, short, long) = (at(None), at(Some(4096)), at(Some(8192)));
+    // Without a context, and at the original one, the short factors.
+    assert_eq!(bits(&unset), bits(&short));
+    let Some((batched, tbt)) = llamacpp_golden("phi3-tiny", &gguf) else {
+        return;
+    };
+    let dir = golden_dir();
+    let (batched_long, tbt_long) = (
+        read_f32(&dir.join("phi3_tiny_seed0_ctx8192_llamacpp.f32")),
+        read_f32(&dir.join("phi3_tiny_seed0_ctx8192_llamacpp_tbt.f32")),
+    );
+    assert_matches_llamacpp("phi3-tiny at 4096", &short, &batched, &tbt);
+    let (_, bound) = assert_matches_llamacpp("phi3-tiny at 8192", &long, &batched_long, &tbt_long);
+    let (rms, _) = rms_max(&short, &batched_long);
+    eprintln!("phi3-tiny's short factors against llama.cpp at 8192: rms {rms:.4}");
+    assert!(rms > 3.0 * bound, "short factors at 8192: rms {rms}");
+}
+
 /// A copy of `src` with its header changed by `arch` and without the tensor `drop`: the same
 /// weights read as another model (what a missing feature would compute).
 fn variant(src: &Knot, dst: &Path, arch: impl FnOnce(&mut knot_format::ArchConfig), drop: &str) {
