@@ -1045,6 +1045,42 @@ mod tests {
         assert_eq!(Config::try_from(&a).unwrap().attn_softcap, None);
     }
 
+    /// Llama-4-Scout's header (16 experts, every block MoE) and Maverick's (128 experts,
+    /// MoE every second block): NoPE every fourth layer, chunks of 8192 on the others, L2 q/k
+    /// norm but for Maverick, one shared expert required.
+    #[test]
+    fn llama4_chunks_rope_layers_and_interleaves_experts() {
+        let mut a = gemma3_270m();
+        a.arch = "llama4".into();
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (48, 5120, 40, 8, 128);
+        (a.qk_norm, a.sliding_window, a.rope_style) = (false, None, RopeStyle::Normal);
+        a.moe = Some(MoeConfig {
+            n_experts: 16,
+            n_experts_used: 1,
+            expert_ffn: 8192,
+            n_shared: 1,
+            interleave: 1,
+            ..Default::default()
+        });
+        let c = Config::try_from(&a).unwrap();
+        let nope: Vec<usize> = (0..48).filter(|&l| !c.has_rope(l)).collect();
+        assert_eq!(nope, (3..48).step_by(4).collect::<Vec<_>>());
+        assert!((0..48).all(|l| (c.chunk(l) == Some(8192)) == c.has_rope(l)));
+        assert!((0..48).all(|l| c.window(l).is_none() && c.is_moe(l)));
+        assert!(c.kq_l2_norm);
+        assert_eq!(c.query_temperature(0), 1.0);
+        assert_eq!(c.query_temperature(16383), 1.0 + 0.1 * 3f32.ln());
+        let m = a.moe.as_mut().unwrap();
+        (m.n_experts, m.interleave) = (128, 2);
+        let c = Config::try_from(&a).unwrap();
+        assert!(!c.kq_l2_norm);
+        let moe: Vec<usize> = (0..6).filter(|&l| c.is_moe(l)).collect();
+        assert_eq!(moe, [1, 3, 5]);
+        a.moe.as_mut().unwrap().n_shared = 0;
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("llama4 with 0 shared"), "{e}");
+    }
+
     /// DeepSeek-V2-Lite's header: MLA widths, YaRN 40 over 4096 with yarn_log_multiplier
     /// 0.0707: RoPE's magnitude stays 1 (llama.cpp cancels YaRN's own), the scores are scaled
     /// by mscale^2 / sqrt(192) with mscale = 1 + 0.707 * 0.1 * ln 40; a gating function the

@@ -507,6 +507,33 @@ pub fn attention_with<T: KvElem>(
 mod tests {
     use super::*;
 
+    /// Chunked attention (llama4): a row sees only its own chunk's positions, and with a
+    /// window too, the later of the two starts.
+    #[test]
+    fn chunked_span_starts_at_the_rows_chunk() {
+        let a = AttnShape {
+            seq: 1,
+            pos: 0,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            scale: 1.0,
+            softcap: None,
+            window: None,
+            chunk: Some(4),
+        };
+        let spans: Vec<_> = (0..9).map(|p| a.span(p)).collect();
+        assert_eq!(
+            spans,
+            [0..1, 0..2, 0..3, 0..4, 4..5, 4..6, 4..7, 4..8, 8..9]
+        );
+        let w = AttnShape {
+            window: Some(2),
+            ..a
+        };
+        assert_eq!((w.span(3), w.span(4), w.span(6)), (2..4, 4..5, 5..7));
+    }
+
     #[test]
     fn rope_styles_pair_different_dimensions() {
         let mut a: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();

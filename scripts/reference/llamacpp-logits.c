@@ -1,5 +1,6 @@
 // llama.cpp's logits of the last position for given token ids, one thread, as little-endian f32:
-//   llamacpp-logits MODEL.gguf OUT.f32 [--n-ctx N] [--token-by-token] [--experts OUT.i32]
+//   llamacpp-logits MODEL.gguf OUT.f32 [--n-ctx N] [--f32-attention] [--token-by-token]
+//                   [--experts OUT.i32]
 //                   [--greedy N OUT.txt] ID...
 // Built by scripts/reference/make-synthetic-golden.sh against the static libraries of
 // scripts/bench/build-llama-bench.sh's native build (the same llama.cpp as the benchmarks).
@@ -12,6 +13,9 @@
 // `ffn_moe_topk-N` tensors through the eval callback.
 // --n-ctx sets the context size (default: the ids, the greedy steps and 16); it decides, e.g.,
 // Phi-3's long or short RoPE factors (long when above the original context).
+// --f32-attention: an f32 KV cache and no flash attention. Over thousands of positions the CPU
+// flash attention's f16 accumulation of the values drifts from the exact result, alike in
+// batched and token-by-token runs (so their difference does not show it).
 // --greedy then continues N tokens greedily, one llama_decode per token, and writes one line
 // per step: the chosen id and its logit's lead over the runner-up (a small lead is a near-tie
 // another implementation may break the other way).
@@ -57,6 +61,11 @@ int main(int argc, char **argv) {
             return 2;
         }
         first += 2;
+    }
+    int f32_attention = 0;
+    if (first < argc && strcmp(argv[first], "--f32-attention") == 0) {
+        f32_attention = 1;
+        first++;
     }
     if (first < argc && strcmp(argv[first], "--token-by-token") == 0) {
         one_by_one = 1;
@@ -120,6 +129,11 @@ int main(int argc, char **argv) {
     }
     cp.n_batch = (uint32_t)(n + 16);
     cp.n_threads = 1;
+    if (f32_attention) {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cp.type_k = GGML_TYPE_F32;
+        cp.type_v = GGML_TYPE_F32;
+    }
     cp.n_threads_batch = 1;
     if (experts_out) {
         cp.cb_eval = topk_cb;
