@@ -804,8 +804,7 @@ impl TryFrom<&ArchConfig> for Config {
             rope_base_swa,
             attn_chunk,
             // llama.cpp: no L2 norm for 128 experts (Maverick).
-            kq_l2_norm: recipe.kq_l2_norm
-                && a.moe.as_ref().is_none_or(|m| m.n_experts != 128),
+            kq_l2_norm: recipe.kq_l2_norm && a.moe.as_ref().is_none_or(|m| m.n_experts != 128),
             nope_temperature: recipe.nope_temperature,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),

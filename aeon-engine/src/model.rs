@@ -5,8 +5,8 @@ use std::cell::RefCell;
 use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
     add_inplace, attention, geglu_tanh, gelu_tanh, layernorm, rms_scale_inplace, rmsnorm,
-    rmsnorm_inplace,
-    rope_angles, rope_inv_freq, rope_rotate, rope_scale_freqs, softcap, swiglu, AttnShape,
+    rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, rope_scale_freqs, softcap, swiglu,
+    AttnShape,
 };
 use super::weights::{AttnWeights, Mixer};
 use super::{
