@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A qwen2, llama, granite, smollm3, qwen3moe, deepseek2, lfm2, lfm2moe, qwen35, qwen35moe, gemma2, phi3, starcoder2, glm4, mamba, mamba2 or granitehybrid GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
+"""A qwen2, llama, granite, smollm3, qwen3moe, deepseek2, lfm2, lfm2moe, qwen35, qwen35moe, gemma2, phi3, starcoder2, glm4, mamba, mamba2, granitehybrid or llama4 GGUF of a real model's shape with seeded random weights and Qwen's tokenizer (Mistral: a SentencePiece one).
 
 usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|tiny-moe|qwen3-30b-a3b|lfm2-tiny|lfm2-1.2b|qwen35-tiny|qwen3.5-2b|
                                                   lfm2moe-tiny|lfm2-8b-a1b|qwen35moe-tiny|qwen3.5-35b-a3b|
@@ -8,7 +8,8 @@ usage: make-synthetic-model.py OUT.gguf [--preset tiny|qwen2.5-0.5b|qwen2.5-7b|t
                                                   smollm3-tiny|tiny-linear|mistral-tiny|
                                                   mistral-v3-tiny|mistral-7b|starcoder2-tiny|
                                                   starcoder2-3b|glm4-tiny|glm4-9b|
-                                                  tiny-deepseek2|tiny-deepseek3|deepseek-v2-lite]
+                                                  tiny-deepseek2|tiny-deepseek3|deepseek-v2-lite|
+                                                  llama4-tiny|llama4-scout]
            [--spm-json TOKENIZER.json]
            [--seed N]
            [--layers N] [--hidden N] [--ffn N]
@@ -130,6 +131,17 @@ Presets (hyper-parameters from the models' config.json):
                  512, head dims 128 / 64 / 128, ffn 10944, 64 experts top-6 of width 1408, 2
                  shared; YaRN 40 over 4096 (use --layers for a shallower file); Qwen's
                  151936-token vocabulary stands in for its 102400
+  llama4-tiny    llama4: 4 layers, hidden 128, 4 / 2 heads of 32, blocks 1 and 3 MoE
+                 (interleave_moe_layer_step 2: 4 experts top-1 of width 64 plus the shared
+                 expert) and blocks 0 and 2 a dense FFN of 256; RoPE, chunked attention and
+                 q/k L2 norm on layers 0-2, layer 3 NoPE with temperature tuning (llama.cpp
+                 fixes the chunk and the temperature's floor at 8192 positions, reading no key:
+                 a test needs a prompt past 8192 to see them); theta 500000, rms eps 1e-5,
+                 untied
+  llama4-scout   Llama-4-Scout-17B-16E's widths: hidden 5120, 40 / 8 heads of 128, 16
+                 experts top-1 of width 8192 plus the shared one in every block, dense ffn
+                 16384 (unused at interleave 1), 4 layers (the 48 real ones: --layers; one
+                 block's experts are ~1.3 GB at q8_0); Qwen's vocabulary padded to 202048
 phi3 presets: no biases, rope theta 10000, rms eps 1e-5.
 gemma2 presets: no biases, no q/k norms, post-attention and post-FFN norms, tied embeddings,
 rope theta 10000, rms eps 1e-6 (the keys llama.cpp reads: attention.sliding_window,
@@ -335,6 +347,13 @@ DEEPSEEK2_PRESETS = {
                              shared=2, gating=1, norm=False, scale=1.0, groups=0, group_used=0,
                              vocab=None, context=163840, yarn=(40.0, 4096, 0.0707)),
 }
+LLAMA4_PRESETS = {
+    # name: (layers, hidden, heads, kv_heads, head_dim, ffn, experts, expert_ffn, interleave, vocab, context)
+    "llama4-tiny": (4, 128, 4, 2, 32, 256, 4, 64, 2, None, 4096),
+    "llama4-scout": (4, 5120, 40, 8, 128, 16384, 16, 8192, 1, 202048, 10485760),
+}
+LLAMA4_THETA = 500000.0
+LLAMA4_RMS_EPS = 1e-5
 PROBS_B_STD = 0.1  # deepseek3's selection bias (exp_probs_b): reorders some near choices
 ROUTER_STD = 2.0  # router logit std: a peaked softmax
 ROUTER_SPREAD = 0.5  # log-std of the per-expert scale: some experts popular
@@ -666,6 +685,33 @@ def plan(cfg, wtype):
                 (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
                 (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
             ]
+            continue
+        if cfg["arch"] == "llama4":
+            E, FE = cfg["experts"], cfg["expert_ffn"]
+            t += [
+                (p + "attn_norm.weight", (D,), Q.F32, "norm"),
+                (p + "attn_q.weight", (qd, D), mat(p + "attn_q.weight", i), "proj"),
+                (p + "attn_k.weight", (kv, D), mat(p + "attn_k.weight", i), "proj"),
+                (p + "attn_v.weight", (kv, D), mat(p + "attn_v.weight", i), "proj"),
+                (p + "attn_output.weight", (D, qd), mat(p + "attn_output.weight", i), "proj"),
+                (p + "ffn_norm.weight", (D,), Q.F32, "norm"),
+            ]
+            if (i + 1) % cfg["interleave"] == 0:
+                t += [
+                    (p + "ffn_gate_inp.weight", (E, D), Q.F32, "router"),
+                    (p + "ffn_gate_exps.weight", (E, FE, D), mat(p + "ffn_gate_exps.weight", i), "proj"),
+                    (p + "ffn_up_exps.weight", (E, FE, D), mat(p + "ffn_up_exps.weight", i), "proj"),
+                    (p + "ffn_down_exps.weight", (E, D, FE), mat(p + "ffn_down_exps.weight", i), "proj"),
+                    (p + "ffn_gate_shexp.weight", (FE, D), mat(p + "ffn_gate_shexp.weight", i), "proj"),
+                    (p + "ffn_up_shexp.weight", (FE, D), mat(p + "ffn_up_shexp.weight", i), "proj"),
+                    (p + "ffn_down_shexp.weight", (D, FE), mat(p + "ffn_down_shexp.weight", i), "proj"),
+                ]
+            else:
+                t += [
+                    (p + "ffn_gate.weight", (F, D), mat(p + "ffn_gate.weight", i), "proj"),
+                    (p + "ffn_up.weight", (F, D), mat(p + "ffn_up.weight", i), "proj"),
+                    (p + "ffn_down.weight", (D, F), mat(p + "ffn_down.weight", i), "proj"),
+                ]
             continue
         if cfg["arch"] == "glm4":
             t += [
@@ -1109,6 +1155,14 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet, jobs=1):
         w.add_expert_count(cfg["experts"])
         w.add_expert_used_count(cfg["used"])
         w.add_expert_feed_forward_length(cfg["expert_ffn"])
+    if cfg["arch"] == "llama4":
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_rope_dimension_count(cfg["head_dim"])
+        w.add_expert_count(cfg["experts"])
+        w.add_expert_used_count(1)
+        w.add_expert_feed_forward_length(cfg["expert_ffn"])
+        w.add_interleave_moe_layer_step(cfg["interleave"])
     if cfg["arch"] == "deepseek2":
         w.add_leading_dense_block_count(cfg["dense_lead"])
         w.add_q_lora_rank(cfg["q_lora"])
@@ -1142,7 +1196,8 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet, jobs=1):
     theta = {"gemma2": GEMMA2_ROPE_THETA, "phi3": GEMMA2_ROPE_THETA, "llama": LLAMA3_THETA,
              "granite": GEMMA2_ROPE_THETA, "smollm3": LLAMA3_THETA, "starcoder2": STARCODER2_THETA,
              "glm4": GLM4_THETA, "granitehybrid": GEMMA2_ROPE_THETA, "qwen35": QWEN35_THETA,
-             "qwen35moe": QWEN35_THETA}
+             "qwen35moe": QWEN35_THETA,
+             "llama4": LLAMA4_THETA}
     if cfg["arch"] not in ("mamba", "mamba2"):
         w.add_rope_freq_base(cfg.get("theta") or theta.get(cfg["arch"], ROPE_THETA))
     if cfg["arch"] == "starcoder2":
@@ -1151,7 +1206,7 @@ def write_gguf(path, cfg, wtype, seed, tok, quiet, jobs=1):
         w.add_layer_norm_rms_eps(GLM4_RMS_EPS)
         w.add_rope_dimension_count(int(cfg["hidden"] // cfg["heads"] * GLM4_ROPE_SHARE))
     else:
-        w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3", "mamba", "mamba2") else RMS_EPS)
+        w.add_layer_norm_rms_eps(LFM2_RMS_EPS if attn is not None or cfg["arch"] in ("phi3", "llama", "granite", "smollm3", "mamba", "mamba2", "llama4") else RMS_EPS)
     if cfg["preset"] == "tiny-linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(LINEAR_FACTOR)
@@ -1253,7 +1308,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the GGUF to write")
     ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(MOE_PRESETS) + sorted(GEMMA2_PRESETS) + sorted(PHI3_PRESETS)
-                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS) + sorted(QWEN35_PRESETS) + sorted(DEEPSEEK2_PRESETS), default="tiny")
+                    + sorted(MISTRAL_PRESETS) + sorted(SSM_PRESETS) + sorted(QWEN35_PRESETS) + sorted(DEEPSEEK2_PRESETS)
+                    + sorted(LLAMA4_PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--hidden", type=int, help="override the hidden size (head_dim kept)")
@@ -1314,6 +1370,12 @@ def main():
             die("--hidden is for the qwen2 presets")
         if not a.spm_json or not os.path.exists(a.spm_json):
             die("the mistral presets need --spm-json TOKENIZER.json (scripts/fetch-tokenizers.sh)")
+    elif a.preset in LLAMA4_PRESETS:
+        L, D, H, KVH, hd, F, E, FE, step, V, ctx = LLAMA4_PRESETS[a.preset]
+        tied = False
+        moe = dict(arch="llama4", head_dim=hd, experts=E, expert_ffn=FE, interleave=step)
+        if a.hidden is not None:
+            die("--hidden is for the qwen2 presets")
     elif a.preset in SSM_PRESETS:
         arch, L, D, di, ds, R, G, K, V, ctx, attn, H, KVH, F = SSM_PRESETS[a.preset]
         tied = True

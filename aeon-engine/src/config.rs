@@ -58,6 +58,8 @@ pub enum Arch {
     /// (softmax, top-k renormalised) plus one shared expert whose output is scaled by
     /// `sigmoid(ffn_gate_inp_shexp · n)` ([`Arch::moe_rules`]).
     Qwen35Moe,
+    /// Llama 4 (Scout, Maverick): see [`Recipe::LLAMA4`].
+    Llama4,
 }
 
 /// What an architecture's routed-experts FFN may have beyond qwen3moe's (softmax top-k):
@@ -74,11 +76,14 @@ pub struct MoeRules {
     pub leading_dense: bool,
     /// Group-limited routing.
     pub groups: bool,
+    /// llama4's routing: top-1 on the raw router logits, the expert's input scaled by the
+    /// sigmoid of its logit, and exactly one shared expert; the file names no gating function.
+    pub input_weighted: bool,
 }
 
 impl Arch {
     /// Every architecture, with its `general.architecture` name.
-    pub const ALL: [(Arch, &'static str); 19] = [
+    pub const ALL: [(Arch, &'static str); 20] = [
         (Arch::Qwen2, "qwen2"),
         (Arch::Llama, "llama"),
         (Arch::Qwen3, "qwen3"),
@@ -98,6 +103,7 @@ impl Arch {
         (Arch::DeepSeek2, "deepseek2"),
         (Arch::Lfm2Moe, "lfm2moe"),
         (Arch::Qwen35Moe, "qwen35moe"),
+        (Arch::Llama4, "llama4"),
     ];
 
     /// The architecture named `name` in GGUF's `general.architecture`.
@@ -125,6 +131,7 @@ impl Arch {
             Arch::Qwen35 => Recipe::QWEN35,
             Arch::Lfm2Moe => Recipe::LFM2MOE,
             Arch::Qwen35Moe => Recipe::QWEN35,
+            Arch::Llama4 => Recipe::LLAMA4,
         }
     }
 
@@ -136,6 +143,7 @@ impl Arch {
             gated_shared: false,
             leading_dense: false,
             groups: false,
+            input_weighted: false,
         };
         match self {
             Arch::Qwen3Moe => Some(none),
@@ -153,6 +161,11 @@ impl Arch {
             }),
             Arch::Qwen35Moe => Some(MoeRules {
                 gated_shared: true,
+                ..none
+            }),
+            Arch::Llama4 => Some(MoeRules {
+                shared: true,
+                input_weighted: true,
                 ..none
             }),
             _ => None,
@@ -243,6 +256,16 @@ pub struct Recipe {
     /// `attn_q` gives each head its query and then a gate of the same width; the attention
     /// output is multiplied by `sigmoid(gate)` before `attn_output` (qwen35).
     pub attn_output_gate: bool,
+    /// The local layers (`swa_layers`, from the file's pattern or `default_swa_period`)
+    /// attend within chunks of this many positions (llama4: 8192, a constant in llama.cpp,
+    /// which reads no key for it).
+    pub attn_chunk: Option<u32>,
+    /// The RoPE layers' q and k heads are RMS-normed without a weight after RoPE (llama4's
+    /// "L2 norm"; llama.cpp leaves it out for 128 experts, Maverick).
+    pub kq_l2_norm: bool,
+    /// The NoPE layers' queries are scaled by `1 + s ln(floor((p + 1) / n) + 1)` at position
+    /// `p`, `(s, n)` (llama4's attention temperature tuning: 0.1, 8192).
+    pub nope_temperature: Option<(f32, u32)>,
 }
 
 impl Recipe {
@@ -266,6 +289,9 @@ impl Recipe {
         ungated_ffn: false,
         ffn_norm: "ffn_norm.weight",
         attn_output_gate: false,
+        attn_chunk: None,
+        kq_l2_norm: false,
+        nope_temperature: None,
     };
     /// Gemma 3 (llama.cpp `gemma3-iswa`): embedding scaled by sqrt(hidden); per-head q/k
     /// RMSNorm (weights in the file); pre- and post-norms around attention and FFN; GeGLU;
@@ -304,8 +330,9 @@ impl Recipe {
     };
     /// Phi-3 (llama.cpp `phi3`): the llama block with NeoX RoPE, q/k/v fused in one
     /// `attn_qkv` matrix (split by rows in `weights.rs`) and gate/up fused in `ffn_up`;
-    /// LongRoPE's per-frequency factors (`rope_factors_short`; `rope_factors_long` beyond the
-    /// original context, not applied here) divide RoPE's frequencies and
+    /// LongRoPE's per-frequency factors (`rope_factors_short`, or `rope_factors_long` when the
+    /// sessions' context exceeds the original one: `Model::with_context`) divide RoPE's
+    /// frequencies and
     /// `rope.scaling.attn_factor` scales its cosines and sines. No sliding window.
     pub const PHI3: Recipe = Recipe {
         fused_gate_up: true,
@@ -369,6 +396,24 @@ impl Recipe {
     pub const LFM2MOE: Recipe = Recipe {
         ignore_sliding_window: true,
         ..Recipe::LFM2
+    };
+}
+
+impl Recipe {
+    /// Llama 4 (llama.cpp `llama4`, its chunked-attention graph): the llama block (normal
+    /// RoPE, unpermuted q/k) where every fourth layer (3, 7, ...) is NoPE and sees every
+    /// earlier position, its queries scaled by the temperature rule, and the other layers
+    /// rotate, L2-norm q and k after RoPE, and attend within chunks of 8192 positions; every
+    /// `interleave_moe_layer_step`th block's FFN is one routed expert of many (top-1, chosen
+    /// on the router's logits, its sigmoid weighting the expert's input) plus a shared
+    /// expert, the other blocks a dense SwiGLU FFN.
+    pub const LLAMA4: Recipe = Recipe {
+        no_rope_every: Some(4),
+        default_swa_period: Some(4),
+        attn_chunk: Some(8192),
+        kq_l2_norm: true,
+        nope_temperature: Some((0.1, 8192)),
+        ..Recipe::BASELINE
     };
 }
 
@@ -471,6 +516,12 @@ pub struct Config {
     pub swa_layers: Vec<bool>,
     /// RoPE base of local layers (equals `rope_base` without a window).
     pub rope_base_swa: f32,
+    /// Chunked attention of the local layers (llama4): positions per chunk.
+    pub attn_chunk: Option<usize>,
+    /// L2 norm of q and k after RoPE on the RoPE layers (llama4 but Maverick).
+    pub kq_l2_norm: bool,
+    /// Attention temperature of the NoPE layers (llama4), see [`Recipe::nope_temperature`].
+    pub nope_temperature: Option<(f32, u32)>,
     /// `cap * tanh(logit / cap)` on the output logits, when set.
     pub final_logit_softcap: Option<f32>,
     /// `cap * tanh(score / cap)` on the scaled attention scores, when set (gemma2).
@@ -526,6 +577,31 @@ impl Config {
         }
     }
 
+    /// The attention chunk of layer `l`: `Some(n)` on a chunked layer (llama4's local ones).
+    pub fn chunk(&self, l: usize) -> Option<usize> {
+        match self.swa_layers.get(l) {
+            Some(true) => self.attn_chunk,
+            _ => None,
+        }
+    }
+
+    /// Whether layer `l` is local (windowed or chunked), rotating at `rope_base_swa`.
+    pub fn is_local(&self, l: usize) -> bool {
+        self.window(l).is_some() || self.chunk(l).is_some()
+    }
+
+    /// The NoPE layers' query multiplier at position `pos` (1 without temperature tuning),
+    /// computed as llama.cpp does (in double, then rounded to f32).
+    pub fn query_temperature(&self, pos: usize) -> f32 {
+        match self.nope_temperature {
+            Some((s, n)) => {
+                let steps = ((pos as f32 + 1.0) / n as f32).floor() as f64;
+                ((steps + 1.0).ln() * s as f64 + 1.0) as f32
+            }
+            None => 1.0,
+        }
+    }
+
     /// Whether layer `l` rotates q and k (all but smollm3's every fourth).
     pub fn has_rope(&self, l: usize) -> bool {
         self.recipe
@@ -545,9 +621,10 @@ impl Config {
 
     /// Whether block `l`'s FFN is routed experts (deepseek2's leading blocks are dense).
     pub fn is_moe(&self, l: usize) -> bool {
-        self.moe
-            .as_ref()
-            .is_some_and(|m| l >= m.leading_dense as usize)
+        self.moe.as_ref().is_some_and(|m| {
+            l >= m.leading_dense as usize
+                && (m.interleave <= 1 || (l + 1).is_multiple_of(m.interleave as usize))
+        })
     }
 
     /// Whether layer `l` is recurrent (a short convolution) rather than attention.
@@ -621,6 +698,12 @@ impl TryFrom<&ArchConfig> for Config {
             // as a quietly different model.
             match m.gating.as_deref() {
                 None | Some("softmax") => {}
+                // llama4's routing is its own (moe.rs): the file names none.
+                Some(g) if r.input_weighted => {
+                    return Err(EngineError::Unsupported(format!(
+                        "expert_gating_func {g:?} in a llama4 model (its routing is fixed)"
+                    )))
+                }
                 Some("sigmoid") if r.sigmoid => {}
                 Some(g) => {
                     return Err(EngineError::Unsupported(format!(
@@ -629,6 +712,12 @@ impl TryFrom<&ArchConfig> for Config {
                         a.arch
                     )))
                 }
+            }
+            if r.input_weighted && m.n_shared != 1 {
+                return Err(EngineError::Unsupported(format!(
+                    "llama4 with {} shared experts (its MoE blocks have one)",
+                    m.n_shared
+                )));
             }
             if (m.n_shared > 0 && !r.shared)
                 || (m.leading_dense > 0 && !r.leading_dense)
@@ -679,7 +768,10 @@ impl TryFrom<&ArchConfig> for Config {
             .or(recipe.default_sliding_window)
             .filter(|_| !recipe.ignore_sliding_window)
             .map(|w| w as usize);
-        let swa_layers = match (sliding_window, &a.swa_layers, recipe.default_swa_period) {
+        // Chunked attention (llama4) takes the local layers' pattern as a window does.
+        let attn_chunk = recipe.attn_chunk.map(|c| c as usize);
+        let local = sliding_window.or(attn_chunk);
+        let swa_layers = match (local, &a.swa_layers, recipe.default_swa_period) {
             (None, _, _) => vec![false; n_layers],
             (Some(_), Some(flags), _) => flags.clone(),
             (Some(_), None, Some(n)) => (0..n_layers as u32).map(|l| l % n < n - 1).collect(),
@@ -692,7 +784,7 @@ impl TryFrom<&ArchConfig> for Config {
                 swa_layers.len()
             )));
         }
-        let rope_base_swa = match sliding_window {
+        let rope_base_swa = match local {
             None => a.rope_base,
             Some(_) => a
                 .rope_base_swa
@@ -801,6 +893,10 @@ impl TryFrom<&ArchConfig> for Config {
             sliding_window,
             swa_layers,
             rope_base_swa,
+            attn_chunk,
+            // llama.cpp: no L2 norm for 128 experts (Maverick).
+            kq_l2_norm: recipe.kq_l2_norm && a.moe.as_ref().is_none_or(|m| m.n_experts != 128),
+            nope_temperature: recipe.nope_temperature,
             final_logit_softcap: a.final_logit_softcap.or(recipe.default_final_softcap),
             attn_softcap: a.attn_logit_softcap.or(recipe.default_attn_softcap),
             rope_attn_factor: match mla_scales {
@@ -1025,6 +1121,42 @@ mod tests {
         a.arch = "gemma3".into();
         a.attn_logit_softcap = None;
         assert_eq!(Config::try_from(&a).unwrap().attn_softcap, None);
+    }
+
+    /// Llama-4-Scout's header (16 experts, every block MoE) and Maverick's (128 experts,
+    /// MoE every second block): NoPE every fourth layer, chunks of 8192 on the others, L2 q/k
+    /// norm but for Maverick, one shared expert required.
+    #[test]
+    fn llama4_chunks_rope_layers_and_interleaves_experts() {
+        let mut a = gemma3_270m();
+        a.arch = "llama4".into();
+        (a.n_layers, a.hidden, a.n_heads, a.n_kv_heads, a.head_dim) = (48, 5120, 40, 8, 128);
+        (a.qk_norm, a.sliding_window, a.rope_style) = (false, None, RopeStyle::Normal);
+        a.moe = Some(MoeConfig {
+            n_experts: 16,
+            n_experts_used: 1,
+            expert_ffn: 8192,
+            n_shared: 1,
+            interleave: 1,
+            ..Default::default()
+        });
+        let c = Config::try_from(&a).unwrap();
+        let nope: Vec<usize> = (0..48).filter(|&l| !c.has_rope(l)).collect();
+        assert_eq!(nope, (3..48).step_by(4).collect::<Vec<_>>());
+        assert!((0..48).all(|l| (c.chunk(l) == Some(8192)) == c.has_rope(l)));
+        assert!((0..48).all(|l| c.window(l).is_none() && c.is_moe(l)));
+        assert!(c.kq_l2_norm);
+        assert_eq!(c.query_temperature(0), 1.0);
+        assert_eq!(c.query_temperature(16383), 1.0 + 0.1 * 3f32.ln());
+        let m = a.moe.as_mut().unwrap();
+        (m.n_experts, m.interleave) = (128, 2);
+        let c = Config::try_from(&a).unwrap();
+        assert!(!c.kq_l2_norm);
+        let moe: Vec<usize> = (0..6).filter(|&l| c.is_moe(l)).collect();
+        assert_eq!(moe, [1, 3, 5]);
+        a.moe.as_mut().unwrap().n_shared = 0;
+        let e = Config::try_from(&a).unwrap_err().to_string();
+        assert!(e.contains("llama4 with 0 shared"), "{e}");
     }
 
     /// DeepSeek-V2-Lite's header: MLA widths, YaRN 40 over 4096 with yarn_log_multiplier

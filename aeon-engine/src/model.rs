@@ -4,8 +4,9 @@ use std::cell::RefCell;
 
 use super::kernels::{dequantize_row, linear, linears};
 use super::ops::{
-    add_inplace, attention, geglu_tanh, gelu_tanh, layernorm, rmsnorm, rmsnorm_inplace,
-    rope_angles, rope_inv_freq, rope_rotate, rope_scale_freqs, softcap, swiglu, AttnShape,
+    add_inplace, attention, geglu_tanh, gelu_tanh, layernorm, rms_scale_inplace, rmsnorm,
+    rmsnorm_inplace, rope_angles, rope_inv_freq, rope_rotate, rope_scale_freqs, softcap, swiglu,
+    AttnShape,
 };
 use super::weights::{AttnWeights, Mixer};
 use super::{
@@ -78,19 +79,7 @@ impl<'a> Model<'a> {
             });
         }
         let weights = Weights::load(knot, &cfg, holdings)?;
-        let mut inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base);
-        let mut inv_freq_swa = rope_inv_freq(cfg.rope_dim, cfg.rope_base_swa);
-        // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
-        // `theta / ff` does, on every layer.
-        if let Some(f) = super::weights::rope_factors(knot, &cfg)? {
-            for inv in [&mut inv_freq, &mut inv_freq_swa] {
-                inv.iter_mut().zip(f).for_each(|(i, &d)| *i /= d as f64);
-            }
-        }
-        if cfg.rope_scale != super::RopeScale::NONE {
-            rope_scale_freqs(&mut inv_freq, cfg.rope_base, cfg.rope_scale);
-            rope_scale_freqs(&mut inv_freq_swa, cfg.rope_base_swa, cfg.rope_scale);
-        }
+        let (inv_freq, inv_freq_swa) = rope_tables(knot, &cfg, None)?;
         Ok(Model {
             cfg,
             weights,
@@ -100,6 +89,15 @@ impl<'a> Model<'a> {
             kv_dtype: KvDtype::default(),
             checkpoints: Checkpoints::default(),
         })
+    }
+
+    /// Sets the context (most positions a session holds) the RoPE tables are made for: a
+    /// Phi-3 LongRoPE file then rotates with its long factors beyond its original context,
+    /// as llama.cpp does for an `n_ctx` above it; other files are unchanged. Without it, the
+    /// short factors.
+    pub fn with_context(mut self, context: usize) -> Result<Self, EngineError> {
+        (self.inv_freq, self.inv_freq_swa) = rope_tables(self.knot, &self.cfg, Some(context))?;
+        Ok(self)
     }
 
     /// The file this model reads.
@@ -316,7 +314,7 @@ impl<'a> Model<'a> {
         if mscale != 1.0 {
             fwd.rope.iter_mut().for_each(|c| *c *= mscale);
         }
-        if (range.start..range.end).any(|l| cfg.window(l as usize).is_some()) {
+        if (range.start..range.end).any(|l| cfg.is_local(l as usize)) {
             fwd.rope_swa.resize(seq * cfg.rope_dim, 0.0);
             for (t, cs) in fwd.rope_swa.chunks_exact_mut(hd).enumerate() {
                 rope_angles(cs, &self.inv_freq_swa, pos + t);
@@ -467,9 +465,10 @@ impl<'a> Model<'a> {
     ) {
         let cfg = &self.cfg;
         let (hd, q_dim, kv_dim, rd) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rope_dim);
-        // A local layer sees the last `window` positions, rotated at its own RoPE base.
-        let window = cfg.window(layer);
-        let rope = if window.is_some() {
+        // A local layer sees the last `window` positions (or its chunk's), rotated at its own
+        // RoPE base.
+        let (window, chunk) = (cfg.window(layer), cfg.chunk(layer));
+        let rope = if window.is_some() || chunk.is_some() {
             &f.rope_swa
         } else {
             &f.rope
@@ -527,6 +526,15 @@ impl<'a> Model<'a> {
                         rope_rotate(&mut head[..rd], cs, cfg.rope_style);
                     }
                 }
+                // llama4: q and k L2-normed after RoPE (llama.cpp's order).
+                if cfg.kq_l2_norm {
+                    q.chunks_exact_mut(hd)
+                        .chain(k.chunks_exact_mut(hd))
+                        .for_each(|h| rms_scale_inplace(h, cfg.norm_eps));
+                }
+            } else if cfg.nope_temperature.is_some() {
+                let m = cfg.query_temperature(pos + t);
+                q.iter_mut().for_each(|v| *v *= m);
             }
         }
         // Stored first, then read back: a row attends to its own key and value as stored
@@ -544,6 +552,7 @@ impl<'a> Model<'a> {
             scale: cfg.attn_scale,
             softcap: cfg.attn_softcap,
             window,
+            chunk,
         };
         match (&cache.k, &cache.v) {
             (KvRows::F32(k), KvRows::F32(v)) => {
@@ -695,6 +704,29 @@ fn residual_scale(rows: &mut [f32], scale: Option<f32>) {
     if let Some(m) = scale {
         rows.iter_mut().for_each(|v| *v *= m);
     }
+}
+
+/// RoPE's inverse frequencies of global and local layers for a session context of `context`
+/// positions (`None`: unknown, LongRoPE's short factors).
+fn rope_tables(
+    knot: &Knot,
+    cfg: &Config,
+    context: Option<usize>,
+) -> Result<(Vec<f64>, Vec<f64>), EngineError> {
+    let mut inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base);
+    let mut inv_freq_swa = rope_inv_freq(cfg.rope_dim, cfg.rope_base_swa);
+    // Frequency factors (llama3, Phi-3 LongRoPE) divide each frequency, as llama.cpp's
+    // `theta / ff` does, on every layer.
+    if let Some(f) = super::weights::rope_factors(knot, cfg, context)? {
+        for inv in [&mut inv_freq, &mut inv_freq_swa] {
+            inv.iter_mut().zip(f).for_each(|(i, &d)| *i /= d as f64);
+        }
+    }
+    if cfg.rope_scale != super::RopeScale::NONE {
+        rope_scale_freqs(&mut inv_freq, cfg.rope_base, cfg.rope_scale);
+        rope_scale_freqs(&mut inv_freq_swa, cfg.rope_base_swa, cfg.rope_scale);
+    }
+    Ok((inv_freq, inv_freq_swa))
 }
 
 /// What the file itself holds: a shard's role and range, or everything.

@@ -52,6 +52,10 @@ pub enum Gating {
     Softmax,
     /// Each logit through `1 / (1 + e^-x)` on its own (DeepSeek-V3).
     Sigmoid,
+    /// Llama 4: experts chosen on the raw logits, each weighted by its logit's sigmoid, and the
+    /// weight multiplies the expert's input row instead of its output (llama.cpp's
+    /// `weight_before_ffn`; the expert being nonlinear, the two differ).
+    SigmoidInput,
 }
 
 /// The routed-experts FFN of one block.
@@ -158,14 +162,21 @@ impl MoeFfn<'_> {
         let mut order: Vec<u32> = Vec::with_capacity(ne);
         let mut sel: Vec<f32> = Vec::new();
         for p in probs.chunks_exact_mut(ne) {
+            // What the choice is made on: the probabilities (llama4: the logits), biased,
+            // outside the best groups -inf.
+            sel.clear();
+            if self.gating == Gating::SigmoidInput {
+                sel.extend_from_slice(p);
+            }
             match self.gating {
                 Gating::Softmax => softmax(p),
-                Gating::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + exp(-*v))),
+                Gating::Sigmoid | Gating::SigmoidInput => {
+                    p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + exp(-*v)))
+                }
             }
-            // What the choice is made on: the probabilities, biased, outside the best groups
-            // -inf.
-            sel.clear();
-            sel.extend_from_slice(p);
+            if self.gating != Gating::SigmoidInput {
+                sel.extend_from_slice(p);
+            }
             if let Some(b) = self.select_bias {
                 sel.iter_mut().zip(b).for_each(|(s, &b)| *s += b);
             }
@@ -397,10 +408,15 @@ impl MoeFfn<'_> {
                 continue;
             }
             let f = ex.gate.rows;
+            let before = self.gating == Gating::SigmoidInput;
             s.xg.resize(n * h, 0.0);
             for (row, &slot) in s.xg.chunks_exact_mut(h).zip(&s.slots) {
                 let t = slot / k;
                 row.copy_from_slice(&xn[t * h..(t + 1) * h]);
+                if before {
+                    let w = choice[slot].1;
+                    row.iter_mut().for_each(|v| *v *= w);
+                }
             }
             s.g.resize(n * f, 0.0);
             s.u.resize(n * f, 0.0);
@@ -416,7 +432,7 @@ impl MoeFfn<'_> {
             s.yd.resize(n * h, 0.0);
             linear(&ex.down, &s.g, n, &mut s.yd);
             for (y, &slot) in s.yd.chunks_exact(h).zip(&s.slots) {
-                let w = choice[slot].1;
+                let w = if before { 1.0 } else { choice[slot].1 };
                 for (o, &v) in s.ys[slot * h..(slot + 1) * h].iter_mut().zip(y) {
                     *o = v * w;
                 }

@@ -121,6 +121,14 @@ pub fn gelu_tanh(x: &mut [f32]) {
 }
 
 /// In-place RMSNorm of one row.
+/// `x /= sqrt(mean(x^2) + eps)`: RMSNorm without a weight (llama4's L2 norm of q and k,
+/// llama.cpp's bare `ggml_rms_norm`).
+pub fn rms_scale_inplace(x: &mut [f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
 pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
     let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
@@ -387,15 +395,22 @@ pub struct AttnShape {
     /// Sliding window: row at position `p` sees only `p0` with `p - p0 < window`
     /// (llama.cpp `LLAMA_SWA_TYPE_STANDARD`); `None`: every earlier position.
     pub window: Option<usize>,
+    /// Chunked attention: row at position `p` sees only the positions of its own chunk of
+    /// this many, `p0 >= p / chunk * chunk` (llama.cpp `LLAMA_SWA_TYPE_CHUNKED`, llama4).
+    pub chunk: Option<usize>,
 }
 
 impl AttnShape {
     /// The cached positions the row at position `p` attends to.
     pub fn span(&self, p: usize) -> std::ops::Range<usize> {
         let end = p + 1;
-        match self.window {
-            Some(w) => end.saturating_sub(w)..end,
-            None => 0..end,
+        let start = match self.window {
+            Some(w) => end.saturating_sub(w),
+            None => 0,
+        };
+        match self.chunk {
+            Some(c) if c > 0 => start.max(p / c * c)..end,
+            _ => start..end,
         }
     }
 }
@@ -491,6 +506,33 @@ pub fn attention_with<T: KvElem>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunked attention (llama4): a row sees only its own chunk's positions, and with a
+    /// window too, the later of the two starts.
+    #[test]
+    fn chunked_span_starts_at_the_rows_chunk() {
+        let a = AttnShape {
+            seq: 1,
+            pos: 0,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            scale: 1.0,
+            softcap: None,
+            window: None,
+            chunk: Some(4),
+        };
+        let spans: Vec<_> = (0..9).map(|p| a.span(p)).collect();
+        assert_eq!(
+            spans,
+            [0..1, 0..2, 0..3, 0..4, 4..5, 4..6, 4..7, 4..8, 8..9]
+        );
+        let w = AttnShape {
+            window: Some(2),
+            ..a
+        };
+        assert_eq!((w.span(3), w.span(4), w.span(6)), (2..4, 4..5, 5..7));
+    }
 
     #[test]
     fn rope_styles_pair_different_dimensions() {
@@ -648,6 +690,7 @@ mod tests {
             scale: 1.0 / 8.0,
             softcap: None,
             window: None,
+            chunk: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 23);
         let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -740,6 +783,7 @@ mod tests {
                 scale: 1.0 / 8.0,
                 softcap: None,
                 window,
+                chunk: None,
             };
             let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 21);
             let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -791,6 +835,7 @@ mod tests {
             scale: 1.0 / 8.0,
             softcap: None,
             window: None,
+            chunk: None,
         };
         let (q_dim, kv_dim, n) = (14 * 64, 2 * 64, 14);
         let q = floats(a.seq * q_dim, &mut seed, 3.0);
@@ -830,6 +875,7 @@ mod tests {
             scale: 0.25,
             softcap: None,
             window: Some(4),
+            chunk: None,
         };
         let (q_dim, kv_dim, n) = (4 * 16, 16, 10);
         let q = floats(a.seq * q_dim, &mut seed, 2.0);

@@ -204,9 +204,9 @@ impl Scratch {
         let att = cfg.mla.as_ref().map_or(0, |m| m.n_heads * m.v_head);
         fit(&mut self.att, seq * cfg.q_dim().max(att));
         // A mixture-of-experts block keeps its own buffers (crate::moe); deepseek2's leading
-        // dense blocks need the dense width.
+        // dense blocks and llama4's interleaved ones need the dense width.
         let ffn = match &cfg.moe {
-            Some(m) if m.leading_dense == 0 => 0,
+            Some(m) if m.leading_dense == 0 && m.interleave <= 1 => 0,
             _ => cfg.ffn,
         };
         fit(&mut self.hb, seq * ffn);

@@ -460,6 +460,7 @@ impl<'a> Weights<'a> {
                                 None => None,
                             },
                             gating: match m.gating.as_deref() {
+                                _ if cfg.arch == super::Arch::Llama4 => Gating::SigmoidInput,
                                 Some("sigmoid") => Gating::Sigmoid,
                                 // Config refused any other.
                                 _ => Gating::Softmax,
@@ -623,10 +624,26 @@ fn split_rows<'a, const N: usize>(m: QMatrix<'a>, rows: [usize; N]) -> [QMatrix<
 }
 
 /// RoPE's per-frequency divisors, `head_dim / 2` of them, when the file has them:
-/// llama3's `rope_freqs.weight`, or Phi-3 LongRoPE's `rope_factors_short.weight` (the
-/// factors for contexts up to the original one; the long ones are not used).
-pub fn rope_factors<'a>(knot: &'a Knot, cfg: &Config) -> Result<Option<&'a [f32]>, EngineError> {
-    for name in ["rope_freqs.weight", "rope_factors_short.weight"] {
+/// llama3's `rope_freqs.weight`, or Phi-3 LongRoPE's `rope_factors_short.weight` for a
+/// context up to the original one and `rope_factors_long.weight` beyond it (llama.cpp's
+/// `get_rope_factors`: long when the context exceeds `rope.scaling.original_context_length`,
+/// else the trained context). `context`: the positions a session may hold (llama.cpp's
+/// `n_ctx_seq`); `None` (unknown) takes the short ones.
+pub fn rope_factors<'a>(
+    knot: &'a Knot,
+    cfg: &Config,
+    context: Option<usize>,
+) -> Result<Option<&'a [f32]>, EngineError> {
+    let long = context.is_some_and(|n| n > original_context(knot.arch()));
+    let names = [
+        "rope_freqs.weight",
+        if long {
+            "rope_factors_long.weight"
+        } else {
+            "rope_factors_short.weight"
+        },
+    ];
+    for name in names {
         if knot.tensor(name).is_some() {
             let f = vector(knot, name, cfg.rope_dim / 2)?;
             if let Some(bad) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
@@ -639,6 +656,15 @@ pub fn rope_factors<'a>(knot: &'a Knot, cfg: &Config) -> Result<Option<&'a [f32]
         }
     }
     Ok(None)
+}
+
+/// The context RoPE was trained for before any scaling: `rope.scaling.original_context_length`,
+/// else the trained context (llama.cpp's `n_ctx_orig_yarn`).
+fn original_context(a: &knot_format::ArchConfig) -> usize {
+    match a.rope_scaling.as_ref().map(|s| s.original_context) {
+        Some(n) if n > 0 => n as usize,
+        _ => a.context_len as usize,
+    }
 }
 
 fn find<'a>(knot: &'a Knot, name: &str) -> Result<knot_format::TensorView<'a>, EngineError> {

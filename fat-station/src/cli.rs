@@ -129,7 +129,8 @@ pub struct Args {
     /// Most live KV-cache sessions.
     #[arg(long, default_value_t = 64)]
     max_sessions: usize,
-    /// Most positions per session (llama-server's `-c/--ctx-size`).
+    /// Most positions per session (llama-server's `-c/--ctx-size`); also the context RoPE is
+    /// set up for (Phi-3 LongRoPE: the long factors above the file's original context).
     #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
     max_positions: usize,
     /// How sessions store keys and values: f32 (exact) or f16 (half the KV memory, llama.cpp's

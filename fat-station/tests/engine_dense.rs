@@ -293,6 +293,53 @@ fn phi3_chunks_and_split_points_are_bit_identical() {
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
 }
 
+/// Phi-3 LongRoPE's two factor sets: llama.cpp rotates with `rope_factors_short` for a
+/// context up to the original one (4096) and `rope_factors_long` above it; so does the engine
+/// with `Model::with_context` (a station's `-c`). At 4096 and at 8192 our logits match
+/// llama.cpp's at the same context (goldens: make-dense-golden.sh phi3-tiny and
+/// make-longrope-golden.sh), and the other set's are off.
+#[test]
+fn phi3_takes_long_rope_factors_above_its_original_context_as_llama_cpp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "phi3-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    let scaling = knot
+        .arch()
+        .rope_scaling
+        .clone()
+        .expect("longrope in the header");
+    assert_eq!(
+        (scaling.kind.as_str(), scaling.original_context),
+        ("longrope", 4096)
+    );
+    let at = |ctx: Option<usize>| {
+        let m = Model::load(&knot, None).expect("load");
+        let m = match ctx {
+            Some(n) => m.with_context(n).expect("context"),
+            None => m,
+        };
+        chunked(&m, &PROMPT, &[12])
+    };
+    let (unset, short, long) = (at(None), at(Some(4096)), at(Some(8192)));
+    // Without a context, and at the original one, the short factors.
+    assert_eq!(bits(&unset), bits(&short));
+    let Some((batched, tbt)) = llamacpp_golden("phi3-tiny", &gguf) else {
+        return;
+    };
+    let dir = golden_dir();
+    let (batched_long, tbt_long) = (
+        read_f32(&dir.join("phi3_tiny_seed0_ctx8192_llamacpp.f32")),
+        read_f32(&dir.join("phi3_tiny_seed0_ctx8192_llamacpp_tbt.f32")),
+    );
+    assert_matches_llamacpp("phi3-tiny at 4096", &short, &batched, &tbt);
+    let (_, bound) = assert_matches_llamacpp("phi3-tiny at 8192", &long, &batched_long, &tbt_long);
+    let (rms, _) = rms_max(&short, &batched_long);
+    eprintln!("phi3-tiny's short factors against llama.cpp at 8192: rms {rms:.4}");
+    assert!(rms > 3.0 * bound, "short factors at 8192: rms {rms}");
+}
+
 /// A copy of `src` with its header changed by `arch` and without the tensor `drop`: the same
 /// weights read as another model (what a missing feature would compute).
 fn variant(src: &Knot, dst: &Path, arch: impl FnOnce(&mut knot_format::ArchConfig), drop: &str) {
@@ -610,4 +657,187 @@ fn glm4_chunks_and_split_points_are_bit_identical() {
         return;
     };
     assert_chunks_and_splits_are_bit_identical(dir.path(), &knot_path);
+}
+
+/// The llama4 long golden's prompt (scripts/reference/make-llama4-golden.sh): 8204 ids
+/// `(7919 i + 785) mod 151643`, past llama.cpp's fixed llama4 chunk of 8192 positions, so the
+/// last 12 lie in the second chunk and the NoPE layer's temperature is above 1 there.
+fn llama4_long_prompt() -> Vec<u32> {
+    (0..8204u64)
+        .map(|i| ((7919 * i + 785) % 151_643) as u32)
+        .collect()
+}
+
+/// A llama4-tiny variant changed by `tweak` (a feature switched off) against `golden`: its
+/// rms distance.
+fn llama4_without(
+    knot: &Knot,
+    prompt: &[u32],
+    golden: &[f32],
+    tweak: &dyn Fn(&mut Model<'_>),
+) -> f64 {
+    let mut m = Model::load(knot, None).expect("load");
+    tweak(&mut m);
+    let mut s = m.new_session(prompt.len());
+    rms_max(&m.logits(&mut s, prompt).expect("forward"), golden).0
+}
+
+/// Sets how every MoE block of `m` routes (its gating) or drops its shared expert.
+fn llama4_moe(m: &mut Model<'_>, f: &dyn Fn(&mut fat_station::engine::moe::MoeFfn<'_>)) {
+    for l in &mut m.weights.layers {
+        if let fat_station::engine::Ffn::Moe(moe) = &mut l.ffn {
+            f(moe);
+        }
+    }
+}
+
+/// Llama 4 (`llama4-tiny`: 4 blocks, RoPE + chunked attention + q/k L2 norm on 0-2, NoPE with
+/// temperature tuning on 3, blocks 1 and 3 MoE (4 experts, top-1, sigmoid weight on the input,
+/// a shared expert), 0 and 2 dense): llama.cpp's logits on the 12-token prompt and on one of
+/// 8204 positions (where llama.cpp's fixed chunk of 8192 and temperature floor act), and each
+/// feature is needed to get them.
+#[test]
+fn llama4_matches_llama_cpp_and_needs_each_of_its_features() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((gguf, knot_path)) = synthetic(dir.path(), "llama4-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    assert!(knot.arch().runs_here(), "knot inspect: runs here");
+    let moe = knot.arch().moe.clone().expect("experts");
+    assert_eq!(
+        (
+            moe.n_experts,
+            moe.n_experts_used,
+            moe.n_shared,
+            moe.interleave
+        ),
+        (4, 1, 1, 2)
+    );
+    let m = Model::load(&knot, None).expect("load");
+    let layout: Vec<_> = (0..4)
+        .map(|l| (m.cfg.has_rope(l), m.cfg.chunk(l), m.cfg.is_moe(l)))
+        .collect();
+    assert_eq!(
+        layout,
+        [
+            (true, Some(8192), false),
+            (true, Some(8192), true),
+            (true, Some(8192), false),
+            (false, None, true)
+        ]
+    );
+    assert!(m.cfg.kq_l2_norm);
+    assert_eq!(m.cfg.query_temperature(8190), 1.0);
+    assert_eq!(m.cfg.query_temperature(8191), 1.0 + 0.1 * 2f32.ln());
+    let Some((batched, tbt)) = llamacpp_golden("llama4-tiny", &gguf) else {
+        return;
+    };
+    let ours = chunked(&m, &PROMPT, &[12]);
+    let (_, bound) = assert_matches_llamacpp("llama4-tiny", &ours, &batched, &tbt);
+    let dir = golden_dir();
+    let (long_batched, long_tbt) = (
+        read_f32(&dir.join("llama4_tiny_seed0_long_llamacpp.f32")),
+        read_f32(&dir.join("llama4_tiny_seed0_long_llamacpp_tbt.f32")),
+    );
+    let long = llama4_long_prompt();
+    let (_, long_bound) = {
+        let mut s = m.new_session(long.len());
+        let l = m.logits(&mut s, &long).expect("forward");
+        assert_matches_llamacpp("llama4-tiny, 8204 positions", &l, &long_batched, &long_tbt)
+    };
+
+    // Without any one feature the logits are far from llama.cpp's.
+    type Tweak = (&'static str, Box<dyn Fn(&mut Model<'_>)>);
+    let short: [Tweak; 4] = [
+        (
+            "NoPE layers",
+            Box::new(|m| m.cfg.recipe.no_rope_every = None),
+        ),
+        ("q/k L2 norm", Box::new(|m| m.cfg.kq_l2_norm = false)),
+        (
+            "router weight on the expert's input",
+            Box::new(|m| llama4_moe(m, &|f| f.gating = fat_station::engine::moe::Gating::Sigmoid)),
+        ),
+        (
+            "shared expert",
+            Box::new(|m| llama4_moe(m, &|f| f.shared = None)),
+        ),
+    ];
+    for (what, tweak) in &short {
+        let rms = llama4_without(&knot, &PROMPT, &batched, tweak.as_ref());
+        eprintln!("llama4-tiny without the {what}: rms {rms:.4} against llama.cpp");
+        assert!(rms > 4.0 * bound, "without the {what}: rms {rms}");
+    }
+    // The chunk: the last 12 positions attend only to each other on layers 0-2. (The
+    // temperature, 1.069 on those 12 rows of one layer at llama.cpp's floor, moves these
+    // random weights' near-uniform attention by ~1e-4 rms, under llama.cpp's own noise: its
+    // test is llama4_chunks_and_split_points_are_bit_identical's, at a floor of 4.)
+    let rms = llama4_without(&knot, &long, &long_batched, &|m| m.cfg.attn_chunk = None);
+    eprintln!("llama4-tiny over 8204 positions without chunks: rms {rms:.4} against llama.cpp");
+    assert!(rms > 4.0 * long_bound, "without the chunks: rms {rms}");
+}
+
+/// llama4-tiny with its chunk and temperature floor brought down to 4 positions (the 12-token
+/// prompt then spans three chunks and two temperature steps): chunked prefill equals the
+/// whole prompt and every split point equals one process, bit for bit.
+#[test]
+fn llama4_chunks_and_split_points_are_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_, knot_path)) = synthetic(dir.path(), "llama4-tiny") else {
+        return;
+    };
+    let knot = Knot::open(&knot_path).expect("open");
+    fn load(k: &Knot) -> Model<'_> {
+        let mut m = Model::load(k, None).expect("load");
+        m.cfg.attn_chunk = Some(4);
+        m.cfg.nope_temperature = Some((0.1, 4));
+        m
+    }
+    let m = load(&knot);
+    assert_ne!(m.cfg.query_temperature(11), 1.0);
+    let whole = chunked(&m, &PROMPT, &[12]);
+    assert!(whole.iter().all(|x| x.is_finite()));
+    // The chunk and the temperature each move the logits at this size (the temperature
+    // little: random weights attend nearly uniformly, and a sharper softmax of near-equal
+    // scores stays near-uniform).
+    type Off = fn(&mut Model<'_>);
+    let offs: [(&str, Off, f64); 2] = [
+        ("chunks", |m| m.cfg.attn_chunk = None, 0.01),
+        ("temperature", |m| m.cfg.nope_temperature = None, 0.001),
+    ];
+    for (what, off, min) in offs {
+        let mut other = load(&knot);
+        off(&mut other);
+        let (rms, _) = rms_max(&chunked(&other, &PROMPT, &[12]), &whole);
+        eprintln!("llama4-tiny at chunk 4 without the {what}: rms {rms:.6}");
+        assert!(
+            rms > min,
+            "without the {what} the logits moved by {rms} only"
+        );
+    }
+    for c in [&[1; 12][..], &[5, 7], &[3, 1, 8], &[4, 4, 4]] {
+        assert_eq!(bits(&chunked(&m, &PROMPT, c)), bits(&whole), "chunks {c:?}");
+    }
+    for cut in 1..4u32 {
+        let (e, x) = (dir.path().join("entry.knot"), dir.path().join("exit.knot"));
+        shard(&knot, &e, Role::Entry, LayerRange::new(0, cut));
+        shard(&knot, &x, Role::Exit, LayerRange::new(cut, 4));
+        let (ek, xk) = (
+            Knot::open(&e).expect("entry"),
+            Knot::open(&x).expect("exit"),
+        );
+        let (em, xm) = (load(&ek), load(&xk));
+        let (mut es, mut xs) = (em.new_session(64), xm.new_session(64));
+        let mut logits = Vec::new();
+        for c in PROMPT.chunks(5) {
+            let mut r = em.embed(c).expect("embed");
+            em.forward(&mut es, &mut r, LayerRange::new(0, cut))
+                .expect("entry forward");
+            xm.forward(&mut xs, &mut r, LayerRange::new(cut, 4))
+                .expect("exit forward");
+            logits = xm.lm_head(&r).expect("head");
+        }
+        assert_eq!(bits(&logits), bits(&whole), "split at block {cut}");
+    }
 }

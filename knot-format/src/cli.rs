@@ -257,6 +257,9 @@ fn inspect(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         if let Some(g) = &m.groups {
             extra.push(format!("{} groups, {} used", g.count, g.used));
         }
+        if m.interleave > 1 {
+            extra.push(format!("experts every {} block(s)", m.interleave));
+        }
         if !extra.is_empty() {
             writeln!(o, "routing     {}", extra.join(", "))?;
         }

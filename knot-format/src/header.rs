@@ -159,6 +159,11 @@ pub struct MoeConfig {
     /// groups with the highest top-2 sums.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub groups: Option<ExpertGroups>,
+    /// Only every `n`th block (`(l + 1) % n == 0`) has experts, the others a dense FFN of
+    /// `feed_forward_length` (`interleave_moe_layer_step`, llama4's Maverick: 2); 0 or 1:
+    /// every block.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub interleave: u32,
 }
 
 /// Group-limited routing's shape.
@@ -254,6 +259,7 @@ pub const RUNNABLE_ARCHS: &[&str] = &[
     "deepseek2",
     "lfm2moe",
     "qwen35moe",
+    "llama4",
 ];
 
 /// Most transformer blocks a header may claim (the largest released models have under 200).

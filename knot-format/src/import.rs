@@ -73,6 +73,7 @@ const NORMAL_ARCHS: &[&str] = &[
     "smollm3",
     "glm4",
     "granitehybrid",
+    "llama4",
 ];
 /// Pure state-space models: no attention, so no RoPE (recorded as normal, never applied), and
 /// their GGUF's head count and FFN width are 0 (llama.cpp's converter writes them so).
@@ -404,6 +405,16 @@ impl ArchConfig {
                     .unwrap_or(0),
             }),
             Some(_) => None,
+            // Phi-3 LongRoPE: its converter writes the factor tensors and the original
+            // context, no type; the engine picks long or short factors by it (llama.cpp's
+            // `n_ctx_orig_yarn`), so the header keeps it.
+            None if g.tensor("rope_factors_long.weight").is_some() => Some(RopeScaling {
+                kind: "longrope".into(),
+                factor: m.f32(&k("rope.scaling.factor"))?.unwrap_or(1.0),
+                original_context: m
+                    .u32(&k("rope.scaling.original_context_length"))?
+                    .unwrap_or(0),
+            }),
             // Old converters wrote only a linear scale.
             None => m
                 .f32(&k("rope.scale_linear"))?
@@ -414,6 +425,14 @@ impl ArchConfig {
                     original_context: 0,
                 }),
         };
+        // llama4 with a window of 0 (MobileLLM-R1's converter) is llama.cpp's other llama4
+        // graph (no chunking, RoPE on all but the last layer): not implemented, refused.
+        if arch == "llama4" && m.u32(&k("attention.sliding_window"))? == Some(0) {
+            return Err(m.err(
+                &k("attention.sliding_window"),
+                "0 (llama4 without chunked attention) is not implemented",
+            ));
+        }
         // Gemma-style attention: local (sliding-window) layers with their own RoPE base.
         let sliding_window = m.u32(&k("attention.sliding_window"))?.filter(|&w| w > 0);
         let swa_layers = m.swa_layers(&k("attention.sliding_window_pattern"), n_layers)?;
@@ -474,7 +493,12 @@ impl ArchConfig {
                     n_experts_used,
                     expert_ffn,
                     norm_topk,
-                    n_shared: m.u32(&k("expert_shared_count"))?.unwrap_or(0),
+                    // llama4: one shared expert of the routed width in every MoE block (its
+                    // files carry no count; llama.cpp always loads `*_shexp`).
+                    n_shared: match arch.as_str() {
+                        "llama4" => 1,
+                        _ => m.u32(&k("expert_shared_count"))?.unwrap_or(0),
+                    },
                     leading_dense: m.u32(&k("leading_dense_block_count"))?.unwrap_or(0),
                     shared_ffn,
                     // llama.cpp applies a scale other than 0 and 1.
@@ -494,6 +518,7 @@ impl ArchConfig {
                         Some(n) => Some(format!("gating function {n}")),
                     },
                     groups,
+                    interleave: m.u32(&k("interleave_moe_layer_step"))?.unwrap_or(0),
                 })
             }
         };
@@ -949,6 +974,7 @@ mod tests {
                 gating: Some("sigmoid".into()),
                 groups: Some(crate::ExpertGroups { count: 4, used: 2 }),
                 shared_ffn: None,
+                interleave: 0,
             })
         );
         // No group to choose from: refused, naming the field.

@@ -1,5 +1,6 @@
 // llama.cpp's logits of the last position for given token ids, one thread, as little-endian f32:
-//   llamacpp-logits MODEL.gguf OUT.f32 [--token-by-token] [--f32-cache] [--experts OUT.i32]
+//   llamacpp-logits MODEL.gguf OUT.f32 [--n-ctx N] [--token-by-token] [--f32-cache]
+//                   [--experts OUT.i32]
 //                   [--greedy N OUT.txt] ID...
 // Built by scripts/reference/make-synthetic-golden.sh against the static libraries of
 // scripts/bench/build-llama-bench.sh's native build (the same llama.cpp as the benchmarks).
@@ -7,12 +8,16 @@
 // SIGSEGV on this AVX-512 box; the plain ggml kernels compute the same model.
 // --f32-cache keeps the KV cache in f32 and turns flash attention off: llama.cpp's default
 // cache is f16, and its flash attention casts K and V to f16 even from an f32 cache and
-// rounds queries to f16; our engine keeps all of it in f32.
+// rounds queries to f16; our engine keeps all of it in f32. Over thousands of positions that
+// f16 accumulation drifts from the exact result, alike in batched and token-by-token runs (so
+// their difference does not show it).
 // --token-by-token feeds one id per llama_decode (llama.cpp quantizes activations per batch
 // shape, so the two differ a little: that difference is llama.cpp's own noise).
 // --experts (mixture-of-experts models) writes the experts each token chose in every block, in
 // llama.cpp's top-k order, as little-endian i32 (block, token, k), read from the graph's
 // `ffn_moe_topk-N` tensors through the eval callback.
+// --n-ctx sets the context size (default: the ids, the greedy steps and 16); it decides, e.g.,
+// Phi-3's long or short RoPE factors (long when above the original context).
 // --greedy then continues N tokens greedily, one llama_decode per token, and writes one line
 // per step: the chosen id and its logit's lead over the runner-up (a small lead is a near-tie
 // another implementation may break the other way).
@@ -50,6 +55,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     int first = 3, one_by_one = 0;
+    long n_ctx = 0;
+    if (first + 1 < argc && strcmp(argv[first], "--n-ctx") == 0) {
+        n_ctx = atol(argv[first + 1]);
+        if (n_ctx <= 0 || n_ctx > (1L << 20)) {
+            fprintf(stderr, "llamacpp-logits: --n-ctx wants 1 to 1048576\n");
+            return 2;
+        }
+        first += 2;
+    }
     if (first < argc && strcmp(argv[first], "--token-by-token") == 0) {
         one_by_one = 1;
         first++;
@@ -79,8 +93,8 @@ int main(int argc, char **argv) {
         first += 3;
     }
     int n = argc - first;
-    if (n <= 0 || n > 4096) {
-        fprintf(stderr, "llamacpp-logits: give 1 to 4096 token ids\n");
+    if (n <= 0 || n > 65536) {
+        fprintf(stderr, "llamacpp-logits: give 1 to 65536 token ids\n");
         return 2;
     }
     llama_token *ids = calloc((size_t)n, sizeof *ids);
@@ -108,6 +122,13 @@ int main(int argc, char **argv) {
     }
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)(n + greedy + 16);
+    if (n_ctx > 0) {
+        if (n_ctx < n + greedy + 1) {
+            fprintf(stderr, "llamacpp-logits: --n-ctx %ld is below the ids and greedy steps\n", n_ctx);
+            return 2;
+        }
+        cp.n_ctx = (uint32_t)n_ctx;
+    }
     cp.n_batch = (uint32_t)(n + 16);
     cp.n_threads = 1;
     cp.n_threads_batch = 1;

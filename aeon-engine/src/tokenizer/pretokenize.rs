@@ -201,6 +201,8 @@ mod tests {
         assert_eq!(PreKind::from_name("glm4"), Some(PreKind::Llama3));
         assert_eq!(PreKind::from_name("tekken"), Some(PreKind::Tekken));
         assert_eq!(PreKind::from_name("no-such-pre"), None);
+        // Llama 4's (llama.cpp's GPT-4o pattern) is not implemented: refused by name.
+        assert_eq!(PreKind::from_name("llama4"), None);
     }
 
     #[test]

@@ -226,7 +226,9 @@ impl Station {
         // Stations serve until the process exits, so the mmap is leaked on purpose: the
         // weights borrow from it with a 'static lifetime and no copies.
         let knot: &'static Knot = Box::leak(Box::new(knot));
-        Ok(Station::new(Model::load(knot, holdings)?, limits))
+        // RoPE for the sessions' context (Phi-3's long factors beyond its original one).
+        let model = Model::load(knot, holdings)?.with_context(limits.max_positions)?;
+        Ok(Station::new(model, limits))
     }
 
     /// Joins a mesh (see [`crate::mesh::relay`]); only the first call takes effect.
