@@ -295,8 +295,8 @@ impl<L: Tile> Kernel for Blocks<L> {
 /// 18-26 KiB.
 const AHEAD: usize = 8;
 
-/// Tiles ahead that the k-quants prefetch for one token: about one DRAM latency of their
-/// compute. From DRAM Q6_K ran 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17 with
+/// Tiles ahead that the k-quants prefetch for one token (Q4_K: none, see [`q4k_sub`]): about
+/// one DRAM latency of their compute. From DRAM Q6_K ran 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17 with
 /// no line prefetch at all. Q4_K on the model's 896-row matrices (2.5 MB, a fresh stream
 /// every call) ran 23-24 against 12-13 with none (kernel-bench), and decode went from 61-62 to
 /// 65-66 tok/s at 1 thread; only one huge matrix streams a little faster without (24 vs 21).
@@ -462,9 +462,20 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
-        // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
-        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+        // Several tokens: an eighth of a tile ahead per sub-block (spread out, the prefetches
+        // leave the fill buffers to the demand loads). One token: none. With the pages
+        // touched (`touch_page`) the hardware prefetchers keep pace, and the 40 prefetches a
+        // tile (a tenth of its instructions) cost more than they hid: from DRAM 1 thread
+        // 25 GB/s (60-77% of the read roofline) with them at 2 tiles ahead, 29 (75-81%)
+        // without; 3 or 4 tiles ahead or every other line were no better. The empty asm
+        // keeps what the prefetches also did: a scheduling boundary per sub-block. Without
+        // one LLVM interleaves the 8 sub-blocks of a tile and the kernel fell to 14-17 GB/s.
+        if T > 1 {
+            prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+        } else {
+            // SAFETY: an empty asm block: no instruction, no register, memory or flag.
+            std::arch::asm!("", options(nostack, preserves_flags, nomem));
+        }
         let sc = lane_u8_epi32(scb[S / 4], S % 4);
         let m = lane_u8_epi32(scb[2 + S / 4], S % 4);
         let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
