@@ -295,8 +295,8 @@ impl<L: Tile> Kernel for Blocks<L> {
 /// 18-26 KiB.
 const AHEAD: usize = 8;
 
-/// Tiles ahead that the k-quants prefetch for one token: about one DRAM latency of their
-/// compute. From DRAM Q6_K ran 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17 with
+/// Tiles ahead that the k-quants prefetch for one token (Q4_K: none, see [`q4k_sub`]): about
+/// one DRAM latency of their compute. From DRAM Q6_K ran 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17 with
 /// no line prefetch at all. Q4_K on the model's 896-row matrices (2.5 MB, a fresh stream
 /// every call) ran 23-24 against 12-13 with none (kernel-bench), and decode went from 61-62 to
 /// 65-66 tok/s at 1 thread; only one huge matrix streams a little faster without (24 vs 21).
@@ -399,42 +399,102 @@ unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m512i, __m512i) 
 /// Q4_K tiles: per sub-block s, 8 vectors of 4-bit quants (low or high nibbles of the
 /// granules of qs chunk s / 2), `d * sc` and `dmin * m` as row vectors, then per token one
 /// sub-block dot, its scale FMA and its min FMA.
+///
+/// Why the scales are unpacked once per tile and the high nibbles are not shifted (see
+/// [`q4k_scale_bytes`] and [`q4k_sub`]): from cache the kernel ran at half the DRAM read
+/// rate it had to keep pace with, and these per-sub-block steps were a fifth of its
+/// instructions.
 struct Q4K;
 
+/// `get_scale_min_k4` of all 8 sub-blocks of a Q4_K tile for 16 rows at once, as bytes:
+/// `[sc of sub-blocks 0..4, sc of 4..8, m of 0..4, m of 4..8]`, 128-bit lane `s % 4` of each
+/// holding sub-block s's plane. Whole-register byte operations over the 12 planes (3 loads),
+/// where per sub-block the same took 2-3 loads and up to 7 operations on i32 lanes.
+#[inline(always)]
+unsafe fn q4k_scale_bytes(sc: *const u8) -> [__m512i; 4] {
+    // SAFETY: the 192 bytes at `sc` are the tile's 12 scale planes (this function's
+    // contract, as its caller keeps it); AVX-512 BW present (module doc).
+    unsafe {
+        let lo = _mm512_loadu_si512(sc as *const _);
+        let mid = _mm512_loadu_si512(sc.add(64) as *const _);
+        let hi = _mm512_loadu_si512(sc.add(128) as *const _);
+        let m6 = _mm512_set1_epi8(63);
+        let m4 = _mm512_set1_epi8(0x0F);
+        // Bits 6-7 of a byte moved to bits 4-5: masked first, so the 16-bit shift carries
+        // nothing across bytes.
+        let top = |v: __m512i| _mm512_srli_epi16(_mm512_and_si512(v, _mm512_set1_epi8(-64)), 2);
+        [
+            _mm512_and_si512(lo, m6),
+            _mm512_or_si512(_mm512_and_si512(hi, m4), top(lo)),
+            _mm512_and_si512(mid, m6),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), m4), top(mid)),
+        ]
+    }
+}
+
+/// 128-bit lane `l` (0..4, a constant once inlined) of `v`, its 16 bytes as i32 lanes.
+#[inline(always)]
+unsafe fn lane_u8_epi32(v: __m512i, l: usize) -> __m512i {
+    // SAFETY: register-only intrinsics; AVX-512 F present (module doc).
+    unsafe {
+        let x = match l {
+            0 => _mm512_castsi512_si128(v),
+            1 => _mm512_extracti32x4_epi32::<1>(v),
+            2 => _mm512_extracti32x4_epi32::<2>(v),
+            _ => _mm512_extracti32x4_epi32::<3>(v),
+        };
+        _mm512_cvtepu8_epi32(x)
+    }
+}
+
 /// Sub-block `S` of a Q4_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of this
-/// super-block). `S` is a constant so the nibble shift and the scale unpacking are fixed.
+/// super-block; `scb`: [`q4k_scale_bytes`] of the tile). `S` is a constant so the nibble
+/// mask and the scale lane are fixed.
 #[inline(always)]
 unsafe fn q4k_sub<const S: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
-    d: __m512,
-    dmin: __m512,
+    (d, dmin): (__m512, __m512),
+    scb: &[__m512i; 4],
     xb: &[*const BlockQ8A; T],
     acc: &mut [__m512; T],
 ) {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        // An eighth of a tile ahead per sub-block: spread out, the prefetches leave the fill
-        // buffers to the demand loads. (One token: see `AHEAD_ONE`.)
-        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-        let (sc, m) = scale_min_planes::<S>(p.add(K4_SC));
+        // Several tokens: an eighth of a tile ahead per sub-block (spread out, the prefetches
+        // leave the fill buffers to the demand loads). One token: none. With the pages
+        // touched (`touch_page`) the hardware prefetchers keep pace, and the 40 prefetches a
+        // tile (a tenth of its instructions) cost more than they hid: from DRAM 1 thread
+        // 25 GB/s (60-77% of the read roofline) with them at 2 tiles ahead, 29 (75-81%)
+        // without; 3 or 4 tiles ahead or every other line were no better. The empty asm
+        // keeps what the prefetches also did: a scheduling boundary per sub-block. Without
+        // one LLVM interleaves the 8 sub-blocks of a tile and the kernel fell to 14-17 GB/s.
+        if T > 1 {
+            prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
+        } else {
+            // SAFETY: an empty asm block: no instruction, no register, memory or flag.
+            std::arch::asm!("", options(nostack, preserves_flags, nomem));
+        }
+        let sc = lane_u8_epi32(scb[S / 4], S % 4);
+        let m = lane_u8_epi32(scb[2 + S / 4], S % 4);
         let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
         let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
         let qs = p.add(K4_QS + 512 * (S / 2));
-        let m4 = _mm512_set1_epi8(0x0F);
+        // Odd sub-blocks keep their nibble in place (16 u): one AND instead of a shift and an
+        // AND per vector, and one exact shift of each token's sum (a multiple of 16).
+        let mask = _mm512_set1_epi8(if S % 2 == 1 { -16 } else { 0x0F });
         let w: [__m512i; 8] = std::array::from_fn(|k| {
-            let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
-            let v = if S % 2 == 1 {
-                _mm512_srli_epi16(v, 4)
-            } else {
-                v
-            };
-            _mm512_and_si512(v, m4)
+            _mm512_and_si512(_mm512_loadu_si512(qs.add(64 * k) as *const _), mask)
         });
         for t in 0..T {
             let a = &*xb[t].add(S);
             let isum = dot_block(&w, a);
+            let isum = if S % 2 == 1 {
+                _mm512_srai_epi32(isum, 4)
+            } else {
+                isum
+            };
             let tmp = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d));
             acc[t] = _mm512_fmadd_ps(dsc, tmp, acc[t]);
             // fnmadd rounds -(dm * s) + acc once: the spec's fma(-(dmin * m), s, acc).
@@ -458,15 +518,17 @@ impl Kernel for Q4K {
                 touch_page(p, K4_BYTES);
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_D) as *const __m256i));
                 let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K4_DMIN) as *const __m256i));
+                let dd = (d, dmin);
+                let scb = q4k_scale_bytes(p.add(K4_SC));
                 let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
-                q4k_sub::<0, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<1, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<2, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<3, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<4, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<5, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<6, T>(p, ahead, d, dmin, &xb, &mut acc);
-                q4k_sub::<7, T>(p, ahead, d, dmin, &xb, &mut acc);
+                q4k_sub::<0, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<1, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<2, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<3, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<4, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<5, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<6, T>(p, ahead, dd, &scb, &xb, &mut acc);
+                q4k_sub::<7, T>(p, ahead, dd, &scb, &xb, &mut acc);
             }
             rows_out(&acc)
         }
