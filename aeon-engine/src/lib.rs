@@ -15,6 +15,7 @@ pub mod sampling;
 mod session;
 mod shortconv;
 mod ssm;
+mod state_transfer;
 mod team;
 pub mod tokenizer;
 mod weights;
@@ -25,6 +26,7 @@ pub use model::Model;
 pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
 pub use shortconv::{Checkpoints, ConvState};
 pub use ssm::{softplus, SsmConfig, SsmKind, SsmState, SsmWeights};
+pub use state_transfer::{state_record_position, StateError, STATE_MAGIC};
 pub use weights::{
     AttnWeights, DeltaNetWeights, Ffn, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights,
 };

@@ -303,6 +303,11 @@ impl Session {
         self
     }
 
+    /// Original index of the first held block.
+    pub fn first_layer(&self) -> usize {
+        self.first_layer
+    }
+
     /// The cache of original block `layer`, if this session covers it.
     pub fn cache(&self, layer: usize) -> Option<&LayerCache> {
         layer
