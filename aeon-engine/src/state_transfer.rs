@@ -196,11 +196,10 @@ impl Session {
                     kind(c)
                 )));
             }
-            o += 1 + 4
-                * match kind(c) {
-                    0 => (pos - from) * (kv + vd),
-                    _ => live_floats(c),
-                };
+            o += 1 + 4 * match kind(c) {
+                0 => (pos - from) * (kv + vd),
+                _ => live_floats(c),
+            };
         }
         let held = self
             .caches

@@ -161,5 +161,9 @@ fn a_replica_that_took_the_shipped_checkpoint_replays_only_the_tokens_after_it()
     );
     // The prompt's end (position 5) was shipped: only the 5 generated tokens are replayed.
     assert_eq!(replayed, 5);
-    assert_eq!(rows, (5 + 6) as u64, "the replica's entry ran no prompt position");
+    assert_eq!(
+        rows,
+        (5 + 6) as u64,
+        "the replica's entry ran no prompt position"
+    );
 }

@@ -87,7 +87,11 @@ impl MeshNode {
 
     /// Ships this node's session states to `replicas` (base URLs holding the same layers;
     /// [`crate::mesh::ship`]) at the end of multi-row forwards and every `every` positions.
-    pub fn with_replicas(mut self, replicas: Vec<String>, every: usize) -> std::io::Result<MeshNode> {
+    pub fn with_replicas(
+        mut self,
+        replicas: Vec<String>,
+        every: usize,
+    ) -> std::io::Result<MeshNode> {
         if !replicas.is_empty() {
             self.ship = Some(crate::mesh::ship::Shipper::start(
                 replicas,

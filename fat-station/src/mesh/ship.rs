@@ -127,12 +127,7 @@ impl Shipper {
 
     /// The state of `s` to ship for `session` (keys and values from what the replicas
     /// confirmed), or `None` when the model's state cannot travel (logged).
-    pub(crate) fn export(
-        &self,
-        st: &Station,
-        session: &str,
-        s: &Session,
-    ) -> Option<Job> {
+    pub(crate) fn export(&self, st: &Station, session: &str, s: &Session) -> Option<Job> {
         let from = self
             .acked
             .lock()
@@ -290,9 +285,7 @@ pub(crate) async fn receive(st: Arc<Station>, req: Request<Incoming>) -> Result<
     if crate::engine::state_record_position(wire::decode_checkpoint(&plain).map_err(bad)?.1)
         != Some(pos)
     {
-        return Err(bad(format!(
-            "the record's position is not X-Pos {pos}"
-        )));
+        return Err(bad(format!("the record's position is not X-Pos {pos}")));
     }
     compute(st, move |st| {
         let (_, rec) = wire::decode_checkpoint(&plain).map_err(bad)?;
