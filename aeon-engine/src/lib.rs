@@ -23,7 +23,9 @@ mod weights;
 pub use config::{Activation, Arch, Config, QueryScale, Recipe, RopeScale, Yarn};
 pub use deltanet::DeltaState;
 pub use model::Model;
-pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
+pub use session::{
+    KvDtype, KvRows, LayerCache, RecurrentState, Scratch, Session, SCRATCH_KEEP_BYTES,
+};
 pub use shortconv::{Checkpoints, ConvState};
 pub use ssm::{softplus, SsmConfig, SsmKind, SsmState, SsmWeights};
 pub use state_transfer::{state_record_position, StateError, STATE_MAGIC};

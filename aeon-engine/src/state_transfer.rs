@@ -16,7 +16,7 @@
 //! another model or layer range, or a hostile one, is refused before anything is allocated
 //! or changed.
 
-use crate::session::{KvRows, LayerCache};
+use crate::session::{KvRows, LayerCache, RecurrentState};
 use crate::{Config, Session};
 
 /// The record's first bytes.
@@ -53,22 +53,17 @@ pub fn state_record_position(rec: &[u8]) -> Option<usize> {
 
 /// The kind byte of a block.
 fn kind(c: &LayerCache) -> u8 {
-    match (&c.conv, &c.ssm, &c.delta) {
-        (Some(_), _, _) => 1,
-        (None, Some(_), _) => 2,
-        (None, None, Some(_)) => 3,
-        (None, None, None) => 0,
+    match &c.state {
+        None => 0,
+        Some(RecurrentState::Conv(_)) => 1,
+        Some(RecurrentState::Ssm(_)) => 2,
+        Some(RecurrentState::Delta(_)) => 3,
     }
 }
 
 /// Floats of a block's live recurrent state (0 for attention).
 fn live_floats(c: &LayerCache) -> usize {
-    match (&c.conv, &c.ssm, &c.delta) {
-        (Some(s), _, _) => s.live_floats(),
-        (None, Some(s), _) => s.live_floats(),
-        (None, None, Some(s)) => s.live_floats(),
-        (None, None, None) => 0,
-    }
+    c.state.as_ref().map_or(0, RecurrentState::live_floats)
 }
 
 fn push_f32s(out: &mut Vec<u8>, v: &[f32]) {
@@ -114,11 +109,9 @@ impl Session {
         out.extend_from_slice(&(pos as u64).to_le_bytes());
         for c in &self.caches {
             out.push(kind(c));
-            match (&c.conv, &c.ssm, &c.delta) {
-                (Some(s), _, _) => push_f32s(&mut out, &s.live()),
-                (None, Some(s), _) => push_f32s(&mut out, &s.live()),
-                (None, None, Some(s)) => push_f32s(&mut out, &s.live()),
-                (None, None, None) => {
+            match &c.state {
+                Some(s) => push_f32s(&mut out, &s.live()),
+                None => {
                     push_f32s(&mut out, &kv_f32(&c.k, from * kv, pos * kv));
                     push_f32s(&mut out, &kv_f32(&c.v, from * vd, pos * vd));
                 }
@@ -219,23 +212,13 @@ impl Session {
         let mut o = HEADER;
         for c in &mut self.caches {
             o += 1;
-            match (&mut c.conv, &mut c.ssm, &mut c.delta) {
-                (Some(s), _, _) => {
+            match &mut c.state {
+                Some(s) => {
                     let n = s.live_floats() * 4;
                     s.set_live(pos, &f32s(&rec[o..o + n]));
                     o += n;
                 }
-                (None, Some(s), _) => {
-                    let n = s.live_floats() * 4;
-                    s.set_live(pos, &f32s(&rec[o..o + n]));
-                    o += n;
-                }
-                (None, None, Some(s)) => {
-                    let n = s.live_floats() * 4;
-                    s.set_live(pos, &f32s(&rec[o..o + n]));
-                    o += n;
-                }
-                (None, None, None) => {
+                None => {
                     let (nk, nv) = ((pos - from) * kv * 4, (pos - from) * vd * 4);
                     c.k.truncate(from * kv);
                     c.v.truncate(from * vd);
