@@ -45,6 +45,13 @@ fn a_shipped_state_continues_bit_for_bit_and_in_two_records() {
         let cfg = &model.cfg;
         let mut a = model.new_session(64);
         let next = model.logits(&mut a, &PROMPT).expect("prefill");
+        // Only LFM2's short convolutions take the short-convolution scratch (a Mamba session
+        // used to get it too).
+        assert_eq!(
+            !a.scratch().bcx.is_empty(),
+            preset == "lfm2-tiny",
+            "{preset}: short-convolution scratch"
+        );
         // The prompt's state, in one record.
         let rec = a.export_state(cfg, 0).expect("export");
         assert_eq!(
