@@ -60,18 +60,24 @@ for r in a["runs"]:
 print(json.dumps({"preset": preset, "loadavg": a.get("loadavg")}))
 PY
   fi
-  [ -x "$server" ] || { echo "hybrid-bench: no $server: chat turns skipped (build-llama-bench.sh --server)" >&2; continue; }
+  # Without llama-server (scripts/bench/build-llama-bench.sh --server) the chat runs on ours only.
+  lp=""
+  [ -x "$server" ] || echo "hybrid-bench: no $server: the chat runs on ours only (build-llama-bench.sh --server)" >&2
   # The chat: the same 5 user turns through each server, greedy, max 200 tokens per turn.
-  sp=$(free_port); gp=$(free_port); lp=$(free_port)
+  sp=$(free_port); gp=$(free_port)
   "$bin/fat-station" --knot "$k" --listen "127.0.0.1:$sp" -t "${THREADS:-2}" >"$out/station.log" 2>&1 & st=$!
-  "$llama_dir/build-server/bin/llama-server" -m "$g" --port "$lp" -t "${THREADS:-2}" -c 4096 -np 1 >"$out/llama-server.log" 2>&1 & ls=$!
-  trap 'kill $st $ls ${gw:-} 2>/dev/null || true' EXIT
+  ls=""
+  if [ -x "$server" ]; then
+    lp=$(free_port)
+    "$server" -m "$g" --port "$lp" -t "${THREADS:-2}" -c 4096 -np 1 >"$out/llama-server.log" 2>&1 & ls=$!
+  fi
+  trap 'kill $st ${ls:-} ${gw:-} 2>/dev/null || true' EXIT
   wait_up "http://127.0.0.1:$sp" || die "station did not start"
   "$bin/moonshine" serve --station "http://127.0.0.1:$sp" --listen "127.0.0.1:$gp" >"$out/gateway.log" 2>&1 & gw=$!
   wait_up "http://127.0.0.1:$gp" || die "gateway did not start"
-  wait_up "http://127.0.0.1:$lp" || die "llama-server did not start"
+  [ -z "$lp" ] || wait_up "http://127.0.0.1:$lp" || die "llama-server did not start"
   python3 - "$preset" "$gp" "$lp" "$sp" "$turns" "$per_turn" "$out" <<'PY'
-import json, statistics, sys, time, urllib.request
+import json, statistics, sys, time, urllib.error, urllib.request
 preset, gp, lp, sp = sys.argv[1:5]
 turns, n, out = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 asks = ["Tell me about the history of Paris.", "And of Berlin?", "Compare the two.",
@@ -87,13 +93,21 @@ def station_rows():
 
 def turn(port, msgs):
     """One streamed chat turn: (time to first token, total, reply, usage, llama timings)."""
-    body = json.dumps({"messages": msgs, "max_tokens": n, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True},
-                       "ignore_eos": True, "cache_prompt": True}).encode()
+    ask = {"messages": msgs, "max_tokens": n, "temperature": 0, "stream": True,
+           "stream_options": {"include_usage": True}}
+    if port == lp:
+        # llama-server's own fields (our gateway refuses what it does not honour): keep the
+        # prompt cache on and run every turn to max_tokens.
+        ask.update({"ignore_eos": True, "cache_prompt": True})
+    body = json.dumps(ask).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
                                  {"Content-Type": "application/json"})
     t0 = time.time(); ttft = None; text = []; usage = {}; timings = None
-    with urllib.request.urlopen(req, timeout=900) as r:
+    try:
+        r = urllib.request.urlopen(req, timeout=900)
+    except urllib.error.HTTPError as e:
+        sys.exit(f"hybrid-bench: {port}: {e.code} {e.read()[:300]!r}")
+    with r:
         for raw in r:
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data:"):
@@ -114,6 +128,8 @@ def turn(port, msgs):
 
 rows = {}
 for name, port in (("aeon", gp), ("llama-server", lp)):
+    if not port:
+        continue
     msgs = []
     for t in range(turns):
         msgs.append({"role": "user", "content": asks[t % len(asks)]})
@@ -149,5 +165,5 @@ for name, rs in rows.items():
                       "prompt_processed": [r["prompt_processed"] for r in rs],
                       "prompt_tokens": [r["prompt_tokens"] for r in rs]}), flush=True)
 PY
-  kill $st $ls $gw 2>/dev/null || true; wait 2>/dev/null || true
+  kill $st ${ls:-} $gw 2>/dev/null || true; wait 2>/dev/null || true
 done
