@@ -115,6 +115,34 @@ impl DeltaState {
         v
     }
 
+    /// Floats of the live state ([`DeltaState::live`]): the convolution's rows, then every
+    /// head's matrix.
+    pub(crate) fn live_floats(&self) -> usize {
+        self.conv.len() + self.s.len()
+    }
+
+    /// The live state at [`DeltaState::len`].
+    pub(crate) fn live(&self) -> Vec<f32> {
+        self.snapshot()
+    }
+
+    /// Takes a live state shipped from another node at `pos` (of [`DeltaState::live_floats`]
+    /// floats; the caller checks): earlier checkpoints go, `pos` becomes one (a turn end), so
+    /// a later rewind to it is exact.
+    pub(crate) fn set_live(&mut self, pos: usize, state: &[f32]) {
+        let (c, s) = state.split_at(self.conv.len());
+        self.conv.copy_from_slice(c);
+        self.s.copy_from_slice(s);
+        self.len = pos;
+        self.checkpoints.clear();
+        self.turn_ends.clear();
+        self.last_start = None;
+        if pos > 0 {
+            self.checkpoints.insert(pos, state.to_vec());
+            self.turn_ends.push_back(pos);
+        }
+    }
+
     /// The latest position `<= p` this state can be cut back to without recomputing: its
     /// length, the start of the latest forward, a checkpoint, or 0.
     pub fn restorable(&self, p: usize) -> usize {

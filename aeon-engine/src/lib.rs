@@ -15,6 +15,7 @@ pub mod sampling;
 mod session;
 mod shortconv;
 mod ssm;
+mod state_transfer;
 mod team;
 pub mod tokenizer;
 mod weights;
@@ -22,9 +23,12 @@ mod weights;
 pub use config::{Activation, Arch, Config, MoeRules, QueryScale, Recipe, RopeScale, Yarn};
 pub use deltanet::DeltaState;
 pub use model::Model;
-pub use session::{KvDtype, KvRows, LayerCache, Scratch, Session, SCRATCH_KEEP_BYTES};
+pub use session::{
+    KvDtype, KvRows, LayerCache, RecurrentState, Scratch, Session, SCRATCH_KEEP_BYTES,
+};
 pub use shortconv::{Checkpoints, ConvState};
 pub use ssm::{softplus, SsmConfig, SsmKind, SsmState, SsmWeights};
+pub use state_transfer::{state_record_position, StateError, STATE_MAGIC};
 pub use weights::{
     AttnWeights, DeltaNetWeights, Ffn, Holdings, LayerWeights, Mixer, ShortConvWeights, Weights,
 };

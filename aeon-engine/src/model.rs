@@ -10,7 +10,8 @@ use super::ops::{
 };
 use super::weights::{AttnWeights, Mixer};
 use super::{
-    Activation, Checkpoints, Config, EngineError, Ffn, Holdings, KvDtype, KvRows, Session, Weights,
+    Activation, Checkpoints, Config, EngineError, Ffn, Holdings, KvDtype, KvRows, RecurrentState,
+    Session, Weights,
 };
 use knot_format::{Knot, LayerRange, Role};
 
@@ -381,20 +382,20 @@ impl<'a> Model<'a> {
                 );
             }
             Mixer::ShortConv(c) => {
-                let Some(state) = cache.conv.as_mut() else {
+                let Some(RecurrentState::Conv(state)) = cache.state.as_mut() else {
                     unreachable!("forward checked that every recurrent block has its state");
                 };
                 let (bcx, y) = s.bcx.split_at_mut(seq * 3 * h);
                 state.forward(c, &s.xb, seq, bcx, y, &mut s.xb2);
             }
             Mixer::Ssm(m) => {
-                let Some(state) = cache.ssm.as_mut() else {
+                let Some(RecurrentState::Ssm(state)) = cache.state.as_mut() else {
                     unreachable!("forward checked that every recurrent block has its state");
                 };
                 state.forward(m, &s.xb[..seq * h], seq, &mut s.xb2[..seq * h]);
             }
             Mixer::DeltaNet(d) => {
-                let Some(state) = cache.delta.as_mut() else {
+                let Some(RecurrentState::Delta(state)) = cache.state.as_mut() else {
                     unreachable!("forward checked that every recurrent block has its state");
                 };
                 state.forward(d, &s.xb, seq, cfg.norm_eps, &mut s.dn, &mut s.xb2);

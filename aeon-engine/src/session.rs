@@ -91,6 +91,86 @@ impl KvRows {
     }
 }
 
+/// A recurrent block's per-session state: one kind per block, whichever its mixer is.
+pub enum RecurrentState {
+    /// A gated short convolution (LFM2).
+    Conv(ConvState),
+    /// A state-space layer (mamba, mamba2, granitehybrid).
+    Ssm(SsmState),
+    /// A Gated DeltaNet (Qwen3.5).
+    Delta(DeltaState),
+}
+
+impl RecurrentState {
+    /// Positions processed.
+    pub fn len(&self) -> usize {
+        match self {
+            RecurrentState::Conv(s) => s.len(),
+            RecurrentState::Ssm(s) => s.len(),
+            RecurrentState::Delta(s) => s.len(),
+        }
+    }
+
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held: the live state and its checkpoints.
+    pub fn bytes(&self) -> usize {
+        match self {
+            RecurrentState::Conv(s) => s.bytes(),
+            RecurrentState::Ssm(s) => s.bytes(),
+            RecurrentState::Delta(s) => s.bytes(),
+        }
+    }
+
+    /// The latest position `<= p` the state can be cut back to without recomputing.
+    pub fn restorable(&self, p: usize) -> usize {
+        match self {
+            RecurrentState::Conv(s) => s.restorable(p),
+            RecurrentState::Ssm(s) => s.restorable(p),
+            RecurrentState::Delta(s) => s.restorable(p),
+        }
+    }
+
+    /// Cuts the state back to [`RecurrentState::restorable`]`(p)`.
+    pub fn truncate(&mut self, p: usize) {
+        match self {
+            RecurrentState::Conv(s) => s.truncate(p),
+            RecurrentState::Ssm(s) => s.truncate(p),
+            RecurrentState::Delta(s) => s.truncate(p),
+        }
+    }
+
+    /// Floats of the live state (what a shipped checkpoint carries per block).
+    pub(crate) fn live_floats(&self) -> usize {
+        match self {
+            RecurrentState::Conv(s) => s.live_floats(),
+            RecurrentState::Ssm(s) => s.live_floats(),
+            RecurrentState::Delta(s) => s.live_floats(),
+        }
+    }
+
+    /// The live state at [`RecurrentState::len`].
+    pub(crate) fn live(&self) -> Vec<f32> {
+        match self {
+            RecurrentState::Conv(s) => s.live(),
+            RecurrentState::Ssm(s) => s.live(),
+            RecurrentState::Delta(s) => s.live(),
+        }
+    }
+
+    /// Takes a shipped live state at `pos` ([`RecurrentState::live_floats`] floats).
+    pub(crate) fn set_live(&mut self, pos: usize, state: &[f32]) {
+        match self {
+            RecurrentState::Conv(s) => s.set_live(pos, state),
+            RecurrentState::Ssm(s) => s.set_live(pos, state),
+            RecurrentState::Delta(s) => s.set_live(pos, state),
+        }
+    }
+}
+
 /// Keys and values of one block, one row of `kv_dim` per position; or, for a recurrent
 /// block, its state (and no keys or values).
 pub struct LayerCache {
@@ -98,12 +178,8 @@ pub struct LayerCache {
     pub k: KvRows,
     /// (positions, kv_dim)
     pub v: KvRows,
-    /// A short-convolution block's state (LFM2).
-    pub conv: Option<ConvState>,
-    /// A state-space block's state (mamba, mamba2, granitehybrid).
-    pub ssm: Option<SsmState>,
-    /// A Gated DeltaNet block's state (Qwen3.5).
-    pub delta: Option<DeltaState>,
+    /// A recurrent block's state (none for attention).
+    pub state: Option<RecurrentState>,
 }
 
 impl LayerCache {
@@ -112,45 +188,32 @@ impl LayerCache {
         LayerCache {
             k: KvRows::new(dtype),
             v: KvRows::new(dtype),
-            conv: None,
-            ssm: None,
-            delta: None,
+            state: None,
         }
     }
 
     /// Positions this block has seen.
     pub fn positions(&self, kv_dim: usize) -> usize {
-        match (&self.conv, &self.ssm, &self.delta) {
-            (Some(c), _, _) => c.len(),
-            (None, Some(s), _) => s.len(),
-            (None, None, Some(d)) => d.len(),
-            (None, None, None) => self.k.len() / kv_dim.max(1),
+        match &self.state {
+            Some(s) => s.len(),
+            None => self.k.len() / kv_dim.max(1),
         }
     }
 
     /// Bytes held: keys and values, or the recurrent state with its checkpoints.
     pub fn bytes(&self) -> usize {
-        self.k.bytes()
-            + self.v.bytes()
-            + self.conv.as_ref().map_or(0, ConvState::bytes)
-            + self.ssm.as_ref().map_or(0, SsmState::bytes)
-            + self.delta.as_ref().map_or(0, DeltaState::bytes)
+        self.k.bytes() + self.v.bytes() + self.state.as_ref().map_or(0, RecurrentState::bytes)
     }
 
     /// Whether the block carries a recurrent state (and no keys or values).
     pub fn is_recurrent(&self) -> bool {
-        self.conv.is_some() || self.ssm.is_some() || self.delta.is_some()
+        self.state.is_some()
     }
 
     /// The latest position `<= p` the block's recurrent state can be cut back to (`p` for
     /// attention).
     pub fn restorable(&self, p: usize) -> usize {
-        match (&self.conv, &self.ssm, &self.delta) {
-            (Some(c), _, _) => c.restorable(p),
-            (None, Some(s), _) => s.restorable(p),
-            (None, None, Some(d)) => d.restorable(p),
-            (None, None, None) => p,
-        }
+        self.state.as_ref().map_or(p, |s| s.restorable(p))
     }
 }
 
@@ -211,7 +274,9 @@ impl Scratch {
         };
         fit(&mut self.hb, seq * ffn);
         fit(&mut self.hb2, seq * ffn);
-        if cfg.conv_kernel > 0 && cfg.delta_net.is_none() {
+        // Only LFM2's short convolutions use it (a DeltaNet and a state-space layer keep
+        // their own buffers).
+        if cfg.conv_kernel > 0 && cfg.delta_net.is_none() && cfg.ssm.is_none() {
             fit(&mut self.bcx, seq * 4 * cfg.hidden);
         }
         // A DeltaNet's buffers; gated attention's query-and-gate rows, then the gate alone.
@@ -291,16 +356,23 @@ impl Session {
     pub fn with_recurrent(mut self, cfg: &Config, policy: Checkpoints) -> Self {
         for (i, c) in self.caches.iter_mut().enumerate() {
             if cfg.is_recurrent(self.first_layer + i) {
-                match (cfg.ssm, &cfg.delta_net) {
-                    (Some(s), _) => c.ssm = Some(SsmState::new(s, cfg.norm_eps, policy)),
-                    (None, Some(d)) => c.delta = Some(DeltaState::new(d, cfg.conv_kernel, policy)),
-                    (None, None) => {
-                        c.conv = Some(ConvState::new(cfg.hidden, cfg.conv_kernel, policy))
+                c.state = Some(match (cfg.ssm, &cfg.delta_net) {
+                    (Some(s), _) => RecurrentState::Ssm(SsmState::new(s, cfg.norm_eps, policy)),
+                    (None, Some(d)) => {
+                        RecurrentState::Delta(DeltaState::new(d, cfg.conv_kernel, policy))
                     }
-                }
+                    (None, None) => {
+                        RecurrentState::Conv(ConvState::new(cfg.hidden, cfg.conv_kernel, policy))
+                    }
+                });
             }
         }
         self
+    }
+
+    /// Original index of the first held block.
+    pub fn first_layer(&self) -> usize {
+        self.first_layer
     }
 
     /// The cache of original block `layer`, if this session covers it.
@@ -329,6 +401,11 @@ impl Session {
     /// Bytes held by the KV cache and the recurrent states (with their checkpoints).
     pub fn kv_bytes(&self) -> usize {
         self.caches.iter().map(LayerCache::bytes).sum()
+    }
+
+    /// The scratch buffers kept between calls.
+    pub fn scratch(&self) -> &Scratch {
+        &self.scratch
     }
 
     /// Bytes held by the scratch buffers (at most [`SCRATCH_KEEP_BYTES`] between calls).
@@ -369,13 +446,7 @@ impl Session {
             let v_row = c.v.len().checked_div(held).unwrap_or(kv_dim);
             c.k.truncate(pos * kv_dim);
             c.v.truncate(pos * v_row);
-            if let Some(s) = &mut c.conv {
-                s.truncate(pos);
-            }
-            if let Some(s) = &mut c.ssm {
-                s.truncate(pos);
-            }
-            if let Some(s) = &mut c.delta {
+            if let Some(s) = &mut c.state {
                 s.truncate(pos);
             }
         }

@@ -146,6 +146,32 @@ impl ConvState {
         self.turn_ends.retain(|&c| c <= p);
     }
 
+    /// Floats of the live state ([`ConvState::live`]): `(kernel - 1) * hidden`.
+    pub(crate) fn live_floats(&self) -> usize {
+        self.keep * self.hidden
+    }
+
+    /// The live state: the `kernel - 1` rows before position [`ConvState::len`].
+    pub(crate) fn live(&self) -> Vec<f32> {
+        self.rows_before(self.len)
+            .map(<[f32]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    /// Takes a live state shipped from another node at `pos` (of [`ConvState::live_floats`]
+    /// floats; the caller checks): earlier checkpoints go, `pos` becomes one, so a later
+    /// rewind to it is exact.
+    pub(crate) fn set_live(&mut self, pos: usize, rows: &[f32]) {
+        self.hist = rows.to_vec();
+        self.first = pos;
+        self.len = pos;
+        self.checkpoints.clear();
+        self.turn_ends.clear();
+        if pos > 0 {
+            self.checkpoints.insert(pos, rows.to_vec());
+        }
+    }
+
     /// Runs the layer over `seq` normed rows `xn` (seq, hidden) at positions
     /// `len..len + seq`, advancing the state; writes the layer's output to `out` (seq, hidden).
     /// `bcx` (seq, 3 * hidden) and `y` (seq, hidden) are scratch.

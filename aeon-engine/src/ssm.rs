@@ -245,6 +245,37 @@ impl SsmState {
         self.periodic.retain(|&c| c <= p);
     }
 
+    /// Floats of the live state ([`SsmState::live`]): the convolution window, then the scan's.
+    pub(crate) fn live_floats(&self) -> usize {
+        self.conv.len() + self.h.len()
+    }
+
+    /// The live state at [`SsmState::len`]: the convolution window, then the scan's state.
+    pub(crate) fn live(&self) -> Vec<f32> {
+        let mut v = Vec::with_capacity(self.live_floats());
+        v.extend_from_slice(&self.conv);
+        v.extend_from_slice(&self.h);
+        v
+    }
+
+    /// Takes a live state shipped from another node at `pos` (of [`SsmState::live_floats`]
+    /// floats; the caller checks): earlier snapshots go, `pos` becomes one (a turn end), so a
+    /// later rewind to it is exact.
+    pub(crate) fn set_live(&mut self, pos: usize, state: &[f32]) {
+        let (c, h) = state.split_at(self.conv.len());
+        self.conv.copy_from_slice(c);
+        self.h.copy_from_slice(h);
+        self.len = pos;
+        self.snapshots.clear();
+        self.turn_ends.clear();
+        self.starts.clear();
+        self.periodic.clear();
+        if pos > 0 {
+            self.snapshots.insert(pos, state.to_vec());
+            self.turn_ends.push_back(pos);
+        }
+    }
+
     fn snapshot(&mut self) {
         let conv = std::mem::take(&mut self.conv);
         self.snapshot_with(&conv);

@@ -158,6 +158,13 @@ pub struct Args {
     /// latent. See specs/station-wire.md "Sessions".
     #[arg(long)]
     mla_latent_cache: bool,
+    /// A replica of this node's layer range (base URL; repeat or comma-separate): after each
+    /// multi-row forward (a prompt, a chat turn) and every --checkpoint-every positions, the
+    /// node ships the session's state there (POST /checkpoint, sealed in a sealed mesh), so a
+    /// replica chain taking over after a node loss replays from that position, not from 0.
+    #[arg(long, value_name = "URL", value_delimiter = ',',
+          value_parser = crate::client::station_url)]
+    checkpoint_to: Vec<String>,
     /// Where the weights live: `always` packs them into interleaved copies for the fast
     /// kernels (anonymous memory, which without swap cannot be evicted); `never` keeps them in
     /// the mapped file, which the OS pages from storage when memory is short (slower, never
@@ -413,7 +420,9 @@ pub fn run(args: Args) -> Result<()> {
             Duration::from_secs(args.hop_timeout_s.max(1)),
             Duration::from_secs(args.replay_window_s.max(1)),
         )
-        .with_routes(args.route_to.clone()),
+        .with_routes(args.route_to.clone())
+        .with_replicas(args.checkpoint_to.clone(), args.checkpoint_every)
+        .context("starting the checkpoint shipping thread")?,
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

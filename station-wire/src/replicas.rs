@@ -2,9 +2,11 @@
 //! and a [`ReplicaSet`] that fails over to another chain when a node dies mid-generation.
 //!
 //! Failover: when a step fails at the transport level or with a 5xx, the chain is marked
-//! dead, the next live chain gets a fresh session and is re-prefilled with every token so
-//! far, and the step is retried there. Without a live chain left, the error names the node,
-//! its layer range and its URL. Every call has a timeout, so nothing hangs.
+//! dead and the step is retried on the next live chain under the same session id. That
+//! chain's stations answer `409 session_mismatch` with the positions they hold (`"held"`:
+//! what the dead chain's nodes shipped them, `--checkpoint-to`, else 0) and the client
+//! re-sends every token from there. Without a live chain left, the error names the node, its
+//! layer range and its URL. Every call has a timeout, so nothing hangs.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -290,7 +292,8 @@ pub struct Failover {
     /// Chain that failed and the error.
     pub from_chain: usize,
     pub error: String,
-    /// Chain taken over, and how many tokens it re-prefilled.
+    /// Chain taken over, and how many tokens it re-prefilled: every token so far, or those
+    /// after the position its stations held from shipped checkpoints.
     pub to_chain: usize,
     pub reprefilled: usize,
 }
@@ -302,8 +305,11 @@ pub struct ReplicaSet {
     active: usize,
     /// Tokens the active chain's session holds.
     synced: usize,
-    session_base: String,
-    epoch: u32,
+    /// The session id on every chain: a replica's stations hold the states the failed
+    /// chain's nodes shipped under this name.
+    session: String,
+    /// Whether the active chain has not answered since a failover.
+    resuming: bool,
     /// Failovers so far.
     pub failovers: Vec<Failover>,
 }
@@ -326,8 +332,8 @@ impl ReplicaSet {
             dead: vec![false; n],
             active: 0,
             synced: 0,
-            session_base: session.into(),
-            epoch: 0,
+            session: session.into(),
+            resuming: false,
             failovers: Vec::new(),
         })
     }
@@ -361,10 +367,6 @@ impl ReplicaSet {
         self.active
     }
 
-    fn session_id(&self) -> String {
-        format!("{}.c{}e{}", self.session_base, self.active, self.epoch)
-    }
-
     /// Next-token step for the whole history `tokens` (prompt + generated so far): sends only
     /// what the active chain has not seen; on a node failure fails over and re-prefills.
     pub fn next(&mut self, tokens: &[u32], want_logits: bool) -> Result<StepOut, MeshError> {
@@ -376,12 +378,28 @@ impl ReplicaSet {
             self.synced = tokens.len() - 1;
         }
         loop {
-            let sid = self.session_id();
             let from = self.synced;
-            match self.chains[self.active].step(&tokens[from..], Some((&sid, from)), want_logits) {
+            let sid = &self.session;
+            match self.chains[self.active].step(&tokens[from..], Some((sid, from)), want_logits) {
                 Ok(out) => {
+                    if std::mem::take(&mut self.resuming) {
+                        if let Some(f) = self.failovers.last_mut() {
+                            f.reprefilled = tokens.len() - from;
+                        }
+                    }
                     self.synced = tokens.len();
                     return Ok(out);
+                }
+                // The stations hold fewer positions than sent from (a fresh replica: 0; one
+                // that took shipped checkpoints, or a hybrid gone back to its last
+                // checkpoint: that position): re-send from there. Each retry starts earlier,
+                // so this ends.
+                Err(MeshError::Refused(r))
+                    if r.status == 409
+                        && r.code == "session_mismatch"
+                        && r.held.is_some_and(|h| h < from) =>
+                {
+                    self.synced = r.held.unwrap_or(0);
                 }
                 Err(e) if e.is_node_failure() => {
                     self.dead[self.active] = true;
@@ -407,8 +425,7 @@ impl ReplicaSet {
                         reprefilled: tokens.len(),
                     });
                     self.active = next;
-                    self.epoch += 1;
-                    self.synced = 0;
+                    self.resuming = true;
                 }
                 Err(e) => return Err(e),
             }

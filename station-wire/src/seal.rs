@@ -62,6 +62,8 @@ pub enum SealDir {
     Hop,
     /// Exit -> client (relayed unchanged by the nodes before it): logits or the token JSON.
     Response,
+    /// Node -> replica: a session's state ([`crate::wire::ROUTE_CHECKPOINT`]).
+    Checkpoint,
 }
 
 impl SealDir {
@@ -71,6 +73,7 @@ impl SealDir {
             SealDir::Request => "request",
             SealDir::Hop => "hop",
             SealDir::Response => "response",
+            SealDir::Checkpoint => "checkpoint",
         }
     }
 }

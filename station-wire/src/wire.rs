@@ -65,6 +65,36 @@ pub const H_GRANT: &str = "x-grant";
 pub const H_CHAIN_TRACE: &str = "x-chain-trace";
 /// On a 5xx from `/chain`: the base URL of the hop that failed.
 pub const H_FAILED_HOP: &str = "x-failed-hop";
+/// Node -> replica: a session's state at one position (checkpoint shipping, issue 35), body
+/// [`encode_checkpoint`], sealed in a sealed mesh; `X-Session`, `X-Pos` (the state's
+/// position) and `X-Request-Id` travel as headers.
+pub const ROUTE_CHECKPOINT: &str = "/checkpoint";
+/// Longest model hash a checkpoint envelope carries.
+pub const MAX_HASH_LEN: usize = 128;
+
+/// A checkpoint body: a u8 length and the sender's model hash (the whole model's, a shard's
+/// parent), then the engine's state record (`aeon_engine::Session::export_state`). The
+/// receiver refuses any other model's state before reading the record.
+pub fn encode_checkpoint(model_hash: &str, record: &[u8]) -> Vec<u8> {
+    let h = &model_hash.as_bytes()[..model_hash.len().min(MAX_HASH_LEN)];
+    let mut out = Vec::with_capacity(1 + h.len() + record.len());
+    out.push(h.len() as u8);
+    out.extend_from_slice(h);
+    out.extend_from_slice(record);
+    out
+}
+
+/// Splits a checkpoint body into the model hash and the state record.
+pub fn decode_checkpoint(b: &[u8]) -> Result<(&str, &[u8]), String> {
+    let (&n, rest) = b.split_first().ok_or("empty checkpoint body")?;
+    let n = n as usize;
+    if n > MAX_HASH_LEN || rest.len() < n {
+        return Err(format!("checkpoint body: bad model hash length {n}"));
+    }
+    let (h, rec) = rest.split_at(n);
+    let h = std::str::from_utf8(h).map_err(|_| "checkpoint body: model hash is not UTF-8")?;
+    Ok((h, rec))
+}
 
 /// `POST /chain` body at the entry.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

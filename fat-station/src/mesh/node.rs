@@ -42,6 +42,8 @@ pub struct MeshNode {
     pub(crate) hops: Arc<Semaphore>,
     pub(crate) hop_timeout: Duration,
     counter: AtomicU64,
+    /// Where this node's session states go (`--checkpoint-to`), when anywhere.
+    pub(crate) ship: Option<crate::mesh::ship::Shipper>,
 }
 
 impl MeshNode {
@@ -70,6 +72,7 @@ impl MeshNode {
             hops: Arc::new(Semaphore::new(DEFAULT_MAX_HOPS)),
             hop_timeout,
             counter: AtomicU64::new(0),
+            ship: None,
         }
     }
 
@@ -80,6 +83,24 @@ impl MeshNode {
             .map(|r| r.trim().trim_end_matches('/').to_string())
             .collect();
         self
+    }
+
+    /// Ships this node's session states to `replicas` (base URLs holding the same layers;
+    /// [`crate::mesh::ship`]) at the end of multi-row forwards and every `every` positions.
+    pub fn with_replicas(
+        mut self,
+        replicas: Vec<String>,
+        every: usize,
+    ) -> std::io::Result<MeshNode> {
+        if !replicas.is_empty() {
+            self.ship = Some(crate::mesh::ship::Shipper::start(
+                replicas,
+                every,
+                self.key.clone(),
+                self.hop_timeout,
+            )?);
+        }
+        Ok(self)
     }
 
     /// `open` or `sealed`, as `/health` reports it.

@@ -436,13 +436,28 @@ fn run_step(st: &Station, mut a: Admitted) -> Result<Step, Refusal> {
     };
     let range = held.layers;
     if !range.is_empty() {
-        with_session(
+        let rows = x.len() / st.model().cfg.hidden.max(1);
+        // A state to ship to this range's replicas ([`crate::mesh::ship`]), made while the
+        // session is held; it goes out on the shipping thread.
+        let ship = node.ship.as_ref().zip(a.h.session.as_deref());
+        let job = with_session(
             st,
             a.session.clone(),
             a.pos,
             range.start as usize,
-            |m, s| m.forward(s, &mut x, range),
+            |m, s| {
+                let start = m.forward(s, &mut x, range)?;
+                Ok(ship
+                    .filter(|(sh, _)| sh.due(start, rows))
+                    .and_then(|(sh, id)| sh.export(st, id, s)))
+            },
         )?;
+        st.metrics
+            .chain_rows
+            .fetch_add(rows as u64, std::sync::atomic::Ordering::Relaxed);
+        if let (Some((sh, _)), Some(job)) = (ship, job) {
+            sh.queue(job);
+        }
     }
     if held.head {
         if !a.h.route.is_empty() {
@@ -823,7 +838,7 @@ fn send_hop(node: &MeshNode, call: HopCall) -> Resp {
 /// Opens a sealed body (request at the entry, residual elsewhere) or passes an open one
 /// through on a keyless node; `ctx.ts_ms` is taken from `X-Seal-Ts`. Returns the plaintext
 /// and the milliseconds spent.
-fn unseal(
+pub(crate) fn unseal(
     node: &MeshNode,
     body: &[u8],
     seal_h: Option<&str>,

@@ -34,6 +34,11 @@ pub struct StationMetrics {
     pub(crate) tokens: AtomicU64,
     /// Sessions evicted (idle timeout, LRU beyond the session or byte limits).
     pub(crate) evicted: AtomicU64,
+    /// Rows (positions) `POST /chain` ran through this node's layers: prompts, decode steps
+    /// and the replays after a rewind or a failover.
+    pub(crate) chain_rows: AtomicU64,
+    /// Session states taken from a peer (`POST /checkpoint`).
+    pub(crate) checkpoints_in: AtomicU64,
     /// Engine time per compute request.
     pub(crate) compute: Histogram,
     /// Time waiting for a compute permit.
@@ -50,6 +55,8 @@ impl Default for StationMetrics {
             waiting: AtomicUsize::new(0),
             tokens: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            chain_rows: AtomicU64::new(0),
+            checkpoints_in: AtomicU64::new(0),
             compute: Histogram::new(COMPUTE_BOUNDS),
             queue: Histogram::new(QUEUE_BOUNDS),
             responses_refused: AtomicU64::new(0),
@@ -69,6 +76,7 @@ const ROUTES: &[&str] = &[
     "/tokenize",
     "/detokenize",
     "/chain",
+    "/checkpoint",
 ];
 
 /// What the station's state says at render time.
@@ -164,6 +172,18 @@ impl StationMetrics {
             "counter",
             "Token rows embedded (prompt and decode tokens entering the model).",
             self.tokens.load(Ordering::Relaxed),
+        );
+        e.one(
+            "fat_station_chain_rows_total",
+            "counter",
+            "Positions POST /chain ran through this node's layers (prompts, decode steps, replays).",
+            self.chain_rows.load(Ordering::Relaxed),
+        );
+        e.one(
+            "fat_station_checkpoints_received_total",
+            "counter",
+            "Session states a peer shipped here (POST /checkpoint) and this node took.",
+            self.checkpoints_in.load(Ordering::Relaxed),
         );
         e.one(
             "fat_station_sessions_evicted_total",

@@ -145,6 +145,7 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
     }
     match (req.method(), req.uri().path()) {
         (&Method::POST, wire::ROUTE_CHAIN) => relay::chain(st, req).await,
+        (&Method::POST, wire::ROUTE_CHECKPOINT) => crate::mesh::ship::receive(st, req).await,
         (&Method::GET, wire::ROUTE_HEALTH) => Ok(json(StatusCode::OK, &st.health())),
         (&Method::GET, wire::ROUTE_METRICS) => Ok(st.metrics_response()),
         (&Method::POST, wire::ROUTE_EMBED) => embed(st, req).await,
@@ -165,7 +166,8 @@ async fn route(st: Arc<Station>, req: Request<Incoming>) -> Result<Resp, Refusal
             | wire::ROUTE_LM_HEAD
             | wire::ROUTE_TOKENIZE
             | wire::ROUTE_DETOKENIZE
-            | wire::ROUTE_CHAIN),
+            | wire::ROUTE_CHAIN
+            | wire::ROUTE_CHECKPOINT),
         ) => Err(refuse(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",

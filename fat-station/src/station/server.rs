@@ -146,6 +146,15 @@ pub(crate) fn refuse(
     }
 }
 
+/// `409 session_mismatch` naming the positions the session holds (`"held"`), where the
+/// caller re-sends from.
+pub(crate) fn mismatch(held: usize, message: String) -> Refusal {
+    Refusal {
+        held: Some(held),
+        ..refuse(StatusCode::CONFLICT, "session_mismatch", message)
+    }
+}
+
 impl From<EngineError> for Refusal {
     fn from(e: EngineError) -> Self {
         let (status, code) = match &e {
@@ -503,9 +512,10 @@ pub(crate) fn with_session<T>(
             if let Some(p) = pos {
                 let have = s.positions(first_layer, kv_dim).unwrap_or(0);
                 if p > have {
-                    return Err(refuse(
-                        StatusCode::CONFLICT,
-                        "session_mismatch",
+                    // `held`: a session a peer shipped (or a fresh one, 0) tells the caller
+                    // where to re-send from (specs/station-wire.md, "Checkpoints to replicas").
+                    return Err(mismatch(
+                        have,
                         format!("X-Pos {p} but the session holds {have} positions"),
                     ));
                 }
@@ -514,17 +524,13 @@ pub(crate) fn with_session<T>(
                     // then the caller re-sends from there (409 names the position).
                     let held = s.truncate(p, kv_dim);
                     if held < p {
-                        return Err(Refusal {
-                            held: Some(held),
-                            ..refuse(
-                                StatusCode::CONFLICT,
-                                "session_mismatch",
-                                format!(
-                                    "X-Pos {p} but the session's recurrent state goes back \
-                                     only to position {held}; it holds {held} positions now"
-                                ),
-                            )
-                        });
+                        return Err(mismatch(
+                            held,
+                            format!(
+                                "X-Pos {p} but the session's recurrent state goes back \
+                                 only to position {held}; it holds {held} positions now"
+                            ),
+                        ));
                     }
                 }
             }
