@@ -20,14 +20,8 @@ out=$root/fat-station/tests/golden/deepseek2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
-version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
-[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
-[ -f "$llama/build/src/libllama.a" ] || { echo "make-deepseek2-golden: no llama.cpp build in $llama" >&2; exit 1; }
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-deepseek2-golden
 # The test's PROMPT ("The capital of France is Paris. The capital of Germany is").
 prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
 for preset in tiny-deepseek2 tiny-deepseek3 tiny-deepseek2-split; do

@@ -16,13 +16,7 @@ gguf=${AEON_QWEN_GGUF:-$HOME/.cache/aeon-shell/models/qwen2.5-coder-0.5b-instruc
 [ -f "$gguf" ] || { echo "make-embeddings-golden: no $gguf (scripts/fetch-model.sh qwen)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
-[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
-[ -f "$llama/build/src/libllama.a" ] || { echo "make-embeddings-golden: no llama.cpp build in $llama" >&2; exit 1; }
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-embed.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-embed"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-embed.c "$tmp/llamacpp-embed" make-embeddings-golden
 "$tmp/llamacpp-embed" "$gguf" mean "$out/texts.txt" "$out/qwen_mean.f32" "$out/qwen_tokens.txt"
 echo "make-embeddings-golden: wrote $out (llama.cpp $version, mean pooling)" >&2

@@ -24,14 +24,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 mapfile -t prompt < <(awk 'BEGIN { for (i = 0; i < 8204; i++) print (7919 * i + 785) % 151643 }')
-version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
-[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
-[ -f "$llama/build/src/libllama.a" ] || { echo "make-llama4-golden: no llama.cpp build in $llama" >&2; exit 1; }
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-llama4-golden
 python3 "$root/scripts/make-synthetic-model.py" "$tmp/llama4.gguf" --preset llama4-tiny --seed 0 --type f16 -q
 (cd "$tmp" && sha256sum llama4.gguf | cut -d' ' -f1) > "$out/llama4_tiny_seed0.sha256"
 python3 "$here/widen-gguf.py" "$tmp/llama4.gguf" "$tmp/llama4_f32.gguf"

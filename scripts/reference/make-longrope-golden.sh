@@ -16,14 +16,8 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
 # engine_dense.rs's PROMPT.
 prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
-version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
-[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
-[ -f "$llama/build/src/libllama.a" ] || { echo "make-longrope-golden: no llama.cpp build in $llama" >&2; exit 1; }
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-longrope-golden
 python3 "$root/scripts/make-synthetic-model.py" "$tmp/phi3.gguf" --preset phi3-tiny --seed 0 --type f16 -q
 want=$(cat "$out/phi3_tiny_seed0.sha256")
 got=$(cd "$tmp" && sha256sum phi3.gguf | cut -d' ' -f1)

@@ -31,14 +31,8 @@ prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
 python3 "$here/ref_forward.py" "$tmp/tiny-moe.gguf" "${prompt[@]}" \
   --logits-out "$out/tiny_moe_seed0_numpy.f32" --top 5
 
-version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
-[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
-[ -f "$llama/build/src/libllama.a" ] || { echo "make-moe-golden: no llama.cpp build in $llama" >&2; exit 1; }
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-moe-golden
 "$tmp/llamacpp-logits" "$tmp/tiny-moe.gguf" "$out/tiny_moe_seed0_llamacpp.f32" \
   --experts "$out/tiny_moe_seed0_experts.i32" \
   --greedy 32 "$out/tiny_moe_seed0_llamacpp_greedy.txt" "${prompt[@]}"

@@ -34,10 +34,8 @@ if [ ! -x "$LLAMA_QUANTIZE" ] || [ ! -f "$llama/build/src/libllama.a" ]; then
   LLAMA_QUANTIZE=$(bash "$root/scripts/bench/build-llama-bench.sh" --quantize | tail -1)
 fi
 export LLAMA_QUANTIZE
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-quant-golden
 
 for t in "${types[@]}"; do
   preset=tiny mix=$t

@@ -25,13 +25,7 @@ prompt=(785 6722 315 9625 374)
 python3 "$here/ref_forward.py" "$tmp/tiny.gguf" "${prompt[@]}" \
   --logits-out "$out/tiny_seed0_numpy.f32" --top 5
 
-version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-llama=${AEON_LLAMA_BENCH_DIR:-$HOME/.cache/aeon-shell/llama-bench}/$version
-[ -f "$llama/build/src/libllama.a" ] || bash "$root/scripts/bench/build-llama-bench.sh" >/dev/null
-[ -f "$llama/build/src/libllama.a" ] || { echo "make-synthetic-golden: no llama.cpp build in $llama" >&2; exit 1; }
-gcc -O2 -I"$llama/vendor/llama.cpp/include" -I"$llama/vendor/llama.cpp/ggml/include" \
-  "$here/llamacpp-logits.c" "$llama/build/src/libllama.a" "$llama/build/ggml/src/libggml.a" \
-  "$llama/build/ggml/src/libggml-cpu.a" "$llama/build/ggml/src/libggml-base.a" \
-  -lstdc++ -fopenmp -lm -lpthread -o "$tmp/llamacpp-logits"
+. "$here/llamacpp-build.sh"
+build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-synthetic-golden
 "$tmp/llamacpp-logits" "$tmp/tiny.gguf" "$out/tiny_seed0_llamacpp.f32" "${prompt[@]}"
 echo "make-synthetic-golden: wrote $out (llama.cpp $version)" >&2
