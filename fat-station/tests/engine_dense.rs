@@ -841,3 +841,43 @@ fn llama4_chunks_and_split_points_are_bit_identical() {
         assert_eq!(bits(&logits), bits(&whole), "split at block {cut}");
     }
 }
+
+/// Issue 37: for each dense preset with a llama.cpp golden, a greedy run of 16 tokens after
+/// `PROMPT` equal to llama.cpp's (make-dense-golden.sh's `--greedy 16`, on the f32-widened
+/// file with an f32 cache) except at reported near-ties (`support::near_tie`).
+#[test]
+fn dense_greedy_runs_equal_llama_cpp_except_at_near_ties() {
+    for preset in [
+        "gemma2-tiny",
+        "phi3-tiny",
+        "granite-tiny",
+        "smollm3-tiny",
+        "mistral-tiny",
+        "mistral-v3-tiny",
+        "starcoder2-tiny",
+        "glm4-tiny",
+        "llama3-tiny",
+        "tiny-yarn",
+        "tiny-linear",
+        "llama4-tiny",
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some((gguf, knot_path)) = synthetic(dir.path(), preset) else {
+            return;
+        };
+        if llamacpp_golden(preset, &gguf).is_none() {
+            continue;
+        }
+        let knot = Knot::open(&knot_path).expect("open");
+        let m = Model::load(&knot, None).expect("load");
+        let name = preset.replace('-', "_");
+        let r = assert_greedy_matches_llamacpp(
+            preset,
+            &m,
+            &PROMPT,
+            &golden_dir().join(format!("{name}_seed0_llamacpp_greedy.txt")),
+            0.0,
+        );
+        assert_eq!(r.steps, 16, "{preset}");
+    }
+}

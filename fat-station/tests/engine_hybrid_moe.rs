@@ -131,6 +131,10 @@ fn check(e: &Expect) {
     let peer = read_f32(&golden(&format!("{stem}_seed0_llamacpp.f32")));
     let peer_tbt = read_f32(&golden(&format!("{stem}_seed0_llamacpp_tbt.f32")));
     assert_matches_llamacpp(e.preset, &batched, &peer, &peer_tbt);
+    // Issue 35: a greedy run of 16 tokens equal to llama.cpp's except at reported near-ties.
+    let greedy = golden(&format!("{stem}_seed0_llamacpp_greedy.txt"));
+    let r = assert_greedy_matches_llamacpp(e.preset, &m, &PROMPT, &greedy, 0.0);
+    assert_eq!(r.steps, 16, "{}", e.preset);
 
     // Expert choice per token and MoE block equal to llama.cpp's (batched run). llama.cpp
     // may run its last block for the output row only: its golden then has k entries there.

@@ -106,6 +106,10 @@ fn lfm2_matches_llama_cpp_on_the_same_gguf() {
     let m = Model::load(&knot, None).expect("load");
     let ours = m.logits(&mut m.new_session(64), &PROMPT).expect("forward");
     assert_matches_llamacpp("lfm2 tiny", &ours, &batched, &one_by_one);
+    // Issue 35: a greedy run of 16 tokens equal to llama.cpp's except at reported near-ties.
+    let greedy = golden.join("lfm2_tiny_seed0_llamacpp_greedy.txt");
+    let r = assert_greedy_matches_llamacpp("lfm2 tiny", &m, &PROMPT, &greedy, 0.0);
+    assert_eq!(r.steps, 16);
 }
 
 #[test]

@@ -100,6 +100,10 @@ fn qwen35_matches_llama_cpp_on_the_same_gguf() {
     let m = Model::load(&knot, None).expect("load");
     let ours = m.logits(&mut m.new_session(64), &PROMPT).expect("forward");
     assert_matches_llamacpp("qwen35 tiny", &ours, &batched, &one_by_one);
+    // Issue 35: a greedy run of 16 tokens equal to llama.cpp's except at reported near-ties.
+    let greedy = golden.join("qwen35_tiny_seed0_llamacpp_greedy.txt");
+    let r = assert_greedy_matches_llamacpp("qwen35 tiny", &m, &PROMPT, &greedy, 0.0);
+    assert_eq!(r.steps, 16);
 }
 
 /// A chain split at every layer (a DeltaNet on each of the first three nodes, attention on the

@@ -30,7 +30,8 @@ for preset in tiny-deepseek2 tiny-deepseek3 tiny-deepseek2-split; do
   (cd "$tmp" && sha256sum "$preset.gguf" | cut -d' ' -f1) > "$out/${preset}_seed0.sha256"
   python3 "$here/ref_forward.py" "$g" "${prompt[@]}" --logits-out "$out/${preset}_seed0_numpy.f32" --top 5
   "$tmp/llamacpp-logits" "$g" "$out/${preset}_seed0_llamacpp.f32" \
-    --experts "$out/${preset}_seed0_experts.i32" "${prompt[@]}"
+    --experts "$out/${preset}_seed0_experts.i32" \
+    --greedy 16 "$out/${preset}_seed0_llamacpp_greedy.txt" "${prompt[@]}"
   "$tmp/llamacpp-logits" "$g" "$out/${preset}_seed0_llamacpp_tbt.f32" --token-by-token "${prompt[@]}"
 done
 echo "make-deepseek2-golden: wrote $out (llama.cpp $version)" >&2

@@ -30,7 +30,8 @@ for preset in ${PRESETS:-lfm2moe-tiny qwen35moe-tiny}; do
   # F16 file it rounds every matmul's activations and the cache), as our engine.
   python3 "$here/widen-gguf.py" "$g" "$tmp/${preset}_f32.gguf"
   "$tmp/llamacpp-logits" "$tmp/${preset}_f32.gguf" "$out/${stem}_seed0_llamacpp.f32" --f32-cache \
-    --experts "$out/${stem}_seed0_experts.i32" "${prompt[@]}"
+    --experts "$out/${stem}_seed0_experts.i32" \
+    --greedy 16 "$out/${stem}_seed0_llamacpp_greedy.txt" "${prompt[@]}"
   "$tmp/llamacpp-logits" "$tmp/${preset}_f32.gguf" "$out/${stem}_seed0_llamacpp_tbt.f32" \
     --token-by-token --f32-cache "${prompt[@]}"
 done

@@ -30,6 +30,7 @@ build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-lfm2-golden
 # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
 # (on the F16 file it rounds every matmul's activations and the cache), as our engine.
 python3 "$here/widen-gguf.py" "$tmp/lfm2.gguf" "$tmp/lfm2_f32.gguf"
-"$tmp/llamacpp-logits" "$tmp/lfm2_f32.gguf" "$out/lfm2_tiny_seed0_llamacpp.f32" --f32-cache "${prompt[@]}"
+"$tmp/llamacpp-logits" "$tmp/lfm2_f32.gguf" "$out/lfm2_tiny_seed0_llamacpp.f32" --f32-cache \
+  --greedy 16 "$out/lfm2_tiny_seed0_llamacpp_greedy.txt" "${prompt[@]}"
 "$tmp/llamacpp-logits" "$tmp/lfm2_f32.gguf" "$out/lfm2_tiny_seed0_llamacpp_tbt.f32" --token-by-token --f32-cache "${prompt[@]}"
 echo "make-lfm2-golden: wrote $out (llama.cpp $version)" >&2

@@ -30,6 +30,7 @@ build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-qwen35-golden
 # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
 # (on the F16 file it rounds every matmul's activations and the cache), as our engine.
 python3 "$here/widen-gguf.py" "$tmp/qwen35.gguf" "$tmp/qwen35_f32.gguf"
-"$tmp/llamacpp-logits" "$tmp/qwen35_f32.gguf" "$out/qwen35_tiny_seed0_llamacpp.f32" --f32-cache "${prompt[@]}"
+"$tmp/llamacpp-logits" "$tmp/qwen35_f32.gguf" "$out/qwen35_tiny_seed0_llamacpp.f32" --f32-cache \
+  --greedy 16 "$out/qwen35_tiny_seed0_llamacpp_greedy.txt" "${prompt[@]}"
 "$tmp/llamacpp-logits" "$tmp/qwen35_f32.gguf" "$out/qwen35_tiny_seed0_llamacpp_tbt.f32" --token-by-token --f32-cache "${prompt[@]}"
 echo "make-qwen35-golden: wrote $out (llama.cpp $version)" >&2

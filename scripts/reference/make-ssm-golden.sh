@@ -33,7 +33,8 @@ for preset in mamba-tiny mamba2-tiny granitehybrid-tiny; do
   # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
   # (on the F16 file it rounds every matmul's activations and the cache), as our engine.
   python3 "$here/widen-gguf.py" "$tmp/$stem.gguf" "$tmp/${stem}_f32.gguf"
-  "$tmp/llamacpp-logits" "$tmp/${stem}_f32.gguf" "$out/${stem}_seed0_llamacpp.f32" --f32-cache "${prompt[@]}"
+  "$tmp/llamacpp-logits" "$tmp/${stem}_f32.gguf" "$out/${stem}_seed0_llamacpp.f32" --f32-cache \
+    --greedy 16 "$out/${stem}_seed0_llamacpp_greedy.txt" "${prompt[@]}"
   "$tmp/llamacpp-logits" "$tmp/${stem}_f32.gguf" "$out/${stem}_seed0_llamacpp_tbt.f32" --token-by-token --f32-cache "${prompt[@]}"
   rm -f "$tmp/$stem.gguf" "$tmp/${stem}_f32.gguf"
 done
