@@ -11,6 +11,10 @@
 #   fat-station/tests/golden/deepseek2/PRESET_seed0_llamacpp_tbt.f32  the same token by token
 #   fat-station/tests/golden/deepseek2/PRESET_seed0_experts.i32    the experts llama.cpp chose,
 #                                                                 i32 (block, token, k)
+#   fat-station/tests/golden/deepseek2/PRESET_seed0_llamacpp_greedy.txt llama.cpp's greedy run of
+#                                                                 16 tokens after the batched
+#                                                                 prompt: per line the id and
+#                                                                 its lead over the runner-up
 # The GGUF: scripts/make-synthetic-model.py --preset PRESET --type q8_0 --seed 0.
 # Needs what make-moe-golden.sh needs.
 set -euo pipefail

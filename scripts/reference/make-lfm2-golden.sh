@@ -8,6 +8,11 @@
 #                                                                      in one batch (one thread)
 #   fat-station/tests/golden/synthetic/lfm2_tiny_seed0_llamacpp_tbt.f32 the same, token by token
 #                                                                      (llama.cpp's own noise)
+#   fat-station/tests/golden/synthetic/lfm2_tiny_seed0_llamacpp_greedy.txt llama.cpp's greedy run
+#                                                                      of 16 tokens after the
+#                                                                      batched prompt: per line
+#                                                                      the id and its lead over
+#                                                                      the runner-up
 # The test makes the same GGUF (scripts/make-synthetic-model.py --preset lfm2-tiny --seed 0 --type f16); when
 # its sha256 differs from the recorded one (another numpy or gguf version), it skips the
 # comparison. Needs: pip install gguf numpy; the Qwen GGUF for the tokenizer
