@@ -8,6 +8,8 @@
 #   NAME_seed0_llamacpp.f32     llama.cpp's logits of the last position, the prompt in one
 #                              batch (one thread)
 #   NAME_seed0_llamacpp_tbt.f32 the same, token by token (llama.cpp's own noise)
+#   NAME_seed0_llamacpp_greedy.txt llama.cpp's greedy run of 16 tokens after the batched
+#                              prompt: per line the id and its lead over the runner-up
 # f16 weights: neither side quantizes activations to 8 bits, so a difference in the layer's
 # definition shows above the rounding. llama.cpp runs the same weights widened to f32
 # (widen-gguf.py) with an f32 KV cache and no flash attention (llamacpp-logits --f32-cache):
@@ -31,6 +33,10 @@ prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
 build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-dense-golden
 for preset in "$@"; do
   name=${preset//-/_}
+  # The Mistral presets' SentencePiece vocabulary: Llama 2's tokenizer.json, as the test's.
+  case $preset in
+    mistral*) export AEON_LLAMA2_TOKENIZER_JSON=${AEON_LLAMA2_TOKENIZER_JSON:-$(bash "$root/scripts/fetch-tokenizers.sh")} ;;
+  esac
   python3 "$root/scripts/make-synthetic-model.py" "$tmp/$name.gguf" --preset "$preset" --seed 0 --type f16 -q
   (cd "$tmp" && sha256sum "$name.gguf" | cut -d' ' -f1) > "$out/${name}_seed0.sha256"
   # The same weights as f32 and an f32 KV cache: llama.cpp then rounds nothing to f16
