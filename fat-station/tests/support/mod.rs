@@ -144,8 +144,8 @@ pub fn near_tie(logits: &[f32], floor: f32) -> f32 {
 /// Reads a greedy golden of `llamacpp-logits --greedy N OUT.txt`: per line the id llama.cpp
 /// picked and its lead over the runner-up.
 pub fn read_greedy_golden(path: &std::path::Path) -> Vec<(u32, f32)> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()
         .map(|l| {
             let (id, lead) = l
@@ -197,7 +197,10 @@ pub fn assert_greedy_matches_llamacpp(
         if ours as u32 == id {
             report.equal += 1;
             if is_tie {
-                eprintln!("{label} greedy: step {i} a near-tie (lead {lead}, under {tie}) both broke alike");
+                eprintln!(
+                    "{label} greedy: step {i} a near-tie (llama.cpp's lead {lead}, ours \
+                     {our_lead}, under {tie}) both broke alike"
+                );
             }
         } else {
             assert!(
