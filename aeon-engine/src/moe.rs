@@ -531,6 +531,7 @@ mod tests {
                 groups: None,
                 scale: 1.0,
                 shared: None,
+                shared_gate: None,
             };
             let x = random_x(seq * h, &mut rng);
             let choice = moe.route(&x, seq);
