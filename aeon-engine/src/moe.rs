@@ -312,7 +312,6 @@ impl MoeFfn<'_> {
         let h = self.router.cols;
         let f = self.experts[0].gate.rows;
         let (nbh, nbf) = (h / QK, f / QK);
-        quantize_q8a(&xn[..seq * h], &mut s.xq);
         // Slots grouped by expert, experts in index order, each expert's slots in order (a
         // stable sort).
         s.slots.clear();
@@ -327,10 +326,24 @@ impl MoeFfn<'_> {
             }
         }
         let n = s.slots.len();
-        s.xqg.clear();
-        for &slot in &s.slots {
-            let t = slot / k;
-            s.xqg.extend_from_slice(&s.xq[t * nbh..(t + 1) * nbh]);
+        // llama4 scales each expert's input by its weight: those rows differ per slot and are
+        // quantized per slot, as experts_each's scaled rows are; otherwise a token's row is
+        // quantized once and shared by its experts.
+        let before = self.gating == Gating::SigmoidInput;
+        if before {
+            s.xg.clear();
+            for &slot in &s.slots {
+                let (t, w) = (slot / k, choice[slot].1);
+                s.xg.extend(xn[t * h..(t + 1) * h].iter().map(|v| v * w));
+            }
+            quantize_q8a(&s.xg, &mut s.xqg);
+        } else {
+            quantize_q8a(&xn[..seq * h], &mut s.xq);
+            s.xqg.clear();
+            for &slot in &s.slots {
+                let t = slot / k;
+                s.xqg.extend_from_slice(&s.xq[t * nbh..(t + 1) * nbh]);
+            }
         }
         s.g.resize(n * f, 0.0);
         s.u.resize(n * f, 0.0);
@@ -382,7 +395,7 @@ impl MoeFfn<'_> {
             linears_each(kernels(), &mut jobs);
         }
         for (y, &slot) in s.yd.chunks_exact(h).zip(&s.slots) {
-            let w = choice[slot].1;
+            let w = if before { 1.0 } else { choice[slot].1 };
             for (o, &v) in s.ys[slot * h..(slot + 1) * h].iter_mut().zip(y) {
                 *o = v * w;
             }
@@ -578,6 +591,23 @@ mod tests {
                 }
             }
             assert!(each.ys.iter().any(|v| *v != 0.0));
+            // llama4's gating scales each expert's input by its weight: the grouped path too.
+            let moe = MoeFfn {
+                gating: Gating::SigmoidInput,
+                ..moe
+            };
+            let choice = moe.route(&x, seq);
+            let mut each = MoeScratch::default();
+            each.ys.resize(seq * k * h, 0.0);
+            moe.experts_each(&x, Activation::Silu, &choice, &mut each);
+            let mut grouped = MoeScratch::default();
+            grouped.ys.resize(seq * k * h, 0.0);
+            moe.experts_grouped(&x, seq, Activation::Silu, &choice, &mut grouped);
+            assert_eq!(
+                bits(&grouped.ys),
+                bits(&each.ys),
+                "{gu}: grouped vs each, input-weighted"
+            );
         }
     }
 
