@@ -12,6 +12,7 @@ Needs: pip install gguf numpy.
 import sys
 
 import gguf
+from gguf_fields import copy_fields
 
 if len(sys.argv) != 4 or not sys.argv[3].isdigit() or int(sys.argv[3]) < 1:
     sys.exit("usage: truncate-gguf.py SRC.gguf DST.gguf N (N >= 1)")
@@ -19,21 +20,7 @@ src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 r = gguf.GGUFReader(src)
 arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
 w = gguf.GGUFWriter(dst, arch)
-for name, f in r.fields.items():
-    if name.startswith("GGUF.") or name == "general.architecture":
-        continue
-    kind = f.types[0]
-    if name == f"{arch}.block_count":
-        w.add_uint32(name, n)
-    elif kind == gguf.GGUFValueType.ARRAY:
-        if f.types[1] == gguf.GGUFValueType.STRING:
-            w.add_array(name, [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data])
-        else:
-            w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-    elif kind == gguf.GGUFValueType.STRING:
-        w.add_string(name, bytes(f.parts[-1]).decode())
-    else:
-        w.add_key_value(name, f.parts[-1].tolist()[0], kind)
+copy_fields(r, w, lambda name: n if name == f"{arch}.block_count" else None)
 for t in r.tensors:
     if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n:
         continue

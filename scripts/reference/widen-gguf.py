@@ -11,6 +11,7 @@ Needs: pip install gguf numpy.
 import sys
 
 import gguf
+from gguf_fields import copy_fields
 import numpy as np
 
 if len(sys.argv) != 3:
@@ -19,21 +20,7 @@ src, dst = sys.argv[1], sys.argv[2]
 r = gguf.GGUFReader(src)
 arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
 w = gguf.GGUFWriter(dst, arch)
-for name, f in r.fields.items():
-    if name.startswith("GGUF.") or name == "general.architecture":
-        continue
-    kind = f.types[0]
-    if name == "general.file_type":
-        w.add_uint32(name, int(gguf.LlamaFileType.ALL_F32))
-    elif kind == gguf.GGUFValueType.ARRAY:
-        if f.types[1] == gguf.GGUFValueType.STRING:
-            w.add_array(name, [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data])
-        else:
-            w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-    elif kind == gguf.GGUFValueType.STRING:
-        w.add_string(name, bytes(f.parts[-1]).decode())
-    else:
-        w.add_key_value(name, f.parts[-1].tolist()[0], kind)
+copy_fields(r, w, lambda name: int(gguf.LlamaFileType.ALL_F32) if name == "general.file_type" else None)
 for t in r.tensors:
     if t.tensor_type == gguf.GGMLQuantizationType.F16:
         data = np.asarray(t.data, dtype=np.float16).astype(np.float32)
