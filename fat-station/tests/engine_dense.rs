@@ -69,6 +69,27 @@ fn llamacpp_golden(preset: &str, gguf: &Path) -> Option<(Vec<f32>, Vec<f32>)> {
 /// 0.0008 against a spread of 3, where the floor is 0.0015).
 /// Returns our rms against llama.cpp, and the bound.
 fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f32]) -> (f64, f64) {
+    let gelu_f16 = preset.starts_with("gemma2") || preset.starts_with("starcoder2");
+    let floor = match gelu_f16 {
+        true => spread(batched) / 2000.0,
+        false => 0.0,
+    };
+    assert_matches_llamacpp_above(preset, ours, batched, tbt, floor)
+}
+
+/// The logits' rms (their spread).
+fn spread(logits: &[f32]) -> f64 {
+    rms_max(logits, &vec![0.0; logits.len()]).0
+}
+
+/// [`assert_matches_llamacpp`] with llama.cpp's own difference floored at `floor`.
+fn assert_matches_llamacpp_above(
+    preset: &str,
+    ours: &[f32],
+    batched: &[f32],
+    tbt: &[f32],
+    floor: f64,
+) -> (f64, f64) {
     let (own, _) = rms_max(batched, tbt);
     let (rms, max) = rms_max(ours, batched);
     eprintln!(
@@ -82,11 +103,6 @@ fn assert_matches_llamacpp(preset: &str, ours: &[f32], batched: &[f32], tbt: &[f
         argmax(batched),
         "{preset}: top-1 differs from llama.cpp"
     );
-    let gelu_f16 = preset.starts_with("gemma2") || preset.starts_with("starcoder2");
-    let floor = match gelu_f16 {
-        true => rms_max(batched, &vec![0.0; batched.len()]).0 / 2000.0,
-        false => 0.0,
-    };
     let bound = 1.5 * own.max(floor);
     assert!(
         rms <= bound,
@@ -744,7 +760,15 @@ fn llama4_matches_llama_cpp_and_needs_each_of_its_features() {
     let (_, long_bound) = {
         let mut s = m.new_session(long.len());
         let l = m.logits(&mut s, &long).expect("forward");
-        assert_matches_llamacpp("llama4-tiny, 8204 positions", &l, &long_batched, &long_tbt)
+        // llama.cpp computes RoPE angles in f32, each dimension pair's from the last by one
+        // more rounded product (ggml_rope_cache_init); we compute them exactly (f64). At
+        // position 8200 that moves its logits 2.5e-5 rms (1e-5 of their spread 3.0) from ours,
+        // where its two runs share the rounding: emulating its angle arithmetic in our engine
+        // took us from 2.74e-5 to 2.26e-6 (the rest: the order of 8k-term f32 attention sums,
+        // which its two runs also share). So the bound here is floored at 1e-5 of the spread.
+        let floor = spread(&long_batched) * 1e-5;
+        let name = "llama4-tiny, 8204 positions";
+        assert_matches_llamacpp_above(name, &l, &long_batched, &long_tbt, floor)
     };
 
     // Without any one feature the logits are far from llama.cpp's.
@@ -771,8 +795,9 @@ fn llama4_matches_llama_cpp_and_needs_each_of_its_features() {
     }
     // The chunk: the last 12 positions attend only to each other on layers 0-2. (The
     // temperature, 1.069 on those 12 rows of one layer at llama.cpp's floor, moves these
-    // random weights' near-uniform attention by ~1e-4 rms, under llama.cpp's own noise: its
-    // test is llama4_chunks_and_split_points_are_bit_identical's, at a floor of 4.)
+    // random weights' near-uniform attention by ~1e-4 rms, too near the bound above to
+    // tell apart: its test is llama4_chunks_and_split_points_are_bit_identical's, at a floor
+    // of 4.)
     let rms = llama4_without(&knot, &long, &long_batched, &|m| m.cfg.attn_chunk = None);
     eprintln!("llama4-tiny over 8204 positions without chunks: rms {rms:.4} against llama.cpp");
     assert!(rms > 4.0 * long_bound, "without the chunks: rms {rms}");
