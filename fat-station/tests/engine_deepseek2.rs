@@ -33,7 +33,7 @@ fn repo() -> PathBuf {
 }
 
 fn golden(name: &str) -> PathBuf {
-    repo().join("fat-station/tests/golden/deepseek2").join(name)
+    golden_dir("deepseek2").join(name)
 }
 
 /// Makes the preset's GGUF and its KNOT in `dir`; `None` (skipped) without the tools.
@@ -119,13 +119,7 @@ fn check(preset: &str, n_experts: usize, k: usize) {
         );
     }
 
-    let want = std::fs::read_to_string(golden(&format!("{preset}_seed0.sha256"))).expect("sha256");
-    let got = sha256_file(&gguf);
-    if got != want.trim() {
-        eprintln!(
-            "{preset}: the GGUF's sha256 {got} is not the golden's {}: llama.cpp not compared",
-            want.trim()
-        );
+    if !is_golden_file(&gguf, &golden_dir("deepseek2"), preset) {
         return;
     }
     let numpy = read_f32(&golden(&format!("{preset}_seed0_numpy.f32")));
@@ -336,10 +330,7 @@ fn tiny_deepseek2_with_split_k_b_v_b_runs_the_absorbed_form_and_matches_llamacpp
     ] {
         assert_eq!(bits(&batched), bits(&other), "{preset}: batched vs {what}");
     }
-    let want = std::fs::read_to_string(golden(&format!("{preset}_seed0.sha256"))).expect("sha256");
-    let got = sha256_file(&gguf);
-    if got != want.trim() {
-        eprintln!("{preset}: the GGUF's sha256 {got} is not the golden's: llama.cpp not compared");
+    if !is_golden_file(&gguf, &golden_dir("deepseek2"), preset) {
         return;
     }
     let peer = read_f32(&golden(&format!("{preset}_seed0_llamacpp.f32")));

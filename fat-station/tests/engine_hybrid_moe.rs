@@ -26,9 +26,7 @@ const PROMPT: [u32; 12] = [
 ];
 
 fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden/hybrid_moe")
-        .join(name)
+    golden_dir("hybrid_moe").join(name)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -116,16 +114,7 @@ fn check(e: &Expect) {
     }
 
     let stem = e.preset.replace('-', "_");
-    let want = std::fs::read_to_string(golden(&format!("{stem}_seed0.sha256"))).expect("sha256");
-    let got = sha256_file(&gguf);
-    if got != want.trim() {
-        assert!(
-            !test_support::required(),
-            "{}'s sha256 {got} is not the golden's {}",
-            e.preset,
-            want.trim()
-        );
-        eprintln!("skipping: {}'s sha256 {got} is not the golden's", e.preset);
+    if !is_golden_file(&gguf, &golden_dir("hybrid_moe"), &stem) {
         return;
     }
     let peer = read_f32(&golden(&format!("{stem}_seed0_llamacpp.f32")));

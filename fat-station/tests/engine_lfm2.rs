@@ -87,17 +87,8 @@ fn lfm2_matches_llama_cpp_on_the_same_gguf() {
     else {
         return;
     };
-    let golden = repo().join("fat-station/tests/golden/synthetic");
-    let want = std::fs::read_to_string(golden.join("lfm2_tiny_seed0.sha256")).expect("sha256");
-    let got = sha256_file(&gguf);
-    if got != want.trim() {
-        // Another numpy or gguf draws other bytes: the golden is not of this file.
-        assert!(
-            !test_support::required(),
-            "lfm2-tiny's sha256 {got} is not the golden's {}",
-            want.trim()
-        );
-        eprintln!("skipping: lfm2-tiny's sha256 {got} is not the golden's; not compared");
+    let golden = golden_dir("synthetic");
+    if !is_golden_file(&gguf, &golden, "lfm2_tiny") {
         return;
     }
     let batched = read_f32(&golden.join("lfm2_tiny_seed0_llamacpp.f32"));

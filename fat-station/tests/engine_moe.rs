@@ -27,10 +27,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn golden_dir() -> PathBuf {
-    repo().join("fat-station/tests/golden/moe")
-}
-
 /// Makes the tiny qwen3moe GGUF and its KNOT in `dir`; `None` (skipped) without the tools.
 fn tiny_moe(dir: &Path) -> Option<(PathBuf, PathBuf)> {
     let tokenizer = model(test_support::QWEN_GGUF)?;
@@ -131,14 +127,8 @@ fn tiny_moe_matches_llamacpp_and_is_bit_identical_across_threads_and_chunking() 
     assert!(counts.iter().max() > counts.iter().min());
 
     // Against llama.cpp, when this is the GGUF the golden was made from.
-    let golden = golden_dir();
-    let want = std::fs::read_to_string(golden.join("tiny_moe_seed0.sha256")).expect("sha256");
-    let got = sha256_file(&gguf);
-    if got != want.trim() {
-        eprintln!(
-            "tiny-moe: the GGUF's sha256 {got} is not the golden's {}: llama.cpp not compared",
-            want.trim()
-        );
+    let golden = golden_dir("moe");
+    if !is_golden_file(&gguf, &golden, "tiny_moe") {
         return;
     }
     // The NumPy reference (scripts/reference/ref_forward.py, f32 activations, the same
@@ -287,10 +277,8 @@ fn tiny_moe_greedy_run_equals_llamacpp_except_at_near_ties() {
     let Some((gguf, knot_path)) = tiny_moe(dir.path()) else {
         return;
     };
-    let golden = golden_dir();
-    let want = std::fs::read_to_string(golden.join("tiny_moe_seed0.sha256")).expect("sha256");
-    if sha256_file(&gguf) != want.trim() {
-        eprintln!("tiny-moe: not the golden's GGUF: the greedy run is not compared");
+    let golden = golden_dir("moe");
+    if !is_golden_file(&gguf, &golden, "tiny_moe") {
         return;
     }
     let knot = Knot::open(&knot_path).expect("open");

@@ -82,16 +82,8 @@ fn qwen35_matches_llama_cpp_on_the_same_gguf() {
     let Some((gguf, knot_path)) = tiny(dir.path(), &["--type", "f16"]) else {
         return;
     };
-    let golden = repo().join("fat-station/tests/golden/synthetic");
-    let want = std::fs::read_to_string(golden.join("qwen35_tiny_seed0.sha256")).expect("sha256");
-    let got = sha256_file(&gguf);
-    if got != want.trim() {
-        assert!(
-            !test_support::required(),
-            "qwen35-tiny's sha256 {got} is not the golden's {}",
-            want.trim()
-        );
-        eprintln!("skipping: qwen35-tiny's sha256 {got} is not the golden's; not compared");
+    let golden = golden_dir("synthetic");
+    if !is_golden_file(&gguf, &golden, "qwen35_tiny") {
         return;
     }
     let batched = read_f32(&golden.join("qwen35_tiny_seed0_llamacpp.f32"));

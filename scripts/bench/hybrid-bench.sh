@@ -11,7 +11,8 @@
 # Env: PRESETS (default "lfm2-1.2b qwen3.5-2b"), LAYERS (default: the preset's; fewer makes
 # a shallower file of the real widths), TYPE (make-synthetic-model.py --type, default q8_0),
 # PROMPT_LEN (64), DECODE (32), TURNS (5), TURN_TOKENS (200), CHAT_ONLY=1 (skip the
-# prefill/decode part), THREADS (2: both servers' threads).
+# prefill/decode part), NO_CHAT=1 (skip the chat: e.g. PRESETS="gemma2-2b phi3-mini" for the
+# dense shapes), THREADS (2: both servers' threads).
 # Needs: cargo build --release -p fat-station -p moonshine -p knot-format; python3 with gguf,
 # numpy; llama-bench (scripts/bench/build-llama-bench.sh). Prints one JSON line per measurement
 # on stdout; exit 2 when a step fails.
@@ -60,6 +61,7 @@ for r in a["runs"]:
 print(json.dumps({"preset": preset, "loadavg": a.get("loadavg")}))
 PY
   fi
+  [ -z "${NO_CHAT:-}" ] || continue
   # Without llama-server (scripts/bench/build-llama-bench.sh --server) the chat runs on ours only.
   lp=""
   [ -x "$server" ] || echo "hybrid-bench: no $server: the chat runs on ours only (build-llama-bench.sh --server)" >&2

@@ -14,7 +14,8 @@
 # definition shows above the rounding. llama.cpp runs the same weights widened to f32
 # (widen-gguf.py) with an f32 KV cache and no flash attention (llamacpp-logits --f32-cache):
 # on the f16 file it rounds each matmul's activations, the cache and K/V to f16 (rms 0.002 on
-# the logits, 2-4x its own batched-vs-token noise), where our engine keeps f32. Needs: pip install gguf numpy; the Qwen GGUF for the
+# the logits, 2-4x its own batched-vs-token noise), where our engine keeps f32; and it links
+# ggml-cpu built without GGML_GELU_FP16 (llamacpp-build.sh's exact_gelu_ggml_cpu). Needs: pip install gguf numpy; the Qwen GGUF for the
 # tokenizer (scripts/fetch-model.sh qwen); llama.cpp's static libraries from
 # scripts/bench/build-llama-bench.sh (run when missing) and a C compiler with OpenMP (gcc).
 set -euo pipefail
@@ -30,6 +31,9 @@ mkdir -p "$out"
 prompt=(785 6722 315 9625 374 12095 13 576 6722 315 9856 374)
 
 . "$here/llamacpp-build.sh"
+# ggml-cpu without its f16 GELU table (gemma2's GeGLU, starcoder2's MLP; the other presets
+# call no GELU, so their goldens are the same either way).
+export LLAMACPP_EXACT_GELU=1
 build_llamacpp_tool llamacpp-logits.c "$tmp/llamacpp-logits" make-dense-golden
 for preset in "$@"; do
   name=${preset//-/_}
