@@ -334,6 +334,21 @@ pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
     }
 }
 
+/// Several tokens: [`prefetch`]es `bytes` at `p`. One token: no line prefetch, only an empty
+/// asm block as a scheduling boundary (Q4_K's finding, see [`q4k_sub`]: with the pages
+/// touched the hardware prefetchers keep pace at one token and the prefetches cost more than
+/// they hid, while without a boundary LLVM interleaves the sub-blocks of a tile).
+#[inline(always)]
+pub(super) unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
+    if T > 1 {
+        // SAFETY: a prefetch never faults (see `prefetch`).
+        unsafe { prefetch(p, bytes) }
+    } else {
+        // SAFETY: an empty asm block: no instruction, no register, memory or flag.
+        unsafe { std::arch::asm!("", options(nostack, preserves_flags, nomem)) }
+    }
+}
+
 /// How far ahead [`touch_page`] reaches: 64 pages of 4 KiB.
 pub(super) const PAGE_AHEAD: usize = 256 << 10;
 
@@ -901,7 +916,9 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        // One token: no line prefetch (from DRAM 70-72% of the read roofline with, 85-87%
+        // without: kernel-bench's row, interleaved runs).
+        prefetch_many::<T>(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
         let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
         let lo = if S.is_multiple_of(2) {
             _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
