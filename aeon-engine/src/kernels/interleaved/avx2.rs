@@ -726,24 +726,27 @@ impl Kernel for Q4K {
 /// (4 * 2 * 31 * 128 = 31744); per token the reference's terms, as the AVX-512 kernel.
 struct Q5K;
 
-/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term)
-/// per half.
+/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's scale term
+/// `x = a.d * f32(sc * isum)` per half. Even `S`: into `x0`; odd `S`: `sd += x0 + x`, the
+/// reference's pair sum.
+///
+/// Why the min terms go apart ([`q5k_mins`]) and `f32(sc * isum)` is `f32(sc) * f32(isum)`
+/// (exact: both and their product below 2^24): per sub-block both terms of both halves for
+/// 8 tokens were 32 vectors kept to the pair's sum, and `vpmulld` is slower than `vmulps`.
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
 unsafe fn q5k_sub<const S: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
+    fsc: &[[__m256; 2]; 8],
     xb: &[*const BlockQ8A; T],
-) -> [[(__m256, __m256); 2]; T] {
+    x0: &mut [[__m256; 2]; T],
+    sd: &mut [[__m256; 2]; T],
+) {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
         prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
-        let mut sc = [_mm256_setzero_si256(); 2];
-        let mut m = [_mm256_setzero_si256(); 2];
-        for h in 0..2 {
-            (sc[h], m[h]) = scale_min_planes::<S>(p.add(K5_SC + 8 * h));
-        }
         let qs = p.add(K5_QS + 512 * (S / 2));
         let (m4, c16, bit) = (
             _mm256_set1_epi8(0x0F),
@@ -764,17 +767,15 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
                 w[h][k] = _mm256_or_si256(_mm256_and_si256(q, m4), hb);
             }
         }
-        let mut out = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; T];
         // Tokens in pairs: each weight vector loaded once for two.
         let mut t = 0;
         while t + 2 <= T {
-            q5k_tokens::<S, 2, T>(t, &w, &sc, &m, xb, &mut out);
+            q5k_tokens::<S, 2, T>(t, &w, &fsc[S], xb, x0, sd);
             t += 2;
         }
         if t < T {
-            q5k_tokens::<S, 1, T>(t, &w, &sc, &m, xb, &mut out);
+            q5k_tokens::<S, 1, T>(t, &w, &fsc[S], xb, x0, sd);
         }
-        out
     }
 }
 
@@ -783,10 +784,10 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
 unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
-    sc: &[__m256i; 2],
-    m: &[__m256i; 2],
+    fsc: &[__m256; 2],
     xb: &[*const BlockQ8A; T],
-    out: &mut [[(__m256, __m256); 2]; T],
+    x0: &mut [[__m256; 2]; T],
+    sd: &mut [[__m256; 2]; T],
 ) {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
@@ -798,40 +799,86 @@ unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
         let isum = dot_unsigned::<0, 8, P>(4, w, a);
         for k in 0..P {
             let dx = _mm256_set1_ps(a[k].d);
-            let qsum = _mm256_set1_epi32(a[k].sums[0] as i32 + a[k].sums[1] as i32);
             for h in 0..2 {
-                // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
-                let is = _mm256_mullo_epi32(sc[h], isum[k][h]);
-                let ms = _mm256_mullo_epi32(m[h], qsum);
-                out[t0 + k][h] = (
-                    _mm256_mul_ps(dx, _mm256_cvtepi32_ps(is)),
-                    _mm256_mul_ps(dx, _mm256_cvtepi32_ps(ms)),
-                );
+                let x = _mm256_mul_ps(dx, _mm256_mul_ps(fsc[h], _mm256_cvtepi32_ps(isum[k][h])));
+                if S % 2 == 0 {
+                    x0[t0 + k][h] = x;
+                } else {
+                    sd[t0 + k][h] = _mm256_add_ps(sd[t0 + k][h], _mm256_add_ps(x0[t0 + k][h], x));
+                }
             }
         }
     }
 }
 
-/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+/// Each token's `sm` of a Q5_K tile per half: per pair of sub-blocks `sm += y0 + y1`, with
+/// the reference's `y = a.d * f32(m * sum(q_x))` (`f32(m) * f32(sum)` exactly).
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
-unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
-    p: *const u8,
-    ahead: *const u8,
+unsafe fn q5k_mins<const T: usize>(
+    fm: &[[__m256; 2]; 8],
     xb: &[*const BlockQ8A; T],
-    sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
 ) {
-    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    // SAFETY: the activation blocks read are the tile's 8 of each token (the caller checked
+    // the lengths); AVX2, FMA and F16C present (module doc).
     unsafe {
-        let a = q5k_sub::<S0, T>(p, ahead, xb);
-        let b = q5k_sub::<S1, T>(p, ahead, xb);
         for t in 0..T {
-            for h in 0..2 {
-                sd[t][h] = _mm256_add_ps(sd[t][h], _mm256_add_ps(a[t][h].0, b[t][h].0));
-                sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(a[t][h].1, b[t][h].1));
+            for j in 0..4 {
+                let mut y = [[_mm256_setzero_ps(); 2]; 2];
+                for i in 0..2 {
+                    let a = &*xb[t].add(2 * j + i);
+                    let dx = _mm256_set1_ps(a.d);
+                    let qsum = _mm256_set1_ps((a.sums[0] as i32 + a.sums[1] as i32) as f32);
+                    for h in 0..2 {
+                        y[i][h] = _mm256_mul_ps(dx, _mm256_mul_ps(fm[2 * j + i][h], qsum));
+                    }
+                }
+                for h in 0..2 {
+                    sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(y[0][h], y[1][h]));
+                }
             }
         }
+    }
+}
+
+/// Sub-block `S`'s scale and min for half `h`'s rows (planes at `sc`), as floats.
+#[inline(always)]
+unsafe fn q5k_scale<const S: usize>(
+    sc: *const u8,
+    h: usize,
+    fsc: &mut [[__m256; 2]; 8],
+    fm: &mut [[__m256; 2]; 8],
+) {
+    // SAFETY: every read below is inside the tile at the caller's pointer (this function's
+    // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let (c, m) = scale_min_planes::<S>(sc);
+        fsc[S][h] = _mm256_cvtepi32_ps(c);
+        fm[S][h] = _mm256_cvtepi32_ps(m);
+    }
+}
+
+/// The float scales and mins of all 8 sub-blocks of a Q5_K tile, per half.
+#[inline(always)]
+unsafe fn q5k_scales(p: *const u8) -> ([[__m256; 2]; 8], [[__m256; 2]; 8]) {
+    // SAFETY: every read below is inside the tile at the caller's pointer (this function's
+    // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut fsc = [[_mm256_setzero_ps(); 2]; 8];
+        let mut fm = [[_mm256_setzero_ps(); 2]; 8];
+        for h in 0..2 {
+            let sc = p.add(K5_SC + 8 * h);
+            q5k_scale::<0>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<1>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<2>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<3>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<4>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<5>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<6>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<7>(sc, h, &mut fsc, &mut fm);
+        }
+        (fsc, fm)
     }
 }
 
@@ -852,12 +899,19 @@ impl Kernel for Q5K {
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
                 }
-                let mut sd = [[_mm256_setzero_ps(); 2]; T];
+                let (fsc, fm) = q5k_scales(p);
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
-                q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_mins(&fm, &xb, &mut sm);
+                let mut sd = [[_mm256_setzero_ps(); 2]; T];
+                let mut x0 = [[_mm256_setzero_ps(); 2]; T];
+                q5k_sub::<0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<3, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<4, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<5, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<6, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<7, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
                 let d = scales16(p.add(K5_D));
                 let dmin = scales16(p.add(K5_DMIN));
                 for t in 0..T {
