@@ -1024,12 +1024,14 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         for t in 0..T {
             let a = &*xb[t].add(qb);
             let q = a.qs.as_ptr() as *const i32;
+            // Each chain starts from the offset correction (exact integers in any order): one
+            // subtraction fewer per half.
             let half = |h: usize| {
-                let mut s = _mm512_setzero_si512();
+                let mut s = _mm512_set1_epi32(-32 * a.sums[h] as i32);
                 for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
                     s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
                 }
-                _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
+                s
             };
             let (i0, i1) = (half(0), half(1));
             let xd = _mm512_set1_ps(a.d);
