@@ -26,7 +26,7 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
-use super::avx512::{prefetch, touch_page};
+use super::avx512::{prefetch, prefetch_many, touch_page};
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
@@ -242,6 +242,8 @@ impl Tile for Q5_1 {
 /// with the sign trick, whose pairs (at most 2 * 128 * 127) cannot saturate.
 trait Signed {
     const BYTES: usize;
+    /// One token takes [`Q8_0::dot8_fused`] (IQ4_NL: see there).
+    const FUSED_ONE: bool = false;
     /// Signed weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i;
@@ -272,6 +274,7 @@ struct IQ4NL;
 
 impl Signed for IQ4NL {
     const BYTES: usize = 16 * 18;
+    const FUSED_ONE: bool = true;
     #[inline(always)]
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
@@ -361,6 +364,35 @@ impl Q8_0 {
                         let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx[k], wg));
                         s[k][h] = _mm256_add_epi32(s[k][h], _mm256_madd_epi16(p, ones));
                     }
+                }
+            }
+            s
+        }
+    }
+}
+
+impl Q8_0 {
+    /// One token's [`Q8_0::dot8`], each signed weight vector made where it is used and the
+    /// sign moved onto it: `|q_x| * (w * sign(q_x))`, the same products (pairs at most
+    /// 2 * 128 * 127) and so the same i32 sums.
+    ///
+    /// Why: [`Q8_0::unpack8`] keeps 32 vectors (the weights and their magnitudes) for the
+    /// tokens to share; one token has nothing to share, and they went through the stack.
+    /// IQ4_NL at one token from DRAM: see [`IQ4NL`]'s kernel.
+    #[inline(always)]
+    unsafe fn dot8_fused<S: Signed>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
+        // SAFETY: the reads below stay inside the tile and block passed in (this function's
+        // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut s = [_mm256_setzero_si256(); 2];
+            for g in 0..8 {
+                let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+                let ax = _mm256_abs_epi8(bx);
+                for (h, s) in s.iter_mut().enumerate() {
+                    let sw = _mm256_sign_epi8(S::signed(p, h, g), bx);
+                    *s =
+                        _mm256_add_epi32(*s, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), ones));
                 }
             }
             s
@@ -486,6 +518,11 @@ unsafe fn rows16_8<S: Signed, const T: usize>(
                 prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
             }
             let dw = S::scales(p);
+            if T == 1 && S::FUSED_ONE {
+                let a = x[0].get_unchecked(b);
+                block_step(&mut acc[0], &dw, Q8_0::dot8_fused::<S>(p, a), 0, a.d);
+                continue;
+            }
             let w = Q8_0::unpack8::<S>(p);
             let mut t = 0;
             while t + 2 <= T {
@@ -1186,7 +1223,7 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
-        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        prefetch_many::<T>(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
         let mut dsc = [_mm256_setzero_ps(); 2];
         for h in 0..2 {
             let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
@@ -1205,7 +1242,13 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
             dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
         }
         // IQ4NL reads its nibbles D_BYTES past the pointer it is given.
-        let w = Q8_0::unpack8::<IQ4NL>(p.add(KX_QS + 256 * S - D_BYTES));
+        let qs = p.add(KX_QS + 256 * S - D_BYTES);
+        if T == 1 {
+            let a = &*xb[0].add(S);
+            block_step(&mut acc[0], &dsc, Q8_0::dot8_fused::<IQ4NL>(qs, a), 0, a.d);
+            return;
+        }
+        let w = Q8_0::unpack8::<IQ4NL>(qs);
         let mut t = 0;
         while t + 2 <= T {
             let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
