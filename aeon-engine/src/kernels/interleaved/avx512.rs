@@ -302,6 +302,10 @@ const AHEAD: usize = 8;
 /// 65-66 tok/s at 1 thread; only one huge matrix streams a little faster without (24 vs 21).
 const AHEAD_ONE: usize = 2;
 
+/// [`AHEAD_ONE`] for Q5_K: 3 tiles (kernel-bench 1 thread from DRAM, interleaved runs: 2 tiles
+/// 26.8-27.8 GB/s, 3 tiles 27.2-28.5, 4 tiles 26.0-29.3).
+const Q5K_AHEAD_ONE: usize = 3;
+
 /// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
 /// faults, and the next group's tiles follow in memory).
 ///
@@ -632,7 +636,7 @@ impl Kernel for Q5K {
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K5_BYTES);
-                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { Q5K_AHEAD_ONE } else { AHEAD } * K5_BYTES);
                 touch_page(p, K5_BYTES);
                 let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
                 let scb = q4k_scale_bytes(p.add(K5_SC));
