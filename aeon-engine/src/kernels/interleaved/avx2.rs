@@ -1328,22 +1328,24 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         }
         let ql = p.add(k6_ql(2 * N + (K & 1)));
         let qh = p.add(k6_qh(N));
-        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        if T == 1 {
+            let a = &*xb[0].add(qb);
+            let i = q6k_dot_fused::<K>(ql, qh, a);
+            let xd = _mm256_set1_ps(a.d);
+            for (e, i) in i.iter().enumerate() {
+                let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
+                for h in 0..2 {
+                    let s = _mm256_sub_epi32(i[h], corr);
+                    let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
+                    acc[0][h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[0][h]);
+                }
+            }
+            return;
+        }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         for (h, wh) in w.iter_mut().enumerate() {
             for (g, v) in wh.iter_mut().enumerate() {
-                let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
-                let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
-                let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
-                // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
-                // that the 0x30 mask drops across byte edges).
-                let hb = match K {
-                    0 => _mm256_slli_epi16(hb, 4),
-                    1 => _mm256_slli_epi16(hb, 2),
-                    2 => hb,
-                    _ => _mm256_srli_epi16(hb, 2),
-                };
-                *v = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+                *v = q6k_vector::<K>(ql, qh, h, g);
             }
         }
         let mut t = 0;
@@ -1354,6 +1356,65 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         if t < T {
             q6k_tokens::<1, T>(t, qb, &w, &dsc, xb, acc);
         }
+    }
+}
+
+/// Weight vector `[h][g]` of Q8A block `4n + K` of a Q6_K tile (`ql`, `qh`: its granules).
+#[inline(always)]
+unsafe fn q6k_vector<const K: usize>(ql: *const u8, qh: *const u8, h: usize, g: usize) -> __m256i {
+    // SAFETY: every read below is inside the tile at the caller's pointers (this function's
+    // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
+        let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
+        let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
+        // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
+        // that the 0x30 mask drops across byte edges).
+        let hb = match K {
+            0 => _mm256_slli_epi16(hb, 4),
+            1 => _mm256_slli_epi16(hb, 2),
+            2 => hb,
+            _ => _mm256_srli_epi16(hb, 2),
+        };
+        _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30))
+    }
+}
+
+/// One token's two half dots `[e][h]` of a Q6_K block (before the offset correction), each
+/// weight vector made where it is used, pair sums added in i16 two groups at a time (as
+/// [`q6k_tokens`]: 2 * 2 * 63 * 128 = 32256).
+///
+/// Why: one token shares no weight vector, and the 16 of a block with their constants do not
+/// fit the 16 registers (IQ4_NL's [`Q8_0::dot8_fused`] is the same step).
+#[inline(always)]
+unsafe fn q6k_dot_fused<const K: usize>(
+    ql: *const u8,
+    qh: *const u8,
+    a: &BlockQ8A,
+) -> [[__m256i; 2]; 2] {
+    // SAFETY: every read below is inside the tile and block at the caller's pointers (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut out = [[_mm256_setzero_si256(); 2]; 2];
+        for (e, out) in out.iter_mut().enumerate() {
+            let mut s16 = [_mm256_setzero_si256(); 2];
+            for j in 0..4 {
+                let g = 4 * e + j;
+                let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+                for h in 0..2 {
+                    let prod = _mm256_maddubs_epi16(q6k_vector::<K>(ql, qh, h, g), bx);
+                    if j % 2 == 0 {
+                        s16[h] = prod;
+                    } else {
+                        let pair = _mm256_add_epi16(s16[h], prod);
+                        out[h] = _mm256_add_epi32(out[h], _mm256_madd_epi16(pair, ones));
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
