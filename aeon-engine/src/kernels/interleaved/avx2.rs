@@ -838,7 +838,7 @@ unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
             let dx = _mm256_set1_ps(a[k].d);
             for h in 0..2 {
                 let x = _mm256_mul_ps(dx, _mm256_mul_ps(fsc[h], _mm256_cvtepi32_ps(isum[k][h])));
-                if S % 2 == 0 {
+                if S.is_multiple_of(2) {
                     x0[t0 + k][h] = x;
                 } else {
                     sd[t0 + k][h] = _mm256_add_ps(sd[t0 + k][h], _mm256_add_ps(x0[t0 + k][h], x));
