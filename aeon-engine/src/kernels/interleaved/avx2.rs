@@ -26,7 +26,7 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
-use super::avx512::{prefetch, touch_page};
+use super::avx512::{prefetch, prefetch_many, touch_page};
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
@@ -242,6 +242,8 @@ impl Tile for Q5_1 {
 /// with the sign trick, whose pairs (at most 2 * 128 * 127) cannot saturate.
 trait Signed {
     const BYTES: usize;
+    /// One token takes [`Q8_0::dot8_fused`] (IQ4_NL: see there).
+    const FUSED_ONE: bool = false;
     /// Signed weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i;
@@ -272,6 +274,7 @@ struct IQ4NL;
 
 impl Signed for IQ4NL {
     const BYTES: usize = 16 * 18;
+    const FUSED_ONE: bool = true;
     #[inline(always)]
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
@@ -361,6 +364,35 @@ impl Q8_0 {
                         let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx[k], wg));
                         s[k][h] = _mm256_add_epi32(s[k][h], _mm256_madd_epi16(p, ones));
                     }
+                }
+            }
+            s
+        }
+    }
+}
+
+impl Q8_0 {
+    /// One token's [`Q8_0::dot8`], each signed weight vector made where it is used and the
+    /// sign moved onto it: `|q_x| * (w * sign(q_x))`, the same products (pairs at most
+    /// 2 * 128 * 127) and so the same i32 sums.
+    ///
+    /// Why: [`Q8_0::unpack8`] keeps 32 vectors (the weights and their magnitudes) for the
+    /// tokens to share; one token has nothing to share, and they went through the stack.
+    /// IQ4_NL at one token from DRAM: see [`IQ4NL`]'s kernel.
+    #[inline(always)]
+    unsafe fn dot8_fused<S: Signed>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
+        // SAFETY: the reads below stay inside the tile and block passed in (this function's
+        // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut s = [_mm256_setzero_si256(); 2];
+            for g in 0..8 {
+                let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+                let ax = _mm256_abs_epi8(bx);
+                for (h, s) in s.iter_mut().enumerate() {
+                    let sw = _mm256_sign_epi8(S::signed(p, h, g), bx);
+                    *s =
+                        _mm256_add_epi32(*s, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), ones));
                 }
             }
             s
@@ -486,6 +518,11 @@ unsafe fn rows16_8<S: Signed, const T: usize>(
                 prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
             }
             let dw = S::scales(p);
+            if T == 1 && S::FUSED_ONE {
+                let a = x[0].get_unchecked(b);
+                block_step(&mut acc[0], &dw, Q8_0::dot8_fused::<S>(p, a), 0, a.d);
+                continue;
+            }
             let w = Q8_0::unpack8::<S>(p);
             let mut t = 0;
             while t + 2 <= T {
@@ -726,24 +763,27 @@ impl Kernel for Q4K {
 /// (4 * 2 * 31 * 128 = 31744); per token the reference's terms, as the AVX-512 kernel.
 struct Q5K;
 
-/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term)
-/// per half.
+/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's scale term
+/// `x = a.d * f32(sc * isum)` per half. Even `S`: into `x0`; odd `S`: `sd += x0 + x`, the
+/// reference's pair sum.
+///
+/// Why the min terms go apart ([`q5k_mins`]) and `f32(sc * isum)` is `f32(sc) * f32(isum)`
+/// (exact: both and their product below 2^24): per sub-block both terms of both halves for
+/// 8 tokens were 32 vectors kept to the pair's sum, and `vpmulld` is slower than `vmulps`.
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
 unsafe fn q5k_sub<const S: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
+    fsc: &[[__m256; 2]; 8],
     xb: &[*const BlockQ8A; T],
-) -> [[(__m256, __m256); 2]; T] {
+    x0: &mut [[__m256; 2]; T],
+    sd: &mut [[__m256; 2]; T],
+) {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
         prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
-        let mut sc = [_mm256_setzero_si256(); 2];
-        let mut m = [_mm256_setzero_si256(); 2];
-        for h in 0..2 {
-            (sc[h], m[h]) = scale_min_planes::<S>(p.add(K5_SC + 8 * h));
-        }
         let qs = p.add(K5_QS + 512 * (S / 2));
         let (m4, c16, bit) = (
             _mm256_set1_epi8(0x0F),
@@ -764,17 +804,15 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
                 w[h][k] = _mm256_or_si256(_mm256_and_si256(q, m4), hb);
             }
         }
-        let mut out = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; T];
         // Tokens in pairs: each weight vector loaded once for two.
         let mut t = 0;
         while t + 2 <= T {
-            q5k_tokens::<S, 2, T>(t, &w, &sc, &m, xb, &mut out);
+            q5k_tokens::<S, 2, T>(t, &w, &fsc[S], xb, x0, sd);
             t += 2;
         }
         if t < T {
-            q5k_tokens::<S, 1, T>(t, &w, &sc, &m, xb, &mut out);
+            q5k_tokens::<S, 1, T>(t, &w, &fsc[S], xb, x0, sd);
         }
-        out
     }
 }
 
@@ -783,10 +821,10 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
 unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
-    sc: &[__m256i; 2],
-    m: &[__m256i; 2],
+    fsc: &[__m256; 2],
     xb: &[*const BlockQ8A; T],
-    out: &mut [[(__m256, __m256); 2]; T],
+    x0: &mut [[__m256; 2]; T],
+    sd: &mut [[__m256; 2]; T],
 ) {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
@@ -798,40 +836,86 @@ unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
         let isum = dot_unsigned::<0, 8, P>(4, w, a);
         for k in 0..P {
             let dx = _mm256_set1_ps(a[k].d);
-            let qsum = _mm256_set1_epi32(a[k].sums[0] as i32 + a[k].sums[1] as i32);
             for h in 0..2 {
-                // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
-                let is = _mm256_mullo_epi32(sc[h], isum[k][h]);
-                let ms = _mm256_mullo_epi32(m[h], qsum);
-                out[t0 + k][h] = (
-                    _mm256_mul_ps(dx, _mm256_cvtepi32_ps(is)),
-                    _mm256_mul_ps(dx, _mm256_cvtepi32_ps(ms)),
-                );
+                let x = _mm256_mul_ps(dx, _mm256_mul_ps(fsc[h], _mm256_cvtepi32_ps(isum[k][h])));
+                if S.is_multiple_of(2) {
+                    x0[t0 + k][h] = x;
+                } else {
+                    sd[t0 + k][h] = _mm256_add_ps(sd[t0 + k][h], _mm256_add_ps(x0[t0 + k][h], x));
+                }
             }
         }
     }
 }
 
-/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+/// Each token's `sm` of a Q5_K tile per half: per pair of sub-blocks `sm += y0 + y1`, with
+/// the reference's `y = a.d * f32(m * sum(q_x))` (`f32(m) * f32(sum)` exactly).
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
-unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
-    p: *const u8,
-    ahead: *const u8,
+unsafe fn q5k_mins<const T: usize>(
+    fm: &[[__m256; 2]; 8],
     xb: &[*const BlockQ8A; T],
-    sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
 ) {
-    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    // SAFETY: the activation blocks read are the tile's 8 of each token (the caller checked
+    // the lengths); AVX2, FMA and F16C present (module doc).
     unsafe {
-        let a = q5k_sub::<S0, T>(p, ahead, xb);
-        let b = q5k_sub::<S1, T>(p, ahead, xb);
         for t in 0..T {
-            for h in 0..2 {
-                sd[t][h] = _mm256_add_ps(sd[t][h], _mm256_add_ps(a[t][h].0, b[t][h].0));
-                sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(a[t][h].1, b[t][h].1));
+            for j in 0..4 {
+                let mut y = [[_mm256_setzero_ps(); 2]; 2];
+                for i in 0..2 {
+                    let a = &*xb[t].add(2 * j + i);
+                    let dx = _mm256_set1_ps(a.d);
+                    let qsum = _mm256_set1_ps((a.sums[0] as i32 + a.sums[1] as i32) as f32);
+                    for h in 0..2 {
+                        y[i][h] = _mm256_mul_ps(dx, _mm256_mul_ps(fm[2 * j + i][h], qsum));
+                    }
+                }
+                for h in 0..2 {
+                    sm[t][h] = _mm256_add_ps(sm[t][h], _mm256_add_ps(y[0][h], y[1][h]));
+                }
             }
         }
+    }
+}
+
+/// Sub-block `S`'s scale and min for half `h`'s rows (planes at `sc`), as floats.
+#[inline(always)]
+unsafe fn q5k_scale<const S: usize>(
+    sc: *const u8,
+    h: usize,
+    fsc: &mut [[__m256; 2]; 8],
+    fm: &mut [[__m256; 2]; 8],
+) {
+    // SAFETY: every read below is inside the tile at the caller's pointer (this function's
+    // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let (c, m) = scale_min_planes::<S>(sc);
+        fsc[S][h] = _mm256_cvtepi32_ps(c);
+        fm[S][h] = _mm256_cvtepi32_ps(m);
+    }
+}
+
+/// The float scales and mins of all 8 sub-blocks of a Q5_K tile, per half.
+#[inline(always)]
+unsafe fn q5k_scales(p: *const u8) -> ([[__m256; 2]; 8], [[__m256; 2]; 8]) {
+    // SAFETY: every read below is inside the tile at the caller's pointer (this function's
+    // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let mut fsc = [[_mm256_setzero_ps(); 2]; 8];
+        let mut fm = [[_mm256_setzero_ps(); 2]; 8];
+        for h in 0..2 {
+            let sc = p.add(K5_SC + 8 * h);
+            q5k_scale::<0>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<1>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<2>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<3>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<4>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<5>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<6>(sc, h, &mut fsc, &mut fm);
+            q5k_scale::<7>(sc, h, &mut fsc, &mut fm);
+        }
+        (fsc, fm)
     }
 }
 
@@ -852,12 +936,19 @@ impl Kernel for Q5K {
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
                 }
-                let mut sd = [[_mm256_setzero_ps(); 2]; T];
+                let (fsc, fm) = q5k_scales(p);
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
-                q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_mins(&fm, &xb, &mut sm);
+                let mut sd = [[_mm256_setzero_ps(); 2]; T];
+                let mut x0 = [[_mm256_setzero_ps(); 2]; T];
+                q5k_sub::<0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<3, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<4, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<5, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<6, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<7, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
                 let d = scales16(p.add(K5_D));
                 let dmin = scales16(p.add(K5_DMIN));
                 for t in 0..T {
@@ -1132,7 +1223,7 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
-        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        prefetch_many::<T>(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
         let mut dsc = [_mm256_setzero_ps(); 2];
         for h in 0..2 {
             let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
@@ -1151,7 +1242,13 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
             dsc[h] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
         }
         // IQ4NL reads its nibbles D_BYTES past the pointer it is given.
-        let w = Q8_0::unpack8::<IQ4NL>(p.add(KX_QS + 256 * S - D_BYTES));
+        let qs = p.add(KX_QS + 256 * S - D_BYTES);
+        if T == 1 {
+            let a = &*xb[0].add(S);
+            block_step(&mut acc[0], &dsc, Q8_0::dot8_fused::<IQ4NL>(qs, a), 0, a.d);
+            return;
+        }
+        let w = Q8_0::unpack8::<IQ4NL>(qs);
         let mut t = 0;
         while t + 2 <= T {
             let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
@@ -1231,22 +1328,24 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         }
         let ql = p.add(k6_ql(2 * N + (K & 1)));
         let qh = p.add(k6_qh(N));
-        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        if T == 1 {
+            let a = &*xb[0].add(qb);
+            let i = q6k_dot_fused::<K>(ql, qh, a);
+            let xd = _mm256_set1_ps(a.d);
+            for (e, i) in i.iter().enumerate() {
+                let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
+                for h in 0..2 {
+                    let s = _mm256_sub_epi32(i[h], corr);
+                    let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
+                    acc[0][h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[0][h]);
+                }
+            }
+            return;
+        }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         for (h, wh) in w.iter_mut().enumerate() {
             for (g, v) in wh.iter_mut().enumerate() {
-                let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
-                let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
-                let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
-                // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
-                // that the 0x30 mask drops across byte edges).
-                let hb = match K {
-                    0 => _mm256_slli_epi16(hb, 4),
-                    1 => _mm256_slli_epi16(hb, 2),
-                    2 => hb,
-                    _ => _mm256_srli_epi16(hb, 2),
-                };
-                *v = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+                *v = q6k_vector::<K>(ql, qh, h, g);
             }
         }
         let mut t = 0;
@@ -1257,6 +1356,65 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         if t < T {
             q6k_tokens::<1, T>(t, qb, &w, &dsc, xb, acc);
         }
+    }
+}
+
+/// Weight vector `[h][g]` of Q8A block `4n + K` of a Q6_K tile (`ql`, `qh`: its granules).
+#[inline(always)]
+unsafe fn q6k_vector<const K: usize>(ql: *const u8, qh: *const u8, h: usize, g: usize) -> __m256i {
+    // SAFETY: every read below is inside the tile at the caller's pointers (this function's
+    // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let l = _mm256_loadu_si256(ql.add(64 * g + 32 * h) as *const __m256i);
+        let l = if K >= 2 { _mm256_srli_epi16(l, 4) } else { l };
+        let hb = _mm256_loadu_si256(qh.add(64 * g + 32 * h) as *const __m256i);
+        // Bits 2K, 2K + 1 of each qh byte to bits 4, 5 (the 16-bit shifts only move bits
+        // that the 0x30 mask drops across byte edges).
+        let hb = match K {
+            0 => _mm256_slli_epi16(hb, 4),
+            1 => _mm256_slli_epi16(hb, 2),
+            2 => hb,
+            _ => _mm256_srli_epi16(hb, 2),
+        };
+        _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30))
+    }
+}
+
+/// One token's two half dots `[e][h]` of a Q6_K block (before the offset correction), each
+/// weight vector made where it is used, pair sums added in i16 two groups at a time (as
+/// [`q6k_tokens`]: 2 * 2 * 63 * 128 = 32256).
+///
+/// Why: one token shares no weight vector, and the 16 of a block with their constants do not
+/// fit the 16 registers (IQ4_NL's [`Q8_0::dot8_fused`] is the same step).
+#[inline(always)]
+unsafe fn q6k_dot_fused<const K: usize>(
+    ql: *const u8,
+    qh: *const u8,
+    a: &BlockQ8A,
+) -> [[__m256i; 2]; 2] {
+    // SAFETY: every read below is inside the tile and block at the caller's pointers (this
+    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut out = [[_mm256_setzero_si256(); 2]; 2];
+        for (e, out) in out.iter_mut().enumerate() {
+            let mut s16 = [_mm256_setzero_si256(); 2];
+            for j in 0..4 {
+                let g = 4 * e + j;
+                let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+                for h in 0..2 {
+                    let prod = _mm256_maddubs_epi16(q6k_vector::<K>(ql, qh, h, g), bx);
+                    if j % 2 == 0 {
+                        s16[h] = prod;
+                    } else {
+                        let pair = _mm256_add_epi16(s16[h], prod);
+                        out[h] = _mm256_add_epi32(out[h], _mm256_madd_epi16(pair, ones));
+                    }
+                }
+            }
+        }
+        out
     }
 }
 

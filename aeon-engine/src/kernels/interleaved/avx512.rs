@@ -302,6 +302,10 @@ const AHEAD: usize = 8;
 /// 65-66 tok/s at 1 thread; only one huge matrix streams a little faster without (24 vs 21).
 const AHEAD_ONE: usize = 2;
 
+/// [`AHEAD_ONE`] for Q5_K: 3 tiles (kernel-bench 1 thread from DRAM, interleaved runs: 2 tiles
+/// 26.8-27.8 GB/s, 3 tiles 27.2-28.5, 4 tiles 26.0-29.3).
+const Q5K_AHEAD_ONE: usize = 3;
+
 /// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
 /// faults, and the next group's tiles follow in memory).
 ///
@@ -331,6 +335,21 @@ pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
                 options(nostack, preserves_flags, readonly)
             );
         }
+    }
+}
+
+/// Several tokens: [`prefetch`]es `bytes` at `p`. One token: no line prefetch, only an empty
+/// asm block as a scheduling boundary (Q4_K's finding, see [`q4k_sub`]: with the pages
+/// touched the hardware prefetchers keep pace at one token and the prefetches cost more than
+/// they hid, while without a boundary LLVM interleaves the sub-blocks of a tile).
+#[inline(always)]
+pub(super) unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
+    if T > 1 {
+        // SAFETY: a prefetch never faults (see `prefetch`).
+        unsafe { prefetch(p, bytes) }
+    } else {
+        // SAFETY: an empty asm block: no instruction, no register, memory or flag.
+        unsafe { std::arch::asm!("", options(nostack, preserves_flags, nomem)) }
     }
 }
 
@@ -364,36 +383,6 @@ unsafe fn plane_u8(p: *const u8) -> __m512i {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)) }
-}
-
-/// `get_scale_min_k4` of sub-block `S` for 16 rows at once, from the 12 scale planes at `sc`:
-/// (scales, mins) as i32 lanes.
-#[inline(always)]
-unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m512i, __m512i) {
-    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-    // function's contract, as its callers keep it); AVX-512 present (module doc).
-    unsafe {
-        let plane = |i: usize| plane_u8(sc.add(ROWS * i));
-        let m6 = _mm512_set1_epi32(63);
-        if S < 4 {
-            (
-                _mm512_and_si512(plane(S), m6),
-                _mm512_and_si512(plane(S + 4), m6),
-            )
-        } else {
-            let (lo, hi_sc, hi_m) = (plane(S + 4), plane(S - 4), plane(S));
-            (
-                _mm512_or_si512(
-                    _mm512_and_si512(lo, _mm512_set1_epi32(0xF)),
-                    _mm512_slli_epi32(_mm512_srli_epi32(hi_sc, 6), 4),
-                ),
-                _mm512_or_si512(
-                    _mm512_srli_epi32(lo, 4),
-                    _mm512_slli_epi32(_mm512_srli_epi32(hi_m, 6), 4),
-                ),
-            )
-        }
-    }
 }
 
 /// Q4_K tiles: per sub-block s, 8 vectors of 4-bit quants (low or high nibbles of the
@@ -541,25 +530,19 @@ impl Kernel for Q4K {
 /// tile `acc + (d * sd - dmin * sm)` (see [`super::kquants`]).
 struct Q5K;
 
-/// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's (scale term, min term).
+/// The 8 weight vectors (5-bit `u`) of sub-block `S` of a Q5_K tile at `p`.
 #[inline(always)]
-unsafe fn q5k_sub<const S: usize, const T: usize>(
-    p: *const u8,
-    ahead: *const u8,
-    xb: &[*const BlockQ8A; T],
-) -> [(__m512, __m512); T] {
-    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-    // function's contract, as its callers keep it); AVX-512 present (module doc).
+unsafe fn q5k_weights<const S: usize>(p: *const u8) -> [__m512i; 8] {
+    // SAFETY: every read below is inside the tile at the caller's pointer (this function's
+    // contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        prefetch(ahead.wrapping_add(S * K5_BYTES / 8), K5_BYTES / 8);
-        let (sc, m) = scale_min_planes::<S>(p.add(K5_SC));
         let qs = p.add(K5_QS + 512 * (S / 2));
         let (m4, c16, bit) = (
             _mm512_set1_epi8(0x0F),
             _mm512_set1_epi8(16),
             _mm512_set1_epi8(1 << S),
         );
-        let w: [__m512i; 8] = std::array::from_fn(|k| {
+        std::array::from_fn(|k| {
             let v = _mm512_loadu_si512(qs.add(64 * k) as *const _);
             let v = if S % 2 == 1 {
                 _mm512_srli_epi16(v, 4)
@@ -569,42 +552,76 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
             let v = _mm512_and_si512(v, m4);
             let h = _mm512_loadu_si512(p.add(K5_QH + 64 * k) as *const _);
             _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(h, bit), v, c16)
-        });
-        let mut out = [(_mm512_setzero_ps(), _mm512_setzero_ps()); T];
-        for (t, o) in out.iter_mut().enumerate() {
-            let a = &*xb[t].add(S);
-            let dx = _mm512_set1_ps(a.d);
-            let qsum = _mm512_set1_epi32(a.sums[0] as i32 + a.sums[1] as i32);
-            // sc * isum and m * sum(q_x) are exact in i32 and in f32 (below 2^24).
-            let isum = _mm512_mullo_epi32(sc, dot_block(&w, a));
-            let msum = _mm512_mullo_epi32(m, qsum);
-            *o = (
-                _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)),
-                _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)),
-            );
-        }
-        out
+        })
     }
 }
 
-/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: `sd += x0 + x1`, `sm += y0 + y1`.
+/// Sub-blocks `S0` and `S1 = S0 + 1` of a Q5_K tile: per token `sd += x0 + x1`, with the
+/// reference's `x = a.d * f32(sc * isum)` (`scb`: [`q4k_scale_bytes`] of the tile, whose
+/// scale planes Q5_K shares).
+///
+/// Why pairs, token by token, and the min terms apart ([`q5k_mins`]): per sub-block for all
+/// tokens, then summing the pair, kept 2 x 16 terms live for 8 tokens, and LLVM ran the
+/// token loop through the stack (32 spill copies and 16 stores per sub-block around 8
+/// `vpdpbusd` per token). `f32(sc * isum)` is `f32(sc) * f32(isum)` exactly (both below
+/// 2^24, and so their product: 63 * 32 * 31 * 127), a `vmulps` where `vpmulld` was slower.
 #[inline(always)]
 unsafe fn q5k_pair<const S0: usize, const S1: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
+    scb: &[__m512i; 4],
     xb: &[*const BlockQ8A; T],
     sd: &mut [__m512; T],
-    sm: &mut [__m512; T],
 ) {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        let a = q5k_sub::<S0, T>(p, ahead, xb);
-        let b = q5k_sub::<S1, T>(p, ahead, xb);
-        for t in 0..T {
-            sd[t] = _mm512_add_ps(sd[t], _mm512_add_ps(a[t].0, b[t].0));
-            sm[t] = _mm512_add_ps(sm[t], _mm512_add_ps(a[t].1, b[t].1));
+        prefetch(ahead.wrapping_add(S0 * K5_BYTES / 8), K5_BYTES / 8);
+        let fsc0 = _mm512_cvtepi32_ps(lane_u8_epi32(scb[S0 / 4], S0 % 4));
+        let w0 = q5k_weights::<S0>(p);
+        prefetch(ahead.wrapping_add(S1 * K5_BYTES / 8), K5_BYTES / 8);
+        let fsc1 = _mm512_cvtepi32_ps(lane_u8_epi32(scb[S1 / 4], S1 % 4));
+        let w1 = q5k_weights::<S1>(p);
+        for (t, sd) in sd.iter_mut().enumerate() {
+            let (a0, a1) = (&*xb[t].add(S0), &*xb[t].add(S1));
+            let i0 = _mm512_mul_ps(fsc0, _mm512_cvtepi32_ps(dot_block(&w0, a0)));
+            let i1 = _mm512_mul_ps(fsc1, _mm512_cvtepi32_ps(dot_block(&w1, a1)));
+            let x0 = _mm512_mul_ps(_mm512_set1_ps(a0.d), i0);
+            let x1 = _mm512_mul_ps(_mm512_set1_ps(a1.d), i1);
+            *sd = _mm512_add_ps(*sd, _mm512_add_ps(x0, x1));
         }
+    }
+}
+
+/// Each token's `sm` of a Q5_K tile: per pair of sub-blocks `sm += y0 + y1`, with the
+/// reference's `y = a.d * f32(m * sum(q_x))` (`f32(m) * f32(sum)` exactly, as in
+/// [`q5k_pair`]). Apart from the weights, so the 8 mins are the only vectors it keeps.
+#[inline(always)]
+unsafe fn q5k_mins<const T: usize>(scb: &[__m512i; 4], xb: &[*const BlockQ8A; T]) -> [__m512; T] {
+    // SAFETY: the activation blocks read are the tile's 8 of each token (the caller checked
+    // the lengths); AVX-512 present (module doc).
+    unsafe {
+        let mut fm = [_mm512_setzero_ps(); 8];
+        for (s, f) in fm.iter_mut().enumerate() {
+            *f = _mm512_cvtepi32_ps(lane_u8_epi32(scb[2 + s / 4], s % 4));
+        }
+        // Plain loops: nested closures were left as calls outside the target-feature context.
+        let mut out = [_mm512_setzero_ps(); T];
+        for (t, sm) in out.iter_mut().enumerate() {
+            let mut y = [_mm512_setzero_ps(); 8];
+            for (s, y) in y.iter_mut().enumerate() {
+                let a = &*xb[t].add(s);
+                let qsum = (a.sums[0] as i32 + a.sums[1] as i32) as f32;
+                *y = _mm512_mul_ps(
+                    _mm512_set1_ps(a.d),
+                    _mm512_mul_ps(fm[s], _mm512_set1_ps(qsum)),
+                );
+            }
+            for j in 0..4 {
+                *sm = _mm512_add_ps(*sm, _mm512_add_ps(y[2 * j], y[2 * j + 1]));
+            }
+        }
+        out
     }
 }
 
@@ -619,15 +636,16 @@ impl Kernel for Q5K {
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K5_BYTES);
-                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { Q5K_AHEAD_ONE } else { AHEAD } * K5_BYTES);
                 touch_page(p, K5_BYTES);
                 let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
+                let scb = q4k_scale_bytes(p.add(K5_SC));
+                let sm = q5k_mins(&scb, &xb);
                 let mut sd = [_mm512_setzero_ps(); T];
-                let mut sm = [_mm512_setzero_ps(); T];
-                q5k_pair::<0, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<2, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<4, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-                q5k_pair::<6, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                q5k_pair::<0, 1, T>(p, ahead, &scb, &xb, &mut sd);
+                q5k_pair::<2, 3, T>(p, ahead, &scb, &xb, &mut sd);
+                q5k_pair::<4, 5, T>(p, ahead, &scb, &xb, &mut sd);
+                q5k_pair::<6, 7, T>(p, ahead, &scb, &xb, &mut sd);
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_D) as *const __m256i));
                 let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(K5_DMIN) as *const __m256i));
                 for t in 0..T {
@@ -901,7 +919,9 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        // One token: no line prefetch (from DRAM 70-72% of the read roofline with, 85-87%
+        // without: kernel-bench's row, interleaved runs).
+        prefetch_many::<T>(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
         let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
         let lo = if S.is_multiple_of(2) {
             _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
@@ -1008,12 +1028,14 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         for t in 0..T {
             let a = &*xb[t].add(qb);
             let q = a.qs.as_ptr() as *const i32;
+            // Each chain starts from the offset correction (exact integers in any order): one
+            // subtraction fewer per half.
             let half = |h: usize| {
-                let mut s = _mm512_setzero_si512();
+                let mut s = _mm512_set1_epi32(-32 * a.sums[h] as i32);
                 for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
                     s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
                 }
-                _mm512_sub_epi32(s, _mm512_set1_epi32(32 * a.sums[h] as i32))
+                s
             };
             let (i0, i1) = (half(0), half(1));
             let xd = _mm512_set1_ps(a.d);
