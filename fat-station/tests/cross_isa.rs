@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -28,15 +28,25 @@ const DECODE: usize = 3;
 
 /// The aarch64 station binary and the qemu to run it with, or why the test cannot run.
 fn cross_tools() -> Result<(PathBuf, PathBuf), String> {
-    let bin = std::env::var_os("AEON_ARM64_STATION_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/aarch64-unknown-linux-musl/release/fat-station")
-        });
+    let given = std::env::var_os("AEON_ARM64_STATION_BIN").map(PathBuf::from);
+    let bin = given.clone().unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/aarch64-unknown-linux-musl/release/fat-station")
+    });
     if !bin.is_file() {
         return Err(format!(
             "no aarch64 fat-station at {} (scripts/cross/build-aarch64.sh -p fat-station)",
+            bin.display()
+        ));
+    }
+    // The cross build left from an earlier checkout is not this code: a station that refuses
+    // today's files would fail the test for nothing (scripts/test.sh builds it anew after
+    // the workspace's tests and runs this test again then).
+    let built = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if given.is_none() && built(&bin) < built(Path::new(env!("CARGO_BIN_EXE_fat-station"))) {
+        return Err(format!(
+            "the aarch64 fat-station at {} is older than this build's x86 one \
+             (scripts/cross/build-aarch64.sh -p fat-station)",
             bin.display()
         ));
     }
