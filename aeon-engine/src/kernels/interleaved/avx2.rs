@@ -28,9 +28,9 @@ use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::avx512::{prefetch, touch_page};
 use super::kquants::{
-    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
-    K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
-    KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
+    k3_fields, k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC,
+    K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES,
+    K6_D, K6_SC, KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, MX_QS, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS,
@@ -886,7 +886,16 @@ trait K16 {
     /// Weight vector `[h][k]` of block `G` (k 0..4: scale group 2G, 4..8: 2G + 1).
     unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i;
     /// The scale and min (i32 lanes) of scale group 2G + j for half h's rows.
-    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i);
+    unsafe fn scale<const G: usize>(
+        p: *const u8,
+        pre: &[u8; 256],
+        h: usize,
+        j: usize,
+    ) -> (__m256i, __m256i);
+    /// Once per tile: whatever [`K16::scale`] reads from `pre` (Q3_K: its 16 scale groups as
+    /// signed bytes, plane k at 16k).
+    #[inline(always)]
+    unsafe fn prepare(_p: *const u8, _pre: &mut [u8; 256]) {}
 }
 
 struct Q3K;
@@ -919,37 +928,77 @@ impl K16 for Q3K {
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
         // doc).
         unsafe {
-            let bit = _mm256_set1_epi8((1u8 << G) as i8);
-            let hm = _mm256_loadu_si256(p.add(K3_HM + 64 * k + 32 * h) as *const __m256i);
-            let hb = _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
-                _mm256_set1_epi8(4),
-            );
-            _mm256_or_si256(two_bits::<G>(p.add(K3_QS), h, k), hb)
+            // The 3-bit fields of `k3_fields` (16-bit shifts: what they pull in from the next
+            // byte is masked off).
+            let (c, shift, _, hi) = k3_fields(k);
+            let granule = |c: usize| {
+                _mm256_loadu_si256(p.add(K3_Q + K3_BLOCK * G + 64 * c + 32 * h) as *const __m256i)
+            };
+            let v = granule(c);
+            let v = match shift {
+                0 => v,
+                3 => _mm256_srli_epi16(v, 3),
+                _ => _mm256_srli_epi16(v, 6),
+            };
+            match hi {
+                None => _mm256_and_si256(v, _mm256_set1_epi8(7)),
+                Some(at) => {
+                    let z2 = granule(2);
+                    let b2 = if at == 6 {
+                        _mm256_srli_epi16(z2, 4)
+                    } else {
+                        _mm256_srli_epi16(z2, 5)
+                    };
+                    _mm256_or_si256(
+                        _mm256_and_si256(v, _mm256_set1_epi8(3)),
+                        _mm256_and_si256(b2, _mm256_set1_epi8(4)),
+                    )
+                }
+            }
         }
     }
     #[inline(always)]
-    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
-        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
-        // doc).
+    unsafe fn prepare(p: *const u8, pre: &mut [u8; 256]) {
+        // SAFETY: the reads are the tile's 12 scale planes (192 bytes at `K3_SC`), the writes
+        // `pre`'s 256 bytes; AVX2 present (module doc).
         unsafe {
-            // `scales_q3k`, as the AVX-512 kernel.
-            let k = 2 * G + j;
-            let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8) + 8 * h));
-            let lo = if k < 8 {
-                _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
-            } else {
-                _mm256_srli_epi32(lo, 4)
-            };
-            let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4) + 8 * h));
-            let hi = _mm256_and_si256(
-                _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (k / 4) as i32)),
-                _mm256_set1_epi32(3),
-            );
-            let sc = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+            // `scales_q3k` for 16 rows, as the AVX-512 kernel's `prepare`: once per tile.
+            let m4 = _mm256_set1_epi8(0x0F);
+            let m30 = _mm256_set1_epi8(0x30);
+            let c32 = _mm256_set1_epi8(32);
+            for half in 0..2 {
+                let ld =
+                    |o: usize| _mm256_loadu_si256(p.add(K3_SC + o + 32 * half) as *const __m256i);
+                let (l0, l1, hb) = (ld(0), ld(64), ld(128));
+                let join = |lo: __m256i, hi: __m256i| {
+                    let v = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                    _mm256_sub_epi8(v, c32)
+                };
+                let groups = [
+                    join(l0, _mm256_slli_epi16(hb, 4)),
+                    join(l1, _mm256_slli_epi16(hb, 2)),
+                    join(_mm256_srli_epi16(l0, 4), hb),
+                    join(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(hb, 2)),
+                ];
+                for (k, v) in groups.iter().enumerate() {
+                    let at = pre.as_mut_ptr().add(64 * k + 32 * half);
+                    _mm256_storeu_si256(at as *mut __m256i, *v);
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale<const G: usize>(
+        _p: *const u8,
+        pre: &[u8; 256],
+        h: usize,
+        j: usize,
+    ) -> (__m256i, __m256i) {
+        // SAFETY: the reads are inside `pre`; AVX2 present (module doc).
+        unsafe {
+            let at = pre.as_ptr().add(16 * (2 * G + j) + 8 * h);
             (
-                _mm256_sub_epi32(sc, _mm256_set1_epi32(32)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i)),
                 _mm256_setzero_si256(),
             )
         }
@@ -968,7 +1017,12 @@ impl K16 for Q2K {
         unsafe { two_bits::<G>(p.add(K2_QS), h, k) }
     }
     #[inline(always)]
-    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
+    unsafe fn scale<const G: usize>(
+        p: *const u8,
+        _pre: &[u8; 256],
+        h: usize,
+        j: usize,
+    ) -> (__m256i, __m256i) {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
         // doc).
@@ -988,6 +1042,7 @@ impl K16 for Q2K {
 #[inline(always)]
 unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     p: *const u8,
+    pre: &[u8; 256],
     ahead: *const u8,
     xb: &[*const BlockQ8A; T],
     sd: &mut [[__m256; 2]; T],
@@ -1004,7 +1059,7 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
                 w[h][k] = K::vector::<G>(p, h, k);
             }
             for j in 0..2 {
-                sc[h][j] = K::scale::<G>(p, h, j);
+                sc[h][j] = K::scale::<G>(p, pre, h, j);
             }
         }
         let mut t = 0;
@@ -1073,6 +1128,7 @@ impl<K: K16> Kernel for Sixteen<K> {
             let nt = tiles.len() / K::BYTES;
             assert!(x.iter().all(|x| x.len() >= 8 * nt));
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            let mut pre = [0u8; 256];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K::BYTES);
                 let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
@@ -1083,14 +1139,15 @@ impl<K: K16> Kernel for Sixteen<K> {
                 }
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
-                k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                K::prepare(p, &mut pre);
+                k16_block::<K, 0, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 1, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 2, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 3, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 4, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 5, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 6, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 7, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
                 let d = scales16(p);
                 let dmin = match K::DMIN {
                     Some(at) => scales16(p.add(at)),
