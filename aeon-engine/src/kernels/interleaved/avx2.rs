@@ -26,7 +26,7 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
-use super::avx512::{prefetch, touch_page};
+use super::avx512::{prefetch, touch_page, K16_AHEAD_ONE};
 use super::kquants::{
     k3_fields, k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC,
     K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES,
@@ -1052,6 +1052,9 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
         prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+        if T == 1 {
+            return k16_one::<K, G>(p, pre, &*xb[0].add(G), &mut sd[0], &mut sm[0]);
+        }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
         for h in 0..2 {
@@ -1062,13 +1065,72 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
                 sc[h][j] = K::scale::<G>(p, pre, h, j);
             }
         }
+        // Q2_K: each row's (m_0, m_1) as the i16 halves of its lane, for one `vpmaddwd`
+        // against the block's two i16 sums per token (4 fewer instructions per token and half
+        // than two `vpmulld` of broadcast sums).
+        let mins: [__m256i; 2] =
+            std::array::from_fn(|h| _mm256_or_si256(sc[h][0].1, _mm256_slli_epi32(sc[h][1].1, 16)));
         let mut t = 0;
         while t + 2 <= T {
-            k16_tokens::<K, G, 2, T>(t, &w, &sc, xb, sd, sm);
+            k16_tokens::<K, G, 2, T>(t, &w, &sc, &mins, xb, sd, sm);
             t += 2;
         }
         if t < T {
-            k16_tokens::<K, G, 1, T>(t, &w, &sc, xb, sd, sm);
+            k16_tokens::<K, G, 1, T>(t, &w, &sc, &mins, xb, sd, sm);
+        }
+    }
+}
+
+/// [`k16_block`] for one token, a half (8 rows) at a time, each weight vector used as soon as
+/// it is unpacked: the same integers and f32 steps. Why: holding the block's 16 weight
+/// vectors for all tokens spilled a third of the one-token loop's instructions to the stack
+/// (16 ymm registers), and the kernel ran at 13 GB/s of Q2_K weights from cache.
+#[inline(always)]
+unsafe fn k16_one<K: K16, const G: usize>(
+    p: *const u8,
+    pre: &[u8; 256],
+    a: &BlockQ8A,
+    sd: &mut [__m256; 2],
+    sm: &mut [__m256; 2],
+) {
+    // SAFETY: every read below is inside the tile at `p`, `pre` or the activation block `a`
+    // (the caller's); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let q = a.qs.as_ptr() as *const i32;
+        let ones = _mm256_set1_epi16(1);
+        let dx = _mm256_set1_ps(a.d);
+        for h in 0..2 {
+            // Four products of at most 7 x 127 x 2 per i16 lane: no saturation. (Loops, not
+            // a closure: a closure this size is not inlined, and outside the target-feature
+            // function its intrinsics become calls.)
+            let mut group = [_mm256_setzero_si256(); 2];
+            for (j, sum) in group.iter_mut().enumerate() {
+                let mut s16 = _mm256_setzero_si256();
+                for g in 4 * j..4 * j + 4 {
+                    let x = _mm256_set1_epi32(q.add(g).read_unaligned());
+                    let p16 = _mm256_maddubs_epi16(K::vector::<G>(p, h, g), x);
+                    s16 = if g == 4 * j {
+                        p16
+                    } else {
+                        _mm256_add_epi16(s16, p16)
+                    };
+                }
+                let off = _mm256_set1_epi32(K::OFF * a.sums[j] as i32);
+                *sum = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), off);
+            }
+            let (sc0, m0) = K::scale::<G>(p, pre, h, 0);
+            let (sc1, m1) = K::scale::<G>(p, pre, h, 1);
+            let isum = _mm256_add_epi32(
+                _mm256_mullo_epi32(sc0, group[0]),
+                _mm256_mullo_epi32(sc1, group[1]),
+            );
+            sd[h] = _mm256_add_ps(sd[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
+            if K::DMIN.is_some() {
+                let mins = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
+                let sums = (a.sums.as_ptr() as *const i32).read_unaligned();
+                let msum = _mm256_madd_epi16(mins, _mm256_set1_epi32(sums));
+                sm[h] = _mm256_add_ps(sm[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
+            }
         }
     }
 }
@@ -1080,6 +1142,7 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
     sc: &[[(__m256i, __m256i); 2]; 2],
+    mins: &[__m256i; 2],
     xb: &[*const BlockQ8A; T],
     sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
@@ -1104,10 +1167,8 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
                 let (sd, sm) = (&mut sd[t0 + k][h], &mut sm[t0 + k][h]);
                 *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
                 if K::DMIN.is_some() {
-                    let msum = _mm256_add_epi32(
-                        _mm256_mullo_epi32(sc[h][0].1, _mm256_set1_epi32(a[k].sums[0] as i32)),
-                        _mm256_mullo_epi32(sc[h][1].1, _mm256_set1_epi32(a[k].sums[1] as i32)),
-                    );
+                    let sums = (a[k].sums.as_ptr() as *const i32).read_unaligned();
+                    let msum = _mm256_madd_epi16(mins[h], _mm256_set1_epi32(sums));
                     *sm = _mm256_add_ps(*sm, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
                 }
             }
@@ -1131,7 +1192,7 @@ impl<K: K16> Kernel for Sixteen<K> {
             let mut pre = [0u8; 256];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K::BYTES);
-                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+                let ahead = p.wrapping_add(if T == 1 { K16_AHEAD_ONE } else { AHEAD } * K::BYTES);
                 touch_page(p, K::BYTES);
                 let mut xb = [std::ptr::null::<BlockQ8A>(); T];
                 for (xb, x) in xb.iter_mut().zip(x) {
