@@ -26,11 +26,11 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
-use super::avx512::{prefetch, prefetch_many, touch_page};
+use super::avx512::{prefetch, prefetch_many, touch_page, K16_AHEAD_ONE};
 use super::kquants::{
-    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
-    K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
-    KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
+    k3_fields, k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC,
+    K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES,
+    K6_D, K6_SC, KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
 use super::{
     rows16_any, Kernel, Rows16Dot, D_BYTES, MIN_AT, MX_QS, Q41_QS, Q51_HM, Q51_QS, Q5_HM, Q5_QS,
@@ -977,7 +977,16 @@ trait K16 {
     /// Weight vector `[h][k]` of block `G` (k 0..4: scale group 2G, 4..8: 2G + 1).
     unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i;
     /// The scale and min (i32 lanes) of scale group 2G + j for half h's rows.
-    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i);
+    unsafe fn scale<const G: usize>(
+        p: *const u8,
+        pre: &[u8; 256],
+        h: usize,
+        j: usize,
+    ) -> (__m256i, __m256i);
+    /// Once per tile: whatever [`K16::scale`] reads from `pre` (Q3_K: its 16 scale groups as
+    /// signed bytes, plane k at 16k).
+    #[inline(always)]
+    unsafe fn prepare(_p: *const u8, _pre: &mut [u8; 256]) {}
 }
 
 struct Q3K;
@@ -1010,37 +1019,77 @@ impl K16 for Q3K {
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
         // doc).
         unsafe {
-            let bit = _mm256_set1_epi8((1u8 << G) as i8);
-            let hm = _mm256_loadu_si256(p.add(K3_HM + 64 * k + 32 * h) as *const __m256i);
-            let hb = _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
-                _mm256_set1_epi8(4),
-            );
-            _mm256_or_si256(two_bits::<G>(p.add(K3_QS), h, k), hb)
+            // The 3-bit fields of `k3_fields` (16-bit shifts: what they pull in from the next
+            // byte is masked off).
+            let (c, shift, _, hi) = k3_fields(k);
+            let granule = |c: usize| {
+                _mm256_loadu_si256(p.add(K3_Q + K3_BLOCK * G + 64 * c + 32 * h) as *const __m256i)
+            };
+            let v = granule(c);
+            let v = match shift {
+                0 => v,
+                3 => _mm256_srli_epi16(v, 3),
+                _ => _mm256_srli_epi16(v, 6),
+            };
+            match hi {
+                None => _mm256_and_si256(v, _mm256_set1_epi8(7)),
+                Some(at) => {
+                    let z2 = granule(2);
+                    let b2 = if at == 6 {
+                        _mm256_srli_epi16(z2, 4)
+                    } else {
+                        _mm256_srli_epi16(z2, 5)
+                    };
+                    _mm256_or_si256(
+                        _mm256_and_si256(v, _mm256_set1_epi8(3)),
+                        _mm256_and_si256(b2, _mm256_set1_epi8(4)),
+                    )
+                }
+            }
         }
     }
     #[inline(always)]
-    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
-        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
-        // doc).
+    unsafe fn prepare(p: *const u8, pre: &mut [u8; 256]) {
+        // SAFETY: the reads are the tile's 12 scale planes (192 bytes at `K3_SC`), the writes
+        // `pre`'s 256 bytes; AVX2 present (module doc).
         unsafe {
-            // `scales_q3k`, as the AVX-512 kernel.
-            let k = 2 * G + j;
-            let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8) + 8 * h));
-            let lo = if k < 8 {
-                _mm256_and_si256(lo, _mm256_set1_epi32(0xF))
-            } else {
-                _mm256_srli_epi32(lo, 4)
-            };
-            let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4) + 8 * h));
-            let hi = _mm256_and_si256(
-                _mm256_srlv_epi32(hi, _mm256_set1_epi32(2 * (k / 4) as i32)),
-                _mm256_set1_epi32(3),
-            );
-            let sc = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4));
+            // `scales_q3k` for 16 rows, as the AVX-512 kernel's `prepare`: once per tile.
+            let m4 = _mm256_set1_epi8(0x0F);
+            let m30 = _mm256_set1_epi8(0x30);
+            let c32 = _mm256_set1_epi8(32);
+            for half in 0..2 {
+                let ld =
+                    |o: usize| _mm256_loadu_si256(p.add(K3_SC + o + 32 * half) as *const __m256i);
+                let (l0, l1, hb) = (ld(0), ld(64), ld(128));
+                let join = |lo: __m256i, hi: __m256i| {
+                    let v = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                    _mm256_sub_epi8(v, c32)
+                };
+                let groups = [
+                    join(l0, _mm256_slli_epi16(hb, 4)),
+                    join(l1, _mm256_slli_epi16(hb, 2)),
+                    join(_mm256_srli_epi16(l0, 4), hb),
+                    join(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(hb, 2)),
+                ];
+                for (k, v) in groups.iter().enumerate() {
+                    let at = pre.as_mut_ptr().add(64 * k + 32 * half);
+                    _mm256_storeu_si256(at as *mut __m256i, *v);
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale<const G: usize>(
+        _p: *const u8,
+        pre: &[u8; 256],
+        h: usize,
+        j: usize,
+    ) -> (__m256i, __m256i) {
+        // SAFETY: the reads are inside `pre`; AVX2 present (module doc).
+        unsafe {
+            let at = pre.as_ptr().add(16 * (2 * G + j) + 8 * h);
             (
-                _mm256_sub_epi32(sc, _mm256_set1_epi32(32)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i)),
                 _mm256_setzero_si256(),
             )
         }
@@ -1059,7 +1108,12 @@ impl K16 for Q2K {
         unsafe { two_bits::<G>(p.add(K2_QS), h, k) }
     }
     #[inline(always)]
-    unsafe fn scale<const G: usize>(p: *const u8, h: usize, j: usize) -> (__m256i, __m256i) {
+    unsafe fn scale<const G: usize>(
+        p: *const u8,
+        _pre: &[u8; 256],
+        h: usize,
+        j: usize,
+    ) -> (__m256i, __m256i) {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
         // doc).
@@ -1079,6 +1133,7 @@ impl K16 for Q2K {
 #[inline(always)]
 unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     p: *const u8,
+    pre: &[u8; 256],
     ahead: *const u8,
     xb: &[*const BlockQ8A; T],
     sd: &mut [[__m256; 2]; T],
@@ -1088,6 +1143,9 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
         prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+        if T == 1 {
+            return k16_one::<K, G>(p, pre, &*xb[0].add(G), &mut sd[0], &mut sm[0]);
+        }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
         for h in 0..2 {
@@ -1095,16 +1153,75 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
                 w[h][k] = K::vector::<G>(p, h, k);
             }
             for j in 0..2 {
-                sc[h][j] = K::scale::<G>(p, h, j);
+                sc[h][j] = K::scale::<G>(p, pre, h, j);
             }
         }
+        // Q2_K: each row's (m_0, m_1) as the i16 halves of its lane, for one `vpmaddwd`
+        // against the block's two i16 sums per token (4 fewer instructions per token and half
+        // than two `vpmulld` of broadcast sums).
+        let mins: [__m256i; 2] =
+            std::array::from_fn(|h| _mm256_or_si256(sc[h][0].1, _mm256_slli_epi32(sc[h][1].1, 16)));
         let mut t = 0;
         while t + 2 <= T {
-            k16_tokens::<K, G, 2, T>(t, &w, &sc, xb, sd, sm);
+            k16_tokens::<K, G, 2, T>(t, &w, &sc, &mins, xb, sd, sm);
             t += 2;
         }
         if t < T {
-            k16_tokens::<K, G, 1, T>(t, &w, &sc, xb, sd, sm);
+            k16_tokens::<K, G, 1, T>(t, &w, &sc, &mins, xb, sd, sm);
+        }
+    }
+}
+
+/// [`k16_block`] for one token, a half (8 rows) at a time, each weight vector used as soon as
+/// it is unpacked: the same integers and f32 steps. Why: holding the block's 16 weight
+/// vectors for all tokens spilled a third of the one-token loop's instructions to the stack
+/// (16 ymm registers), and the kernel ran at 13 GB/s of Q2_K weights from cache.
+#[inline(always)]
+unsafe fn k16_one<K: K16, const G: usize>(
+    p: *const u8,
+    pre: &[u8; 256],
+    a: &BlockQ8A,
+    sd: &mut [__m256; 2],
+    sm: &mut [__m256; 2],
+) {
+    // SAFETY: every read below is inside the tile at `p`, `pre` or the activation block `a`
+    // (the caller's); AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let q = a.qs.as_ptr() as *const i32;
+        let ones = _mm256_set1_epi16(1);
+        let dx = _mm256_set1_ps(a.d);
+        for h in 0..2 {
+            // Four products of at most 7 x 127 x 2 per i16 lane: no saturation. (Loops, not
+            // a closure: a closure this size is not inlined, and outside the target-feature
+            // function its intrinsics become calls.)
+            let mut group = [_mm256_setzero_si256(); 2];
+            for (j, sum) in group.iter_mut().enumerate() {
+                let mut s16 = _mm256_setzero_si256();
+                for g in 4 * j..4 * j + 4 {
+                    let x = _mm256_set1_epi32(q.add(g).read_unaligned());
+                    let p16 = _mm256_maddubs_epi16(K::vector::<G>(p, h, g), x);
+                    s16 = if g == 4 * j {
+                        p16
+                    } else {
+                        _mm256_add_epi16(s16, p16)
+                    };
+                }
+                let off = _mm256_set1_epi32(K::OFF * a.sums[j] as i32);
+                *sum = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), off);
+            }
+            let (sc0, m0) = K::scale::<G>(p, pre, h, 0);
+            let (sc1, m1) = K::scale::<G>(p, pre, h, 1);
+            let isum = _mm256_add_epi32(
+                _mm256_mullo_epi32(sc0, group[0]),
+                _mm256_mullo_epi32(sc1, group[1]),
+            );
+            sd[h] = _mm256_add_ps(sd[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
+            if K::DMIN.is_some() {
+                let mins = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
+                let sums = (a.sums.as_ptr() as *const i32).read_unaligned();
+                let msum = _mm256_madd_epi16(mins, _mm256_set1_epi32(sums));
+                sm[h] = _mm256_add_ps(sm[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
+            }
         }
     }
 }
@@ -1116,6 +1233,7 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
     sc: &[[(__m256i, __m256i); 2]; 2],
+    mins: &[__m256i; 2],
     xb: &[*const BlockQ8A; T],
     sd: &mut [[__m256; 2]; T],
     sm: &mut [[__m256; 2]; T],
@@ -1140,10 +1258,8 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
                 let (sd, sm) = (&mut sd[t0 + k][h], &mut sm[t0 + k][h]);
                 *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
                 if K::DMIN.is_some() {
-                    let msum = _mm256_add_epi32(
-                        _mm256_mullo_epi32(sc[h][0].1, _mm256_set1_epi32(a[k].sums[0] as i32)),
-                        _mm256_mullo_epi32(sc[h][1].1, _mm256_set1_epi32(a[k].sums[1] as i32)),
-                    );
+                    let sums = (a[k].sums.as_ptr() as *const i32).read_unaligned();
+                    let msum = _mm256_madd_epi16(mins[h], _mm256_set1_epi32(sums));
                     *sm = _mm256_add_ps(*sm, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
                 }
             }
@@ -1164,9 +1280,10 @@ impl<K: K16> Kernel for Sixteen<K> {
             let nt = tiles.len() / K::BYTES;
             assert!(x.iter().all(|x| x.len() >= 8 * nt));
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            let mut pre = [0u8; 256];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K::BYTES);
-                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+                let ahead = p.wrapping_add(if T == 1 { K16_AHEAD_ONE } else { AHEAD } * K::BYTES);
                 touch_page(p, K::BYTES);
                 let mut xb = [std::ptr::null::<BlockQ8A>(); T];
                 for (xb, x) in xb.iter_mut().zip(x) {
@@ -1174,14 +1291,15 @@ impl<K: K16> Kernel for Sixteen<K> {
                 }
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
-                k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                K::prepare(p, &mut pre);
+                k16_block::<K, 0, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 1, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 2, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 3, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 4, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 5, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 6, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 7, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
                 let d = scales16(p);
                 let dmin = match K::DMIN {
                     Some(at) => scales16(p.add(at)),

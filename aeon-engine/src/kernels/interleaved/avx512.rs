@@ -15,7 +15,7 @@
 
 use super::super::blocks::BlockQ8A;
 use super::kquants::{
-    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BYTES, K3_HM, K3_QS, K3_SC, K4_BYTES, K4_D,
+    k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
     KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
@@ -305,6 +305,12 @@ const AHEAD_ONE: usize = 2;
 /// [`AHEAD_ONE`] for Q5_K: 3 tiles (kernel-bench 1 thread from DRAM, interleaved runs: 2 tiles
 /// 26.8-27.8 GB/s, 3 tiles 27.2-28.5, 4 tiles 26.0-29.3).
 const Q5K_AHEAD_ONE: usize = 3;
+
+/// Tiles ahead that Q3_K and Q2_K prefetch for one token (10-14 KiB). Once the Q3_K kernel's
+/// work per tile was cut to 1.4x the DRAM time (it had been 2.3x), [`AHEAD_ONE`] left it at
+/// 25-27 GB/s of weights from DRAM against 33.5 from cache; 8 tiles ahead gave 32.3-32.8
+/// (6: 32.6, 4: 30.2-30.5, 16: 32.3-32.9, none: 28; kernel-bench, one thread, load ~8).
+pub(super) const K16_AHEAD_ONE: usize = 8;
 
 /// Prefetches the `bytes` after `p` into L2 (`p` may point past the tiles: a prefetch never
 /// faults, and the next group's tiles follow in memory).
@@ -671,8 +677,12 @@ trait K16 {
     const PRESCALE: bool = false;
     /// The 8 weight vectors of block `G` (vectors 0..4: scale group 2G, 4..8: 2G + 1).
     unsafe fn weights<const G: usize>(p: *const u8) -> [__m512i; 8];
+    /// Once per tile: whatever [`K16::scales`] reads from `pre` (Q3_K: its 16 scale groups
+    /// as signed bytes, plane k at 16k).
+    #[inline(always)]
+    unsafe fn prepare(_p: *const u8, _pre: &mut [u8; 256]) {}
     /// The scales and mins (i32 lanes) of scale groups 2G + h.
-    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2];
+    unsafe fn scales<const G: usize>(p: *const u8, pre: &[u8; 256]) -> [(__m512i, __m512i); 2];
 }
 
 struct Q3K;
@@ -708,38 +718,68 @@ impl K16 for Q3K {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX-512 present (module doc).
         unsafe {
-            let mut w = two_bits::<G>(p.add(K3_QS));
-            let (c4, bit) = (_mm512_set1_epi8(4), _mm512_set1_epi8((1u8 << G) as i8));
-            for (k, v) in w.iter_mut().enumerate() {
-                let h = _mm512_loadu_si512(p.add(K3_HM + 64 * k) as *const _);
-                *v = _mm512_mask_add_epi8(*v, _mm512_test_epi8_mask(h, bit), *v, c4);
-            }
-            w
+            let at = p.add(K3_Q + K3_BLOCK * G);
+            let z: [__m512i; 3] =
+                std::array::from_fn(|c| _mm512_loadu_si512(at.add(64 * c) as *const _));
+            let m7 = _mm512_set1_epi8(7);
+            let m3 = _mm512_set1_epi8(3);
+            // 16-bit shifts: the bits they pull in from the next byte are masked off.
+            let shr3 = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16(v, 3), m7);
+            // Bits 6, 7 of `lo` as bits 0, 1, bit 2 of `hi4` (granule 2 shifted) as bit 2.
+            let split = |lo: __m512i, hi4: __m512i| {
+                let v = _mm512_ternarylogic_epi32::<0xE2>(_mm512_srli_epi16(lo, 6), m3, hi4);
+                _mm512_and_si512(v, m7)
+            };
+            [
+                _mm512_and_si512(z[0], m7),
+                shr3(z[0]),
+                split(z[0], _mm512_srli_epi16(z[2], 4)),
+                _mm512_and_si512(z[1], m7),
+                shr3(z[1]),
+                split(z[1], _mm512_srli_epi16(z[2], 5)),
+                _mm512_and_si512(z[2], m7),
+                shr3(z[2]),
+            ]
         }
     }
     #[inline(always)]
-    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
-        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-        // function's contract, as its callers keep it); AVX-512 present (module doc).
+    unsafe fn prepare(p: *const u8, pre: &mut [u8; 256]) {
+        // SAFETY: the reads are the tile's 12 scale planes (192 bytes at `K3_SC`), the writes
+        // `pre`'s 256 bytes; AVX-512 present (module doc).
         unsafe {
-            // `scales_q3k` for scale group k: low 4 bits from byte k % 8 (low nibble for k < 8),
-            // high 2 from byte 8 + k % 4 at bit 2(k / 4); minus 32.
+            // `scales_q3k` for 16 rows and 4 scale groups per vector: group k's low 4 bits
+            // are the low (k < 8) or high nibble of plane k % 8, its high 2 bits are bits
+            // 2(k / 4) of plane 8 + k % 4; minus 32. Once per tile rather than per block.
+            let sc = p.add(K3_SC);
+            let l0 = _mm512_loadu_si512(sc as *const _);
+            let l1 = _mm512_loadu_si512(sc.add(64) as *const _);
+            let h = _mm512_loadu_si512(sc.add(128) as *const _);
+            let m4 = _mm512_set1_epi8(0x0F);
+            let c32 = _mm512_set1_epi8(32);
+            let hi = |v: __m512i, m: i8| _mm512_and_si512(v, _mm512_set1_epi8(m));
+            // (lo & 0xF) | hi, where hi has only bits 4-5 set.
+            let join = |lo: __m512i, hi: __m512i| {
+                _mm512_sub_epi8(_mm512_ternarylogic_epi32::<0xEA>(lo, m4, hi), c32)
+            };
+            let groups = [
+                join(l0, hi(_mm512_slli_epi16(h, 4), 0x30)),
+                join(l1, hi(_mm512_slli_epi16(h, 2), 0x30)),
+                join(_mm512_srli_epi16(l0, 4), hi(h, 0x30)),
+                join(_mm512_srli_epi16(l1, 4), hi(_mm512_srli_epi16(h, 2), 0x30)),
+            ];
+            for (k, v) in groups.iter().enumerate() {
+                _mm512_storeu_si512(pre.as_mut_ptr().add(64 * k) as *mut _, *v);
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales<const G: usize>(_p: *const u8, pre: &[u8; 256]) -> [(__m512i, __m512i); 2] {
+        // SAFETY: the reads are inside `pre`; AVX-512 present (module doc).
+        unsafe {
             std::array::from_fn(|h| {
-                let k = 2 * G + h;
-                let lo = plane_u8(p.add(K3_SC + ROWS * (k % 8)));
-                let lo = if k < 8 {
-                    _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
-                } else {
-                    _mm512_srli_epi32(lo, 4)
-                };
-                let hi = plane_u8(p.add(K3_SC + ROWS * (8 + k % 4)));
-                let hi = _mm512_and_si512(
-                    _mm512_srlv_epi32(hi, _mm512_set1_epi32(2 * (k / 4) as i32)),
-                    _mm512_set1_epi32(3),
-                );
-                let sc = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+                let at = pre.as_ptr().add(16 * (2 * G + h)) as *const __m128i;
                 (
-                    _mm512_sub_epi32(sc, _mm512_set1_epi32(32)),
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128(at)),
                     _mm512_setzero_si512(),
                 )
             })
@@ -759,7 +799,7 @@ impl K16 for Q2K {
         unsafe { two_bits::<G>(p.add(K2_QS)) }
     }
     #[inline(always)]
-    unsafe fn scales<const G: usize>(p: *const u8) -> [(__m512i, __m512i); 2] {
+    unsafe fn scales<const G: usize>(p: *const u8, _pre: &[u8; 256]) -> [(__m512i, __m512i); 2] {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX-512 present (module doc).
         unsafe {
@@ -779,6 +819,7 @@ impl K16 for Q2K {
 #[inline(always)]
 unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     p: *const u8,
+    pre: &[u8; 256],
     ahead: *const u8,
     xb: &[*const BlockQ8A; T],
     sd: &mut [__m512; T],
@@ -788,20 +829,24 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
         prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
+        if K::PRESCALE && T == 1 {
+            return q2k_one::<G>(p, &*xb[0].add(G), &mut sd[0], &mut sm[0]);
+        }
         let w = K::weights::<G>(p);
-        let [(sc0, m0), (sc1, m1)] = K::scales::<G>(p);
+        let [(sc0, m0), (sc1, m1)] = K::scales::<G>(p, pre);
         if K::PRESCALE && T > 1 {
             return k16_prescaled::<T>(w, [(sc0, m0), (sc1, m1)], xb, G, sd, sm);
         }
         for t in 0..T {
             let a = &*xb[t].add(G);
             let q = a.qs.as_ptr() as *const i32;
+            // The offset correction is the chain's start (exact integers: same sum).
             let half = |h: usize| {
-                let mut s = _mm512_setzero_si512();
+                let mut s = _mm512_set1_epi32(-K::OFF * a.sums[h] as i32);
                 for (g, wg) in w.iter().enumerate().skip(4 * h).take(4) {
                     s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(q.add(g).read_unaligned()));
                 }
-                _mm512_sub_epi32(s, _mm512_set1_epi32(K::OFF * a.sums[h] as i32))
+                s
             };
             let isum = _mm512_add_epi32(
                 _mm512_mullo_epi32(sc0, half(0)),
@@ -817,6 +862,58 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
                 sm[t] = _mm512_add_ps(sm[t], _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)));
             }
         }
+    }
+}
+
+/// [`k16_block`] of Q2_K for one token, the same integers with fewer instructions: the 2-bit
+/// fields of block `G` sit at bits 2j, 2j + 1 (j = G % 4) of their bytes and are only masked
+/// there, not shifted down (`4^j * q` <= 192 fits the unsigned byte), so both half sums and
+/// `sc_0 * ih_0 + sc_1 * ih_1` come out exactly `4^j` times too large (|isum| < 2^18, times 64
+/// fits i32) and one arithmetic shift gives the exact sum back. The mins' sum is one
+/// `vpdpwssd` of the rows' (m_0, m_1) i16 pairs against the block's two i16 sums. Why: the
+/// one-token kernel ran at half the DRAM roofline, bound by vector ALU work (16 shifts and
+/// masks per block for the weights alone).
+#[inline(always)]
+unsafe fn q2k_one<const G: usize>(p: *const u8, a: &BlockQ8A, sd: &mut __m512, sm: &mut __m512) {
+    // SAFETY: every read below is inside the tile at `p` or the activation block `a` (the
+    // caller's); AVX-512 present (module doc).
+    unsafe {
+        let c = p.add(K2_QS + 512 * (G / 4));
+        let j = G % 4;
+        let mask = _mm512_set1_epi8((3u8 << (2 * j)) as i8);
+        let q = a.qs.as_ptr() as *const i32;
+        let half = |h: usize| {
+            let mut s = _mm512_setzero_si512();
+            for k in 4 * h..4 * h + 4 {
+                let w = _mm512_and_si512(_mm512_loadu_si512(c.add(64 * k) as *const _), mask);
+                s = _mm512_dpbusd_epi32(s, w, _mm512_set1_epi32(q.add(k).read_unaligned()));
+            }
+            s
+        };
+        let v0 = plane_u8(p.add(K2_SC + ROWS * (2 * G)));
+        let v1 = plane_u8(p.add(K2_SC + ROWS * (2 * G + 1)));
+        let m4 = _mm512_set1_epi32(0xF);
+        let isum = _mm512_add_epi32(
+            _mm512_mullo_epi32(_mm512_and_si512(v0, m4), half(0)),
+            _mm512_mullo_epi32(_mm512_and_si512(v1, m4), half(1)),
+        );
+        let isum = match j {
+            0 => isum,
+            1 => _mm512_srai_epi32::<2>(isum),
+            2 => _mm512_srai_epi32::<4>(isum),
+            _ => _mm512_srai_epi32::<6>(isum),
+        };
+        let dx = _mm512_set1_ps(a.d);
+        *sd = _mm512_add_ps(*sd, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(isum)));
+        // (m_0, m_1) as the i16 halves of each row's lane: high nibbles of the two planes.
+        let mins = _mm512_ternarylogic_epi32::<0xB8>(
+            _mm512_srli_epi32(v0, 4),
+            _mm512_set1_epi32(0x000F_0000),
+            _mm512_slli_epi32(v1, 12),
+        );
+        let sums = (a.sums.as_ptr() as *const i32).read_unaligned();
+        let msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mins, _mm512_set1_epi32(sums));
+        *sm = _mm512_add_ps(*sm, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(msum)));
     }
 }
 
@@ -870,21 +967,24 @@ impl<K: K16> Kernel for Sixteen<K> {
             let nt = tiles.len() / K::BYTES;
             assert!(x.iter().all(|x| x.len() >= 8 * nt));
             let mut acc = [_mm512_setzero_ps(); T];
+            let mut pre = [0u8; 256];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K::BYTES);
-                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K::BYTES);
+                let n = if T == 1 { K16_AHEAD_ONE } else { AHEAD };
+                let ahead = p.wrapping_add(n * K::BYTES);
                 touch_page(p, K::BYTES);
                 let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
                 let mut sd = [_mm512_setzero_ps(); T];
                 let mut sm = [_mm512_setzero_ps(); T];
-                k16_block::<K, 0, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 1, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 2, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 3, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 4, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 5, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 6, T>(p, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 7, T>(p, ahead, &xb, &mut sd, &mut sm);
+                K::prepare(p, &mut pre);
+                k16_block::<K, 0, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 1, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 2, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 3, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 4, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 5, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 6, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<K, 7, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
                 for t in 0..T {
                     let v = match K::DMIN {

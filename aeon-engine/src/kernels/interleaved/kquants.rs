@@ -9,7 +9,7 @@
 //! |------|-------|---------------------------------------------------------------------------|
 //! | Q4_K | 2304  | `d[16]`, `dmin[16]` f16, 12 planes of `scales`, `qs[32][16][4]`: granule k lane r = `qs[4k..4k+4]` of row r |
 //! | Q5_K | 2816  | as Q4_K, with 8 granules of `qh` (lane r = `qh[4k..4k+4]` of row r) before `qs` |
-//! | Q3_K | 1760  | `d[16]`, 12 planes of packed `scales`, 8 granules of `hmask`, 16 of `qs` (chunk n = granules 8n..8n+8) |
+//! | Q3_K | 1760  | `d[16]`, 12 planes of packed `scales`, 8 granules of `hmask`, 16 of `qs` (chunk n = granules 8n..8n+8); on x86 instead of hmask and qs, per Q8A block 3 granules of 3-bit fields ([`k3_fields`]) |
 //! | Q2_K | 1344  | `d[16]`, `dmin[16]`, 16 planes of `scales`, 16 granules of `qs` as Q3_K  |
 //! | IQ4_XS | 2176 | `d[16]`, 2 planes of `scales_h`, 4 of `scales_l`, 32 granules of `qs` (sub-block ib = granules 4ib..4ib+4) |
 //! | Q6_K | 3360  | `d[16]` f16, 16 planes of `scales` (i8), then per 128-element half n: ql granules 16n..16n+8, qh granules 8n..8n+8, ql granules 16n+8..16n+16 (granules as Q4_K) |
@@ -82,6 +82,32 @@ pub(super) const K3_HM: usize = K3_SC + 12 * ROWS;
 pub(super) const K3_QS: usize = K3_HM + QK_K / 8 * ROWS;
 pub(super) const K3_BYTES: usize = K3_QS + QK_K / 4 * ROWS;
 const _: () = assert!(K3_BYTES == ROWS * DType::Q3_K.block_bytes());
+/// x86 Q3_K tiles: after the scale planes, per Q8A block g (0..8) 3 granules of 3-bit fields
+/// (see [`k3_fields`]), `K3_BLOCK` bytes each.
+pub(super) const K3_Q: usize = K3_HM;
+pub(super) const K3_BLOCK: usize = 3 * 64;
+const _: () = assert!(K3_Q + 8 * K3_BLOCK == K3_BYTES);
+
+/// Which granule c (0..3) of an x86 Q3_K block holds weight vector v (0..8), and how: the
+/// (bit offset, bit count) of its low part, and for the two split ones the bit of granule 2
+/// that holds their bit 2. Granule bytes: c0 = v0 | v1 << 3 | (v2 & 3) << 6,
+/// c1 = v3 | v4 << 3 | (v5 & 3) << 6, c2 = v6 | v7 << 3 | (v2 >> 2) << 6 | (v5 >> 2) << 7.
+/// Why: six of the eight vectors then take one mask (and at most one shift) each, the other
+/// two four instructions, against two shifts, a mask and a merge each with the source's
+/// separate 2-bit and 1-bit planes (the AVX-512 kernel ran at half the DRAM roofline, bound by
+/// those instructions).
+pub(super) const fn k3_fields(v: usize) -> (usize, u32, u32, Option<u32>) {
+    match v {
+        0 => (0, 0, 3, None),
+        1 => (0, 3, 3, None),
+        2 => (0, 6, 2, Some(6)),
+        3 => (1, 0, 3, None),
+        4 => (1, 3, 3, None),
+        5 => (1, 6, 2, Some(7)),
+        6 => (2, 0, 3, None),
+        _ => (2, 3, 3, None),
+    }
+}
 
 /// Q2_K tile offsets: super-scales, mins, 16 scale planes, 16 `qs` granules as Q3_K's.
 pub(super) const K2_D: usize = 0;
@@ -166,8 +192,12 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 for (p, &v) in b.scales.iter().enumerate() {
                     tile[K3_SC + ROWS * p + r] = v;
                 }
-                put_granules(tile, K3_HM, r, &b.hmask);
-                put_granules(tile, K3_QS, r, &b.qs);
+                if cfg!(target_arch = "x86_64") {
+                    pack_q3k_fields(tile, r, b);
+                } else {
+                    put_granules(tile, K3_HM, r, &b.hmask);
+                    put_granules(tile, K3_QS, r, &b.qs);
+                }
             }
             DType::Q2_K => {
                 let b: &BlockQ2K = bytemuck::from_bytes(s);
@@ -204,6 +234,48 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
             }
             _ => unreachable!("kquants::pack_tile: {dtype} has no k-quant layout"),
         }
+    }
+}
+
+/// Row `r`'s 3-bit quants into the x86 block granules ([`k3_fields`]), 8 quants per u64 (every
+/// value and shift stays inside its byte): packing a Q3_K matrix ran at about 100 MB/s one
+/// quant at a time, and a big MoE file's experts are packed at load.
+fn pack_q3k_fields(tile: &mut [u8], r: usize, b: &BlockQ3K) {
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(std::array::from_fn(|i| s[at + i]));
+    const LOW2: u64 = 0x0303_0303_0303_0303;
+    const BIT0: u64 = 0x0101_0101_0101_0101;
+    for g in 0..QK_K / QK {
+        // Element 32g + l: bits 2j of qs[32n + l], bit g of hmask[l] (g = 4n + j).
+        let (n, j) = (g / 4, g % 4);
+        // u[k]: elements 8k..8k+8, one per byte; vector v is the dword at byte 4(v % 2) of u[v / 2].
+        let u: [u64; 4] = std::array::from_fn(|k| {
+            let q = word(&b.qs, 32 * n + 8 * k) >> (2 * j) & LOW2;
+            let h = word(&b.hmask, 8 * k) >> g & BIT0;
+            q | h << 2
+        });
+        let v: [u32; 8] = std::array::from_fn(|v| (u[v / 2] >> (32 * (v % 2))) as u32);
+        const L2: u32 = 0x0303_0303;
+        const B0: u32 = 0x0101_0101;
+        let granules = [
+            v[0] | v[1] << 3 | (v[2] & L2) << 6,
+            v[3] | v[4] << 3 | (v[5] & L2) << 6,
+            v[6] | v[7] << 3 | (v[2] >> 2 & B0) << 6 | (v[5] >> 2 & B0) << 7,
+        ];
+        for (c, w) in granules.iter().enumerate() {
+            tile[K3_Q + K3_BLOCK * g + 64 * c + 4 * r..][..4].copy_from_slice(&w.to_le_bytes());
+        }
+    }
+}
+
+/// Row `r`'s quant `u` (0..8) of element `e` in an x86 Q3_K tile ([`k3_fields`]).
+fn q3k_field(tile: &[u8], r: usize, e: usize) -> u8 {
+    let (g, v, i) = (e / QK, e % QK / 4, e % 4);
+    let (c, shift, bits, hi) = k3_fields(v);
+    let byte = |c: usize| tile[K3_Q + K3_BLOCK * g + 64 * c + 4 * r + i];
+    let lo = byte(c) >> shift & ((1 << bits) - 1);
+    match hi {
+        Some(at) => lo | (byte(2) >> at & 1) << 2,
+        None => lo,
     }
 }
 
@@ -271,6 +343,10 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     *v = sc[g] as i32;
                 }
                 for (e, u) in k.u[r].iter_mut().enumerate() {
+                    if cfg!(target_arch = "x86_64") {
+                        *u = q3k_field(tile, r, e);
+                        continue;
+                    }
                     // Element 128n + 32j + l: bits 2j of qs[32n + l], bit 4n + j of hmask[l].
                     let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
                     let q = tile[granule_byte(K3_QS + 512 * n, r, l)] >> (2 * j) & 3;
