@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use fat_station::engine::moe::record_routes;
 use fat_station::engine::{Ffn, Mixer, Model};

@@ -22,10 +22,6 @@ pub const PROMPT: [u32; 12] = [
     785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374,
 ];
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The tiny LFM2 as GGUF and KNOT in `dir`; `None` (skipped) without python's gguf or the
 /// Qwen tokenizer.
 fn tiny_lfm2(dir: &Path) -> Option<(PathBuf, PathBuf)> {

@@ -23,10 +23,6 @@ pub const PROMPT: [u32; 12] = [
     785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315, 9856, 374,
 ];
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn tiny(dir: &Path, args: &[&str]) -> Option<(PathBuf, PathBuf)> {
     test_support::synthetic_model(dir, "qwen35-tiny", args)
 }

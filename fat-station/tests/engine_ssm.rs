@@ -10,8 +10,6 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-
 use fat_station::engine::{Checkpoints, Model};
 use knot_format::Knot;
 use support::*;
@@ -28,10 +26,6 @@ const PRESETS: [(&str, &str); 3] = [
     ("mamba2-tiny", "mamba2_tiny"),
     ("granitehybrid-tiny", "granitehybrid_tiny"),
 ];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// Logits of the last row of `tokens` fed in chunks of `chunk`.
 fn last_logits_chunked(m: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
