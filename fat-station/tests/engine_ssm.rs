@@ -88,7 +88,7 @@ fn ssm_models_match_llama_cpp_on_the_same_gguf() {
         else {
             return;
         };
-        if !is_golden_file(&gguf, &golden, &stem) {
+        if !is_golden_file(&gguf, &golden, stem) {
             continue;
         }
         let batched = read_f32(&golden.join(format!("{stem}_seed0_llamacpp.f32")));
