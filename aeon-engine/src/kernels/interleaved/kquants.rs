@@ -87,6 +87,9 @@ const _: () = assert!(K3_BYTES == ROWS * DType::Q3_K.block_bytes());
 pub(super) const K3_Q: usize = K3_HM;
 pub(super) const K3_BLOCK: usize = 3 * 64;
 const _: () = assert!(K3_Q + 8 * K3_BLOCK == K3_BYTES);
+/// Whether Q3_K tiles hold the x86 3-bit fields (the x86 kernels read them) rather than the
+/// source's hmask and qs planes (the NEON kernels'): the one place the layout is chosen.
+const Q3K_FIELDS: bool = cfg!(target_arch = "x86_64");
 
 /// Which granule c (0..3) of an x86 Q3_K block holds weight vector v (0..8), and how: the
 /// (bit offset, bit count) of its low part, and for the two split ones the bit of granule 2
@@ -192,7 +195,7 @@ pub(super) fn pack_tile(dtype: DType, src: &[&[u8]; ROWS], tile: &mut [u8]) {
                 for (p, &v) in b.scales.iter().enumerate() {
                     tile[K3_SC + ROWS * p + r] = v;
                 }
-                if cfg!(target_arch = "x86_64") {
+                if Q3K_FIELDS {
                     pack_q3k_fields(tile, r, b);
                 } else {
                     put_granules(tile, K3_HM, r, &b.hmask);
@@ -343,7 +346,7 @@ pub fn unpack_tile_ref(dtype: DType, tile: &[u8]) -> Box<KTile> {
                     *v = sc[g] as i32;
                 }
                 for (e, u) in k.u[r].iter_mut().enumerate() {
-                    if cfg!(target_arch = "x86_64") {
+                    if Q3K_FIELDS {
                         *u = q3k_field(tile, r, e);
                         continue;
                     }
