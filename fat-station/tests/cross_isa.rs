@@ -42,13 +42,15 @@ fn cross_tools() -> Result<(PathBuf, PathBuf), String> {
     // The cross build left from an earlier checkout is not this code: a station that refuses
     // today's files would fail the test for nothing (scripts/test.sh builds it anew after
     // the workspace's tests and runs this test again then).
-    let built = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if given.is_none() && built(&bin) < built(Path::new(env!("CARGO_BIN_EXE_fat-station"))) {
-        return Err(format!(
-            "the aarch64 fat-station at {} is older than this build's x86 one \
-             (scripts/cross/build-aarch64.sh -p fat-station)",
-            bin.display()
-        ));
+    if given.is_none() {
+        if let Some(newer) = source_newer_than(&bin) {
+            return Err(format!(
+                "the aarch64 fat-station at {} predates its source {} \
+                 (scripts/cross/build-aarch64.sh -p fat-station)",
+                bin.display(),
+                newer.display()
+            ));
+        }
     }
     let qemu = ["qemu-aarch64", "qemu-aarch64-static"]
         .iter()
@@ -61,6 +63,23 @@ fn cross_tools() -> Result<(PathBuf, PathBuf), String> {
         })
         .ok_or("qemu-aarch64 not found (Debian: apt-get install qemu-user)")?;
     Ok((bin, qemu))
+}
+
+/// A source file that changed after `bin` was built, by the list of sources cargo wrote
+/// beside it (`BIN.d`, copied there by build-aarch64.sh; a Makefile rule, spaces escaped as
+/// `\ `); `None` when none did or there is no list to tell by.
+fn source_newer_than(bin: &Path) -> Option<PathBuf> {
+    let built = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let bin_time = built(bin)?;
+    let mut rule = bin.as_os_str().to_owned();
+    rule.push(".d");
+    let rule = std::fs::read_to_string(rule).ok()?;
+    let (_, sources) = rule.lines().next()?.split_once(": ")?;
+    sources
+        .replace("\\ ", "\0")
+        .split_whitespace()
+        .map(|s| PathBuf::from(s.replace('\0', " ")))
+        .find(|s| built(s).is_none_or(|t| t > bin_time))
 }
 
 /// Greedy logits of the prompt and `DECODE` steps through `chain` in one session.

@@ -143,7 +143,10 @@ for line in "${BINS[@]}"; do
     fi
     # A binary left from an earlier run (its package failed to build this time) is still
     # copied and listed, but marked.
-    cp -f "$src" "$OUT/$bin"
+    # With its build time and cargo's list of the sources it was built from (BIN.d), so
+    # that a test can tell a binary left from an earlier checkout (fat-station/tests/cross_isa.rs).
+    cp -pf "$src" "$OUT/$bin"
+    [[ -f "$src.d" ]] && cp -pf "$src.d" "$OUT/$bin.d"
     desc="$(file -b "$OUT/$bin")"
     if [[ "$desc" == *"ARM aarch64"* && ( "$desc" == *"statically linked"* || "$desc" == *"static-pie linked"* ) ]]; then
         link=static
