@@ -10,6 +10,7 @@
 //! vectorizes); RoPE's `pow`, `sin` and `cos` (a table per model and per position) come from the
 //! `libm` crate, musl's code in plain Rust.
 
+use super::kernels::lanes::vectorized;
 use super::team;
 use knot_format::RopeStyle;
 use std::cell::RefCell;
@@ -33,7 +34,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// (truncation < 3e-13 relative), times `2^k` built in the exponent bits, rounded once to f32.
 /// `x` is clamped to [-104, 89] first, where the f32 result is already 0 or infinity; NaN
 /// stays NaN. No branch, no table, no libm call: LLVM vectorizes loops over it.
-#[inline]
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
     exp_f64(x.clamp(-104.0, 89.0) as f64) as f32
 }
@@ -41,25 +42,29 @@ pub fn exp(x: f32) -> f32 {
 /// `tanh(x)` for f32 from [`exp`]'s arithmetic, the same bits on every target:
 /// `(e^2|x| - 1) / (e^2|x| + 1)` in f64 with the sign of `x`, and `x (1 - x^2 / 3)` below 2^-12
 /// (where the quotient would lose digits to the cancellation).
-#[inline]
+#[inline(always)]
 pub fn tanh(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = (x.abs().min(10.0) as f64) * 2.0;
+    // Both branches computed and one chosen, so that loops over it vectorize.
     let xd = x as f64;
-    if (x.abs() as f64) < 1.0 / 4096.0 {
-        // x (1 - x^2 / 3), not x - x^3 / 3: keeps the sign of -0.0.
-        return (xd * (1.0 - xd * xd / 3.0)) as f32;
-    }
-    let e = exp_f64(a);
+    let small = xd * (1.0 - xd * xd / 3.0);
+    let e = exp_f64((x.abs().min(10.0) as f64) * 2.0);
     let t = (e - 1.0) / (e + 1.0);
-    (if x < 0.0 { -t } else { t }) as f32
+    let large = if x < 0.0 { -t } else { t };
+    let r = if (x.abs() as f64) < 1.0 / 4096.0 {
+        small
+    } else {
+        large
+    };
+    if x.is_nan() {
+        x
+    } else {
+        r as f32
+    }
 }
 
 /// `e^y` in f64 for `y` in [-104, 89] ([`exp`]'s clamped range; [`tanh`] uses [0, 20]):
 /// `2^k * e^r` with `k = round(y / ln 2)` and `e^r` from its Taylor series to degree 10.
-#[inline]
+#[inline(always)]
 fn exp_f64(y: f64) -> f64 {
     const LOG2E: f64 = std::f64::consts::LOG2_E;
     const LN2: f64 = std::f64::consts::LN_2;
@@ -113,11 +118,19 @@ pub fn layernorm(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, eps: 
 
 /// `x = gelu(x)`, GELU's tanh approximation (starcoder2's ungated MLP; see [`geglu_tanh`]).
 pub fn gelu_tanh(x: &mut [f32]) {
+    vectorized!(gelu_tanh_lanes(x))
+}
+
+#[inline(always)]
+fn gelu_tanh_lanes(x: &mut [f32]) {
+    x.iter_mut().for_each(|g| *g = gelu(*g))
+}
+
+/// GELU's tanh approximation `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for g in x.iter_mut() {
-        let v = *g;
-        *g = 0.5 * v * (1.0 + tanh(SQRT_2_OVER_PI * v * (1.0 + 0.044_715 * v * v)));
-    }
+    0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)))
 }
 
 /// In-place RMSNorm of one row.
@@ -226,6 +239,11 @@ pub fn rope_rotate(x: &mut [f32], cs: &[f32], style: RopeStyle) {
 
 /// Numerically stable softmax in place.
 pub fn softmax(x: &mut [f32]) {
+    vectorized!(softmax_lanes(x))
+}
+
+#[inline(always)]
+fn softmax_lanes(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Exponentials first (a loop LLVM vectorizes), then the sum in order.
     for v in x.iter_mut() {
@@ -243,6 +261,11 @@ pub fn softmax(x: &mut [f32]) {
 
 /// `gate = silu(gate) * up`, the SwiGLU activation.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    vectorized!(swiglu_lanes(gate, up))
+}
+
+#[inline(always)]
+fn swiglu_lanes(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + exp(-*g)) * u;
     }
@@ -252,19 +275,24 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 /// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))` (gemma; llama.cpp's `ggml_gelu`, which
 /// on CPU reads the same curve from an f16 table).
 pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    vectorized!(geglu_tanh_lanes(gate, up))
+}
+
+#[inline(always)]
+fn geglu_tanh_lanes(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let gelu = 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)));
-        *g = gelu * u;
+        *g = gelu(*g) * u;
     }
 }
 
 /// `x = cap * tanh(x / cap)` (gemma's final logit soft-capping, gemma2's attention scores).
 pub fn softcap(x: &mut [f32], cap: f32) {
-    for v in x.iter_mut() {
-        *v = cap * tanh(*v / cap);
-    }
+    vectorized!(softcap_lanes(x, cap))
+}
+
+#[inline(always)]
+fn softcap_lanes(x: &mut [f32], cap: f32) {
+    x.iter_mut().for_each(|v| *v = cap * tanh(*v / cap))
 }
 
 /// `x += y`.
@@ -276,6 +304,7 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 
 /// `sum(a[i] * b[i])` in a fixed order: 16 interleaved partial sums (so the compiler can
 /// vectorize it) folded pairwise, then the tail. Same bits on every run and thread count.
+#[inline(always)]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 16;
     let n = a.len().min(b.len());
@@ -293,6 +322,9 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += x[i] * y[i];
         }
     }
+    // Kept apart from the fold below, or LLVM's SLP pass, seeded by the fold's pairs, turns
+    // the loop above into 2-wide operations even where 16 lanes fit one register.
+    let mut acc = std::hint::black_box(acc);
     let mut w = L;
     while w > 1 {
         w /= 2;
@@ -325,6 +357,25 @@ pub fn attend_head<T: KvElem>(
     cap: Option<f32>,
     scores: &mut [f32],
 ) {
+    vectorized!(attend_head_lanes(
+        out, q, k, v, span, kv_dim, kv_head, scale, cap, scores
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_head_lanes<T: KvElem>(
+    out: &mut [f32],
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    span: std::ops::Range<usize>,
+    kv_dim: usize,
+    kv_head: usize,
+    scale: f32,
+    cap: Option<f32>,
+    scores: &mut [f32],
+) {
     let hd = q.len();
     let off = kv_head * hd;
     let n = span.len();
@@ -341,9 +392,9 @@ pub fn attend_head<T: KvElem>(
         *s = dot_f32(q, kr) * scale;
     }
     if let Some(cap) = cap {
-        softcap(&mut scores[..n], cap);
+        softcap_lanes(&mut scores[..n], cap);
     }
-    softmax(&mut scores[..n]);
+    softmax_lanes(&mut scores[..n]);
     out.fill(0.0);
     for (p, &w) in span.zip(scores[..n].iter()) {
         let vr = T::widen(&v[p * kv_dim + off..p * kv_dim + off + hd], buf);
@@ -360,6 +411,7 @@ pub trait KvElem: Copy + Send + Sync {
 }
 
 impl KvElem for f32 {
+    #[inline(always)]
     fn widen<'a>(row: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
         row
     }
@@ -979,6 +1031,59 @@ mod tests {
         assert_eq!(tanh(f32::INFINITY), 1.0);
         assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
         assert!(tanh(f32::NAN).is_nan());
+    }
+
+    /// The element-wise loops and an attention head give the plain loop's bits compiled for
+    /// every lane ISA this CPU has (`kernels::lanes`), on lengths no vector width divides and
+    /// values across tanh's and exp's branches (tiny, signed zeros, saturated, infinite).
+    #[test]
+    fn every_lane_isa_gives_the_plain_bits() {
+        use crate::kernels::lanes::lane_isas;
+        let n = 1000 + 13;
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| ((i as f32 * 0.618_034).fract() - 0.5) * 24.0)
+            .collect();
+        x[..8].copy_from_slice(&[0.0, -0.0, 1e-5, -3e-4, 9.5, -11.0, 1e-30, -1e-38]);
+        x[8] = f32::INFINITY;
+        let up: Vec<f32> = x.iter().map(|v| 1.0 - v / 7.0).collect();
+        let (hd, kv_dim, pos) = (72, 144, 37);
+        let k: Vec<f32> = (0..pos * kv_dim).map(|i| (i as f32 * 0.37).sin()).collect();
+        let v: Vec<f32> = (0..pos * kv_dim).map(|i| (i as f32 * 0.11).cos()).collect();
+        let kh: Vec<half::f16> = k.iter().map(|&a| half::f16::from_f32(a)).collect();
+        let vh: Vec<half::f16> = v.iter().map(|&a| half::f16::from_f32(a)).collect();
+        let q = &x[9..9 + hd];
+        let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+        let run = |isa| {
+            vectorized!(isa => {
+                let mut out = Vec::new();
+                let mut a = x.clone();
+                gelu_tanh_lanes(&mut a);
+                out.extend(bits(&a));
+                let mut a = x.clone();
+                geglu_tanh_lanes(&mut a, &up);
+                out.extend(bits(&a));
+                let mut a = x[9..].to_vec();
+                swiglu_lanes(&mut a, &up[9..]);
+                out.extend(bits(&a));
+                let mut a = x.clone();
+                softcap_lanes(&mut a, 30.0);
+                out.extend(bits(&a));
+                let mut a = x[9..].to_vec();
+                softmax_lanes(&mut a);
+                out.extend(bits(&a));
+                let (mut o, mut sc) = (vec![0.0; hd], vec![0.0; pos]);
+                attend_head_lanes(&mut o, q, &k, &v, 3..pos, kv_dim, 1, 0.12, Some(5.0), &mut sc);
+                out.extend(bits(&o));
+                attend_head_lanes(&mut o, q, &kh, &vh, 0..pos, kv_dim, 0, 0.12, None, &mut sc);
+                out.extend(bits(&o));
+                out
+            })
+        };
+        let want = run(lane_isas()[0]);
+        assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
+        for isa in lane_isas() {
+            assert!(run(isa) == want, "{isa:?} differs from the plain loops");
+        }
     }
 
     #[test]

@@ -26,7 +26,8 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
-use super::kernels::scan::{mamba1_row, mamba2_row, scan_isa, Mamba1Row};
+use super::kernels::lanes::lane_isa;
+use super::kernels::scan::{mamba1_row, mamba2_row, Mamba1Row};
 use super::kernels::{linear, Linear};
 use super::ops::{exp, rmsnorm_inplace};
 use super::shortconv::Checkpoints;
@@ -538,7 +539,7 @@ fn scan_mamba1(
     let y = dt;
     y.fill(0.0);
     let (b, c) = bc.split_at(ds);
-    let isa = scan_isa();
+    let isa = lane_isa();
     for s in 0..ds {
         // One lane per channel: the same operations in the same order as one channel alone.
         let r = Mamba1Row {
@@ -567,7 +568,7 @@ fn scan_mamba2(
     let (x, bc) = xbc.split_at(di);
     let (b, c) = bc.split_at(ng * ds);
     y.fill(0.0);
-    let isa = scan_isa();
+    let isa = lane_isa();
     for head in 0..nh {
         let sp = softplus(dt[head] + dt_bias[head]);
         let da = exp(sp * a[head]);

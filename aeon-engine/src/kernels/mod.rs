@@ -36,6 +36,7 @@
 
 pub mod blocks;
 pub mod interleaved;
+pub mod lanes;
 pub mod reference;
 pub mod roofline;
 pub mod scan;

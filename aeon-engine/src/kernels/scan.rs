@@ -2,45 +2,11 @@
 //! channel a lane doing exactly the scalar sequence of IEEE operations (multiplies and adds,
 //! never fused: Rust does not contract them), so every variant gives the scalar's bits.
 //!
-//! The x86 variants are the same Rust loop compiled for AVX2 or AVX-512 (`#[target_feature]`),
-//! which the compiler vectorizes over the channels, [`crate::ops::exp`] included (its f64
-//! polynomial and exponent-bit arithmetic are plain lane-wise operations). On aarch64 NEON is
-//! the baseline, so the one loop is already NEON there. `FAT_KERNELS=scalar` selects the
-//! plain loop everywhere (as for the matrix kernels).
+//! Compiled per ISA by [`super::lanes`] (`ops::exp` included: its f64 polynomial and
+//! exponent-bit arithmetic are plain lane-wise operations).
 
-use std::sync::OnceLock;
-
+use super::lanes::{vectorized, LaneIsa};
 use crate::ops::exp;
-
-/// Which compilation of the loops runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScanIsa {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-/// The best variant this CPU runs (capped by `FAT_KERNELS=scalar`), chosen once.
-pub fn scan_isa() -> ScanIsa {
-    static ISA: OnceLock<ScanIsa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        if super::kernels().isa == super::Isa::Scalar {
-            return ScanIsa::Scalar;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return ScanIsa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") {
-                return ScanIsa::Avx2;
-            }
-        }
-        ScanIsa::Scalar
-    })
-}
 
 /// Mamba-1, state row `s` of one step over the channels: `h = h * exp(sp * a) + b * xdt`,
 /// `y += h * c` (`sp = softplus(dt)`, `xdt = x * sp` per channel; `b`, `c` the row's B and C).
@@ -54,16 +20,8 @@ pub struct Mamba1Row<'a> {
 }
 
 /// Runs [`Mamba1Row`] on `h` and `y` (all slices one length) with `isa`.
-pub fn mamba1_row(isa: ScanIsa, r: Mamba1Row<'_>, h: &mut [f32], y: &mut [f32]) {
-    match isa {
-        ScanIsa::Scalar => mamba1_body(r, h, y),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `scan_isa` chose Avx2 only where the CPU has AVX2 (tests call it so too).
-        ScanIsa::Avx2 => unsafe { mamba1_avx2(r, h, y) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `scan_isa` chose Avx512 only where the CPU has AVX-512F.
-        ScanIsa::Avx512 => unsafe { mamba1_avx512(r, h, y) },
-    }
+pub fn mamba1_row(isa: LaneIsa, r: Mamba1Row<'_>, h: &mut [f32], y: &mut [f32]) {
+    vectorized!(isa => mamba1_body(r, h, y))
 }
 
 #[inline(always)]
@@ -77,36 +35,16 @@ fn mamba1_body(r: Mamba1Row<'_>, h: &mut [f32], y: &mut [f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn mamba1_avx2(r: Mamba1Row<'_>, h: &mut [f32], y: &mut [f32]) {
-    mamba1_body(r, h, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn mamba1_avx512(r: Mamba1Row<'_>, h: &mut [f32], y: &mut [f32]) {
-    mamba1_body(r, h, y)
-}
-
 /// Mamba-2, state row `s` of one head over its channels: `h = h * da + b * (x * sp)`,
 /// `y += h * c` (`da = exp(sp * A)` and `sp` the head's).
 pub fn mamba2_row(
-    isa: ScanIsa,
+    isa: LaneIsa,
     (da, sp, b, c): (f32, f32, f32, f32),
     x: &[f32],
     h: &mut [f32],
     y: &mut [f32],
 ) {
-    match isa {
-        ScanIsa::Scalar => mamba2_body((da, sp, b, c), x, h, y),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `scan_isa` chose Avx2 only where the CPU has AVX2.
-        ScanIsa::Avx2 => unsafe { mamba2_avx2((da, sp, b, c), x, h, y) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `scan_isa` chose Avx512 only where the CPU has AVX-512F.
-        ScanIsa::Avx512 => unsafe { mamba2_avx512((da, sp, b, c), x, h, y) },
-    }
+    vectorized!(isa => mamba2_body((da, sp, b, c), x, h, y))
 }
 
 #[inline(always)]
@@ -118,18 +56,6 @@ fn mamba2_body((da, sp, b, c): (f32, f32, f32, f32), x: &[f32], h: &mut [f32], y
         h[i] = st;
         y[i] += st * c;
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn mamba2_avx2(p: (f32, f32, f32, f32), x: &[f32], h: &mut [f32], y: &mut [f32]) {
-    mamba2_body(p, x, h, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn mamba2_avx512(p: (f32, f32, f32, f32), x: &[f32], h: &mut [f32], y: &mut [f32]) {
-    mamba2_body(p, x, h, y)
 }
 
 #[cfg(test)]
@@ -149,21 +75,6 @@ mod tests {
             .collect()
     }
 
-    fn isas() -> Vec<ScanIsa> {
-        #[allow(unused_mut)]
-        let mut v = vec![ScanIsa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") {
-                v.push(ScanIsa::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                v.push(ScanIsa::Avx512);
-            }
-        }
-        v
-    }
-
     /// Every variant gives the scalar loop's bits, over many steps (the state feeds back) and
     /// a length that is no multiple of any vector width.
     #[test]
@@ -172,7 +83,7 @@ mod tests {
         let a: Vec<f32> = values(n, 1, 8.0).iter().map(|v| -v.abs() - 0.5).collect();
         let sp: Vec<f32> = values(n, 2, 0.1).iter().map(|v| v.abs()).collect();
         let xdt = values(n, 3, 1.0);
-        let run = |isa: ScanIsa| {
+        let run = |isa: LaneIsa| {
             let (mut h, mut y) = (values(n, 4, 1.0), vec![0.0f32; n]);
             let mut h2 = h.clone();
             let mut y2 = vec![0.0f32; n];
@@ -191,9 +102,9 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             (bits(&h), bits(&y), bits(&h2), bits(&y2))
         };
-        let want = run(ScanIsa::Scalar);
+        let want = run(LaneIsa::Scalar);
         assert!(want.1.iter().any(|&b| b != 0));
-        for isa in isas() {
+        for isa in super::super::lanes::lane_isas() {
             assert!(run(isa) == want, "{isa:?} differs from the scalar loop");
         }
     }
