@@ -805,8 +805,7 @@ mod tests {
             let mut acc = [_mm512_setzero_si512(); 4];
             for c in buf.chunks_exact(256) {
                 if touch {
-                    let q = c.as_ptr().wrapping_add(super::avx512::PAGE_AHEAD);
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
+                    super::super::roofline::touch_page(c.as_ptr(), 0);
                 }
                 for (k, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_xor_si512(

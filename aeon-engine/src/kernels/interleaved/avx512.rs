@@ -14,6 +14,7 @@
 //! [`super::super::Isa::Avx512`] is available.
 
 use super::super::blocks::BlockQ8A;
+pub(super) use super::super::roofline::touch_page;
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
@@ -356,30 +357,6 @@ pub(super) unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
     } else {
         // SAFETY: an empty asm block: no instruction, no register, memory or flag.
         unsafe { std::arch::asm!("", options(nostack, preserves_flags, nomem)) }
-    }
-}
-
-/// How far ahead [`touch_page`] reaches: 64 pages of 4 KiB.
-pub(super) const PAGE_AHEAD: usize = 256 << 10;
-
-/// Touches (prefetch into L1) the 4 KiB page that holds `p + PAGE_AHEAD + bytes`, the page the
-/// stream enters `PAGE_AHEAD` bytes after the `bytes` at `p`. Called once per tile, so every
-/// page gets a few touches (the repeats hit the line in flight).
-///
-/// Why: the weights sit on 4 KiB pages, and a plain streaming read of them reached only
-/// 19-23 GB/s on this KVM guest, against 32-37 over the same bytes on 2 MiB pages. The
-/// hardware prefetchers stop at each 4 KiB edge, and each new page needs a TLB walk, nested
-/// under virtualization, before the stream goes on. One touch far ahead starts both early,
-/// while the lines themselves are left to the hardware prefetchers (each line prefetched
-/// into L1 that far ahead was slower; the same touch into L2, `T1`, gained half as much).
-/// From DRAM at one token this took Q4_0/Q5_0/Q8_0 from 19-21 to 27-30 GB/s of weights.
-#[inline(always)]
-pub(super) unsafe fn touch_page(p: *const u8, bytes: usize) {
-    // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-    // function's contract, as its callers keep it); AVX-512 present (module doc).
-    unsafe {
-        let q = p.wrapping_add(PAGE_AHEAD + bytes);
-        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_sub(q as usize & 4095) as *const i8);
     }
 }
 
