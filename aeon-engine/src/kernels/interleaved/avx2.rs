@@ -26,7 +26,8 @@
 
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
-use super::avx512::{prefetch, prefetch_many, touch_page, K16_AHEAD_ONE};
+use super::super::roofline::touch_page;
+use super::avx512::{prefetch, prefetch_many, K16_AHEAD_ONE};
 use super::kquants::{
     k3_fields, k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC,
     K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES,

@@ -14,7 +14,7 @@
 //! [`super::super::Isa::Avx512`] is available.
 
 use super::super::blocks::BlockQ8A;
-pub(super) use super::super::roofline::touch_page;
+use super::super::roofline::touch_page;
 use super::kquants::{
     k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC, K4_BYTES, K4_D,
     K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES, K6_D, K6_SC,
