@@ -65,8 +65,9 @@ entry!(vec_dot_q6_k_q8a, dot_q6_k, BlockQ8A);
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
+/// The canonical fold of 8 lanes: l + 4, then l + 2, then the pair.
 #[inline(always)]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     // SAFETY: register-only intrinsics; AVX2, FMA and F16C present (module doc: reached only
     // after detection).
     unsafe {

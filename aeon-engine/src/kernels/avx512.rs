@@ -1,5 +1,6 @@
 //! AVX-512 (F, BW, VL, DQ) + VNNI activation quantization (x86_64), bit for bit the
-//! reference's [`super::reference::quantize_row_q8a`].
+//! reference's [`super::reference::quantize_row_q8a`], and the four-row float dots
+//! ([`super::DotF4`], the canonical order of [`super::reference::float_dot`]).
 //!
 //! The AVX-512 matrix kernels are the 16-row interleaved ones ([`super::interleaved`]); rows
 //! outside a full group of 16 and the types without a 16-row layout take the AVX2 block
@@ -7,10 +8,140 @@
 //! kernels scaled each lane group by `d_w * d_x` with one FMA per register and summed the lanes
 //! at the end: their own order, so their bits matched no other flavour; they are gone.)
 //!
-//! Only [`super::quantize_q8a`] reaches this, after checking [`super::Isa::Avx512`].
+//! Only [`super::quantize_q8a`] and the kernel table reach this, after checking
+//! [`super::Isa::Avx512`].
 
+use super::avx2::hsum_ps;
 use super::blocks::*;
+use super::reference::{float_lanes_sum, FLOAT_LANES};
+use super::DotF4;
+use knot_format::dtype::DType;
 use std::arch::x86_64::*;
+
+// ---------------------------------------------------------------------------------------------
+// Float rows, four at a time
+// ---------------------------------------------------------------------------------------------
+
+/// The four-row float dots by type. Callers must have checked `Isa::Avx512.available()`.
+///
+/// Why four rows: one float row streamed from DRAM ran at about half the read roofline (its
+/// activation row, as large as the weight row, is reloaded for every row and competes with
+/// the stream for the cache); four rows share each activation load.
+pub(super) fn float4_kernels() -> Vec<(DType, DotF4)> {
+    vec![
+        (DType::F32, dot4_f32 as DotF4),
+        (DType::F16, dot4_f16 as DotF4),
+        (DType::BF16, dot4_bf16 as DotF4),
+    ]
+}
+
+fn dot4_f32(w: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    // SAFETY: only reachable through `float4_kernels`, used after `Isa::Avx512.available()`.
+    unsafe { dot4_f32_imp(w, x) }
+}
+
+fn dot4_f16(w: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    // SAFETY: as for `dot4_f32`.
+    unsafe { dot4_f16_imp(w, x) }
+}
+
+fn dot4_bf16(w: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    // SAFETY: as for `dot4_f32`.
+    unsafe { dot4_bf16_imp(w, x) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn dot4_f32_imp(w: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    let n = x.len();
+    assert!(w.iter().all(|r| r.len() >= 4 * n));
+    let p = w.map(|r| r.as_ptr() as *const f32);
+    // SAFETY: element i < n of row r is inside its slice (asserted above); AVX-512 present.
+    unsafe {
+        dot4_lanes(
+            x,
+            |r, i| _mm512_loadu_ps(p[r].add(i)),
+            |r, i| p[r].add(i).read_unaligned(),
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn dot4_f16_imp(w: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    let n = x.len();
+    assert!(w.iter().all(|r| r.len() >= 2 * n));
+    let p = w.map(|r| r.as_ptr());
+    // SAFETY: element i < n of row r is inside its slice (asserted above); AVX-512 present.
+    unsafe {
+        dot4_lanes(
+            x,
+            |r, i| _mm512_cvtph_ps(_mm256_loadu_si256(p[r].add(2 * i) as *const __m256i)),
+            |r, i| f16_le([*p[r].add(2 * i), *p[r].add(2 * i + 1)]),
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn dot4_bf16_imp(w: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    let n = x.len();
+    assert!(w.iter().all(|r| r.len() >= 2 * n));
+    let p = w.map(|r| r.as_ptr());
+    // SAFETY: element i < n of row r is inside its slice (asserted above); AVX-512 present.
+    unsafe {
+        dot4_lanes(
+            x,
+            |r, i| {
+                let h = _mm256_loadu_si256(p[r].add(2 * i) as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+            },
+            |r, i| bf16_le([*p[r].add(2 * i), *p[r].add(2 * i + 1)]),
+        )
+    }
+}
+
+/// Four rows' dots in the canonical lane order: two 16-lane accumulators per row hold lanes
+/// 0..16 and 16..32 (the AVX2 kernel's four 8-lane ones, pairwise), the same fused
+/// multiply-add per lane; then the canonical fold (lanes l + 16, l + 8, then `hsum_ps`'s
+/// 4, 2, 1), or, with
+/// a tail, the lanes spilled and finished as the reference does. `load(r, i)`: row r's 16
+/// weights from element i as f32; `one(r, i)`: one weight.
+#[inline(always)]
+unsafe fn dot4_lanes(
+    x: &[f32],
+    load: impl Fn(usize, usize) -> __m512,
+    one: impl Fn(usize, usize) -> f32,
+) -> [f32; 4] {
+    // SAFETY: the callers' loads stay inside their rows for i + 32 <= n; x reads likewise;
+    // AVX-512 present (the callers' target features).
+    unsafe {
+        let n = x.len();
+        let xp = x.as_ptr();
+        let mut lo = [_mm512_setzero_ps(); 4];
+        let mut hi = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            let (x0, x1) = (_mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(xp.add(i + 16)));
+            for r in 0..4 {
+                lo[r] = _mm512_fmadd_ps(load(r, i), x0, lo[r]);
+                hi[r] = _mm512_fmadd_ps(load(r, i + 16), x1, hi[r]);
+            }
+            i += 32;
+        }
+        std::array::from_fn(|r| {
+            if i == n {
+                let s = _mm512_add_ps(lo[r], hi[r]);
+                let s = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+                return hsum_ps(s);
+            }
+            let mut lanes = [0f32; FLOAT_LANES];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), lo[r]);
+            _mm512_storeu_ps(lanes.as_mut_ptr().add(16), hi[r]);
+            for j in i..n {
+                lanes[j % FLOAT_LANES] = one(r, j).mul_add(x[j], lanes[j % FLOAT_LANES]);
+            }
+            float_lanes_sum(lanes)
+        })
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantization

@@ -164,6 +164,10 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
 
 /// Dot of a float-format weight row with f32 activations.
 pub type DotF = fn(&[u8], &[f32]) -> f32;
+/// Dots of four float-format weight rows with one f32 activation row, each row in the
+/// canonical order of [`reference::float_dot`] (the bits of four [`DotF`] calls): the
+/// activation loads serve the four rows.
+pub type DotF4 = fn([&[u8]; 4], &[f32]) -> [f32; 4];
 /// Dot of a quantized weight row with Q8A activations.
 pub type DotQ = fn(&[u8], &[BlockQ8A]) -> f32;
 
@@ -190,6 +194,8 @@ pub struct KernelRow {
     /// 16 rows over [`Interleaved`] tiles (of [`interleaved::tile_bytes`] each) against up
     /// to 8 activation rows, where this ISA has a kernel for the type.
     pub rows16: Option<Rows16Dot>,
+    /// Four float rows at once ([`DotF4`]), where this ISA has it for the type.
+    pub float4: Option<DotF4>,
 }
 
 /// Instruction sets a kernel table can be built for.
@@ -290,6 +296,9 @@ impl Kernels {
         if isa == Isa::Avx512 {
             k.isa = Isa::Avx512;
             k.set_rows16(interleaved::avx512::kernels());
+            for (dtype, f) in avx512::float4_kernels() {
+                k.rows[dtype.index()].float4 = Some(f);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
@@ -419,9 +428,14 @@ pub fn matmul_with(k: &Kernels, w: &QMatrix, x: &[f32], n_tok: usize, y: &mut [f
     }
     counted(w.data.len());
     match k.dot(w.dtype) {
-        Dot::Float(f) => run_rows(w, n_tok, y, |row, t| {
-            f(row, &x[t * w.cols..(t + 1) * w.cols])
-        }),
+        Dot::Float(f) => match k.row(w.dtype).float4 {
+            Some(f4) => run_rows4(w, n_tok, y, |rows, t| {
+                f4(rows, &x[t * w.cols..(t + 1) * w.cols])
+            }),
+            None => run_rows(w, n_tok, y, |row, t| {
+                f(row, &x[t * w.cols..(t + 1) * w.cols])
+            }),
+        },
         Dot::Quant(f) => with_q8a(x, |xq| {
             let nb = w.cols / QK;
             run_rows(w, n_tok, y, |row, t| f(row, &xq[t * nb..(t + 1) * nb]))
@@ -765,6 +779,37 @@ where
                 // SAFETY: r < rows and t < n_tok, so the index is < y.len() (asserted by the
                 // caller); row r belongs to exactly one chunk, so no two tasks write it.
                 unsafe { *out.0.add(t * rows + r) = v };
+            }
+        }
+    };
+    team::for_each_chunk(n_chunks, body);
+}
+
+/// [`run_rows`] four rows at a time: `dot4(rows, t)` gives rows `r..r + 4` against token
+/// `t`, the same values as four single-row dots (a chunk's last partial quad goes through
+/// `dot4` with its last row repeated in place of the missing ones, whose outputs are dropped).
+fn run_rows4<F>(w: &QMatrix, n_tok: usize, y: &mut [f32], dot4: F)
+where
+    F: Fn([&[u8]; 4], usize) -> [f32; 4] + Sync,
+{
+    let rows = w.rows;
+    let out = OutPtr(y.as_mut_ptr());
+    let chunk = chunk_rows(rows, n_tok).next_multiple_of(4);
+    let n_chunks = rows.div_ceil(chunk);
+    let body = |c: usize| {
+        // Capture the whole `OutPtr` (Send + Sync), not its raw-pointer field.
+        #[allow(clippy::redundant_locals)]
+        let out = out;
+        let end = ((c + 1) * chunk).min(rows);
+        for r in (c * chunk..end).step_by(4) {
+            let quad: [&[u8]; 4] = std::array::from_fn(|i| w.row((r + i).min(end - 1)));
+            for t in 0..n_tok {
+                let v = dot4(quad, t);
+                for (i, &vi) in v.iter().enumerate().take(end - r) {
+                    // SAFETY: r + i < end <= rows and t < n_tok, so the index is < y.len()
+                    // (asserted by the caller); row r + i belongs to exactly one chunk.
+                    unsafe { *out.0.add(t * rows + r + i) = vi };
+                }
             }
         }
     };
