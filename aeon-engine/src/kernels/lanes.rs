@@ -6,9 +6,9 @@
 //! AVX2 or AVX-512, where the compiler vectorizes it wider. Every variant gives the plain
 //! loop's bits: each lane does exactly the scalar sequence of IEEE operations (Rust never
 //! fuses a multiply and an add, nor reorders a sum), so widening changes only how many lanes
-//! run at once. `FAT_KERNELS=scalar` selects the plain loops (as for the matrix kernels).
+//! run at once. `FAT_KERNELS` caps them as it caps the matrix kernels.
 //!
-//! What a caller passes to [`vectorized`] is inlined into the wide function; the functions it
+//! What a caller passes to [`vectorized!`] is inlined into the wide function; the functions it
 //! calls must be `#[inline(always)]` to be widened with it (`ops::exp`, `ops::tanh`, ...).
 
 use std::sync::OnceLock;
@@ -23,23 +23,17 @@ pub enum LaneIsa {
     Avx512,
 }
 
-/// The best variant this CPU runs (capped by `FAT_KERNELS=scalar`), chosen once.
+/// The variant that goes with the process's matrix kernels (so `FAT_KERNELS=avx2` or
+/// `scalar` caps these loops too), chosen once.
 pub fn lane_isa() -> LaneIsa {
     static ISA: OnceLock<LaneIsa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        if super::kernels().isa == super::Isa::Scalar {
-            return LaneIsa::Scalar;
-        }
+    *ISA.get_or_init(|| match super::kernels().isa {
+        // `Isa::Avx2` / `Isa::Avx512` are only chosen where the CPU has them.
         #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return LaneIsa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") {
-                return LaneIsa::Avx2;
-            }
-        }
-        LaneIsa::Scalar
+        super::Isa::Avx2 => LaneIsa::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        super::Isa::Avx512 => LaneIsa::Avx512,
+        _ => LaneIsa::Scalar,
     })
 }
 
