@@ -26,7 +26,9 @@ use std::arch::x86_64::*;
 ///
 /// Why four rows: one float row streamed from DRAM ran at about half the read roofline (its
 /// activation row, as large as the weight row, is reloaded for every row and competes with
-/// the stream for the cache); four rows share each activation load.
+/// the stream for the cache); four rows share each activation load. Matrices with an
+/// interleaved copy ([`super::interleaved::floats`], one stream) use these only for the rows
+/// past their last full group of 16.
 pub(super) fn float4_kernels() -> Vec<(DType, DotF4)> {
     vec![
         (DType::F32, dot4_f32 as DotF4),
@@ -128,9 +130,7 @@ unsafe fn dot4_lanes(
         }
         std::array::from_fn(|r| {
             if i == n {
-                let s = _mm512_add_ps(lo[r], hi[r]);
-                let s = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-                return hsum_ps(s);
+                return fold_lanes(lo[r], hi[r]);
             }
             let mut lanes = [0f32; FLOAT_LANES];
             _mm512_storeu_ps(lanes.as_mut_ptr(), lo[r]);
@@ -140,6 +140,20 @@ unsafe fn dot4_lanes(
             }
             float_lanes_sum(lanes)
         })
+    }
+}
+
+/// The canonical fold of one row's 32 lanes held as two 16-lane accumulators: lanes l + 16,
+/// then l + 8, then [`hsum_ps`]'s 4, 2, 1 ([`super::reference::float_lanes_sum`]'s tree).
+///
+/// SAFETY (callers): AVX-512 present.
+#[inline(always)]
+pub(super) unsafe fn fold_lanes(lo: __m512, hi: __m512) -> f32 {
+    // SAFETY: register-only intrinsics; AVX-512 present (the caller's contract).
+    unsafe {
+        let s = _mm512_add_ps(lo, hi);
+        let s = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+        hsum_ps(s)
     }
 }
 

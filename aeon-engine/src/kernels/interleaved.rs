@@ -81,6 +81,7 @@ macro_rules! rows16_kernels {
 pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
+pub mod floats;
 pub mod kquants;
 #[cfg(target_arch = "aarch64")]
 pub(super) mod neon;
@@ -102,6 +103,10 @@ pub const ROWS: usize = 16;
 /// 16 rows of one weight matrix against up to 8 activation rows: `out[t][r]` = dot(row r of
 /// the group whose tiles are `tiles`, `x[t]`). `x.len() == out.len() <= 8`.
 pub type Rows16Dot = fn(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]);
+
+/// 16 rows of a float matrix's group ([`floats`]) against up to 8 f32 activation rows:
+/// `out[t][r]` = dot(row r of the group, `x[t]`). `x.len() == out.len() <= 8`.
+pub type Rows16FloatDot = fn(group: &[u8], x: &[&[f32]], out: &mut [[f32; ROWS]]);
 
 /// One type's 16-row kernel on one x86 instruction set, for `T` activation rows at once.
 #[cfg(target_arch = "x86_64")]
@@ -217,8 +222,8 @@ fn q5_high(tile: &[u8], hm: usize, r: usize, i: usize, g: usize) -> bool {
     }
 }
 
-/// Bytes of one tile (16 rows x one block; a super-block for the k-quants) of `dtype`, for
-/// the types with a layout.
+/// Bytes of one tile (16 rows x one block; a super-block for the k-quants; 32 elements for
+/// the float types) of `dtype`, for the types with a layout.
 pub fn tile_bytes(dtype: DType) -> Option<usize> {
     match dtype {
         DType::Q4_0
@@ -234,7 +239,21 @@ pub fn tile_bytes(dtype: DType) -> Option<usize> {
         | DType::Q6_K
         | DType::IQ4_XS
         | DType::MXFP4 => Some(ROWS * dtype.block_bytes()),
-        _ => None,
+        DType::F32 | DType::F16 | DType::BF16 => Some(ROWS * floats::CHUNK * dtype.block_bytes()),
+    }
+}
+
+/// Whether [`Interleaved::pack`] makes a copy of `w`: a layout for its type, at least one
+/// full group, whole tiles per row.
+pub fn packable(w: &QMatrix) -> bool {
+    tile_bytes(w.dtype).is_some() && w.rows >= ROWS && w.cols.is_multiple_of(tile_elems(w.dtype))
+}
+
+/// Elements per row in one tile of `dtype`.
+fn tile_elems(dtype: DType) -> usize {
+    match floats::sub_rows(dtype) {
+        Some(_) => floats::CHUNK,
+        None => dtype.block_elems(),
     }
 }
 
@@ -250,7 +269,8 @@ pub(super) fn offset(dtype: DType) -> i32 {
 }
 
 /// A matrix's full 16-row groups in the interleaved layout (rows past the last full group
-/// stay with the block kernels).
+/// stay with the block kernels). Float types ([`floats`]) use their own group layout, in
+/// tiles of 16 rows x 32 elements' bytes.
 pub struct Interleaved {
     /// Element type of the source blocks.
     pub dtype: DType,
@@ -275,8 +295,8 @@ impl std::fmt::Debug for Interleaved {
 }
 
 impl Interleaved {
-    /// Regroups `w`'s full 16-row groups (in parallel); `None` when `dtype` has no layout or
-    /// `w` has fewer than 16 rows.
+    /// Regroups `w`'s full 16-row groups (in parallel); `None` when `dtype` has no layout,
+    /// `w` has fewer than 16 rows, or (floats) its columns are not a multiple of 32.
     pub fn pack(w: &QMatrix) -> Option<Interleaved> {
         Self::pack_releasing(w, &|_| {})
     }
@@ -287,12 +307,12 @@ impl Interleaved {
     pub fn pack_releasing(w: &QMatrix, done: &(dyn Fn(&[u8]) + Sync)) -> Option<Interleaved> {
         /// Groups per batch: 1024 rows.
         const BATCH: usize = 64;
-        let tile = tile_bytes(w.dtype)?;
-        let (groups, blocks) = (w.rows / ROWS, w.cols / QK);
-        if groups == 0 {
+        if !packable(w) {
             return None;
         }
-        let tiles = w.cols / w.dtype.block_elems();
+        let tile = tile_bytes(w.dtype)?;
+        let (groups, blocks) = (w.rows / ROWS, w.cols / QK);
+        let tiles = w.cols / tile_elems(w.dtype);
         let bb = w.dtype.block_bytes();
         let mut data = vec![0u8; groups * tiles * tile];
         for (i, batch) in data.chunks_mut(BATCH * tiles * tile).enumerate() {
@@ -302,6 +322,9 @@ impl Interleaved {
                 .for_each(|(j, out)| {
                     let g = i * BATCH + j;
                     let rows: [&[u8]; ROWS] = std::array::from_fn(|r| w.row(g * ROWS + r));
+                    if floats::sub_rows(w.dtype).is_some() {
+                        return floats::pack_group(w.dtype, &rows, out);
+                    }
                     for (b, t) in out.chunks_exact_mut(tile).enumerate() {
                         let src: [&[u8]; ROWS] = std::array::from_fn(|r| &rows[r][b * bb..][..bb]);
                         pack_tile(w.dtype, &src, t);

@@ -6,7 +6,8 @@
 //! quantized once per call to [`BlockQ8A`] (one f32 scale per 32 values, i8 quants) and every
 //! quantized format does integer dot products against them, as llama.cpp does with Q8_0 /
 //! Q8_K, but with a per-32 scale for the k-quants too (see [`BlockQ8A`]).
-//! Float weights (F32, F16, BF16) are dotted against the f32 activations directly.
+//! Float weights (F32, F16, BF16) are dotted against the f32 activations directly (on
+//! AVX-512 from an interleaved copy too: [`interleaved::floats`]).
 //!
 //! Layout: [`blocks`] (ggml block structs), [`reference`] (scalar specification),
 //! [`interleaved`] (the 16-row layout, its specification, AVX2, AVX-512 and NEON kernels),
@@ -50,7 +51,7 @@ pub mod neon;
 
 use super::team;
 use blocks::BlockQ8A;
-use interleaved::{Interleaved, Rows16Dot};
+use interleaved::{Interleaved, Rows16Dot, Rows16FloatDot};
 use knot_format::dtype::{DType, QK};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -194,6 +195,9 @@ pub struct KernelRow {
     /// 16 rows over [`Interleaved`] tiles (of [`interleaved::tile_bytes`] each) against up
     /// to 8 activation rows, where this ISA has a kernel for the type.
     pub rows16: Option<Rows16Dot>,
+    /// 16 float rows over their [`Interleaved`] group ([`interleaved::floats`]) against up
+    /// to 8 f32 activation rows, where this ISA has a kernel for the type.
+    pub rows16_float: Option<Rows16FloatDot>,
     /// Four float rows at once ([`DotF4`]), where this ISA has it for the type.
     pub float4: Option<DotF4>,
 }
@@ -299,6 +303,9 @@ impl Kernels {
             for (dtype, f) in avx512::float4_kernels() {
                 k.rows[dtype.index()].float4 = Some(f);
             }
+            for (dtype, f) in interleaved::floats::avx512::kernels() {
+                k.rows[dtype.index()].rows16_float = Some(f);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         if matches!(isa, Isa::Neon | Isa::NeonDotprod) {
@@ -340,13 +347,27 @@ impl Kernels {
     /// This table without its 16-row kernels: [`linear_with`] then uses the block kernels
     /// (benchmarks compare the two).
     pub fn without_rows16(mut self) -> Kernels {
-        self.rows.iter_mut().for_each(|r| r.rows16 = None);
+        self.rows.iter_mut().for_each(|r| {
+            r.rows16 = None;
+            r.rows16_float = None;
+        });
         self
     }
 
     /// The 16-row kernel over [`Interleaved`] weights of `dtype`, where this table has one.
     pub fn rows16(&self, dtype: DType) -> Option<Rows16Dot> {
         self.row(dtype).rows16
+    }
+
+    /// The 16-row float kernel over [`Interleaved`] weights of `dtype`, where this table has
+    /// one.
+    pub fn rows16_float(&self, dtype: DType) -> Option<Rows16FloatDot> {
+        self.row(dtype).rows16_float
+    }
+
+    /// Whether this table reads `dtype` from an [`Interleaved`] copy.
+    pub fn packs(&self, dtype: DType) -> bool {
+        self.rows16(dtype).is_some() || self.rows16_float(dtype).is_some()
     }
 }
 
@@ -500,7 +521,7 @@ impl<'a> Linear<'a> {
     /// Bytes an interleaved copy would take under `k` (the matrix's own size), 0 when `k` has
     /// no 16-row kernel for the type.
     pub fn packable_bytes(&self, k: &Kernels) -> usize {
-        if k.rows16(self.q.dtype).is_some() && interleaved::tile_bytes(self.q.dtype).is_some() {
+        if k.packs(self.q.dtype) && interleaved::packable(&self.q) {
             self.q.data.len()
         } else {
             0
@@ -510,7 +531,9 @@ impl<'a> Linear<'a> {
     /// The interleaved copy when `k` has a 16-row kernel for the type, packed on first call
     /// (concurrent callers wait for the one packing).
     pub fn interleaved(&self, k: &Kernels) -> Option<&Interleaved> {
-        k.rows16(self.q.dtype)?;
+        if !k.packs(self.q.dtype) {
+            return None;
+        }
         self.interleaved
             .get_or_init(|| {
                 let p = match self.source {
@@ -556,12 +579,7 @@ pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], 
     const MAX: usize = 4;
     let outs_len = outs.len();
     let cols = outs.first().map_or(0, |(w, _)| w.cols);
-    let fusable = |w: &Linear| {
-        w.cols == cols
-            && k.rows16(w.dtype).is_some()
-            && matches!(k.dot(w.dtype), Dot::Quant(_))
-            && w.interleaved(k).is_some()
-    };
+    let fusable = |w: &Linear| w.cols == cols && group_dot(k, w, &[], &[]).is_some();
     if outs.len() > MAX || !outs.iter().all(|(w, _)| fusable(w)) {
         for (w, y) in outs.iter_mut() {
             if outs_len > 1 && fusable(w) {
@@ -580,46 +598,78 @@ pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], 
         return;
     }
     counted(outs.iter().map(|(w, _)| w.q.data.len()).sum());
-    with_q8a(x, |xq| {
+    let any_quant = outs
+        .iter()
+        .any(|(w, _)| matches!(group_dot(k, w, &[], &[]), Some((_, GroupDot::Quant(..)))));
+    let mut with_acts = |xq: &[BlockQ8A]| {
         let mut targets = [None; MAX];
         for (t, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
-            *t = match (w.interleaved(k), k.rows16(w.dtype)) {
-                (Some(p), Some(dot)) => Some(GroupTarget {
-                    p,
-                    dot,
-                    out: OutPtr(y.as_mut_ptr()),
-                    rows: w.rows,
-                    xq,
-                    n_tok,
-                }),
-                _ => None,
-            };
+            *t = group_dot(k, w, xq, x).map(|(p, dot)| GroupTarget {
+                p,
+                dot,
+                out: OutPtr(y.as_mut_ptr()),
+                rows: w.rows,
+                n_tok,
+            });
         }
         run_groups(&targets[..outs.len()]);
-        // Rows past the last full group: the block kernel, serially (at most 15 per matrix).
-        let nb = cols / QK;
         for (w, y) in outs.iter_mut() {
-            let (Some(p), Dot::Quant(one)) = (w.interleaved(k), k.dot(w.dtype)) else {
-                continue;
-            };
-            for r in p.groups * interleaved::ROWS..w.rows {
-                for t in 0..n_tok {
-                    y[t * w.rows + r] = one(w.row(r), &xq[t * nb..(t + 1) * nb]);
-                }
-            }
+            rest_rows(k, w, x, xq, n_tok, y);
         }
-    })
+    };
+    if any_quant {
+        with_q8a(x, with_acts)
+    } else {
+        with_acts(&[])
+    }
+}
+
+/// The interleaved copy of `w` and the kernel that reads it with its activations (`xq`
+/// for a quantized type, `x` for a float one), where `k` has one.
+fn group_dot<'w>(
+    k: &Kernels,
+    w: &'w Linear,
+    xq: &'w [BlockQ8A],
+    x: &'w [f32],
+) -> Option<(&'w Interleaved, GroupDot<'w>)> {
+    let dot = match (k.rows16(w.dtype), k.rows16_float(w.dtype), k.dot(w.dtype)) {
+        (Some(f), _, Dot::Quant(_)) => GroupDot::Quant(f, xq),
+        (_, Some(f), Dot::Float(_)) => GroupDot::Float(f, x),
+        _ => return None,
+    };
+    Some((w.interleaved(k)?, dot))
+}
+
+/// Rows of `w` past its last full group (at most 15), serially, by the row kernels: `xq` is
+/// `x` quantized where `w` is a quantized type.
+fn rest_rows(k: &Kernels, w: &Linear, x: &[f32], xq: &[BlockQ8A], n_tok: usize, y: &mut [f32]) {
+    let Some(p) = w.interleaved(k) else { return };
+    let (cols, nb) = (w.cols, w.cols / QK);
+    for r in p.groups * interleaved::ROWS..w.rows {
+        for t in 0..n_tok {
+            y[t * w.rows + r] = match k.dot(w.dtype) {
+                Dot::Quant(one) => one(w.row(r), &xq[t * nb..(t + 1) * nb]),
+                Dot::Float(one) => one(w.row(r), &x[t * cols..(t + 1) * cols]),
+            };
+        }
+    }
+}
+
+/// A 16-row kernel of either kind with its `n_tok` activation rows: quantized (`cols / 32`
+/// blocks each) or as they are (`cols` floats each).
+#[derive(Clone, Copy)]
+enum GroupDot<'a> {
+    Quant(Rows16Dot, &'a [BlockQ8A]),
+    Float(Rows16FloatDot, &'a [f32]),
 }
 
 /// One matrix of a [`run_groups`] pass on the 16-row kernels, with its own activations.
 #[derive(Clone, Copy)]
 struct GroupTarget<'p> {
     p: &'p Interleaved,
-    dot: Rows16Dot,
+    dot: GroupDot<'p>,
     out: OutPtr,
     rows: usize,
-    /// (n_tok, cols / 32) quantized activation rows
-    xq: &'p [BlockQ8A],
     n_tok: usize,
 }
 
@@ -668,10 +718,9 @@ pub fn linears_each(k: &Kernels, jobs: &mut [Job]) {
         };
         targets.push(Some(GroupTarget {
             p,
-            dot,
+            dot: GroupDot::Quant(dot, j.xq),
             out: OutPtr(j.out.as_mut_ptr()),
             rows: j.w.rows,
-            xq: j.xq,
             n_tok: j.n_tok,
         }));
     }
@@ -682,17 +731,8 @@ pub fn linears_each(k: &Kernels, jobs: &mut [Job]) {
             .sum(),
     );
     run_groups(&targets);
-    // Rows past the last full group: the block kernel, serially (at most 15 per matrix).
     for j in jobs.iter_mut() {
-        let nb = j.w.cols / QK;
-        let (Some(p), Dot::Quant(one)) = (j.w.interleaved(k), k.dot(j.w.dtype)) else {
-            continue;
-        };
-        for r in p.groups * interleaved::ROWS..j.w.rows {
-            for t in 0..j.n_tok {
-                j.out[t * j.w.rows + r] = one(j.w.row(r), &j.xq[t * nb..(t + 1) * nb]);
-            }
-        }
+        rest_rows(k, j.w, &[], j.xq, j.n_tok, j.out);
     }
 }
 
@@ -725,13 +765,24 @@ fn run_groups(targets: &[Option<GroupTarget>]) {
             let g = gi - base;
             let nb = t.p.blocks;
             let tiles = t.p.group(g);
-            let (xq, n_tok) = (t.xq, t.n_tok);
+            let n_tok = t.n_tok;
             for t0 in (0..n_tok).step_by(8) {
                 let n = (n_tok - t0).min(8);
-                let xs: [&[BlockQ8A]; 8] = std::array::from_fn(|i| {
-                    xq.get((t0 + i) * nb..(t0 + i + 1) * nb).unwrap_or(&[])
-                });
-                (t.dot)(tiles, &xs[..n], &mut res[..n]);
+                match t.dot {
+                    GroupDot::Quant(dot, xq) => {
+                        let xs: [&[BlockQ8A]; 8] = std::array::from_fn(|i| {
+                            xq.get((t0 + i) * nb..(t0 + i + 1) * nb).unwrap_or(&[])
+                        });
+                        dot(tiles, &xs[..n], &mut res[..n]);
+                    }
+                    GroupDot::Float(dot, x) => {
+                        let cols = nb * QK;
+                        let xs: [&[f32]; 8] = std::array::from_fn(|i| {
+                            x.get((t0 + i) * cols..(t0 + i + 1) * cols).unwrap_or(&[])
+                        });
+                        dot(tiles, &xs[..n], &mut res[..n]);
+                    }
+                }
                 for (i, v) in res[..n].iter().enumerate() {
                     // SAFETY: t0 + i < n_tok and g * ROWS + ROWS <= rows, so the 16 floats are
                     // inside this target's y (n_tok x rows, asserted by the caller); group g of

@@ -41,6 +41,7 @@ pub fn row(dtype: DType) -> KernelRow {
         dequant,
         dot,
         rows16: None,
+        rows16_float: None,
         float4: None,
     }
 }
