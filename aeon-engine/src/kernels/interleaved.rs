@@ -251,9 +251,10 @@ pub fn packable(w: &QMatrix) -> bool {
 
 /// Elements per row in one tile of `dtype`.
 fn tile_elems(dtype: DType) -> usize {
-    match floats::sub_rows(dtype) {
-        Some(_) => floats::CHUNK,
-        None => dtype.block_elems(),
+    if floats::is_float(dtype) {
+        floats::CHUNK
+    } else {
+        dtype.block_elems()
     }
 }
 
@@ -322,7 +323,7 @@ impl Interleaved {
                 .for_each(|(j, out)| {
                     let g = i * BATCH + j;
                     let rows: [&[u8]; ROWS] = std::array::from_fn(|r| w.row(g * ROWS + r));
-                    if floats::sub_rows(w.dtype).is_some() {
+                    if floats::is_float(w.dtype) {
                         return floats::pack_group(w.dtype, &rows, out);
                     }
                     for (b, t) in out.chunks_exact_mut(tile).enumerate() {
