@@ -111,14 +111,19 @@ pub(in crate::kernels) mod avx512 {
     }
 
     /// One group of two 8-row sub-groups (`S`; element bytes `E`) against each activation row
-    /// of `x` (all as long as a row): per sub-group, per token, one pass ([`one_token`]); the
-    /// sub-group stays in L2 for the tokens after the first. `load(p)`: 16 weights at `p` as
-    /// f32.
+    /// of `x` (all as long as a row). Per sub-group: the first token in one front-to-back
+    /// pass over all 8 rows ([`one_token`]: the way DRAM streams best), which leaves the
+    /// sub-group in L2; the others from there, [`BLOCK_ROWS`] rows by [`BLOCK_TOKENS`] tokens
+    /// at a time ([`block`]). `load(p)`: 16 weights at `p` as f32.
     ///
-    /// (Tried for several tokens, with 16-row sub-groups: widening a block of 8 chunks to f32
-    /// once into a buffer, then each token's FMAs from it, accumulators in memory between
-    /// blocks. From cache it ran 9.5x one token's time for 8 tokens (F16), against 8x for
-    /// this.)
+    /// Why blocks: token by token, each weight was loaded and widened once per FMA, and 8
+    /// tokens took 8x one token's time (kernel-bench 8-token tile from DRAM, GB/s x tokens:
+    /// F32 80, F16 52); a 4 x 3 block loads and widens each weight once for 3 tokens, its 24
+    /// accumulators and 6 activation vectors in registers: F32 109, F16 72 (2 x 4: 100 and
+    /// 66; 2 x 6: 102 and 67; 4 x 2: 96 and 66). Token 0 apart: with every token in blocks
+    /// (whose passes read the sub-group 4 rows of 8 at a time) DRAM streamed worse, F32 62
+    /// and F16 45. (Tried first: widening 8 chunks to f32 once into a buffer, FMAs from it,
+    /// accumulators in memory between blocks: slower than token by token.)
     ///
     /// SAFETY (callers): AVX-512 present; `load` reads only the 16 elements at its pointer.
     #[inline(always)]
@@ -137,10 +142,80 @@ pub(in crate::kernels) mod avx512 {
         assert!(cols.is_multiple_of(CHUNK) && g.len() == ROWS * cols * E);
         assert!(x.iter().all(|x| x.len() == cols));
         for (sub, bytes) in g.chunks_exact(S * cols * E).enumerate() {
-            for (xt, o) in x.iter().zip(out.iter_mut()) {
-                // SAFETY: `bytes` is one whole sub-group of `cols`-element rows and every `x`
-                // row has `cols` elements (asserted above); the caller's contract for the rest.
-                unsafe { one_token::<E>(bytes, xt, o, sub * S, &load) };
+            let Some((x0, rest)) = x.split_first() else {
+                return;
+            };
+            // SAFETY: `bytes` is one whole sub-group of `cols`-element rows and every `x` row
+            // has `cols` elements (asserted above); the caller's contract for the rest.
+            unsafe { one_token::<E>(bytes, x0, &mut out[0], sub * S, &load) };
+            for (xs, os) in rest
+                .chunks(BLOCK_TOKENS)
+                .zip(out[1..].chunks_mut(BLOCK_TOKENS))
+            {
+                for quad in 0..S / BLOCK_ROWS {
+                    let first = sub * S + quad * BLOCK_ROWS;
+                    // SAFETY: as above; `quad * BLOCK_ROWS + BLOCK_ROWS <= S`.
+                    unsafe {
+                        match xs.len() {
+                            3 => block::<E, 3>(bytes, quad, xs, os, first, &load),
+                            2 => block::<E, 2>(bytes, quad, xs, os, first, &load),
+                            _ => block::<E, 1>(bytes, quad, xs, os, first, &load),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows and tokens of a [`block`].
+    const BLOCK_ROWS: usize = 4;
+    const BLOCK_TOKENS: usize = 3;
+
+    /// Rows `quad * BLOCK_ROWS..(quad + 1) * BLOCK_ROWS` of sub-group `bytes` against the `N` activation
+    /// rows `x`: `out[t][first + r]`. Per (row, token) the chunks in order into the same two
+    /// accumulators as [`one_token`]: the same bits.
+    ///
+    /// SAFETY (callers): as [`one_token`], `x.len() == out.len() == N`, `quad < S / BLOCK_ROWS`.
+    #[inline(always)]
+    unsafe fn block<const E: usize, const N: usize>(
+        bytes: &[u8],
+        quad: usize,
+        x: &[&[f32]],
+        out: &mut [[f32; ROWS]],
+        first: usize,
+        load: &impl Fn(*const u8) -> __m512,
+    ) {
+        let piece = S * CHUNK * E;
+        let xp: [*const f32; N] = std::array::from_fn(|t| x[t].as_ptr());
+        // SAFETY: register-only; AVX-512 present (the caller's contract).
+        let mut acc = unsafe { [[[_mm512_setzero_ps(); 2]; BLOCK_ROWS]; N] };
+        for c in 0..x[0].len() / CHUNK {
+            // SAFETY: rows `quad * BLOCK_ROWS..` of chunk c lie inside `bytes`; every x
+            // row has elements 32c..32c + 32 (the caller's contract).
+            unsafe {
+                let p = bytes
+                    .as_ptr()
+                    .add(c * piece + quad * BLOCK_ROWS * CHUNK * E);
+                let xv: [[__m512; 2]; N] = std::array::from_fn(|t| {
+                    [
+                        _mm512_loadu_ps(xp[t].add(CHUNK * c)),
+                        _mm512_loadu_ps(xp[t].add(CHUNK * c + 16)),
+                    ]
+                });
+                for r in 0..BLOCK_ROWS {
+                    let w = p.add(r * CHUNK * E);
+                    let (lo, hi) = (load(w), load(w.add(16 * E)));
+                    for (a, xt) in acc.iter_mut().zip(&xv) {
+                        a[r][0] = _mm512_fmadd_ps(lo, xt[0], a[r][0]);
+                        a[r][1] = _mm512_fmadd_ps(hi, xt[1], a[r][1]);
+                    }
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (r, ar) in a.iter().enumerate() {
+                // SAFETY: register-only; AVX-512 present (the caller's contract).
+                o[first + r] = unsafe { fold_lanes(ar[0], ar[1]) };
             }
         }
     }
