@@ -628,6 +628,61 @@ trait K16 {
     ///
     /// SAFETY (callers): as [`K16::weights`].
     unsafe fn scales<const G: usize>(p: *const u8, j: usize) -> [int32x4_t; 4];
+    /// As [`K16::weights`], one vector (granule `g`, row quad `j`), but scaled: the 2-bit
+    /// field is masked in place, not shifted down ([`field`]), so the weight comes out
+    /// `4^k` times too large (k = G % 4 < 3; 1 for k = 3).
+    ///
+    /// SAFETY (callers): as [`K16::weights`].
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> int8x16_t;
+    /// The 16 rows' scales and mins (0 for Q3_K) of groups `2G` and `2G + 1` as i16, rows
+    /// 0..8 then 8..16: one 16-byte plane load serves the whole tile.
+    ///
+    /// SAFETY (callers): as [`K16::weights`].
+    unsafe fn scales_tile<const G: usize>(p: *const u8) -> [[int16x8_t; 2]; 4];
+}
+
+/// Bytes of `v` widened to i16: rows 0..8, rows 8..16.
+#[inline(always)]
+fn widen_s8(v: int8x16_t) -> [int16x8_t; 2] {
+    // SAFETY: register-only, baseline NEON.
+    unsafe { [vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v)] }
+}
+
+/// The factor `4^k` (k = G % 4) of [`field`] as a power of two: 2k for k < 3, 0 for k = 3.
+const fn field_bits(g: usize) -> i32 {
+    match g % 4 {
+        3 => 0,
+        k => 2 * k as i32,
+    }
+}
+
+/// The 2-bit field k = G % 4 (bits 2k, 2k + 1) of every byte of `v`: masked in place for
+/// k < 3 (one `and`; `4^k` times its value), shifted down for k = 3 (one `ushr`: 0xC0 is
+/// no i8).
+#[inline(always)]
+fn field<const G: usize>(v: uint8x16_t) -> uint8x16_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        match G % 4 {
+            3 => vshrq_n_u8::<6>(v),
+            k => vandq_u8(v, vdupq_n_u8(3 << (2 * k))),
+        }
+    }
+}
+
+/// `f32(v / 4^k)` of the i32 sums of [`k16_half_tile`]'s output (k = G % 4): they are 4
+/// times too large only for k = 1 (k = 2 came back to i16 through an exact shift, k = 3 was
+/// shifted down), and `scvtf` with two fraction bits rounds that exact quotient once, as
+/// `f32` of it would.
+#[inline(always)]
+fn cvt_field<const G: usize>(v: int32x4_t) -> float32x4_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        match G % 4 {
+            1 => vcvtq_n_f32_s32::<2>(v),
+            _ => vcvtq_f32_s32(v),
+        }
+    }
 }
 
 struct Q3K;
@@ -692,6 +747,34 @@ impl K16 for Q3K {
             [vmovl_s16(vget_low_s16(s)), vmovl_high_s16(s), zero, zero]
         }
     }
+    #[inline(always)]
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> int8x16_t {
+        // SAFETY: the qs and hmask granules lie inside the tile (the caller's contract).
+        unsafe {
+            let q = field::<G>(vld1q_u8(p.add(K3_QS + 512 * (G / 4) + 64 * g + 16 * j)));
+            let set = vtstq_u8(vld1q_u8(p.add(K3_HM + 64 * g + 16 * j)), vdupq_n_u8(1 << G));
+            // (u - 4) 2^field_bits: 4 2^field_bits subtracted where the hmask bit is clear;
+            // at most 64 (k = 2), so the weight stays in [-64, 48].
+            let four = vbicq_u8(vdupq_n_u8(4 << field_bits(G)), set);
+            vreinterpretq_s8_u8(vsubq_u8(q, four))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales_tile<const G: usize>(p: *const u8) -> [[int16x8_t; 2]; 4] {
+        // SAFETY: the scale planes lie inside the tile; the rest is register-only.
+        unsafe {
+            let plane = |i: usize| vld1q_u8(p.add(K3_SC + ROWS * i));
+            // As `scales`, for all 16 rows at once.
+            let sc = |g: usize| {
+                let lo = vandq_u8(shr_u8(plane(g % 8), 4 * (g / 8)), vdupq_n_u8(0x0F));
+                let hi = vandq_u8(shr_u8(plane(8 + g % 4), 2 * (g / 4)), vdupq_n_u8(3));
+                let s = vreinterpretq_s8_u8(vsliq_n_u8::<4>(lo, hi));
+                widen_s8(vsubq_s8(s, vdupq_n_s8(32)))
+            };
+            let zero = [vdupq_n_s16(0); 2];
+            [sc(2 * G), sc(2 * G + 1), zero, zero]
+        }
+    }
 }
 
 impl K16 for Q2K {
@@ -718,6 +801,31 @@ impl K16 for Q2K {
                 w(vget_high_u16(sc)),
                 w(vget_low_u16(m)),
                 w(vget_high_u16(m)),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> int8x16_t {
+        // SAFETY: the qs granule lies inside the tile (the caller's contract).
+        unsafe {
+            let v = vld1q_u8(p.add(K2_QS + 512 * (G / 4) + 64 * g + 16 * j));
+            vreinterpretq_s8_u8(field::<G>(v))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales_tile<const G: usize>(p: *const u8) -> [[int16x8_t; 2]; 4] {
+        // SAFETY: the scale planes lie inside the tile; the rest is register-only.
+        unsafe {
+            let v0 = vld1q_u8(p.add(K2_SC + ROWS * (2 * G)));
+            let v1 = vld1q_u8(p.add(K2_SC + ROWS * (2 * G + 1)));
+            // Scales and mins are 0..16: as i8 they widen the same.
+            let w = |v: uint8x16_t| widen_s8(vreinterpretq_s8_u8(v));
+            let low = vdupq_n_u8(0x0F);
+            [
+                w(vandq_u8(v0, low)),
+                w(vandq_u8(v1, low)),
+                w(vshrq_n_u8::<4>(v0)),
+                w(vshrq_n_u8::<4>(v1)),
             ]
         }
     }
@@ -802,6 +910,181 @@ impl<K: K16> KTile for Sixteen<K> {
             }
         }
     }
+}
+
+/// `p`, hidden from LLVM (an empty `asm!` with side effects, so two calls are never merged):
+/// loads through it are not merged with loads through another.
+#[inline(always)]
+fn opaque(p: *const u8) -> *const u8 {
+    let mut p = p;
+    // SAFETY: an empty instruction sequence; it only claims to change the register.
+    unsafe { asm!("/* {p} */", p = inout(reg) p, options(nomem, nostack, preserves_flags)) };
+    p
+}
+
+/// Half `H` (Q8A quants 16H..16H + 16 at `x`) of Q8A block `G` of the Q3_K / Q2_K tile at
+/// `p`, all four row quads, plain NEON: the exact sums of the 16 rows as i16 (rows 0..8,
+/// 8..16), 4 times too large for k = G % 4 = 1 ([`cvt_field`]).
+///
+/// SAFETY (callers): `p` points at a whole tile, `x` at 32 readable bytes.
+#[inline(always)]
+unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
+    p: *const u8,
+    x: *const i8,
+) -> [int16x8_t; 2] {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * H)));
+        // i16 lane (row, i): 4 products of |w * x| <= 48 * 127 (Q2_K k = 2: 4 * 6096 = 24384)
+        // or 64 * 127 (Q3_K k = 2, u = 0: 4 * 8128 = 32512 <= 32767).
+        let mut lo = [vdupq_n_s16(0); 4];
+        let mut hi = [vdupq_n_s16(0); 4];
+        for i in 0..4 {
+            let g = 4 * H + i;
+            let xb = lane_bytes(xr, i);
+            for j in 0..4 {
+                let w = K::scaled::<G>(p, g, j);
+                if i == 0 {
+                    lo[j] = vmull_s8(vget_low_s8(w), vget_low_s8(xb));
+                    hi[j] = vmull_high_s8(w, xb);
+                } else {
+                    lo[j] = vmlal_s8(lo[j], vget_low_s8(w), vget_low_s8(xb));
+                    hi[j] = vmlal_high_s8(hi[j], w, xb);
+                }
+            }
+        }
+        if G % 4 == 2 {
+            // One more i16 add could wrap (8 * 6096): to i32 lanes, then the exact quotient
+            // by 16 back to i16 (|sum| <= 16 * 4 * 127 = 8128; `shrn` keeps the low 16 bits
+            // of an exact multiple's quotient).
+            let q: [int32x4_t; 4] =
+                std::array::from_fn(|j| vpaddq_s32(vpaddlq_s16(lo[j]), vpaddlq_s16(hi[j])));
+            [
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(q[0]), q[1]),
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(q[2]), q[3]),
+            ]
+        } else {
+            // The row's 16 products in one i16 lane: |w| <= 12 (k = 1; Q2_K 16 * 12 * 127 =
+            // 24384) or 16 (Q3_K k = 1, u = 0: 16 * 16 * 127 = 32512), 4 for k = 0 and 3.
+            let r: [int16x8_t; 4] = std::array::from_fn(|j| vpaddq_s16(lo[j], hi[j]));
+            [vpaddq_s16(r[0], r[1]), vpaddq_s16(r[2], r[3])]
+        }
+    }
+}
+
+/// Q8A block `G` of the Q3_K / Q2_K tile at `p`, all four row quads, one token (`a`: its Q8A
+/// block 0 of this super-block) onto `sd` and `sm`, plain NEON. Tile-major where
+/// [`k16_block`] is quad-major: each activation lane broadcast and scale plane serves the
+/// four quads; the 2-bit fields are masked in place ([`field`]), and the sums stay in i16
+/// lanes to the row ([`k16_half_tile`]), so the scales multiply with widening (`smull`).
+/// Per row the same exact i32 sums and the same f32 steps in the same order: the same bits.
+///
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+#[inline(always)]
+unsafe fn k16_block_tile<K: K16, const G: usize>(
+    p: *const u8,
+    a: *const BlockQ8A,
+    sd: &mut [float32x4_t; 4],
+    sm: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        // Blocks 4n..4n + 4 read the same qs (and Q3_K all eight the same hmask) granules:
+        // LLVM would keep them live across blocks, 32 registers, and spill.
+        let p = opaque(p);
+        let a = a.add(G);
+        let x = (*a).qs.as_ptr();
+        let i0 = k16_half_tile::<K, G, 0>(p, x);
+        let i1 = k16_half_tile::<K, G, 1>(p, x);
+        let [s0, s1, m0, m1] = K::scales_tile::<G>(p);
+        let xd = (*a).d;
+        // sums[0], sums[1] as i16 lanes 0, 1.
+        let sums = vreinterpret_s16_s32(vld1_dup_s32((*a).sums.as_ptr() as *const i32));
+        for j in 0..4 {
+            let h = j / 2;
+            // isum = sc_0 ih_0 + sc_1 ih_1 (times 4 for k = 1), exact in i32.
+            let (isum, msum) = if j % 2 == 0 {
+                let lo = vget_low_s16;
+                (
+                    vmlal_s16(vmull_s16(lo(s0[h]), lo(i0[h])), lo(s1[h]), lo(i1[h])),
+                    vmlal_lane_s16::<1>(vmull_lane_s16::<0>(lo(m0[h]), sums), lo(m1[h]), sums),
+                )
+            } else {
+                (
+                    vmlal_high_s16(vmull_high_s16(s0[h], i0[h]), s1[h], i1[h]),
+                    vmlal_high_lane_s16::<1>(vmull_high_lane_s16::<0>(m0[h], sums), m1[h], sums),
+                )
+            };
+            sd[j] = vaddq_f32(sd[j], vmulq_n_f32(cvt_field::<G>(isum), xd));
+            if K::DMIN.is_some() {
+                sm[j] = vaddq_f32(sm[j], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
+            }
+        }
+    }
+}
+
+/// The one-token plain Q3_K / Q2_K kernel, a tile at a time ([`k16_block_tile`]).
+///
+/// SAFETY (callers): none beyond the types (bounds asserted here).
+#[inline(always)]
+unsafe fn k16_one_tile<K: K16>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let nt = tiles.len() / K::BYTES;
+    assert!(
+        x.len() >= 8 * nt,
+        "k16_one_tile: 8 activation blocks per tile"
+    );
+    // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
+    // NEON is baseline on aarch64.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let a = x.as_ptr().add(8 * b);
+            let mut sd = [vdupq_n_f32(0.0); 4];
+            let mut sm = [vdupq_n_f32(0.0); 4];
+            k16_block_tile::<K, 0>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 1>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 2>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 3>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 4>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 5>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 6>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, 7>(p, a, &mut sd, &mut sm);
+            for j in 0..4 {
+                // Q3_K's and Q2_K's super-scales are both at 0.
+                let d = f16x4(p.add(8 * j));
+                acc[j] = match K::DMIN {
+                    Some(at) => {
+                        let dmin = f16x4(p.add(at + 8 * j));
+                        vaddq_f32(
+                            acc[j],
+                            vsubq_f32(vmulq_f32(d, sd[j]), vmulq_f32(dmin, sm[j])),
+                        )
+                    }
+                    None => vaddq_f32(acc[j], vmulq_f32(d, sd[j])),
+                };
+            }
+        }
+        let mut out = [0f32; ROWS];
+        for (j, v) in acc.iter().enumerate() {
+            vst1q_f32(out.as_mut_ptr().add(4 * j), *v);
+        }
+        out
+    }
+}
+
+/// The one-token plain Q3_K kernel ([`k16_one_tile`]).
+#[inline(never)]
+fn q3k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { k16_one_tile::<Q3K>(tiles, x) }
+}
+
+/// The one-token plain Q2_K kernel ([`k16_one_tile`]).
+#[inline(never)]
+fn q2k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { k16_one_tile::<Q2K>(tiles, x) }
 }
 
 /// IQ4_XS: per sub-block 8 registers of signed table values (`tbl`), `d * (ls - 32)` for the
@@ -898,8 +1181,6 @@ macro_rules! one_plain {
 
 one_plain!(
     q5k_one_plain: Q5K,
-    q3k_one_plain: Sixteen<Q3K>,
-    q2k_one_plain: Sixteen<Q2K>,
     iq4xs_one_plain: IQ4XS
 );
 
