@@ -24,6 +24,9 @@
 //! accumulator once per tile, every product rounded on its own. IQ4_XS's weights are its
 //! table values (`tbl`), signed, so the plain flavour adds two products per i16 lane only.
 //!
+//! The one-token plain kernels of Q6_K, Q3_K and Q2_K are tile-major instead
+//! ([`q6k_block_tile`], [`k16_block_tile`]): one activation broadcast serves all four quads.
+//!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
 //! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
 //!
@@ -628,12 +631,20 @@ trait K16 {
     ///
     /// SAFETY (callers): as [`K16::weights`].
     unsafe fn scales<const G: usize>(p: *const u8, j: usize) -> [int32x4_t; 4];
-    /// As [`K16::weights`], one vector (granule `g`, row quad `j`), but scaled: the 2-bit
-    /// field is masked in place, not shifted down ([`field`]), so the weight comes out
-    /// `4^k` times too large (k = G % 4 < 3; 1 for k = 3).
+    /// The plain one-token path's weights ([`k16_half_tile`]): granule `g` of row quad `j`
+    /// of Q8A block `G`, unsigned (`u`: Q3_K with its hmask bit as bit 2) and `2^P[G]` times
+    /// too large (each field taken where the fewest instructions leave it).
     ///
     /// SAFETY (callers): as [`K16::weights`].
-    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> int8x16_t;
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> uint8x16_t;
+    /// Per Q8A block the power of two of [`K16::scaled`] left in the sums that reach
+    /// [`cvt_field`] (Q2_K's k = 2 fields leave [`k16_half_tile`] through an exact shift).
+    const P: [i32; 8];
+    /// Blocks whose sums pass through i32 lanes in [`k16_half_tile`] (Q2_K's k = 2: 16 times
+    /// too large, the row sum would not fit an i16 lane).
+    const WIDE: [bool; 8];
+    /// The offset of `u` (Q3_K 4, Q2_K 0: its mins go through `sm`).
+    const OFF: i32;
     /// The 16 rows' scales and mins (0 for Q3_K) of groups `2G` and `2G + 1` as i16, rows
     /// 0..8 then 8..16: one 16-byte plane load serves the whole tile.
     ///
@@ -648,39 +659,16 @@ fn widen_s8(v: int8x16_t) -> [int16x8_t; 2] {
     unsafe { [vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v)] }
 }
 
-/// The factor `4^k` (k = G % 4) of [`field`] as a power of two: 2k for k < 3, 0 for k = 3.
-const fn field_bits(g: usize) -> i32 {
-    match g % 4 {
-        3 => 0,
-        k => 2 * k as i32,
-    }
-}
-
-/// The 2-bit field k = G % 4 (bits 2k, 2k + 1) of every byte of `v`: masked in place for
-/// k < 3 (one `and`; `4^k` times its value), shifted down for k = 3 (one `ushr`: 0xC0 is
-/// no i8).
+/// `f32(v / 2^P[G])`: `v` is exactly `2^P[G]` times an i32, and `scvtf` with fraction bits
+/// rounds that exact quotient once, as `f32` of it would.
 #[inline(always)]
-fn field<const G: usize>(v: uint8x16_t) -> uint8x16_t {
+fn cvt_field<K: K16, const G: usize>(v: int32x4_t) -> float32x4_t {
     // SAFETY: register-only, baseline NEON.
     unsafe {
-        match G % 4 {
-            3 => vshrq_n_u8::<6>(v),
-            k => vandq_u8(v, vdupq_n_u8(3 << (2 * k))),
-        }
-    }
-}
-
-/// `f32(v / 4^k)` of the i32 sums of [`k16_half_tile`]'s output (k = G % 4): they are 4
-/// times too large only for k = 1 (k = 2 came back to i16 through an exact shift, k = 3 was
-/// shifted down), and `scvtf` with two fraction bits rounds that exact quotient once, as
-/// `f32` of it would.
-#[inline(always)]
-fn cvt_field<const G: usize>(v: int32x4_t) -> float32x4_t {
-    // SAFETY: register-only, baseline NEON.
-    unsafe {
-        match G % 4 {
-            1 => vcvtq_n_f32_s32::<2>(v),
-            _ => vcvtq_f32_s32(v),
+        match K::P[G] {
+            0 => vcvtq_f32_s32(v),
+            1 => vcvtq_n_f32_s32::<1>(v),
+            _ => vcvtq_n_f32_s32::<2>(v),
         }
     }
 }
@@ -747,16 +735,35 @@ impl K16 for Q3K {
             [vmovl_s16(vget_low_s16(s)), vmovl_high_s16(s), zero, zero]
         }
     }
+    const P: [i32; 8] = [0, 2, 0, 1, 0, 2, 0, 0];
+    const WIDE: [bool; 8] = [false; 8];
+    const OFF: i32 = 4;
     #[inline(always)]
-    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> int8x16_t {
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> uint8x16_t {
         // SAFETY: the qs and hmask granules lie inside the tile (the caller's contract).
         unsafe {
-            let q = field::<G>(vld1q_u8(p.add(K3_QS + 512 * (G / 4) + 64 * g + 16 * j)));
-            let set = vtstq_u8(vld1q_u8(p.add(K3_HM + 64 * g + 16 * j)), vdupq_n_u8(1 << G));
-            // (u - 4) 2^field_bits: 4 2^field_bits subtracted where the hmask bit is clear;
-            // at most 64 (k = 2), so the weight stays in [-64, 48].
-            let four = vbicq_u8(vdupq_n_u8(4 << field_bits(G)), set);
-            vreinterpretq_s8_u8(vsubq_u8(q, four))
+            // q: bits 2k, 2k + 1 of qs (k = G % 4); h: bit G of hm. 2^P u = 2^P (q + 4h),
+            // put together by a shift-insert (`sli` keeps the low bits of its first operand,
+            // `sri` the high ones) and a mask: two to four instructions, against four for the
+            // signed `u - 4` (the offset comes off the sums instead, `K16::OFF`).
+            let qs = vld1q_u8(p.add(K3_QS + 512 * (G / 4) + 64 * g + 16 * j));
+            let hm = vld1q_u8(p.add(K3_HM + 64 * g + 16 * j));
+            let m = |v: uint8x16_t, c: u8| vandq_u8(v, vdupq_n_u8(c));
+            // Per arm, where q and h sit before: G 0: q 0-1, h 0; 1: q 2-3, h 1; 2: q 4-5,
+            // h 2; 3: q 6-7, h 3; 4: q 0-1, h 4; 5: q 2-3, h 5; 6: q 4-5, h 6; 7: q 6-7, h 7.
+            match G {
+                0 => m(vsliq_n_u8::<2>(qs, hm), 0x07),
+                1 => m(vsliq_n_u8::<4>(qs, vshrq_n_u8::<1>(hm)), 0x1C),
+                2 => vsriq_n_u8::<6>(m(hm, 0x04), vshlq_n_u8::<2>(qs)),
+                3 => m(vsriq_n_u8::<5>(hm, qs), 0x0E),
+                4 => m(vsliq_n_u8::<2>(qs, vshrq_n_u8::<4>(hm)), 0x07),
+                5 => m(vsliq_n_u8::<4>(qs, vshrq_n_u8::<5>(hm)), 0x1C),
+                6 => m(
+                    vshrq_n_u8::<4>(vsliq_n_u8::<6>(qs, vshrq_n_u8::<6>(hm))),
+                    0x07,
+                ),
+                _ => vsriq_n_u8::<6>(vshrq_n_u8::<5>(hm), qs),
+            }
         }
     }
     #[inline(always)]
@@ -804,12 +811,20 @@ impl K16 for Q2K {
             ]
         }
     }
+    const P: [i32; 8] = [0, 2, 0, 0, 0, 2, 0, 0];
+    const WIDE: [bool; 8] = [false, false, true, false, false, false, true, false];
+    const OFF: i32 = 0;
     #[inline(always)]
-    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> int8x16_t {
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> uint8x16_t {
         // SAFETY: the qs granule lies inside the tile (the caller's contract).
         unsafe {
             let v = vld1q_u8(p.add(K2_QS + 512 * (G / 4) + 64 * g + 16 * j));
-            vreinterpretq_s8_u8(field::<G>(v))
+            // The field k = G % 4 masked in place (4^k times its value) for k < 3, shifted
+            // down for k = 3 (0xC0 is no i8): one instruction.
+            match G % 4 {
+                3 => vshrq_n_u8::<6>(v),
+                k => vandq_u8(v, vdupq_n_u8(3 << (2 * k))),
+            }
         }
     }
     #[inline(always)]
@@ -922,28 +937,31 @@ fn opaque(p: *const u8) -> *const u8 {
     p
 }
 
-/// Half `H` (Q8A quants 16H..16H + 16 at `x`) of Q8A block `G` of the Q3_K / Q2_K tile at
-/// `p`, all four row quads, plain NEON: the exact sums of the 16 rows as i16 (rows 0..8,
-/// 8..16), 4 times too large for k = G % 4 = 1 ([`cvt_field`]).
+/// Half `H` (Q8A quants 16H..16H + 16 at `x`, their sum `xsum`) of Q8A block `G` of the
+/// Q3_K / Q2_K tile at `p`, all four row quads, plain NEON: the 16 rows' exact
+/// `ih = sum(u * x) - OFF * xsum`, `2^P[G]` times too large, as i16 (rows 0..8, 8..16).
 ///
 /// SAFETY (callers): `p` points at a whole tile, `x` at 32 readable bytes.
 #[inline(always)]
 unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
     p: *const u8,
     x: *const i8,
+    xsum: i16,
 ) -> [int16x8_t; 2] {
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
         let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * H)));
-        // i16 lane (row, i): 4 products of |w * x| <= 48 * 127 (Q2_K k = 2: 4 * 6096 = 24384)
-        // or 64 * 127 (Q3_K k = 2, u = 0: 4 * 8128 = 32512 <= 32767).
+        // The products (|u| <= 48, |x| <= 127) are exact in i16; the adds wrap modulo 2^16,
+        // which changes no bit of a sum that fits an i16 lane where it is widened: the row's
+        // 2^P ih (|ih| <= 16 * 4 * 127 = 8128, P <= 2: 32512), or for `WIDE` blocks (Q2_K k
+        // = 2, u <= 48) the 4 products of a lane at `saddlp` (4 * 48 * 127 = 24384).
         let mut lo = [vdupq_n_s16(0); 4];
         let mut hi = [vdupq_n_s16(0); 4];
         for i in 0..4 {
             let g = 4 * H + i;
             let xb = lane_bytes(xr, i);
             for j in 0..4 {
-                let w = K::scaled::<G>(p, g, j);
+                let w = vreinterpretq_s8_u8(K::scaled::<G>(p, g, j));
                 if i == 0 {
                     lo[j] = vmull_s8(vget_low_s8(w), vget_low_s8(xb));
                     hi[j] = vmull_high_s8(w, xb);
@@ -953,10 +971,9 @@ unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
                 }
             }
         }
-        if G % 4 == 2 {
-            // One more i16 add could wrap (8 * 6096): to i32 lanes, then the exact quotient
-            // by 16 back to i16 (|sum| <= 16 * 4 * 127 = 8128; `shrn` keeps the low 16 bits
-            // of an exact multiple's quotient).
+        let r = if K::WIDE[G] {
+            // To i32 lanes, then the exact quotient by 16 back to i16 (|ih| <= 16 * 3 * 127;
+            // `shrn` keeps the low 16 bits of an exact multiple's quotient).
             let q: [int32x4_t; 4] =
                 std::array::from_fn(|j| vpaddq_s32(vpaddlq_s16(lo[j]), vpaddlq_s16(hi[j])));
             [
@@ -964,20 +981,26 @@ unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
                 vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(q[2]), q[3]),
             ]
         } else {
-            // The row's 16 products in one i16 lane: |w| <= 12 (k = 1; Q2_K 16 * 12 * 127 =
-            // 24384) or 16 (Q3_K k = 1, u = 0: 16 * 16 * 127 = 32512), 4 for k = 0 and 3.
             let r: [int16x8_t; 4] = std::array::from_fn(|j| vpaddq_s16(lo[j], hi[j]));
             [vpaddq_s16(r[0], r[1]), vpaddq_s16(r[2], r[3])]
+        };
+        if K::OFF == 0 {
+            return r;
         }
+        // The offset, 2^P OFF * xsum (modulo 2^16, as the sums).
+        let off = vdupq_n_s16(((K::OFF << K::P[G]) * xsum as i32) as i16);
+        r.map(|v| vsubq_s16(v, off))
     }
 }
 
 /// Q8A block `G` of the Q3_K / Q2_K tile at `p`, all four row quads, one token (`a`: its Q8A
 /// block 0 of this super-block) onto `sd` and `sm`, plain NEON. Tile-major where
 /// [`k16_block`] is quad-major: each activation lane broadcast and scale plane serves the
-/// four quads; the 2-bit fields are masked in place ([`field`]), and the sums stay in i16
+/// four quads; the weights come from the fewest instructions, scaled by a power of two
+/// ([`K16::scaled`]) that the conversion takes back ([`cvt_field`]); the sums stay in i16
 /// lanes to the row ([`k16_half_tile`]), so the scales multiply with widening (`smull`).
 /// Per row the same exact i32 sums and the same f32 steps in the same order: the same bits.
+/// llvm-mca A53, cycles per row-block: Q2_K 171.5 -> 124.8, Q3_K 220.0 -> 175.6.
 ///
 /// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
 #[inline(always)]
@@ -994,8 +1017,8 @@ unsafe fn k16_block_tile<K: K16, const G: usize>(
         let p = opaque(p);
         let a = a.add(G);
         let x = (*a).qs.as_ptr();
-        let i0 = k16_half_tile::<K, G, 0>(p, x);
-        let i1 = k16_half_tile::<K, G, 1>(p, x);
+        let i0 = k16_half_tile::<K, G, 0>(p, x, (*a).sums[0]);
+        let i1 = k16_half_tile::<K, G, 1>(p, x, (*a).sums[1]);
         let [s0, s1, m0, m1] = K::scales_tile::<G>(p);
         let xd = (*a).d;
         // sums[0], sums[1] as i16 lanes 0, 1.
@@ -1015,7 +1038,7 @@ unsafe fn k16_block_tile<K: K16, const G: usize>(
                     vmlal_high_lane_s16::<1>(vmull_high_lane_s16::<0>(m0[h], sums), m1[h], sums),
                 )
             };
-            sd[j] = vaddq_f32(sd[j], vmulq_n_f32(cvt_field::<G>(isum), xd));
+            sd[j] = vaddq_f32(sd[j], vmulq_n_f32(cvt_field::<K, G>(isum), xd));
             if K::DMIN.is_some() {
                 sm[j] = vaddq_f32(sm[j], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
             }
