@@ -155,8 +155,8 @@ ROWS16=(
     "Q4_K  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
     "Q6_K  neon_kquants13q6k_one_plain 0 16 neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
     "Q5_K  neon_kquants13q5k_one_plain 0 4  neon_kquants10q5k_one_tf 0 4  ^ggml_vec_dot_q5_K_q8_K$ 0 1"
-    "Q3_K  neon_kquants13q3k_one_plain 0 16  neon_kquants10q3k_one_tf 0 4  ^ggml_vec_dot_q3_K_q8_K$ 0 1"
-    "Q2_K  neon_kquants13q2k_one_plain 0 16  neon_kquants10q2k_one_tf 0 4  ^ggml_vec_dot_q2_K_q8_K$ 0 1"
+    "Q3_K  neon_kquants13q3k_one_plain 0 16  neon_kquants10q3k_one_tf 0 16  ^ggml_vec_dot_q3_K_q8_K$ 0 1"
+    "Q2_K  neon_kquants13q2k_one_plain 0 16  neon_kquants10q2k_one_tf 0 16  ^ggml_vec_dot_q2_K_q8_K$ 0 1"
     "IQ4XS neon_kquants15iq4xs_one_plain 0 4  neon_kquants12iq4xs_one_tf 0 4  ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block

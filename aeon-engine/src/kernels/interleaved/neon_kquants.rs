@@ -24,8 +24,9 @@
 //! accumulator once per tile, every product rounded on its own. IQ4_XS's weights are its
 //! table values (`tbl`), signed, so the plain flavour adds two products per i16 lane only.
 //!
-//! The one-token plain kernels of Q6_K, Q3_K and Q2_K are tile-major instead
-//! ([`q6k_block_tile`], [`k16_block_tile`]): one activation broadcast serves all four quads.
+//! The one-token plain kernels of Q6_K, Q3_K and Q2_K (and the one-token `sdot` ones of
+//! Q3_K and Q2_K) are tile-major instead ([`q6k_block_tile`], [`k16_block_tile`]): one
+//! activation broadcast and scale plane serves all four quads.
 //!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
 //! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
@@ -938,16 +939,22 @@ fn opaque(p: *const u8) -> *const u8 {
 }
 
 /// Half `H` (Q8A quants 16H..16H + 16 at `x`, their sum `xsum`) of Q8A block `G` of the
-/// Q3_K / Q2_K tile at `p`, all four row quads, plain NEON: the 16 rows' exact
+/// Q3_K / Q2_K tile at `p`, all four row quads: the 16 rows' exact
 /// `ih = sum(u * x) - OFF * xsum`, `2^P[G]` times too large, as i16 (rows 0..8, 8..16).
+/// Plain NEON, or with `SDOT` [`k16_half_tile_sdot`].
 ///
-/// SAFETY (callers): `p` points at a whole tile, `x` at 32 readable bytes.
+/// SAFETY (callers): `p` points at a whole tile, `x` at 32 readable bytes; with `SDOT` the
+/// CPU has dotprod.
 #[inline(always)]
-unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
+unsafe fn k16_half_tile<K: K16, const SDOT: bool, const G: usize, const H: usize>(
     p: *const u8,
     x: *const i8,
     xsum: i16,
 ) -> [int16x8_t; 2] {
+    if SDOT {
+        // SAFETY: the caller's contract.
+        return unsafe { k16_half_tile_sdot::<K, G, H>(p, x, xsum) };
+    }
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
         let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * H)));
@@ -993,6 +1000,59 @@ unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
     }
 }
 
+/// [`k16_half_tile`] with `sdot` by element: per quad one i32 chain, started at the offset
+/// `-2^P OFF * xsum`, then to i16 (the row sums fit, as in the plain flavour; `WIDE` blocks
+/// through the exact shift by 4).
+///
+/// SAFETY (callers): as [`k16_half_tile`], and the CPU has dotprod.
+#[inline(always)]
+unsafe fn k16_half_tile_sdot<K: K16, const G: usize, const H: usize>(
+    p: *const u8,
+    x: *const i8,
+    xsum: i16,
+) -> [int16x8_t; 2] {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let xr = vld1q_s8(x.add(16 * H));
+        let mut acc = [vdupq_n_s32(-(K::OFF << K::P[G]) * xsum as i32); 4];
+        // Written out: LLVM keeps loops around the `asm!` of `sdot_lane` rolled.
+        k16_sdot_group::<K, G, H, 0>(p, xr, &mut acc);
+        k16_sdot_group::<K, G, H, 1>(p, xr, &mut acc);
+        k16_sdot_group::<K, G, H, 2>(p, xr, &mut acc);
+        k16_sdot_group::<K, G, H, 3>(p, xr, &mut acc);
+        if K::WIDE[G] {
+            [
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(acc[0]), acc[1]),
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(acc[2]), acc[3]),
+            ]
+        } else {
+            // The low halves of the i32 lanes.
+            let s = acc.map(|v| vreinterpretq_s16_s32(v));
+            [vuzp1q_s16(s[0], s[1]), vuzp1q_s16(s[2], s[3])]
+        }
+    }
+}
+
+/// Activation group `I` (bytes 4I..4I + 4 of `xr`) of [`k16_half_tile_sdot`] onto the four
+/// quads' chains.
+///
+/// SAFETY (callers): as [`k16_half_tile_sdot`].
+#[inline(always)]
+unsafe fn k16_sdot_group<K: K16, const G: usize, const H: usize, const I: usize>(
+    p: *const u8,
+    xr: int8x16_t,
+    acc: &mut [int32x4_t; 4],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let w = |j: usize| vreinterpretq_s8_u8(K::scaled::<G>(p, 4 * H + I, j));
+        acc[0] = sdot_lane(acc[0], w(0), xr, I);
+        acc[1] = sdot_lane(acc[1], w(1), xr, I);
+        acc[2] = sdot_lane(acc[2], w(2), xr, I);
+        acc[3] = sdot_lane(acc[3], w(3), xr, I);
+    }
+}
+
 /// Q8A block `G` of the Q3_K / Q2_K tile at `p`, all four row quads, one token (`a`: its Q8A
 /// block 0 of this super-block) onto `sd` and `sm`, plain NEON. Tile-major where
 /// [`k16_block`] is quad-major: each activation lane broadcast and scale plane serves the
@@ -1000,11 +1060,13 @@ unsafe fn k16_half_tile<K: K16, const G: usize, const H: usize>(
 /// ([`K16::scaled`]) that the conversion takes back ([`cvt_field`]); the sums stay in i16
 /// lanes to the row ([`k16_half_tile`]), so the scales multiply with widening (`smull`).
 /// Per row the same exact i32 sums and the same f32 steps in the same order: the same bits.
-/// llvm-mca A53, cycles per row-block: Q2_K 171.5 -> 124.8, Q3_K 220.0 -> 175.6.
+/// llvm-mca, cycles per row-block: plain on the A53 Q2_K 171.5 -> 124.8, Q3_K 220.0 ->
+/// 175.6; `sdot` on the A55 Q2_K 125.3 -> 108.2, Q3_K 173.8 -> 166.7.
 ///
-/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
 #[inline(always)]
-unsafe fn k16_block_tile<K: K16, const G: usize>(
+unsafe fn k16_block_tile<K: K16, const SDOT: bool, const G: usize>(
     p: *const u8,
     a: *const BlockQ8A,
     sd: &mut [float32x4_t; 4],
@@ -1017,8 +1079,8 @@ unsafe fn k16_block_tile<K: K16, const G: usize>(
         let p = opaque(p);
         let a = a.add(G);
         let x = (*a).qs.as_ptr();
-        let i0 = k16_half_tile::<K, G, 0>(p, x, (*a).sums[0]);
-        let i1 = k16_half_tile::<K, G, 1>(p, x, (*a).sums[1]);
+        let i0 = k16_half_tile::<K, SDOT, G, 0>(p, x, (*a).sums[0]);
+        let i1 = k16_half_tile::<K, SDOT, G, 1>(p, x, (*a).sums[1]);
         let [s0, s1, m0, m1] = K::scales_tile::<G>(p);
         let xd = (*a).d;
         // sums[0], sums[1] as i16 lanes 0, 1.
@@ -1048,16 +1110,16 @@ unsafe fn k16_block_tile<K: K16, const G: usize>(
 
 /// The one-token plain Q3_K / Q2_K kernel, a tile at a time ([`k16_block_tile`]).
 ///
-/// SAFETY (callers): none beyond the types (bounds asserted here).
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
 #[inline(always)]
-unsafe fn k16_one_tile<K: K16>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+unsafe fn k16_one_tile<K: K16, const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let nt = tiles.len() / K::BYTES;
     assert!(
         x.len() >= 8 * nt,
         "k16_one_tile: 8 activation blocks per tile"
     );
     // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
-    // NEON is baseline on aarch64.
+    // NEON is baseline on aarch64, dotprod as the caller promised.
     unsafe {
         let mut acc = [vdupq_n_f32(0.0); 4];
         for b in 0..nt {
@@ -1065,14 +1127,14 @@ unsafe fn k16_one_tile<K: K16>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             let a = x.as_ptr().add(8 * b);
             let mut sd = [vdupq_n_f32(0.0); 4];
             let mut sm = [vdupq_n_f32(0.0); 4];
-            k16_block_tile::<K, 0>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 1>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 2>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 3>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 4>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 5>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 6>(p, a, &mut sd, &mut sm);
-            k16_block_tile::<K, 7>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 0>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 1>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 2>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 3>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 4>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 5>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 6>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 7>(p, a, &mut sd, &mut sm);
             for j in 0..4 {
                 // Q3_K's and Q2_K's super-scales are both at 0.
                 let d = f16x4(p.add(8 * j));
@@ -1100,14 +1162,31 @@ unsafe fn k16_one_tile<K: K16>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
 #[inline(never)]
 fn q3k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
-    unsafe { k16_one_tile::<Q3K>(tiles, x) }
+    unsafe { k16_one_tile::<Q3K, false>(tiles, x) }
 }
 
 /// The one-token plain Q2_K kernel ([`k16_one_tile`]).
 #[inline(never)]
 fn q2k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
-    unsafe { k16_one_tile::<Q2K>(tiles, x) }
+    unsafe { k16_one_tile::<Q2K, false>(tiles, x) }
+}
+
+/// The one-token dotprod Q3_K kernel ([`k16_one_tile`] with `sdot`; tile-major, as the
+/// plain one, where the multi-token calls stay quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q3k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { k16_one_tile::<Q3K, true>(tiles, x) }
+}
+
+/// The one-token dotprod Q2_K kernel ([`k16_one_tile`] with `sdot`).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q2k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { k16_one_tile::<Q2K, true>(tiles, x) }
 }
 
 /// IQ4_XS: per sub-block 8 registers of signed table values (`tbl`), `d * (ls - 32)` for the
@@ -1322,16 +1401,20 @@ unsafe fn rows16_any<K: KTile, const SDOT: bool>(
 
 macro_rules! entries {
     ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident) => {
-        fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
-            // activation rows against the tile count and reads only whole tiles.
-            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
-        }
         #[target_feature(enable = "dotprod")]
         #[inline(never)]
         unsafe fn $one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: dotprod is enabled here; bounds as in `$plain`.
             unsafe { run::<$kind, true, 1>(tiles, [x])[0] }
+        }
+        entries!($kind, $plain, $one_plain, $sdot, $one_sdot, $tf, own $one_tf);
+    };
+    // `$one_tf` written out elsewhere.
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, own $one_tf:ident) => {
+        fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
+            // activation rows against the tile count and reads only whole tiles.
+            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
         }
         fn $one_sdot(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
@@ -1383,7 +1466,7 @@ entries!(
     rows16_q3_k_sdot,
     q3k_one_sdot,
     rows16_q3_k_tf,
-    q3k_one_tf
+    own q3k_one_tf
 );
 entries!(
     Sixteen<Q2K>,
@@ -1392,7 +1475,7 @@ entries!(
     rows16_q2_k_sdot,
     q2k_one_sdot,
     rows16_q2_k_tf,
-    q2k_one_tf
+    own q2k_one_tf
 );
 entries!(
     IQ4XS,
