@@ -931,6 +931,8 @@ impl<K: K16> KTile for Sixteen<K> {
 /// `p`, hidden from LLVM (an empty `asm!` with side effects, so two calls are never merged):
 /// loads through it are not merged with loads through another.
 #[inline(always)]
+// The asm reads no memory: it only hides which pointer comes out.
+#[allow(clippy::pointers_in_nomem_asm_block)]
 fn opaque(p: *const u8) -> *const u8 {
     let mut p = p;
     // SAFETY: an empty instruction sequence; it only claims to change the register.
