@@ -609,7 +609,10 @@ mod tests {
     /// Regression guard for the i16 accumulation of the plain NEON kernels: every weight quant
     /// at its top against activations at +-127 puts each i16 lane at its bound (Q4_K 15240,
     /// Q6_K 32004, IQ4_XS two products of -127 * -127: 32258); one product more per lane would
-    /// wrap and change the bits. Every flavour
+    /// wrap and change the bits. The one-token Q3_K / Q2_K kernels keep a row's sum in one i16
+    /// lane, 4 times too large for some blocks: at u = 0 against +127 Q3_K's is 4 * -8128 =
+    /// -32512, and at u = 7 it wraps (4 * 7 * 16 * 127 = 56896) before the offset brings it
+    /// back. Every flavour
     /// with a 16-row k-quant kernel must give the specification's bits, at 1 and 8 tokens.
     #[test]
     fn kquant_kernels_at_the_quant_extremes_give_the_reference_bits() {

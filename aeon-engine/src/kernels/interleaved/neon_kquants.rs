@@ -24,6 +24,10 @@
 //! accumulator once per tile, every product rounded on its own. IQ4_XS's weights are its
 //! table values (`tbl`), signed, so the plain flavour adds two products per i16 lane only.
 //!
+//! The one-token plain kernels of Q6_K, Q3_K and Q2_K (and the one-token `sdot` ones of
+//! Q3_K and Q2_K) are tile-major instead ([`q6k_block_tile`], [`k16_block_tile`]): one
+//! activation broadcast and scale plane serves all four quads.
+//!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
 //! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
 //!
@@ -628,6 +632,46 @@ trait K16 {
     ///
     /// SAFETY (callers): as [`K16::weights`].
     unsafe fn scales<const G: usize>(p: *const u8, j: usize) -> [int32x4_t; 4];
+    /// The plain one-token path's weights ([`k16_half_tile`]): granule `g` of row quad `j`
+    /// of Q8A block `G`, unsigned (`u`: Q3_K with its hmask bit as bit 2) and `2^P[G]` times
+    /// too large (each field taken where the fewest instructions leave it).
+    ///
+    /// SAFETY (callers): as [`K16::weights`].
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> uint8x16_t;
+    /// Per Q8A block the power of two of [`K16::scaled`] left in the sums that reach
+    /// [`cvt_field`] (Q2_K's k = 2 fields leave [`k16_half_tile`] through an exact shift).
+    const P: [i32; 8];
+    /// Blocks whose sums pass through i32 lanes in [`k16_half_tile`] (Q2_K's k = 2: 16 times
+    /// too large, the row sum would not fit an i16 lane).
+    const WIDE: [bool; 8];
+    /// The offset of `u` (Q3_K 4, Q2_K 0: its mins go through `sm`).
+    const OFF: i32;
+    /// The 16 rows' scales and mins (0 for Q3_K) of groups `2G` and `2G + 1` as i16, rows
+    /// 0..8 then 8..16: one 16-byte plane load serves the whole tile.
+    ///
+    /// SAFETY (callers): as [`K16::weights`].
+    unsafe fn scales_tile<const G: usize>(p: *const u8) -> [[int16x8_t; 2]; 4];
+}
+
+/// Bytes of `v` widened to i16: rows 0..8, rows 8..16.
+#[inline(always)]
+fn widen_s8(v: int8x16_t) -> [int16x8_t; 2] {
+    // SAFETY: register-only, baseline NEON.
+    unsafe { [vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v)] }
+}
+
+/// `f32(v / 2^P[G])`: `v` is exactly `2^P[G]` times an i32, and `scvtf` with fraction bits
+/// rounds that exact quotient once, as `f32` of it would.
+#[inline(always)]
+fn cvt_field<K: K16, const G: usize>(v: int32x4_t) -> float32x4_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        match K::P[G] {
+            0 => vcvtq_f32_s32(v),
+            1 => vcvtq_n_f32_s32::<1>(v),
+            _ => vcvtq_n_f32_s32::<2>(v),
+        }
+    }
 }
 
 struct Q3K;
@@ -692,6 +736,53 @@ impl K16 for Q3K {
             [vmovl_s16(vget_low_s16(s)), vmovl_high_s16(s), zero, zero]
         }
     }
+    const P: [i32; 8] = [0, 2, 0, 1, 0, 2, 0, 0];
+    const WIDE: [bool; 8] = [false; 8];
+    const OFF: i32 = 4;
+    #[inline(always)]
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> uint8x16_t {
+        // SAFETY: the qs and hmask granules lie inside the tile (the caller's contract).
+        unsafe {
+            // q: bits 2k, 2k + 1 of qs (k = G % 4); h: bit G of hm. 2^P u = 2^P (q + 4h),
+            // put together by a shift-insert (`sli` keeps the low bits of its first operand,
+            // `sri` the high ones) and a mask: two to four instructions, against four for the
+            // signed `u - 4` (the offset comes off the sums instead, `K16::OFF`).
+            let qs = vld1q_u8(p.add(K3_QS + 512 * (G / 4) + 64 * g + 16 * j));
+            let hm = vld1q_u8(p.add(K3_HM + 64 * g + 16 * j));
+            let m = |v: uint8x16_t, c: u8| vandq_u8(v, vdupq_n_u8(c));
+            // Per arm, where q and h sit before: G 0: q 0-1, h 0; 1: q 2-3, h 1; 2: q 4-5,
+            // h 2; 3: q 6-7, h 3; 4: q 0-1, h 4; 5: q 2-3, h 5; 6: q 4-5, h 6; 7: q 6-7, h 7.
+            match G {
+                0 => m(vsliq_n_u8::<2>(qs, hm), 0x07),
+                1 => m(vsliq_n_u8::<4>(qs, vshrq_n_u8::<1>(hm)), 0x1C),
+                2 => vsriq_n_u8::<6>(m(hm, 0x04), vshlq_n_u8::<2>(qs)),
+                3 => m(vsriq_n_u8::<5>(hm, qs), 0x0E),
+                4 => m(vsliq_n_u8::<2>(qs, vshrq_n_u8::<4>(hm)), 0x07),
+                5 => m(vsliq_n_u8::<4>(qs, vshrq_n_u8::<5>(hm)), 0x1C),
+                6 => m(
+                    vshrq_n_u8::<4>(vsliq_n_u8::<6>(qs, vshrq_n_u8::<6>(hm))),
+                    0x07,
+                ),
+                _ => vsriq_n_u8::<6>(vshrq_n_u8::<5>(hm), qs),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales_tile<const G: usize>(p: *const u8) -> [[int16x8_t; 2]; 4] {
+        // SAFETY: the scale planes lie inside the tile; the rest is register-only.
+        unsafe {
+            let plane = |i: usize| vld1q_u8(p.add(K3_SC + ROWS * i));
+            // As `scales`, for all 16 rows at once.
+            let sc = |g: usize| {
+                let lo = vandq_u8(shr_u8(plane(g % 8), 4 * (g / 8)), vdupq_n_u8(0x0F));
+                let hi = vandq_u8(shr_u8(plane(8 + g % 4), 2 * (g / 4)), vdupq_n_u8(3));
+                let s = vreinterpretq_s8_u8(vsliq_n_u8::<4>(lo, hi));
+                widen_s8(vsubq_s8(s, vdupq_n_s8(32)))
+            };
+            let zero = [vdupq_n_s16(0); 2];
+            [sc(2 * G), sc(2 * G + 1), zero, zero]
+        }
+    }
 }
 
 impl K16 for Q2K {
@@ -718,6 +809,39 @@ impl K16 for Q2K {
                 w(vget_high_u16(sc)),
                 w(vget_low_u16(m)),
                 w(vget_high_u16(m)),
+            ]
+        }
+    }
+    const P: [i32; 8] = [0, 2, 0, 0, 0, 2, 0, 0];
+    const WIDE: [bool; 8] = [false, false, true, false, false, false, true, false];
+    const OFF: i32 = 0;
+    #[inline(always)]
+    unsafe fn scaled<const G: usize>(p: *const u8, g: usize, j: usize) -> uint8x16_t {
+        // SAFETY: the qs granule lies inside the tile (the caller's contract).
+        unsafe {
+            let v = vld1q_u8(p.add(K2_QS + 512 * (G / 4) + 64 * g + 16 * j));
+            // The field k = G % 4 masked in place (4^k times its value) for k < 3, shifted
+            // down for k = 3 (0xC0 is no i8): one instruction.
+            match G % 4 {
+                3 => vshrq_n_u8::<6>(v),
+                k => vandq_u8(v, vdupq_n_u8(3 << (2 * k))),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales_tile<const G: usize>(p: *const u8) -> [[int16x8_t; 2]; 4] {
+        // SAFETY: the scale planes lie inside the tile; the rest is register-only.
+        unsafe {
+            let v0 = vld1q_u8(p.add(K2_SC + ROWS * (2 * G)));
+            let v1 = vld1q_u8(p.add(K2_SC + ROWS * (2 * G + 1)));
+            // Scales and mins are 0..16: as i8 they widen the same.
+            let w = |v: uint8x16_t| widen_s8(vreinterpretq_s8_u8(v));
+            let low = vdupq_n_u8(0x0F);
+            [
+                w(vandq_u8(v0, low)),
+                w(vandq_u8(v1, low)),
+                w(vshrq_n_u8::<4>(v0)),
+                w(vshrq_n_u8::<4>(v1)),
             ]
         }
     }
@@ -802,6 +926,269 @@ impl<K: K16> KTile for Sixteen<K> {
             }
         }
     }
+}
+
+/// `p`, hidden from LLVM (an empty `asm!` with side effects, so two calls are never merged):
+/// loads through it are not merged with loads through another.
+#[inline(always)]
+// The asm reads no memory: it only hides which pointer comes out.
+#[allow(clippy::pointers_in_nomem_asm_block)]
+fn opaque(p: *const u8) -> *const u8 {
+    let mut p = p;
+    // SAFETY: an empty instruction sequence; it only claims to change the register.
+    unsafe { asm!("/* {p} */", p = inout(reg) p, options(nomem, nostack, preserves_flags)) };
+    p
+}
+
+/// Half `H` (Q8A quants 16H..16H + 16 at `x`, their sum `xsum`) of Q8A block `G` of the
+/// Q3_K / Q2_K tile at `p`, all four row quads: the 16 rows' exact
+/// `ih = sum(u * x) - OFF * xsum`, `2^P[G]` times too large, as i16 (rows 0..8, 8..16).
+/// Plain NEON, or with `SDOT` [`k16_half_tile_sdot`].
+///
+/// SAFETY (callers): `p` points at a whole tile, `x` at 32 readable bytes; with `SDOT` the
+/// CPU has dotprod.
+#[inline(always)]
+unsafe fn k16_half_tile<K: K16, const SDOT: bool, const G: usize, const H: usize>(
+    p: *const u8,
+    x: *const i8,
+    xsum: i16,
+) -> [int16x8_t; 2] {
+    if SDOT {
+        // SAFETY: the caller's contract.
+        return unsafe { k16_half_tile_sdot::<K, G, H>(p, x, xsum) };
+    }
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let xr = vreinterpretq_s32_s8(vld1q_s8(x.add(16 * H)));
+        // The products (|u| <= 48, |x| <= 127) are exact in i16; the adds wrap modulo 2^16,
+        // which changes no bit of a sum that fits an i16 lane where it is widened: the row's
+        // 2^P ih (|ih| <= 16 * 4 * 127 = 8128, P <= 2: 32512), or for `WIDE` blocks (Q2_K k
+        // = 2, u <= 48) the 4 products of a lane at `saddlp` (4 * 48 * 127 = 24384).
+        let mut lo = [vdupq_n_s16(0); 4];
+        let mut hi = [vdupq_n_s16(0); 4];
+        for i in 0..4 {
+            let g = 4 * H + i;
+            let xb = lane_bytes(xr, i);
+            for j in 0..4 {
+                let w = vreinterpretq_s8_u8(K::scaled::<G>(p, g, j));
+                if i == 0 {
+                    lo[j] = vmull_s8(vget_low_s8(w), vget_low_s8(xb));
+                    hi[j] = vmull_high_s8(w, xb);
+                } else {
+                    lo[j] = vmlal_s8(lo[j], vget_low_s8(w), vget_low_s8(xb));
+                    hi[j] = vmlal_high_s8(hi[j], w, xb);
+                }
+            }
+        }
+        let r = if K::WIDE[G] {
+            // To i32 lanes, then the exact quotient by 16 back to i16 (|ih| <= 16 * 3 * 127;
+            // `shrn` keeps the low 16 bits of an exact multiple's quotient).
+            let q: [int32x4_t; 4] =
+                std::array::from_fn(|j| vpaddq_s32(vpaddlq_s16(lo[j]), vpaddlq_s16(hi[j])));
+            [
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(q[0]), q[1]),
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(q[2]), q[3]),
+            ]
+        } else {
+            let r: [int16x8_t; 4] = std::array::from_fn(|j| vpaddq_s16(lo[j], hi[j]));
+            [vpaddq_s16(r[0], r[1]), vpaddq_s16(r[2], r[3])]
+        };
+        if K::OFF == 0 {
+            return r;
+        }
+        // The offset, 2^P OFF * xsum (modulo 2^16, as the sums).
+        let off = vdupq_n_s16(((K::OFF << K::P[G]) * xsum as i32) as i16);
+        r.map(|v| vsubq_s16(v, off))
+    }
+}
+
+/// [`k16_half_tile`] with `sdot` by element: per quad one i32 chain, started at the offset
+/// `-2^P OFF * xsum`, then to i16 (the row sums fit, as in the plain flavour; `WIDE` blocks
+/// through the exact shift by 4).
+///
+/// SAFETY (callers): as [`k16_half_tile`], and the CPU has dotprod.
+#[inline(always)]
+unsafe fn k16_half_tile_sdot<K: K16, const G: usize, const H: usize>(
+    p: *const u8,
+    x: *const i8,
+    xsum: i16,
+) -> [int16x8_t; 2] {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let xr = vld1q_s8(x.add(16 * H));
+        let mut acc = [vdupq_n_s32(-(K::OFF << K::P[G]) * xsum as i32); 4];
+        // Written out: LLVM keeps loops around the `asm!` of `sdot_lane` rolled.
+        k16_sdot_group::<K, G, H, 0>(p, xr, &mut acc);
+        k16_sdot_group::<K, G, H, 1>(p, xr, &mut acc);
+        k16_sdot_group::<K, G, H, 2>(p, xr, &mut acc);
+        k16_sdot_group::<K, G, H, 3>(p, xr, &mut acc);
+        if K::WIDE[G] {
+            [
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(acc[0]), acc[1]),
+                vshrn_high_n_s32::<4>(vshrn_n_s32::<4>(acc[2]), acc[3]),
+            ]
+        } else {
+            // The low halves of the i32 lanes.
+            let s = acc.map(|v| vreinterpretq_s16_s32(v));
+            [vuzp1q_s16(s[0], s[1]), vuzp1q_s16(s[2], s[3])]
+        }
+    }
+}
+
+/// Activation group `I` (bytes 4I..4I + 4 of `xr`) of [`k16_half_tile_sdot`] onto the four
+/// quads' chains.
+///
+/// SAFETY (callers): as [`k16_half_tile_sdot`].
+#[inline(always)]
+unsafe fn k16_sdot_group<K: K16, const G: usize, const H: usize, const I: usize>(
+    p: *const u8,
+    xr: int8x16_t,
+    acc: &mut [int32x4_t; 4],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let w = |j: usize| vreinterpretq_s8_u8(K::scaled::<G>(p, 4 * H + I, j));
+        acc[0] = sdot_lane(acc[0], w(0), xr, I);
+        acc[1] = sdot_lane(acc[1], w(1), xr, I);
+        acc[2] = sdot_lane(acc[2], w(2), xr, I);
+        acc[3] = sdot_lane(acc[3], w(3), xr, I);
+    }
+}
+
+/// Q8A block `G` of the Q3_K / Q2_K tile at `p`, all four row quads, one token (`a`: its Q8A
+/// block 0 of this super-block) onto `sd` and `sm`, plain NEON. Tile-major where
+/// [`k16_block`] is quad-major: each activation lane broadcast and scale plane serves the
+/// four quads; the weights come from the fewest instructions, scaled by a power of two
+/// ([`K16::scaled`]) that the conversion takes back ([`cvt_field`]); the sums stay in i16
+/// lanes to the row ([`k16_half_tile`]), so the scales multiply with widening (`smull`).
+/// Per row the same exact i32 sums and the same f32 steps in the same order: the same bits.
+/// llvm-mca, cycles per row-block: plain on the A53 Q2_K 171.5 -> 124.8, Q3_K 220.0 ->
+/// 175.6; `sdot` on the A55 Q2_K 125.3 -> 108.2, Q3_K 173.8 -> 166.7.
+///
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
+#[inline(always)]
+unsafe fn k16_block_tile<K: K16, const SDOT: bool, const G: usize>(
+    p: *const u8,
+    a: *const BlockQ8A,
+    sd: &mut [float32x4_t; 4],
+    sm: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        // Blocks 4n..4n + 4 read the same qs (and Q3_K all eight the same hmask) granules:
+        // LLVM would keep them live across blocks, 32 registers, and spill.
+        let p = opaque(p);
+        let a = a.add(G);
+        let x = (*a).qs.as_ptr();
+        let i0 = k16_half_tile::<K, SDOT, G, 0>(p, x, (*a).sums[0]);
+        let i1 = k16_half_tile::<K, SDOT, G, 1>(p, x, (*a).sums[1]);
+        let [s0, s1, m0, m1] = K::scales_tile::<G>(p);
+        let xd = (*a).d;
+        // sums[0], sums[1] as i16 lanes 0, 1.
+        let sums = vreinterpret_s16_s32(vld1_dup_s32((*a).sums.as_ptr() as *const i32));
+        for j in 0..4 {
+            let h = j / 2;
+            // isum = sc_0 ih_0 + sc_1 ih_1 (times 4 for k = 1), exact in i32.
+            let (isum, msum) = if j % 2 == 0 {
+                let lo = vget_low_s16;
+                (
+                    vmlal_s16(vmull_s16(lo(s0[h]), lo(i0[h])), lo(s1[h]), lo(i1[h])),
+                    vmlal_lane_s16::<1>(vmull_lane_s16::<0>(lo(m0[h]), sums), lo(m1[h]), sums),
+                )
+            } else {
+                (
+                    vmlal_high_s16(vmull_high_s16(s0[h], i0[h]), s1[h], i1[h]),
+                    vmlal_high_lane_s16::<1>(vmull_high_lane_s16::<0>(m0[h], sums), m1[h], sums),
+                )
+            };
+            sd[j] = vaddq_f32(sd[j], vmulq_n_f32(cvt_field::<K, G>(isum), xd));
+            if K::DMIN.is_some() {
+                sm[j] = vaddq_f32(sm[j], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
+            }
+        }
+    }
+}
+
+/// The one-token plain Q3_K / Q2_K kernel, a tile at a time ([`k16_block_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn k16_one_tile<K: K16, const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let nt = tiles.len() / K::BYTES;
+    assert!(
+        x.len() >= 8 * nt,
+        "k16_one_tile: 8 activation blocks per tile"
+    );
+    // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
+    // NEON is baseline on aarch64, dotprod as the caller promised.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K::BYTES);
+            let a = x.as_ptr().add(8 * b);
+            let mut sd = [vdupq_n_f32(0.0); 4];
+            let mut sm = [vdupq_n_f32(0.0); 4];
+            k16_block_tile::<K, SDOT, 0>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 1>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 2>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 3>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 4>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 5>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 6>(p, a, &mut sd, &mut sm);
+            k16_block_tile::<K, SDOT, 7>(p, a, &mut sd, &mut sm);
+            for j in 0..4 {
+                // Q3_K's and Q2_K's super-scales are both at 0.
+                let d = f16x4(p.add(8 * j));
+                acc[j] = match K::DMIN {
+                    Some(at) => {
+                        let dmin = f16x4(p.add(at + 8 * j));
+                        vaddq_f32(
+                            acc[j],
+                            vsubq_f32(vmulq_f32(d, sd[j]), vmulq_f32(dmin, sm[j])),
+                        )
+                    }
+                    None => vaddq_f32(acc[j], vmulq_f32(d, sd[j])),
+                };
+            }
+        }
+        let mut out = [0f32; ROWS];
+        for (j, v) in acc.iter().enumerate() {
+            vst1q_f32(out.as_mut_ptr().add(4 * j), *v);
+        }
+        out
+    }
+}
+
+/// The one-token plain Q3_K kernel ([`k16_one_tile`]).
+#[inline(never)]
+fn q3k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { k16_one_tile::<Q3K, false>(tiles, x) }
+}
+
+/// The one-token plain Q2_K kernel ([`k16_one_tile`]).
+#[inline(never)]
+fn q2k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { k16_one_tile::<Q2K, false>(tiles, x) }
+}
+
+/// The one-token dotprod Q3_K kernel ([`k16_one_tile`] with `sdot`; tile-major, as the
+/// plain one, where the multi-token calls stay quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q3k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { k16_one_tile::<Q3K, true>(tiles, x) }
+}
+
+/// The one-token dotprod Q2_K kernel ([`k16_one_tile`] with `sdot`).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q2k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { k16_one_tile::<Q2K, true>(tiles, x) }
 }
 
 /// IQ4_XS: per sub-block 8 registers of signed table values (`tbl`), `d * (ls - 32)` for the
@@ -898,8 +1285,6 @@ macro_rules! one_plain {
 
 one_plain!(
     q5k_one_plain: Q5K,
-    q3k_one_plain: Sixteen<Q3K>,
-    q2k_one_plain: Sixteen<Q2K>,
     iq4xs_one_plain: IQ4XS
 );
 
@@ -1018,16 +1403,20 @@ unsafe fn rows16_any<K: KTile, const SDOT: bool>(
 
 macro_rules! entries {
     ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident) => {
-        fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
-            // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
-            // activation rows against the tile count and reads only whole tiles.
-            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
-        }
         #[target_feature(enable = "dotprod")]
         #[inline(never)]
         unsafe fn $one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: dotprod is enabled here; bounds as in `$plain`.
             unsafe { run::<$kind, true, 1>(tiles, [x])[0] }
+        }
+        entries!($kind, $plain, $one_plain, $sdot, $one_sdot, $tf, own $one_tf);
+    };
+    // `$one_tf` written out elsewhere.
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, own $one_tf:ident) => {
+        fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
+            // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
+            // activation rows against the tile count and reads only whole tiles.
+            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
         }
         fn $one_sdot(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
@@ -1079,7 +1468,7 @@ entries!(
     rows16_q3_k_sdot,
     q3k_one_sdot,
     rows16_q3_k_tf,
-    q3k_one_tf
+    own q3k_one_tf
 );
 entries!(
     Sixteen<Q2K>,
@@ -1088,7 +1477,7 @@ entries!(
     rows16_q2_k_sdot,
     q2k_one_sdot,
     rows16_q2_k_tf,
-    q2k_one_tf
+    own q2k_one_tf
 );
 entries!(
     IQ4XS,
