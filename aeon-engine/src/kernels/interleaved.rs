@@ -104,8 +104,8 @@ pub const ROWS: usize = 16;
 /// the group whose tiles are `tiles`, `x[t]`). `x.len() == out.len() <= 8`.
 pub type Rows16Dot = fn(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]);
 
-/// 16 rows of a float matrix's group ([`floats`]) against up to 8 f32 activation rows:
-/// `out[t][r]` = dot(row r of the group, `x[t]`). `x.len() == out.len() <= 8`.
+/// 16 rows of a float matrix's group ([`floats`]) against f32 activation rows:
+/// `out[t][r]` = dot(row r of the group, `x[t]`). `x.len() == out.len()`.
 pub type Rows16FloatDot = fn(group: &[u8], x: &[&[f32]], out: &mut [[f32; ROWS]]);
 
 /// One type's 16-row kernel on one x86 instruction set, for `T` activation rows at once.
