@@ -279,7 +279,8 @@ pub struct Interleaved {
     pub groups: usize,
     /// 32-element blocks per row (the activation blocks a kernel call takes per token).
     pub blocks: usize,
-    /// Tiles per group: `blocks` for the 32-element types, `blocks / 8` for the k-quants.
+    /// Tiles per group: `blocks` for the 32-element and float types, `blocks / 8` for the
+    /// k-quants.
     tiles: usize,
     tile: usize,
     data: Vec<u8>,

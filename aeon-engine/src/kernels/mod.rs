@@ -195,8 +195,8 @@ pub struct KernelRow {
     /// 16 rows over [`Interleaved`] tiles (of [`interleaved::tile_bytes`] each) against up
     /// to 8 activation rows, where this ISA has a kernel for the type.
     pub rows16: Option<Rows16Dot>,
-    /// 16 float rows over their [`Interleaved`] group ([`interleaved::floats`]) against up
-    /// to 8 f32 activation rows, where this ISA has a kernel for the type.
+    /// 16 float rows over their [`Interleaved`] group ([`interleaved::floats`]) against f32
+    /// activation rows, where this ISA has a kernel for the type.
     pub rows16_float: Option<Rows16FloatDot>,
     /// Four float rows at once ([`DotF4`]), where this ISA has it for the type.
     pub float4: Option<DotF4>,
@@ -598,9 +598,7 @@ pub fn linears_with(k: &Kernels, outs: &mut [(&Linear, &mut [f32])], x: &[f32], 
         return;
     }
     counted(outs.iter().map(|(w, _)| w.q.data.len()).sum());
-    let any_quant = outs
-        .iter()
-        .any(|(w, _)| matches!(group_dot(k, w, &[], &[]), Some((_, GroupDot::Quant(..)))));
+    let any_quant = outs.iter().any(|(w, _)| groupable(k, w));
     let mut with_acts = |xq: &[BlockQ8A]| {
         let mut targets = [None; MAX];
         for (t, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
@@ -682,12 +680,10 @@ pub struct Job<'j> {
     pub out: &'j mut [f32],
 }
 
-/// Whether `w` can join a [`linears_each`] pass under `k`: a 16-row kernel for its type and
+/// Whether `w` can join a [`linears_each`] pass under `k`: a 16-row kernel for its (quantized) type and
 /// its interleaved copy (packed here if not yet; `None` where the station keeps it in the file).
 pub fn groupable(k: &Kernels, w: &Linear) -> bool {
-    k.rows16(w.dtype).is_some()
-        && matches!(k.dot(w.dtype), Dot::Quant(_))
-        && w.interleaved(k).is_some()
+    matches!(group_dot(k, w, &[], &[]), Some((_, GroupDot::Quant(..))))
 }
 
 /// Every job's product in one parallel pass over all their 16-row groups: one fork-join for
