@@ -680,8 +680,9 @@ pub struct Job<'j> {
     pub out: &'j mut [f32],
 }
 
-/// Whether `w` can join a [`linears_each`] pass under `k`: a 16-row kernel for its (quantized) type and
-/// its interleaved copy (packed here if not yet; `None` where the station keeps it in the file).
+/// Whether `w` can join a [`linears_each`] pass under `k`: a 16-row kernel for its
+/// (quantized) type and its interleaved copy (packed here if not yet; `None` where the station
+/// keeps it in the file).
 pub fn groupable(k: &Kernels, w: &Linear) -> bool {
     matches!(group_dot(k, w, &[], &[]), Some((_, GroupDot::Quant(..))))
 }
