@@ -295,6 +295,9 @@ impl Kernels {
             k.isa = Isa::Avx2;
             k.set_dots(avx2::kernels());
             k.set_rows16(interleaved::avx2::kernels());
+            for (dtype, f) in avx2::float4_kernels() {
+                k.rows[dtype.index()].float4 = Some(f);
+            }
         }
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {
