@@ -153,12 +153,12 @@ ROWS16=(
     # interleaved/neon_kquants.rs: an iteration is a row quad of a tile (4 row-blocks), but for the plain
     # kernels (and the sdot Q3_K, Q2_K) a whole tile (16: tile-major, see q4k_pair_tile, q5k_pair_tile,
     # q6k_block_tile, k16_block_tile, iq4xs_sub_tile).
-    "Q4_K  neon_kquants13q4k_one_plain 0 16 neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
+    "Q4_K  neon_kquants13q4k_one_plain 0 16 neon_kquants10q4k_one_tf 0 16 ^ggml_vec_dot_q4_K_q8_K$ 0 1"
     "Q6_K  neon_kquants13q6k_one_plain 0 16 neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
-    "Q5_K  neon_kquants13q5k_one_plain 0 16 neon_kquants10q5k_one_tf 0 4  ^ggml_vec_dot_q5_K_q8_K$ 0 1"
+    "Q5_K  neon_kquants13q5k_one_plain 0 16 neon_kquants10q5k_one_tf 0 16 ^ggml_vec_dot_q5_K_q8_K$ 0 1"
     "Q3_K  neon_kquants13q3k_one_plain 0 16  neon_kquants10q3k_one_tf 0 16  ^ggml_vec_dot_q3_K_q8_K$ 0 1"
     "Q2_K  neon_kquants13q2k_one_plain 0 16  neon_kquants10q2k_one_tf 0 16  ^ggml_vec_dot_q2_K_q8_K$ 0 1"
-    "IQ4XS neon_kquants15iq4xs_one_plain 0 16 neon_kquants12iq4xs_one_tf 0 4  ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
+    "IQ4XS neon_kquants15iq4xs_one_plain 0 16 neon_kquants12iq4xs_one_tf 0 16 ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
     "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \

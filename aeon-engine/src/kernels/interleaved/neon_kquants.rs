@@ -24,8 +24,8 @@
 //! accumulator once per tile, every product rounded on its own. IQ4_XS's weights are its
 //! table values (`tbl`), signed, so the plain flavour adds two products per i16 lane only.
 //!
-//! The one-token plain kernels of all six types (and the one-token `sdot` ones of Q3_K and
-//! Q2_K) are tile-major instead ([`q4k_pair_tile`], [`q5k_pair_tile`], [`q6k_block_tile`],
+//! The one-token plain kernels of all six types (and the one-token `sdot` ones of all but
+//! Q6_K) are tile-major instead ([`q4k_pair_tile`], [`q5k_pair_tile`], [`q6k_block_tile`],
 //! [`k16_block_tile`], [`iq4xs_sub_tile`]): one activation broadcast and scale plane serves
 //! all four quads.
 //!
@@ -337,14 +337,34 @@ fn widen_u8_u32(v: uint8x16_t) -> [uint32x4_t; 4] {
 /// `g` of quad `j`'s weights of each sub-block (from the same loads: Q4_K's two nibbles), at
 /// most 31; with `NARROW` at most 15, so two i16 lanes add before widening.
 ///
-/// SAFETY (callers): each `x[s]` points at 32 readable bytes and `w` reads inside the tile.
+/// With `SDOT` one `sdot` by element per weight vector instead (a chain per quad and
+/// sub-block).
+///
+/// SAFETY (callers): each `x[s]` points at 32 readable bytes and `w` reads inside the tile;
+/// with `SDOT` the CPU has dotprod.
 #[inline(always)]
-unsafe fn k4_isum_tile<const NARROW: bool, const N: usize>(
+unsafe fn k4_isum_tile<const SDOT: bool, const NARROW: bool, const N: usize>(
     x: [*const i8; N],
     w: impl Fn(usize, usize) -> [int8x16_t; N],
 ) -> [[int32x4_t; 4]; N] {
-    // SAFETY: the loads read `x[s][0..32]`; everything else is register-only or `w`'s.
+    // SAFETY: the loads read `x[s][0..32]`; everything else is register-only or `w`'s;
+    // dotprod as the caller promised.
     unsafe {
+        if SDOT {
+            let mut acc = [[vdupq_n_s32(0); 4]; N];
+            let xr = x.map(|x| vld1q_s8(x));
+            // Written out: LLVM keeps loops around the `asm!` of `sdot_lane` rolled.
+            k4_sdot_granule::<0, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<1, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<2, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<3, N>(xr, &w, &mut acc);
+            let xr = x.map(|x| vld1q_s8(x.add(16)));
+            k4_sdot_granule::<4, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<5, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<6, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<7, N>(xr, &w, &mut acc);
+            return acc;
+        }
         // i16 lane (row, position) adds one product per granule: 8 of |u * x| <= 15 * 127
         // (Q4_K: 15240, and two such lanes 30480), or 31 * 127 (Q5_K: 31496 <= 32767,
         // widened by `saddlp` alone).
@@ -370,6 +390,27 @@ unsafe fn k4_isum_tile<const NARROW: bool, const N: usize>(
                 }
             })
         })
+    }
+}
+
+/// Granule `G` of [`k4_isum_tile`] with `sdot` (`xr`: the sub-blocks' activation halves that
+/// hold group `G`).
+///
+/// SAFETY (callers): the CPU has dotprod.
+#[inline(always)]
+unsafe fn k4_sdot_granule<const G: usize, const N: usize>(
+    xr: [int8x16_t; N],
+    w: &impl Fn(usize, usize) -> [int8x16_t; N],
+    acc: &mut [[int32x4_t; 4]; N],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        for j in 0..4 {
+            let wg = w(G, j);
+            for s in 0..N {
+                acc[s][j] = sdot_lane(acc[s][j], wg[s], xr[s], G % 4);
+            }
+        }
     }
 }
 
@@ -406,12 +447,14 @@ fn k4_granule_tile<const G: usize, const N: usize>(
 /// super-block), plain NEON. Tile-major where [`q4k_sub`] is quad-major: each weight load,
 /// activation lane broadcast, scale plane and activation scale serves both sub-blocks or all
 /// four quads. Per row the same exact i32 sums and the same f32 steps in the same order: the
-/// same bits. llvm-mca A53, cycles per row-block: 152.5 (quad-major) -> 111.3 (116.1 a
-/// sub-block at a time, each loading the granules again).
+/// same bits. llvm-mca, cycles per row-block: plain on the A53 152.5 (quad-major) -> 111.3
+/// (116.1 a sub-block at a time, each loading the granules again); `sdot` on the A55 99.3 ->
+/// 74.9.
 ///
-/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
 #[inline(always)]
-unsafe fn q4k_pair_tile<const S0: usize, const S1: usize>(
+unsafe fn q4k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
     p: *const u8,
     (d, ndmin): (&[float32x4_t; 4], &[float32x4_t; 4]),
     a: *const BlockQ8A,
@@ -425,7 +468,7 @@ unsafe fn q4k_pair_tile<const S0: usize, const S1: usize>(
         let p = opaque(p);
         let qs = p.add(K4_QS + 256 * S0);
         let x = [(*a.add(S0)).qs.as_ptr(), (*a.add(S1)).qs.as_ptr()];
-        let isum = k4_isum_tile::<true, 2>(x, |g, j| {
+        let isum = k4_isum_tile::<SDOT, true, 2>(x, |g, j| {
             let v = vld1q_u8(qs.add(64 * g + 16 * j));
             [
                 vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))),
@@ -816,9 +859,13 @@ fn qh_to_bit4<const S: usize>(qh: uint8x16_t) -> uint8x16_t {
 /// Sub-block `S`'s exact i32 sums of the Q5_K tile at `p`, all four row quads (one vector
 /// each), one token (`a`: its Q8A block 0 of this super-block), plain NEON.
 ///
-/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
 #[inline(always)]
-unsafe fn q5k_isum_tile<const S: usize>(p: *const u8, a: *const BlockQ8A) -> [int32x4_t; 4] {
+unsafe fn q5k_isum_tile<const SDOT: bool, const S: usize>(
+    p: *const u8,
+    a: *const BlockQ8A,
+) -> [int32x4_t; 4] {
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
         // All eight sub-blocks read the same qh granules (and pairs the same qs ones): LLVM
@@ -826,7 +873,7 @@ unsafe fn q5k_isum_tile<const S: usize>(p: *const u8, a: *const BlockQ8A) -> [in
         let p = opaque(p);
         let qs = p.add(K5_QS + 512 * (S / 2));
         let qh = p.add(K5_QH);
-        let [isum] = k4_isum_tile::<false, 1>([(*a.add(S)).qs.as_ptr()], |g, j| {
+        let [isum] = k4_isum_tile::<SDOT, false, 1>([(*a.add(S)).qs.as_ptr()], |g, j| {
             let q = vld1q_u8(qs.add(64 * g + 16 * j));
             let h = vld1q_u8(qh.add(64 * g + 16 * j));
             // Bit S of qh to bit 4 beside the nibble (`sli` keeps the low nibble of q, `sri`
@@ -882,12 +929,12 @@ unsafe fn q5k_terms_tile<const S: usize>(
 /// (`a`: its Q8A block 0 of this super-block), plain NEON: `sd += x1 + x2`, `sm += y1 + y2`,
 /// as [`q5k_pair`]. Tile-major where [`q5k_sub`] is quad-major: each activation lane
 /// broadcast and scale plane serves the four quads. Both sub-blocks' sums come before their
-/// f32 terms (four registers held across the second, not eight). llvm-mca A53, cycles per
-/// row-block: 206.3 (quad-major) -> 166.2.
+/// f32 terms (four registers held across the second, not eight). llvm-mca, cycles per
+/// row-block: plain on the A53 206.3 (quad-major) -> 166.2, `sdot` on the A55 174.0 -> 155.8.
 ///
 /// SAFETY (callers): as [`q5k_isum_tile`].
 #[inline(always)]
-unsafe fn q5k_pair_tile<const S0: usize, const S1: usize>(
+unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
     p: *const u8,
     a: *const BlockQ8A,
     sd: &mut [float32x4_t; 4],
@@ -896,8 +943,8 @@ unsafe fn q5k_pair_tile<const S0: usize, const S1: usize>(
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
         const { assert!(S1 == S0 + 1) };
-        let i0 = q5k_isum_tile::<S0>(p, a);
-        let i1 = q5k_isum_tile::<S1>(p, a);
+        let i0 = q5k_isum_tile::<SDOT, S0>(p, a);
+        let i1 = q5k_isum_tile::<SDOT, S1>(p, a);
         let x = q5k_terms_tile::<S0>(p, a, &i0);
         let y = q5k_terms_tile::<S1>(p, a, &i1);
         for j in 0..4 {
@@ -1554,12 +1601,13 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
 /// block 0 of this super-block; `d`: the quads' super-scales; `tbl`: the value table), plain
 /// NEON. Tile-major where [`iq4xs_sub`] is quad-major: each activation lane broadcast and
 /// scale plane serves the four quads. Per row the same exact i32 sums and the same f32 steps
-/// in the same order: the same bits. llvm-mca A53, cycles per row-block: 186.3 (quad-major)
-/// -> 150.3.
+/// in the same order: the same bits. llvm-mca, cycles per row-block: plain on the A53 186.3
+/// (quad-major) -> 150.3, `sdot` on the A55 110.3 -> 91.8.
 ///
-/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
 #[inline(always)]
-unsafe fn iq4xs_sub_tile<const S: usize>(
+unsafe fn iq4xs_sub_tile<const SDOT: bool, const S: usize>(
     p: *const u8,
     d: &[float32x4_t; 4],
     tbl: int8x16_t,
@@ -1573,11 +1621,12 @@ unsafe fn iq4xs_sub_tile<const S: usize>(
         let x = (*a).qs.as_ptr();
         let xr = [0, 1].map(|h| vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h))));
         let qs = p.add(KX_QS + 256 * S);
-        // Per quad the i32 sums of rows 4j, 4j + 1 (pairs of lanes) and 4j + 2, 4j + 3.
+        // Per quad the i32 sums of rows 4j, 4j + 1 (pairs of lanes) and 4j + 2, 4j + 3; with
+        // `SDOT` two chains of one lane per row.
         let mut s = [[vdupq_n_s32(0); 2]; 4];
         // Written out: LLVM keeps a loop this long rolled.
-        iq4xs_granules_tile::<0>(qs, tbl, xr, &mut s);
-        iq4xs_granules_tile::<2>(qs, tbl, xr, &mut s);
+        iq4xs_granules_tile::<SDOT, 0>(qs, tbl, xr, &mut s);
+        iq4xs_granules_tile::<SDOT, 2>(qs, tbl, xr, &mut s);
         // The 16 rows' ls - 32 (6-bit ls: the `scales_l` nibble, 2 bits of `scales_h` above).
         let sl = vld1q_u8(p.add(KX_SL + ROWS * (S / 2)));
         let sh = vld1q_u8(p.add(KX_SH + ROWS * (S / 4)));
@@ -1596,7 +1645,11 @@ unsafe fn iq4xs_sub_tile<const S: usize>(
             };
             // d * (ls - 32) is exact, as in `iq4xs_sub`.
             let dsc = vmulq_f32(d[j], vcvtq_f32_s32(l));
-            let isum = vpaddq_s32(s[j][0], s[j][1]);
+            let isum = if SDOT {
+                vaddq_s32(s[j][0], s[j][1])
+            } else {
+                vpaddq_s32(s[j][0], s[j][1])
+            };
             acc[j] = vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd));
         }
     }
@@ -1605,9 +1658,10 @@ unsafe fn iq4xs_sub_tile<const S: usize>(
 /// Granules `I`, `I + 1` of an IQ4_XS sub-block (at `qs`), all four quads, both halves (low
 /// nibbles: activations `xr[0]`, high: `xr[1]`) onto the quads' i32 sums `s`.
 ///
-/// SAFETY (callers): `qs` points at the sub-block's 4 granules.
+/// SAFETY (callers): `qs` points at the sub-block's 4 granules; with `SDOT` the CPU has
+/// dotprod.
 #[inline(always)]
-unsafe fn iq4xs_granules_tile<const I: usize>(
+unsafe fn iq4xs_granules_tile<const SDOT: bool, const I: usize>(
     qs: *const u8,
     tbl: int8x16_t,
     xr: [int32x4_t; 2],
@@ -1615,6 +1669,20 @@ unsafe fn iq4xs_granules_tile<const I: usize>(
 ) {
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
+        if SDOT {
+            let xr = xr.map(|v| vreinterpretq_s8_s32(v));
+            for (j, s) in s.iter_mut().enumerate() {
+                for k in 0..2 {
+                    let v = vld1q_u8(qs.add(64 * (I + k) + 16 * j));
+                    let w0 = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
+                    let w1 = vqtbl1q_s8(tbl, vshrq_n_u8::<4>(v));
+                    // Chain k: granule I + k's low nibbles (activations 0..16), high (16..32).
+                    s[k] = sdot_lane(s[k], w0, xr[0], I + k);
+                    s[k] = sdot_lane(s[k], w1, xr[1], I + k);
+                }
+            }
+            return;
+        }
         let xb = xr.map(|xr| [lane_bytes(xr, I), lane_bytes(xr, I + 1)]);
         for (j, s) in s.iter_mut().enumerate() {
             let v = [0, 1].map(|k| vld1q_u8(qs.add(64 * (I + k) + 16 * j)));
@@ -1664,16 +1732,18 @@ impl KTile for IQ4XS {
     }
 }
 
-/// The one-token plain IQ4_XS kernel, a tile at a time ([`iq4xs_sub_tile`]).
-#[inline(never)]
-fn iq4xs_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+/// The one-token IQ4_XS kernel, a tile at a time ([`iq4xs_sub_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn iq4xs_one_tile<const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let nt = tiles.len() / KX_BYTES;
     assert!(
         x.len() >= 8 * nt,
-        "iq4xs_one_plain: 8 activation blocks per tile"
+        "iq4xs_one_tile: 8 activation blocks per tile"
     );
     // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
-    // NEON is baseline on aarch64; the table is 16 bytes.
+    // NEON is baseline on aarch64, dotprod as the caller promised; the table is 16 bytes.
     unsafe {
         let tbl = vld1q_s8(KVALUES_IQ4NL.as_ptr());
         let mut acc = [vdupq_n_f32(0.0); 4];
@@ -1681,29 +1751,47 @@ fn iq4xs_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             let p = tiles.as_ptr().add(b * KX_BYTES);
             let a = x.as_ptr().add(8 * b);
             let d: [float32x4_t; 4] = std::array::from_fn(|j| f16x4(p.add(KX_D + 8 * j)));
-            iq4xs_sub_tile::<0>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<1>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<2>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<3>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<4>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<5>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<6>(p, &d, tbl, a, &mut acc);
-            iq4xs_sub_tile::<7>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 0>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 1>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 2>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 3>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 4>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 5>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 6>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 7>(p, &d, tbl, a, &mut acc);
         }
         store_rows(&acc)
     }
 }
 
-/// The one-token plain Q5_K kernel, a tile at a time ([`q5k_pair_tile`]).
+/// The one-token plain IQ4_XS kernel ([`iq4xs_one_tile`]).
 #[inline(never)]
-fn q5k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+fn iq4xs_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { iq4xs_one_tile::<false>(tiles, x) }
+}
+
+/// The one-token dotprod IQ4_XS kernel ([`iq4xs_one_tile`] with `sdot`; the multi-token calls
+/// stay quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn iq4xs_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { iq4xs_one_tile::<true>(tiles, x) }
+}
+
+/// The one-token Q5_K kernel, a tile at a time ([`q5k_pair_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn q5k_one_tile<const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let nt = tiles.len() / K5_BYTES;
     assert!(
         x.len() >= 8 * nt,
-        "q5k_one_plain: 8 activation blocks per tile"
+        "q5k_one_tile: 8 activation blocks per tile"
     );
     // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
-    // NEON is baseline on aarch64.
+    // NEON is baseline on aarch64, dotprod as the caller promised.
     unsafe {
         let mut acc = [vdupq_n_f32(0.0); 4];
         for b in 0..nt {
@@ -1711,10 +1799,10 @@ fn q5k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             let a = x.as_ptr().add(8 * b);
             let mut sd = [vdupq_n_f32(0.0); 4];
             let mut sm = [vdupq_n_f32(0.0); 4];
-            q5k_pair_tile::<0, 1>(p, a, &mut sd, &mut sm);
-            q5k_pair_tile::<2, 3>(p, a, &mut sd, &mut sm);
-            q5k_pair_tile::<4, 5>(p, a, &mut sd, &mut sm);
-            q5k_pair_tile::<6, 7>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 0, 1>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 2, 3>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 4, 5>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 6, 7>(p, a, &mut sd, &mut sm);
             for j in 0..4 {
                 let d = f16x4(p.add(K5_D + 8 * j));
                 let dmin = f16x4(p.add(K5_DMIN + 8 * j));
@@ -1726,16 +1814,34 @@ fn q5k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     }
 }
 
-/// The one-token plain Q4_K kernel, a tile at a time ([`q4k_sub_tile`]).
+/// The one-token plain Q5_K kernel ([`q5k_one_tile`]).
 #[inline(never)]
-fn q4k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+fn q5k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { q5k_one_tile::<false>(tiles, x) }
+}
+
+/// The one-token dotprod Q5_K kernel ([`q5k_one_tile`] with `sdot`; the multi-token calls stay
+/// quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q5k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { q5k_one_tile::<true>(tiles, x) }
+}
+
+/// The one-token Q4_K kernel, a tile at a time ([`q4k_pair_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn q4k_one_tile<const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
     let nt = tiles.len() / K4_BYTES;
     assert!(
         x.len() >= 8 * nt,
-        "q4k_one_plain: 8 activation blocks per tile"
+        "q4k_one_tile: 8 activation blocks per tile"
     );
     // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
-    // NEON is baseline on aarch64.
+    // NEON is baseline on aarch64, dotprod as the caller promised.
     unsafe {
         let mut acc = [vdupq_n_f32(0.0); 4];
         for b in 0..nt {
@@ -1744,13 +1850,29 @@ fn q4k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             let d: [float32x4_t; 4] = std::array::from_fn(|j| f16x4(p.add(K4_D + 8 * j)));
             let ndmin: [float32x4_t; 4] =
                 std::array::from_fn(|j| vnegq_f32(f16x4(p.add(K4_DMIN + 8 * j))));
-            q4k_pair_tile::<0, 1>(p, (&d, &ndmin), a, &mut acc);
-            q4k_pair_tile::<2, 3>(p, (&d, &ndmin), a, &mut acc);
-            q4k_pair_tile::<4, 5>(p, (&d, &ndmin), a, &mut acc);
-            q4k_pair_tile::<6, 7>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 0, 1>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 2, 3>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 4, 5>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 6, 7>(p, (&d, &ndmin), a, &mut acc);
         }
         store_rows(&acc)
     }
+}
+
+/// The one-token plain Q4_K kernel ([`q4k_one_tile`]).
+#[inline(never)]
+fn q4k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { q4k_one_tile::<false>(tiles, x) }
+}
+
+/// The one-token dotprod Q4_K kernel ([`q4k_one_tile`] with `sdot`; tile-major, as the plain
+/// one, where the multi-token calls stay quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q4k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { q4k_one_tile::<true>(tiles, x) }
 }
 
 /// The 16 rows of four quad accumulators.
@@ -1909,7 +2031,7 @@ entries!(
     rows16_q4_k_sdot,
     q4k_one_sdot,
     rows16_q4_k_tf,
-    q4k_one_tf
+    own q4k_one_tf
 );
 entries!(
     Q6K,
@@ -1927,7 +2049,7 @@ entries!(
     rows16_q5_k_sdot,
     q5k_one_sdot,
     rows16_q5_k_tf,
-    q5k_one_tf
+    own q5k_one_tf
 );
 entries!(
     Sixteen<Q3K>,
@@ -1954,5 +2076,5 @@ entries!(
     rows16_iq4_xs_sdot,
     iq4xs_one_sdot,
     rows16_iq4_xs_tf,
-    iq4xs_one_tf
+    own iq4xs_one_tf
 );
