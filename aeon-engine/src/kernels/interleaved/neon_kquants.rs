@@ -859,13 +859,9 @@ fn qh_to_bit4<const S: usize>(qh: uint8x16_t) -> uint8x16_t {
 /// Sub-block `S`'s exact i32 sums of the Q5_K tile at `p`, all four row quads (one vector
 /// each), one token (`a`: its Q8A block 0 of this super-block), plain NEON.
 ///
-/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
-/// the CPU has dotprod.
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
 #[inline(always)]
-unsafe fn q5k_isum_tile<const SDOT: bool, const S: usize>(
-    p: *const u8,
-    a: *const BlockQ8A,
-) -> [int32x4_t; 4] {
+unsafe fn q5k_isum_tile<const S: usize>(p: *const u8, a: *const BlockQ8A) -> [int32x4_t; 4] {
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
         // All eight sub-blocks read the same qh granules (and pairs the same qs ones): LLVM
@@ -873,19 +869,27 @@ unsafe fn q5k_isum_tile<const SDOT: bool, const S: usize>(
         let p = opaque(p);
         let qs = p.add(K5_QS + 512 * (S / 2));
         let qh = p.add(K5_QH);
-        let [isum] = k4_isum_tile::<SDOT, false, 1>([(*a.add(S)).qs.as_ptr()], |g, j| {
-            let q = vld1q_u8(qs.add(64 * g + 16 * j));
-            let h = vld1q_u8(qh.add(64 * g + 16 * j));
-            // Bit S of qh to bit 4 beside the nibble (`sli` keeps the low nibble of q, `sri`
-            // puts the high one under the moved qh), junk above bit 4 masked off.
-            let u = if S % 2 == 1 {
-                vsriq_n_u8::<4>(qh_to_bit4::<S>(h), q)
-            } else {
-                vsliq_n_u8::<4>(q, shr_u8(h, S))
-            };
-            [vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x1F)))]
+        let [isum] = k4_isum_tile::<false, false, 1>([(*a.add(S)).qs.as_ptr()], |g, j| {
+            let at = 64 * g + 16 * j;
+            [q5k_u::<S>(vld1q_u8(qs.add(at)), vld1q_u8(qh.add(at)))]
         });
         isum
+    }
+}
+
+/// Sub-block `S`'s 5-bit weights of a granule from its qs bytes `q` and qh bytes `h`.
+#[inline(always)]
+fn q5k_u<const S: usize>(q: uint8x16_t, h: uint8x16_t) -> int8x16_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        // Bit S of qh to bit 4 beside the nibble (`sli` keeps the low nibble of q, `sri`
+        // puts the high one under the moved qh), junk above bit 4 masked off.
+        let u = if S % 2 == 1 {
+            vsriq_n_u8::<4>(qh_to_bit4::<S>(h), q)
+        } else {
+            vsliq_n_u8::<4>(q, shr_u8(h, S))
+        };
+        vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x1F)))
     }
 }
 
@@ -930,9 +934,10 @@ unsafe fn q5k_terms_tile<const S: usize>(
 /// as [`q5k_pair`]. Tile-major where [`q5k_sub`] is quad-major: each activation lane
 /// broadcast and scale plane serves the four quads. Both sub-blocks' sums come before their
 /// f32 terms (four registers held across the second, not eight). llvm-mca, cycles per
-/// row-block: plain on the A53 206.3 (quad-major) -> 166.2, `sdot` on the A55 174.0 -> 155.8.
+/// row-block: plain on the A53 206.3 (quad-major) -> 166.2, `sdot` on the A55 174.0 -> 130.8
+/// (155.8 a sub-block at a time, as the plain one).
 ///
-/// SAFETY (callers): as [`q5k_isum_tile`].
+/// SAFETY (callers): as [`q5k_isum_tile`]; with `SDOT` the CPU has dotprod.
 #[inline(always)]
 unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
     p: *const u8,
@@ -943,8 +948,20 @@ unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
         const { assert!(S1 == S0 + 1) };
-        let i0 = q5k_isum_tile::<SDOT, S0>(p, a);
-        let i1 = q5k_isum_tile::<SDOT, S1>(p, a);
+        let [i0, i1] = if SDOT {
+            // Both sub-blocks from the same loads: with `sdot` their 8 i32 chains leave the
+            // registers for it (the plain flavour's 16 i16 sums did not).
+            let p = opaque(p);
+            let (qs, qh) = (p.add(K5_QS + 256 * S0), p.add(K5_QH));
+            let x = [(*a.add(S0)).qs.as_ptr(), (*a.add(S1)).qs.as_ptr()];
+            k4_isum_tile::<true, false, 2>(x, |g, j| {
+                let at = 64 * g + 16 * j;
+                let (q, h) = (vld1q_u8(qs.add(at)), vld1q_u8(qh.add(at)));
+                [q5k_u::<S0>(q, h), q5k_u::<S1>(q, h)]
+            })
+        } else {
+            [q5k_isum_tile::<S0>(p, a), q5k_isum_tile::<S1>(p, a)]
+        };
         let x = q5k_terms_tile::<S0>(p, a, &i0);
         let y = q5k_terms_tile::<S1>(p, a, &i1);
         for j in 0..4 {
