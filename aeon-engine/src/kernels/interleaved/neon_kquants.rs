@@ -407,8 +407,8 @@ unsafe fn k4_sdot_granule<const G: usize, const N: usize>(
     unsafe {
         for j in 0..4 {
             let wg = w(G, j);
-            for s in 0..N {
-                acc[s][j] = sdot_lane(acc[s][j], wg[s], xr[s], G % 4);
+            for (s, acc) in acc.iter_mut().enumerate() {
+                acc[j] = sdot_lane(acc[j], wg[s], xr[s], G % 4);
             }
         }
     }
@@ -462,7 +462,7 @@ unsafe fn q4k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
 ) {
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
-        const { assert!(S0 % 2 == 0 && S1 == S0 + 1) };
+        const { assert!(S0.is_multiple_of(2) && S1 == S0 + 1) };
         // Both pairs' scale planes S + 4 are the same loads: without this LLVM keeps them
         // live from the first pair on and spills.
         let p = opaque(p);
@@ -1689,13 +1689,13 @@ unsafe fn iq4xs_granules_tile<const SDOT: bool, const I: usize>(
         if SDOT {
             let xr = xr.map(|v| vreinterpretq_s8_s32(v));
             for (j, s) in s.iter_mut().enumerate() {
-                for k in 0..2 {
+                for (k, sk) in s.iter_mut().enumerate() {
                     let v = vld1q_u8(qs.add(64 * (I + k) + 16 * j));
                     let w0 = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
                     let w1 = vqtbl1q_s8(tbl, vshrq_n_u8::<4>(v));
                     // Chain k: granule I + k's low nibbles (activations 0..16), high (16..32).
-                    s[k] = sdot_lane(s[k], w0, xr[0], I + k);
-                    s[k] = sdot_lane(s[k], w1, xr[1], I + k);
+                    *sk = sdot_lane(*sk, w0, xr[0], I + k);
+                    *sk = sdot_lane(*sk, w1, xr[1], I + k);
                 }
             }
             return;
