@@ -633,7 +633,8 @@ impl KTile for Q6K {
 /// Q8A block `4N + K` of the Q6_K tile at `p`, all four row quads, one token (`a`: its Q8A
 /// block 0 of this super-block), plain NEON. Tile-major where [`q6k_block`] is quad-major:
 /// each activation lane broadcast, offset correction and 16-byte scale plane serves the four
-/// quads instead of one (llvm-mca A53: 233 -> 211 cycles per row-block). Per row
+/// quads instead of one (llvm-mca A53: 233 -> 211 -> 177.5 cycles per row-block, the last
+/// with [`opaque`] and [`settled`] per half). Per row
 /// the same exact i32 sums and the same f32 steps in the same order: the same bits.
 #[inline(always)]
 unsafe fn q6k_block_tile<const N: usize, const K: usize>(
@@ -662,6 +663,9 @@ unsafe fn q6k_half_tile<const N: usize, const K: usize, const H: usize>(
     // SAFETY: every load lies inside the tile at `p` or the token's 8 Q8A blocks at `a` (the
     // caller's contract); the rest is register-only.
     unsafe {
+        // Blocks share ql (K, K + 2) and qh (all four of a half) granules: LLVM kept them
+        // live across blocks and spilled (llvm-mca A53 211 -> 177.5 with this and `settled`).
+        let p = opaque(p);
         let a = a.add(qb);
         let (x, xd) = ((*a).qs.as_ptr(), (*a).d);
         let ql = p.add(k6_ql(2 * N + (K & 1)));
@@ -972,10 +976,10 @@ unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
 }
 
 /// `v`, computed here: an empty `asm!` with side effects, so it stays ordered before the
-/// next [`opaque`] (in the Q5_K and IQ4_XS one-token kernels LLVM otherwise sinks a
-/// sub-block's f32 steps below the next ones' integer work, holds their sums and spills:
-/// llvm-mca A53 Q5_K 170.1 -> 166.2, IQ4_XS 157.9 -> 150.3; Q4_K's pairs are faster
-/// without, 118.6 -> 111.3).
+/// next [`opaque`] (in the Q5_K, IQ4_XS and Q6_K one-token kernels LLVM otherwise sinks a
+/// block's f32 steps below the next ones' integer work, holds their sums and spills:
+/// llvm-mca A53 Q5_K 170.1 -> 166.2, IQ4_XS 150.3 -> 140.8, Q6_K 191.0 -> 177.5; Q4_K's
+/// pairs are faster without, 118.6 -> 111.3).
 #[inline(always)]
 fn settled(v: float32x4_t) -> float32x4_t {
     let mut v = v;
@@ -1619,7 +1623,7 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
 /// NEON. Tile-major where [`iq4xs_sub`] is quad-major: each activation lane broadcast and
 /// scale plane serves the four quads. Per row the same exact i32 sums and the same f32 steps
 /// in the same order: the same bits. llvm-mca, cycles per row-block: plain on the A53 186.3
-/// (quad-major) -> 150.3, `sdot` on the A55 110.3 -> 91.8.
+/// (quad-major) -> 140.8, `sdot` on the A55 110.3 -> 91.8.
 ///
 /// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
 /// the CPU has dotprod.
@@ -1667,7 +1671,7 @@ unsafe fn iq4xs_sub_tile<const SDOT: bool, const S: usize>(
             } else {
                 vpaddq_s32(s[j][0], s[j][1])
             };
-            acc[j] = vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd));
+            acc[j] = settled(vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd)));
         }
     }
 }
