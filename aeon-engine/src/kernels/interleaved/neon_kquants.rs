@@ -398,6 +398,9 @@ unsafe fn k4_isum_tile<const SDOT: bool, const NARROW: bool, const N: usize>(
 ///
 /// SAFETY (callers): the CPU has dotprod.
 #[inline(always)]
+// Indices into several arrays at once (an iterator cost a cycle per row-block in the llvm-mca
+// A55 model).
+#[allow(clippy::needless_range_loop)]
 unsafe fn k4_sdot_granule<const G: usize, const N: usize>(
     xr: [int8x16_t; N],
     w: &impl Fn(usize, usize) -> [int8x16_t; N],
@@ -407,8 +410,8 @@ unsafe fn k4_sdot_granule<const G: usize, const N: usize>(
     unsafe {
         for j in 0..4 {
             let wg = w(G, j);
-            for (s, acc) in acc.iter_mut().enumerate() {
-                acc[j] = sdot_lane(acc[j], wg[s], xr[s], G % 4);
+            for s in 0..N {
+                acc[s][j] = sdot_lane(acc[s][j], wg[s], xr[s], G % 4);
             }
         }
     }
@@ -1623,7 +1626,7 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
 /// NEON. Tile-major where [`iq4xs_sub`] is quad-major: each activation lane broadcast and
 /// scale plane serves the four quads. Per row the same exact i32 sums and the same f32 steps
 /// in the same order: the same bits. llvm-mca, cycles per row-block: plain on the A53 186.3
-/// (quad-major) -> 140.8, `sdot` on the A55 110.3 -> 91.8.
+/// (quad-major) -> 140.8, `sdot` on the A55 110.3 -> 89.1.
 ///
 /// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
 /// the CPU has dotprod.
@@ -1693,14 +1696,16 @@ unsafe fn iq4xs_granules_tile<const SDOT: bool, const I: usize>(
         if SDOT {
             let xr = xr.map(|v| vreinterpretq_s8_s32(v));
             for (j, s) in s.iter_mut().enumerate() {
-                for (k, sk) in s.iter_mut().enumerate() {
+                // Chain k: granule I + k's low nibbles (activations 0..16), high (16..32).
+                // Written out: LLVM keeps a loop around the `asm!` of `sdot_lane` rolled.
+                let chain = |acc: int32x4_t, k: usize| {
                     let v = vld1q_u8(qs.add(64 * (I + k) + 16 * j));
                     let w0 = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
                     let w1 = vqtbl1q_s8(tbl, vshrq_n_u8::<4>(v));
-                    // Chain k: granule I + k's low nibbles (activations 0..16), high (16..32).
-                    *sk = sdot_lane(*sk, w0, xr[0], I + k);
-                    *sk = sdot_lane(*sk, w1, xr[1], I + k);
-                }
+                    sdot_lane(sdot_lane(acc, w0, xr[0], I + k), w1, xr[1], I + k)
+                };
+                s[0] = chain(s[0], 0);
+                s[1] = chain(s[1], 1);
             }
             return;
         }
