@@ -151,13 +151,14 @@ ROWS16=(
     "Q5_1  interleaved4neon10q5_1_plain 1 16  interleaved4neon7q5_1_tf 1 16  ^ggml_vec_dot_q5_1_q8_1$ 0 2"
     "IQ4NL interleaved4neon12iq4_nl_plain 1 16  interleaved4neon9iq4_nl_tf 1 16  ^ggml_vec_dot_iq4_nl_q8_0$ 0 2"
     # interleaved/neon_kquants.rs: an iteration is a row quad of a tile (4 row-blocks), but for the plain
-    # Q6_K, Q3_K and Q2_K kernels a whole tile (16: tile-major, see q6k_block_tile, k16_block_tile).
-    "Q4_K  neon_kquants13q4k_one_plain 0 4  neon_kquants10q4k_one_tf 0 4  ^ggml_vec_dot_q4_K_q8_K$ 0 1"
+    # kernels (and the sdot Q3_K, Q2_K) a whole tile (16: tile-major, see q4k_pair_tile, q5k_pair_tile,
+    # q6k_block_tile, k16_block_tile, iq4xs_sub_tile).
+    "Q4_K  neon_kquants13q4k_one_plain 0 16 neon_kquants10q4k_one_tf 0 16 ^ggml_vec_dot_q4_K_q8_K$ 0 1"
     "Q6_K  neon_kquants13q6k_one_plain 0 16 neon_kquants10q6k_one_tf 0 4  ^ggml_vec_dot_q6_K_q8_K$ 0 1"
-    "Q5_K  neon_kquants13q5k_one_plain 0 4  neon_kquants10q5k_one_tf 0 4  ^ggml_vec_dot_q5_K_q8_K$ 0 1"
+    "Q5_K  neon_kquants13q5k_one_plain 0 16 neon_kquants10q5k_one_tf 0 16 ^ggml_vec_dot_q5_K_q8_K$ 0 1"
     "Q3_K  neon_kquants13q3k_one_plain 0 16  neon_kquants10q3k_one_tf 0 16  ^ggml_vec_dot_q3_K_q8_K$ 0 1"
     "Q2_K  neon_kquants13q2k_one_plain 0 16  neon_kquants10q2k_one_tf 0 16  ^ggml_vec_dot_q2_K_q8_K$ 0 1"
-    "IQ4XS neon_kquants15iq4xs_one_plain 0 4  neon_kquants12iq4xs_one_tf 0 4  ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
+    "IQ4XS neon_kquants15iq4xs_one_plain 0 16 neon_kquants12iq4xs_one_tf 0 16 ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
 )
 mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
     "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \

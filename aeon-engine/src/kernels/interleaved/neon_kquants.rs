@@ -24,9 +24,10 @@
 //! accumulator once per tile, every product rounded on its own. IQ4_XS's weights are its
 //! table values (`tbl`), signed, so the plain flavour adds two products per i16 lane only.
 //!
-//! The one-token plain kernels of Q6_K, Q3_K and Q2_K (and the one-token `sdot` ones of
-//! Q3_K and Q2_K) are tile-major instead ([`q6k_block_tile`], [`k16_block_tile`]): one
-//! activation broadcast and scale plane serves all four quads.
+//! The one-token plain kernels of all six types (and the one-token `sdot` ones of all but
+//! Q6_K) are tile-major instead ([`q4k_pair_tile`], [`q5k_pair_tile`], [`q6k_block_tile`],
+//! [`k16_block_tile`], [`iq4xs_sub_tile`]): one activation broadcast and scale plane serves
+//! all four quads.
 //!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
 //! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
@@ -289,6 +290,230 @@ impl KTile for Q4K {
     }
 }
 
+/// The 16 rows' 6-bit scales and mins of sub-block `S` of the Q4_K / Q5_K tile at `p` (byte
+/// r = row r): [`k4_scale_min`] on whole planes, so one 16-byte load serves all four quads.
+///
+/// SAFETY (callers): `p` points at a whole tile.
+#[inline(always)]
+unsafe fn k4_scale_min_tile<const S: usize>(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: the planes lie inside the tile (the caller's contract); the rest is
+    // register-only.
+    unsafe {
+        let plane = |i: usize| vld1q_u8(p.add(K4_SC + ROWS * i));
+        if S < 4 {
+            let low = vdupq_n_u8(63);
+            (vandq_u8(plane(S), low), vandq_u8(plane(S + 4), low))
+        } else {
+            // Low 4 bits from plane S + 4 (low nibble: scale, high: min), high 2 bits from
+            // the top of planes S - 4 (scale) and S.
+            let lo = plane(S + 4);
+            let sc = vsliq_n_u8::<4>(
+                vandq_u8(lo, vdupq_n_u8(0x0F)),
+                vshrq_n_u8::<6>(plane(S - 4)),
+            );
+            let m = vsliq_n_u8::<4>(vshrq_n_u8::<4>(lo), vshrq_n_u8::<6>(plane(S)));
+            (sc, m)
+        }
+    }
+}
+
+/// Bytes of `v` widened to u32, one vector per row quad (rows 4j..4j + 4).
+#[inline(always)]
+fn widen_u8_u32(v: uint8x16_t) -> [uint32x4_t; 4] {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        let (lo, hi) = (vmovl_u8(vget_low_u8(v)), vmovl_high_u8(v));
+        [
+            vmovl_u16(vget_low_u16(lo)),
+            vmovl_high_u16(lo),
+            vmovl_u16(vget_low_u16(hi)),
+            vmovl_high_u16(hi),
+        ]
+    }
+}
+
+/// The exact i32 sums of `N` sub-blocks of a Q4_K / Q5_K tile, all four row quads (one
+/// vector each), against the 32 activations at `x[s]`, plain NEON. `w(g, j)` gives granule
+/// `g` of quad `j`'s weights of each sub-block (from the same loads: Q4_K's two nibbles), at
+/// most 31; with `NARROW` at most 15, so two i16 lanes add before widening.
+///
+/// With `SDOT` one `sdot` by element per weight vector instead (a chain per quad and
+/// sub-block).
+///
+/// SAFETY (callers): each `x[s]` points at 32 readable bytes and `w` reads inside the tile;
+/// with `SDOT` the CPU has dotprod.
+#[inline(always)]
+unsafe fn k4_isum_tile<const SDOT: bool, const NARROW: bool, const N: usize>(
+    x: [*const i8; N],
+    w: impl Fn(usize, usize) -> [int8x16_t; N],
+) -> [[int32x4_t; 4]; N] {
+    // SAFETY: the loads read `x[s][0..32]`; everything else is register-only or `w`'s;
+    // dotprod as the caller promised.
+    unsafe {
+        if SDOT {
+            let mut acc = [[vdupq_n_s32(0); 4]; N];
+            let xr = x.map(|x| vld1q_s8(x));
+            // Written out: LLVM keeps loops around the `asm!` of `sdot_lane` rolled.
+            k4_sdot_granule::<0, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<1, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<2, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<3, N>(xr, &w, &mut acc);
+            let xr = x.map(|x| vld1q_s8(x.add(16)));
+            k4_sdot_granule::<4, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<5, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<6, N>(xr, &w, &mut acc);
+            k4_sdot_granule::<7, N>(xr, &w, &mut acc);
+            return acc;
+        }
+        // i16 lane (row, position) adds one product per granule: 8 of |u * x| <= 15 * 127
+        // (Q4_K: 15240, and two such lanes 30480), or 31 * 127 (Q5_K: 31496 <= 32767,
+        // widened by `saddlp` alone).
+        let mut lo = [[vdupq_n_s16(0); 4]; N];
+        let mut hi = [[vdupq_n_s16(0); 4]; N];
+        let xr = x.map(|x| vreinterpretq_s32_s8(vld1q_s8(x)));
+        // Written out: LLVM keeps a loop this long rolled.
+        k4_granule_tile::<0, N>(xr, &w, &mut lo, &mut hi);
+        k4_granule_tile::<1, N>(xr, &w, &mut lo, &mut hi);
+        k4_granule_tile::<2, N>(xr, &w, &mut lo, &mut hi);
+        k4_granule_tile::<3, N>(xr, &w, &mut lo, &mut hi);
+        let xr = x.map(|x| vreinterpretq_s32_s8(vld1q_s8(x.add(16))));
+        k4_granule_tile::<4, N>(xr, &w, &mut lo, &mut hi);
+        k4_granule_tile::<5, N>(xr, &w, &mut lo, &mut hi);
+        k4_granule_tile::<6, N>(xr, &w, &mut lo, &mut hi);
+        k4_granule_tile::<7, N>(xr, &w, &mut lo, &mut hi);
+        std::array::from_fn(|s| {
+            std::array::from_fn(|j| {
+                if NARROW {
+                    vpaddlq_s16(vpaddq_s16(lo[s][j], hi[s][j]))
+                } else {
+                    vpaddq_s32(vpaddlq_s16(lo[s][j]), vpaddlq_s16(hi[s][j]))
+                }
+            })
+        })
+    }
+}
+
+/// Granule `G` of [`k4_isum_tile`] with `sdot` (`xr`: the sub-blocks' activation halves that
+/// hold group `G`).
+///
+/// SAFETY (callers): the CPU has dotprod.
+#[inline(always)]
+// Indices into several arrays at once (an iterator cost a cycle per row-block in the llvm-mca
+// A55 model).
+#[allow(clippy::needless_range_loop)]
+unsafe fn k4_sdot_granule<const G: usize, const N: usize>(
+    xr: [int8x16_t; N],
+    w: &impl Fn(usize, usize) -> [int8x16_t; N],
+    acc: &mut [[int32x4_t; 4]; N],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        for j in 0..4 {
+            let wg = w(G, j);
+            for s in 0..N {
+                acc[s][j] = sdot_lane(acc[s][j], wg[s], xr[s], G % 4);
+            }
+        }
+    }
+}
+
+/// Granule `G` of [`k4_isum_tile`]: each sub-block's products of the four quads (`xr`: the
+/// sub-blocks' activation halves that hold group `G`).
+#[inline(always)]
+fn k4_granule_tile<const G: usize, const N: usize>(
+    xr: [int32x4_t; N],
+    w: &impl Fn(usize, usize) -> [int8x16_t; N],
+    lo: &mut [[int16x8_t; 4]; N],
+    hi: &mut [[int16x8_t; 4]; N],
+) {
+    // SAFETY: register-only, baseline NEON (`w` is the caller's).
+    unsafe {
+        let xb = xr.map(|xr| lane_bytes(xr, G % 4));
+        for j in 0..4 {
+            let wg = w(G, j);
+            for s in 0..N {
+                let (wl, xl) = (vget_low_s8(wg[s]), vget_low_s8(xb[s]));
+                if G == 0 {
+                    lo[s][j] = vmull_s8(wl, xl);
+                    hi[s][j] = vmull_high_s8(wg[s], xb[s]);
+                } else {
+                    lo[s][j] = vmlal_s8(lo[s][j], wl, xl);
+                    hi[s][j] = vmlal_high_s8(hi[s][j], wg[s], xb[s]);
+                }
+            }
+        }
+    }
+}
+
+/// Sub-blocks `S0 = 2k` and `S1 = 2k + 1` of the Q4_K tile at `p` (the low and high nibbles
+/// of the same granules), all four row quads, one token (`a`: its Q8A block 0 of this
+/// super-block), plain NEON. Tile-major where [`q4k_sub`] is quad-major: each weight load,
+/// activation lane broadcast, scale plane and activation scale serves both sub-blocks or all
+/// four quads. Per row the same exact i32 sums and the same f32 steps in the same order: the
+/// same bits. llvm-mca, cycles per row-block: plain on the A53 152.5 (quad-major) -> 111.3
+/// (116.1 a sub-block at a time, each loading the granules again); `sdot` on the A55 99.3 ->
+/// 74.9.
+///
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
+#[inline(always)]
+unsafe fn q4k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
+    p: *const u8,
+    (d, ndmin): (&[float32x4_t; 4], &[float32x4_t; 4]),
+    a: *const BlockQ8A,
+    acc: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        const { assert!(S0.is_multiple_of(2) && S1 == S0 + 1) };
+        // Both pairs' scale planes S + 4 are the same loads: without this LLVM keeps them
+        // live from the first pair on and spills.
+        let p = opaque(p);
+        let qs = p.add(K4_QS + 256 * S0);
+        let x = [(*a.add(S0)).qs.as_ptr(), (*a.add(S1)).qs.as_ptr()];
+        let isum = k4_isum_tile::<SDOT, true, 2>(x, |g, j| {
+            let v = vld1q_u8(qs.add(64 * g + 16 * j));
+            [
+                vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))),
+                vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)),
+            ]
+        });
+        q4k_tail_tile::<S0>(p, (d, ndmin), a, &isum[0], acc);
+        q4k_tail_tile::<S1>(p, (d, ndmin), a, &isum[1], acc);
+    }
+}
+
+/// The f32 steps of sub-block `S` of the Q4_K tile at `p`, all four row quads, one token
+/// (`a`: its Q8A block 0 of this super-block), from the exact sums `isum`.
+///
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+#[inline(always)]
+unsafe fn q4k_tail_tile<const S: usize>(
+    p: *const u8,
+    (d, ndmin): (&[float32x4_t; 4], &[float32x4_t; 4]),
+    a: *const BlockQ8A,
+    isum: &[int32x4_t; 4],
+    acc: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let a = a.add(S);
+        let (sc, m) = k4_scale_min_tile::<S>(p);
+        let (sc, m) = (widen_u8_u32(sc), widen_u8_u32(m));
+        // `d` and `s` are the block's first two fields.
+        let ds = vld1_f32(a as *const f32);
+        for j in 0..4 {
+            // Both products exact in f32, as in `q4k_scales`; `ndmin` is `-dmin`, so `ndm` is
+            // the spec's `-(dmin * m)` (negation is exact) and one FMA adds `ndm * s`.
+            let dsc = vmulq_f32(d[j], vcvtq_f32_u32(sc[j]));
+            let ndm = vmulq_f32(ndmin[j], vcvtq_f32_u32(m[j]));
+            let tmp = vmulq_lane_f32::<0>(vcvtq_f32_s32(isum[j]), ds);
+            acc[j] = vfmaq_f32(acc[j], dsc, tmp);
+            acc[j] = vfmaq_lane_f32::<1>(acc[j], ndm, ds);
+        }
+    }
+}
+
 /// Q6_K: per Q8A block 8 registers of 6-bit quants (a nibble of ql joined with 2 bits of qh),
 /// the two 16-element groups' `d * sc`, then per token two half dots, each corrected for the
 /// offset 32 through the activation half sums and scaled by one FMA.
@@ -411,7 +636,8 @@ impl KTile for Q6K {
 /// Q8A block `4N + K` of the Q6_K tile at `p`, all four row quads, one token (`a`: its Q8A
 /// block 0 of this super-block), plain NEON. Tile-major where [`q6k_block`] is quad-major:
 /// each activation lane broadcast, offset correction and 16-byte scale plane serves the four
-/// quads instead of one (llvm-mca A53: 233 -> 211 cycles per row-block). Per row
+/// quads instead of one (llvm-mca A53: 233 -> 211 -> 177.5 cycles per row-block, the last
+/// with [`opaque`] and [`settled`] per half). Per row
 /// the same exact i32 sums and the same f32 steps in the same order: the same bits.
 #[inline(always)]
 unsafe fn q6k_block_tile<const N: usize, const K: usize>(
@@ -440,6 +666,9 @@ unsafe fn q6k_half_tile<const N: usize, const K: usize, const H: usize>(
     // SAFETY: every load lies inside the tile at `p` or the token's 8 Q8A blocks at `a` (the
     // caller's contract); the rest is register-only.
     unsafe {
+        // Blocks share ql (K, K + 2) and qh (all four of a half) granules: LLVM kept them
+        // live across blocks and spilled (llvm-mca A53 211 -> 177.5 with this and `settled`).
+        let p = opaque(p);
         let a = a.add(qb);
         let (x, xd) = ((*a).qs.as_ptr(), (*a).d);
         let ql = p.add(k6_ql(2 * N + (K & 1)));
@@ -476,7 +705,7 @@ unsafe fn q6k_half_tile<const N: usize, const K: usize, const H: usize>(
             };
             let dsc = vmulq_f32(d[j], vcvtq_f32_s32(s));
             let isum = vaddq_s32(init, vpaddq_s32(vpaddlq_s16(lo[j]), vpaddlq_s16(hi[j])));
-            acc[j] = vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd));
+            acc[j] = settled(vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd)));
         }
     }
 }
@@ -614,6 +843,152 @@ impl KTile for Q5K {
             }
         }
     }
+}
+
+/// Bit `S` of `qh` moved to bit 4 (other bits junk), one shift at most.
+#[inline(always)]
+fn qh_to_bit4<const S: usize>(qh: uint8x16_t) -> uint8x16_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        match S {
+            0 => vshlq_n_u8::<4>(qh),
+            1 => vshlq_n_u8::<3>(qh),
+            2 => vshlq_n_u8::<2>(qh),
+            3 => vshlq_n_u8::<1>(qh),
+            4 => qh,
+            5 => vshrq_n_u8::<1>(qh),
+            6 => vshrq_n_u8::<2>(qh),
+            _ => vshrq_n_u8::<3>(qh),
+        }
+    }
+}
+
+/// Sub-block `S`'s exact i32 sums of the Q5_K tile at `p`, all four row quads (one vector
+/// each), one token (`a`: its Q8A block 0 of this super-block), plain NEON.
+///
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks.
+#[inline(always)]
+unsafe fn q5k_isum_tile<const S: usize>(p: *const u8, a: *const BlockQ8A) -> [int32x4_t; 4] {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        // All eight sub-blocks read the same qh granules (and pairs the same qs ones): LLVM
+        // would keep them live across sub-blocks and spill.
+        let p = opaque(p);
+        let qs = p.add(K5_QS + 512 * (S / 2));
+        let qh = p.add(K5_QH);
+        let [isum] = k4_isum_tile::<false, false, 1>([(*a.add(S)).qs.as_ptr()], |g, j| {
+            let at = 64 * g + 16 * j;
+            [q5k_u::<S>(vld1q_u8(qs.add(at)), vld1q_u8(qh.add(at)))]
+        });
+        isum
+    }
+}
+
+/// Sub-block `S`'s 5-bit weights of a granule from its qs bytes `q` and qh bytes `h`.
+#[inline(always)]
+fn q5k_u<const S: usize>(q: uint8x16_t, h: uint8x16_t) -> int8x16_t {
+    // SAFETY: register-only, baseline NEON.
+    unsafe {
+        // Bit S of qh to bit 4 beside the nibble (`sli` keeps the low nibble of q, `sri`
+        // puts the high one under the moved qh), junk above bit 4 masked off.
+        let u = if S % 2 == 1 {
+            vsriq_n_u8::<4>(qh_to_bit4::<S>(h), q)
+        } else {
+            vsliq_n_u8::<4>(q, shr_u8(h, S))
+        };
+        vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x1F)))
+    }
+}
+
+/// Sub-block `S`'s terms `(d_x * f32(sc * isum), d_x * f32(m * sum(q_x)))` of [`q5k_sub`]
+/// for the Q5_K tile at `p`, one per row quad, from the exact sums `isum`.
+///
+/// SAFETY (callers): as [`q5k_isum_tile`].
+#[inline(always)]
+unsafe fn q5k_terms_tile<const S: usize>(
+    p: *const u8,
+    a: *const BlockQ8A,
+    isum: &[int32x4_t; 4],
+) -> [(float32x4_t, float32x4_t); 4] {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let a = a.add(S);
+        let (sc, m) = k4_scale_min_tile::<S>(p);
+        let sc = widen_u8_u32(sc);
+        // The mins as i16 (at most 63): `smull` by the activation sum gives m * sum(q_x)
+        // (|sum| <= 32 * 127 fits an i16 lane) without widening them to i32 first.
+        let m = widen_s8(vreinterpretq_s8_u8(m));
+        let qsum = (*a).sums[0] + (*a).sums[1];
+        let xd = (*a).d;
+        std::array::from_fn(|j| {
+            let mh = m[j / 2];
+            let msum = if j % 2 == 0 {
+                vmull_n_s16(vget_low_s16(mh), qsum)
+            } else {
+                vmull_high_n_s16(mh, qsum)
+            };
+            let sc = vreinterpretq_s32_u32(sc[j]);
+            (
+                vmulq_n_f32(vcvtq_f32_s32(vmulq_s32(sc, isum[j])), xd),
+                vmulq_n_f32(vcvtq_f32_s32(msum), xd),
+            )
+        })
+    }
+}
+
+/// Sub-blocks `S0` and `S1 = S0 + 1` of the Q5_K tile at `p`, all four row quads, one token
+/// (`a`: its Q8A block 0 of this super-block), plain NEON: `sd += x1 + x2`, `sm += y1 + y2`,
+/// as [`q5k_pair`]. Tile-major where [`q5k_sub`] is quad-major: each activation lane
+/// broadcast and scale plane serves the four quads. Both sub-blocks' sums come before their
+/// f32 terms (four registers held across the second, not eight). llvm-mca, cycles per
+/// row-block: plain on the A53 206.3 (quad-major) -> 166.2, `sdot` on the A55 174.0 -> 130.8
+/// (155.8 a sub-block at a time, as the plain one).
+///
+/// SAFETY (callers): as [`q5k_isum_tile`]; with `SDOT` the CPU has dotprod.
+#[inline(always)]
+unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
+    p: *const u8,
+    a: *const BlockQ8A,
+    sd: &mut [float32x4_t; 4],
+    sm: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        const { assert!(S1 == S0 + 1) };
+        let [i0, i1] = if SDOT {
+            // Both sub-blocks from the same loads: with `sdot` their 8 i32 chains leave the
+            // registers for it (the plain flavour's 16 i16 sums did not).
+            let p = opaque(p);
+            let (qs, qh) = (p.add(K5_QS + 256 * S0), p.add(K5_QH));
+            let x = [(*a.add(S0)).qs.as_ptr(), (*a.add(S1)).qs.as_ptr()];
+            k4_isum_tile::<true, false, 2>(x, |g, j| {
+                let at = 64 * g + 16 * j;
+                let (q, h) = (vld1q_u8(qs.add(at)), vld1q_u8(qh.add(at)));
+                [q5k_u::<S0>(q, h), q5k_u::<S1>(q, h)]
+            })
+        } else {
+            [q5k_isum_tile::<S0>(p, a), q5k_isum_tile::<S1>(p, a)]
+        };
+        let x = q5k_terms_tile::<S0>(p, a, &i0);
+        let y = q5k_terms_tile::<S1>(p, a, &i1);
+        for j in 0..4 {
+            sd[j] = settled(vaddq_f32(sd[j], vaddq_f32(x[j].0, y[j].0)));
+            sm[j] = settled(vaddq_f32(sm[j], vaddq_f32(x[j].1, y[j].1)));
+        }
+    }
+}
+
+/// `v`, computed here: an empty `asm!` with side effects, so it stays ordered before the
+/// next [`opaque`] (in the Q5_K, IQ4_XS and Q6_K one-token kernels LLVM otherwise sinks a
+/// block's f32 steps below the next ones' integer work, holds their sums and spills:
+/// llvm-mca A53 Q5_K 170.1 -> 166.2, IQ4_XS 150.3 -> 140.8, Q6_K 191.0 -> 177.5; Q4_K's
+/// pairs are faster without, 118.6 -> 111.3).
+#[inline(always)]
+fn settled(v: float32x4_t) -> float32x4_t {
+    let mut v = v;
+    // SAFETY: an empty instruction sequence; it only claims to change the register.
+    unsafe { asm!("/* {v:v} */", v = inout(vreg) v, options(nomem, nostack, preserves_flags)) };
+    v
 }
 
 /// Q3_K and Q2_K: 2-bit quants (Q3_K: and an `hmask` bit), 16-element scale groups; per Q8A
@@ -1246,6 +1621,118 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
     }
 }
 
+/// Sub-block `S` of the IQ4_XS tile at `p`, all four row quads, one token (`a`: its Q8A
+/// block 0 of this super-block; `d`: the quads' super-scales; `tbl`: the value table), plain
+/// NEON. Tile-major where [`iq4xs_sub`] is quad-major: each activation lane broadcast and
+/// scale plane serves the four quads. Per row the same exact i32 sums and the same f32 steps
+/// in the same order: the same bits. llvm-mca, cycles per row-block: plain on the A53 186.3
+/// (quad-major) -> 140.8, `sdot` on the A55 110.3 -> 89.1.
+///
+/// SAFETY (callers): `p` points at a whole tile, `a` at 8 readable Q8A blocks; with `SDOT`
+/// the CPU has dotprod.
+#[inline(always)]
+unsafe fn iq4xs_sub_tile<const SDOT: bool, const S: usize>(
+    p: *const u8,
+    d: &[float32x4_t; 4],
+    tbl: int8x16_t,
+    a: *const BlockQ8A,
+    acc: &mut [float32x4_t; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        let p = opaque(p);
+        let a = a.add(S);
+        let x = (*a).qs.as_ptr();
+        let xr = [0, 1].map(|h| vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h))));
+        let qs = p.add(KX_QS + 256 * S);
+        // Per quad the i32 sums of rows 4j, 4j + 1 (pairs of lanes) and 4j + 2, 4j + 3; with
+        // `SDOT` two chains of one lane per row.
+        let mut s = [[vdupq_n_s32(0); 2]; 4];
+        // Written out: LLVM keeps a loop this long rolled.
+        iq4xs_granules_tile::<SDOT, 0>(qs, tbl, xr, &mut s);
+        iq4xs_granules_tile::<SDOT, 2>(qs, tbl, xr, &mut s);
+        // The 16 rows' ls - 32 (6-bit ls: the `scales_l` nibble, 2 bits of `scales_h` above).
+        let sl = vld1q_u8(p.add(KX_SL + ROWS * (S / 2)));
+        let sh = vld1q_u8(p.add(KX_SH + ROWS * (S / 4)));
+        let lo = shr_u8(sl, 4 * (S % 2));
+        let hi = vandq_u8(shr_u8(sh, 2 * (S % 4)), vdupq_n_u8(3));
+        // `sli` keeps the low nibble of `lo` only; `hi` is 2 bits.
+        let ls = vsliq_n_u8::<4>(lo, hi);
+        let ls = widen_s8(vsubq_s8(vreinterpretq_s8_u8(ls), vdupq_n_s8(32)));
+        let xd = (*a).d;
+        for j in 0..4 {
+            let l = ls[j / 2];
+            let l = if j % 2 == 0 {
+                vmovl_s16(vget_low_s16(l))
+            } else {
+                vmovl_high_s16(l)
+            };
+            // d * (ls - 32) is exact, as in `iq4xs_sub`.
+            let dsc = vmulq_f32(d[j], vcvtq_f32_s32(l));
+            let isum = if SDOT {
+                vaddq_s32(s[j][0], s[j][1])
+            } else {
+                vpaddq_s32(s[j][0], s[j][1])
+            };
+            acc[j] = settled(vfmaq_f32(acc[j], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), xd)));
+        }
+    }
+}
+
+/// Granules `I`, `I + 1` of an IQ4_XS sub-block (at `qs`), all four quads, both halves (low
+/// nibbles: activations `xr[0]`, high: `xr[1]`) onto the quads' i32 sums `s`.
+///
+/// SAFETY (callers): `qs` points at the sub-block's 4 granules; with `SDOT` the CPU has
+/// dotprod.
+#[inline(always)]
+unsafe fn iq4xs_granules_tile<const SDOT: bool, const I: usize>(
+    qs: *const u8,
+    tbl: int8x16_t,
+    xr: [int32x4_t; 2],
+    s: &mut [[int32x4_t; 2]; 4],
+) {
+    // SAFETY: the caller's contract; the rest is register-only.
+    unsafe {
+        if SDOT {
+            let xr = xr.map(|v| vreinterpretq_s8_s32(v));
+            for (j, s) in s.iter_mut().enumerate() {
+                // Chain k: granule I + k's low nibbles (activations 0..16), high (16..32).
+                // Written out: LLVM keeps a loop around the `asm!` of `sdot_lane` rolled.
+                let chain = |acc: int32x4_t, k: usize| {
+                    let v = vld1q_u8(qs.add(64 * (I + k) + 16 * j));
+                    let w0 = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
+                    let w1 = vqtbl1q_s8(tbl, vshrq_n_u8::<4>(v));
+                    sdot_lane(sdot_lane(acc, w0, xr[0], I + k), w1, xr[1], I + k)
+                };
+                s[0] = chain(s[0], 0);
+                s[1] = chain(s[1], 1);
+            }
+            return;
+        }
+        let xb = xr.map(|xr| [lane_bytes(xr, I), lane_bytes(xr, I + 1)]);
+        for (j, s) in s.iter_mut().enumerate() {
+            let v = [0, 1].map(|k| vld1q_u8(qs.add(64 * (I + k) + 16 * j)));
+            for (h, xb) in xb.iter().enumerate() {
+                let w = v.map(|v| {
+                    let nib = if h == 0 {
+                        vandq_u8(v, vdupq_n_u8(0x0F))
+                    } else {
+                        vshrq_n_u8::<4>(v)
+                    };
+                    vqtbl1q_s8(tbl, nib)
+                });
+                // Two products per i16 lane, as in `isum_quad_wide` (2 * 127 * 127 = 32258).
+                let lo = vmull_s8(vget_low_s8(w[0]), vget_low_s8(xb[0]));
+                let lo = vmlal_s8(lo, vget_low_s8(w[1]), vget_low_s8(xb[1]));
+                let hi = vmull_high_s8(w[0], xb[0]);
+                let hi = vmlal_high_s8(hi, w[1], xb[1]);
+                s[0] = vpadalq_s16(s[0], lo);
+                s[1] = vpadalq_s16(s[1], hi);
+            }
+        }
+    }
+}
+
 impl KTile for IQ4XS {
     const BYTES: usize = KX_BYTES;
     #[inline(always)]
@@ -1271,29 +1758,158 @@ impl KTile for IQ4XS {
     }
 }
 
-/// One-token plain kernels of the types above (their own functions, as `q4k_one_plain`).
-macro_rules! one_plain {
-    ($($name:ident: $kind:ty),*) => {$(
-        #[inline(never)]
-        fn $name(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
-            // SAFETY: NEON is baseline on aarch64; `run` bounds-checks the activation rows
-            // against the tile count and reads only whole tiles.
-            unsafe { run::<$kind, false, 1>(tiles, [x])[0] }
+/// The one-token IQ4_XS kernel, a tile at a time ([`iq4xs_sub_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn iq4xs_one_tile<const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let nt = tiles.len() / KX_BYTES;
+    assert!(
+        x.len() >= 8 * nt,
+        "iq4xs_one_tile: 8 activation blocks per tile"
+    );
+    // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
+    // NEON is baseline on aarch64, dotprod as the caller promised; the table is 16 bytes.
+    unsafe {
+        let tbl = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * KX_BYTES);
+            let a = x.as_ptr().add(8 * b);
+            let d: [float32x4_t; 4] = std::array::from_fn(|j| f16x4(p.add(KX_D + 8 * j)));
+            iq4xs_sub_tile::<SDOT, 0>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 1>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 2>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 3>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 4>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 5>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 6>(p, &d, tbl, a, &mut acc);
+            iq4xs_sub_tile::<SDOT, 7>(p, &d, tbl, a, &mut acc);
         }
-    )*};
+        store_rows(&acc)
+    }
 }
 
-one_plain!(
-    q5k_one_plain: Q5K,
-    iq4xs_one_plain: IQ4XS
-);
+/// The one-token plain IQ4_XS kernel ([`iq4xs_one_tile`]).
+#[inline(never)]
+fn iq4xs_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { iq4xs_one_tile::<false>(tiles, x) }
+}
 
-/// The one-token plain Q4_K kernel.
+/// The one-token dotprod IQ4_XS kernel ([`iq4xs_one_tile`] with `sdot`; the multi-token calls
+/// stay quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn iq4xs_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { iq4xs_one_tile::<true>(tiles, x) }
+}
+
+/// The one-token Q5_K kernel, a tile at a time ([`q5k_pair_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn q5k_one_tile<const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let nt = tiles.len() / K5_BYTES;
+    assert!(
+        x.len() >= 8 * nt,
+        "q5k_one_tile: 8 activation blocks per tile"
+    );
+    // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
+    // NEON is baseline on aarch64, dotprod as the caller promised.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K5_BYTES);
+            let a = x.as_ptr().add(8 * b);
+            let mut sd = [vdupq_n_f32(0.0); 4];
+            let mut sm = [vdupq_n_f32(0.0); 4];
+            q5k_pair_tile::<SDOT, 0, 1>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 2, 3>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 4, 5>(p, a, &mut sd, &mut sm);
+            q5k_pair_tile::<SDOT, 6, 7>(p, a, &mut sd, &mut sm);
+            for j in 0..4 {
+                let d = f16x4(p.add(K5_D + 8 * j));
+                let dmin = f16x4(p.add(K5_DMIN + 8 * j));
+                let v = vsubq_f32(vmulq_f32(d, sd[j]), vmulq_f32(dmin, sm[j]));
+                acc[j] = vaddq_f32(acc[j], v);
+            }
+        }
+        store_rows(&acc)
+    }
+}
+
+/// The one-token plain Q5_K kernel ([`q5k_one_tile`]).
+#[inline(never)]
+fn q5k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { q5k_one_tile::<false>(tiles, x) }
+}
+
+/// The one-token dotprod Q5_K kernel ([`q5k_one_tile`] with `sdot`; the multi-token calls stay
+/// quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q5k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { q5k_one_tile::<true>(tiles, x) }
+}
+
+/// The one-token Q4_K kernel, a tile at a time ([`q4k_pair_tile`]).
+///
+/// SAFETY (callers): with `SDOT` the CPU has dotprod (bounds are asserted here).
+#[inline(always)]
+unsafe fn q4k_one_tile<const SDOT: bool>(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    let nt = tiles.len() / K4_BYTES;
+    assert!(
+        x.len() >= 8 * nt,
+        "q4k_one_tile: 8 activation blocks per tile"
+    );
+    // SAFETY: tile b < nt lies inside `tiles` and blocks 8b..8b + 8 inside `x` (asserted);
+    // NEON is baseline on aarch64, dotprod as the caller promised.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nt {
+            let p = tiles.as_ptr().add(b * K4_BYTES);
+            let a = x.as_ptr().add(8 * b);
+            let d: [float32x4_t; 4] = std::array::from_fn(|j| f16x4(p.add(K4_D + 8 * j)));
+            let ndmin: [float32x4_t; 4] =
+                std::array::from_fn(|j| vnegq_f32(f16x4(p.add(K4_DMIN + 8 * j))));
+            q4k_pair_tile::<SDOT, 0, 1>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 2, 3>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 4, 5>(p, (&d, &ndmin), a, &mut acc);
+            q4k_pair_tile::<SDOT, 6, 7>(p, (&d, &ndmin), a, &mut acc);
+        }
+        store_rows(&acc)
+    }
+}
+
+/// The one-token plain Q4_K kernel ([`q4k_one_tile`]).
 #[inline(never)]
 fn q4k_one_plain(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
-    // SAFETY: NEON is baseline on aarch64; `run` bounds-checks the activation rows against
-    // the tile count and reads only whole tiles.
-    unsafe { run::<Q4K, false, 1>(tiles, [x])[0] }
+    // SAFETY: bounds are asserted inside; NEON is baseline on aarch64.
+    unsafe { q4k_one_tile::<false>(tiles, x) }
+}
+
+/// The one-token dotprod Q4_K kernel ([`q4k_one_tile`] with `sdot`; tile-major, as the plain
+/// one, where the multi-token calls stay quad-major).
+#[target_feature(enable = "dotprod")]
+#[inline(never)]
+unsafe fn q4k_one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
+    // SAFETY: dotprod is enabled here; bounds are asserted inside.
+    unsafe { q4k_one_tile::<true>(tiles, x) }
+}
+
+/// The 16 rows of four quad accumulators.
+#[inline(always)]
+fn store_rows(acc: &[float32x4_t; 4]) -> [f32; ROWS] {
+    let mut out = [0f32; ROWS];
+    for (j, v) in acc.iter().enumerate() {
+        // SAFETY: lanes 4j..4j + 4 of `out` (j < 4); baseline NEON.
+        unsafe { vst1q_f32(out.as_mut_ptr().add(4 * j), *v) };
+    }
+    out
 }
 
 /// The one-token plain Q6_K kernel, a tile at a time ([`q6k_block_tile`]).
@@ -1441,7 +2057,7 @@ entries!(
     rows16_q4_k_sdot,
     q4k_one_sdot,
     rows16_q4_k_tf,
-    q4k_one_tf
+    own q4k_one_tf
 );
 entries!(
     Q6K,
@@ -1459,7 +2075,7 @@ entries!(
     rows16_q5_k_sdot,
     q5k_one_sdot,
     rows16_q5_k_tf,
-    q5k_one_tf
+    own q5k_one_tf
 );
 entries!(
     Sixteen<Q3K>,
@@ -1486,5 +2102,5 @@ entries!(
     rows16_iq4_xs_sdot,
     iq4xs_one_sdot,
     rows16_iq4_xs_tf,
-    iq4xs_one_tf
+    own iq4xs_one_tf
 );
