@@ -276,16 +276,14 @@ unsafe fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
     // SAFETY: as for `dot_f16`.
-    unsafe { rows_half([w], x, |h| widen_bf16(h), bf16_le)[0] }
-}
-
-/// bf16 to f32 (each the high half of one), 8 at a time.
-///
-/// SAFETY (callers): AVX2 present.
-#[inline(always)]
-unsafe fn widen_bf16(h: __m128i) -> __m256 {
-    // SAFETY: register-only; AVX2 present (the caller's contract).
-    unsafe { _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) }
+    unsafe {
+        rows_half(
+            [w],
+            x,
+            |h| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)),
+            bf16_le,
+        )[0]
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
