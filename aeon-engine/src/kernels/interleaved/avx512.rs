@@ -511,6 +511,10 @@ impl Kernel for Q4K {
 /// s of the qh granule is set); per token the reference's terms `a.d * f32(sc * isum)` and
 /// `a.d * f32(m * sum(q_x))`, summed per pair of sub-blocks into `sd` and `sm`, and once per
 /// tile `acc + (d * sd - dmin * sm)` (see [`super::kquants`]).
+///
+/// Tried for one token (kernel-bench from L3, 40 GB/s before; 53 with the 5th bit left out):
+/// the 5th bit shifted to bit 4 and joined by `vpternlogd` instead of `vptestmb` and a masked
+/// add: 40; the qh granules loaded once per tile instead of per sub-block: 40.
 struct Q5K;
 
 /// The 8 weight vectors (5-bit `u`) of sub-block `S` of a Q5_K tile at `p`.
@@ -1063,6 +1067,11 @@ impl Kernel for IQ4XS {
 /// of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`), the two
 /// 16-element groups' `d * sc`, then per token two half dots, each corrected for the offset
 /// 32 and scaled by one FMA.
+///
+/// Tried for one token (kernel-bench from L3, 46-47 GB/s before): each ql and qh granule
+/// loaded once per half super-block (4 blocks; 6 loads a block instead of 16): 46-47; the
+/// fields cut by `vgf2p8affineqb` (2 instructions a vector instead of 3-4): 46, as it runs on
+/// `vpdpbusd`'s ports (`scripts/bench/isa-rates.sh`).
 struct Q6K;
 
 /// Q8A block `4 * N + K` of a Q6_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of
