@@ -770,13 +770,19 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
     T
 }
 
+/// [`rows16_quads`] with `T = 8` of one type and flavour, its own function (so that
+/// `scripts/arm-proxy.sh` finds its loop). SAFETY (callers): as [`rows16_quads`], with 8 rows
+/// in `x` and `out`; for the `sdot` one the CPU has dotprod.
+type Eight = unsafe fn(&[u8], &[&[BlockQ8A]], &mut [[f32; ROWS]]) -> usize;
+
 /// The [`Rows16Dot`] of type `L`: one token tile by tile straight from the tiles, more quad
-/// by quad ([`rows16_quads`]) 8, 4, 2 at a time.
+/// by quad ([`rows16_quads`]) 8 (`eight`), 4, 2 at a time.
 #[inline(always)]
 unsafe fn rows16<L: Tile, const SDOT: bool>(
     tiles: &[u8],
     x: &[&[BlockQ8A]],
     out: &mut [[f32; ROWS]],
+    eight: Eight,
 ) {
     assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
     let nb = tiles.len() / L::BYTES;
@@ -806,10 +812,12 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
             return;
         }
         let mut t = 0;
+        // Through an opaque pointer: a direct call may be inlined.
+        let eight = std::hint::black_box(eight);
         while t < x.len() {
             let (xs, os) = (&x[t..], &mut out[t..]);
             t += match xs.len() {
-                8.. => rows16_quads::<L, SDOT, 8>(tiles, xs, os),
+                8.. => eight(tiles, &xs[..8], &mut os[..8]),
                 4.. => rows16_quads::<L, SDOT, 4>(tiles, xs, os),
                 2.. => rows16_quads::<L, SDOT, 2>(tiles, xs, os),
                 _ => rows16_quads::<L, SDOT, 1>(tiles, xs, os),
@@ -821,16 +829,29 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
 /// Safe entry points: `$plain` with plain NEON (baseline on aarch64), `$sdot` through a
 /// `dotprod` target-feature wrapper.
 macro_rules! entries {
-    ($tile:ty, $plain:ident, $sdot:ident, $tf:ident) => {
+    ($tile:ty, $plain:ident, $sdot:ident, $tf:ident, $eight_plain:ident, $eight_tf:ident) => {
         fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: NEON is part of the aarch64 baseline; `rows16` checks the activation
             // rows against the tile count and reads only whole tiles.
-            unsafe { rows16::<$tile, false>(tiles, x, out) }
+            unsafe { rows16::<$tile, false>(tiles, x, out, $eight_plain) }
         }
         #[target_feature(enable = "dotprod")]
         unsafe fn $tf(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: as `$plain`; this function has dotprod enabled.
-            unsafe { rows16::<$tile, true>(tiles, x, out) }
+            unsafe { rows16::<$tile, true>(tiles, x, out, $eight_tf) }
+        }
+        /// The 8-token plain kernel ([`Eight`]).
+        #[inline(never)]
+        unsafe fn $eight_plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) -> usize {
+            // SAFETY: the caller's checks ([`Eight`]); NEON is the aarch64 baseline.
+            unsafe { rows16_quads::<$tile, false, 8>(tiles, x, out) }
+        }
+        /// The 8-token dotprod kernel ([`Eight`]).
+        #[target_feature(enable = "dotprod")]
+        #[inline(never)]
+        unsafe fn $eight_tf(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) -> usize {
+            // SAFETY: the caller's checks ([`Eight`]); dotprod is enabled here.
+            unsafe { rows16_quads::<$tile, true, 8>(tiles, x, out) }
         }
         fn $sdot(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: only handed out by `kernels(true)`, whose callers checked
@@ -840,10 +861,59 @@ macro_rules! entries {
     };
 }
 
-entries!(Q4_0, q4_0_plain, q4_0_sdot, q4_0_tf);
-entries!(Q5_0, q5_0_plain, q5_0_sdot, q5_0_tf);
-entries!(Q8_0, q8_0_plain, q8_0_sdot, q8_0_tf);
-entries!(Q4_1, q4_1_plain, q4_1_sdot, q4_1_tf);
-entries!(Q5_1, q5_1_plain, q5_1_sdot, q5_1_tf);
-entries!(IQ4NL, iq4_nl_plain, iq4_nl_sdot, iq4_nl_tf);
-entries!(MXFP4, mxfp4_plain, mxfp4_sdot, mxfp4_tf);
+entries!(
+    Q4_0,
+    q4_0_plain,
+    q4_0_sdot,
+    q4_0_tf,
+    q4_0_eight_plain,
+    q4_0_eight_tf
+);
+entries!(
+    Q5_0,
+    q5_0_plain,
+    q5_0_sdot,
+    q5_0_tf,
+    q5_0_eight_plain,
+    q5_0_eight_tf
+);
+entries!(
+    Q8_0,
+    q8_0_plain,
+    q8_0_sdot,
+    q8_0_tf,
+    q8_0_eight_plain,
+    q8_0_eight_tf
+);
+entries!(
+    Q4_1,
+    q4_1_plain,
+    q4_1_sdot,
+    q4_1_tf,
+    q4_1_eight_plain,
+    q4_1_eight_tf
+);
+entries!(
+    Q5_1,
+    q5_1_plain,
+    q5_1_sdot,
+    q5_1_tf,
+    q5_1_eight_plain,
+    q5_1_eight_tf
+);
+entries!(
+    IQ4NL,
+    iq4_nl_plain,
+    iq4_nl_sdot,
+    iq4_nl_tf,
+    iq4_nl_eight_plain,
+    iq4_nl_eight_tf
+);
+entries!(
+    MXFP4,
+    mxfp4_plain,
+    mxfp4_sdot,
+    mxfp4_tf,
+    mxfp4_eight_plain,
+    mxfp4_eight_tf
+);

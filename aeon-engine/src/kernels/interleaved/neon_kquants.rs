@@ -1985,21 +1985,28 @@ unsafe fn run<K: KTile, const SDOT: bool, const T: usize>(
     }
 }
 
+/// The 8-token kernel of a type: [`run`] with `T = 8` (unsafe: the `sdot` one needs dotprod).
+type Eight = unsafe fn(&[u8], [&[BlockQ8A]; 8]) -> [[f32; ROWS]; 8];
+
 /// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk);
-/// `one` is the one-token kernel (its own function, so its tile loop can be modelled alone).
+/// `eight` and `one` are the 8-token and one-token kernels (their own functions, so their
+/// tile loops can be modelled alone).
 #[inline(always)]
 unsafe fn rows16_any<K: KTile, const SDOT: bool>(
     tiles: &[u8],
     x: &[&[BlockQ8A]],
     out: &mut [[f32; ROWS]],
+    eight: Eight,
     one: fn(&[u8], &[BlockQ8A]) -> [f32; ROWS],
 ) {
     assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
     let mut t = 0;
+    // As `one` below: a direct call may be inlined.
+    let eight = std::hint::black_box(eight);
     // SAFETY: dotprod as the caller promised.
     unsafe {
         while t + 8 <= x.len() {
-            let o = run::<K, SDOT, 8>(tiles, std::array::from_fn(|i| x[t + i]));
+            let o = eight(tiles, std::array::from_fn(|i| x[t + i]));
             out[t..t + 8].copy_from_slice(&o);
             t += 8;
         }
@@ -2018,21 +2025,36 @@ unsafe fn rows16_any<K: KTile, const SDOT: bool>(
 }
 
 macro_rules! entries {
-    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident) => {
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident,
+        $eight_plain:ident, $eight_tf:ident) => {
         #[target_feature(enable = "dotprod")]
         #[inline(never)]
         unsafe fn $one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: dotprod is enabled here; bounds as in `$plain`.
             unsafe { run::<$kind, true, 1>(tiles, [x])[0] }
         }
-        entries!($kind, $plain, $one_plain, $sdot, $one_sdot, $tf, own $one_tf);
+        entries!($kind, $plain, $one_plain, $sdot, $one_sdot, $tf, own $one_tf, $eight_plain, $eight_tf);
     };
     // `$one_tf` written out elsewhere.
-    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, own $one_tf:ident) => {
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, own $one_tf:ident,
+        $eight_plain:ident, $eight_tf:ident) => {
+        /// The 8-token plain kernel (its own symbol for `scripts/arm-proxy.sh`).
+        #[inline(never)]
+        fn $eight_plain(tiles: &[u8], x: [&[BlockQ8A]; 8]) -> [[f32; ROWS]; 8] {
+            // SAFETY: the plain flavour needs no extension; `run` bounds-checks.
+            unsafe { run::<$kind, false, 8>(tiles, x) }
+        }
+        /// The 8-token dotprod kernel (its own symbol for `scripts/arm-proxy.sh`).
+        #[target_feature(enable = "dotprod")]
+        #[inline(never)]
+        unsafe fn $eight_tf(tiles: &[u8], x: [&[BlockQ8A]; 8]) -> [[f32; ROWS]; 8] {
+            // SAFETY: dotprod is enabled here; `run` bounds-checks.
+            unsafe { run::<$kind, true, 8>(tiles, x) }
+        }
         fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
             // activation rows against the tile count and reads only whole tiles.
-            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
+            unsafe { rows16_any::<$kind, false>(tiles, x, out, $eight_plain, $one_plain) }
         }
         fn $one_sdot(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
@@ -2041,7 +2063,7 @@ macro_rules! entries {
         #[target_feature(enable = "dotprod")]
         unsafe fn $tf(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: dotprod is enabled here; bounds as in `$plain`.
-            unsafe { rows16_any::<$kind, true>(tiles, x, out, $one_sdot) }
+            unsafe { rows16_any::<$kind, true>(tiles, x, out, $eight_tf, $one_sdot) }
         }
         fn $sdot(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
@@ -2057,7 +2079,9 @@ entries!(
     rows16_q4_k_sdot,
     q4k_one_sdot,
     rows16_q4_k_tf,
-    own q4k_one_tf
+    own q4k_one_tf,
+    q4k_eight_plain,
+    q4k_eight_tf
 );
 entries!(
     Q6K,
@@ -2066,7 +2090,9 @@ entries!(
     rows16_q6_k_sdot,
     q6k_one_sdot,
     rows16_q6_k_tf,
-    q6k_one_tf
+    q6k_one_tf,
+    q6k_eight_plain,
+    q6k_eight_tf
 );
 entries!(
     Q5K,
@@ -2075,7 +2101,9 @@ entries!(
     rows16_q5_k_sdot,
     q5k_one_sdot,
     rows16_q5_k_tf,
-    own q5k_one_tf
+    own q5k_one_tf,
+    q5k_eight_plain,
+    q5k_eight_tf
 );
 entries!(
     Sixteen<Q3K>,
@@ -2084,7 +2112,9 @@ entries!(
     rows16_q3_k_sdot,
     q3k_one_sdot,
     rows16_q3_k_tf,
-    own q3k_one_tf
+    own q3k_one_tf,
+    q3k_eight_plain,
+    q3k_eight_tf
 );
 entries!(
     Sixteen<Q2K>,
@@ -2093,7 +2123,9 @@ entries!(
     rows16_q2_k_sdot,
     q2k_one_sdot,
     rows16_q2_k_tf,
-    own q2k_one_tf
+    own q2k_one_tf,
+    q2k_eight_plain,
+    q2k_eight_tf
 );
 entries!(
     IQ4XS,
@@ -2102,5 +2134,7 @@ entries!(
     rows16_iq4_xs_sdot,
     iq4xs_one_sdot,
     rows16_iq4_xs_tf,
-    own iq4xs_one_tf
+    own iq4xs_one_tf,
+    iq4xs_eight_plain,
+    iq4xs_eight_tf
 );
