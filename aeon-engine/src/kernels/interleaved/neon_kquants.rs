@@ -170,6 +170,68 @@ unsafe fn isum_quad<const SDOT: bool, const H: usize>(
     }
 }
 
+/// [`isum_quad`]'s plain flavour (from 0) for two tokens at once (activations at `x[0]`,
+/// `x[1]`), their products interleaved: four independent i16 chains instead of two, so an
+/// in-order core does not wait on each `smlal` (the same lanes take the same products: the
+/// same bounds, the same exact sums).
+///
+/// SAFETY (callers): each `x[k]` points at `16H` readable bytes.
+#[inline(always)]
+unsafe fn isum_quad2<const H: usize>(w: &[[int8x16_t; 4]; H], x: [*const i8; 2]) -> [int32x4_t; 2] {
+    // SAFETY: the loads read `x[k][0..16H]` (see above); everything else is register-only.
+    unsafe {
+        // i16 lane (row, i) of each token adds one product per granule, as in `isum_quad`:
+        // 4H products of |u * x| <= 63 * 127 (H = 1) or 31 * 127 (H = 2: 8 * 3937 = 31496).
+        let mut lo = [vdupq_n_s16(0); 2];
+        let mut hi = [vdupq_n_s16(0); 2];
+        for (h, wh) in w.iter().enumerate() {
+            let xr = x.map(|x| vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h))));
+            for (i, &wg) in wh.iter().enumerate() {
+                let first = h == 0 && i == 0;
+                for k in 0..2 {
+                    let xb = lane_bytes(xr[k], i);
+                    if first {
+                        lo[k] = vmull_s8(vget_low_s8(wg), vget_low_s8(xb));
+                        hi[k] = vmull_high_s8(wg, xb);
+                    } else {
+                        lo[k] = vmlal_s8(lo[k], vget_low_s8(wg), vget_low_s8(xb));
+                        hi[k] = vmlal_high_s8(hi[k], wg, xb);
+                    }
+                }
+            }
+        }
+        [0, 1].map(|k| vpaddq_s32(vpaddlq_s16(lo[k]), vpaddlq_s16(hi[k])))
+    }
+}
+
+/// `if t < T { body }` for t = 0..8 written out: LLVM keeps a loop over the tokens rolled
+/// (one token's chains and f32 tail at a time, which an in-order core waits on).
+macro_rules! each_token {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_token!(@ $T, $t, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
+/// `if t < T { body }` for t = 0, 2, 4, 6 written out (token pairs of an 8-token call): LLVM
+/// keeps a loop over the tokens rolled, one token's chains at a time.
+macro_rules! each_pair {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_pair!(@ $T, $t, $body, 0 2 4 6)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
 /// Bytes `4j..4j + 4` of the planes at `a` and `b` as the two halves of one vector.
 #[inline(always)]
 unsafe fn two_planes(a: *const u8, b: *const u8) -> uint8x8_t {
@@ -252,15 +314,28 @@ unsafe fn q4k_sub<const SDOT: bool, const T: usize, const S: usize>(
                 *wg = vreinterpretq_s8_u8(v);
             }
         }
-        for t in 0..T {
-            let a = xb[t].add(S);
-            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+        let step = |acc: float32x4_t, a: *const BlockQ8A, isum: int32x4_t| {
             // `d` and `s` are the block's first two fields.
             let ds = vld1_f32(a as *const f32);
             let tmp = vmulq_lane_f32::<0>(vcvtq_f32_s32(isum), ds);
-            acc[t] = vfmaq_f32(acc[t], dsc, tmp);
+            let acc = vfmaq_f32(acc, dsc, tmp);
             // fmls rounds acc - dm * s once: the spec's fma(-(dmin * m), s, acc).
-            acc[t] = vfmsq_lane_f32::<1>(acc[t], dm, ds);
+            vfmsq_lane_f32::<1>(acc, dm, ds)
+        };
+        if SDOT || T % 2 == 1 {
+            for t in 0..T {
+                let a = xb[t].add(S);
+                let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+                acc[t] = step(acc[t], a, isum);
+            }
+        } else {
+            // Plain, an even count: two tokens at a time (`isum_quad2`), written out.
+            each_pair!(T, |t| {
+                let a = [xb[t].add(S), xb[t + 1].add(S)];
+                let isum = isum_quad2::<2>(&w, a.map(|a| (*a).qs.as_ptr()));
+                acc[t] = step(acc[t], a[0], isum[0]);
+                acc[t + 1] = step(acc[t + 1], a[1], isum[1]);
+            });
         }
     }
 }
@@ -588,6 +663,13 @@ unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: u
                 *wg = q6k_u::<K>(ql.add(64 * g), qh.add(64 * g));
             }
         }
+        if T > 1 {
+            // Several tokens: the weights as `u - 32` (one `sub` per register, shared by all
+            // tokens) instead of each token's offset correction `-32 * sums[h]`.
+            let w = w.map(|wh| wh.map(|v| vsubq_s8(v, vdupq_n_s8(32))));
+            q6k_tokens::<SDOT, T>(&w, qb, (dsc0, dsc1), xb, acc);
+            return;
+        }
         for t in 0..T {
             let a = xb[t].add(qb);
             let x = (*a).qs.as_ptr();
@@ -606,6 +688,36 @@ unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: u
             acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
             acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
         }
+    }
+}
+
+/// The tokens of [`q6k_block`] (more than one) against its weights `w` already as `u - 32`
+/// (in [-32, 31]): per token the two halves' exact sums `sum((u - 32) * x)`, each scaled by
+/// one FMA, as for one token. Tokens written out ([`each_token`]).
+///
+/// SAFETY (callers): each `xb[t]` points at 8 readable blocks; with `SDOT` the CPU has
+/// dotprod.
+#[inline(always)]
+unsafe fn q6k_tokens<const SDOT: bool, const T: usize>(
+    w: &[[int8x16_t; 4]; 2],
+    qb: usize,
+    (dsc0, dsc1): (float32x4_t, float32x4_t),
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [float32x4_t; T],
+) {
+    // SAFETY: loads inside block `qb` of each token; the rest is register-only.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        each_token!(T, |t| {
+            let a = xb[t].add(qb);
+            let x = (*a).qs.as_ptr();
+            // i16 lanes: 4 products of |(u - 32) * x| <= 32 * 127 (16256 <= 32767).
+            let i0 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[0]), x, zero);
+            let i1 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[1]), x.add(16), zero);
+            let xd = (*a).d;
+            acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
+            acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
+        });
     }
 }
 
