@@ -71,6 +71,34 @@ pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
     }
 }
 
+/// `if t < T { body }` for t = 0..8 written out: LLVM keeps a loop over the tokens rolled
+/// (one token's chains and f32 tail at a time, which an in-order core waits on).
+macro_rules! each_token {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_token!(@ $T, $t, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
+/// `if t < T { body }` for t = 0, 2, 4, 6 written out (token pairs of an 8-token call): LLVM
+/// keeps a loop over the tokens rolled, one token's chains at a time.
+macro_rules! each_pair {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_pair!(@ $T, $t, $body, 0 2 4 6)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
 /// One k-quant type's tile, a row quad at a time.
 trait KTile {
     const BYTES: usize;
@@ -204,32 +232,31 @@ unsafe fn isum_quad2<const H: usize>(w: &[[int8x16_t; 4]; H], x: [*const i8; 2])
     }
 }
 
-/// `if t < T { body }` for t = 0..8 written out: LLVM keeps a loop over the tokens rolled
-/// (one token's chains and f32 tail at a time, which an in-order core waits on).
-macro_rules! each_token {
-    ($T:expr, |$t:ident| $body:block) => {
-        each_token!(@ $T, $t, $body, 0 1 2 3 4 5 6 7)
-    };
-    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
-        $(if $i < $T {
-            let $t: usize = $i;
-            $body
-        })*
-    };
-}
-
-/// `if t < T { body }` for t = 0, 2, 4, 6 written out (token pairs of an 8-token call): LLVM
-/// keeps a loop over the tokens rolled, one token's chains at a time.
-macro_rules! each_pair {
-    ($T:expr, |$t:ident| $body:block) => {
-        each_pair!(@ $T, $t, $body, 0 2 4 6)
-    };
-    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
-        $(if $i < $T {
-            let $t: usize = $i;
-            $body
-        })*
-    };
+/// [`isum_quad`] (from 0) for each of `T` tokens (activations at `x[t]`), written out; plain,
+/// two tokens at a time ([`isum_quad2`]).
+///
+/// SAFETY (callers): each `x[t]` points at `16H` readable bytes; with `SDOT` the CPU has
+/// dotprod.
+#[inline(always)]
+unsafe fn isums<const SDOT: bool, const H: usize, const T: usize>(
+    w: &[[int8x16_t; 4]; H],
+    x: &[*const i8; T],
+) -> [int32x4_t; T] {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        let mut out = [zero; T];
+        if SDOT || T % 2 == 1 {
+            each_token!(T, |t| {
+                out[t] = isum_quad::<SDOT, H>(w, x[t], zero);
+            });
+        } else {
+            each_pair!(T, |t| {
+                [out[t], out[t + 1]] = isum_quad2::<H>(w, [x[t], x[t + 1]]);
+            });
+        }
+        out
+    }
 }
 
 /// Bytes `4j..4j + 4` of the planes at `a` and `b` as the two halves of one vector.
@@ -323,11 +350,11 @@ unsafe fn q4k_sub<const SDOT: bool, const T: usize, const S: usize>(
             vfmsq_lane_f32::<1>(acc, dm, ds)
         };
         if SDOT || T % 2 == 1 {
-            for t in 0..T {
+            each_token!(T, |t| {
                 let a = xb[t].add(S);
                 let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
                 acc[t] = step(acc[t], a, isum);
-            }
+            });
         } else {
             // Plain, an even count: two tokens at a time (`isum_quad2`), written out.
             each_pair!(T, |t| {
@@ -707,17 +734,31 @@ unsafe fn q6k_tokens<const SDOT: bool, const T: usize>(
 ) {
     // SAFETY: loads inside block `qb` of each token; the rest is register-only.
     unsafe {
-        let zero = vdupq_n_s32(0);
-        each_token!(T, |t| {
-            let a = xb[t].add(qb);
-            let x = (*a).qs.as_ptr();
-            // i16 lanes: 4 products of |(u - 32) * x| <= 32 * 127 (16256 <= 32767).
-            let i0 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[0]), x, zero);
-            let i1 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[1]), x.add(16), zero);
-            let xd = (*a).d;
+        let mut step = |t: usize, i0: int32x4_t, i1: int32x4_t| {
+            let xd = (*xb[t].add(qb)).d;
             acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
             acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
-        });
+        };
+        let x = |t: usize| (*xb[t].add(qb)).qs.as_ptr();
+        let (w0, w1) = (std::array::from_ref(&w[0]), std::array::from_ref(&w[1]));
+        // i16 lanes: 4 products of |(u - 32) * x| <= 32 * 127 (16256 <= 32767).
+        if SDOT || T % 2 == 1 {
+            let zero = vdupq_n_s32(0);
+            each_token!(T, |t| {
+                let i0 = isum_quad::<SDOT, 1>(w0, x(t), zero);
+                let i1 = isum_quad::<SDOT, 1>(w1, x(t).add(16), zero);
+                step(t, i0, i1);
+            });
+        } else {
+            // Plain: two tokens at a time.
+            each_pair!(T, |t| {
+                let xt = [x(t), x(t + 1)];
+                let i0 = isum_quad2::<1>(w0, xt);
+                let i1 = isum_quad2::<1>(w1, xt.map(|x| x.add(16)));
+                step(t, i0[0], i1[0]);
+                step(t + 1, i0[1], i1[1]);
+            });
+        }
     }
 }
 
@@ -897,9 +938,10 @@ unsafe fn q5k_sub<const SDOT: bool, const T: usize, const S: usize>(
             }
         }
         // i16 lanes: 8 products of at most 31 * 127 (31496 <= 32767), see `isum_quad`.
+        let is = isums::<SDOT, 2, T>(&w, &xb.map(|a| (*a.add(S)).qs.as_ptr()));
         std::array::from_fn(|t| {
             let a = xb[t].add(S);
-            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+            let isum = is[t];
             let qsum = (*a).sums[0] as i32 + (*a).sums[1] as i32;
             let xd = (*a).d;
             (
@@ -1348,13 +1390,9 @@ unsafe fn k16_block<K: K16, const SDOT: bool, const T: usize, const G: usize>(
     unsafe {
         let w = K::weights::<G>(p, j);
         let [sc0, sc1, m0, m1] = K::scales::<G>(p, j);
-        for t in 0..T {
+        // Token t's f32 steps from its two halves' exact sums.
+        let mut step = |t: usize, i0: int32x4_t, i1: int32x4_t| {
             let a = xb[t].add(G);
-            let x = (*a).qs.as_ptr();
-            // i16 lanes: 4 products of at most 4 * 127 each.
-            let zero = vdupq_n_s32(0);
-            let i0 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[0]), x, zero);
-            let i1 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[1]), x.add(16), zero);
             let isum = vmlaq_s32(vmulq_s32(sc0, i0), sc1, i1);
             let xd = (*a).d;
             sd[t] = vaddq_f32(sd[t], vmulq_n_f32(vcvtq_f32_s32(isum), xd));
@@ -1366,6 +1404,26 @@ unsafe fn k16_block<K: K16, const SDOT: bool, const T: usize, const G: usize>(
                 );
                 sm[t] = vaddq_f32(sm[t], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
             }
+        };
+        let x = |t: usize| (*xb[t].add(G)).qs.as_ptr();
+        let (w0, w1) = (std::array::from_ref(&w[0]), std::array::from_ref(&w[1]));
+        // i16 lanes: 4 products of at most 4 * 127 each.
+        if SDOT || T % 2 == 1 {
+            let zero = vdupq_n_s32(0);
+            each_token!(T, |t| {
+                let i0 = isum_quad::<SDOT, 1>(w0, x(t), zero);
+                let i1 = isum_quad::<SDOT, 1>(w1, x(t).add(16), zero);
+                step(t, i0, i1);
+            });
+        } else {
+            // Plain: two tokens at a time.
+            each_pair!(T, |t| {
+                let xt = [x(t), x(t + 1)];
+                let i0 = isum_quad2::<1>(w0, xt);
+                let i1 = isum_quad2::<1>(w1, xt.map(|x| x.add(16)));
+                step(t, i0[0], i1[0]);
+                step(t + 1, i0[1], i1[1]);
+            });
         }
     }
 }
@@ -1725,11 +1783,11 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
                 *wg = vqtbl1q_s8(tbl, nib);
             }
         }
-        for t in 0..T {
+        each_token!(T, |t| {
             let a = xb[t].add(S);
             let isum = isum_quad_wide::<SDOT>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
             acc[t] = vfmaq_f32(acc[t], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), (*a).d));
-        }
+        });
     }
 }
 
