@@ -744,6 +744,8 @@ macro_rules! each_token {
 /// `p`, hidden from LLVM behind an empty `asm!` with side effects: ordered after the
 /// previous [`settled`], so loads through it are not hoisted above it.
 #[inline(always)]
+// The asm reads no memory: it only hides which pointer comes out.
+#[allow(clippy::pointers_in_nomem_asm_block)]
 fn in_order(p: *const BlockQ8A) -> *const BlockQ8A {
     let mut p = p;
     // SAFETY: an empty instruction sequence; it only claims to change the register.
@@ -791,14 +793,14 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
                     // after the previous group's results (see `in_order`).
                     let grouped = !SDOT && L::GROUP < T;
                     let p = xp[t].add(b);
-                    let p = if grouped && t % L::GROUP == 0 {
+                    let p = if grouped && t.is_multiple_of(L::GROUP) {
                         in_order(p)
                     } else {
                         p
                     };
                     let a = &*p;
                     acc[t] = f32_step::<L>(acc[t], dw, mw, quad_isum::<L, SDOT>(&w, a), a);
-                    if grouped && (t + 1) % L::GROUP == 0 {
+                    if grouped && (t + 1).is_multiple_of(L::GROUP) {
                         for v in &mut acc[t + 1 - L::GROUP..=t] {
                             *v = settled(*v);
                         }
