@@ -6,8 +6,10 @@
 //! sub-block (Q4_K) or Q8A block (Q6_K) 8 registers of unsigned weights, unpacked once for all
 //! tokens of the call, then per token an exact i32 sum per row (the 4 lanes of one register)
 //! and the f32 steps of the kquants specification on 4 rows at once, in its order. Rows are
-//! independent, so the quad order changes no bit; each token gets the same instruction
-//! sequence whatever the token count, so a multi-token call gives one-token bits.
+//! independent, so the quad order changes no bit; each token gets the same exact sums and the
+//! same f32 steps whatever the token count, so a multi-token call gives one-token bits. With
+//! several tokens they are written out, on plain NEON two at a time ([`isum_quad2`]: more
+//! independent chains for an in-order core) and in groups of [`GROUP`].
 //!
 //! Two flavours of one body (`const SDOT: bool`):
 //!
@@ -30,7 +32,8 @@
 //! all four quads.
 //!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
-//! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
+//! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots, and the 8-token
+//! ones (`q4k_eight_plain`, `q4k_eight_tf`, ...) against them.
 //!
 //! Only [`kernels`] hands these out; the dotprod ones only when the caller checked that the
 //! CPU has dotprod ([`super::super::Isa::NeonDotprod`]).
