@@ -262,33 +262,6 @@ unsafe fn isum_quad2<const H: usize>(w: &[[int8x16_t; 4]; H], x: [*const i8; 2])
     }
 }
 
-/// [`isum_quad`] (from 0) for each of `T` tokens (activations at `x[t]`), written out; plain,
-/// two tokens at a time ([`isum_quad2`]).
-///
-/// SAFETY (callers): each `x[t]` points at `16H` readable bytes; with `SDOT` the CPU has
-/// dotprod.
-#[inline(always)]
-unsafe fn isums<const SDOT: bool, const H: usize, const T: usize>(
-    w: &[[int8x16_t; 4]; H],
-    x: &[*const i8; T],
-) -> [int32x4_t; T] {
-    // SAFETY: the caller's contract, passed on.
-    unsafe {
-        let zero = vdupq_n_s32(0);
-        let mut out = [zero; T];
-        if SDOT || T % 2 == 1 {
-            each_token!(T, |t| {
-                out[t] = isum_quad::<SDOT, H>(w, x[t], zero);
-            });
-        } else {
-            each_pair!(T, |t| {
-                [out[t], out[t + 1]] = isum_quad2::<H>(w, [x[t], x[t + 1]]);
-            });
-        }
-        out
-    }
-}
-
 /// Bytes `4j..4j + 4` of the planes at `a` and `b` as the two halves of one vector.
 #[inline(always)]
 unsafe fn two_planes(a: *const u8, b: *const u8) -> uint8x8_t {
@@ -953,6 +926,30 @@ unsafe fn q5k_sub<const SDOT: bool, const T: usize, const S: usize>(
     // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
     // contract); the rest is register-only.
     unsafe {
+        let (w, scm) = q5k_quad::<S>(p, j);
+        let zero = vdupq_n_f32(0.0);
+        let mut out = [(zero, zero); T];
+        each_token!(T, |t| {
+            let a = xb[t].add(S);
+            // i16 lanes: 8 products of at most 31 * 127 (31496 <= 32767), see `isum_quad`.
+            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+            out[t] = q5k_terms(scm, a, isum);
+        });
+        out
+    }
+}
+
+/// Sub-block `S`'s 5-bit weights of row quad `j` of the Q5_K tile at `p` (8 registers) and
+/// the quad's `(sc, m)`.
+///
+/// SAFETY (callers): `p` points at a whole tile, `j < 4`.
+#[inline(always)]
+unsafe fn q5k_quad<const S: usize>(
+    p: *const u8,
+    j: usize,
+) -> ([[int8x16_t; 4]; 2], (int32x4_t, int32x4_t)) {
+    // SAFETY: every load lies inside the tile; the rest is register-only.
+    unsafe {
         let v = k4_scale_min::<S>(p, j);
         let sc = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(v)));
         let m = vreinterpretq_s32_u32(vmovl_high_u16(v));
@@ -969,18 +966,28 @@ unsafe fn q5k_sub<const SDOT: bool, const T: usize, const S: usize>(
                 *wg = vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x1F)));
             }
         }
-        // i16 lanes: 8 products of at most 31 * 127 (31496 <= 32767), see `isum_quad`.
-        let is = isums::<SDOT, 2, T>(&w, &xb.map(|a| (*a.add(S)).qs.as_ptr()));
-        std::array::from_fn(|t| {
-            let a = xb[t].add(S);
-            let isum = is[t];
-            let qsum = (*a).sums[0] as i32 + (*a).sums[1] as i32;
-            let xd = (*a).d;
-            (
-                vmulq_n_f32(vcvtq_f32_s32(vmulq_s32(sc, isum)), xd),
-                vmulq_n_f32(vcvtq_f32_s32(vmulq_n_s32(m, qsum)), xd),
-            )
-        })
+        (w, (sc, m))
+    }
+}
+
+/// One token's `(d_x * f32(sc * isum), d_x * f32(m * sum(q_x)))` ([`q5k_sub`]; `a`: its Q8A
+/// block of the sub-block).
+///
+/// SAFETY (callers): `a` points at a readable block.
+#[inline(always)]
+unsafe fn q5k_terms(
+    (sc, m): (int32x4_t, int32x4_t),
+    a: *const BlockQ8A,
+    isum: int32x4_t,
+) -> (float32x4_t, float32x4_t) {
+    // SAFETY: reads inside `a`; the rest is register-only.
+    unsafe {
+        let qsum = (*a).sums[0] as i32 + (*a).sums[1] as i32;
+        let xd = (*a).d;
+        (
+            vmulq_n_f32(vcvtq_f32_s32(vmulq_s32(sc, isum)), xd),
+            vmulq_n_f32(vcvtq_f32_s32(vmulq_n_s32(m, qsum)), xd),
+        )
     }
 }
 
@@ -995,6 +1002,26 @@ unsafe fn q5k_pair<const SDOT: bool, const T: usize, const S: usize, const S1: u
 ) {
     // SAFETY: the caller's contract, passed on; the rest is register-only.
     unsafe {
+        if !SDOT && T.is_multiple_of(2) {
+            // Plain: both sub-blocks' weights held, then two tokens at a time, in groups.
+            let (wa, scma) = q5k_quad::<S>(p, j);
+            let (wb, scmb) = q5k_quad::<S1>(p, j);
+            each_pair!(T, |t| {
+                let a = [group_ptr(t, xb[t]), xb[t + 1]];
+                // i16 lanes: 8 products of at most 31 * 127 (31496), see `isum_quad`.
+                let ia = isum_quad2::<2>(&wa, a.map(|a| (*a.add(S)).qs.as_ptr()));
+                let ib = isum_quad2::<2>(&wb, a.map(|a| (*a.add(S1)).qs.as_ptr()));
+                for k in 0..2 {
+                    let x = q5k_terms(scma, a[k].add(S), ia[k]);
+                    let y = q5k_terms(scmb, a[k].add(S1), ib[k]);
+                    sd[t + k] = vaddq_f32(sd[t + k], vaddq_f32(x.0, y.0));
+                    sm[t + k] = vaddq_f32(sm[t + k], vaddq_f32(x.1, y.1));
+                }
+                group_end(t + 2, sd);
+                group_end(t + 2, sm);
+            });
+            return;
+        }
         let a = q5k_sub::<SDOT, T, S>(p, j, xb);
         let b = q5k_sub::<SDOT, T, S1>(p, j, xb);
         for t in 0..T {
