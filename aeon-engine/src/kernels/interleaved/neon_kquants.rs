@@ -9,7 +9,7 @@
 //! independent, so the quad order changes no bit; each token gets the same exact sums and the
 //! same f32 steps whatever the token count, so a multi-token call gives one-token bits. With
 //! several tokens they are written out, on plain NEON two at a time ([`isum_quad2`]: more
-//! independent chains for an in-order core) and in groups of [`GROUP`].
+//! independent chains for an in-order core), in groups of [`GROUP`].
 //!
 //! Two flavours of one body (`const SDOT: bool`):
 //!
@@ -102,10 +102,11 @@ macro_rules! each_pair {
     };
 }
 
-/// Tokens per group in the plain multi-token loops (a multiple of 2): a group's activation
-/// loads wait for the previous group's results ([`group_ptr`], [`group_end`]). Left alone,
-/// LLVM interleaves all 8 tokens and spills; llvm-mca A53, Q4_K's 8-token loop per
-/// row-block: 899.8 -> 763.8 (groups of 2: 1011.3, of 8: 779.3).
+/// Tokens per group in the multi-token loops (a multiple of 2): a group's activation loads
+/// wait for the previous group's results ([`group_ptr`], [`group_end`]). Left alone, LLVM
+/// interleaves all 8 tokens and spills; llvm-mca, the 8-token loops per row-block: A53 plain
+/// Q4_K 899.8 -> 763.8 (groups of 2: 1011.3, of 8: 779.3), Q6_K 1197.0 -> 885.5; A55 `sdot`
+/// Q6_K 571.5 -> 510.0, Q3_K 618.8 -> 567.8 (Q5_K's `sdot` path is not grouped).
 const GROUP: usize = 4;
 
 /// Token `t`'s activation blocks `a`, through [`opaque`] where `t` starts a [`GROUP`] (so
@@ -354,9 +355,10 @@ unsafe fn q4k_sub<const SDOT: bool, const T: usize, const S: usize>(
         };
         if SDOT || T % 2 == 1 {
             each_token!(T, |t| {
-                let a = xb[t].add(S);
+                let a = group_ptr(t, xb[t]).add(S);
                 let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
                 acc[t] = step(acc[t], a, isum);
+                group_end(t + 1, acc);
             });
         } else {
             // Plain, an even count: two tokens at a time (`isum_quad2`), written out.
@@ -743,15 +745,16 @@ unsafe fn q6k_tokens<const SDOT: bool, const T: usize>(
             acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
             acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
         };
-        let x = |t: usize| (*xb[t].add(qb)).qs.as_ptr();
         let (w0, w1) = (std::array::from_ref(&w[0]), std::array::from_ref(&w[1]));
         // i16 lanes: 4 products of |(u - 32) * x| <= 32 * 127 (16256 <= 32767).
         if SDOT || T % 2 == 1 {
             let zero = vdupq_n_s32(0);
             each_token!(T, |t| {
-                let i0 = isum_quad::<SDOT, 1>(w0, x(t), zero);
-                let i1 = isum_quad::<SDOT, 1>(w1, x(t).add(16), zero);
+                let xt = (*group_ptr(t, xb[t]).add(qb)).qs.as_ptr();
+                let i0 = isum_quad::<SDOT, 1>(w0, xt, zero);
+                let i1 = isum_quad::<SDOT, 1>(w1, xt.add(16), zero);
                 step(acc, t, i0, i1);
+                group_end(t + 1, acc);
             });
         } else {
             // Plain: two tokens at a time.
@@ -1468,15 +1471,19 @@ unsafe fn k16_block<K: K16, const SDOT: bool, const T: usize, const G: usize>(
                 sm[t] = vaddq_f32(sm[t], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
             }
         };
-        let x = |t: usize| (*xb[t].add(G)).qs.as_ptr();
         let (w0, w1) = (std::array::from_ref(&w[0]), std::array::from_ref(&w[1]));
         // i16 lanes: 4 products of at most 4 * 127 each.
         if SDOT || T % 2 == 1 {
             let zero = vdupq_n_s32(0);
             each_token!(T, |t| {
-                let i0 = isum_quad::<SDOT, 1>(w0, x(t), zero);
-                let i1 = isum_quad::<SDOT, 1>(w1, x(t).add(16), zero);
+                let xt = (*group_ptr(t, xb[t]).add(G)).qs.as_ptr();
+                let i0 = isum_quad::<SDOT, 1>(w0, xt, zero);
+                let i1 = isum_quad::<SDOT, 1>(w1, xt.add(16), zero);
                 step(sd, sm, t, i0, i1);
+                group_end(t + 1, sd);
+                if K::DMIN.is_some() {
+                    group_end(t + 1, sm);
+                }
             });
         } else {
             // Plain: two tokens at a time.
@@ -1851,12 +1858,10 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
             }
         }
         each_token!(T, |t| {
-            let a = if SDOT { xb[t] } else { group_ptr(t, xb[t]) }.add(S);
+            let a = group_ptr(t, xb[t]).add(S);
             let isum = isum_quad_wide::<SDOT>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
             acc[t] = vfmaq_f32(acc[t], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), (*a).d));
-            if !SDOT {
-                group_end(t + 1, acc);
-            }
+            group_end(t + 1, acc);
         });
     }
 }
