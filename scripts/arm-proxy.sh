@@ -9,6 +9,8 @@
 #      -mcpu=cortex_a53 (no dotprod) and -mcpu=cortex_a55 (dotprod). Cycles per block (32
 #      weights; 256 for the k-quants). Ours: plain NEON on the A53 model, the `sdot` flavour on
 #      the A55 model; llama.cpp: the a53 build on the A53 model, the a55 build on the A55 model.
+#      Then the 16-row kernels' 8-token (prefill) loops, ours only: cycles per row-block for
+#      the 8 tokens, and the tile ratio 8 x one-token cycles / 8-token cycles.
 #   2. exact instruction counts under qemu-aarch64 with a TCG counting plugin
 #      (scripts/arm-proxy/insn-count.c) of `kernel-bench --forward` on the real Qwen, one thread,
 #      per prefill token and per decoded token (difference of two runs of different lengths, so
@@ -160,8 +162,10 @@ ROWS16=(
     "Q2_K  neon_kquants13q2k_one_plain 0 16  neon_kquants10q2k_one_tf 0 16  ^ggml_vec_dot_q2_K_q8_K$ 0 1"
     "IQ4XS neon_kquants15iq4xs_one_plain 0 16 neon_kquants12iq4xs_one_tf 0 16 ^ggml_vec_dot_iq4_xs_q8_K$ 0 1"
 )
-mca() { # asm symbol loop per mcpu [mattr] -> cycles per block
-    "$PY" scripts/arm-proxy/mca-loop.py "$1" "$2" --loop "$3" --per "$4" --mcpu "$5" ${6:+--mattr "$6"} \
+mca() { # asm symbol loop per mcpu [mattr] [mca-loop.py options...] -> cycles per block
+    local asm="$1" sym="$2" lp="$3" per="$4" cpu="$5" attr="${6:-}"
+    shift 5; [[ $# -gt 0 ]] && shift
+    "$PY" scripts/arm-proxy/mca-loop.py "$asm" "$sym" --loop "$lp" --per "$per" --mcpu "$cpu" ${attr:+--mattr "$attr"} "$@" \
         | "$PY" -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["cycles_per_unit"])'
 }
 echo "llvm-mca in-order model, cycles per block (32 weights; k-quants 256), one-token dots"
@@ -177,13 +181,47 @@ table() { # rows...
         l55=$(mca "$WORK/llama-cortex_a55.s" "$lsym" "$llp" "$lper" cortex-a55 +dotprod) || die "$k: no model of llama.cpp (A55)"
         printf '%-5s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$a53" "$l53" "$(awk -v a="$a53" -v b="$l53" 'BEGIN { print a / b }')" \
             "$a55" "$l55" "$(awk -v a="$a55" -v b="$l55" 'BEGIN { print a / b }')"
+        ONE53[$k]=$a53
+        ONE55[$k]=$a55
     done
 }
+declare -A ONE53 ONE55
 table "${KERNELS[@]}"
 echo
 echo "16-row kernels (the decode path for these types), one token: cycles per tile / 16 (per row-block)"
 printf '%-5s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 ours" llama.cpp ratio "A55 sdot" llama.cpp ratio
 table "${ROWS16[@]}"
+
+# The same kernels' 8-token (prefill) loops: kernel, plain (symbol, depth, loop, per), sdot
+# (the same). interleaved/neon.rs (`rows16_quads` with T = 8): the tile loop (depth 2, inside
+# the loop over the 4 row quads), a tile's quad per iteration. neon_kquants.rs (`run` with
+# T = 8): one flat loop over (tile, row quad); where the token loops inside it stayed rolled
+# (a constant 8 trips), their bodies are counted 8 times (mca-loop.py --inner-trips).
+TILE8=(
+    "Q4_0  interleaved4neon16q4_0_eight_plain 2 0 4  interleaved4neon13q4_0_eight_tf 2 0 4"
+    "Q5_0  interleaved4neon16q5_0_eight_plain 2 0 4  interleaved4neon13q5_0_eight_tf 2 0 4"
+    "Q8_0  interleaved4neon16q8_0_eight_plain 2 0 4  interleaved4neon13q8_0_eight_tf 2 0 4"
+    "Q4_1  interleaved4neon16q4_1_eight_plain 2 0 4  interleaved4neon13q4_1_eight_tf 2 0 4"
+    "Q5_1  interleaved4neon16q5_1_eight_plain 2 0 4  interleaved4neon13q5_1_eight_tf 2 0 4"
+    "IQ4NL interleaved4neon18iq4_nl_eight_plain 2 0 4  interleaved4neon15iq4_nl_eight_tf 2 0 4"
+    "Q4_K  neon_kquants15q4k_eight_plain 1 0 4  neon_kquants12q4k_eight_tf 1 0 4"
+    "Q6_K  neon_kquants15q6k_eight_plain 1 0 4  neon_kquants12q6k_eight_tf 1 0 4"
+    "Q5_K  neon_kquants15q5k_eight_plain 1 0 4  neon_kquants12q5k_eight_tf 1 0 4"
+    "Q3_K  neon_kquants15q3k_eight_plain 1 0 4  neon_kquants12q3k_eight_tf 1 0 4"
+    "Q2_K  neon_kquants15q2k_eight_plain 1 0 4  neon_kquants12q2k_eight_tf 1 0 4"
+    "IQ4XS neon_kquants17iq4xs_eight_plain 1 0 4  neon_kquants14iq4xs_eight_tf 1 0 4"
+)
+echo
+echo "the same, 8 tokens (prefill tile): cycles per row-block for all 8; tile = 8 x one token / 8 tokens"
+echo "(the one-token figures above; the goal is 3x)"
+printf '%-5s | %9s %9s %6s | %9s %9s %6s\n' kernel "A53 8 tok" "1 token" tile "A55 8 tok" "1 token" tile
+for row in "${TILE8[@]}"; do
+    read -r k sym dep lp per tsym tdep tlp tper <<<"$row"
+    e53=$(mca "$OURS" "$sym" "$lp" "$per" cortex-a53 "" --depth "$dep" --inner-trips 8) || die "$k: no model of the 8-token loop (A53)"
+    e55=$(mca "$OURS" "$tsym" "$tlp" "$tper" cortex-a55 +dotprod --depth "$tdep" --inner-trips 8) || die "$k: no model of the 8-token loop (A55)"
+    printf '%-5s | %9s %9s %5.2fx | %9s %9s %5.2fx\n' "$k" "$e53" "${ONE53[$k]}" "$(awk -v a="$e53" -v b="${ONE53[$k]}" 'BEGIN { print 8 * b / a }')" \
+        "$e55" "${ONE55[$k]}" "$(awk -v a="$e55" -v b="${ONE55[$k]}" 'BEGIN { print 8 * b / a }')"
+done
 
 [[ $count -eq 1 ]] || exit 0
 

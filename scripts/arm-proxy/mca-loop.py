@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Cut one hot loop out of an LLVM-generated aarch64 .s file and model it with llvm-mca.
 
-Usage: mca-loop.py ASM SYMBOL_REGEX --mcpu CPU [--loop N] [--per K] [--mattr ATTRS] [--dump]
+Usage: mca-loop.py ASM SYMBOL_REGEX --mcpu CPU [--loop N] [--depth D] [--inner-trips M]
+                   [--per K] [--mattr ATTRS] [--dump]
 
 The function is the first whose label matches SYMBOL_REGEX (a Rust mangled name contains the
 path, e.g. `neon10q8_0_plain`). A loop is a block label with a branch back to it from below
 (rustc's asm has no loop comments, so both sides are read the same way): loop N (0-based, in
-layout order, outermost loops only) runs from its label to the last branch back to it. Only
-instructions and labels go to llvm-mca; branches stay (llvm-mca models no control flow, so a
-loop with inner loops that were not unrolled, or with calls, would be under-counted: it is
-refused).
+layout order, among the loops at depth D, default 1: outermost) runs from its label to the
+last branch back to it. Only instructions and labels go to llvm-mca; branches stay (llvm-mca
+models no control flow, so a loop with inner loops that were not unrolled, or with calls,
+would be under-counted: it is refused). Except with --inner-trips M: each inner loop (one
+level down, none deeper) is then known to run M times per iteration (a rolled loop over a
+constant count, e.g. the tokens of a multi-token kernel) and its body goes to llvm-mca M
+times over.
 
 Prints one JSON object: cycles per iteration (llvm-mca `Total Cycles` / iterations, the
 steady state of its in-order model for Cortex-A53/A55: a proxy, not a measurement),
@@ -79,6 +83,9 @@ def main():
     ap.add_argument("--mcpu", required=True)
     ap.add_argument("--mattr", default="")
     ap.add_argument("--loop", type=int, default=0)
+    ap.add_argument("--depth", type=int, default=1, help="count loops at this depth (1: outermost)")
+    ap.add_argument("--inner-trips", type=int, default=0,
+                    help="inner loops run this many times per iteration (their bodies repeated)")
     ap.add_argument("--per", type=float, default=1.0)
     ap.add_argument("--dump", action="store_true", help="print the loop text instead")
     a = ap.parse_args()
@@ -88,13 +95,13 @@ def main():
     if name is None:
         print(f"mca-loop: no function matching {a.symbol!r} in {a.asm}", file=sys.stderr)
         return 1
-    top = [lp for lp in loops(body) if lp[3] == 1]
+    top = [lp for lp in loops(body) if lp[3] == a.depth]
     if a.loop >= len(top):
-        print(f"mca-loop: {name}: {len(top)} outer loops, no loop {a.loop}", file=sys.stderr)
+        print(f"mca-loop: {name}: {len(top)} loops at depth {a.depth}, no loop {a.loop}", file=sys.stderr)
         return 1
-    label, s, e, _ = top[a.loop]
-    inner = [lp for lp in loops(body) if lp[3] > 1 and s < lp[1] <= e]
-    if inner:
+    label, s, e, depth = top[a.loop]
+    inner = [lp for lp in loops(body) if lp[3] > depth and s < lp[1] <= e]
+    if inner and (a.inner_trips < 1 or any(lp[3] > depth + 1 for lp in inner)):
         print(f"mca-loop: {name}: loop {label} holds inner loop(s) {[x[0] for x in inner]}; "
               "llvm-mca would count their bodies once", file=sys.stderr)
         return 1
@@ -103,8 +110,19 @@ def main():
         print(f"mca-loop: {name}: loop {label} makes calls ({calls[0]}, ...); "
               "llvm-mca would not see the callee", file=sys.stderr)
         return 1
+    # Each inner loop's lines M times over (see --inner-trips).
+    seq = []
+    i = s
+    while i <= e:
+        lp = next((x for x in inner if x[1] == i), None)
+        if lp is None:
+            seq.append(body[i])
+            i += 1
+        else:
+            seq.extend(body[lp[1]:lp[2] + 1] * a.inner_trips)
+            i = lp[2] + 1
     text = []
-    for line in body[s:e + 1]:
+    for line in seq:
         c = clean(line)
         if re.match(r"^\.?L?BB[\w]+:", c):
             text.append(c.split(":")[0] + ":")

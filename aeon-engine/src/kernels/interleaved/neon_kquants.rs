@@ -6,8 +6,10 @@
 //! sub-block (Q4_K) or Q8A block (Q6_K) 8 registers of unsigned weights, unpacked once for all
 //! tokens of the call, then per token an exact i32 sum per row (the 4 lanes of one register)
 //! and the f32 steps of the kquants specification on 4 rows at once, in its order. Rows are
-//! independent, so the quad order changes no bit; each token gets the same instruction
-//! sequence whatever the token count, so a multi-token call gives one-token bits.
+//! independent, so the quad order changes no bit; each token gets the same exact sums and the
+//! same f32 steps whatever the token count, so a multi-token call gives one-token bits. With
+//! several tokens they are written out, on plain NEON two at a time ([`isum_quad2`]: more
+//! independent chains for an in-order core), in groups of [`GROUP`].
 //!
 //! Two flavours of one body (`const SDOT: bool`):
 //!
@@ -30,7 +32,8 @@
 //! all four quads.
 //!
 //! `scripts/arm-proxy.sh` models the one-token loops (`q4k_one_plain` on the Cortex-A53,
-//! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots.
+//! `q4k_one_tf` on the A55, Q6_K alike) next to llama.cpp's per-block dots, and the 8-token
+//! ones (`q4k_eight_plain`, `q4k_eight_tf`, ...) against them.
 //!
 //! Only [`kernels`] hands these out; the dotprod ones only when the caller checked that the
 //! CPU has dotprod ([`super::super::Isa::NeonDotprod`]).
@@ -68,6 +71,62 @@ pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
             (DType::Q2_K, rows16_q2_k_plain as Rows16Dot),
             (DType::IQ4_XS, rows16_iq4_xs_plain as Rows16Dot),
         ]
+    }
+}
+
+/// `if t < T { body }` for t = 0..8 written out: LLVM keeps a loop over the tokens rolled
+/// (one token's chains and f32 tail at a time, which an in-order core waits on).
+macro_rules! each_token {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_token!(@ $T, $t, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
+/// `if t < T { body }` for t = 0, 2, 4, 6 written out (token pairs of an 8-token call): LLVM
+/// keeps a loop over the tokens rolled, one token's chains at a time.
+macro_rules! each_pair {
+    ($T:expr, |$t:ident| $body:block) => {
+        each_pair!(@ $T, $t, $body, 0 2 4 6)
+    };
+    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(if $i < $T {
+            let $t: usize = $i;
+            $body
+        })*
+    };
+}
+
+/// Tokens per group in the multi-token loops (a multiple of 2): a group's activation loads
+/// wait for the previous group's results ([`group_ptr`], [`group_end`]). Left alone, LLVM
+/// interleaves all 8 tokens and spills; llvm-mca, the 8-token loops per row-block: A53 plain
+/// Q4_K 899.8 -> 763.8 (groups of 2: 1011.3, of 8: 779.3), Q6_K 1197.0 -> 885.5; A55 `sdot`
+/// Q6_K 571.5 -> 510.0, Q3_K 618.8 -> 567.8 (Q5_K's `sdot` path is not grouped).
+const GROUP: usize = 4;
+
+/// Token `t`'s activation blocks `a`, through [`opaque`] where `t` starts a [`GROUP`] (so
+/// their loads come after the previous group's [`settled`]).
+#[inline(always)]
+fn group_ptr(t: usize, a: *const BlockQ8A) -> *const BlockQ8A {
+    if t.is_multiple_of(GROUP) {
+        opaque(a.cast()).cast()
+    } else {
+        a
+    }
+}
+
+/// `v[n - GROUP..n]` [`settled`] where the first `n` tokens end a [`GROUP`].
+#[inline(always)]
+fn group_end<const T: usize>(n: usize, v: &mut [float32x4_t; T]) {
+    if n.is_multiple_of(GROUP) {
+        for v in &mut v[n - GROUP..n] {
+            *v = settled(*v);
+        }
     }
 }
 
@@ -170,6 +229,40 @@ unsafe fn isum_quad<const SDOT: bool, const H: usize>(
     }
 }
 
+/// [`isum_quad`]'s plain flavour (from 0) for two tokens at once (activations at `x[0]`,
+/// `x[1]`), their products interleaved: four independent i16 chains instead of two, so an
+/// in-order core does not wait on each `smlal` (the same lanes take the same products: the
+/// same bounds, the same exact sums).
+///
+/// SAFETY (callers): each `x[k]` points at `16H` readable bytes.
+#[inline(always)]
+unsafe fn isum_quad2<const H: usize>(w: &[[int8x16_t; 4]; H], x: [*const i8; 2]) -> [int32x4_t; 2] {
+    // SAFETY: the loads read `x[k][0..16H]` (see above); everything else is register-only.
+    unsafe {
+        // i16 lane (row, i) of each token adds one product per granule, as in `isum_quad`:
+        // 4H products of |u * x| <= 63 * 127 (H = 1) or 31 * 127 (H = 2: 8 * 3937 = 31496).
+        let mut lo = [vdupq_n_s16(0); 2];
+        let mut hi = [vdupq_n_s16(0); 2];
+        for (h, wh) in w.iter().enumerate() {
+            let xr = x.map(|x| vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h))));
+            for (i, &wg) in wh.iter().enumerate() {
+                let first = h == 0 && i == 0;
+                for k in 0..2 {
+                    let xb = lane_bytes(xr[k], i);
+                    if first {
+                        lo[k] = vmull_s8(vget_low_s8(wg), vget_low_s8(xb));
+                        hi[k] = vmull_high_s8(wg, xb);
+                    } else {
+                        lo[k] = vmlal_s8(lo[k], vget_low_s8(wg), vget_low_s8(xb));
+                        hi[k] = vmlal_high_s8(hi[k], wg, xb);
+                    }
+                }
+            }
+        }
+        [0, 1].map(|k| vpaddq_s32(vpaddlq_s16(lo[k]), vpaddlq_s16(hi[k])))
+    }
+}
+
 /// Bytes `4j..4j + 4` of the planes at `a` and `b` as the two halves of one vector.
 #[inline(always)]
 unsafe fn two_planes(a: *const u8, b: *const u8) -> uint8x8_t {
@@ -252,15 +345,30 @@ unsafe fn q4k_sub<const SDOT: bool, const T: usize, const S: usize>(
                 *wg = vreinterpretq_s8_u8(v);
             }
         }
-        for t in 0..T {
-            let a = xb[t].add(S);
-            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+        let step = |acc: float32x4_t, a: *const BlockQ8A, isum: int32x4_t| {
             // `d` and `s` are the block's first two fields.
             let ds = vld1_f32(a as *const f32);
             let tmp = vmulq_lane_f32::<0>(vcvtq_f32_s32(isum), ds);
-            acc[t] = vfmaq_f32(acc[t], dsc, tmp);
+            let acc = vfmaq_f32(acc, dsc, tmp);
             // fmls rounds acc - dm * s once: the spec's fma(-(dmin * m), s, acc).
-            acc[t] = vfmsq_lane_f32::<1>(acc[t], dm, ds);
+            vfmsq_lane_f32::<1>(acc, dm, ds)
+        };
+        if SDOT || T % 2 == 1 {
+            each_token!(T, |t| {
+                let a = group_ptr(t, xb[t]).add(S);
+                let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+                acc[t] = step(acc[t], a, isum);
+                group_end(t + 1, acc);
+            });
+        } else {
+            // Plain, an even count: two tokens at a time (`isum_quad2`), written out.
+            each_pair!(T, |t| {
+                let a = [group_ptr(t, xb[t]).add(S), xb[t + 1].add(S)];
+                let isum = isum_quad2::<2>(&w, a.map(|a| (*a).qs.as_ptr()));
+                acc[t] = step(acc[t], a[0], isum[0]);
+                acc[t + 1] = step(acc[t + 1], a[1], isum[1]);
+                group_end(t + 2, acc);
+            });
         }
     }
 }
@@ -588,6 +696,13 @@ unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: u
                 *wg = q6k_u::<K>(ql.add(64 * g), qh.add(64 * g));
             }
         }
+        if T > 1 {
+            // Several tokens: the weights as `u - 32` (one `sub` per register, shared by all
+            // tokens) instead of each token's offset correction `-32 * sums[h]`.
+            let w = w.map(|wh| wh.map(|v| vsubq_s8(v, vdupq_n_s8(32))));
+            q6k_tokens::<SDOT, T>(&w, qb, (dsc0, dsc1), xb, acc);
+            return;
+        }
         for t in 0..T {
             let a = xb[t].add(qb);
             let x = (*a).qs.as_ptr();
@@ -605,6 +720,52 @@ unsafe fn q6k_block<const SDOT: bool, const T: usize, const N: usize, const K: u
             let xd = (*a).d;
             acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
             acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
+        }
+    }
+}
+
+/// The tokens of [`q6k_block`] (more than one) against its weights `w` already as `u - 32`
+/// (in [-32, 31]): per token the two halves' exact sums `sum((u - 32) * x)`, each scaled by
+/// one FMA, as for one token. Tokens written out ([`each_token`]).
+///
+/// SAFETY (callers): each `xb[t]` points at 8 readable blocks; with `SDOT` the CPU has
+/// dotprod.
+#[inline(always)]
+unsafe fn q6k_tokens<const SDOT: bool, const T: usize>(
+    w: &[[int8x16_t; 4]; 2],
+    qb: usize,
+    (dsc0, dsc1): (float32x4_t, float32x4_t),
+    xb: &[*const BlockQ8A; T],
+    acc: &mut [float32x4_t; T],
+) {
+    // SAFETY: loads inside block `qb` of each token; the rest is register-only.
+    unsafe {
+        let step = |acc: &mut [float32x4_t; T], t: usize, i0: int32x4_t, i1: int32x4_t| {
+            let xd = (*xb[t].add(qb)).d;
+            acc[t] = vfmaq_f32(acc[t], dsc0, vmulq_n_f32(vcvtq_f32_s32(i0), xd));
+            acc[t] = vfmaq_f32(acc[t], dsc1, vmulq_n_f32(vcvtq_f32_s32(i1), xd));
+        };
+        let (w0, w1) = (std::array::from_ref(&w[0]), std::array::from_ref(&w[1]));
+        // i16 lanes: 4 products of |(u - 32) * x| <= 32 * 127 (16256 <= 32767).
+        if SDOT || T % 2 == 1 {
+            let zero = vdupq_n_s32(0);
+            each_token!(T, |t| {
+                let xt = (*group_ptr(t, xb[t]).add(qb)).qs.as_ptr();
+                let i0 = isum_quad::<SDOT, 1>(w0, xt, zero);
+                let i1 = isum_quad::<SDOT, 1>(w1, xt.add(16), zero);
+                step(acc, t, i0, i1);
+                group_end(t + 1, acc);
+            });
+        } else {
+            // Plain: two tokens at a time.
+            each_pair!(T, |t| {
+                let xt = [group_ptr(t, xb[t]), xb[t + 1]].map(|a| (*a.add(qb)).qs.as_ptr());
+                let i0 = isum_quad2::<1>(w0, xt);
+                let i1 = isum_quad2::<1>(w1, xt.map(|x| x.add(16)));
+                step(acc, t, i0[0], i1[0]);
+                step(acc, t + 1, i0[1], i1[1]);
+                group_end(t + 2, acc);
+            });
         }
     }
 }
@@ -768,6 +929,30 @@ unsafe fn q5k_sub<const SDOT: bool, const T: usize, const S: usize>(
     // SAFETY: every load lies inside the tile at `p` or the activation blocks (the caller's
     // contract); the rest is register-only.
     unsafe {
+        let (w, scm) = q5k_quad::<S>(p, j);
+        let zero = vdupq_n_f32(0.0);
+        let mut out = [(zero, zero); T];
+        each_token!(T, |t| {
+            let a = xb[t].add(S);
+            // i16 lanes: 8 products of at most 31 * 127 (31496 <= 32767), see `isum_quad`.
+            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
+            out[t] = q5k_terms(scm, a, isum);
+        });
+        out
+    }
+}
+
+/// Sub-block `S`'s 5-bit weights of row quad `j` of the Q5_K tile at `p` (8 registers) and
+/// the quad's `(sc, m)`.
+///
+/// SAFETY (callers): `p` points at a whole tile, `j < 4`.
+#[inline(always)]
+unsafe fn q5k_quad<const S: usize>(
+    p: *const u8,
+    j: usize,
+) -> ([[int8x16_t; 4]; 2], (int32x4_t, int32x4_t)) {
+    // SAFETY: every load lies inside the tile; the rest is register-only.
+    unsafe {
         let v = k4_scale_min::<S>(p, j);
         let sc = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(v)));
         let m = vreinterpretq_s32_u32(vmovl_high_u16(v));
@@ -784,17 +969,28 @@ unsafe fn q5k_sub<const SDOT: bool, const T: usize, const S: usize>(
                 *wg = vreinterpretq_s8_u8(vandq_u8(u, vdupq_n_u8(0x1F)));
             }
         }
-        // i16 lanes: 8 products of at most 31 * 127 (31496 <= 32767), see `isum_quad`.
-        std::array::from_fn(|t| {
-            let a = xb[t].add(S);
-            let isum = isum_quad::<SDOT, 2>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
-            let qsum = (*a).sums[0] as i32 + (*a).sums[1] as i32;
-            let xd = (*a).d;
-            (
-                vmulq_n_f32(vcvtq_f32_s32(vmulq_s32(sc, isum)), xd),
-                vmulq_n_f32(vcvtq_f32_s32(vmulq_n_s32(m, qsum)), xd),
-            )
-        })
+        (w, (sc, m))
+    }
+}
+
+/// One token's `(d_x * f32(sc * isum), d_x * f32(m * sum(q_x)))` ([`q5k_sub`]; `a`: its Q8A
+/// block of the sub-block).
+///
+/// SAFETY (callers): `a` points at a readable block.
+#[inline(always)]
+unsafe fn q5k_terms(
+    (sc, m): (int32x4_t, int32x4_t),
+    a: *const BlockQ8A,
+    isum: int32x4_t,
+) -> (float32x4_t, float32x4_t) {
+    // SAFETY: reads inside `a`; the rest is register-only.
+    unsafe {
+        let qsum = (*a).sums[0] as i32 + (*a).sums[1] as i32;
+        let xd = (*a).d;
+        (
+            vmulq_n_f32(vcvtq_f32_s32(vmulq_s32(sc, isum)), xd),
+            vmulq_n_f32(vcvtq_f32_s32(vmulq_n_s32(m, qsum)), xd),
+        )
     }
 }
 
@@ -809,6 +1005,26 @@ unsafe fn q5k_pair<const SDOT: bool, const T: usize, const S: usize, const S1: u
 ) {
     // SAFETY: the caller's contract, passed on; the rest is register-only.
     unsafe {
+        if !SDOT && T.is_multiple_of(2) {
+            // Plain: both sub-blocks' weights held, then two tokens at a time, in groups.
+            let (wa, scma) = q5k_quad::<S>(p, j);
+            let (wb, scmb) = q5k_quad::<S1>(p, j);
+            each_pair!(T, |t| {
+                let a = [group_ptr(t, xb[t]), xb[t + 1]];
+                // i16 lanes: 8 products of at most 31 * 127 (31496), see `isum_quad`.
+                let ia = isum_quad2::<2>(&wa, a.map(|a| (*a.add(S)).qs.as_ptr()));
+                let ib = isum_quad2::<2>(&wb, a.map(|a| (*a.add(S1)).qs.as_ptr()));
+                for k in 0..2 {
+                    let x = q5k_terms(scma, a[k].add(S), ia[k]);
+                    let y = q5k_terms(scmb, a[k].add(S1), ib[k]);
+                    sd[t + k] = vaddq_f32(sd[t + k], vaddq_f32(x.0, y.0));
+                    sm[t + k] = vaddq_f32(sm[t + k], vaddq_f32(x.1, y.1));
+                }
+                group_end(t + 2, sd);
+                group_end(t + 2, sm);
+            });
+            return;
+        }
         let a = q5k_sub::<SDOT, T, S>(p, j, xb);
         let b = q5k_sub::<SDOT, T, S1>(p, j, xb);
         for t in 0..T {
@@ -1236,13 +1452,13 @@ unsafe fn k16_block<K: K16, const SDOT: bool, const T: usize, const G: usize>(
     unsafe {
         let w = K::weights::<G>(p, j);
         let [sc0, sc1, m0, m1] = K::scales::<G>(p, j);
-        for t in 0..T {
+        // Token t's f32 steps from its two halves' exact sums.
+        let step = |sd: &mut [float32x4_t; T],
+                    sm: &mut [float32x4_t; T],
+                    t: usize,
+                    i0: int32x4_t,
+                    i1: int32x4_t| {
             let a = xb[t].add(G);
-            let x = (*a).qs.as_ptr();
-            // i16 lanes: 4 products of at most 4 * 127 each.
-            let zero = vdupq_n_s32(0);
-            let i0 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[0]), x, zero);
-            let i1 = isum_quad::<SDOT, 1>(std::array::from_ref(&w[1]), x.add(16), zero);
             let isum = vmlaq_s32(vmulq_s32(sc0, i0), sc1, i1);
             let xd = (*a).d;
             sd[t] = vaddq_f32(sd[t], vmulq_n_f32(vcvtq_f32_s32(isum), xd));
@@ -1254,6 +1470,34 @@ unsafe fn k16_block<K: K16, const SDOT: bool, const T: usize, const G: usize>(
                 );
                 sm[t] = vaddq_f32(sm[t], vmulq_n_f32(vcvtq_f32_s32(msum), xd));
             }
+        };
+        let (w0, w1) = (std::array::from_ref(&w[0]), std::array::from_ref(&w[1]));
+        // i16 lanes: 4 products of at most 4 * 127 each.
+        if SDOT || T % 2 == 1 {
+            let zero = vdupq_n_s32(0);
+            each_token!(T, |t| {
+                let xt = (*group_ptr(t, xb[t]).add(G)).qs.as_ptr();
+                let i0 = isum_quad::<SDOT, 1>(w0, xt, zero);
+                let i1 = isum_quad::<SDOT, 1>(w1, xt.add(16), zero);
+                step(sd, sm, t, i0, i1);
+                group_end(t + 1, sd);
+                if K::DMIN.is_some() {
+                    group_end(t + 1, sm);
+                }
+            });
+        } else {
+            // Plain: two tokens at a time.
+            each_pair!(T, |t| {
+                let xt = [group_ptr(t, xb[t]), xb[t + 1]].map(|a| (*a.add(G)).qs.as_ptr());
+                let i0 = isum_quad2::<1>(w0, xt);
+                let i1 = isum_quad2::<1>(w1, xt.map(|x| x.add(16)));
+                step(sd, sm, t, i0[0], i1[0]);
+                step(sd, sm, t + 1, i0[1], i1[1]);
+                group_end(t + 2, sd);
+                if K::DMIN.is_some() {
+                    group_end(t + 2, sm);
+                }
+            });
         }
     }
 }
@@ -1613,11 +1857,12 @@ unsafe fn iq4xs_sub<const SDOT: bool, const T: usize, const S: usize>(
                 *wg = vqtbl1q_s8(tbl, nib);
             }
         }
-        for t in 0..T {
-            let a = xb[t].add(S);
+        each_token!(T, |t| {
+            let a = group_ptr(t, xb[t]).add(S);
             let isum = isum_quad_wide::<SDOT>(&w, (*a).qs.as_ptr(), vdupq_n_s32(0));
             acc[t] = vfmaq_f32(acc[t], dsc, vmulq_n_f32(vcvtq_f32_s32(isum), (*a).d));
-        }
+            group_end(t + 1, acc);
+        });
     }
 }
 
@@ -1985,21 +2230,28 @@ unsafe fn run<K: KTile, const SDOT: bool, const T: usize>(
     }
 }
 
+/// The 8-token kernel of a type: [`run`] with `T = 8` (unsafe: the `sdot` one needs dotprod).
+type Eight = unsafe fn(&[u8], [&[BlockQ8A]; 8]) -> [[f32; ROWS]; 8];
+
 /// Tokens in chunks of 8, then 4, then 1 (each token's bits are independent of the chunk);
-/// `one` is the one-token kernel (its own function, so its tile loop can be modelled alone).
+/// `eight` and `one` are the 8-token and one-token kernels (their own functions, so their
+/// tile loops can be modelled alone).
 #[inline(always)]
 unsafe fn rows16_any<K: KTile, const SDOT: bool>(
     tiles: &[u8],
     x: &[&[BlockQ8A]],
     out: &mut [[f32; ROWS]],
+    eight: Eight,
     one: fn(&[u8], &[BlockQ8A]) -> [f32; ROWS],
 ) {
     assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
     let mut t = 0;
+    // As `one` below: a direct call may be inlined.
+    let eight = std::hint::black_box(eight);
     // SAFETY: dotprod as the caller promised.
     unsafe {
         while t + 8 <= x.len() {
-            let o = run::<K, SDOT, 8>(tiles, std::array::from_fn(|i| x[t + i]));
+            let o = eight(tiles, std::array::from_fn(|i| x[t + i]));
             out[t..t + 8].copy_from_slice(&o);
             t += 8;
         }
@@ -2018,21 +2270,36 @@ unsafe fn rows16_any<K: KTile, const SDOT: bool>(
 }
 
 macro_rules! entries {
-    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident) => {
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, $one_tf:ident,
+        $eight_plain:ident, $eight_tf:ident) => {
         #[target_feature(enable = "dotprod")]
         #[inline(never)]
         unsafe fn $one_tf(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: dotprod is enabled here; bounds as in `$plain`.
             unsafe { run::<$kind, true, 1>(tiles, [x])[0] }
         }
-        entries!($kind, $plain, $one_plain, $sdot, $one_sdot, $tf, own $one_tf);
+        entries!($kind, $plain, $one_plain, $sdot, $one_sdot, $tf, own $one_tf, $eight_plain, $eight_tf);
     };
     // `$one_tf` written out elsewhere.
-    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, own $one_tf:ident) => {
+    ($kind:ty, $plain:ident, $one_plain:ident, $sdot:ident, $one_sdot:ident, $tf:ident, own $one_tf:ident,
+        $eight_plain:ident, $eight_tf:ident) => {
+        /// The 8-token plain kernel (its own symbol for `scripts/arm-proxy.sh`).
+        #[inline(never)]
+        fn $eight_plain(tiles: &[u8], x: [&[BlockQ8A]; 8]) -> [[f32; ROWS]; 8] {
+            // SAFETY: the plain flavour needs no extension; `run` bounds-checks.
+            unsafe { run::<$kind, false, 8>(tiles, x) }
+        }
+        /// The 8-token dotprod kernel (its own symbol for `scripts/arm-proxy.sh`).
+        #[target_feature(enable = "dotprod")]
+        #[inline(never)]
+        unsafe fn $eight_tf(tiles: &[u8], x: [&[BlockQ8A]; 8]) -> [[f32; ROWS]; 8] {
+            // SAFETY: dotprod is enabled here; `run` bounds-checks.
+            unsafe { run::<$kind, true, 8>(tiles, x) }
+        }
         fn $plain(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: the plain flavour needs no extension; `run` bounds-checks the
             // activation rows against the tile count and reads only whole tiles.
-            unsafe { rows16_any::<$kind, false>(tiles, x, out, $one_plain) }
+            unsafe { rows16_any::<$kind, false>(tiles, x, out, $eight_plain, $one_plain) }
         }
         fn $one_sdot(tiles: &[u8], x: &[BlockQ8A]) -> [f32; ROWS] {
             // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
@@ -2041,7 +2308,7 @@ macro_rules! entries {
         #[target_feature(enable = "dotprod")]
         unsafe fn $tf(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: dotprod is enabled here; bounds as in `$plain`.
-            unsafe { rows16_any::<$kind, true>(tiles, x, out, $one_sdot) }
+            unsafe { rows16_any::<$kind, true>(tiles, x, out, $eight_tf, $one_sdot) }
         }
         fn $sdot(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {
             // SAFETY: only reachable through `kernels(true)`, whose callers checked dotprod.
@@ -2057,7 +2324,9 @@ entries!(
     rows16_q4_k_sdot,
     q4k_one_sdot,
     rows16_q4_k_tf,
-    own q4k_one_tf
+    own q4k_one_tf,
+    q4k_eight_plain,
+    q4k_eight_tf
 );
 entries!(
     Q6K,
@@ -2066,7 +2335,9 @@ entries!(
     rows16_q6_k_sdot,
     q6k_one_sdot,
     rows16_q6_k_tf,
-    q6k_one_tf
+    q6k_one_tf,
+    q6k_eight_plain,
+    q6k_eight_tf
 );
 entries!(
     Q5K,
@@ -2075,7 +2346,9 @@ entries!(
     rows16_q5_k_sdot,
     q5k_one_sdot,
     rows16_q5_k_tf,
-    own q5k_one_tf
+    own q5k_one_tf,
+    q5k_eight_plain,
+    q5k_eight_tf
 );
 entries!(
     Sixteen<Q3K>,
@@ -2084,7 +2357,9 @@ entries!(
     rows16_q3_k_sdot,
     q3k_one_sdot,
     rows16_q3_k_tf,
-    own q3k_one_tf
+    own q3k_one_tf,
+    q3k_eight_plain,
+    q3k_eight_tf
 );
 entries!(
     Sixteen<Q2K>,
@@ -2093,7 +2368,9 @@ entries!(
     rows16_q2_k_sdot,
     q2k_one_sdot,
     rows16_q2_k_tf,
-    own q2k_one_tf
+    own q2k_one_tf,
+    q2k_eight_plain,
+    q2k_eight_tf
 );
 entries!(
     IQ4XS,
@@ -2102,5 +2379,7 @@ entries!(
     rows16_iq4_xs_sdot,
     iq4xs_one_sdot,
     rows16_iq4_xs_tf,
-    own iq4xs_one_tf
+    own iq4xs_one_tf,
+    iq4xs_eight_plain,
+    iq4xs_eight_tf
 );
