@@ -86,7 +86,15 @@ trait Tile {
     /// interleaves all 8 tokens and spills; in groups of 4 the llvm-mca A53 model of the
     /// 8-token loop gains for Q8_0 (156.3 -> 137.0 cycles per row-block), IQ4_NL (161.5 ->
     /// 144.0), Q4_1 (121.3 -> 117.3) and Q5_0 (99.5 -> 95.3), loses for Q4_0 (105.5 -> 129.5).
+    /// (Q8_0, IQ4_NL and Q4_1 went on to [`Tile::BY_TOKEN`]; Q5_0 keeps its groups of 4.)
     const GROUP: usize = 8;
+    /// Plain flavour: several tokens take the one-token pass token by token, not
+    /// [`rows16_quads`]. For the types where the llvm-mca A53 model of the 8-token loop costs
+    /// more than 8 one-token passes (`scripts/arm-proxy.sh`, cycles per row-block for 8
+    /// tokens: Q4_0 105.5 against 8 x 11.6 = 92.8, Q4_1 117.3 against 101.6, Q8_0 137.0
+    /// against 99.2, IQ4_NL 144.0 against 129.6): the one-token pass shares each activation
+    /// broadcast among all 16 rows, the quad loop among 4. Same bits either way.
+    const BY_TOKEN: bool = false;
     /// Per-tile state the chunks share (Q5_0: the 64 mask bytes).
     type Pre: Copy;
     /// SAFETY (callers): `p` points at `BYTES` readable bytes.
@@ -167,6 +175,7 @@ unsafe fn nibble_quad(p: *const u8, qs: usize, j: usize) -> [int8x16_t; 8] {
 
 impl Tile for Q4_0 {
     const BYTES: usize = 16 * 18;
+    const BY_TOKEN: bool = true;
     const OFF: i32 = 8;
     const SMALL: bool = true; // u in 0..16: 16 * 15 * 127 = 30480 per i16 lane at most
     type Pre = ();
@@ -186,8 +195,8 @@ impl Tile for Q4_0 {
 
 impl Tile for Q4_1 {
     const BYTES: usize = 16 * 20;
+    const BY_TOKEN: bool = true;
     const OFF: i32 = 0;
-    const GROUP: usize = 4;
     const MIN: Option<usize> = Some(MIN_AT);
     const SMALL: bool = true; // as Q4_0
     type Pre = ();
@@ -207,8 +216,8 @@ impl Tile for Q4_1 {
 
 impl Tile for IQ4NL {
     const BYTES: usize = 16 * 18;
+    const BY_TOKEN: bool = true;
     const OFF: i32 = 0;
-    const GROUP: usize = 4;
     const SMALL: bool = false; // table values down to -127: two products per i16 lane
     type Pre = int8x16_t;
     #[inline(always)]
@@ -363,8 +372,8 @@ impl Tile for Q5_1 {
 
 impl Tile for Q8_0 {
     const BYTES: usize = 16 * 34;
+    const BY_TOKEN: bool = true;
     const OFF: i32 = 0;
-    const GROUP: usize = 4;
     const SMALL: bool = false;
     type Pre = ();
     #[inline(always)]
@@ -821,8 +830,39 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
 /// in `x` and `out`; for the `sdot` one the CPU has dotprod.
 type Eight = unsafe fn(&[u8], &[&[BlockQ8A]], &mut [[f32; ROWS]]) -> usize;
 
-/// The [`Rows16Dot`] of type `L`: one token tile by tile straight from the tiles, more quad
-/// by quad ([`rows16_quads`]) 8 (`eight`), 4, 2 at a time.
+/// One token against the whole tiles, tile by tile straight from the tiles.
+///
+/// SAFETY (callers): `x` has a block per tile; `SDOT` as the caller's flavour.
+#[inline(always)]
+unsafe fn one_token<L: Tile, const SDOT: bool>(
+    tiles: &[u8],
+    x: &[BlockQ8A],
+    out: &mut [f32; ROWS],
+) {
+    let nb = tiles.len() / L::BYTES;
+    // SAFETY: block b < nb is a whole tile and x has >= nb blocks (the caller's contract).
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for b in 0..nb {
+            let p = tiles.as_ptr().add(b * L::BYTES);
+            let src = Direct::<L> { p, pre: L::pre(p) };
+            let dw = L::scales(p);
+            let mw = match L::MIN {
+                Some(at) => scales(p.add(at)),
+                None => dw,
+            };
+            token_step::<L, _, SDOT>(&src, x.get_unchecked(b), &dw, &mw, &mut acc);
+        }
+        for (j, v) in acc.iter().enumerate() {
+            // SAFETY: 4 floats at 4j..4j + 4 of a 16-float row.
+            vst1q_f32(out[4 * j..].as_mut_ptr(), *v);
+        }
+    }
+}
+
+/// The [`Rows16Dot`] of type `L`: one token tile by tile straight from the tiles (also each
+/// token of several where [`Tile::BY_TOKEN`]), more quad by quad ([`rows16_quads`]) 8
+/// (`eight`), 4, 2 at a time.
 #[inline(always)]
 unsafe fn rows16<L: Tile, const SDOT: bool>(
     tiles: &[u8],
@@ -833,28 +873,16 @@ unsafe fn rows16<L: Tile, const SDOT: bool>(
     assert_eq!(x.len(), out.len(), "rows16: one output per activation row");
     let nb = tiles.len() / L::BYTES;
     assert!(x.iter().all(|x| x.len() >= nb), "rows16: short activations");
-    let store = |acc: &[float32x4_t; 4], o: &mut [f32; ROWS]| {
-        for (j, v) in acc.iter().enumerate() {
-            // SAFETY: 4 floats at 4j..4j + 4 of a 16-float row.
-            unsafe { vst1q_f32(o[4 * j..].as_mut_ptr(), *v) };
-        }
-    };
     // SAFETY: block b < nb is a whole tile and every x[t] has >= nb blocks
     // (asserted above); `SDOT` as the entry point's flavour.
     unsafe {
         if x.len() == 1 {
-            let mut acc = [vdupq_n_f32(0.0); 4];
-            for b in 0..nb {
-                let p = tiles.as_ptr().add(b * L::BYTES);
-                let src = Direct::<L> { p, pre: L::pre(p) };
-                let dw = L::scales(p);
-                let mw = match L::MIN {
-                    Some(at) => scales(p.add(at)),
-                    None => dw,
-                };
-                token_step::<L, _, SDOT>(&src, x[0].get_unchecked(b), &dw, &mw, &mut acc);
+            return one_token::<L, SDOT>(tiles, x[0], &mut out[0]);
+        }
+        if !SDOT && L::BY_TOKEN {
+            for (xt, o) in x.iter().zip(out.iter_mut()) {
+                one_token::<L, SDOT>(tiles, xt, o);
             }
-            store(&acc, &mut out[0]);
             return;
         }
         let mut t = 0;
