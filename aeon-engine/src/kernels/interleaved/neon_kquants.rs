@@ -92,13 +92,7 @@ macro_rules! each_token {
 /// keeps a loop over the tokens rolled, one token's chains at a time.
 macro_rules! each_pair {
     ($T:expr, |$t:ident| $body:block) => {
-        each_pair!(@ $T, $t, $body, 0 2 4 6)
-    };
-    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
-        $(if $i < $T {
-            let $t: usize = $i;
-            $body
-        })*
+        each_token!(@ $T, $t, $body, 0 2 4 6)
     };
 }
 
