@@ -749,13 +749,15 @@ macro_rules! each_token {
         })*
     };
 }
+pub(super) use each_token;
 
-/// `p`, hidden from LLVM behind an empty `asm!` with side effects: ordered after the
-/// previous [`settled`], so loads through it are not hoisted above it.
+/// `p`, hidden from LLVM behind an empty `asm!` with side effects: loads through it are not
+/// merged with loads through another pointer, nor hoisted above the previous [`settled`].
+/// Shared with [`super::neon_kquants`].
 #[inline(always)]
 // The asm reads no memory: it only hides which pointer comes out.
 #[allow(clippy::pointers_in_nomem_asm_block)]
-fn in_order(p: *const BlockQ8A) -> *const BlockQ8A {
+pub(super) fn opaque_ptr<T>(p: *const T) -> *const T {
     let mut p = p;
     // SAFETY: an empty instruction sequence; it only claims to change the register.
     unsafe { asm!("/* {p} */", p = inout(reg) p, options(nomem, nostack, preserves_flags)) };
@@ -763,9 +765,13 @@ fn in_order(p: *const BlockQ8A) -> *const BlockQ8A {
 }
 
 /// `v`, computed here: an empty `asm!` with side effects, ordered before the next
-/// [`in_order`] (LLVM otherwise interleaves all 8 tokens and spills).
+/// [`opaque_ptr`]. LLVM otherwise interleaves all 8 tokens of a multi-token loop and spills,
+/// and in the Q5_K, IQ4_XS and Q6_K one-token kernels sinks a block's f32 steps below the next
+/// ones' integer work (llvm-mca A53 Q5_K 170.1 -> 166.2, IQ4_XS 150.3 -> 140.8, Q6_K 191.0 ->
+/// 177.5; Q4_K's pairs are faster without, 118.6 -> 111.3). Shared with
+/// [`super::neon_kquants`].
 #[inline(always)]
-fn settled(v: float32x4_t) -> float32x4_t {
+pub(super) fn settled(v: float32x4_t) -> float32x4_t {
     let mut v = v;
     // SAFETY: an empty instruction sequence; it only claims to change the register.
     unsafe { asm!("/* {v:v} */", v = inout(vreg) v, options(nomem, nostack, preserves_flags)) };
@@ -799,11 +805,11 @@ unsafe fn rows16_quads<L: Tile, const SDOT: bool, const T: usize>(
                 };
                 each_token!(T, |t| {
                     // Plain: tokens in groups of `L::GROUP`, each group's activation loads
-                    // after the previous group's results (see `in_order`).
+                    // after the previous group's results (see `opaque_ptr`).
                     let grouped = !SDOT && L::GROUP < T;
                     let p = xp[t].add(b);
                     let p = if grouped && t.is_multiple_of(L::GROUP) {
-                        in_order(p)
+                        opaque_ptr(p)
                     } else {
                         p
                     };

@@ -46,6 +46,7 @@ use super::kquants::{
     K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K6_BYTES, K6_D,
     K6_SC, KX_BYTES, KX_D, KX_QS, KX_SH, KX_SL,
 };
+use super::neon::{each_token, opaque_ptr, settled};
 use super::{Rows16Dot, ROWS};
 use knot_format::dtype::DType;
 use std::arch::aarch64::*;
@@ -74,20 +75,6 @@ pub(in super::super) fn kernels(dotprod: bool) -> Vec<(DType, Rows16Dot)> {
     }
 }
 
-/// `if t < T { body }` for t = 0..8 written out: LLVM keeps a loop over the tokens rolled
-/// (one token's chains and f32 tail at a time, which an in-order core waits on).
-macro_rules! each_token {
-    ($T:expr, |$t:ident| $body:block) => {
-        each_token!(@ $T, $t, $body, 0 1 2 3 4 5 6 7)
-    };
-    (@ $T:expr, $t:ident, $body:block, $($i:literal)*) => {
-        $(if $i < $T {
-            let $t: usize = $i;
-            $body
-        })*
-    };
-}
-
 /// `if t < T { body }` for t = 0, 2, 4, 6 written out (token pairs of an 8-token call): LLVM
 /// keeps a loop over the tokens rolled, one token's chains at a time.
 macro_rules! each_pair {
@@ -103,12 +90,12 @@ macro_rules! each_pair {
 /// Q6_K 571.5 -> 510.0, Q3_K 618.8 -> 567.8 (Q5_K's `sdot` path is not grouped).
 const GROUP: usize = 4;
 
-/// Token `t`'s activation blocks `a`, through [`opaque`] where `t` starts a [`GROUP`] (so
+/// Token `t`'s activation blocks `a`, through [`opaque_ptr`] where `t` starts a [`GROUP`] (so
 /// their loads come after the previous group's [`settled`]).
 #[inline(always)]
 fn group_ptr(t: usize, a: *const BlockQ8A) -> *const BlockQ8A {
     if t.is_multiple_of(GROUP) {
-        opaque(a.cast()).cast()
+        opaque_ptr(a)
     } else {
         a
     }
@@ -570,7 +557,7 @@ unsafe fn q4k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
         const { assert!(S0.is_multiple_of(2) && S1 == S0 + 1) };
         // Both pairs' scale planes S + 4 are the same loads: without this LLVM keeps them
         // live from the first pair on and spills.
-        let p = opaque(p);
+        let p = opaque_ptr(p);
         let qs = p.add(K4_QS + 256 * S0);
         let x = [(*a.add(S0)).qs.as_ptr(), (*a.add(S1)).qs.as_ptr()];
         let isum = k4_isum_tile::<SDOT, true, 2>(x, |g, j| {
@@ -792,7 +779,7 @@ impl KTile for Q6K {
 /// block 0 of this super-block), plain NEON. Tile-major where [`q6k_block`] is quad-major:
 /// each activation lane broadcast, offset correction and 16-byte scale plane serves the four
 /// quads instead of one (llvm-mca A53: 233 -> 211 -> 177.5 cycles per row-block, the last
-/// with [`opaque`] and [`settled`] per half). Per row
+/// with [`opaque_ptr`] and [`settled`] per half). Per row
 /// the same exact i32 sums and the same f32 steps in the same order: the same bits.
 #[inline(always)]
 unsafe fn q6k_block_tile<const N: usize, const K: usize>(
@@ -823,7 +810,7 @@ unsafe fn q6k_half_tile<const N: usize, const K: usize, const H: usize>(
     unsafe {
         // Blocks share ql (K, K + 2) and qh (all four of a half) granules: LLVM kept them
         // live across blocks and spilled (llvm-mca A53 211 -> 177.5 with this and `settled`).
-        let p = opaque(p);
+        let p = opaque_ptr(p);
         let a = a.add(qb);
         let (x, xd) = ((*a).qs.as_ptr(), (*a).d);
         let ql = p.add(k6_ql(2 * N + (K & 1)));
@@ -1083,7 +1070,7 @@ unsafe fn q5k_isum_tile<const S: usize>(p: *const u8, a: *const BlockQ8A) -> [in
     unsafe {
         // All eight sub-blocks read the same qh granules (and pairs the same qs ones): LLVM
         // would keep them live across sub-blocks and spill.
-        let p = opaque(p);
+        let p = opaque_ptr(p);
         let qs = p.add(K5_QS + 512 * (S / 2));
         let qh = p.add(K5_QH);
         let [isum] = k4_isum_tile::<false, false, 1>([(*a.add(S)).qs.as_ptr()], |g, j| {
@@ -1168,7 +1155,7 @@ unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
         let [i0, i1] = if SDOT {
             // Both sub-blocks from the same loads: with `sdot` their 8 i32 chains leave the
             // registers for it (the plain flavour's 16 i16 sums did not).
-            let p = opaque(p);
+            let p = opaque_ptr(p);
             let (qs, qh) = (p.add(K5_QS + 256 * S0), p.add(K5_QH));
             let x = [(*a.add(S0)).qs.as_ptr(), (*a.add(S1)).qs.as_ptr()];
             k4_isum_tile::<true, false, 2>(x, |g, j| {
@@ -1186,19 +1173,6 @@ unsafe fn q5k_pair_tile<const SDOT: bool, const S0: usize, const S1: usize>(
             sm[j] = settled(vaddq_f32(sm[j], vaddq_f32(x[j].1, y[j].1)));
         }
     }
-}
-
-/// `v`, computed here: an empty `asm!` with side effects, so it stays ordered before the
-/// next [`opaque`] (in the Q5_K, IQ4_XS and Q6_K one-token kernels LLVM otherwise sinks a
-/// block's f32 steps below the next ones' integer work, holds their sums and spills:
-/// llvm-mca A53 Q5_K 170.1 -> 166.2, IQ4_XS 150.3 -> 140.8, Q6_K 191.0 -> 177.5; Q4_K's
-/// pairs are faster without, 118.6 -> 111.3).
-#[inline(always)]
-fn settled(v: float32x4_t) -> float32x4_t {
-    let mut v = v;
-    // SAFETY: an empty instruction sequence; it only claims to change the register.
-    unsafe { asm!("/* {v:v} */", v = inout(vreg) v, options(nomem, nostack, preserves_flags)) };
-    v
 }
 
 /// Q3_K and Q2_K: 2-bit quants (Q3_K: and an `hmask` bit), 16-element scale groups; per Q8A
@@ -1541,18 +1515,6 @@ impl<K: K16> KTile for Sixteen<K> {
     }
 }
 
-/// `p`, hidden from LLVM (an empty `asm!` with side effects, so two calls are never merged):
-/// loads through it are not merged with loads through another.
-#[inline(always)]
-// The asm reads no memory: it only hides which pointer comes out.
-#[allow(clippy::pointers_in_nomem_asm_block)]
-fn opaque(p: *const u8) -> *const u8 {
-    let mut p = p;
-    // SAFETY: an empty instruction sequence; it only claims to change the register.
-    unsafe { asm!("/* {p} */", p = inout(reg) p, options(nomem, nostack, preserves_flags)) };
-    p
-}
-
 /// Half `H` (Q8A quants 16H..16H + 16 at `x`, their sum `xsum`) of Q8A block `G` of the
 /// Q3_K / Q2_K tile at `p`, all four row quads: the 16 rows' exact
 /// `ih = sum(u * x) - OFF * xsum`, `2^P[G]` times too large, as i16 (rows 0..8, 8..16).
@@ -1691,7 +1653,7 @@ unsafe fn k16_block_tile<K: K16, const SDOT: bool, const G: usize>(
     unsafe {
         // Blocks 4n..4n + 4 read the same qs (and Q3_K all eight the same hmask) granules:
         // LLVM would keep them live across blocks, 32 registers, and spill.
-        let p = opaque(p);
+        let p = opaque_ptr(p);
         let a = a.add(G);
         let x = (*a).qs.as_ptr();
         let i0 = k16_half_tile::<K, SDOT, G, 0>(p, x, (*a).sums[0]);
@@ -1879,7 +1841,7 @@ unsafe fn iq4xs_sub_tile<const SDOT: bool, const S: usize>(
 ) {
     // SAFETY: the caller's contract; the rest is register-only.
     unsafe {
-        let p = opaque(p);
+        let p = opaque_ptr(p);
         let a = a.add(S);
         let x = (*a).qs.as_ptr();
         let xr = [0, 1].map(|h| vreinterpretq_s32_s8(vld1q_s8(x.add(16 * h))));
