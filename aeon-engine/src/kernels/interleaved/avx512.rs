@@ -208,13 +208,12 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         for b in 0..nb {
             let p = tiles.as_ptr().add(b * L::BYTES);
             touch_page(p, L::BYTES);
-            if T > 1 {
-                // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took
-                // Q4_0/Q5_0/Q8_0 from 6/6/8 to 10/10/15 GB/s of weights (12/13/22 with
-                // `touch_page`). One token keeps pace with the hardware prefetchers once the
-                // pages are touched, and there these cost it: 22-24 GB/s with, 28-30 without.
-                prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
-            }
+            // About 16 KiB ahead, as the k-quants: from DRAM at 8 tokens this took
+            // Q4_0/Q5_0/Q8_0 from 6/6/8 to 10/10/15 GB/s of weights (12/13/22 with
+            // `touch_page`). One token: on the Zen 4 host of earlier sessions the hardware
+            // prefetchers kept pace and these cost it (22-24 GB/s with, 28-30 without); on a
+            // Zen 5 host they gain 5-20% (Q5_1 33 -> 35-40, Q4_1 36-37 -> 39-42, Q5_0 34 -> 40).
+            prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
             let dw = L::scales(p);
             let w = L::unpack(p);
             if let Some(at) = L::MIN {
@@ -296,12 +295,16 @@ impl<L: Tile> Kernel for Blocks<L> {
 /// 18-26 KiB.
 const AHEAD: usize = 8;
 
-/// Tiles ahead that the k-quants prefetch for one token (Q4_K: none, see [`q4k_sub`]): about
-/// one DRAM latency of their compute. From DRAM Q6_K ran 25-26 GB/s of weights, against 23-24 at [`AHEAD`] and 17 with
-/// no line prefetch at all. Q4_K on the model's 896-row matrices (2.5 MB, a fresh stream
-/// every call) ran 23-24 against 12-13 with none (kernel-bench), and decode went from 61-62 to
-/// 65-66 tok/s at 1 thread; only one huge matrix streams a little faster without (24 vs 21).
-const AHEAD_ONE: usize = 2;
+/// Tiles ahead that the k-quants (Q4_K, Q6_K, IQ4_XS) prefetch for one token: about one DRAM
+/// latency of their compute (9-14 KiB). The best distance, and whether one token wants line
+/// prefetches at all, is the host's: on the Zen 4 host of earlier sessions the hardware
+/// prefetchers kept pace with Q4_K and IQ4_XS once the pages were touched and the prefetch
+/// instructions cost more than they hid (Q4_K 25 GB/s from DRAM with them at 2 tiles, 29
+/// without); on a Zen 5 host (2026-12-07, kernel-bench 1 thread from DRAM, interleaved runs)
+/// Q4_K ran 22 without, 31 at 2 tiles, 32-35 at 4, 31 at 8; IQ4_XS 17 without, 33-36 at 3-4,
+/// 31 at 6; Q6_K 31 at 2, 34-36 at 3-4. Prefetching every other line only: Q4_K 30, every
+/// fourth 20. A missed prefetch costs a third to a half of the stream, a wasted one a tenth.
+const AHEAD_ONE: usize = 4;
 
 /// [`AHEAD_ONE`] for Q5_K: 3 tiles (kernel-bench 1 thread from DRAM, interleaved runs: 2 tiles
 /// 26.8-27.8 GB/s, 3 tiles 27.2-28.5, 4 tiles 26.0-29.3).
@@ -346,9 +349,9 @@ pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
 }
 
 /// Several tokens: [`prefetch`]es `bytes` at `p`. One token: no line prefetch, only an empty
-/// asm block as a scheduling boundary (Q4_K's finding, see [`q4k_sub`]: with the pages
-/// touched the hardware prefetchers keep pace at one token and the prefetches cost more than
-/// they hid, while without a boundary LLVM interleaves the sub-blocks of a tile).
+/// asm block as a scheduling boundary (without one LLVM interleaves the sub-blocks of a tile).
+/// For the AVX2 IQ4_XS kernel, whose one-token pass is compute-bound (21 GB/s from cache) so
+/// that line prefetches would only take issue slots.
 #[inline(always)]
 pub(super) unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
     if T > 1 {
@@ -434,20 +437,11 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        // Several tokens: an eighth of a tile ahead per sub-block (spread out, the prefetches
-        // leave the fill buffers to the demand loads). One token: none. With the pages
-        // touched (`touch_page`) the hardware prefetchers keep pace, and the 40 prefetches a
-        // tile (a tenth of its instructions) cost more than they hid: from DRAM 1 thread
-        // 25 GB/s (60-77% of the read roofline) with them at 2 tiles ahead, 29 (75-81%)
-        // without; 3 or 4 tiles ahead or every other line were no better. The empty asm
-        // keeps what the prefetches also did: a scheduling boundary per sub-block. Without
-        // one LLVM interleaves the 8 sub-blocks of a tile and the kernel fell to 14-17 GB/s.
-        if T > 1 {
-            prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
-        } else {
-            // SAFETY: an empty asm block: no instruction, no register, memory or flag.
-            std::arch::asm!("", options(nostack, preserves_flags, nomem));
-        }
+        // An eighth of a tile ahead per sub-block (spread out, the prefetches leave the fill
+        // buffers to the demand loads); for one token [`AHEAD_ONE`] tiles ahead. The asm also
+        // bounds scheduling: without a boundary per sub-block LLVM interleaves the 8
+        // sub-blocks of a tile and the kernel fell to 14-17 GB/s.
+        prefetch(ahead.wrapping_add(S * K4_BYTES / 8), K4_BYTES / 8);
         let sc = lane_u8_epi32(scb[S / 4], S % 4);
         let m = lane_u8_epi32(scb[2 + S / 4], S % 4);
         let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
@@ -1000,9 +994,8 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX-512 present (module doc).
     unsafe {
-        // One token: no line prefetch (from DRAM 70-72% of the read roofline with, 85-87%
-        // without: kernel-bench's row, interleaved runs).
-        prefetch_many::<T>(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        // One token: see [`AHEAD_ONE`] for the hosts where that helps and where it did not.
+        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
         let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2)));
         let lo = if S.is_multiple_of(2) {
             _mm512_and_si512(lo, _mm512_set1_epi32(0xF))
