@@ -295,20 +295,17 @@ impl<L: Tile> Kernel for Blocks<L> {
 /// 18-26 KiB.
 const AHEAD: usize = 8;
 
-/// Tiles ahead that the k-quants (Q4_K, Q6_K, IQ4_XS) prefetch for one token: about one DRAM
-/// latency of their compute (9-14 KiB). The best distance, and whether one token wants line
-/// prefetches at all, is the host's: on the Zen 4 host of earlier sessions the hardware
-/// prefetchers kept pace with Q4_K and IQ4_XS once the pages were touched and the prefetch
-/// instructions cost more than they hid (Q4_K 25 GB/s from DRAM with them at 2 tiles, 29
-/// without); on a Zen 5 host (2026-12-07, kernel-bench 1 thread from DRAM, interleaved runs)
-/// Q4_K ran 22 without, 31 at 2 tiles, 32-35 at 4, 31 at 8; IQ4_XS 17 without, 33-36 at 3-4,
-/// 31 at 6; Q6_K 31 at 2, 34-36 at 3-4. Prefetching every other line only: Q4_K 30, every
-/// fourth 20. A missed prefetch costs a third to a half of the stream, a wasted one a tenth.
+/// Tiles ahead that the k-quants (Q4_K, Q5_K, Q6_K, IQ4_XS) prefetch for one token: about
+/// one DRAM latency of their compute (9-14 KiB). The best distance, and whether one token
+/// wants line prefetches at all, is the host's: on the Zen 4 host of earlier sessions the
+/// hardware prefetchers kept pace with Q4_K and IQ4_XS once the pages were touched and the
+/// prefetch instructions cost more than they hid (Q4_K 25 GB/s from DRAM with them at 2
+/// tiles, 29 without); on a Zen 5 host (2026-12-07, kernel-bench 1 thread from DRAM,
+/// interleaved runs) Q4_K ran 22 without, 31 at 2 tiles, 32-35 at 4, 31 at 8; IQ4_XS 17
+/// without, 33-36 at 3-4, 31 at 6; Q6_K 31 at 2, 34-36 at 3-4; Q5_K 31-33 at 3 and at 4
+/// (Zen 4: 27-29 at either). Every other line only: Q4_K 30; every fourth: 20. A missed
+/// prefetch costs a third to a half of the stream, a wasted one a tenth.
 const AHEAD_ONE: usize = 4;
-
-/// [`AHEAD_ONE`] for Q5_K: 3 tiles (kernel-bench 1 thread from DRAM, interleaved runs: 2 tiles
-/// 26.8-27.8 GB/s, 3 tiles 27.2-28.5, 4 tiles 26.0-29.3).
-const Q5K_AHEAD_ONE: usize = 3;
 
 /// Tiles ahead that Q3_K and Q2_K prefetch for one token (10-14 KiB). Once the Q3_K kernel's
 /// work per tile was cut to 1.4x the DRAM time (it had been 2.3x), [`AHEAD_ONE`] left it at
@@ -617,7 +614,7 @@ impl Kernel for Q5K {
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nt {
                 let p = tiles.as_ptr().add(b * K5_BYTES);
-                let ahead = p.wrapping_add(if T == 1 { Q5K_AHEAD_ONE } else { AHEAD } * K5_BYTES);
+                let ahead = p.wrapping_add(if T == 1 { AHEAD_ONE } else { AHEAD } * K5_BYTES);
                 touch_page(p, K5_BYTES);
                 let xb: [*const BlockQ8A; T] = std::array::from_fn(|t| x[t].as_ptr().add(8 * b));
                 let scb = q4k_scale_bytes(p.add(K5_SC));
