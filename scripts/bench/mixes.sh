@@ -14,6 +14,8 @@
 #   --mix LIST   comma separated, default q4_1,q5_k_m,q3_k_m,q2_k,iq4_xs (q4_1: SmolLM2's real file)
 #   --out DIR    default target/bench/mixes
 #   --no-build   use target/release's binaries as they are
+# Needs: python3 with pip (gguf and numpy are installed when missing), cmake and a C++ compiler
+#        for llama-bench / llama-quantize (scripts/bench/build-llama-bench.sh).
 # Env: AEON_SYNTH_DIR (default ~/.cache/aeon-shell/synthetic), AEON_MODELS_DIR, LLAMA_QUANTIZE
 #      (else scripts/bench/build-llama-bench.sh --quantize builds it), PYTHON.
 # Exit: 0 when every mix was measured; 2 when one could not be made or measured.
@@ -41,6 +43,14 @@ while [ $# -gt 0 ]; do
   shift
 done
 mkdir -p "$out" "$synth"
+# The synthetic files are written with PyPI gguf + numpy (a Debian system python refuses a
+# plain `pip install`: PEP 668).
+if ! "$py" -c "import gguf, numpy" 2>/dev/null; then
+  echo "mixes.sh: pip install gguf numpy (to write the synthetic files)..." >&2
+  "$py" -m pip install -q gguf numpy >/dev/null 2>&1 \
+    || "$py" -m pip install -q --break-system-packages gguf numpy >/dev/null 2>&1 \
+    || { echo "mixes.sh: could not install gguf and numpy for $py" >&2; exit 2; }
+fi
 if [ "$build" = 1 ]; then
   (cd "$root" && cargo build --release -p fat-station -p knot-format --bins >&2) \
     || { echo "mixes.sh: build failed" >&2; exit 2; }
