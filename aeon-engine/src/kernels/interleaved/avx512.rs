@@ -250,8 +250,7 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
 /// took 8-token tiles from L3 (kernel-bench, Zen 5) Q4_0 117 -> 133 GB/s, Q5_0 144 -> 182,
 /// IQ4_NL 116-124 -> 148-153, MXFP4 110 -> 140-151, Q4_K 117 -> 125-127; Q5_K (125 -> 100-121),
 /// IQ4_XS (112-115 -> 103-107) and Q2_K (67 -> 63) were slower with it, Q4_1 the same: they
-/// keep two chains;
-/// the correction as `init` alone changed nothing.
+/// keep two chains. The correction as `init` alone (two chains) changed nothing.
 #[inline(always)]
 unsafe fn dot_block(init: __m512i, w: &[__m512i; 8], a: &BlockQ8A, one_chain: bool) -> __m512i {
     // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
