@@ -8,6 +8,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export AEON_MODELS_DIR=${AEON_MODELS_DIR:-$HOME/.cache/aeon-shell/models}
 export AEON_REQUIRE_MODELS=1
+# The release profile's thin LTO is for the shipped binaries (and `make bench`); here it cost
+# ~24 of the ~30 minutes spent compiling the ~120 release tool and test binaries (2 vCPUs,
+# 2026-12-07: `cargo build --release --workspace --bins` + `cargo test --release --workspace
+# --no-run` from clean, 5.8 min without). The tests check behaviour and bits, which LTO does
+# not change (no fast-math; the kernels inline within their own crate either way).
+export CARGO_PROFILE_RELEASE_LTO=${CARGO_PROFILE_RELEASE_LTO:-off}
 
 # System packages the tests call, installed when root (a developer without root skips the
 # sandbox tests and needs these tools already):
