@@ -48,54 +48,40 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 # The OpenAI-compatibility test drives the gateway with the official client, parses its
 # /metrics with prometheus_client and validates structured output with jsonschema (a Debian
-# system python refuses plain `pip install`: PEP 668).
-py_pkgs="openai prometheus_client jsonschema"
-if python3 -c "import openai, prometheus_client, jsonschema" 2>/dev/null \
-   || python3 -m pip install -q $py_pkgs >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages $py_pkgs >/dev/null 2>&1; then
+# system python refuses plain `pip install`: PEP 668, see scripts/lib/pip.sh).
+. "$root/scripts/lib/pip.sh"
+if pip_ensure python3 "openai, prometheus_client, jsonschema" openai prometheus_client jsonschema; then
   export AEON_REQUIRE_OPENAI=1
 fi
 # litellm drives the gateway's completions as an application using it would (a large install:
 # its own step, so a failure here leaves the other clients' checks required).
-if python3 -c "import litellm" 2>/dev/null \
-   || python3 -m pip install -q litellm >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages litellm >/dev/null 2>&1; then
+if pip_ensure python3 litellm litellm; then
   export AEON_REQUIRE_LITELLM=1
 fi
 
 # llama.cpp's own server tests (moonshine/tests/llama_server_suite.rs, through
 # scripts/conformance/llama-server-tests.sh) run under pytest and import requests, openai, wget
 # and filelock; the script fetches the tests from the llama-cpp-python sdist (pip download).
-suite_pkgs="pytest requests openai wget filelock"
-if python3 -c "import pytest, requests, openai, wget, filelock" 2>/dev/null \
-   || python3 -m pip install -q $suite_pkgs >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages $suite_pkgs >/dev/null 2>&1; then
+if pip_ensure python3 "pytest, requests, openai, wget, filelock" pytest requests openai wget filelock; then
   export AEON_REQUIRE_LLAMA_SUITE=1
 fi
 
 # The other APIs' clients (moonshine/tests/apis.rs): Anthropic's and Ollama's official Python
 # libraries drive /v1/messages and /api/*.
-if python3 -c "import anthropic, ollama, httpx" 2>/dev/null \
-   || python3 -m pip install -q anthropic ollama >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages anthropic ollama >/dev/null 2>&1; then
+if pip_ensure python3 "anthropic, ollama, httpx" anthropic ollama; then
   export AEON_REQUIRE_API_CLIENTS=1
 fi
 
 # python-zeroconf browses the stations' mDNS announcements (fat-station/tests/mdns.rs) as a
 # tool other than ours would; the test runs in a network namespace (unshare -n, root).
-if python3 -c "import zeroconf" 2>/dev/null \
-   || python3 -m pip install -q zeroconf >/dev/null 2>&1 \
-   || python3 -m pip install -q --break-system-packages zeroconf >/dev/null 2>&1; then
+if pip_ensure python3 zeroconf zeroconf; then
   export AEON_REQUIRE_ZEROCONF=1
 fi
 
 # PyPI gguf + numpy: fat-station's synthetic-model test makes its model with
 # scripts/make-synthetic-model.py (and, when the golden's numpy differs, runs ref_forward.py).
-if ! python3 -c "import gguf, numpy" 2>/dev/null; then
-  python3 -m pip install -q gguf numpy >/dev/null 2>&1 \
-    || python3 -m pip install -q --break-system-packages gguf numpy >/dev/null 2>&1 \
-    || echo "== pip install gguf numpy failed: the synthetic-model test will fail" >&2
-fi
+pip_ensure python3 "gguf, numpy" gguf numpy \
+  || echo "== pip install gguf numpy failed: the synthetic-model test will fail" >&2
 
 # llama-quantize (llama.cpp's, built outside the repo and cached): fat-station's
 # engine_quant_mixes.rs makes the synthetic model in each llama-quantize mix (Q4_1 ... IQ4_XS).

@@ -43,14 +43,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 mkdir -p "$out" "$synth"
-# The synthetic files are written with PyPI gguf + numpy (a Debian system python refuses a
-# plain `pip install`: PEP 668).
-if ! "$py" -c "import gguf, numpy" 2>/dev/null; then
-  echo "mixes.sh: pip install gguf numpy (to write the synthetic files)..." >&2
-  "$py" -m pip install -q gguf numpy >/dev/null 2>&1 \
-    || "$py" -m pip install -q --break-system-packages gguf numpy >/dev/null 2>&1 \
-    || { echo "mixes.sh: could not install gguf and numpy for $py" >&2; exit 2; }
-fi
+# The synthetic files are written with PyPI gguf + numpy.
+. "$root/scripts/lib/pip.sh"
+pip_ensure "$py" "gguf, numpy" gguf numpy \
+  || { echo "mixes.sh: could not install gguf and numpy for $py" >&2; exit 2; }
 if [ "$build" = 1 ]; then
   (cd "$root" && cargo build --release -p fat-station -p knot-format --bins >&2) \
     || { echo "mixes.sh: build failed" >&2; exit 2; }

@@ -27,7 +27,7 @@
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::super::roofline::touch_page;
-use super::avx512::{prefetch, prefetch_many, K16_AHEAD_ONE};
+use super::avx512::{prefetch, K16_AHEAD_ONE};
 use super::kquants::{
     k3_fields, k6_qh, k6_ql, K2_BYTES, K2_DMIN, K2_QS, K2_SC, K3_BLOCK, K3_BYTES, K3_Q, K3_SC,
     K4_BYTES, K4_D, K4_DMIN, K4_QS, K4_SC, K5_BYTES, K5_D, K5_DMIN, K5_QH, K5_QS, K5_SC, K6_BYTES,
@@ -47,6 +47,21 @@ const AHEAD: usize = 8;
 /// Tiles ahead for one token: 4, not AVX-512's 2 (kernel-bench, 896x4864 from DRAM, one
 /// thread: Q4_K 20-21 -> 19-24 GB/s, Q6_K 20 -> 22; 1 tile ahead was slower, 6 no faster).
 const AHEAD_ONE: usize = 4;
+
+/// Several tokens: [`prefetch`]es `bytes` at `p`. One token: no line prefetch, only an empty
+/// asm block as a scheduling boundary (without one LLVM interleaves the sub-blocks of a tile).
+/// For the IQ4_XS kernel, whose one-token pass is compute-bound (21 GB/s from cache) so that
+/// line prefetches would only take issue slots.
+#[inline(always)]
+unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
+    if T > 1 {
+        // SAFETY: a prefetch never faults (see `prefetch`).
+        unsafe { prefetch(p, bytes) }
+    } else {
+        // SAFETY: an empty asm block: no instruction, no register, memory or flag.
+        unsafe { std::arch::asm!("", options(nostack, preserves_flags, nomem)) }
+    }
+}
 
 /// Weight vectors of one 32-element block: `[half][group]`, group g holding elements
 /// 4g..4g+4 of the half's 8 rows.

@@ -355,21 +355,6 @@ pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
     }
 }
 
-/// Several tokens: [`prefetch`]es `bytes` at `p`. One token: no line prefetch, only an empty
-/// asm block as a scheduling boundary (without one LLVM interleaves the sub-blocks of a tile).
-/// For the AVX2 IQ4_XS kernel, whose one-token pass is compute-bound (21 GB/s from cache) so
-/// that line prefetches would only take issue slots.
-#[inline(always)]
-pub(super) unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
-    if T > 1 {
-        // SAFETY: a prefetch never faults (see `prefetch`).
-        unsafe { prefetch(p, bytes) }
-    } else {
-        // SAFETY: an empty asm block: no instruction, no register, memory or flag.
-        unsafe { std::arch::asm!("", options(nostack, preserves_flags, nomem)) }
-    }
-}
-
 /// One plane of 16 unsigned scale bytes as i32 lanes.
 #[inline(always)]
 unsafe fn plane_u8(p: *const u8) -> __m512i {
