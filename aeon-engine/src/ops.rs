@@ -10,7 +10,8 @@
 //! vectorizes); RoPE's `pow`, `sin` and `cos` (a table per model and per position) come from the
 //! `libm` crate, musl's code in plain Rust.
 
-use super::kernels::lanes::vectorized;
+use super::kernels::lanes::{lane_isa, vectorized};
+use super::kernels::scores::{self, Scores16};
 use super::team;
 use knot_format::RopeStyle;
 use std::cell::RefCell;
@@ -358,8 +359,9 @@ pub fn attend_head<T: KvElem>(
     cap: Option<f32>,
     scores: &mut [f32],
 ) {
+    let by16 = scores::for_lanes(lane_isa());
     vectorized!(attend_head_lanes(
-        out, q, k, v, span, kv_dim, kv_head, scale, cap, scores
+        out, q, k, v, span, kv_dim, kv_head, scale, cap, scores, by16
     ))
 }
 
@@ -376,10 +378,12 @@ fn attend_head_lanes<T: KvElem>(
     scale: f32,
     cap: Option<f32>,
     scores: &mut [f32],
+    by16: Option<Scores16>,
 ) {
     let hd = q.len();
     let off = kv_head * hd;
     let n = span.len();
+    let at = |p: usize| p * kv_dim + off..p * kv_dim + off + hd;
     let mut stack = [0.0f32; 256];
     let mut heap = Vec::new();
     let buf: &mut [f32] = if hd <= stack.len() {
@@ -388,30 +392,104 @@ fn attend_head_lanes<T: KvElem>(
         heap.resize(hd, 0.0);
         &mut heap
     };
-    for (p, s) in span.clone().zip(scores[..n].iter_mut()) {
-        let kr = T::widen(&k[p * kv_dim + off..p * kv_dim + off + hd], buf);
-        *s = dot_f32(q, kr) * scale;
+    let mut done = 0;
+    if let Some(by16) = by16 {
+        done = scores_by_16(
+            q,
+            |p| &k[at(p)],
+            span.clone(),
+            scale,
+            by16,
+            &mut scores[..n],
+        );
+    }
+    for (p, s) in (span.start + done..span.end).zip(&mut scores[done..n]) {
+        *s = dot_f32(q, T::widen(&k[at(p)], buf)) * scale;
     }
     if let Some(cap) = cap {
         softcap_lanes(&mut scores[..n], cap);
     }
     softmax_lanes(&mut scores[..n]);
-    out.fill(0.0);
-    for (p, &w) in span.zip(scores[..n].iter()) {
-        let vr = T::widen(&v[p * kv_dim + off..p * kv_dim + off + hd], buf);
-        for (o, &vv) in out.iter_mut().zip(vr) {
-            *o += w * vv;
+    weighted_rows(out, |p| &v[at(p)], span, &scores[..n]);
+}
+
+/// `scores[i] = dot_f32(q, k_row(span.start + i)) * scale` with [`dot_f32`]'s bits for the
+/// positions of the whole blocks of 16 (`by16` does their folds); returns how many it did.
+#[inline(always)]
+fn scores_by_16<'k, T: KvElem + 'k>(
+    q: &[f32],
+    k_row: impl Fn(usize) -> &'k [T],
+    span: std::ops::Range<usize>,
+    scale: f32,
+    by16: Scores16,
+    scores: &mut [f32],
+) -> usize {
+    let hd = q.len();
+    let cut = hd / 16 * 16;
+    let mut wide = vec![0.0f32; if T::WIDENS { 16 * hd } else { 0 }];
+    let mut blocks = scores.chunks_exact_mut(16);
+    let mut p0 = span.start;
+    let mut folds = [0.0f32; 16];
+    for block in &mut blocks {
+        let mut bufs = wide.chunks_mut(hd.max(1));
+        let rows: [&[f32]; 16] =
+            std::array::from_fn(|j| T::widen(k_row(p0 + j), bufs.next().unwrap_or_default()));
+        by16(q, &rows, &mut folds);
+        for ((s, f), r) in block.iter_mut().zip(folds).zip(rows) {
+            // `dot_f32`'s tail, in its order.
+            let tail: f32 = q[cut..].iter().zip(&r[cut..]).map(|(x, y)| x * y).sum();
+            *s = (f + tail) * scale;
         }
+        p0 += 16;
+    }
+    p0 - span.start
+}
+
+/// `out = sum_i w[i] * v_row(span.start + i)`, each element summed from 0 in position order
+/// (the bits of adding the rows one by one into a zeroed `out`), 64 elements at a time held in
+/// registers across all positions rather than loaded and stored per position.
+#[inline(always)]
+fn weighted_rows<'v, T: KvElem + 'v>(
+    out: &mut [f32],
+    v_row: impl Fn(usize) -> &'v [T],
+    span: std::ops::Range<usize>,
+    w: &[f32],
+) {
+    const C: usize = 64;
+    let mut buf = [0.0f32; C];
+    for (c, oc) in out.chunks_mut(C).enumerate() {
+        let at = c * C..c * C + oc.len();
+        let mut acc = [0.0f32; C];
+        if oc.len() == C {
+            for (p, &wp) in span.clone().zip(w) {
+                let vr = &T::widen(&v_row(p)[at.clone()], &mut buf)[..C];
+                for i in 0..C {
+                    acc[i] += wp * vr[i];
+                }
+            }
+        } else {
+            let acc = &mut acc[..oc.len()];
+            for (p, &wp) in span.clone().zip(w) {
+                let vr = T::widen(&v_row(p)[at.clone()], &mut buf);
+                for (a, &x) in acc.iter_mut().zip(vr) {
+                    *a += wp * x;
+                }
+            }
+        }
+        oc.copy_from_slice(&acc[..oc.len()]);
     }
 }
 
 /// An element type a KV cache stores its rows in.
 pub trait KvElem: Copy + Send + Sync {
+    /// Whether [`KvElem::widen`] writes its buffer (else it returns the row itself).
+    const WIDENS: bool;
     /// `row` as f32: itself, or widened into `buf` (at least `row.len()` long).
     fn widen<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
 }
 
 impl KvElem for f32 {
+    const WIDENS: bool = false;
     #[inline(always)]
     fn widen<'a>(row: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
         row
@@ -419,6 +497,7 @@ impl KvElem for f32 {
 }
 
 impl KvElem for half::f16 {
+    const WIDENS: bool = true;
     fn widen<'a>(row: &'a [half::f16], buf: &'a mut [f32]) -> &'a [f32] {
         use half::slice::HalfFloatSliceExt;
         let b = &mut buf[..row.len()];
@@ -1073,9 +1152,9 @@ mod tests {
                 softmax_lanes(&mut a);
                 out.extend(bits(&a));
                 let (mut o, mut sc) = (vec![0.0; hd], vec![0.0; pos]);
-                attend_head_lanes(&mut o, q, &k, &v, 3..pos, kv_dim, 1, 0.12, Some(5.0), &mut sc);
+                attend_head_lanes(&mut o, q, &k, &v, 3..pos, kv_dim, 1, 0.12, Some(5.0), &mut sc, scores::for_lanes(isa));
                 out.extend(bits(&o));
-                attend_head_lanes(&mut o, q, &kh, &vh, 0..pos, kv_dim, 0, 0.12, None, &mut sc);
+                attend_head_lanes(&mut o, q, &kh, &vh, 0..pos, kv_dim, 0, 0.12, None, &mut sc, scores::for_lanes(isa));
                 out.extend(bits(&o));
                 out
             })
@@ -1084,6 +1163,124 @@ mod tests {
         assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
         for isa in lane_isas() {
             assert!(run(isa) == want, "{isa:?} differs from the plain loops");
+        }
+    }
+
+    /// The attention head one position at a time, as it was: the blocked loops' bit reference.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn attend_head_per_position<T: KvElem>(
+        out: &mut [f32],
+        q: &[f32],
+        k: &[T],
+        v: &[T],
+        span: std::ops::Range<usize>,
+        kv_dim: usize,
+        kv_head: usize,
+        scale: f32,
+        cap: Option<f32>,
+        scores: &mut [f32],
+    ) {
+        let hd = q.len();
+        let off = kv_head * hd;
+        let n = span.len();
+        let mut buf = vec![0.0f32; hd];
+        for (p, s) in span.clone().zip(scores[..n].iter_mut()) {
+            let kr = T::widen(&k[p * kv_dim + off..p * kv_dim + off + hd], &mut buf);
+            *s = dot_f32(q, kr) * scale;
+        }
+        if let Some(cap) = cap {
+            softcap_lanes(&mut scores[..n], cap);
+        }
+        softmax_lanes(&mut scores[..n]);
+        out.fill(0.0);
+        for (p, &w) in span.zip(scores[..n].iter()) {
+            let vr = T::widen(&v[p * kv_dim + off..p * kv_dim + off + hd], &mut buf);
+            for (o, &vv) in out.iter_mut().zip(vr) {
+                *o += w * vv;
+            }
+        }
+    }
+
+    /// The blocked score and value loops give the bits of one position at a time, with and
+    /// without the 16-position kernel, on heads with and without a tail past the last 16
+    /// elements, spans with and without a partial block, f32 and f16 rows, with a cap.
+    #[test]
+    fn attention_head_blocks_give_the_per_position_bits() {
+        let mut seed = 77u64;
+        for (hd, n) in [
+            (64usize, 53usize),
+            (72, 37),
+            (16, 16),
+            (128, 33),
+            (24, 5),
+            (300, 20),
+        ] {
+            let kv_dim = 2 * hd;
+            let q = floats(hd, &mut seed, 2.0);
+            let k = floats(n * kv_dim, &mut seed, 2.0);
+            let v = floats(n * kv_dim, &mut seed, 2.0);
+            let kh: Vec<half::f16> = k.iter().map(|&a| half::f16::from_f32(a)).collect();
+            let vh: Vec<half::f16> = v.iter().map(|&a| half::f16::from_f32(a)).collect();
+            let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+            for cap in [None, Some(4.0)] {
+                let (mut want, mut want16) = (vec![0.0; hd], vec![0.0; hd]);
+                let mut sc = vec![0.0; n];
+                attend_head_per_position(&mut want, &q, &k, &v, 1..n, kv_dim, 1, 0.1, cap, &mut sc);
+                attend_head_per_position(
+                    &mut want16,
+                    &q,
+                    &kh,
+                    &vh,
+                    0..n,
+                    kv_dim,
+                    0,
+                    0.1,
+                    cap,
+                    &mut sc,
+                );
+                for by16 in [None, scores::for_lanes(lane_isa())] {
+                    let mut got = vec![0.0; hd];
+                    attend_head_lanes(
+                        &mut got,
+                        &q,
+                        &k,
+                        &v,
+                        1..n,
+                        kv_dim,
+                        1,
+                        0.1,
+                        cap,
+                        &mut sc,
+                        by16,
+                    );
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "f32 hd {hd} n {n} {:?}",
+                        by16.is_some()
+                    );
+                    attend_head_lanes(
+                        &mut got,
+                        &q,
+                        &kh,
+                        &vh,
+                        0..n,
+                        kv_dim,
+                        0,
+                        0.1,
+                        cap,
+                        &mut sc,
+                        by16,
+                    );
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want16),
+                        "f16 hd {hd} n {n} {:?}",
+                        by16.is_some()
+                    );
+                }
+            }
         }
     }
 

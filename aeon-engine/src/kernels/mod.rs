@@ -41,6 +41,7 @@ pub mod lanes;
 pub mod reference;
 pub mod roofline;
 pub mod scan;
+pub mod scores;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
