@@ -396,7 +396,9 @@ fn attend_head_lanes<T: KvElem>(
     if let Some(by16) = by16 {
         done = scores_by_16(
             q,
-            |p| &k[at(p)],
+            k,
+            kv_dim,
+            off,
             span.clone(),
             scale,
             by16,
@@ -415,10 +417,14 @@ fn attend_head_lanes<T: KvElem>(
 
 /// `scores[i] = dot_f32(q, k_row(span.start + i)) * scale` with [`dot_f32`]'s bits for the
 /// positions of the whole blocks of 16 (`by16` does their folds); returns how many it did.
+/// `k` is the cache, row `p` of this head at `p * kv_dim + off`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn scores_by_16<'k, T: KvElem + 'k>(
+fn scores_by_16<T: KvElem>(
     q: &[f32],
-    k_row: impl Fn(usize) -> &'k [T],
+    k: &[T],
+    kv_dim: usize,
+    off: usize,
     span: std::ops::Range<usize>,
     scale: f32,
     by16: Scores16,
@@ -426,23 +432,33 @@ fn scores_by_16<'k, T: KvElem + 'k>(
 ) -> usize {
     let hd = q.len();
     let cut = hd / 16 * 16;
-    let mut wide = vec![0.0f32; if T::WIDENS { 16 * hd } else { 0 }];
-    let mut blocks = scores.chunks_exact_mut(16);
-    let mut p0 = span.start;
+    // An f16 cache: each block's rows widened into `wide`, `hd` apart.
+    let mut wide = match T::as_f32(k) {
+        Some(_) => Vec::new(),
+        None => vec![0.0f32; 16 * hd],
+    };
     let mut folds = [0.0f32; 16];
-    for block in &mut blocks {
-        let mut bufs = wide.chunks_mut(hd.max(1));
-        let rows: [&[f32]; 16] =
-            std::array::from_fn(|j| T::widen(k_row(p0 + j), bufs.next().unwrap_or_default()));
-        by16(q, &rows, &mut folds);
-        for ((s, f), r) in block.iter_mut().zip(folds).zip(rows) {
+    for (b, block) in scores.chunks_exact_mut(16).enumerate() {
+        let p0 = span.start + 16 * b;
+        let (rows, at, stride) = match T::as_f32(k) {
+            Some(k) => (k, p0 * kv_dim + off, kv_dim),
+            None => {
+                for (j, buf) in wide.chunks_exact_mut(hd).enumerate() {
+                    let at = (p0 + j) * kv_dim + off;
+                    T::widen(&k[at..at + hd], buf);
+                }
+                (&wide[..], 0, hd)
+            }
+        };
+        by16(q, rows, at, stride, &mut folds);
+        for (j, (s, f)) in block.iter_mut().zip(folds).enumerate() {
             // `dot_f32`'s tail, in its order.
+            let r = &rows[at + j * stride..][..hd];
             let tail: f32 = q[cut..].iter().zip(&r[cut..]).map(|(x, y)| x * y).sum();
             *s = (f + tail) * scale;
         }
-        p0 += 16;
     }
-    p0 - span.start
+    scores.len() / 16 * 16
 }
 
 /// `out = sum_i w[i] * v_row(span.start + i)`, each element summed from 0 in position order
@@ -482,14 +498,17 @@ fn weighted_rows<'v, T: KvElem + 'v>(
 
 /// An element type a KV cache stores its rows in.
 pub trait KvElem: Copy + Send + Sync {
-    /// Whether [`KvElem::widen`] writes its buffer (else it returns the row itself).
-    const WIDENS: bool;
+    /// The rows as f32 where that is what they are.
+    fn as_f32(rows: &[Self]) -> Option<&[f32]>;
     /// `row` as f32: itself, or widened into `buf` (at least `row.len()` long).
     fn widen<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
 }
 
 impl KvElem for f32 {
-    const WIDENS: bool = false;
+    #[inline(always)]
+    fn as_f32(rows: &[f32]) -> Option<&[f32]> {
+        Some(rows)
+    }
     #[inline(always)]
     fn widen<'a>(row: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
         row
@@ -497,7 +516,10 @@ impl KvElem for f32 {
 }
 
 impl KvElem for half::f16 {
-    const WIDENS: bool = true;
+    #[inline(always)]
+    fn as_f32(_rows: &[half::f16]) -> Option<&[f32]> {
+        None
+    }
     fn widen<'a>(row: &'a [half::f16], buf: &'a mut [f32]) -> &'a [f32] {
         use half::slice::HalfFloatSliceExt;
         let b = &mut buf[..row.len()];
