@@ -337,19 +337,23 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     acc[0] + tail
 }
 
-/// Attention of one query head over the cached positions `span` (`0..n` causal; a later
-/// start on a sliding-window layer).
+/// Attention of the query heads in `q` (`q.len() / hd` heads of `hd`, all reading kv head
+/// `kv_head`: a GQA group, or one head) over the cached positions `span` (`0..n` causal; a
+/// later start on a sliding-window layer).
 ///
-/// `k`, `v`: (span.end, kv_dim); this head reads kv head `kv_head`. Scores are
-/// `q·k * scale`, then `cap * tanh(score / cap)` with a `cap` (gemma2). `scores` is
-/// scratch of at least `span.len()`. Writes the weighted sum of values into `out` (head_dim).
+/// `k`, `v`: (span.end, kv_dim). Scores are `q·k * scale`, then `cap * tanh(score / cap)`
+/// with a `cap` (gemma2). `scores` is scratch of at least `heads * span.len()`. Writes each
+/// head's weighted sum of values into its `hd` of `out`. A head's bits do not depend on the
+/// other heads of the call: the heads go together so that each block of cached rows is read
+/// from memory once for all of them.
 ///
 /// Generic over how the cache stores its rows ([`KvElem`]): an f16 row is widened to f32
 /// first, then goes through the very same arithmetic as an f32 row.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_head<T: KvElem>(
+pub fn attend_heads<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
+    hd: usize,
     k: &[T],
     v: &[T],
     span: std::ops::Range<usize>,
@@ -360,16 +364,21 @@ pub fn attend_head<T: KvElem>(
     scores: &mut [f32],
 ) {
     let by16 = scores::for_lanes(lane_isa());
-    vectorized!(attend_head_lanes(
-        out, q, k, v, span, kv_dim, kv_head, scale, cap, scores, by16
+    vectorized!(attend_heads_lanes(
+        out, q, hd, k, v, span, kv_dim, kv_head, scale, cap, scores, by16
     ))
 }
 
+/// Cached positions per block: a block's rows (16 x 256 B for a 64-element f32 head) stay in
+/// L1 while every head of the group takes them.
+const BLOCK: usize = 16;
+
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend_head_lanes<T: KvElem>(
+fn attend_heads_lanes<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
+    hd: usize,
     k: &[T],
     v: &[T],
     span: std::ops::Range<usize>,
@@ -380,10 +389,17 @@ fn attend_head_lanes<T: KvElem>(
     scores: &mut [f32],
     by16: Option<Scores16>,
 ) {
-    let hd = q.len();
-    let off = kv_head * hd;
+    let kv = KvHead {
+        kv_dim,
+        off: kv_head * hd,
+        hd,
+    };
     let n = span.len();
-    let at = |p: usize| p * kv_dim + off..p * kv_dim + off + hd;
+    let scores = &mut scores[..q.len() / hd * n];
+    let mut done = 0;
+    if let Some(by16) = by16 {
+        done = scores_by_16(q, k, kv, span.clone(), scale, by16, scores);
+    }
     let mut stack = [0.0f32; 256];
     let mut heap = Vec::new();
     let buf: &mut [f32] = if hd <= stack.len() {
@@ -392,45 +408,52 @@ fn attend_head_lanes<T: KvElem>(
         heap.resize(hd, 0.0);
         &mut heap
     };
-    let mut done = 0;
-    if let Some(by16) = by16 {
-        done = scores_by_16(
-            q,
-            k,
-            kv_dim,
-            off,
-            span.clone(),
-            scale,
-            by16,
-            &mut scores[..n],
-        );
+    for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n.max(1))) {
+        for (p, s) in (span.start + done..span.end).zip(&mut sh[done..]) {
+            *s = dot_f32(qh, T::widen(kv.row(k, p), buf)) * scale;
+        }
+        if let Some(cap) = cap {
+            softcap_lanes(sh, cap);
+        }
+        softmax_lanes(sh);
     }
-    for (p, s) in (span.start + done..span.end).zip(&mut scores[done..n]) {
-        *s = dot_f32(q, T::widen(&k[at(p)], buf)) * scale;
-    }
-    if let Some(cap) = cap {
-        softcap_lanes(&mut scores[..n], cap);
-    }
-    softmax_lanes(&mut scores[..n]);
-    weighted_rows(out, |p| &v[at(p)], span, &scores[..n]);
+    weighted_rows(out, v, kv, span, scores);
 }
 
-/// `scores[i] = dot_f32(q, k_row(span.start + i)) * scale` with [`dot_f32`]'s bits for the
-/// positions of the whole blocks of 16 (`by16` does their folds); returns how many it did.
-/// `k` is the cache, row `p` of this head at `p * kv_dim + off`.
-#[allow(clippy::too_many_arguments)]
+/// Where one kv head's rows sit in a cache: row `p` is `hd` floats at `p * kv_dim + off`.
+#[derive(Clone, Copy)]
+struct KvHead {
+    kv_dim: usize,
+    off: usize,
+    hd: usize,
+}
+
+impl KvHead {
+    #[inline(always)]
+    fn at(self, p: usize) -> usize {
+        p * self.kv_dim + self.off
+    }
+
+    #[inline(always)]
+    fn row<T>(self, c: &[T], p: usize) -> &[T] {
+        &c[self.at(p)..self.at(p) + self.hd]
+    }
+}
+
+/// Head h's `scores[h * n + i] = dot_f32(q_h, k_row(span.start + i)) * scale` with
+/// [`dot_f32`]'s bits for the positions of the whole blocks of 16 (`by16` does their folds),
+/// every head of `q` on a block before the next; returns how many positions it did.
 #[inline(always)]
 fn scores_by_16<T: KvElem>(
     q: &[f32],
     k: &[T],
-    kv_dim: usize,
-    off: usize,
+    kv: KvHead,
     span: std::ops::Range<usize>,
     scale: f32,
     by16: Scores16,
     scores: &mut [f32],
 ) -> usize {
-    let hd = q.len();
+    let (hd, n) = (kv.hd, span.len());
     let cut = hd / 16 * 16;
     // An f16 cache: each block's rows widened into `wide`, `hd` apart.
     let mut wide = match T::as_f32(k) {
@@ -438,61 +461,86 @@ fn scores_by_16<T: KvElem>(
         None => vec![0.0f32; 16 * hd],
     };
     let mut folds = [0.0f32; 16];
-    for (b, block) in scores.chunks_exact_mut(16).enumerate() {
+    for b in 0..n / 16 {
         let p0 = span.start + 16 * b;
         let (rows, at, stride) = match T::as_f32(k) {
-            Some(k) => (k, p0 * kv_dim + off, kv_dim),
+            Some(k) => (k, kv.at(p0), kv.kv_dim),
             None => {
                 for (j, buf) in wide.chunks_exact_mut(hd).enumerate() {
-                    let at = (p0 + j) * kv_dim + off;
-                    T::widen(&k[at..at + hd], buf);
+                    T::widen(kv.row(k, p0 + j), buf);
                 }
                 (&wide[..], 0, hd)
             }
         };
-        by16(q, rows, at, stride, &mut folds);
-        for (j, (s, f)) in block.iter_mut().zip(folds).enumerate() {
-            // `dot_f32`'s tail, in its order.
-            let r = &rows[at + j * stride..][..hd];
-            let tail: f32 = q[cut..].iter().zip(&r[cut..]).map(|(x, y)| x * y).sum();
-            *s = (f + tail) * scale;
+        for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n)) {
+            by16(qh, rows, at, stride, &mut folds);
+            for (j, (s, f)) in sh[16 * b..16 * b + 16].iter_mut().zip(folds).enumerate() {
+                // `dot_f32`'s tail, in its order.
+                let r = &rows[at + j * stride..][..hd];
+                let tail: f32 = qh[cut..].iter().zip(&r[cut..]).map(|(x, y)| x * y).sum();
+                *s = (f + tail) * scale;
+            }
         }
     }
-    scores.len() / 16 * 16
+    n / 16 * 16
 }
 
-/// `out = sum_i w[i] * v_row(span.start + i)`, each element summed from 0 in position order
-/// (the bits of adding the rows one by one into a zeroed `out`), 64 elements at a time held in
-/// registers across all positions rather than loaded and stored per position.
+/// Head h's `out_h = sum_i w[h * n + i] * v_row(span.start + i)`, each element summed from 0
+/// in position order (the bits of adding the rows one by one into a zeroed `out_h`). Per
+/// block of cached rows, every head in turn: its 64-element pieces loaded into registers, the
+/// block's rows added, stored back.
 #[inline(always)]
-fn weighted_rows<'v, T: KvElem + 'v>(
+fn weighted_rows<T: KvElem>(
     out: &mut [f32],
-    v_row: impl Fn(usize) -> &'v [T],
+    v: &[T],
+    kv: KvHead,
     span: std::ops::Range<usize>,
     w: &[f32],
 ) {
     const C: usize = 64;
-    let mut buf = [0.0f32; C];
-    for (c, oc) in out.chunks_mut(C).enumerate() {
-        let at = c * C..c * C + oc.len();
-        let mut acc = [0.0f32; C];
-        if oc.len() == C {
-            for (p, &wp) in span.clone().zip(w) {
-                let vr = &T::widen(&v_row(p)[at.clone()], &mut buf)[..C];
-                for i in 0..C {
-                    acc[i] += wp * vr[i];
+    let (hd, n) = (kv.hd, span.len());
+    out.fill(0.0);
+    // An f16 cache: each block's rows widened into `wide`, `hd` apart.
+    let mut wide = match T::as_f32(v) {
+        Some(_) => Vec::new(),
+        None => vec![0.0f32; BLOCK * hd],
+    };
+    for b0 in (0..n).step_by(BLOCK) {
+        let len = BLOCK.min(n - b0);
+        let p0 = span.start + b0;
+        let (rows, at, stride) = match T::as_f32(v) {
+            Some(v) => (v, kv.at(p0), kv.kv_dim),
+            None => {
+                for (j, buf) in wide.chunks_exact_mut(hd).take(len).enumerate() {
+                    T::widen(kv.row(v, p0 + j), buf);
                 }
+                (&wide[..], 0, hd)
             }
-        } else {
-            let acc = &mut acc[..oc.len()];
-            for (p, &wp) in span.clone().zip(w) {
-                let vr = T::widen(&v_row(p)[at.clone()], &mut buf);
-                for (a, &x) in acc.iter_mut().zip(vr) {
-                    *a += wp * x;
+        };
+        for (oh, wh) in out.chunks_exact_mut(hd).zip(w.chunks_exact(n)) {
+            let wh = &wh[b0..b0 + len];
+            for (c, oc) in oh.chunks_mut(C).enumerate() {
+                let mut acc = [0.0f32; C];
+                acc[..oc.len()].copy_from_slice(oc);
+                if oc.len() == C {
+                    for (j, &wp) in wh.iter().enumerate() {
+                        let vr = &rows[at + j * stride + c * C..][..C];
+                        for i in 0..C {
+                            acc[i] += wp * vr[i];
+                        }
+                    }
+                } else {
+                    let acc = &mut acc[..oc.len()];
+                    for (j, &wp) in wh.iter().enumerate() {
+                        let vr = &rows[at + j * stride + c * C..][..acc.len()];
+                        for (a, &x) in acc.iter_mut().zip(vr) {
+                            *a += wp * x;
+                        }
+                    }
                 }
+                oc.copy_from_slice(&acc[..oc.len()]);
             }
         }
-        oc.copy_from_slice(&acc[..oc.len()]);
     }
 }
 
@@ -618,18 +666,30 @@ pub fn attention_with<T: KvElem>(
         q.len() >= a.seq * q_dim && k.len() >= max_pos * kv_dim && v.len() >= max_pos * kv_dim,
         "attention: short inputs"
     );
-    let head = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
-        let (t, head) = (i / a.n_heads, i % a.n_heads);
-        let qh = &q[t * q_dim + head * hd..t * q_dim + (head + 1) * hd];
+    // One item per GQA group of a row (its heads read each cached block once), or per head
+    // where groups would leave threads idle (a decode step with few kv heads).
+    let per = if parallel && a.seq * a.n_kv_heads < rayon::current_num_threads() {
+        1
+    } else {
+        group
+    };
+    let items_per_row = a.n_heads / per;
+    let item = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+        let (t, first) = (i / items_per_row, (i % items_per_row) * per);
+        let qh = &q[t * q_dim + first * hd..t * q_dim + (first + per) * hd];
         let span = a.span(a.pos + t);
-        attend_head(
+        if scores.len() < per * span.len() {
+            scores.resize(per * span.len(), 0.0);
+        }
+        attend_heads(
             o,
             qh,
+            hd,
             k,
             v,
             span,
             kv_dim,
-            head / group,
+            first / group,
             a.scale,
             a.softcap,
             scores,
@@ -641,19 +701,13 @@ pub fn attention_with<T: KvElem>(
             /// Scores scratch of the threads that run heads in parallel.
             static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
         }
-        team::for_each_chunk_mut(out, hd, |i, o| {
-            SCORES.with_borrow_mut(|scores| {
-                if scores.len() < max_pos {
-                    scores.resize(max_pos, 0.0);
-                }
-                head(scores, (i, o))
-            })
+        team::for_each_chunk_mut(out, per * hd, |i, o| {
+            SCORES.with_borrow_mut(|scores| item(scores, (i, o)))
         });
     } else {
-        scores.resize(max_pos, 0.0);
-        out.chunks_mut(hd)
+        out.chunks_mut(per * hd)
             .enumerate()
-            .for_each(|item| head(scores, item));
+            .for_each(|it| item(scores, it));
     }
 }
 
@@ -1048,9 +1102,10 @@ mod tests {
         attention_with(&mut moved, &q, &k2, &v, a, &mut scores, false);
         assert_eq!(moved, out, "a position outside the window leaked in");
         let mut one = vec![0.0; 16];
-        attend_head(
+        attend_heads(
             &mut one,
             &q[..16],
+            16,
             &k,
             &v,
             4..8,
@@ -1174,9 +1229,9 @@ mod tests {
                 softmax_lanes(&mut a);
                 out.extend(bits(&a));
                 let (mut o, mut sc) = (vec![0.0; hd], vec![0.0; pos]);
-                attend_head_lanes(&mut o, q, &k, &v, 3..pos, kv_dim, 1, 0.12, Some(5.0), &mut sc, scores::for_lanes(isa));
+                attend_heads_lanes(&mut o, q, hd, &k, &v, 3..pos, kv_dim, 1, 0.12, Some(5.0), &mut sc, scores::for_lanes(isa));
                 out.extend(bits(&o));
-                attend_head_lanes(&mut o, q, &kh, &vh, 0..pos, kv_dim, 0, 0.12, None, &mut sc, scores::for_lanes(isa));
+                attend_heads_lanes(&mut o, q, hd, &kh, &vh, 0..pos, kv_dim, 0, 0.12, None, &mut sc, scores::for_lanes(isa));
                 out.extend(bits(&o));
                 out
             })
@@ -1224,9 +1279,10 @@ mod tests {
         }
     }
 
-    /// The blocked score and value loops give the bits of one position at a time, with and
-    /// without the 16-position kernel, on heads with and without a tail past the last 16
-    /// elements, spans with and without a partial block, f32 and f16 rows, with a cap.
+    /// The blocked score and value loops give the bits of one head and one position at a
+    /// time, with and without the 16-position kernel, for one head and for groups of heads, on
+    /// heads with and without a tail past the last 16 elements, spans with and without a
+    /// partial block, f32 and f16 rows, with a cap.
     #[test]
     fn attention_head_blocks_give_the_per_position_bits() {
         let mut seed = 77u64;
@@ -1239,68 +1295,69 @@ mod tests {
             (300, 20),
         ] {
             let kv_dim = 2 * hd;
-            let q = floats(hd, &mut seed, 2.0);
             let k = floats(n * kv_dim, &mut seed, 2.0);
             let v = floats(n * kv_dim, &mut seed, 2.0);
             let kh: Vec<half::f16> = k.iter().map(|&a| half::f16::from_f32(a)).collect();
             let vh: Vec<half::f16> = v.iter().map(|&a| half::f16::from_f32(a)).collect();
             let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
-            for cap in [None, Some(4.0)] {
-                let (mut want, mut want16) = (vec![0.0; hd], vec![0.0; hd]);
-                let mut sc = vec![0.0; n];
-                attend_head_per_position(&mut want, &q, &k, &v, 1..n, kv_dim, 1, 0.1, cap, &mut sc);
-                attend_head_per_position(
-                    &mut want16,
-                    &q,
-                    &kh,
-                    &vh,
-                    0..n,
-                    kv_dim,
-                    0,
-                    0.1,
-                    cap,
-                    &mut sc,
-                );
-                for by16 in [None, scores::for_lanes(lane_isa())] {
-                    let mut got = vec![0.0; hd];
-                    attend_head_lanes(
-                        &mut got,
-                        &q,
-                        &k,
-                        &v,
-                        1..n,
-                        kv_dim,
-                        1,
-                        0.1,
-                        cap,
-                        &mut sc,
-                        by16,
-                    );
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want),
-                        "f32 hd {hd} n {n} {:?}",
-                        by16.is_some()
-                    );
-                    attend_head_lanes(
-                        &mut got,
-                        &q,
-                        &kh,
-                        &vh,
-                        0..n,
-                        kv_dim,
-                        0,
-                        0.1,
-                        cap,
-                        &mut sc,
-                        by16,
-                    );
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want16),
-                        "f16 hd {hd} n {n} {:?}",
-                        by16.is_some()
-                    );
+            for heads in [1usize, 3] {
+                let q = floats(heads * hd, &mut seed, 2.0);
+                for cap in [None, Some(4.0)] {
+                    let (mut want, mut want16) = (vec![0.0; heads * hd], vec![0.0; heads * hd]);
+                    let mut sc = vec![0.0; heads * n];
+                    for ((w, w16), qh) in want
+                        .chunks_mut(hd)
+                        .zip(want16.chunks_mut(hd))
+                        .zip(q.chunks(hd))
+                    {
+                        attend_head_per_position(w, qh, &k, &v, 1..n, kv_dim, 1, 0.1, cap, &mut sc);
+                        attend_head_per_position(
+                            w16,
+                            qh,
+                            &kh,
+                            &vh,
+                            0..n,
+                            kv_dim,
+                            0,
+                            0.1,
+                            cap,
+                            &mut sc,
+                        );
+                    }
+                    for by16 in [None, scores::for_lanes(lane_isa())] {
+                        let mut got = vec![0.0; heads * hd];
+                        let on = by16.is_some();
+                        attend_heads_lanes(
+                            &mut got,
+                            &q,
+                            hd,
+                            &k,
+                            &v,
+                            1..n,
+                            kv_dim,
+                            1,
+                            0.1,
+                            cap,
+                            &mut sc,
+                            by16,
+                        );
+                        assert_eq!(bits(&got), bits(&want), "f32 hd {hd} n {n} x{heads} {on}");
+                        attend_heads_lanes(
+                            &mut got,
+                            &q,
+                            hd,
+                            &kh,
+                            &vh,
+                            0..n,
+                            kv_dim,
+                            0,
+                            0.1,
+                            cap,
+                            &mut sc,
+                            by16,
+                        );
+                        assert_eq!(bits(&got), bits(&want16), "f16 hd {hd} n {n} x{heads} {on}");
+                    }
                 }
             }
         }
