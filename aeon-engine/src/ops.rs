@@ -438,6 +438,27 @@ impl KvHead {
     fn row<T>(self, c: &[T], p: usize) -> &[T] {
         &c[self.at(p)..self.at(p) + self.hd]
     }
+
+    /// Rows `p0..p0 + len` of cache `c` as f32 `(floats, first row's start, stride)`: the
+    /// cache itself where it holds f32, else the rows widened into `wide` (`len * hd` long).
+    #[inline(always)]
+    fn block<'a, T: KvElem>(
+        self,
+        c: &'a [T],
+        p0: usize,
+        len: usize,
+        wide: &'a mut [f32],
+    ) -> (&'a [f32], usize, usize) {
+        match T::as_f32(c) {
+            Some(c) => (c, self.at(p0), self.kv_dim),
+            None => {
+                for (j, buf) in wide.chunks_exact_mut(self.hd).take(len).enumerate() {
+                    T::widen(self.row(c, p0 + j), buf);
+                }
+                (wide, 0, self.hd)
+            }
+        }
+    }
 }
 
 /// Head h's `scores[h * n + i] = dot_f32(q_h, k_row(span.start + i)) * scale` with
@@ -462,16 +483,7 @@ fn scores_by_16<T: KvElem>(
     };
     let mut folds = [0.0f32; 16];
     for b in 0..n / 16 {
-        let p0 = span.start + 16 * b;
-        let (rows, at, stride) = match T::as_f32(k) {
-            Some(k) => (k, kv.at(p0), kv.kv_dim),
-            None => {
-                for (j, buf) in wide.chunks_exact_mut(hd).enumerate() {
-                    T::widen(kv.row(k, p0 + j), buf);
-                }
-                (&wide[..], 0, hd)
-            }
-        };
+        let (rows, at, stride) = kv.block(k, span.start + 16 * b, 16, &mut wide);
         for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n)) {
             by16(qh, rows, at, stride, &mut folds);
             for (j, (s, f)) in sh[16 * b..16 * b + 16].iter_mut().zip(folds).enumerate() {
@@ -507,21 +519,13 @@ fn weighted_rows<T: KvElem>(
     };
     for b0 in (0..n).step_by(BLOCK) {
         let len = BLOCK.min(n - b0);
-        let p0 = span.start + b0;
-        let (rows, at, stride) = match T::as_f32(v) {
-            Some(v) => (v, kv.at(p0), kv.kv_dim),
-            None => {
-                for (j, buf) in wide.chunks_exact_mut(hd).take(len).enumerate() {
-                    T::widen(kv.row(v, p0 + j), buf);
-                }
-                (&wide[..], 0, hd)
-            }
-        };
+        let (rows, at, stride) = kv.block(v, span.start + b0, len, &mut wide);
         for (oh, wh) in out.chunks_exact_mut(hd).zip(w.chunks_exact(n)) {
             let wh = &wh[b0..b0 + len];
             for (c, oc) in oh.chunks_mut(C).enumerate() {
                 let mut acc = [0.0f32; C];
                 acc[..oc.len()].copy_from_slice(oc);
+                // A whole piece apart: its fixed length keeps it in registers.
                 if oc.len() == C {
                     for (j, &wp) in wh.iter().enumerate() {
                         let vr = &rows[at + j * stride + c * C..][..C];
