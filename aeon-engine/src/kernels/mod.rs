@@ -755,11 +755,14 @@ fn run_groups(targets: &[Option<GroupTarget>]) {
     let chunk = chunk_rows(total * ROWS, n_tok).div_ceil(ROWS);
     let n_chunks = total.div_ceil(chunk);
     let body = |c: usize| {
-        let mut res = [[0f32; ROWS]; FLOAT_TOKENS];
+        let mut res = [[0f32; ROWS]; 8];
         // Global group index -> (target, group): targets are laid end to end.
         let mut base = 0;
         let mut tgt = targets.iter().flatten();
         let mut cur = tgt.next();
+        // The current target's first (up to) 8 activation rows: at decode every group of a
+        // chunk takes the same ones, so they are sliced once per target, not once per group.
+        let mut first: Option<[&[BlockQ8A]; 8]> = None;
         for gi in c * chunk..((c + 1) * chunk).min(total) {
             while let Some(t) = cur {
                 if gi < base + t.p.groups {
@@ -767,49 +770,66 @@ fn run_groups(targets: &[Option<GroupTarget>]) {
                 }
                 base += t.p.groups;
                 cur = tgt.next();
+                first = None;
             }
             let Some(t) = cur else { break };
             let g = gi - base;
             let nb = t.p.blocks;
             let tiles = t.p.group(g);
             let n_tok = t.n_tok;
-            let step = match t.dot {
-                GroupDot::Quant(..) => 8,
-                GroupDot::Float(..) => FLOAT_TOKENS,
-            };
-            for t0 in (0..n_tok).step_by(step) {
-                let n = (n_tok - t0).min(step);
-                match t.dot {
-                    GroupDot::Quant(dot, xq) => {
-                        let xs: [&[BlockQ8A]; 8] = std::array::from_fn(|i| {
+            match t.dot {
+                GroupDot::Quant(dot, xq) => {
+                    let rows = |t0: usize| -> [&[BlockQ8A]; 8] {
+                        std::array::from_fn(|i| {
                             xq.get((t0 + i) * nb..(t0 + i + 1) * nb).unwrap_or(&[])
-                        });
+                        })
+                    };
+                    for t0 in (0..n_tok).step_by(8) {
+                        let n = (n_tok - t0).min(8);
+                        let xs = match (t0, first) {
+                            (0, Some(xs)) => xs,
+                            (0, None) => *first.insert(rows(0)),
+                            _ => rows(t0),
+                        };
                         dot(tiles, &xs[..n], &mut res[..n]);
+                        write_rows(t, g, t0, &res[..n]);
                     }
-                    GroupDot::Float(dot, x) => {
-                        let cols = nb * QK;
+                }
+                GroupDot::Float(dot, x) => {
+                    let cols = nb * QK;
+                    let mut res = [[0f32; ROWS]; FLOAT_TOKENS];
+                    for t0 in (0..n_tok).step_by(FLOAT_TOKENS) {
+                        let n = (n_tok - t0).min(FLOAT_TOKENS);
                         let xs: [&[f32]; FLOAT_TOKENS] = std::array::from_fn(|i| {
                             x.get((t0 + i) * cols..(t0 + i + 1) * cols).unwrap_or(&[])
                         });
                         dot(tiles, &xs[..n], &mut res[..n]);
+                        write_rows(t, g, t0, &res[..n]);
                     }
-                }
-                for (i, v) in res[..n].iter().enumerate() {
-                    // SAFETY: t0 + i < n_tok and g * ROWS + ROWS <= rows, so the 16 floats are
-                    // inside this target's y (n_tok x rows, asserted by the caller); group g of
-                    // its target belongs to one chunk, so no two tasks write them.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            v.as_ptr(),
-                            t.out.0.add((t0 + i) * t.rows + g * ROWS),
-                            ROWS,
-                        )
-                    };
                 }
             }
         }
     };
     team::for_each_chunk(n_chunks, body);
+}
+
+/// Group `g`'s results for tokens `t0..t0 + res.len()` into `t`'s output.
+#[inline(always)]
+fn write_rows(t: &GroupTarget, g: usize, t0: usize, res: &[[f32; interleaved::ROWS]]) {
+    use interleaved::ROWS;
+    assert!(t0 + res.len() <= t.n_tok && (g + 1) * ROWS <= t.rows);
+    for (i, v) in res.iter().enumerate() {
+        // SAFETY: t0 + i < n_tok and g * ROWS + ROWS <= rows (asserted above), so the 16
+        // floats are inside this target's y (n_tok x rows, asserted by the caller); group g
+        // of its target belongs to one chunk, so no two tasks write them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                v.as_ptr(),
+                t.out.0.add((t0 + i) * t.rows + g * ROWS),
+                ROWS,
+            )
+        };
+    }
 }
 
 /// `y` as a raw pointer that parallel tasks may share: each task writes a disjoint set of rows.
