@@ -28,7 +28,7 @@ use std::cell::RefCell;
 use knot_format::RopeStyle;
 
 use super::kernels::{linear, linears, Linear};
-use super::ops::{dot_f32, rmsnorm_inplace, rope_rotate, softmax, KvElem};
+use super::ops::{attend_heads, rmsnorm_inplace, rope_rotate, HeadRows, KvElem};
 use super::session::{LayerCache, Scratch};
 use super::{team, KvRows};
 
@@ -377,7 +377,7 @@ thread_local! {
 /// `v_head` (= kv_lora_rank) elements. `out`: (seq, n_heads * v_head).
 fn attend_shared<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], a: Heads) {
     thread_local! {
-        static BUF: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
     let (qd, lat) = (a.n_heads * a.k_head, a.k_head);
     let max_pos = a.pos + a.seq;
@@ -385,33 +385,46 @@ fn attend_shared<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], a: Heads) {
         q.len() >= a.seq * qd && k.len() >= max_pos * lat,
         "mla latent attention: short inputs"
     );
-    let head = |i: usize, o: &mut [f32]| {
-        let (t, h) = (i / a.n_heads, i % a.n_heads);
-        let qh = &q[t * qd + h * lat..t * qd + (h + 1) * lat];
+    let macs = a.seq * a.n_heads * max_pos * (a.k_head + a.v_head);
+    let threads = rayon::current_num_threads();
+    let parallel = macs >= super::ops::ATTN_PAR_MIN_MACS && threads > 1;
+    // Every head of a row reads the same latent rows: all of them in one item, so each block
+    // of rows is read once, unless that would leave threads idle (a decode step).
+    let per = if parallel && a.seq < threads {
+        1
+    } else {
+        a.n_heads
+    };
+    let rows = (
+        HeadRows {
+            stride: lat,
+            off: 0,
+            width: lat,
+        },
+        HeadRows {
+            stride: lat,
+            off: 0,
+            width: a.v_head,
+        },
+    );
+    let item = |i: usize, o: &mut [f32]| {
+        let (t, h) = (i * per / a.n_heads, i * per % a.n_heads);
+        let qh = &q[t * qd + h * lat..t * qd + (h + per) * lat];
         let n = a.pos + t + 1;
-        BUF.with_borrow_mut(|(scores, wide)| {
-            scores.resize(max_pos, 0.0);
-            wide.resize(lat, 0.0);
-            for (p, sc) in scores[..n].iter_mut().enumerate() {
-                let kr = T::widen(&k[p * lat..(p + 1) * lat], wide);
-                *sc = dot_f32(qh, kr) * a.scale;
+        SCORES.with_borrow_mut(|scores| {
+            if scores.len() < per * n {
+                scores.resize(per * n, 0.0);
             }
-            softmax(&mut scores[..n]);
-            o.fill(0.0);
-            for (p, &w) in scores[..n].iter().enumerate() {
-                let vr = T::widen(&k[p * lat..p * lat + a.v_head], wide);
-                o.iter_mut().zip(vr).for_each(|(o, &x)| *o += w * x);
-            }
+            attend_heads(o, qh, k, k, rows, 0..n, a.scale, None, scores);
         });
     };
     let out = &mut out[..a.seq * a.n_heads * a.v_head];
-    let macs = a.seq * a.n_heads * max_pos * (a.k_head + a.v_head);
-    if macs >= super::ops::ATTN_PAR_MIN_MACS && rayon::current_num_threads() > 1 {
-        team::for_each_chunk_mut(out, a.v_head, head);
+    if parallel {
+        team::for_each_chunk_mut(out, per * a.v_head, item);
     } else {
-        out.chunks_mut(a.v_head)
+        out.chunks_mut(per * a.v_head)
             .enumerate()
-            .for_each(|(i, o)| head(i, o));
+            .for_each(|(i, o)| item(i, o));
     }
 }
 
@@ -434,8 +447,7 @@ struct Heads {
 /// do not depend on the split.
 fn attend<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], v: &[T], a: Heads) {
     thread_local! {
-        /// Scores, then a widened key or value row.
-        static BUF: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
     let (kd, vd) = (a.n_heads * a.k_head, a.n_heads * a.v_head);
     let max_pos = a.pos + a.seq;
@@ -447,21 +459,23 @@ fn attend<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], v: &[T], a: Heads) {
         let (t, h) = (i / a.n_heads, i % a.n_heads);
         let qh = &q[t * kd + h * a.k_head..t * kd + (h + 1) * a.k_head];
         let n = a.pos + t + 1;
-        BUF.with_borrow_mut(|(scores, wide)| {
-            scores.resize(max_pos, 0.0);
-            wide.resize(a.k_head.max(a.v_head), 0.0);
-            for (p, sc) in scores[..n].iter_mut().enumerate() {
-                let at = p * kd + h * a.k_head;
-                let kr = T::widen(&k[at..at + a.k_head], wide);
-                *sc = dot_f32(qh, kr) * a.scale;
+        let rows = (
+            HeadRows {
+                stride: kd,
+                off: h * a.k_head,
+                width: a.k_head,
+            },
+            HeadRows {
+                stride: vd,
+                off: h * a.v_head,
+                width: a.v_head,
+            },
+        );
+        SCORES.with_borrow_mut(|scores| {
+            if scores.len() < n {
+                scores.resize(n, 0.0);
             }
-            softmax(&mut scores[..n]);
-            o.fill(0.0);
-            for (p, &w) in scores[..n].iter().enumerate() {
-                let at = p * vd + h * a.v_head;
-                let vr = T::widen(&v[at..at + a.v_head], wide);
-                o.iter_mut().zip(vr).for_each(|(o, &x)| *o += w * x);
-            }
+            attend_heads(o, qh, k, v, rows, 0..n, a.scale, None, scores);
         });
     };
     let out = &mut out[..a.seq * vd];

@@ -337,15 +337,16 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     acc[0] + tail
 }
 
-/// Attention of the query heads in `q` (`q.len() / hd` heads of `hd`, all reading kv head
-/// `kv_head`: a GQA group, or one head) over the cached positions `span` (`0..n` causal; a
-/// later start on a sliding-window layer).
+/// Attention of the query heads in `q` (heads of `k_rows.width`, all reading the same cached
+/// key and value rows: a GQA group, an MLA latent's every head, or one head) over the cached
+/// positions `span` (`0..n` causal; a later start on a sliding-window layer).
 ///
-/// `k`, `v`: (span.end, kv_dim). Scores are `q·k * scale`, then `cap * tanh(score / cap)`
-/// with a `cap` (gemma2). `scores` is scratch of at least `heads * span.len()`. Writes each
-/// head's weighted sum of values into its `hd` of `out`. A head's bits do not depend on the
-/// other heads of the call: the heads go together so that each block of cached rows is read
-/// from memory once for all of them.
+/// Position `p`'s key is `k[k_rows.at(p)..][..k_rows.width]`, its value likewise in `v`.
+/// Scores are `q·k * scale`, then `cap * tanh(score / cap)` with a `cap` (gemma2). `scores` is
+/// scratch of at least `heads * span.len()`. Writes each head's weighted sum of values into
+/// its `v_rows.width` of `out`. A head's bits do not depend on the other heads of the call:
+/// the heads go together so that each block of cached rows is read from memory once for all
+/// of them.
 ///
 /// Generic over how the cache stores its rows ([`KvElem`]): an f16 row is widened to f32
 /// first, then goes through the very same arithmetic as an f32 row.
@@ -353,19 +354,17 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 pub fn attend_heads<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
-    hd: usize,
     k: &[T],
     v: &[T],
+    (k_rows, v_rows): (HeadRows, HeadRows),
     span: std::ops::Range<usize>,
-    kv_dim: usize,
-    kv_head: usize,
     scale: f32,
     cap: Option<f32>,
     scores: &mut [f32],
 ) {
     let by16 = scores::for_lanes(lane_isa());
     vectorized!(attend_heads_lanes(
-        out, q, hd, k, v, span, kv_dim, kv_head, scale, cap, scores, by16
+        out, q, k, v, k_rows, v_rows, span, scale, cap, scores, by16
     ))
 }
 
@@ -378,27 +377,22 @@ const BLOCK: usize = 16;
 fn attend_heads_lanes<T: KvElem>(
     out: &mut [f32],
     q: &[f32],
-    hd: usize,
     k: &[T],
     v: &[T],
+    k_rows: HeadRows,
+    v_rows: HeadRows,
     span: std::ops::Range<usize>,
-    kv_dim: usize,
-    kv_head: usize,
     scale: f32,
     cap: Option<f32>,
     scores: &mut [f32],
     by16: Option<Scores16>,
 ) {
-    let kv = KvHead {
-        kv_dim,
-        off: kv_head * hd,
-        hd,
-    };
+    let hd = k_rows.width;
     let n = span.len();
     let scores = &mut scores[..q.len() / hd * n];
     let mut done = 0;
     if let Some(by16) = by16 {
-        done = scores_by_16(q, k, kv, span.clone(), scale, by16, scores);
+        done = scores_by_16(q, k, k_rows, span.clone(), scale, by16, scores);
     }
     let mut stack = [0.0f32; 256];
     let mut heap = Vec::new();
@@ -410,37 +404,38 @@ fn attend_heads_lanes<T: KvElem>(
     };
     for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(n.max(1))) {
         for (p, s) in (span.start + done..span.end).zip(&mut sh[done..]) {
-            *s = dot_f32(qh, T::widen(kv.row(k, p), buf)) * scale;
+            *s = dot_f32(qh, T::widen(k_rows.row(k, p), buf)) * scale;
         }
         if let Some(cap) = cap {
             softcap_lanes(sh, cap);
         }
         softmax_lanes(sh);
     }
-    weighted_rows(out, v, kv, span, scores);
+    weighted_rows(out, v, v_rows, span, scores);
 }
 
-/// Where one kv head's rows sit in a cache: row `p` is `hd` floats at `p * kv_dim + off`.
-#[derive(Clone, Copy)]
-struct KvHead {
-    kv_dim: usize,
-    off: usize,
-    hd: usize,
+/// Where one head's rows sit in a cache: position `p`'s row is `width` elements at
+/// `p * stride + off`.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadRows {
+    pub stride: usize,
+    pub off: usize,
+    pub width: usize,
 }
 
-impl KvHead {
+impl HeadRows {
     #[inline(always)]
     fn at(self, p: usize) -> usize {
-        p * self.kv_dim + self.off
+        p * self.stride + self.off
     }
 
     #[inline(always)]
     fn row<T>(self, c: &[T], p: usize) -> &[T] {
-        &c[self.at(p)..self.at(p) + self.hd]
+        &c[self.at(p)..self.at(p) + self.width]
     }
 
     /// Rows `p0..p0 + len` of cache `c` as f32 `(floats, first row's start, stride)`: the
-    /// cache itself where it holds f32, else the rows widened into `wide` (`len * hd` long).
+    /// cache itself where it holds f32, else the rows widened into `wide` (`len * width`).
     #[inline(always)]
     fn block<'a, T: KvElem>(
         self,
@@ -450,12 +445,12 @@ impl KvHead {
         wide: &'a mut [f32],
     ) -> (&'a [f32], usize, usize) {
         match T::as_f32(c) {
-            Some(c) => (c, self.at(p0), self.kv_dim),
+            Some(c) => (c, self.at(p0), self.stride),
             None => {
-                for (j, buf) in wide.chunks_exact_mut(self.hd).take(len).enumerate() {
+                for (j, buf) in wide.chunks_exact_mut(self.width).take(len).enumerate() {
                     T::widen(self.row(c, p0 + j), buf);
                 }
-                (wide, 0, self.hd)
+                (wide, 0, self.width)
             }
         }
     }
@@ -468,13 +463,13 @@ impl KvHead {
 fn scores_by_16<T: KvElem>(
     q: &[f32],
     k: &[T],
-    kv: KvHead,
+    kv: HeadRows,
     span: std::ops::Range<usize>,
     scale: f32,
     by16: Scores16,
     scores: &mut [f32],
 ) -> usize {
-    let (hd, n) = (kv.hd, span.len());
+    let (hd, n) = (kv.width, span.len());
     let cut = hd / 16 * 16;
     // An f16 cache: each block's rows widened into `wide`, `hd` apart.
     let mut wide = match T::as_f32(k) {
@@ -505,12 +500,12 @@ fn scores_by_16<T: KvElem>(
 fn weighted_rows<T: KvElem>(
     out: &mut [f32],
     v: &[T],
-    kv: KvHead,
+    kv: HeadRows,
     span: std::ops::Range<usize>,
     w: &[f32],
 ) {
     const C: usize = 64;
-    let (hd, n) = (kv.hd, span.len());
+    let (hd, n) = (kv.width, span.len());
     out.fill(0.0);
     // An f16 cache: each block's rows widened into `wide`, `hd` apart.
     let mut wide = match T::as_f32(v) {
@@ -685,19 +680,12 @@ pub fn attention_with<T: KvElem>(
         if scores.len() < per * span.len() {
             scores.resize(per * span.len(), 0.0);
         }
-        attend_heads(
-            o,
-            qh,
-            hd,
-            k,
-            v,
-            span,
-            kv_dim,
-            first / group,
-            a.scale,
-            a.softcap,
-            scores,
-        );
+        let rows = HeadRows {
+            stride: kv_dim,
+            off: first / group * hd,
+            width: hd,
+        };
+        attend_heads(o, qh, k, v, (rows, rows), span, a.scale, a.softcap, scores);
     };
     let out = &mut out[..a.seq * q_dim];
     if parallel {
@@ -1106,15 +1094,18 @@ mod tests {
         attention_with(&mut moved, &q, &k2, &v, a, &mut scores, false);
         assert_eq!(moved, out, "a position outside the window leaked in");
         let mut one = vec![0.0; 16];
+        let rows = HeadRows {
+            stride: kv_dim,
+            off: 0,
+            width: 16,
+        };
         attend_heads(
             &mut one,
             &q[..16],
-            16,
             &k,
             &v,
+            (rows, rows),
             4..8,
-            kv_dim,
-            0,
             0.25,
             None,
             &mut [0.0; 4],
@@ -1233,9 +1224,11 @@ mod tests {
                 softmax_lanes(&mut a);
                 out.extend(bits(&a));
                 let (mut o, mut sc) = (vec![0.0; hd], vec![0.0; pos]);
-                attend_heads_lanes(&mut o, q, hd, &k, &v, 3..pos, kv_dim, 1, 0.12, Some(5.0), &mut sc, scores::for_lanes(isa));
+                let r1 = HeadRows { stride: kv_dim, off: hd, width: hd };
+                attend_heads_lanes(&mut o, q, &k, &v, r1, r1, 3..pos, 0.12, Some(5.0), &mut sc, scores::for_lanes(isa));
                 out.extend(bits(&o));
-                attend_heads_lanes(&mut o, q, hd, &kh, &vh, 0..pos, kv_dim, 0, 0.12, None, &mut sc, scores::for_lanes(isa));
+                let r0 = HeadRows { stride: kv_dim, off: 0, width: hd };
+                attend_heads_lanes(&mut o, q, &kh, &vh, r0, r0, 0..pos, 0.12, None, &mut sc, scores::for_lanes(isa));
                 out.extend(bits(&o));
                 out
             })
@@ -1331,30 +1324,38 @@ mod tests {
                     for by16 in [None, scores::for_lanes(lane_isa())] {
                         let mut got = vec![0.0; heads * hd];
                         let on = by16.is_some();
+                        let r1 = HeadRows {
+                            stride: kv_dim,
+                            off: hd,
+                            width: hd,
+                        };
                         attend_heads_lanes(
                             &mut got,
                             &q,
-                            hd,
                             &k,
                             &v,
+                            r1,
+                            r1,
                             1..n,
-                            kv_dim,
-                            1,
                             0.1,
                             cap,
                             &mut sc,
                             by16,
                         );
                         assert_eq!(bits(&got), bits(&want), "f32 hd {hd} n {n} x{heads} {on}");
+                        let r0 = HeadRows {
+                            stride: kv_dim,
+                            off: 0,
+                            width: hd,
+                        };
                         attend_heads_lanes(
                             &mut got,
                             &q,
-                            hd,
                             &kh,
                             &vh,
+                            r0,
+                            r0,
                             0..n,
-                            kv_dim,
-                            0,
                             0.1,
                             cap,
                             &mut sc,
