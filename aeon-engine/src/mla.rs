@@ -28,9 +28,12 @@ use std::cell::RefCell;
 use knot_format::RopeStyle;
 
 use super::kernels::{linear, linears, Linear};
-use super::ops::{attend_heads, rmsnorm_inplace, rope_rotate, HeadRows, KvElem};
+use super::ops::{
+    attend_heads, for_each_attention_item, heads_per_item, rmsnorm_inplace, rope_rotate, HeadRows,
+    KvElem,
+};
 use super::session::{LayerCache, Scratch};
-use super::{team, KvRows};
+use super::KvRows;
 
 /// MLA's widths, from the header (see `knot_format::MlaConfig`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -376,25 +379,14 @@ thread_local! {
 /// against the one shared row per position, the output the weighted sum of each row's first
 /// `v_head` (= kv_lora_rank) elements. `out`: (seq, n_heads * v_head).
 fn attend_shared<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], a: Heads) {
-    thread_local! {
-        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    }
     let (qd, lat) = (a.n_heads * a.k_head, a.k_head);
     let max_pos = a.pos + a.seq;
     assert!(
         q.len() >= a.seq * qd && k.len() >= max_pos * lat,
         "mla latent attention: short inputs"
     );
-    let macs = a.seq * a.n_heads * max_pos * (a.k_head + a.v_head);
-    let threads = rayon::current_num_threads();
-    let parallel = macs >= super::ops::ATTN_PAR_MIN_MACS && threads > 1;
-    // Every head of a row reads the same latent rows: all of them in one item, so each block
-    // of rows is read once, unless that would leave threads idle (a decode step).
-    let per = if parallel && a.seq < threads {
-        1
-    } else {
-        a.n_heads
-    };
+    // Every head of a row reads the same latent rows: one group of all of them.
+    let per = heads_per_item(a.parallel(), a.seq, a.n_heads);
     let rows = (
         HeadRows {
             stride: lat,
@@ -407,25 +399,13 @@ fn attend_shared<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], a: Heads) {
             width: a.v_head,
         },
     );
-    let item = |i: usize, o: &mut [f32]| {
+    let item = |i: usize, o: &mut [f32], scores: &mut Vec<f32>| {
         let (t, h) = (i * per / a.n_heads, i * per % a.n_heads);
         let qh = &q[t * qd + h * lat..t * qd + (h + per) * lat];
-        let n = a.pos + t + 1;
-        SCORES.with_borrow_mut(|scores| {
-            if scores.len() < per * n {
-                scores.resize(per * n, 0.0);
-            }
-            attend_heads(o, qh, k, k, rows, 0..n, a.scale, None, scores);
-        });
+        attend_heads(o, qh, k, k, rows, 0..a.pos + t + 1, a.scale, None, scores);
     };
     let out = &mut out[..a.seq * a.n_heads * a.v_head];
-    if parallel {
-        team::for_each_chunk_mut(out, per * a.v_head, item);
-    } else {
-        out.chunks_mut(per * a.v_head)
-            .enumerate()
-            .for_each(|(i, o)| item(i, o));
-    }
+    for_each_attention_item(out, per * a.v_head, a.parallel(), None, item);
 }
 
 /// Shapes of one [`attend`] call: causal multi-head attention whose key and value heads
@@ -440,25 +420,29 @@ struct Heads {
     scale: f32,
 }
 
+impl Heads {
+    /// Whether the heads go to the team: enough multiply-adds to pay for a fork-join.
+    fn parallel(&self) -> bool {
+        let macs = self.seq * self.n_heads * (self.pos + self.seq) * (self.k_head + self.v_head);
+        macs >= super::ops::ATTN_PAR_MIN_MACS && rayon::current_num_threads() > 1
+    }
+}
+
 /// Causal attention: row t (position `pos + t`) of head h over the cached positions
 /// `0..=pos + t`. `q`: (seq, n_heads * k_head); `k`: (positions, n_heads * k_head); `v`:
 /// (positions, n_heads * v_head); `out`: (seq, n_heads * v_head). Parallel over (row, head)
 /// when the work is large enough; each head's output depends only on its inputs, so the bits
 /// do not depend on the split.
 fn attend<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], v: &[T], a: Heads) {
-    thread_local! {
-        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    }
     let (kd, vd) = (a.n_heads * a.k_head, a.n_heads * a.v_head);
     let max_pos = a.pos + a.seq;
     assert!(
         q.len() >= a.seq * kd && k.len() >= max_pos * kd && v.len() >= max_pos * vd,
         "mla attention: short inputs"
     );
-    let head = |i: usize, o: &mut [f32]| {
+    let head = |i: usize, o: &mut [f32], scores: &mut Vec<f32>| {
         let (t, h) = (i / a.n_heads, i % a.n_heads);
         let qh = &q[t * kd + h * a.k_head..t * kd + (h + 1) * a.k_head];
-        let n = a.pos + t + 1;
         let rows = (
             HeadRows {
                 stride: kd,
@@ -471,22 +455,10 @@ fn attend<T: KvElem>(out: &mut [f32], q: &[f32], k: &[T], v: &[T], a: Heads) {
                 width: a.v_head,
             },
         );
-        SCORES.with_borrow_mut(|scores| {
-            if scores.len() < n {
-                scores.resize(n, 0.0);
-            }
-            attend_heads(o, qh, k, v, rows, 0..n, a.scale, None, scores);
-        });
+        attend_heads(o, qh, k, v, rows, 0..a.pos + t + 1, a.scale, None, scores);
     };
     let out = &mut out[..a.seq * vd];
-    let macs = a.seq * a.n_heads * max_pos * (a.k_head + a.v_head);
-    if macs >= super::ops::ATTN_PAR_MIN_MACS && rayon::current_num_threads() > 1 {
-        team::for_each_chunk_mut(out, a.v_head, head);
-    } else {
-        out.chunks_mut(a.v_head)
-            .enumerate()
-            .for_each(|(i, o)| head(i, o));
-    }
+    for_each_attention_item(out, a.v_head, a.parallel(), None, head);
 }
 
 #[cfg(test)]

@@ -343,7 +343,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 ///
 /// Position `p`'s key is `k[k_rows.at(p)..][..k_rows.width]`, its value likewise in `v`.
 /// Scores are `q·k * scale`, then `cap * tanh(score / cap)` with a `cap` (gemma2). `scores` is
-/// scratch of at least `heads * span.len()`. Writes each head's weighted sum of values into
+/// scratch, grown to `heads * span.len()` where shorter. Writes each head's weighted sum of values into
 /// its `v_rows.width` of `out`. A head's bits do not depend on the other heads of the call:
 /// the heads go together so that each block of cached rows is read from memory once for all
 /// of them.
@@ -360,8 +360,12 @@ pub fn attend_heads<T: KvElem>(
     span: std::ops::Range<usize>,
     scale: f32,
     cap: Option<f32>,
-    scores: &mut [f32],
+    scores: &mut Vec<f32>,
 ) {
+    let need = q.len() / k_rows.width * span.len();
+    if scores.len() < need {
+        scores.resize(need, 0.0);
+    }
     let by16 = scores::for_lanes(lane_isa());
     vectorized!(attend_heads_lanes(
         out, q, k, v, k_rows, v_rows, span, scale, cap, scores, by16
@@ -644,6 +648,48 @@ pub fn attention<T: KvElem>(
     )
 }
 
+/// Heads per call of [`attend_heads`]: a whole group of `group` heads that share their cached
+/// rows (each block of rows is then read once for all of them), or one head where a parallel
+/// pass over `groups` such calls would leave threads idle (a decode step with few kv heads).
+pub fn heads_per_item(parallel: bool, groups: usize, group: usize) -> usize {
+    if parallel && groups < rayon::current_num_threads() {
+        1
+    } else {
+        group
+    }
+}
+
+/// `item(i, piece i, scores)` over `out` cut into pieces of `len`: on the team when
+/// `parallel`, else in order on this thread; `scores` is the caller's scratch where it passes
+/// one to a serial pass, else a thread's own (borrowed for one item at a time: an item never
+/// forks, so no thread re-enters it). Every attention form's outer loop (GQA here, MLA's two).
+pub fn for_each_attention_item(
+    out: &mut [f32],
+    len: usize,
+    parallel: bool,
+    scores: Option<&mut Vec<f32>>,
+    item: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
+) {
+    thread_local! {
+        /// Scores scratch of attention items run without the caller's.
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    let own = |i: usize, o: &mut [f32]| SCORES.with_borrow_mut(|s| item(i, o, s));
+    match (parallel, scores) {
+        (true, _) => team::for_each_chunk_mut(out, len, own),
+        (false, Some(s)) => {
+            for (i, o) in out.chunks_mut(len).enumerate() {
+                item(i, o, s);
+            }
+        }
+        (false, None) => {
+            for (i, o) in out.chunks_mut(len).enumerate() {
+                own(i, o);
+            }
+        }
+    }
+}
+
 /// [`attention`] with the serial / parallel choice made by the caller (tests compare them).
 pub fn attention_with<T: KvElem>(
     out: &mut [f32],
@@ -665,42 +711,21 @@ pub fn attention_with<T: KvElem>(
         q.len() >= a.seq * q_dim && k.len() >= max_pos * kv_dim && v.len() >= max_pos * kv_dim,
         "attention: short inputs"
     );
-    // One item per GQA group of a row (its heads read each cached block once), or per head
-    // where groups would leave threads idle (a decode step with few kv heads).
-    let per = if parallel && a.seq * a.n_kv_heads < rayon::current_num_threads() {
-        1
-    } else {
-        group
-    };
+    let per = heads_per_item(parallel, a.seq * a.n_kv_heads, group);
     let items_per_row = a.n_heads / per;
-    let item = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+    let item = |i: usize, o: &mut [f32], scores: &mut Vec<f32>| {
         let (t, first) = (i / items_per_row, (i % items_per_row) * per);
         let qh = &q[t * q_dim + first * hd..t * q_dim + (first + per) * hd];
-        let span = a.span(a.pos + t);
-        if scores.len() < per * span.len() {
-            scores.resize(per * span.len(), 0.0);
-        }
         let rows = HeadRows {
             stride: kv_dim,
             off: first / group * hd,
             width: hd,
         };
+        let span = a.span(a.pos + t);
         attend_heads(o, qh, k, v, (rows, rows), span, a.scale, a.softcap, scores);
     };
     let out = &mut out[..a.seq * q_dim];
-    if parallel {
-        thread_local! {
-            /// Scores scratch of the threads that run heads in parallel.
-            static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-        }
-        team::for_each_chunk_mut(out, per * hd, |i, o| {
-            SCORES.with_borrow_mut(|scores| item(scores, (i, o)))
-        });
-    } else {
-        out.chunks_mut(per * hd)
-            .enumerate()
-            .for_each(|it| item(scores, it));
-    }
+    for_each_attention_item(out, per * hd, parallel, Some(scores), item);
 }
 
 #[cfg(test)]
@@ -1108,7 +1133,7 @@ mod tests {
             4..8,
             0.25,
             None,
-            &mut [0.0; 4],
+            &mut Vec::new(),
         );
         assert_eq!(one, out[..16]);
         // Without the window, position 3 matters.
