@@ -50,14 +50,14 @@
 //! Packing reads the mmapped blocks once and writes an owned copy (the same number of bytes);
 //! [`super::Linear`] does it on first use, so loading a model stays a few milliseconds.
 
-/// An x86 module's `kernels()`: the [`Rows16Dot`] of each listed type, its [`Kernel`] run
+/// An x86 module's `kernels()` (or another `$name`): the [`Rows16Dot`] of each listed type, its [`Kernel`] run
 /// through [`rows16_any`] inside a function compiled for the target features `$feat`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! rows16_kernels {
-    ($feat:literal, $isa:ident, $($dtype:ident => $kernel:ty,)*) => {
+    ($name:ident, $feat:literal, $isa:ident, $($dtype:ident => $kernel:ty,)*) => {
         /// The 16-row kernels by type (callers must have checked that
         #[doc = concat!("`Isa::", stringify!($isa), ".available()`).")]
-        pub(in super::super) fn kernels() -> Vec<(DType, Rows16Dot)> {
+        pub(in super::super) fn $name() -> Vec<(DType, Rows16Dot)> {
             vec![$((DType::$dtype, {
                 #[target_feature(enable = $feat)]
                 fn imp(tiles: &[u8], x: &[&[BlockQ8A]], out: &mut [[f32; ROWS]]) {

@@ -28,9 +28,9 @@ pub enum LaneIsa {
 pub fn lane_isa() -> LaneIsa {
     static ISA: OnceLock<LaneIsa> = OnceLock::new();
     *ISA.get_or_init(|| match super::kernels().isa {
-        // `Isa::Avx2` / `Isa::Avx512` are only chosen where the CPU has them.
+        // `Isa::Avx2` / `AvxVnni` / `Avx512` are only chosen where the CPU has them.
         #[cfg(target_arch = "x86_64")]
-        super::Isa::Avx2 => LaneIsa::Avx2,
+        super::Isa::Avx2 | super::Isa::AvxVnni => LaneIsa::Avx2,
         #[cfg(target_arch = "x86_64")]
         super::Isa::Avx512 => LaneIsa::Avx512,
         _ => LaneIsa::Scalar,

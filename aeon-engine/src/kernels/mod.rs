@@ -210,6 +210,9 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 [`Isa::Avx2`] + AVX-VNNI (256-bit `vpdpbusd`: Intel client cores since Alder
+    /// Lake, Gracemont / Crestmont E-cores as in the N100, AMD Zen 5); bit-identical to it.
+    AvxVnni,
     /// x86_64 AVX-512 F/BW/VL/DQ + VNNI on top of [`Isa::Avx2`].
     Avx512,
     /// aarch64 NEON (baseline ARMv8.0: `smull`/`sadalp` integer dots).
@@ -230,6 +233,8 @@ impl Isa {
                     && is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => Isa::Avx2.available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 Isa::Avx2.available()
                     && is_x86_feature_detected!("avx512f")
@@ -247,7 +252,7 @@ impl Isa {
         }
     }
 
-    /// The best instruction set this CPU supports. `FAT_KERNELS=scalar|avx2|avx512` caps it
+    /// The best instruction set this CPU supports. `FAT_KERNELS=scalar|avx2|avxvnni|avx512` caps it
     /// (for comparisons; an unavailable choice falls back to the best available below it);
     /// on aarch64 `FAT_KERNELS=scalar|neon` (`neon`: plain NEON even where dotprod exists).
     pub fn detect() -> Isa {
@@ -259,10 +264,11 @@ impl Isa {
             _ => Isa::Neon,
         };
         #[allow(unreachable_code)]
-        let order = [Isa::Avx512, Isa::Avx2];
+        let order = [Isa::Avx512, Isa::AvxVnni, Isa::Avx2];
         let cap = match std::env::var("FAT_KERNELS").as_deref() {
             Ok("scalar") => return Isa::Scalar,
-            Ok("avx2") => 1,
+            Ok("avxvnni") => 1,
+            Ok("avx2") => 2,
             _ => 0,
         };
         order[cap..]
@@ -292,13 +298,18 @@ impl Kernels {
             rows: DType::ALL.map(reference::row),
         };
         #[cfg(target_arch = "x86_64")]
-        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) {
             k.isa = Isa::Avx2;
             k.set_dots(avx2::kernels());
             k.set_rows16(interleaved::avx2::kernels());
             for (dtype, f) in avx2::float4_kernels() {
                 k.rows[dtype.index()].float4 = Some(f);
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::AvxVnni {
+            k.isa = Isa::AvxVnni;
+            k.set_rows16(interleaved::avx2::vnni_kernels());
         }
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {

@@ -274,12 +274,13 @@ fn matmul_is_bit_identical_across_threads_and_batching() {
     }
 }
 
-/// Every kernel flavour this CPU can run (x86: scalar, AVX2, AVX-512; aarch64: scalar, plain
+/// Every kernel flavour this CPU can run (x86: scalar, AVX2, AVX-VNNI, AVX-512; aarch64: scalar, plain
 /// NEON, NEON dotprod).
 pub(crate) fn flavours() -> Vec<Kernels> {
     [
         Isa::Scalar,
         Isa::Avx2,
+        Isa::AvxVnni,
         Isa::Avx512,
         Isa::Neon,
         Isa::NeonDotprod,

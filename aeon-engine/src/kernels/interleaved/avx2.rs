@@ -21,8 +21,11 @@
 //! guest): prefill 34-36 -> 141-172 tok/s and decode 22-25 -> 46-54 against the per-row AVX2
 //! block kernels (AVX-512 there: 287-292 and 58-62).
 //!
-//! Only [`kernels`] exposes these, and only after the caller checked
-//! [`super::super::Isa::Avx2`] is available.
+//! Every kernel comes in two flavours that differ only in how byte products become i32 sums
+//! ([`Dots`]): AVX2's `maddubs` + `madd` above ([`kernels`], [`super::super::Isa::Avx2`]) and
+//! AVX-VNNI's 256-bit `vpdpbusd` ([`vnni_kernels`], [`super::super::Isa::AvxVnni`]: Intel client
+//! cores since Alder Lake and their E-cores, AMD Zen 5), each exposed only after the caller
+//! checked its instruction set is available.
 
 use super::super::avx2::bits_32;
 use super::super::blocks::{BlockQ8A, KVALUES_IQ4NL, KVALUES_MXFP4};
@@ -67,6 +70,60 @@ unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
 /// 4g..4g+4 of the half's 8 rows.
 type Wv = [[__m256i; 8]; 2];
 
+/// How a kernel adds unsigned-by-signed byte products into exact i32 lane sums: the one
+/// difference between the AVX2 and the AVX-VNNI flavour of every kernel below.
+trait Dots {
+    /// `s32 += ` each i32 lane's 4 products `w * x` (u8 by i8), as one group of a run of
+    /// groups whose i16 pair sums the caller bounds below saturation (`first`, `last`: where
+    /// the group sits in its run; `s16`: the run's pair sums, where the flavour keeps them).
+    /// SAFETY (callers): the flavour's instruction set is enabled.
+    unsafe fn add(
+        s32: &mut __m256i,
+        s16: &mut __m256i,
+        w: __m256i,
+        x: __m256i,
+        first: bool,
+        last: bool,
+    );
+}
+
+/// AVX2: `maddubs` pair sums added in i16 over the run, widened by `madd` with ones at its
+/// end (each group alone would be three instructions).
+struct Maddubs;
+
+/// AVX-VNNI (Intel client cores since Alder Lake, Gracemont E-cores, AMD Zen 5): one 256-bit
+/// `vpdpbusd`, no i16 stage, so no run bound. The same integers, so the same bits.
+struct Vnni;
+
+impl Dots for Maddubs {
+    #[inline(always)]
+    unsafe fn add(
+        s32: &mut __m256i,
+        s16: &mut __m256i,
+        w: __m256i,
+        x: __m256i,
+        first: bool,
+        last: bool,
+    ) {
+        // SAFETY: register-only intrinsics; AVX2 present (the trait's contract).
+        unsafe {
+            let p = _mm256_maddubs_epi16(w, x);
+            *s16 = if first { p } else { _mm256_add_epi16(*s16, p) };
+            if last {
+                *s32 = _mm256_add_epi32(*s32, _mm256_madd_epi16(*s16, _mm256_set1_epi16(1)));
+            }
+        }
+    }
+}
+
+impl Dots for Vnni {
+    #[inline(always)]
+    unsafe fn add(s32: &mut __m256i, _: &mut __m256i, w: __m256i, x: __m256i, _: bool, _: bool) {
+        // SAFETY: a register-only intrinsic; AVX-VNNI present (the trait's contract).
+        unsafe { *s32 = _mm256_dpbusd_avx_epi32(*s32, w, x) }
+    }
+}
+
 /// The exact i32 sums `sum(w * q_x)` of both halves for unsigned weights `w` against one
 /// activation block of each of `P` tokens, groups `G0..G0 + N`; the pair sums of `run`
 /// consecutive groups are added in i16 (the caller's bound: they cannot saturate). Several
@@ -74,7 +131,7 @@ type Wv = [[__m256i; 8]; 2];
 // Group and half indices address several arrays at once (the tile's layout).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn dot_unsigned<const G0: usize, const N: usize, const P: usize>(
+unsafe fn dot_unsigned<V: Dots, const G0: usize, const N: usize, const P: usize>(
     run: usize,
     w: &Wv,
     a: [&BlockQ8A; P],
@@ -82,7 +139,6 @@ unsafe fn dot_unsigned<const G0: usize, const N: usize, const P: usize>(
     // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
     // checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut s32 = [[_mm256_setzero_si256(); 2]; P];
         let mut s16 = [[_mm256_setzero_si256(); 2]; P];
         for g in G0..G0 + N {
@@ -90,18 +146,11 @@ unsafe fn dot_unsigned<const G0: usize, const N: usize, const P: usize>(
             for (bx, a) in bx.iter_mut().zip(a) {
                 *bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
             }
+            let first = (g - G0).is_multiple_of(run);
+            let last = (g - G0) % run == run - 1 || g == G0 + N - 1;
             for h in 0..2 {
-                let wg = w[h][g];
                 for k in 0..P {
-                    let p = _mm256_maddubs_epi16(wg, bx[k]);
-                    s16[k][h] = if (g - G0).is_multiple_of(run) {
-                        p
-                    } else {
-                        _mm256_add_epi16(s16[k][h], p)
-                    };
-                    if (g - G0) % run == run - 1 || g == G0 + N - 1 {
-                        s32[k][h] = _mm256_add_epi32(s32[k][h], _mm256_madd_epi16(s16[k][h], ones));
-                    }
+                    V::add(&mut s32[k][h], &mut s16[k][h], w[h][g], bx[k], first, last);
                 }
             }
         }
@@ -142,25 +191,24 @@ unsafe fn unpack<L: Tile>(p: *const u8) -> Wv {
 /// [`dot_unsigned`] over all 8 groups for one token, each weight vector made where it is
 /// used (one token: nothing to share, and no weight vector spilled).
 #[inline(always)]
-unsafe fn dot_fused<L: Tile>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
+unsafe fn dot_fused<V: Dots, L: Tile>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut s32 = [_mm256_setzero_si256(); 2];
         let mut s16 = [_mm256_setzero_si256(); 2];
         for g in 0..8 {
             let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+            let (first, last) = (g % L::RUN == 0, g % L::RUN == L::RUN - 1 || g == 7);
             for h in 0..2 {
-                let prod = _mm256_maddubs_epi16(L::vector(p, h, g), bx);
-                s16[h] = if g % L::RUN == 0 {
-                    prod
-                } else {
-                    _mm256_add_epi16(s16[h], prod)
-                };
-                if g % L::RUN == L::RUN - 1 || g == 7 {
-                    s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(s16[h], ones));
-                }
+                V::add(
+                    &mut s32[h],
+                    &mut s16[h],
+                    L::vector(p, h, g),
+                    bx,
+                    first,
+                    last,
+                );
             }
         }
         s32
@@ -365,12 +413,12 @@ impl Q8_0 {
     /// pair at most 2 * 128 * 127, widened to i32 at once.
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
-    unsafe fn dot8<const P: usize>(w: &[Wv; 2], a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
+    unsafe fn dot8<V: Dots, const P: usize>(w: &[Wv; 2], a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
         // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
         unsafe {
-            let ones = _mm256_set1_epi16(1);
             let mut s = [[_mm256_setzero_si256(); 2]; P];
+            let mut s16 = _mm256_setzero_si256();
             for g in 0..8 {
                 let mut bx = [_mm256_setzero_si256(); P];
                 for (bx, a) in bx.iter_mut().zip(a) {
@@ -379,8 +427,8 @@ impl Q8_0 {
                 for h in 0..2 {
                     let (wg, aw) = (w[0][h][g], w[1][h][g]);
                     for k in 0..P {
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx[k], wg));
-                        s[k][h] = _mm256_add_epi32(s[k][h], _mm256_madd_epi16(p, ones));
+                        let sx = _mm256_sign_epi8(bx[k], wg);
+                        V::add(&mut s[k][h], &mut s16, aw, sx, true, true);
                     }
                 }
             }
@@ -398,19 +446,18 @@ impl Q8_0 {
     /// tokens to share; one token has nothing to share, and they went through the stack.
     /// IQ4_NL at one token from DRAM: see [`IQ4NL`]'s kernel.
     #[inline(always)]
-    unsafe fn dot8_fused<S: Signed>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
+    unsafe fn dot8_fused<V: Dots, S: Signed>(p: *const u8, a: &BlockQ8A) -> [__m256i; 2] {
         // SAFETY: the reads below stay inside the tile and block passed in (this function's
         // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
         unsafe {
-            let ones = _mm256_set1_epi16(1);
             let mut s = [_mm256_setzero_si256(); 2];
+            let mut s16 = _mm256_setzero_si256();
             for g in 0..8 {
                 let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
                 let ax = _mm256_abs_epi8(bx);
                 for (h, s) in s.iter_mut().enumerate() {
                     let sw = _mm256_sign_epi8(S::signed(p, h, g), bx);
-                    *s =
-                        _mm256_add_epi32(*s, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), ones));
+                    V::add(s, &mut s16, ax, sw, true, true);
                 }
             }
             s
@@ -474,7 +521,10 @@ unsafe fn scales16(p: *const u8) -> [__m256; 2] {
 
 /// `T` activation rows against one group's tiles of a 32-element type.
 #[inline(always)]
-unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
+unsafe fn rows16<V: Dots, L: Tile, const T: usize>(
+    tiles: &[u8],
+    x: [&[BlockQ8A]; T],
+) -> [[f32; ROWS]; T] {
     // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths are
     // checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
     unsafe {
@@ -484,9 +534,10 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
         for b in 0..nb {
             let p = tiles.as_ptr().add(b * L::BYTES);
             touch_page(p, L::BYTES);
-            if T > 1 {
-                prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
-            }
+            // About 16 KiB ahead, one token too: from DRAM on a Zen 5 host Q4_0 26 -> 30-33
+            // GB/s, Q4_1 27 -> 32-35, IQ4_NL 22-25 -> 25-31 (kernel-bench, one thread,
+            // alternating builds; the AVX-512 kernels' finding, `avx512::rows16`).
+            prefetch(p.wrapping_add(16384 / L::BYTES * L::BYTES), L::BYTES);
             let dw = scales16(p);
             let mw = match L::MIN {
                 Some(at) => scales16(p.add(at)),
@@ -494,14 +545,14 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             };
             if T == 1 {
                 let a = x[0].get_unchecked(b);
-                tile_step::<L>(&mut acc[0], &dw, &mw, dot_fused::<L>(p, a), a);
+                tile_step::<L>(&mut acc[0], &dw, &mw, dot_fused::<V, L>(p, a), a);
                 continue;
             }
             let w = unpack::<L>(p);
             let mut t = 0;
             while t + 2 <= T {
                 let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
-                let s = dot_unsigned::<0, 8, 2>(L::RUN, &w, a);
+                let s = dot_unsigned::<V, 0, 8, 2>(L::RUN, &w, a);
                 for k in 0..2 {
                     tile_step::<L>(&mut acc[t + k], &dw, &mw, s[k], a[k]);
                 }
@@ -509,7 +560,7 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
             }
             if t < T {
                 let a = x[t].get_unchecked(b);
-                tile_step::<L>(&mut acc[t], &dw, &mw, dot_fused::<L>(p, a), a);
+                tile_step::<L>(&mut acc[t], &dw, &mw, dot_fused::<V, L>(p, a), a);
             }
         }
         rows_out(&acc)
@@ -518,7 +569,7 @@ unsafe fn rows16<L: Tile, const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> 
 
 /// [`rows16`] for the [`Signed`] tiles (their weights are a pair of [`Wv`], no offset).
 #[inline(always)]
-unsafe fn rows16_8<S: Signed, const T: usize>(
+unsafe fn rows16_8<V: Dots, S: Signed, const T: usize>(
     tiles: &[u8],
     x: [&[BlockQ8A]; T],
 ) -> [[f32; ROWS]; T] {
@@ -532,20 +583,19 @@ unsafe fn rows16_8<S: Signed, const T: usize>(
         for b in 0..nb {
             let p = tiles.as_ptr().add(b * bytes);
             touch_page(p, bytes);
-            if T > 1 {
-                prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
-            }
+            // As `rows16`'s.
+            prefetch(p.wrapping_add(16384 / bytes * bytes), bytes);
             let dw = S::scales(p);
             if T == 1 && S::FUSED_ONE {
                 let a = x[0].get_unchecked(b);
-                block_step(&mut acc[0], &dw, Q8_0::dot8_fused::<S>(p, a), 0, a.d);
+                block_step(&mut acc[0], &dw, Q8_0::dot8_fused::<V, S>(p, a), 0, a.d);
                 continue;
             }
             let w = Q8_0::unpack8::<S>(p);
             let mut t = 0;
             while t + 2 <= T {
                 let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
-                let s = Q8_0::dot8(&w, a);
+                let s = Q8_0::dot8::<V, _>(&w, a);
                 for k in 0..2 {
                     block_step(&mut acc[t + k], &dw, s[k], 0, a[k].d);
                 }
@@ -553,7 +603,7 @@ unsafe fn rows16_8<S: Signed, const T: usize>(
             }
             if t < T {
                 let a = x[t].get_unchecked(b);
-                block_step(&mut acc[t], &dw, Q8_0::dot8(&w, [a])[0], 0, a.d);
+                block_step(&mut acc[t], &dw, Q8_0::dot8::<V, _>(&w, [a])[0], 0, a.d);
             }
         }
         rows_out(&acc)
@@ -576,41 +626,26 @@ unsafe fn rows_out<const T: usize>(acc: &[[__m256; 2]; T]) -> [[f32; ROWS]; T] {
 }
 
 /// The 32-element types' kernel, [`rows16`] over a [`Tile`].
-struct Blocks<L>(PhantomData<L>);
+struct Blocks<L, V>(PhantomData<(L, V)>);
 
-impl<L: Tile> Kernel for Blocks<L> {
+impl<L: Tile, V: Dots> Kernel for Blocks<L, V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
         // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
-        unsafe { rows16::<L, T>(tiles, x) }
+        unsafe { rows16::<V, L, T>(tiles, x) }
     }
 }
 
-impl Kernel for Q8_0 {
-    #[inline(always)]
-    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
-        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
-        unsafe { rows16_8::<Q8_0, T>(tiles, x) }
-    }
-}
+/// The [`Signed`] types' kernel, [`rows16_8`] over their tiles.
+struct Eight<S, V>(PhantomData<(S, V)>);
 
-impl Kernel for MXFP4 {
+impl<S: Signed, V: Dots> Kernel for Eight<S, V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
         // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
-        unsafe { rows16_8::<MXFP4, T>(tiles, x) }
-    }
-}
-
-impl Kernel for IQ4NL {
-    #[inline(always)]
-    unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
-        // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
-        // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
-        unsafe { rows16_8::<IQ4NL, T>(tiles, x) }
+        unsafe { rows16_8::<V, S, T>(tiles, x) }
     }
 }
 
@@ -632,7 +667,7 @@ unsafe fn plane_i8(p: *const u8) -> __m256i {
 /// Q4_K tiles: per sub-block s, 8 vectors per half of 4-bit quants (low or high nibbles of the
 /// granules of qs chunk s / 2), `d * sc` and `dmin * m` per half, then per token one sub-block
 /// dot, its scale FMA and its min FMA.
-struct Q4K;
+struct Q4K<V>(PhantomData<V>);
 
 /// `get_scale_min_k4` of sub-block `S` for 8 rows at once, from the scale planes at `sc`
 /// (offset to the half's rows): (scales, mins) as i32 lanes.
@@ -667,7 +702,7 @@ unsafe fn scale_min_planes<const S: usize>(sc: *const u8) -> (__m256i, __m256i) 
 /// Sub-block `S` of a Q4_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of this
 /// super-block).
 #[inline(always)]
-unsafe fn q4k_sub<const S: usize, const T: usize>(
+unsafe fn q4k_sub<V: Dots, const S: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
     d: &[__m256; 2],
@@ -703,18 +738,18 @@ unsafe fn q4k_sub<const S: usize, const T: usize>(
         }
         let mut t = 0;
         while t + 2 <= T {
-            q4k_tokens::<S, 2, T>(t, &w, &dsc, &dm, xb, acc);
+            q4k_tokens::<V, S, 2, T>(t, &w, &dsc, &dm, xb, acc);
             t += 2;
         }
         if t < T {
-            q4k_tokens::<S, 1, T>(t, &w, &dsc, &dm, xb, acc);
+            q4k_tokens::<V, S, 1, T>(t, &w, &dsc, &dm, xb, acc);
         }
     }
 }
 
 /// Tokens `t0..t0 + P` of [`q4k_sub`]: the sub-block dot, its scale FMA and its min FMA.
 #[inline(always)]
-unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
+unsafe fn q4k_tokens<V: Dots, const S: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
     dsc: &[__m256; 2],
@@ -729,7 +764,7 @@ unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
         for (k, a) in a.iter_mut().enumerate() {
             *a = &*xb[t0 + k].add(S);
         }
-        let isum = dot_unsigned::<0, 8, P>(8, w, a);
+        let isum = dot_unsigned::<V, 0, 8, P>(8, w, a);
         for k in 0..P {
             let (xd, xs) = (_mm256_set1_ps(a[k].d), _mm256_set1_ps(a[k].s));
             let acc = &mut acc[t0 + k];
@@ -743,7 +778,7 @@ unsafe fn q4k_tokens<const S: usize, const P: usize, const T: usize>(
     }
 }
 
-impl Kernel for Q4K {
+impl<V: Dots> Kernel for Q4K<V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
@@ -762,14 +797,14 @@ impl Kernel for Q4K {
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
                 }
-                q4k_sub::<0, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<1, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<2, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<3, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<4, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
-                q4k_sub::<7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 0, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 1, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 2, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 3, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 4, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 5, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 6, T>(p, ahead, &d, &dmin, &xb, &mut acc);
+                q4k_sub::<V, 7, T>(p, ahead, &d, &dmin, &xb, &mut acc);
             }
             rows_out(&acc)
         }
@@ -779,7 +814,7 @@ impl Kernel for Q4K {
 /// Q5_K tiles: per sub-block s, 8 vectors per half of 5-bit quants (Q4_K's nibbles plus 16
 /// where bit s of the qh granule is set), their pair sums added in i16 four groups at a time
 /// (4 * 2 * 31 * 128 = 31744); per token the reference's terms, as the AVX-512 kernel.
-struct Q5K;
+struct Q5K<V>(PhantomData<V>);
 
 /// Sub-block `S` of a Q5_K tile at `p` for `T` tokens: each token's scale term
 /// `x = a.d * f32(sc * isum)` per half. Even `S`: into `x0`; odd `S`: `sd += x0 + x`, the
@@ -790,7 +825,7 @@ struct Q5K;
 /// 8 tokens were 32 vectors kept to the pair's sum, and `vpmulld` is slower than `vmulps`.
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
-unsafe fn q5k_sub<const S: usize, const T: usize>(
+unsafe fn q5k_sub<V: Dots, const S: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
     fsc: &[[__m256; 2]; 8],
@@ -825,18 +860,18 @@ unsafe fn q5k_sub<const S: usize, const T: usize>(
         // Tokens in pairs: each weight vector loaded once for two.
         let mut t = 0;
         while t + 2 <= T {
-            q5k_tokens::<S, 2, T>(t, &w, &fsc[S], xb, x0, sd);
+            q5k_tokens::<V, S, 2, T>(t, &w, &fsc[S], xb, x0, sd);
             t += 2;
         }
         if t < T {
-            q5k_tokens::<S, 1, T>(t, &w, &fsc[S], xb, x0, sd);
+            q5k_tokens::<V, S, 1, T>(t, &w, &fsc[S], xb, x0, sd);
         }
     }
 }
 
 /// Tokens `t0..t0 + P` of [`q5k_sub`].
 #[inline(always)]
-unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
+unsafe fn q5k_tokens<V: Dots, const S: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
     fsc: &[__m256; 2],
@@ -851,7 +886,7 @@ unsafe fn q5k_tokens<const S: usize, const P: usize, const T: usize>(
         for (k, a) in a.iter_mut().enumerate() {
             *a = &*xb[t0 + k].add(S);
         }
-        let isum = dot_unsigned::<0, 8, P>(4, w, a);
+        let isum = dot_unsigned::<V, 0, 8, P>(4, w, a);
         for k in 0..P {
             let dx = _mm256_set1_ps(a[k].d);
             for h in 0..2 {
@@ -937,7 +972,7 @@ unsafe fn q5k_scales(p: *const u8) -> ([[__m256; 2]; 8], [[__m256; 2]; 8]) {
     }
 }
 
-impl Kernel for Q5K {
+impl<V: Dots> Kernel for Q5K<V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
@@ -959,14 +994,14 @@ impl Kernel for Q5K {
                 q5k_mins(&fm, &xb, &mut sm);
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut x0 = [[_mm256_setzero_ps(); 2]; T];
-                q5k_sub::<0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<3, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<4, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<5, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<6, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<7, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 3, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 4, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 5, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 6, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                q5k_sub::<V, 7, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
                 let d = scales16(p.add(K5_D));
                 let dmin = scales16(p.add(K5_DMIN));
                 for t in 0..T {
@@ -1149,7 +1184,7 @@ impl K16 for Q2K {
 /// AVX-512 kernel's steps per half.
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
-unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
+unsafe fn k16_block<V: Dots, K: K16, const G: usize, const T: usize>(
     p: *const u8,
     pre: &[u8; 256],
     ahead: *const u8,
@@ -1162,7 +1197,7 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
     unsafe {
         prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
         if T == 1 {
-            return k16_one::<K, G>(p, pre, &*xb[0].add(G), &mut sd[0], &mut sm[0]);
+            return k16_one::<V, K, G>(p, pre, &*xb[0].add(G), &mut sd[0], &mut sm[0]);
         }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
@@ -1181,11 +1216,11 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
             std::array::from_fn(|h| _mm256_or_si256(sc[h][0].1, _mm256_slli_epi32(sc[h][1].1, 16)));
         let mut t = 0;
         while t + 2 <= T {
-            k16_tokens::<K, G, 2, T>(t, &w, &sc, &mins, xb, sd, sm);
+            k16_tokens::<V, K, G, 2, T>(t, &w, &sc, &mins, xb, sd, sm);
             t += 2;
         }
         if t < T {
-            k16_tokens::<K, G, 1, T>(t, &w, &sc, &mins, xb, sd, sm);
+            k16_tokens::<V, K, G, 1, T>(t, &w, &sc, &mins, xb, sd, sm);
         }
     }
 }
@@ -1195,7 +1230,7 @@ unsafe fn k16_block<K: K16, const G: usize, const T: usize>(
 /// vectors for all tokens spilled a third of the one-token loop's instructions to the stack
 /// (16 ymm registers), and the kernel ran at 13 GB/s of Q2_K weights from cache.
 #[inline(always)]
-unsafe fn k16_one<K: K16, const G: usize>(
+unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
     p: *const u8,
     pre: &[u8; 256],
     a: &BlockQ8A,
@@ -1206,7 +1241,6 @@ unsafe fn k16_one<K: K16, const G: usize>(
     // (the caller's); AVX2, FMA and F16C present (module doc).
     unsafe {
         let q = a.qs.as_ptr() as *const i32;
-        let ones = _mm256_set1_epi16(1);
         let dx = _mm256_set1_ps(a.d);
         for h in 0..2 {
             // Four products of at most 7 x 127 x 2 per i16 lane: no saturation. (Loops, not
@@ -1214,18 +1248,14 @@ unsafe fn k16_one<K: K16, const G: usize>(
             // function its intrinsics become calls.)
             let mut group = [_mm256_setzero_si256(); 2];
             for (j, sum) in group.iter_mut().enumerate() {
+                // The offset correction is the sum's start (exact integers: same sum).
+                *sum = _mm256_set1_epi32(-K::OFF * a.sums[j] as i32);
                 let mut s16 = _mm256_setzero_si256();
                 for g in 4 * j..4 * j + 4 {
                     let x = _mm256_set1_epi32(q.add(g).read_unaligned());
-                    let p16 = _mm256_maddubs_epi16(K::vector::<G>(p, h, g), x);
-                    s16 = if g == 4 * j {
-                        p16
-                    } else {
-                        _mm256_add_epi16(s16, p16)
-                    };
+                    let w = K::vector::<G>(p, h, g);
+                    V::add(sum, &mut s16, w, x, g == 4 * j, g == 4 * j + 3);
                 }
-                let off = _mm256_set1_epi32(K::OFF * a.sums[j] as i32);
-                *sum = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), off);
             }
             let (sc0, m0) = K::scale::<G>(p, pre, h, 0);
             let (sc1, m1) = K::scale::<G>(p, pre, h, 1);
@@ -1247,7 +1277,7 @@ unsafe fn k16_one<K: K16, const G: usize>(
 /// Tokens `t0..t0 + P` of [`k16_block`].
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
-unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
+unsafe fn k16_tokens<V: Dots, K: K16, const G: usize, const P: usize, const T: usize>(
     t0: usize,
     w: &Wv,
     sc: &[[(__m256i, __m256i); 2]; 2],
@@ -1263,8 +1293,8 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
         for (k, a) in a.iter_mut().enumerate() {
             *a = &*xb[t0 + k].add(G);
         }
-        let i0 = dot_unsigned::<0, 4, P>(4, w, a);
-        let i1 = dot_unsigned::<4, 4, P>(4, w, a);
+        let i0 = dot_unsigned::<V, 0, 4, P>(4, w, a);
+        let i1 = dot_unsigned::<V, 4, 4, P>(4, w, a);
         for k in 0..P {
             let dx = _mm256_set1_ps(a[k].d);
             let off = |j: usize| _mm256_set1_epi32(K::OFF * a[k].sums[j] as i32);
@@ -1287,9 +1317,9 @@ unsafe fn k16_tokens<K: K16, const G: usize, const P: usize, const T: usize>(
 
 /// The Q3_K / Q2_K kernel: [`k16_block`] over a tile's 8 blocks, then once per tile
 /// `acc + d * sd` (Q3_K) or `acc + (d * sd - dmin * sm)` (Q2_K).
-struct Sixteen<K>(PhantomData<K>);
+struct Sixteen<K, V>(PhantomData<(K, V)>);
 
-impl<K: K16> Kernel for Sixteen<K> {
+impl<K: K16, V: Dots> Kernel for Sixteen<K, V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
@@ -1310,14 +1340,14 @@ impl<K: K16> Kernel for Sixteen<K> {
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
                 K::prepare(p, &mut pre);
-                k16_block::<K, 0, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 1, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 2, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 3, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 4, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 5, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 6, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
-                k16_block::<K, 7, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 0, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 1, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 2, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 3, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 4, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 5, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 6, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
+                k16_block::<V, K, 7, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
                 let d = scales16(p);
                 let dmin = match K::DMIN {
                     Some(at) => scales16(p.add(at)),
@@ -1344,12 +1374,12 @@ impl<K: K16> Kernel for Sixteen<K> {
 
 /// IQ4_XS tiles: per sub-block s, the signed table values (IQ4_NL's [`Signed`] lookup) dotted
 /// with the sign trick, the half's `d * (ls - 32)`, then per token the canonical step.
-struct IQ4XS;
+struct IQ4XS<V>(PhantomData<V>);
 
 /// Sub-block `S` of an IQ4_XS tile at `p` for `T` tokens.
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
 #[inline(always)]
-unsafe fn iq4xs_sub<const S: usize, const T: usize>(
+unsafe fn iq4xs_sub<V: Dots, const S: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
     d: &[__m256; 2],
@@ -1381,14 +1411,20 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
         let qs = p.add(KX_QS + 256 * S - D_BYTES);
         if T == 1 {
             let a = &*xb[0].add(S);
-            block_step(&mut acc[0], &dsc, Q8_0::dot8_fused::<IQ4NL>(qs, a), 0, a.d);
+            block_step(
+                &mut acc[0],
+                &dsc,
+                Q8_0::dot8_fused::<V, IQ4NL>(qs, a),
+                0,
+                a.d,
+            );
             return;
         }
         let w = Q8_0::unpack8::<IQ4NL>(qs);
         let mut t = 0;
         while t + 2 <= T {
             let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
-            let s = Q8_0::dot8(&w, a);
+            let s = Q8_0::dot8::<V, _>(&w, a);
             for k in 0..2 {
                 block_step(&mut acc[t + k], &dsc, s[k], 0, a[k].d);
             }
@@ -1396,12 +1432,12 @@ unsafe fn iq4xs_sub<const S: usize, const T: usize>(
         }
         if t < T {
             let a = &*xb[t].add(S);
-            block_step(&mut acc[t], &dsc, Q8_0::dot8(&w, [a])[0], 0, a.d);
+            block_step(&mut acc[t], &dsc, Q8_0::dot8::<V, _>(&w, [a])[0], 0, a.d);
         }
     }
 }
 
-impl Kernel for IQ4XS {
+impl<V: Dots> Kernel for IQ4XS<V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
@@ -1419,14 +1455,14 @@ impl Kernel for IQ4XS {
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
                 }
-                iq4xs_sub::<0, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<1, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<2, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<3, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<4, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<5, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<6, T>(p, ahead, &d, &xb, &mut acc);
-                iq4xs_sub::<7, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 0, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 1, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 2, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 3, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 4, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 5, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 6, T>(p, ahead, &d, &xb, &mut acc);
+                iq4xs_sub::<V, 7, T>(p, ahead, &d, &xb, &mut acc);
             }
             rows_out(&acc)
         }
@@ -1437,12 +1473,12 @@ impl Kernel for IQ4XS {
 /// (a nibble of ql granules `16n + 8(k & 1) + g` joined with 2 bits of qh granules `8n + g`),
 /// the two 16-element groups' `d * sc`, then per token two half dots, each corrected for the
 /// offset 32 and scaled by one FMA.
-struct Q6K;
+struct Q6K<V>(PhantomData<V>);
 
 /// Q8A block `4 * N + K` of a Q6_K tile at `p` for `T` tokens (`xb`: each token's 8 blocks of
 /// this super-block).
 #[inline(always)]
-unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
+unsafe fn q6k_block<V: Dots, const N: usize, const K: usize, const T: usize>(
     p: *const u8,
     ahead: *const u8,
     d: &[__m256; 2],
@@ -1466,7 +1502,7 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         let qh = p.add(k6_qh(N));
         if T == 1 {
             let a = &*xb[0].add(qb);
-            let i = q6k_dot_fused::<K>(ql, qh, a);
+            let i = q6k_dot_fused::<V, K>(ql, qh, a);
             let xd = _mm256_set1_ps(a.d);
             for (e, i) in i.iter().enumerate() {
                 let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
@@ -1486,11 +1522,11 @@ unsafe fn q6k_block<const N: usize, const K: usize, const T: usize>(
         }
         let mut t = 0;
         while t + 2 <= T {
-            q6k_tokens::<2, T>(t, qb, &w, &dsc, xb, acc);
+            q6k_tokens::<V, 2, T>(t, qb, &w, &dsc, xb, acc);
             t += 2;
         }
         if t < T {
-            q6k_tokens::<1, T>(t, qb, &w, &dsc, xb, acc);
+            q6k_tokens::<V, 1, T>(t, qb, &w, &dsc, xb, acc);
         }
     }
 }
@@ -1524,7 +1560,7 @@ unsafe fn q6k_vector<const K: usize>(ql: *const u8, qh: *const u8, h: usize, g: 
 /// Why: one token shares no weight vector, and the 16 of a block with their constants do not
 /// fit the 16 registers (IQ4_NL's [`Q8_0::dot8_fused`] is the same step).
 #[inline(always)]
-unsafe fn q6k_dot_fused<const K: usize>(
+unsafe fn q6k_dot_fused<V: Dots, const K: usize>(
     ql: *const u8,
     qh: *const u8,
     a: &BlockQ8A,
@@ -1532,7 +1568,6 @@ unsafe fn q6k_dot_fused<const K: usize>(
     // SAFETY: every read below is inside the tile and block at the caller's pointers (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut out = [[_mm256_setzero_si256(); 2]; 2];
         for (e, out) in out.iter_mut().enumerate() {
             let mut s16 = [_mm256_setzero_si256(); 2];
@@ -1540,13 +1575,8 @@ unsafe fn q6k_dot_fused<const K: usize>(
                 let g = 4 * e + j;
                 let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
                 for h in 0..2 {
-                    let prod = _mm256_maddubs_epi16(q6k_vector::<K>(ql, qh, h, g), bx);
-                    if j % 2 == 0 {
-                        s16[h] = prod;
-                    } else {
-                        let pair = _mm256_add_epi16(s16[h], prod);
-                        out[h] = _mm256_add_epi32(out[h], _mm256_madd_epi16(pair, ones));
-                    }
+                    let w = q6k_vector::<K>(ql, qh, h, g);
+                    V::add(&mut out[h], &mut s16[h], w, bx, j % 2 == 0, j % 2 == 1);
                 }
             }
         }
@@ -1557,7 +1587,7 @@ unsafe fn q6k_dot_fused<const K: usize>(
 /// Tokens `t0..t0 + P` of [`q6k_block`]: two half dots, each corrected for the offset 32 and
 /// scaled by one FMA, halves in order.
 #[inline(always)]
-unsafe fn q6k_tokens<const P: usize, const T: usize>(
+unsafe fn q6k_tokens<V: Dots, const P: usize, const T: usize>(
     t0: usize,
     qb: usize,
     w: &Wv,
@@ -1573,8 +1603,8 @@ unsafe fn q6k_tokens<const P: usize, const T: usize>(
             *a = &*xb[t0 + k].add(qb);
         }
         let i = [
-            dot_unsigned::<0, 4, P>(2, w, a),
-            dot_unsigned::<4, 4, P>(2, w, a),
+            dot_unsigned::<V, 0, 4, P>(2, w, a),
+            dot_unsigned::<V, 4, 4, P>(2, w, a),
         ];
         for k in 0..P {
             let xd = _mm256_set1_ps(a[k].d);
@@ -1591,7 +1621,7 @@ unsafe fn q6k_tokens<const P: usize, const T: usize>(
     }
 }
 
-impl Kernel for Q6K {
+impl<V: Dots> Kernel for Q6K<V> {
     #[inline(always)]
     unsafe fn run<const T: usize>(tiles: &[u8], x: [&[BlockQ8A]; T]) -> [[f32; ROWS]; T] {
         // SAFETY: the reads below stay inside the slices and blocks passed in (their lengths
@@ -1609,34 +1639,43 @@ impl Kernel for Q6K {
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
                 }
-                q6k_block::<0, 0, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<0, 1, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<0, 2, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<0, 3, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<1, 0, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<1, 1, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<1, 2, T>(p, ahead, &d, &xb, &mut acc);
-                q6k_block::<1, 3, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 0, 0, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 0, 1, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 0, 2, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 0, 3, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 1, 0, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 1, 1, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 1, 2, T>(p, ahead, &d, &xb, &mut acc);
+                q6k_block::<V, 1, 3, T>(p, ahead, &d, &xb, &mut acc);
             }
             rows_out(&acc)
         }
     }
 }
 
-rows16_kernels!(
-    "avx2,fma,f16c",
-    Avx2,
-    Q4_0 => Blocks<Q4_0>,
-    Q4_1 => Blocks<Q4_1>,
-    Q5_0 => Blocks<Q5_0>,
-    Q5_1 => Blocks<Q5_1>,
-    Q8_0 => Q8_0,
-    IQ4_NL => IQ4NL,
-    MXFP4 => MXFP4,
-    Q2_K => Sixteen<Q2K>,
-    Q3_K => Sixteen<Q3K>,
-    Q4_K => Q4K,
-    Q5_K => Q5K,
-    Q6_K => Q6K,
-    IQ4_XS => IQ4XS,
-);
+/// One flavour's `$name()`: every type's kernel with the products of `$v`, compiled for `$feat`.
+macro_rules! avx2_kernels {
+    ($name:ident, $feat:literal, $isa:ident, $v:ty) => {
+        rows16_kernels!(
+            $name,
+            $feat,
+            $isa,
+            Q4_0 => Blocks<Q4_0, $v>,
+            Q4_1 => Blocks<Q4_1, $v>,
+            Q5_0 => Blocks<Q5_0, $v>,
+            Q5_1 => Blocks<Q5_1, $v>,
+            Q8_0 => Eight<Q8_0, $v>,
+            IQ4_NL => Eight<IQ4NL, $v>,
+            MXFP4 => Eight<MXFP4, $v>,
+            Q2_K => Sixteen<Q2K, $v>,
+            Q3_K => Sixteen<Q3K, $v>,
+            Q4_K => Q4K<$v>,
+            Q5_K => Q5K<$v>,
+            Q6_K => Q6K<$v>,
+            IQ4_XS => IQ4XS<$v>,
+        );
+    };
+}
+
+avx2_kernels!(kernels, "avx2,fma,f16c", Avx2, Maddubs);
+avx2_kernels!(vnni_kernels, "avx2,fma,f16c,avxvnni", AvxVnni, Vnni);

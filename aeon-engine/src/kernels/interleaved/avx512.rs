@@ -1152,6 +1152,7 @@ impl Kernel for Q6K {
 }
 
 rows16_kernels!(
+    kernels,
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     Avx512,
     Q4_0 => Blocks<Q4_0>,

@@ -632,7 +632,13 @@ mod tests {
                 for q in [127i8, -127] {
                     let x = extreme_x(n * QK_K / QK, q);
                     let want = rows16_ref(dtype, p.group(0), &x).map(f32::to_bits);
-                    for isa in [Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::NeonDotprod] {
+                    for isa in [
+                        Isa::Avx2,
+                        Isa::AvxVnni,
+                        Isa::Avx512,
+                        Isa::Neon,
+                        Isa::NeonDotprod,
+                    ] {
                         let Some(dot) = Kernels::for_isa(isa).and_then(|k| k.rows16(dtype)) else {
                             continue;
                         };
