@@ -51,21 +51,6 @@ const AHEAD: usize = 8;
 /// thread: Q4_K 20-21 -> 19-24 GB/s, Q6_K 20 -> 22; 1 tile ahead was slower, 6 no faster).
 const AHEAD_ONE: usize = 4;
 
-/// Several tokens: [`prefetch`]es `bytes` at `p`. One token: no line prefetch, only an empty
-/// asm block as a scheduling boundary (without one LLVM interleaves the sub-blocks of a tile).
-/// For the IQ4_XS kernel, whose one-token pass is compute-bound (21 GB/s from cache) so that
-/// line prefetches would only take issue slots.
-#[inline(always)]
-unsafe fn prefetch_many<const T: usize>(p: *const u8, bytes: usize) {
-    if T > 1 {
-        // SAFETY: a prefetch never faults (see `prefetch`).
-        unsafe { prefetch(p, bytes) }
-    } else {
-        // SAFETY: an empty asm block: no instruction, no register, memory or flag.
-        unsafe { std::arch::asm!("", options(nostack, preserves_flags, nomem)) }
-    }
-}
-
 /// Weight vectors of one 32-element block: `[half][group]`, group g holding elements
 /// 4g..4g+4 of the half's 8 rows.
 type Wv = [[__m256i; 8]; 2];
@@ -73,6 +58,10 @@ type Wv = [[__m256i; 8]; 2];
 /// How a kernel adds unsigned-by-signed byte products into exact i32 lane sums: the one
 /// difference between the AVX2 and the AVX-VNNI flavour of every kernel below.
 trait Dots {
+    /// Whether [`Signed`] weights go as `w + 128` against `q_x`, the offset's
+    /// `128 * sum(q_x)` taken back from the sum (one product instruction), rather than as `|w|`
+    /// against `q_x * sign(w)` (the sign trick, which `maddubs`' i16 pairs need).
+    const OFFSET_SIGNED: bool;
     /// `s32 += ` each i32 lane's 4 products `w * x` (u8 by i8), as one group of a run of
     /// groups whose i16 pair sums the caller bounds below saturation (`first`, `last`: where
     /// the group sits in its run; `s16`: the run's pair sums, where the flavour keeps them).
@@ -96,6 +85,7 @@ struct Maddubs;
 struct Vnni;
 
 impl Dots for Maddubs {
+    const OFFSET_SIGNED: bool = false;
     #[inline(always)]
     unsafe fn add(
         s32: &mut __m256i,
@@ -117,6 +107,7 @@ impl Dots for Maddubs {
 }
 
 impl Dots for Vnni {
+    const OFFSET_SIGNED: bool = true;
     #[inline(always)]
     unsafe fn add(s32: &mut __m256i, _: &mut __m256i, w: __m256i, x: __m256i, _: bool, _: bool) {
         // SAFETY: a register-only intrinsic; AVX-VNNI present (the trait's contract).
@@ -312,6 +303,13 @@ trait Signed {
     /// Signed weight vector `[h][g]` of the tile at `p`.
     /// SAFETY (callers): `p` points at `BYTES` readable bytes and AVX2 is enabled.
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i;
+    /// [`Signed::signed`] + 128, as unsigned bytes.
+    /// SAFETY (callers): as [`Signed::signed`].
+    #[inline(always)]
+    unsafe fn offset(p: *const u8, h: usize, g: usize) -> __m256i {
+        // SAFETY: this function's contract; AVX2 present (module doc).
+        unsafe { _mm256_xor_si256(Self::signed(p, h, g), _mm256_set1_epi8(-128)) }
+    }
     /// The two halves' weight scales `d_w` (f16 at the tile's start; MXFP4: e8m0 bytes).
     /// SAFETY (callers): as [`Signed::signed`].
     #[inline(always)]
@@ -328,10 +326,12 @@ impl Signed for Q8_0 {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
         // doc).
-        unsafe {
-            let v = _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i);
-            _mm256_xor_si256(v, _mm256_set1_epi8(-128))
-        }
+        unsafe { _mm256_xor_si256(Self::offset(p, h, g), _mm256_set1_epi8(-128)) }
+    }
+    #[inline(always)]
+    unsafe fn offset(p: *const u8, h: usize, g: usize) -> __m256i {
+        // SAFETY: as `signed`.
+        unsafe { _mm256_loadu_si256(p.add(D_BYTES + 64 * g + 32 * h) as *const __m256i) }
     }
 }
 
@@ -342,16 +342,38 @@ impl Signed for IQ4NL {
     const FUSED_ONE: bool = true;
     #[inline(always)]
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
-        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
-        // doc).
-        unsafe {
-            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                KVALUES_IQ4NL.as_ptr() as *const __m128i
-            ));
-            _mm256_shuffle_epi8(table, nibble(p.add(D_BYTES), h, g))
-        }
+        // SAFETY: the nibbles sit `D_BYTES` into the tile (this function's contract).
+        unsafe { lookup(&KVALUES_IQ4NL, nibble(p.add(D_BYTES), h, g)) }
     }
+    #[inline(always)]
+    unsafe fn offset(p: *const u8, h: usize, g: usize) -> __m256i {
+        // SAFETY: as `signed`.
+        unsafe { lookup(&IQ4NL_OFFSET, nibble(p.add(D_BYTES), h, g)) }
+    }
+}
+
+/// `table[i]` for each byte index `i` (0..16).
+#[inline(always)]
+unsafe fn lookup(table: &[i8; 16], i: __m256i) -> __m256i {
+    // SAFETY: the 16 bytes read are `table`'s; AVX2 present (module doc).
+    unsafe {
+        let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+        _mm256_shuffle_epi8(t, i)
+    }
+}
+
+const IQ4NL_OFFSET: [i8; 16] = offset_table(KVALUES_IQ4NL);
+const MXFP4_OFFSET: [i8; 16] = offset_table(KVALUES_MXFP4);
+
+/// A table of signed weights as [`Signed::offset`] bytes (each + 128, wrapping into i8).
+const fn offset_table(t: [i8; 16]) -> [i8; 16] {
+    let mut o = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        o[i] = (t[i] as u8 ^ 0x80) as i8;
+        i += 1;
+    }
+    o
 }
 
 struct MXFP4;
@@ -361,15 +383,13 @@ impl Signed for MXFP4 {
     const FUSED_ONE: bool = true;
     #[inline(always)]
     unsafe fn signed(p: *const u8, h: usize, g: usize) -> __m256i {
-        // SAFETY: every read below is inside the block or tile at the caller's pointer (this
-        // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
-        // doc).
-        unsafe {
-            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                KVALUES_MXFP4.as_ptr() as *const __m128i
-            ));
-            _mm256_shuffle_epi8(table, nibble(p.add(MX_QS), h, g))
-        }
+        // SAFETY: the codes sit `MX_QS` into the tile (this function's contract).
+        unsafe { lookup(&KVALUES_MXFP4, nibble(p.add(MX_QS), h, g)) }
+    }
+    #[inline(always)]
+    unsafe fn offset(p: *const u8, h: usize, g: usize) -> __m256i {
+        // SAFETY: as `signed`.
+        unsafe { lookup(&MXFP4_OFFSET, nibble(p.add(MX_QS), h, g)) }
     }
     #[inline(always)]
     unsafe fn scales(p: *const u8) -> [__m256; 2] {
@@ -392,7 +412,7 @@ impl Signed for MXFP4 {
 impl Q8_0 {
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
-    unsafe fn unpack8<S: Signed>(p: *const u8) -> [Wv; 2] {
+    unsafe fn unpack8<V: Dots, S: Signed>(p: *const u8) -> [Wv; 2] {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
         // doc).
@@ -400,6 +420,10 @@ impl Q8_0 {
             let mut w = [[[_mm256_setzero_si256(); 8]; 2]; 2];
             for h in 0..2 {
                 for g in 0..8 {
+                    if V::OFFSET_SIGNED {
+                        w[0][h][g] = S::offset(p, h, g);
+                        continue;
+                    }
                     w[0][h][g] = S::signed(p, h, g);
                     // |-128| is 0x80, read as 128 by `maddubs`' unsigned operand: exact.
                     w[1][h][g] = _mm256_abs_epi8(w[0][h][g]);
@@ -410,7 +434,8 @@ impl Q8_0 {
     }
 
     /// `sum(w * q_x)` of both halves for `P` tokens, exact: `|w| * (q_x * sign(w))`, each
-    /// pair at most 2 * 128 * 127, widened to i32 at once.
+    /// pair at most 2 * 128 * 127, widened to i32 at once; or ([`Dots::OFFSET_SIGNED`])
+    /// `(w + 128) * q_x` from `-128 * sum(q_x)`.
     #[allow(clippy::needless_range_loop)] // indices into several arrays at once
     #[inline(always)]
     unsafe fn dot8<V: Dots, const P: usize>(w: &[Wv; 2], a: [&BlockQ8A; P]) -> [[__m256i; 2]; P] {
@@ -418,6 +443,11 @@ impl Q8_0 {
         // are checked on entry to the kernel); AVX2, FMA and F16C present (module doc).
         unsafe {
             let mut s = [[_mm256_setzero_si256(); 2]; P];
+            if V::OFFSET_SIGNED {
+                for (s, a) in s.iter_mut().zip(a) {
+                    *s = [offset_start(a); 2];
+                }
+            }
             let mut s16 = _mm256_setzero_si256();
             for g in 0..8 {
                 let mut bx = [_mm256_setzero_si256(); P];
@@ -427,6 +457,10 @@ impl Q8_0 {
                 for h in 0..2 {
                     let (wg, aw) = (w[0][h][g], w[1][h][g]);
                     for k in 0..P {
+                        if V::OFFSET_SIGNED {
+                            V::add(&mut s[k][h], &mut s16, wg, bx[k], true, true);
+                            continue;
+                        }
                         let sx = _mm256_sign_epi8(bx[k], wg);
                         V::add(&mut s[k][h], &mut s16, aw, sx, true, true);
                     }
@@ -450,6 +484,24 @@ impl Q8_0 {
         // SAFETY: the reads below stay inside the tile and block passed in (this function's
         // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
         unsafe {
+            if V::OFFSET_SIGNED {
+                let mut s = [offset_start(a); 2];
+                for g in 0..8 {
+                    let bx =
+                        _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
+                    for (h, s) in s.iter_mut().enumerate() {
+                        V::add(
+                            s,
+                            &mut _mm256_setzero_si256(),
+                            S::offset(p, h, g),
+                            bx,
+                            true,
+                            true,
+                        );
+                    }
+                }
+                return s;
+            }
             let mut s = [_mm256_setzero_si256(); 2];
             let mut s16 = _mm256_setzero_si256();
             for g in 0..8 {
@@ -463,6 +515,13 @@ impl Q8_0 {
             s
         }
     }
+}
+
+/// Where a [`Dots::OFFSET_SIGNED`] sum of block `a` starts: `-128 * sum(q_x)` in every lane.
+#[inline(always)]
+unsafe fn offset_start(a: &BlockQ8A) -> __m256i {
+    // SAFETY: register-only intrinsics; AVX2 present (module doc).
+    unsafe { _mm256_set1_epi32(-128 * (a.sums[0] as i32 + a.sums[1] as i32)) }
 }
 
 /// The f32 steps of one block for one token: per half, `acc = fma(d_w, f32(isum) * d_x, acc)`.
@@ -591,7 +650,7 @@ unsafe fn rows16_8<V: Dots, S: Signed, const T: usize>(
                 block_step(&mut acc[0], &dw, Q8_0::dot8_fused::<V, S>(p, a), 0, a.d);
                 continue;
             }
-            let w = Q8_0::unpack8::<S>(p);
+            let w = Q8_0::unpack8::<V, S>(p);
             let mut t = 0;
             while t + 2 <= T {
                 let a = [x[t].get_unchecked(b), x[t + 1].get_unchecked(b)];
@@ -1389,7 +1448,7 @@ unsafe fn iq4xs_sub<V: Dots, const S: usize, const T: usize>(
     // SAFETY: every read below is inside the block or tile at the caller's pointer (this
     // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
     unsafe {
-        prefetch_many::<T>(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
+        prefetch(ahead.wrapping_add(S * KX_BYTES / 8), KX_BYTES / 8);
         let mut dsc = [_mm256_setzero_ps(); 2];
         for h in 0..2 {
             let lo = plane_u8(p.add(KX_SL + ROWS * (S / 2) + 8 * h));
@@ -1420,7 +1479,7 @@ unsafe fn iq4xs_sub<V: Dots, const S: usize, const T: usize>(
             );
             return;
         }
-        let w = Q8_0::unpack8::<IQ4NL>(qs);
+        let w = Q8_0::unpack8::<V, IQ4NL>(qs);
         let mut t = 0;
         while t + 2 <= T {
             let a = [&*xb[t].add(S), &*xb[t + 1].add(S)];
