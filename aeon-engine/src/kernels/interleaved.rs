@@ -41,7 +41,8 @@
 //! x86 CPUs with AVX2 but no AVX-512 ([`avx2`]) read the same tiles as two 256-bit halves
 //! (rows 0..8, 8..16): per 4-byte activation group one `maddubs` per half against the broadcast
 //! dword, the i16 pair sums added in i16 only as far as they cannot saturate, then `madd` with
-//! ones to i32; Q8_0 takes the sign trick on its signed quants. Same integers, same f32 steps,
+//! ones to i32; Q8_0 takes the sign trick on its signed quants. Where the CPU has AVX-VNNI
+//! (`Isa::AvxVnni`) one 256-bit `vpdpbusd` replaces each such step. Same integers, same f32 steps,
 //! so the same bits as AVX-512 and NEON.
 //!
 //! The k-quants (Q2_K to Q6_K) use the same design with one tile per 256-element super-block and per-row

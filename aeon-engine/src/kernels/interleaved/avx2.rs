@@ -457,12 +457,12 @@ impl Q8_0 {
                 for h in 0..2 {
                     let (wg, aw) = (w[0][h][g], w[1][h][g]);
                     for k in 0..P {
-                        if V::OFFSET_SIGNED {
-                            V::add(&mut s[k][h], &mut s16, wg, bx[k], true, true);
-                            continue;
-                        }
-                        let sx = _mm256_sign_epi8(bx[k], wg);
-                        V::add(&mut s[k][h], &mut s16, aw, sx, true, true);
+                        let (w, x) = if V::OFFSET_SIGNED {
+                            (wg, bx[k])
+                        } else {
+                            (aw, _mm256_sign_epi8(bx[k], wg))
+                        };
+                        V::add(&mut s[k][h], &mut s16, w, x, true, true);
                     }
                 }
             }
@@ -474,7 +474,7 @@ impl Q8_0 {
 impl Q8_0 {
     /// One token's [`Q8_0::dot8`], each signed weight vector made where it is used and the
     /// sign moved onto it: `|q_x| * (w * sign(q_x))`, the same products (pairs at most
-    /// 2 * 128 * 127) and so the same i32 sums.
+    /// 2 * 128 * 127) and so the same i32 sums (or, [`Dots::OFFSET_SIGNED`], as `dot8`).
     ///
     /// Why: [`Q8_0::unpack8`] keeps 32 vectors (the weights and their magnitudes) for the
     /// tokens to share; one token has nothing to share, and they went through the stack.
@@ -484,32 +484,22 @@ impl Q8_0 {
         // SAFETY: the reads below stay inside the tile and block passed in (this function's
         // contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
         unsafe {
-            if V::OFFSET_SIGNED {
-                let mut s = [offset_start(a); 2];
-                for g in 0..8 {
-                    let bx =
-                        _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
-                    for (h, s) in s.iter_mut().enumerate() {
-                        V::add(
-                            s,
-                            &mut _mm256_setzero_si256(),
-                            S::offset(p, h, g),
-                            bx,
-                            true,
-                            true,
-                        );
-                    }
-                }
-                return s;
-            }
-            let mut s = [_mm256_setzero_si256(); 2];
+            let mut s = if V::OFFSET_SIGNED {
+                [offset_start(a); 2]
+            } else {
+                [_mm256_setzero_si256(); 2]
+            };
             let mut s16 = _mm256_setzero_si256();
             for g in 0..8 {
                 let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
                 let ax = _mm256_abs_epi8(bx);
                 for (h, s) in s.iter_mut().enumerate() {
-                    let sw = _mm256_sign_epi8(S::signed(p, h, g), bx);
-                    V::add(s, &mut s16, ax, sw, true, true);
+                    let (w, x) = if V::OFFSET_SIGNED {
+                        (S::offset(p, h, g), bx)
+                    } else {
+                        (ax, _mm256_sign_epi8(S::signed(p, h, g), bx))
+                    };
+                    V::add(s, &mut s16, w, x, true, true);
                 }
             }
             s
