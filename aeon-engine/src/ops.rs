@@ -438,6 +438,15 @@ impl HeadRows {
         &c[self.at(p)..self.at(p) + self.width]
     }
 
+    /// Where [`HeadRows::block`] widens a block of [`BLOCK`] rows of cache `c`: empty for an
+    /// f32 cache (read in place).
+    fn block_scratch<T: KvElem>(self, c: &[T]) -> Vec<f32> {
+        match T::as_f32(c) {
+            Some(_) => Vec::new(),
+            None => vec![0.0f32; BLOCK * self.width],
+        }
+    }
+
     /// Rows `p0..p0 + len` of cache `c` as f32 `(floats, first row's start, stride)`: the
     /// cache itself where it holds f32, else the rows widened into `wide` (`len * width`).
     #[inline(always)]
@@ -475,11 +484,7 @@ fn scores_by_16<T: KvElem>(
 ) -> usize {
     let (hd, n) = (kv.width, span.len());
     let cut = hd / 16 * 16;
-    // An f16 cache: each block's rows widened into `wide`, `hd` apart.
-    let mut wide = match T::as_f32(k) {
-        Some(_) => Vec::new(),
-        None => vec![0.0f32; 16 * hd],
-    };
+    let mut wide = kv.block_scratch(k);
     let mut folds = [0.0f32; 16];
     for b in 0..n / 16 {
         let (rows, at, stride) = kv.block(k, span.start + 16 * b, 16, &mut wide);
@@ -511,11 +516,7 @@ fn weighted_rows<T: KvElem>(
     const C: usize = 64;
     let (hd, n) = (kv.width, span.len());
     out.fill(0.0);
-    // An f16 cache: each block's rows widened into `wide`, `hd` apart.
-    let mut wide = match T::as_f32(v) {
-        Some(_) => Vec::new(),
-        None => vec![0.0f32; BLOCK * hd],
-    };
+    let mut wide = kv.block_scratch(v);
     for b0 in (0..n).step_by(BLOCK) {
         let len = BLOCK.min(n - b0);
         let (rows, at, stride) = kv.block(v, span.start + b0, len, &mut wide);

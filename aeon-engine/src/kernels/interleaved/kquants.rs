@@ -515,7 +515,8 @@ fn k16_ref(k: &KTile, xa: &[BlockQ8A], acc: &mut [f32; ROWS]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::{Isa, Kernels, QMatrix};
+    use super::super::super::tests::flavours;
+    use super::super::super::QMatrix;
     use super::super::Interleaved;
     use super::*;
 
@@ -632,16 +633,11 @@ mod tests {
                 for q in [127i8, -127] {
                     let x = extreme_x(n * QK_K / QK, q);
                     let want = rows16_ref(dtype, p.group(0), &x).map(f32::to_bits);
-                    for isa in [
-                        Isa::Avx2,
-                        Isa::AvxVnni,
-                        Isa::Avx512,
-                        Isa::Neon,
-                        Isa::NeonDotprod,
-                    ] {
-                        let Some(dot) = Kernels::for_isa(isa).and_then(|k| k.rows16(dtype)) else {
+                    for k in flavours() {
+                        let Some(dot) = k.rows16(dtype) else {
                             continue;
                         };
+                        let isa = k.isa;
                         for toks in [1, 8] {
                             let xs = vec![&x[..]; toks];
                             let mut out = vec![[0f32; ROWS]; toks];
