@@ -1636,20 +1636,6 @@ unsafe fn q6k_block<V: Dots, const N: usize, const K: usize, const T: usize>(
         }
         let ql = p.add(k6_ql(2 * N + (K & 1)));
         let qh = p.add(k6_qh(N));
-        if T == 1 {
-            let a = &*xb[0].add(qb);
-            let i = q6k_dot_fused::<V, K>(ql, qh, a);
-            let xd = _mm256_set1_ps(a.d);
-            for (e, i) in i.iter().enumerate() {
-                let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
-                for h in 0..2 {
-                    let s = _mm256_sub_epi32(i[h], corr);
-                    let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
-                    acc[0][h] = _mm256_fmadd_ps(dsc[e][h], tmp, acc[0][h]);
-                }
-            }
-            return;
-        }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         for (h, wh) in w.iter_mut().enumerate() {
             for (g, v) in wh.iter_mut().enumerate() {
@@ -1663,6 +1649,75 @@ unsafe fn q6k_block<V: Dots, const N: usize, const K: usize, const T: usize>(
         }
         if t < T {
             q6k_tokens::<V, 1, T>(t, qb, &w, &dsc, xb, acc);
+        }
+    }
+}
+
+/// Q6_K for one token, half `N` of a tile (Q8A blocks 4N..4N + 4) in granule order: each
+/// `qh` granule vector is loaded once for its four blocks and each `ql` one for its two
+/// (low and high nibbles), the 8 chains (block, scale group) of one half of the rows summed
+/// side by side; then per block and scale group [`q6k_tokens`]' steps in block order (the
+/// same integers, the same f32 sequence per half, so the same bits). Why: a block at a time
+/// each vector was loaded and shifted for each of its blocks, from cache 21-23 GB/s of
+/// weights (AVX2) and 25 (AVX-VNNI), now 27 and 28 (kernel-bench, one thread, alternating).
+#[inline(always)]
+unsafe fn q6k_one_half<V: Dots, const N: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    d: &[__m256; 2],
+    xb: *const BlockQ8A,
+    acc: &mut [__m256; 2],
+) {
+    // SAFETY: every read below is inside the tile at `p` or the tile's 8 activation blocks at
+    // `xb` (the caller's); the prefetches never fault; AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let (ql0, ql1, qh) = (
+            p.add(k6_ql(2 * N)),
+            p.add(k6_ql(2 * N + 1)),
+            p.add(k6_qh(N)),
+        );
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        for h in 0..2 {
+            prefetch(
+                ahead.wrapping_add((4 * N + 2 * h) * K6_BYTES / 8),
+                K6_BYTES / 4,
+            );
+            // Chains [K][e]: block 4N + K, scale group 2(4N + K) + e.
+            let mut s32 = [[_mm256_setzero_si256(); 2]; 4];
+            let mut s16 = [[_mm256_setzero_si256(); 2]; 4];
+            for g in 0..8 {
+                let at = 64 * g + 32 * h;
+                let l0 = _mm256_loadu_si256(ql0.add(at) as *const __m256i);
+                let l1 = _mm256_loadu_si256(ql1.add(at) as *const __m256i);
+                let hb = _mm256_loadu_si256(qh.add(at) as *const __m256i);
+                // As [`q6k_vector`] for K = 0..4.
+                let w = [
+                    (l0, _mm256_slli_epi16(hb, 4)),
+                    (l1, _mm256_slli_epi16(hb, 2)),
+                    (_mm256_srli_epi16(l0, 4), hb),
+                    (_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(hb, 2)),
+                ];
+                for (k, (l, hi)) in w.into_iter().enumerate() {
+                    let w = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hi, m30));
+                    let q = (*xb.add(4 * N + k)).qs.as_ptr() as *const i32;
+                    let x = _mm256_set1_epi32(q.add(g).read_unaligned());
+                    let (s32, s16) = (&mut s32[k][g / 4], &mut s16[k][g / 4]);
+                    V::add(s32, s16, w, x, g % 2 == 0, g % 2 == 1);
+                }
+            }
+            for (k, i) in s32.iter().enumerate() {
+                let qb = 4 * N + k;
+                let a = &*xb.add(qb);
+                let xd = _mm256_set1_ps(a.d);
+                for (e, i) in i.iter().enumerate() {
+                    let sc = plane_i8(p.add(K6_SC + ROWS * (2 * qb + e) + 8 * h));
+                    let dsc = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+                    let corr = _mm256_set1_epi32(32 * a.sums[e] as i32);
+                    let s = _mm256_sub_epi32(*i, corr);
+                    let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(s), xd);
+                    acc[h] = _mm256_fmadd_ps(dsc, tmp, acc[h]);
+                }
+            }
         }
     }
 }
@@ -1686,37 +1741,6 @@ unsafe fn q6k_vector<const K: usize>(ql: *const u8, qh: *const u8, h: usize, g: 
             _ => _mm256_srli_epi16(hb, 2),
         };
         _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30))
-    }
-}
-
-/// One token's two half dots `[e][h]` of a Q6_K block (before the offset correction), each
-/// weight vector made where it is used, pair sums added in i16 two groups at a time (as
-/// [`q6k_tokens`]: 2 * 2 * 63 * 128 = 32256).
-///
-/// Why: one token shares no weight vector, and the 16 of a block with their constants do not
-/// fit the 16 registers (IQ4_NL's [`Q8_0::dot8_fused`] is the same step).
-#[inline(always)]
-unsafe fn q6k_dot_fused<V: Dots, const K: usize>(
-    ql: *const u8,
-    qh: *const u8,
-    a: &BlockQ8A,
-) -> [[__m256i; 2]; 2] {
-    // SAFETY: every read below is inside the tile and block at the caller's pointers (this
-    // function's contract, as its callers keep it); AVX2, FMA and F16C present (module doc).
-    unsafe {
-        let mut out = [[_mm256_setzero_si256(); 2]; 2];
-        for (e, out) in out.iter_mut().enumerate() {
-            let mut s16 = [_mm256_setzero_si256(); 2];
-            for j in 0..4 {
-                let g = 4 * e + j;
-                let bx = _mm256_set1_epi32((a.qs.as_ptr() as *const i32).add(g).read_unaligned());
-                for h in 0..2 {
-                    let w = q6k_vector::<K>(ql, qh, h, g);
-                    V::add(&mut out[h], &mut s16[h], w, bx, j % 2 == 0, j % 2 == 1);
-                }
-            }
-        }
-        out
     }
 }
 
@@ -1774,6 +1798,11 @@ impl<V: Dots> Kernel for Q6K<V> {
                 let mut xb = [std::ptr::null::<BlockQ8A>(); T];
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
+                }
+                if T == 1 {
+                    q6k_one_half::<V, 0>(p, ahead, &d, xb[0], &mut acc[0]);
+                    q6k_one_half::<V, 1>(p, ahead, &d, xb[0], &mut acc[0]);
+                    continue;
                 }
                 q6k_block::<V, 0, 0, T>(p, ahead, &d, &xb, &mut acc);
                 q6k_block::<V, 0, 1, T>(p, ahead, &d, &xb, &mut acc);
