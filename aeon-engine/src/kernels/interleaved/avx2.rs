@@ -802,6 +802,66 @@ unsafe fn q4k_sub<V: Dots, const S: usize, const T: usize>(
     }
 }
 
+/// Q4_K for one token, sub-blocks `S0` and `S1 = S0 + 1` of a tile (the low and high nibbles
+/// of qs chunk `S0 / 2`): each granule vector loaded once for both, the two sub-blocks' dots
+/// summed side by side, a half of the rows at a time; then per sub-block [`q4k_tokens`]'
+/// steps (the same integers, the same f32 sequence per half, so the same bits).
+#[inline(always)]
+unsafe fn q4k_one_pair<V: Dots, const S0: usize, const S1: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    d: &[__m256; 2],
+    dmin: &[__m256; 2],
+    xb: *const BlockQ8A,
+    acc: &mut [__m256; 2],
+) {
+    // SAFETY: every read below is inside the tile at `p` or the tile's 8 activation blocks at
+    // `xb` (the caller's); the prefetches never fault; AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let qs = p.add(K4_QS + 512 * (S0 / 2));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let (a0, a1) = (&*xb.add(S0), &*xb.add(S1));
+        let (q0, q1) = (a0.qs.as_ptr() as *const i32, a1.qs.as_ptr() as *const i32);
+        for h in 0..2 {
+            prefetch(ahead.wrapping_add((S0 + h) * K4_BYTES / 8), K4_BYTES / 8);
+            let mut s32 = [_mm256_setzero_si256(); 2];
+            let mut s16 = [_mm256_setzero_si256(); 2];
+            for g in 0..8 {
+                let v = _mm256_loadu_si256(qs.add(64 * g + 32 * h) as *const __m256i);
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                let (x0, x1) = (q0.add(g).read_unaligned(), q1.add(g).read_unaligned());
+                let (first, last) = (g == 0, g == 7);
+                V::add(
+                    &mut s32[0],
+                    &mut s16[0],
+                    lo,
+                    _mm256_set1_epi32(x0),
+                    first,
+                    last,
+                );
+                V::add(
+                    &mut s32[1],
+                    &mut s16[1],
+                    hi,
+                    _mm256_set1_epi32(x1),
+                    first,
+                    last,
+                );
+            }
+            let sc = p.add(K4_SC + 8 * h);
+            let planes = [scale_min_planes::<S0>(sc), scale_min_planes::<S1>(sc)];
+            for ((isum, (sc, m)), a) in s32.into_iter().zip(planes).zip([a0, a1]) {
+                let dsc = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc));
+                let dm = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(m));
+                let tmp = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(a.d));
+                acc[h] = _mm256_fmadd_ps(dsc, tmp, acc[h]);
+                acc[h] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(a.s), acc[h]);
+            }
+        }
+    }
+}
+
 /// Tokens `t0..t0 + P` of [`q4k_sub`]: the sub-block dot, its scale FMA and its min FMA.
 #[inline(always)]
 unsafe fn q4k_tokens<V: Dots, const S: usize, const P: usize, const T: usize>(
@@ -851,6 +911,14 @@ impl<V: Dots> Kernel for Q4K<V> {
                 let mut xb = [std::ptr::null::<BlockQ8A>(); T];
                 for (xb, x) in xb.iter_mut().zip(x) {
                     *xb = x.as_ptr().add(8 * b);
+                }
+                if T == 1 {
+                    let (x, acc) = (xb[0], &mut acc[0]);
+                    q4k_one_pair::<V, 0, 1>(p, ahead, &d, &dmin, x, acc);
+                    q4k_one_pair::<V, 2, 3>(p, ahead, &d, &dmin, x, acc);
+                    q4k_one_pair::<V, 4, 5>(p, ahead, &d, &dmin, x, acc);
+                    q4k_one_pair::<V, 6, 7>(p, ahead, &d, &dmin, x, acc);
+                    continue;
                 }
                 q4k_sub::<V, 0, T>(p, ahead, &d, &dmin, &xb, &mut acc);
                 q4k_sub::<V, 1, T>(p, ahead, &d, &dmin, &xb, &mut acc);
