@@ -992,6 +992,82 @@ unsafe fn q5k_sub<V: Dots, const S: usize, const T: usize>(
     }
 }
 
+/// Q5_K for one token, sub-blocks `S0` and `S1 = S0 + 1` of a tile: each qs vector loaded
+/// once for its low and high nibbles and each qh vector once for both fifth bits (bit `S`
+/// shifted to bit 4 and masked: the 16-bit shifts only move bits the mask drops across byte
+/// edges), the two dots summed side by side, a half of the rows at a time; then
+/// [`q5k_tokens`]' pair sum `sd += x0 + x1` (the same integers and f32 steps, so the same
+/// bits).
+#[inline(always)]
+unsafe fn q5k_one_pair<V: Dots, const S0: usize, const S1: usize>(
+    p: *const u8,
+    ahead: *const u8,
+    fsc: &[[__m256; 2]; 8],
+    xb: *const BlockQ8A,
+    sd: &mut [__m256; 2],
+) {
+    // SAFETY: every read below is inside the tile at `p` or the tile's 8 activation blocks at
+    // `xb` (the caller's); the prefetches never fault; AVX2, FMA and F16C present (module doc).
+    unsafe {
+        let qs = p.add(K5_QS + 512 * (S0 / 2));
+        let (m4, c16) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(16));
+        let fifth = |hb: __m256i, s: usize| {
+            let b = match s {
+                0 => _mm256_slli_epi16(hb, 4),
+                1 => _mm256_slli_epi16(hb, 3),
+                2 => _mm256_slli_epi16(hb, 2),
+                3 => _mm256_slli_epi16(hb, 1),
+                4 => hb,
+                5 => _mm256_srli_epi16(hb, 1),
+                6 => _mm256_srli_epi16(hb, 2),
+                _ => _mm256_srli_epi16(hb, 3),
+            };
+            _mm256_and_si256(b, c16)
+        };
+        let (a0, a1) = (&*xb.add(S0), &*xb.add(S1));
+        let (q0, q1) = (a0.qs.as_ptr() as *const i32, a1.qs.as_ptr() as *const i32);
+        for h in 0..2 {
+            prefetch(ahead.wrapping_add((S0 + h) * K5_BYTES / 8), K5_BYTES / 8);
+            let mut s32 = [_mm256_setzero_si256(); 2];
+            let mut s16 = [_mm256_setzero_si256(); 2];
+            for k in 0..8 {
+                let v = _mm256_loadu_si256(qs.add(64 * k + 32 * h) as *const __m256i);
+                let hb = _mm256_loadu_si256(p.add(K5_QH + 64 * k + 32 * h) as *const __m256i);
+                let lo = _mm256_or_si256(_mm256_and_si256(v, m4), fifth(hb, S0));
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                let hi = _mm256_or_si256(hi, fifth(hb, S1));
+                let (x0, x1) = (q0.add(k).read_unaligned(), q1.add(k).read_unaligned());
+                let (first, last) = (k % 4 == 0, k % 4 == 3);
+                V::add(
+                    &mut s32[0],
+                    &mut s16[0],
+                    lo,
+                    _mm256_set1_epi32(x0),
+                    first,
+                    last,
+                );
+                V::add(
+                    &mut s32[1],
+                    &mut s16[1],
+                    hi,
+                    _mm256_set1_epi32(x1),
+                    first,
+                    last,
+                );
+            }
+            let term = |isum: __m256i, fsc: __m256, a: &BlockQ8A| {
+                _mm256_mul_ps(
+                    _mm256_set1_ps(a.d),
+                    _mm256_mul_ps(fsc, _mm256_cvtepi32_ps(isum)),
+                )
+            };
+            let x0 = term(s32[0], fsc[S0][h], a0);
+            let x1 = term(s32[1], fsc[S1][h], a1);
+            sd[h] = _mm256_add_ps(sd[h], _mm256_add_ps(x0, x1));
+        }
+    }
+}
+
 /// Tokens `t0..t0 + P` of [`q5k_sub`].
 #[inline(always)]
 unsafe fn q5k_tokens<V: Dots, const S: usize, const P: usize, const T: usize>(
@@ -1117,14 +1193,22 @@ impl<V: Dots> Kernel for Q5K<V> {
                 q5k_mins(&fm, &xb, &mut sm);
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut x0 = [[_mm256_setzero_ps(); 2]; T];
-                q5k_sub::<V, 0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 3, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 4, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 5, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 6, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
-                q5k_sub::<V, 7, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                if T == 1 {
+                    let (x, sd) = (xb[0], &mut sd[0]);
+                    q5k_one_pair::<V, 0, 1>(p, ahead, &fsc, x, sd);
+                    q5k_one_pair::<V, 2, 3>(p, ahead, &fsc, x, sd);
+                    q5k_one_pair::<V, 4, 5>(p, ahead, &fsc, x, sd);
+                    q5k_one_pair::<V, 6, 7>(p, ahead, &fsc, x, sd);
+                } else {
+                    q5k_sub::<V, 0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 3, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 4, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 5, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 6, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                    q5k_sub::<V, 7, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
+                }
                 let d = scales16(p.add(K5_D));
                 let dmin = scales16(p.add(K5_DMIN));
                 for t in 0..T {
