@@ -64,7 +64,7 @@ trait Dots {
     const OFFSET_SIGNED: bool;
     /// Whether byte weights up to 255 may go into a product unshifted: with no i16 stage
     /// (`vpdpbusd` adds four products straight into i32) Q2_K's 2-bit fields can be masked
-    /// where they sit in their byte (up to 192) instead of shifted down ([`q2k_one_tile`]).
+    /// where they sit in their byte (up to 192) instead of shifted down ([`field_shift`]).
     const WIDE_BYTES: bool;
     /// `s32 += ` each i32 lane's 4 products `w * x` (u8 by i8), as one group of a run of
     /// groups whose i16 pair sums the caller bounds below saturation (`first`, `last`: where
@@ -1481,19 +1481,30 @@ unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
     }
 }
 
+/// Where block `4c + j`'s 2-bit field sits (in pairs of bits) when [`q2k_one_tile`] masks it:
+/// in place with `vpdpbusd`; with `maddubs`, whose i16 pair sums run over four groups, the
+/// high two fields are shifted down by 4 first, so a masked field is at most 12 (4 * 2 * 12 *
+/// 128 = 12288 fits i16; 192, bits 6-7 in place, would not).
+#[inline(always)]
+const fn field_shift<V: Dots>(j: usize) -> usize {
+    if V::WIDE_BYTES {
+        j
+    } else {
+        j % 2
+    }
+}
+
 /// Q2_K for one token, a whole tile in qs-chunk order: each 32-byte weight vector is loaded
-/// once for the four Q8A blocks whose 2-bit fields it holds (block 4c + j at bits 2j, 2j + 1),
-/// each block's two scale groups summed in chains of their own (8 per half: with the loaded
-/// vector, its field and the activation dword, 11 of the 16 ymm registers). A field is only
-/// masked where it sits ([`Dots::WIDE_BYTES`]: `vpdpbusd` only), so its sums come out exactly
-/// `4^j` times too large (|isum| < 2^18, times 64 fits i32) and one arithmetic shift gives
-/// them back. Then per block [`k16_one`]'s steps in block order: the same integers and the
-/// same f32 sequence per half, so the same bits. Why: [`k16_one`] a block at a time, eight
-/// times per tile, let LLVM load each vector once for all four of its blocks and hold the
-/// results across them (240 stack accesses among a tile's 1108 instructions): 14.9-15.6 GB/s
-/// of weights from DRAM, now 18.9-20.3 (kernel-bench, one thread, alternating runs). With
-/// `maddubs` the same order, fields shifted down, ran no faster than [`k16_one`] (its i16
-/// pair sums double the live chains).
+/// once per pass for the two Q8A blocks whose 2-bit fields a pass takes (block 4c + j at bits
+/// 2j, 2j + 1), each block's two scale groups summed in chains of their own. A field is only
+/// masked, not shifted down ([`field_shift`]), so its sums come out exactly `4^s` times too
+/// large (|isum| < 2^18, times 64 fits i32) and one arithmetic shift gives them back. Then per
+/// block [`k16_one`]'s steps in block order: the same integers and the same f32 sequence per
+/// half, so the same bits. Why: [`k16_one`] a block at a time, eight times per tile, let LLVM
+/// load each vector once for all four of its blocks and hold the results across them (240
+/// stack accesses among a tile's 1108 instructions). Kernel-bench from DRAM, one thread,
+/// alternating runs: AVX-VNNI 14.9-15.6 -> 19.1-19.8 GB/s of weights, AVX2 13.1-13.5 ->
+/// 17.3-17.6 (all four blocks in one pass: AVX-VNNI 18.3-19.0, AVX2 unchanged).
 #[inline(always)]
 unsafe fn q2k_one_tile<V: Dots>(
     p: *const u8,
@@ -1511,19 +1522,29 @@ unsafe fn q2k_one_tile<V: Dots>(
                     ahead.wrapping_add((4 * c + 2 * h) * K2_BYTES / 8),
                     K2_BYTES / 4,
                 );
-                // Chains [j][s]: block 4c + j, scale group 2(4c + j) + s.
+                // Chains [j][s]: block 4c + j, scale group 2(4c + j) + s; blocks in two passes
+                // of two (four chains each, and the i16 pair sums of `maddubs` beside them).
                 let mut s32 = [[_mm256_setzero_si256(); 2]; 4];
-                let mut s16 = [[_mm256_setzero_si256(); 2]; 4];
-                for k in 0..8 {
-                    let v = _mm256_loadu_si256(
-                        p.add(K2_QS + 512 * c + 64 * k + 32 * h) as *const __m256i
-                    );
-                    for j in 0..4 {
-                        let q = (*xb.add(4 * c + j)).qs.as_ptr() as *const i32;
-                        let x = _mm256_set1_epi32(q.add(k).read_unaligned());
-                        let w = _mm256_and_si256(v, _mm256_set1_epi8((3u8 << (2 * j)) as i8));
-                        let (s32, s16) = (&mut s32[j][k / 4], &mut s16[j][k / 4]);
-                        V::add(s32, s16, w, x, k % 4 == 0, k % 4 == 3);
+                for pass in 0..2 {
+                    let mut s16 = [[_mm256_setzero_si256(); 2]; 2];
+                    for k in 0..8 {
+                        let v = _mm256_loadu_si256(
+                            p.add(K2_QS + 512 * c + 64 * k + 32 * h) as *const __m256i
+                        );
+                        let v = if !V::WIDE_BYTES && pass == 1 {
+                            _mm256_srli_epi16(v, 4)
+                        } else {
+                            v
+                        };
+                        for i in 0..2 {
+                            let j = 2 * pass + i;
+                            let q = (*xb.add(4 * c + j)).qs.as_ptr() as *const i32;
+                            let x = _mm256_set1_epi32(q.add(k).read_unaligned());
+                            let m = (3u8 << (2 * field_shift::<V>(j))) as i8;
+                            let w = _mm256_and_si256(v, _mm256_set1_epi8(m));
+                            let (s32, s16) = (&mut s32[j][k / 4], &mut s16[i][k / 4]);
+                            V::add(s32, s16, w, x, k % 4 == 0, k % 4 == 3);
+                        }
                     }
                 }
                 for (j, s) in s32.iter().enumerate() {
@@ -1536,7 +1557,7 @@ unsafe fn q2k_one_tile<V: Dots>(
                         _mm256_mullo_epi32(_mm256_and_si256(v0, m4), s[0]),
                         _mm256_mullo_epi32(_mm256_and_si256(v1, m4), s[1]),
                     );
-                    let isum = match j {
+                    let isum = match field_shift::<V>(j) {
                         0 => isum,
                         1 => _mm256_srai_epi32::<2>(isum),
                         2 => _mm256_srai_epi32::<4>(isum),
@@ -1622,8 +1643,8 @@ impl<K: K16, V: Dots> Kernel for Sixteen<K, V> {
                 }
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
-                if T == 1 && K::DMIN.is_some() && V::WIDE_BYTES {
-                    // Q2_K (the one type here with mins) on AVX-VNNI.
+                if T == 1 && K::DMIN.is_some() {
+                    // Q2_K, the one type here with mins.
                     q2k_one_tile::<V>(p, ahead, xb[0], &mut sd[0], &mut sm[0]);
                 } else {
                     K::prepare(p, &mut pre);
