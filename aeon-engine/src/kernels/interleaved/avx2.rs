@@ -12,7 +12,9 @@
 //! per half, in its order, so every token gets [`super::rows16_ref`]'s bits at any count.
 //!
 //! Tokens go in pairs, so each weight vector (spilled: 16 of them fill the register file) is
-//! loaded once for two (at 8 tokens 3-8% faster). Pages are touched and k-quant tiles
+//! loaded once for two (at 8 tokens 3-8% faster). One token of Q2_K, Q4_K, Q5_K and Q6_K goes
+//! in granule order instead ([`q2k_one_tile`], [`q4k_one_pair`], [`q5k_one_pair`],
+//! [`q6k_one_half`]): each loaded vector serves every block whose fields it holds. Pages are touched and k-quant tiles
 //! prefetched ahead as the AVX-512 kernels do (decode 43-44 to 48-50 tok/s). Loops over the
 //! weight arrays are written out: nested `array::from_fn` / `map` closures were left as calls
 //! outside the `target_feature` context (Q8_0, Q4_K, Q6_K at 1-3 GB/s).
