@@ -14,8 +14,9 @@
 //! Tokens go in pairs, so each weight vector (spilled: 16 of them fill the register file) is
 //! loaded once for two (at 8 tokens 3-8% faster). One token of Q2_K, Q4_K, Q5_K and Q6_K goes
 //! in granule order instead ([`q2k_one_tile`], [`q4k_one_pair`], [`q5k_one_pair`],
-//! [`q6k_one_half`]): each loaded vector serves every block whose fields it holds. Pages are touched and k-quant tiles
-//! prefetched ahead as the AVX-512 kernels do (decode 43-44 to 48-50 tok/s). Loops over the
+//! [`q6k_one_half`]): each loaded vector serves every block whose fields it holds. Pages are
+//! touched and k-quant tiles prefetched ahead as the AVX-512 kernels do (decode 43-44 to
+//! 48-50 tok/s). Loops over the
 //! weight arrays are written out: nested `array::from_fn` / `map` closures were left as calls
 //! outside the `target_feature` context (Q8_0, Q4_K, Q6_K at 1-3 GB/s).
 //!
@@ -1249,6 +1250,18 @@ trait K16 {
     /// signed bytes, plane k at 16k).
     #[inline(always)]
     unsafe fn prepare(_p: *const u8, _pre: &mut [u8; 256]) {}
+    /// One token over the whole tile at `p` onto `sd` and `sm` where the type has a kernel
+    /// for that (Q2_K: [`q2k_one_tile`]); `false`: none, [`k16_block`] takes it per block.
+    #[inline(always)]
+    unsafe fn one_token_tile<V: Dots>(
+        _p: *const u8,
+        _ahead: *const u8,
+        _xb: *const BlockQ8A,
+        _sd: &mut [__m256; 2],
+        _sm: &mut [__m256; 2],
+    ) -> bool {
+        false
+    }
 }
 
 struct Q3K;
@@ -1363,6 +1376,18 @@ impl K16 for Q2K {
     const OFF: i32 = 0;
     const DMIN: Option<usize> = Some(K2_DMIN);
     #[inline(always)]
+    unsafe fn one_token_tile<V: Dots>(
+        p: *const u8,
+        ahead: *const u8,
+        xb: *const BlockQ8A,
+        sd: &mut [__m256; 2],
+        sm: &mut [__m256; 2],
+    ) -> bool {
+        // SAFETY: the trait's contract is `q2k_one_tile`'s.
+        unsafe { q2k_one_tile::<V>(p, ahead, xb, sd, sm) };
+        true
+    }
+    #[inline(always)]
     unsafe fn vector<const G: usize>(p: *const u8, h: usize, k: usize) -> __m256i {
         // SAFETY: every read below is inside the block or tile at the caller's pointer (this
         // function's contract, as its callers keep it); AVX2, FMA and F16C present (module
@@ -1406,7 +1431,7 @@ unsafe fn k16_block<V: Dots, K: K16, const G: usize, const T: usize>(
     unsafe {
         prefetch(ahead.wrapping_add(G * K::BYTES / 8), K::BYTES / 8);
         if T == 1 {
-            return k16_one::<V, K, G>(p, pre, &*xb[0].add(G), &mut sd[0], &mut sm[0]);
+            return k16_one::<V, K, G>(p, pre, &*xb[0].add(G), &mut sd[0]);
         }
         let mut w: Wv = [[_mm256_setzero_si256(); 8]; 2];
         let mut sc = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 2]; 2];
@@ -1434,18 +1459,22 @@ unsafe fn k16_block<V: Dots, K: K16, const G: usize, const T: usize>(
     }
 }
 
-/// [`k16_block`] for one token, a half (8 rows) at a time, each weight vector used as soon as
-/// it is unpacked: the same integers and f32 steps. Why: holding the block's 16 weight
-/// vectors for all tokens spilled a third of the one-token loop's instructions to the stack
-/// (16 ymm registers), and the kernel ran at 13 GB/s of Q2_K weights from cache.
+/// [`k16_block`] for one token of a type without mins (Q3_K; Q2_K takes
+/// [`K16::one_token_tile`]), a half (8 rows) at a time, each weight vector used as soon as it
+/// is unpacked: the same integers and f32 steps. Why: holding the block's 16 weight vectors for all tokens spilled a third of the
+/// one-token loop's instructions to the stack (16 ymm registers), and the kernel ran at 13
+/// GB/s of Q2_K weights from cache.
 #[inline(always)]
 unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
     p: *const u8,
     pre: &[u8; 256],
     a: &BlockQ8A,
     sd: &mut [__m256; 2],
-    sm: &mut [__m256; 2],
 ) {
+    debug_assert!(
+        K::DMIN.is_none(),
+        "a type with mins has its own one-token tile"
+    );
     // SAFETY: every read below is inside the tile at `p`, `pre` or the activation block `a`
     // (the caller's); AVX2, FMA and F16C present (module doc).
     unsafe {
@@ -1466,19 +1495,13 @@ unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
                     V::add(sum, &mut s16, w, x, g == 4 * j, g == 4 * j + 3);
                 }
             }
-            let (sc0, m0) = K::scale::<G>(p, pre, h, 0);
-            let (sc1, m1) = K::scale::<G>(p, pre, h, 1);
+            let (sc0, _) = K::scale::<G>(p, pre, h, 0);
+            let (sc1, _) = K::scale::<G>(p, pre, h, 1);
             let isum = _mm256_add_epi32(
                 _mm256_mullo_epi32(sc0, group[0]),
                 _mm256_mullo_epi32(sc1, group[1]),
             );
             sd[h] = _mm256_add_ps(sd[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
-            if K::DMIN.is_some() {
-                let mins = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
-                let sums = (a.sums.as_ptr() as *const i32).read_unaligned();
-                let msum = _mm256_madd_epi16(mins, _mm256_set1_epi32(sums));
-                sm[h] = _mm256_add_ps(sm[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(msum)));
-            }
         }
     }
 }
@@ -1501,8 +1524,8 @@ const fn field_shift<V: Dots>(j: usize) -> usize {
 /// 2j, 2j + 1), each block's two scale groups summed in chains of their own. A field is only
 /// masked, not shifted down ([`field_shift`]), so its sums come out exactly `4^s` times too
 /// large (|isum| < 2^18, times 64 fits i32) and one arithmetic shift gives them back. Then per
-/// block [`k16_one`]'s steps in block order: the same integers and the same f32 sequence per
-/// half, so the same bits. Why: [`k16_one`] a block at a time, eight times per tile, let LLVM
+/// block [`k16_tokens`]' f32 steps in block order: the same integers and the same f32 sequence
+/// per half, so the same bits. Why: [`k16_one`] a block at a time, eight times per tile, let LLVM
 /// load each vector once for all four of its blocks and hold the results across them (240
 /// stack accesses among a tile's 1108 instructions). Kernel-bench from DRAM, one thread,
 /// alternating runs: AVX-VNNI 14.9-15.6 -> 19.1-19.8 GB/s of weights, AVX2 13.1-13.5 ->
@@ -1645,10 +1668,9 @@ impl<K: K16, V: Dots> Kernel for Sixteen<K, V> {
                 }
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
-                if T == 1 && K::DMIN.is_some() {
-                    // Q2_K, the one type here with mins.
-                    q2k_one_tile::<V>(p, ahead, xb[0], &mut sd[0], &mut sm[0]);
-                } else {
+                let whole =
+                    T == 1 && K::one_token_tile::<V>(p, ahead, xb[0], &mut sd[0], &mut sm[0]);
+                if !whole {
                     K::prepare(p, &mut pre);
                     k16_block::<V, K, 0, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
                     k16_block::<V, K, 1, T>(p, &pre, ahead, &xb, &mut sd, &mut sm);
