@@ -1480,7 +1480,7 @@ unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
     unsafe {
         let q = a.qs.as_ptr() as *const i32;
         let dx = _mm256_set1_ps(a.d);
-        for h in 0..2 {
+        for (h, sd) in sd.iter_mut().enumerate() {
             // Four products of at most 7 x 127 x 2 per i16 lane: no saturation. (Loops, not
             // a closure: a closure this size is not inlined, and outside the target-feature
             // function its intrinsics become calls.)
@@ -1501,7 +1501,7 @@ unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
                 _mm256_mullo_epi32(sc0, group[0]),
                 _mm256_mullo_epi32(sc1, group[1]),
             );
-            sd[h] = _mm256_add_ps(sd[h], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
+            *sd = _mm256_add_ps(*sd, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(isum)));
         }
     }
 }
