@@ -16,9 +16,9 @@
 //! in granule order instead ([`q2k_one_tile`], [`q4k_one_pair`], [`q5k_one_pair`],
 //! [`q6k_one_half`]): each loaded vector serves every block whose fields it holds. Pages are
 //! touched and k-quant tiles prefetched ahead as the AVX-512 kernels do (decode 43-44 to
-//! 48-50 tok/s). Loops over the
-//! weight arrays are written out: nested `array::from_fn` / `map` closures were left as calls
-//! outside the `target_feature` context (Q8_0, Q4_K, Q6_K at 1-3 GB/s).
+//! 48-50 tok/s). Loops over the weight arrays are written out: nested `array::from_fn` / `map`
+//! closures were left as calls outside the `target_feature` context (Q8_0, Q4_K, Q6_K at 1-3
+//! GB/s).
 //!
 //! Qwen2.5-Coder-0.5B Q4_K_M on one thread (aeon-bench, `FAT_KERNELS=avx2` on a Zen 4 KVM
 //! guest): prefill 34-36 -> 141-172 tok/s and decode 22-25 -> 46-54 against the per-row AVX2
@@ -1195,7 +1195,6 @@ impl<V: Dots> Kernel for Q5K<V> {
                 let mut sm = [[_mm256_setzero_ps(); 2]; T];
                 q5k_mins(&fm, &xb, &mut sm);
                 let mut sd = [[_mm256_setzero_ps(); 2]; T];
-                let mut x0 = [[_mm256_setzero_ps(); 2]; T];
                 if T == 1 {
                     let (x, sd) = (xb[0], &mut sd[0]);
                     q5k_one_pair::<V, 0, 1>(p, ahead, &fsc, x, sd);
@@ -1203,6 +1202,8 @@ impl<V: Dots> Kernel for Q5K<V> {
                     q5k_one_pair::<V, 4, 5>(p, ahead, &fsc, x, sd);
                     q5k_one_pair::<V, 6, 7>(p, ahead, &fsc, x, sd);
                 } else {
+                    // Each token's even sub-block term, waiting for its pair.
+                    let mut x0 = [[_mm256_setzero_ps(); 2]; T];
                     q5k_sub::<V, 0, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
                     q5k_sub::<V, 1, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
                     q5k_sub::<V, 2, T>(p, ahead, &fsc, &xb, &mut x0, &mut sd);
@@ -1461,9 +1462,9 @@ unsafe fn k16_block<V: Dots, K: K16, const G: usize, const T: usize>(
 
 /// [`k16_block`] for one token of a type without mins (Q3_K; Q2_K takes
 /// [`K16::one_token_tile`]), a half (8 rows) at a time, each weight vector used as soon as it
-/// is unpacked: the same integers and f32 steps. Why: holding the block's 16 weight vectors for all tokens spilled a third of the
-/// one-token loop's instructions to the stack (16 ymm registers), and the kernel ran at 13
-/// GB/s of Q2_K weights from cache.
+/// is unpacked: the same integers and f32 steps. Why: holding the block's 16 weight vectors
+/// for all tokens spilled a third of the one-token loop's instructions to the stack (16 ymm
+/// registers), and the kernel ran at 13 GB/s of Q2_K weights from cache.
 #[inline(always)]
 unsafe fn k16_one<V: Dots, K: K16, const G: usize>(
     p: *const u8,
